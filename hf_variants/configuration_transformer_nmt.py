@@ -1,0 +1,230 @@
+"""Configuration of the baseline Transformer for NMT, the config every hf_variants variant extends.
+
+Field names follow Marian/BART (`d_model`, `encoder_layers`, `encoder_ffn_dim`, ...), so users of those models
+find what they expect; the generation cache is sized from `decoder_layers` (transformers maps it to
+`num_hidden_layers` for encoder-decoder configs).
+
+Presets follow fairseq's named architectures: one place per preset (`PRESETS`), used through
+`TransformerNmtConfig.from_preset("base", **overrides)`. Variant configs extend `PRESETS` with their own keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, ClassVar
+
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+
+TRANSLATION_PIPELINE = {
+    "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "tf": []}
+}
+
+
+def language_tag(lang: str) -> str:
+    """The target-language tag prepended to source sentences by multilingual models (`<2de>`)."""
+    return f"<2{lang}>"
+
+
+def _check(condition: bool, field: str, allowed: str, value: Any) -> None:
+    if not condition:
+        raise ValueError(f"`{field}` must be {allowed}, got {value!r}.")
+
+
+class TransformerNmtConfig(PretrainedConfig):
+    r"""
+    Configuration of [`TransformerNmtForConditionalGeneration`], the Transformer of Vaswani et al. (2017) as used by
+    the five papers this package implements.
+
+    Args:
+        vocab_size (`int`): size of the shared source/target vocabulary.
+        d_model (`int`): model width.
+        encoder_layers / decoder_layers (`int`): number of layers of each stack (the decoder count sizes the cache).
+        encoder_attention_heads / decoder_attention_heads (`int`): heads; must divide `d_model`.
+        encoder_ffn_dim / decoder_ffn_dim (`int`): inner size of the position-wise feed-forward networks.
+        activation_function (`str`): a key of `transformers.activations.ACT2FN` (`"relu"` in the papers).
+        dropout / attention_dropout / activation_dropout (`float`): residual, attention-probability and FFN-inner
+            dropout, each in [0, 1).
+        max_position_embeddings (`int`): table size for learned positions and the longest accepted sequence.
+        position_embedding_type (`str`): `"sinusoidal"`, `"learned"` or `"none"`.
+        max_relative_positions (`int`): Shaw et al. (2018) clipping distance of relative positions in every
+            self-attention; 0 disables them.
+        relative_position_values (`bool`): also add the relative-position term to the values (OpenNMT shares one
+            table between keys and values). Needs attention probabilities, so those layers run the eager kernel.
+        normalize_before (`bool`): pre-norm (True, tensor2tensor v2 / OpenNMT) or post-norm (False, Vaswani/Marian).
+            Pre-norm stacks end with a final LayerNorm.
+        scale_embedding (`bool`): multiply token embeddings by sqrt(d_model).
+        share_encoder_decoder_embeddings (`bool`): one embedding module for source and target tokens.
+        tie_word_embeddings (`bool`): the output projection shares the decoder embedding matrix.
+        output_bias (`bool`): give the output projection a bias (Marian's `final_logits_bias` when converting).
+        init_method (`str`): `"xavier"` (fairseq/OpenNMT/T2T: Xavier-uniform linears, N(0, d^-1/2) embeddings) or
+            `"normal"` (Marian/BART: N(0, `init_std`) everywhere).
+        init_std (`float`): standard deviation for `init_method="normal"`.
+        label_smoothing (`float`): label smoothing of the training loss, in [0, 1).
+        languages (`list[str]`): language codes a multilingual model knows; index = task / language id.
+        target_language_tags (`bool`): prepend a `<2xx>` target-language tag to every source sentence.
+    """
+
+    model_type = "transformer_nmt"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+    }
+    # Named presets. Variants extend this dict (their keys add variant fields).
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # Unit tests only.
+        "tiny": dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
+                     max_position_embeddings=256),
+        # Vaswani et al. "small" / fairseq transformer_iwslt-like width used by the papers' IWSLT runs.
+        "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1),
+        "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                     decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1),
+        "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
+                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3),
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 8000,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        max_position_embeddings: int = 1024,
+        position_embedding_type: str = "sinusoidal",
+        max_relative_positions: int = 0,
+        relative_position_values: bool = False,
+        normalize_before: bool = False,
+        scale_embedding: bool = True,
+        share_encoder_decoder_embeddings: bool = True,
+        tie_word_embeddings: bool = True,
+        output_bias: bool = False,
+        layer_norm_eps: float = 1e-5,
+        init_method: str = "xavier",
+        init_std: float = 0.02,
+        label_smoothing: float = 0.1,
+        languages: list[str] | None = None,
+        target_language_tags: bool = False,
+        use_cache: bool = True,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        decoder_start_token_id: int = 1,
+        forced_eos_token_id: int | None = None,
+        is_encoder_decoder: bool = True,
+        custom_pipelines: dict | None = None,
+        **kwargs,
+    ):
+        # transformers 5 configs are dataclasses: the base __init__ resets its own fields (is_encoder_decoder,
+        # ...) to their defaults, so it runs first and our values are set after it.
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.position_embedding_type = position_embedding_type
+        self.max_relative_positions = max_relative_positions
+        self.relative_position_values = relative_position_values
+        self.normalize_before = normalize_before
+        self.scale_embedding = scale_embedding
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.tie_word_embeddings = tie_word_embeddings
+        self.output_bias = output_bias
+        self.layer_norm_eps = layer_norm_eps
+        self.init_method = init_method
+        self.init_std = init_std
+        self.label_smoothing = label_smoothing
+        self.languages = list(languages) if languages is not None else []
+        self.target_language_tags = target_language_tags
+        self.use_cache = use_cache
+        self.pad_token_id = pad_token_id
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.decoder_start_token_id = decoder_start_token_id
+        self.forced_eos_token_id = forced_eos_token_id
+        self.is_encoder_decoder = is_encoder_decoder
+        # Every model ships the translation pipeline: transformers 5 removed the built-in task, and a config's
+        # `custom_pipelines` is resolved before the removed-task check (see README, "translation pipeline").
+        self.custom_pipelines = copy.deepcopy(custom_pipelines if custom_pipelines else TRANSLATION_PIPELINE)
+        self._validate()
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def _validate(self) -> None:
+        """Raise a `ValueError` naming the field and the allowed range for every bad value."""
+        for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                     "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                   "a positive integer", value)
+        for side in ("encoder", "decoder"):
+            heads = getattr(self, f"{side}_attention_heads")
+            _check(self.d_model % heads == 0, f"{side}_attention_heads", f"a divisor of d_model={self.d_model}",
+                   heads)
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, "a float in [0, 1)", value)
+        _check(self.activation_function in ACT2FN, "activation_function", f"one of {sorted(ACT2FN)}",
+               self.activation_function)
+        _check(self.position_embedding_type in ("sinusoidal", "learned", "none"), "position_embedding_type",
+               "one of 'sinusoidal', 'learned', 'none'", self.position_embedding_type)
+        _check(self.position_embedding_type != "sinusoidal" or self.d_model % 2 == 0, "d_model",
+               "even with sinusoidal positions", self.d_model)
+        _check(isinstance(self.max_relative_positions, int) and self.max_relative_positions >= 0,
+               "max_relative_positions", "an integer >= 0 (0 disables relative positions)",
+               self.max_relative_positions)
+        _check(self.init_method in ("xavier", "normal"), "init_method", "one of 'xavier', 'normal'", self.init_method)
+        _check(isinstance(self.init_std, (int, float)) and self.init_std > 0, "init_std", "a positive float",
+               self.init_std)
+        _check(self.layer_norm_eps > 0, "layer_norm_eps", "a positive float", self.layer_norm_eps)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and 0 <= value < self.vocab_size), name,
+                   f"None or an integer in [0, vocab_size={self.vocab_size})", value)
+        _check(all(isinstance(x, str) and x for x in self.languages) and len(set(self.languages)) ==
+               len(self.languages), "languages", "a list of distinct non-empty language codes", self.languages)
+        _check(not self.target_language_tags or len(self.languages) > 0, "target_language_tags",
+               "False unless `languages` is set", self.target_language_tags)
+
+    # --------------------------------------------------------------------------------------------------- presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "TransformerNmtConfig":
+        """Build a config from a named preset (`cls.PRESETS`), then apply `overrides`."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"`preset` must be one of {sorted(cls.PRESETS)}, got {name!r}.")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    # ------------------------------------------------------------------------------------------------- languages
+    def language_id(self, lang: str) -> int:
+        """Index of `lang` in `languages` (the task id of multilingual variants)."""
+        if lang not in self.languages:
+            known = ", ".join(self.languages) if self.languages else "none: this model is not multilingual"
+            raise ValueError(f"Unknown language {lang!r}; this model knows: {known}.")
+        return self.languages.index(lang)
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.d_model) if self.scale_embedding else 1.0
+
+
+__all__ = ["TransformerNmtConfig", "language_tag"]
