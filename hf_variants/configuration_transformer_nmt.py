@@ -122,7 +122,6 @@ class TransformerNmtConfig(PretrainedConfig):
         bos_token_id: int = 1,
         eos_token_id: int = 2,
         decoder_start_token_id: int = 1,
-        forced_eos_token_id: int | None = None,
         is_encoder_decoder: bool = True,
         custom_pipelines: dict | None = None,
         **kwargs,
@@ -162,7 +161,6 @@ class TransformerNmtConfig(PretrainedConfig):
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.decoder_start_token_id = decoder_start_token_id
-        self.forced_eos_token_id = forced_eos_token_id
         self.is_encoder_decoder = is_encoder_decoder
         # Every model ships the translation pipeline: transformers 5 removed the built-in task, and a config's
         # `custom_pipelines` is resolved before the removed-task check (see README, "translation pipeline").

@@ -25,3 +25,121 @@ class TestTransformerNmtPreNormRelative(NmtModelTester):
     def make_config(self, **overrides):
         return TransformerNmtConfig.from_preset("tiny", normalize_before=True, max_relative_positions=3,
                                                 relative_position_values=True, **overrides)
+
+
+# --------------------------------------------------------------------------------------------- Marian equivalence
+@pytest.fixture(scope="module")
+def marian_pair():
+    from transformers import MarianConfig, MarianMTModel
+
+    from hf_variants.convert_marian import convert_marian
+
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=120, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                          scale_embedding=True, pad_token_id=119, eos_token_id=0, decoder_start_token_id=119,
+                          forced_eos_token_id=0, activation_function="swish", dropout=0.0)
+    marian = MarianMTModel(config).eval()
+    with torch.no_grad():  # a non-zero output bias must be carried over too
+        marian.final_logits_bias.normal_(0, 0.1)
+    return marian, convert_marian(marian)
+
+
+def _marian_batch():
+    g = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(1, 119, (3, 10), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0
+    attention_mask[2, 3:] = 0
+    input_ids = input_ids.masked_fill(attention_mask == 0, 119)
+    return input_ids, attention_mask
+
+
+def test_marian_conversion_gives_equal_logits(marian_pair):
+    marian, ours = marian_pair
+    input_ids, attention_mask = _marian_batch()
+    decoder_input_ids = torch.randint(1, 119, (3, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = marian(input_ids=input_ids, attention_mask=attention_mask,
+                          decoder_input_ids=decoder_input_ids).logits
+        got = ours(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    assert ours.config.output_bias and not ours.config.normalize_before
+    assert torch.allclose(expected, got, atol=1e-5), (expected - got).abs().max()
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_marian_conversion_gives_identical_generations(marian_pair, num_beams):
+    marian, ours = marian_pair
+    input_ids, attention_mask = _marian_batch()
+    kwargs = dict(num_beams=num_beams, length_penalty=0.6, max_new_tokens=12, min_new_tokens=3)
+    expected = marian.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    got = ours.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    assert torch.equal(expected, got)
+
+
+def test_marian_parameter_count_matches(marian_pair):
+    marian, ours = marian_pair
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    # Marian's sinusoidal tables are (frozen) parameters; ours are computed; its output bias is a buffer.
+    marian_positions = sum(p.numel() for n, p in marian.named_parameters() if "embed_positions" in n)
+    assert count(ours) == count(marian) - marian_positions + marian.final_logits_bias.numel()
+
+
+# ------------------------------------------------------------------------------------------- config and presets
+def test_presets_match_the_papers():
+    base = TransformerNmtConfig.from_preset("base")
+    assert (base.d_model, base.encoder_attention_heads, base.encoder_ffn_dim, base.encoder_layers) == (512, 8, 2048, 6)
+    big = TransformerNmtConfig.from_preset("big", dropout=0.1)
+    assert (big.d_model, big.encoder_attention_heads, big.decoder_ffn_dim, big.dropout) == (1024, 16, 4096, 0.1)
+    small = TransformerNmtConfig.from_preset("small")
+    assert (small.d_model, small.encoder_attention_heads) == (256, 4)
+    with pytest.raises(ValueError, match="preset"):
+        TransformerNmtConfig.from_preset("huge")
+    # generation cache sized from the decoder
+    assert TransformerNmtConfig(encoder_layers=4, decoder_layers=2).get_text_config(decoder=True).num_hidden_layers == 2
+
+
+@pytest.mark.parametrize("field,value", [
+    ("position_embedding_type", "rotary"), ("activation_function", "nope"), ("max_relative_positions", -1),
+    ("label_smoothing", 1.0), ("attention_dropout", -0.1), ("decoder_ffn_dim", 0), ("init_method", "he"),
+    ("pad_token_id", 10_000), ("languages", ["en", "en"]), ("decoder_attention_heads", 3),
+])
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        TransformerNmtConfig(vocab_size=100, d_model=32, encoder_attention_heads=4, **{field: value})
+
+
+def test_base_parameter_count_formula():
+    """Vaswani base (shared 37k vocab, tied): 63.1M with biases, as fairseq's transformer_wmt_en_de reports."""
+    config = TransformerNmtConfig.from_preset("base", vocab_size=37000)
+    with torch.device("meta"):
+        model = TransformerNmtForConditionalGeneration(config)
+    d, f, layers = 512, 2048, 6
+    attention = 4 * d * d + 4 * d
+    ffn = 2 * d * f + f + d
+    norm = 2 * d
+    expected = 37000 * d + layers * (attention + ffn + 2 * norm) + layers * (2 * attention + ffn + 3 * norm)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_translation_task_restored_narrowly():
+    from transformers import pipelines
+
+    assert "translation" not in pipelines.REMOVED_TASKS
+    assert {"summarization", "text2text-generation"} <= set(pipelines.REMOVED_TASKS)
+    assert pipelines.PIPELINE_REGISTRY.check_task("translation")[1]["impl"] is hf_variants.TranslationPipeline
+
+
+def test_multilingual_inputs_are_validated(tokenizer):
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de", "fr", "cs"],
+                                              target_language_tags=True)
+    model = TransformerNmtForConditionalGeneration(config)
+    inputs = model.prepare_translation_inputs(tokenizer, ["A dog runs.", "Two men."], tgt_lang=["de", "fr"],
+                                              text_target=["Ein Hund rennt.", "Zwei Männer."])
+    assert inputs["input_ids"][0, 0] == tokenizer.convert_tokens_to_ids("<2de>")
+    assert inputs["input_ids"][1, 0] == tokenizer.convert_tokens_to_ids("<2fr>")
+    assert (inputs["labels"] == -100).any() and (inputs["labels"] != tokenizer.pad_token_id).all()
+    with pytest.raises(ValueError, match="Unknown language 'xx'"):
+        model.prepare_translation_inputs(tokenizer, ["A dog."], tgt_lang="xx")
+    with pytest.raises(ValueError, match="needs `tgt_lang`"):
+        model.prepare_translation_inputs(tokenizer, ["A dog."])
