@@ -39,8 +39,8 @@ def tokenizer(tmp_path_factory):
 # from its import path, and asserts that `hf_variants` cannot be imported, before it imports anything else.
 _ISOLATION_PRELUDE = """
 import importlib.util, os, sys
-sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(type(f), "__module__", "")
-                    and "__editable__" not in getattr(f, "__name__", "")]
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in str(getattr(f, "__module__", ""))
+                    and "__editable__" not in getattr(type(f), "__module__", "")]
 sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
 _repo = os.path.realpath({repo!r})
 sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != _repo]
