@@ -1,0 +1,466 @@
+"""Build the model card (README.md) of a trained hf_variants model.
+
+A card is made of Hub metadata, built with `huggingface_hub.ModelCardData` / `EvalResult` (so that
+`ModelCard.load`, `metadata_load` and `model_index_to_eval_results` read it back unchanged), and a Markdown
+body rendered from the variant family's Jinja template through `ModelCard.from_template`. Every family template
+(`templates/<model_type>.md`) extends the shared `templates/_base.md` and only fills the blocks that differ
+(description, architecture notes, limitations, citation).
+
+Inputs:
+
+- `model_dir`: a `save_pretrained` folder (config.json, model.safetensors, tokenizer files, code files);
+  the architecture numbers are read from its config.json (defensively: only the fields present are shown)
+  and the parameter count, when `results` has none, from the safetensors headers.
+- `results`: the run's `results.json` (see `RESULTS_KEYS`); every key is optional, sections without data
+  are left out.
+
+This module imports neither torch nor hf_variants: cards can be written from a run folder alone
+(`python -m model_cards.card RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+BASE_TEMPLATE = "_base.md"
+PLACEHOLDER_REPO_ID = "ORG/NAME"
+DEFAULT_LICENSE = "apache-2.0"
+PACKAGE_TAG = "hf-variants"
+
+# Keys of results.json that the card reads (all optional).
+RESULTS_KEYS = (
+    "model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "dataset_id", "eval_split",
+    "bleu", "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
+    "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters", "base_model",
+    "per_direction", "license",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A variant family: its names, Hub tag and the config fields that describe its architecture."""
+
+    model_type: str
+    name: str  # short name used in titles ("MUTE")
+    long_name: str  # what the acronym stands for
+    tag: str  # Hub tag of the variant
+    fields: tuple[tuple[str, str], ...] = ()  # (config attribute, label) shown when present
+
+    @property
+    def template(self) -> Path:
+        return TEMPLATES_DIR / f"{self.model_type}.md"
+
+
+FAMILIES: dict[str, Family] = {
+    family.model_type: family
+    for family in (
+        Family("transformer_nmt", "Transformer", "Transformer (baseline)", "transformer"),
+        Family("mute_nmt", "MUTE", "Multi-Unit Transformer", "mute", (
+            ("num_units", "Parallel units per encoder layer"), ("unit_types", "Unit types"),
+            ("mute_variant", "MUTE variant"), ("merge", "Unit merge"), ("sequential", "Sequential dependency"),
+            ("bias_mask_prob", "Bias module mask probability"), ("shuffle_penalty", "AutoShuffle penalty weight"),
+        )),
+        Family("hysan_nmt", "HySAN", "Hybrid Self-Attention Network", "hysan", (
+            ("encoder_branches", "Encoder self-attention branches"),
+            ("decoder_branches", "Decoder self-attention branches"), ("local_k", "Local window k"),
+            ("fusion", "Branch fusion"), ("squeeze_ratio", "Squeeze-gate ratio r"),
+        )),
+        Family("mgsa_nmt", "MG-SA", "Multi-Granularity Self-Attention", "mg-sa", (
+            ("mgsa_layers", "Encoder layers with MG-SA"), ("phrase_granularity", "Phrase granularity"),
+            ("ngram_sizes", "n-gram sizes"), ("composition", "Phrase composition"),
+            ("interaction", "Phrase interaction"), ("tag_loss_weight", "Phrase-tag loss weight"),
+        )),
+        Family("mimo_nmt", "MIMO", "Task-aware MIMO cardinality Transformer", "mimo", (
+            ("num_transformations", "Parallel transformations per block"), ("mimo_memory", "Encoder memory"),
+            ("mimo_links", "MIMO links"), ("task_attention", "Task-aware mixing"),
+        )),
+        Family("tied_nmt", "Tied Transformer", "Tied Transformer (shared encoder and decoder)", "tied-transformer", (
+            ("share_encoder_decoder", "Encoder and decoder shared"), ("tie_encoder_decoder", "Encoder and decoder tied"),
+            ("num_layers", "Shared blocks"), ("direction_embedding", "Direction embedding"),
+            ("bidirectional", "Bidirectional (dual) training"),
+        )),
+    )
+}
+
+# Config keys of the baseline TransformerNmtConfig: every other non-standard key is a variant field.
+BASELINE_CONFIG_KEYS = frozenset({
+    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout",
+    "attention_dropout", "activation_dropout", "max_position_embeddings", "position_embedding_type",
+    "max_relative_positions", "relative_position_values", "normalize_before", "scale_embedding",
+    "share_encoder_decoder_embeddings", "tie_word_embeddings", "output_bias", "layer_norm_eps", "init_method",
+    "init_std", "label_smoothing", "languages", "target_language_tags", "use_cache", "pad_token_id",
+    "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id", "is_encoder_decoder",
+    "custom_pipelines", "auto_map", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
+})
+
+DATASET_NAMES = {"multi30k": "Multi30k", "wmt14": "WMT14", "iwslt2017": "IWSLT 2017", "opus100": "OPUS-100"}
+# Hub dataset ids, used only when they hold every language of the run.
+DATASET_HUB_IDS = {"multi30k": ("bentrevett/multi30k", {"en", "de"})}
+EXAMPLE_SENTENCES = {
+    "en": "A man in a blue shirt is riding a bicycle down the street.",
+    "de": "Ein Mann in einem blauen Hemd fährt mit dem Fahrrad die Straße entlang.",
+    "fr": "Un homme en chemise bleue descend la rue à vélo.",
+    "cs": "Muž v modré košili jede na kole po ulici.",
+}
+# Keys naming a secret (hub_token, use_auth_token, api_key, ...; not batch_tokens) and values that look like one.
+_SECRET_KEY = re.compile(r"(^|[_\-.])(token|secret|password|passwd|api[_\-]?key|credentials?|authorization)($|[_\-.])",
+                         re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"^(hf_|api_)[A-Za-z0-9]{16,}$")
+
+
+# --------------------------------------------------------------------------------------------------- reading
+def load_results(run_dir: str | os.PathLike) -> dict:
+    """The run's `results.json` as a dict (`FileNotFoundError` with the path when it is missing)."""
+    path = Path(run_dir) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"No results.json in run folder {str(run_dir)!r}.")
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(results).__name__}.")
+    return results
+
+
+def _load_config(model_dir: Path) -> dict:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    return config if isinstance(config, dict) else {}
+
+
+def _tokenizer_model(model_dir: Path) -> str | None:
+    """The subword model of tokenizer.json ("BPE", "Unigram", ...), if readable."""
+    path = model_dir / "tokenizer.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            model = json.load(f).get("model") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    return model.get("type") if isinstance(model, dict) else None
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f).get("weight_map", {}).values()))
+        return [model_dir / shard for shard in shards]
+    single = model_dir / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def count_parameters(model_dir: str | os.PathLike) -> int | None:
+    """Number of stored parameters, from the safetensors headers (shared tensors are stored once)."""
+    files = _safetensors_files(Path(model_dir))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return total
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+def _fmt(value: Any) -> str:
+    """A value as shown in Markdown tables."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt(v) for v in value) if value else "–"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) if value else "–"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n:,} ({n / 1e6:.2f} M)" if n >= 10_000 else f"{n:,}"
+
+
+def _both(config: Mapping, enc: str, dec: str) -> str | None:
+    e, d = config.get(enc), config.get(dec)
+    if e is None and d is None:
+        return None
+    return _fmt(e) if e == d else f"{_fmt(e)} / {_fmt(d)}"
+
+
+def redact_secrets(mapping: Mapping) -> dict:
+    """Drop entries whose key names a secret (hub_token, api_key, ...) or whose value looks like an access token,
+    at any depth."""
+    out = {}
+    for key, value in mapping.items():
+        if _SECRET_KEY.search(str(key)) or (isinstance(value, str) and _SECRET_VALUE.match(value)):
+            continue
+        out[key] = redact_secrets(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def _languages(results: Mapping, config: Mapping) -> tuple[str | None, str | None, list[str]]:
+    src, tgt = results.get("source_lang"), results.get("target_lang")
+    langs = [lang for lang in (results.get("languages") or config.get("languages") or []) if lang]
+    if src and tgt:
+        return src, tgt, list(dict.fromkeys([src, tgt] + ([] if len(langs) <= 2 else langs)))
+    return None, None, list(dict.fromkeys(langs))
+
+
+def _dataset(results: Mapping, languages: list[str]) -> tuple[str | None, str | None]:
+    """(Hub dataset id or the run's dataset name, pretty name)."""
+    name = results.get("dataset")
+    if not name:
+        return None, None
+    key = str(name).lower()
+    pretty = DATASET_NAMES.get(key, str(name))
+    if results.get("dataset_id"):
+        return str(results["dataset_id"]), pretty
+    hub_id, hub_langs = DATASET_HUB_IDS.get(key, (None, set()))
+    if hub_id and languages and set(languages) <= hub_langs:
+        return hub_id, pretty
+    return str(name), pretty
+
+
+def _eval_results(results: Mapping, dataset_id: str | None, dataset_pretty: str | None,
+                  src: str | None, tgt: str | None) -> list[EvalResult]:
+    if dataset_id is None:
+        return []
+    split = results.get("eval_split")
+    out: list[EvalResult] = []
+
+    def add(config: str | None, scores: Mapping, label: str) -> None:
+        common = dict(task_type="translation", task_name="Translation", dataset_type=dataset_id,
+                      dataset_name=f"{dataset_pretty} ({label})", dataset_config=config, dataset_split=split)
+        for metric, metric_name, sig_key in (("bleu", "BLEU", "sacrebleu_signature"), ("chrf", "chrF", "chrf_signature")):
+            value = scores.get(metric)
+            if value is None:
+                continue
+            signature = scores.get(sig_key) or results.get(sig_key)
+            out.append(EvalResult(**common, metric_type=metric, metric_name=metric_name,
+                                  metric_value=round(float(value), 2),
+                                  metric_args={"signature": signature} if signature else None))
+
+    if src and tgt:
+        add(f"{src}-{tgt}", results, f"{src}-{tgt}")
+    else:
+        add(None, results, "all directions")
+    for direction, scores in (results.get("per_direction") or {}).items():
+        if isinstance(scores, Mapping) and direction != (f"{src}-{tgt}" if src and tgt else None):
+            add(direction, scores, direction)
+    return out
+
+
+def _architecture_rows(config: Mapping, family: Family, params: int | None) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str | None]] = [
+        ("Parameters", _fmt_params(params) if params is not None else None),
+        ("Model width d_model", _fmt(config["d_model"]) if "d_model" in config else None),
+        ("Encoder / decoder layers", _both(config, "encoder_layers", "decoder_layers")),
+        ("Attention heads (encoder / decoder)", _both(config, "encoder_attention_heads", "decoder_attention_heads")),
+        ("Feed-forward inner size (encoder / decoder)", _both(config, "encoder_ffn_dim", "decoder_ffn_dim")),
+        ("Vocabulary (shared source/target)", _fmt(config["vocab_size"]) if "vocab_size" in config else None),
+        ("Layer norm", None if "normalize_before" not in config else
+         ("pre-norm" if config["normalize_before"] else "post-norm")),
+        ("Position encoding", config.get("position_embedding_type")),
+        ("Relative positions (Shaw et al.), max distance",
+         _fmt(config["max_relative_positions"]) if config.get("max_relative_positions") else None),
+        ("Activation", config.get("activation_function")),
+        ("Encoder/decoder embeddings shared", _fmt(config["share_encoder_decoder_embeddings"])
+         if "share_encoder_decoder_embeddings" in config else None),
+        ("Output projection tied to embeddings", _fmt(config["tie_word_embeddings"])
+         if "tie_word_embeddings" in config else None),
+        ("Languages", _fmt(config["languages"]) if config.get("languages") else None),
+        ("Target-language tags `<2xx>`", _fmt(config["target_language_tags"])
+         if config.get("languages") and "target_language_tags" in config else None),
+    ]
+    shown = set()
+    for key, label in family.fields:
+        if key in config and config[key] is not None:
+            rows.append((label, _fmt(config[key])))
+            shown.add(key)
+    # Variant fields the family table does not know yet: show them under their config name.
+    standard = _standard_config_keys()
+    for key, value in config.items():
+        if key in shown or key in BASELINE_CONFIG_KEYS or key in standard or key.startswith("_") or value is None:
+            continue
+        if isinstance(value, (bool, int, float, str)) or (isinstance(value, (list, tuple)) and len(value) <= 16
+                                                          and all(isinstance(v, (bool, int, float, str)) for v in value)):
+            rows.append((f"`{key}`", _fmt(value)))
+    return [(label, value) for label, value in rows if value is not None]
+
+
+_STANDARD_KEYS: frozenset | None = None
+
+
+def _standard_config_keys() -> frozenset:
+    """Keys every transformers config has (dtype, id2label, ...): not architecture facts."""
+    global _STANDARD_KEYS
+    if _STANDARD_KEYS is None:
+        try:
+            from transformers import PretrainedConfig
+
+            _STANDARD_KEYS = frozenset(PretrainedConfig().to_dict())
+        except Exception:  # noqa: BLE001 - transformers missing or changed: fall back to the baseline list
+            _STANDARD_KEYS = frozenset()
+    return _STANDARD_KEYS
+
+
+def _duration(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    hours, rem = divmod(int(round(seconds)), 3600)
+    return f"{hours} h {rem // 60:02d} min" if hours else f"{rem // 60} min {rem % 60:02d} s"
+
+
+def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs: list[str], src, tgt) -> str:
+    if repo_id:
+        return repo_id.split("/")[-1]
+    pair = f"{src}-{tgt}" if src and tgt else "-".join(langs) or None
+    return "-".join(part for part in (model_type.replace("_", "-"), dataset, pair) if part)
+
+
+# --------------------------------------------------------------------------------------------------- building
+def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo_id: str | None = None, *,
+                     license: str | None = None) -> ModelCard:  # noqa: A002 - the Hub's metadata key
+    """Build the `ModelCard` of the model saved in `model_dir` from the run's `results` (results.json).
+
+    `repo_id` ("ORG/NAME") goes into the usage snippet and the model-index name; without it the snippet shows a
+    placeholder. The model type comes from `results["model_type"]` or config.json. Raises `ValueError` for a
+    model type without a template.
+    """
+    model_dir = Path(model_dir)
+    results = dict(results or {})
+    config = _load_config(model_dir)
+    model_type = results.get("model_type") or config.get("model_type")
+    if not model_type:
+        raise ValueError(f"Unknown model type: neither results nor {model_dir / 'config.json'} name one.")
+    family = FAMILIES.get(model_type)
+    if family is None:
+        raise ValueError(f"No model card template for model type {model_type!r}; known: {sorted(FAMILIES)}.")
+
+    src, tgt, languages = _languages(results, config)
+    multilingual = not (src and tgt) and len(languages) > 2
+    dataset_id, dataset_pretty = _dataset(results, languages)
+    params = results.get("params")
+    if params is None:
+        params = count_parameters(model_dir)
+    model_name = _model_name(repo_id, model_type, results.get("dataset"), languages, src, tgt)
+    eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
+    base_model = results.get("base_model") or None
+    tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
+
+    card_data = ModelCardData(
+        language=languages or None,
+        license=license or results.get("license") or DEFAULT_LICENSE,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=tags,
+        datasets=[dataset_id] if dataset_id else None,
+        metrics=sorted({r.metric_type for r in eval_results}) or None,
+        base_model=base_model,
+        model_name=model_name if eval_results else None,
+        eval_results=eval_results or None,
+    )
+
+    hyperparameters = redact_secrets(results.get("hyperparameters") or {})
+    training_rows = [(label, value) for label, value in (
+        ("Optimizer steps", _fmt(results["steps"]) if results.get("steps") is not None else None),
+        ("Epochs", f"{float(results['epochs']):.2f}" if results.get("epochs") is not None else None),
+        ("Wall time", _duration(results.get("wall_time_sec"))),
+        ("Training throughput", f"{float(results['train_tokens_per_sec']):,.0f} tokens/s"
+         if results.get("train_tokens_per_sec") is not None else None),
+    ) if value is not None]
+    per_direction = [(direction, scores) for direction, scores in (results.get("per_direction") or {}).items()
+                     if isinstance(scores, Mapping)]
+    example_src = src or (languages[0] if languages else "en")
+    example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
+    needs_tgt_lang = bool(config.get("target_language_tags") or (config.get("languages") and not (src and tgt))
+                          or multilingual)
+
+    template_vars = dict(
+        family=family,
+        model_type=model_type,
+        variant=results.get("variant") or family.long_name,
+        model_id=repo_id or PLACEHOLDER_REPO_ID,
+        has_repo_id=repo_id is not None,
+        model_name=model_name,
+        src=src, tgt=tgt, languages=languages, multilingual=multilingual,
+        direction=f"{src}→{tgt}" if src and tgt else None,
+        dataset=results.get("dataset"), dataset_id=dataset_id, dataset_pretty=dataset_pretty,
+        eval_split=results.get("eval_split"),
+        train_pairs=results.get("train_pairs"), dropped_pairs=results.get("dropped_pairs"),
+        dropped_reasons={k: v for k, v in (results.get("dropped_reasons") or {}).items() if v},
+        architecture=_architecture_rows(config, family, params),
+        params=params,
+        config=config,
+        hyperparameters=[(k, _fmt(v)) for k, v in hyperparameters.items()],
+        training=training_rows,
+        bleu=results.get("bleu"), chrf=results.get("chrf"),
+        bleu_signature=results.get("sacrebleu_signature"), chrf_signature=results.get("chrf_signature"),
+        per_direction=per_direction,
+        example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
+        example_tgt=example_tgt if needs_tgt_lang else None,
+        tokenizer_model=_tokenizer_model(model_dir),
+        fmt=_fmt,
+    )
+    card = ModelCard.from_template(card_data, template_path=str(family.template), base=_base_template(),
+                                   **template_vars)
+    card.text = re.sub(r"[ \t]+\n", "\n", re.sub(r"\n{3,}", "\n\n", card.text)).strip("\n")
+    card.text = "\n" + card.text + "\n"
+    return card
+
+
+def _base_template() -> jinja2.Template:
+    """The shared body, passed to the family templates, which `{% extends base %}` it.
+
+    `ModelCard.from_template` compiles a template without a loader, so the base is handed over as a compiled
+    template object (Jinja accepts one in `extends`)."""
+    source = (TEMPLATES_DIR / BASE_TEMPLATE).read_text(encoding="utf-8")
+    return jinja2.Template(source, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def card_from_run(run_dir: str | os.PathLike, repo_id: str | None = None) -> ModelCard:
+    """Build the card of a run folder (`results.json` + `model/`) and save it as `model/README.md`."""
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    model_dir = run_dir / "model"
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"No saved model in {str(model_dir)!r} (config.json is missing).")
+    card = build_model_card(model_dir, results, repo_id=repo_id)
+    card.save(model_dir / "README.md")
+    return card
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write RUN_DIR/model/README.md from RUN_DIR/results.json.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--repo_id", default=None, help="ORG/NAME shown in the usage snippet")
+    args = parser.parse_args(argv)
+    card_from_run(args.run_dir, repo_id=args.repo_id)
+    print(Path(args.run_dir) / "model" / "README.md")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Publish a trained hf_variants model (weights, tokenizer, remote code, model card) to the Hugging Face Hub.
+
+The Hub is the one named by `HF_ENDPOINT` (read at call time; default https://huggingface.co), the token is the
+`token` argument or the user's saved/`HF_TOKEN` token (`huggingface_hub.get_token()`). The token is only handed to
+`huggingface_hub`: it is never written to the card or any file, never logged, and it is scrubbed from every error
+message. Apart from (re)writing `README.md`, the model folder is never modified, also when the push fails.
+
+CLI::
+
+    python -m model_cards.publish RUN_DIR --repo_id ORG/NAME [--private] [--commit_message MSG]
+
+`RUN_DIR` is a run folder (`results.json` + `model/`) or a model folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from huggingface_hub import HfApi, constants, get_token
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from .card import build_model_card, load_results
+
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Training leftovers that never belong in a model repo.
+IGNORE_PATTERNS = [
+    ".git/*", ".cache/*", "__pycache__/*", "*.pyc", "*.tmp", "*.lock", "checkpoint-*/*", "optimizer.pt",
+    "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin", "*.log",
+]
+_SCAN_LIMIT = 64 * 1024 * 1024  # files scanned for the token before upload (weights are larger than this)
+
+
+class PublishError(RuntimeError):
+    """Pushing to the Hub failed; the message says why and never contains the token."""
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _check_repo_id(repo_id: object) -> str:
+    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+        raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organization name, "
+                         "a slash, and the model name).")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"Invalid repo id {repo_id!r}: {err}") from None
+    return repo_id
+
+
+def _check_model_dir(model_dir: Path) -> dict:
+    """Check that `model_dir` holds a complete checkpoint; return its config."""
+    if not model_dir.is_dir():
+        raise ValueError(f"Model folder {str(model_dir)!r} does not exist.")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{str(model_dir)!r} is not a saved model: config.json is missing "
+                         "(save it with model.save_pretrained).")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{str(model_dir)!r} holds no weights (expected one of {', '.join(WEIGHT_FILES)}).")
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{str(model_dir)!r} holds no tokenizer (save it with tokenizer.save_pretrained).")
+    # The remote code that `trust_remote_code` loads: every module named by auto_map / custom_pipelines.
+    references = list((config.get("auto_map") or {}).values())
+    references += [p.get("impl", "") for p in (config.get("custom_pipelines") or {}).values() if isinstance(p, dict)]
+    missing = sorted({ref.split("--")[-1].rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str)
+                      and ref} - {p.name for p in model_dir.glob("*.py")})
+    if missing:
+        raise ValueError(f"{str(model_dir)!r} lacks the code files {missing} named in config.json; save the model "
+                         "with model.save_pretrained so that they are copied.")
+    return config
+
+
+def _find_results(model_dir: Path) -> dict | None:
+    """results.json of the run folder that holds `model_dir` (run_dir/model), if any."""
+    path = model_dir.parent / "results.json"
+    return load_results(model_dir.parent) if path.is_file() else None
+
+
+def _assert_token_absent(model_dir: Path, token: str) -> None:
+    needle = token.encode()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        if path.stat().st_size <= _SCAN_LIMIT and needle in path.read_bytes():
+            raise PublishError(f"Refusing to publish: the access token appears in {path.name}. Remove it from "
+                               "the file (and revoke the token if the file was shared).")
+
+
+def _scrub(text: str, token: str) -> str:
+    return text.replace(token, "***") if token else text
+
+
+def _http_hint(status: int | None) -> str:
+    if status == 401:
+        return "the token was rejected: check that it is valid and has write access"
+    if status == 403:
+        return "the server refused the request: the token has no write access to this namespace, or uploads are " \
+               "not allowed"
+    if status == 404:
+        return "the repository or its namespace was not found"
+    if status == 409:
+        return "the repository is in a conflicting state; retry"
+    if status is not None and status >= 500:
+        return "server error; retry later"
+    return "the server rejected the request"
+
+
+def push_to_hub(model_dir: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False,
+                commit_message: str | None = None, results: Mapping | None = None) -> str:
+    """Push the model folder `model_dir` (weights, tokenizer, code files) and its card to `repo_id`.
+
+    The card (`README.md`) is (re)built from `results`, or from the run folder's `results.json` when `model_dir`
+    is `run_dir/model`; without either, an existing README.md is kept, otherwise a card is built from the config.
+
+    Returns the URL of the commit. Raises `ValueError` for a bad repo id or an incomplete model folder (before any
+    network access), `PublishError` (a `RuntimeError`) without a token or when the Hub refuses the push. The
+    local checkpoint is left intact in every case.
+    """
+    model_dir = Path(model_dir)
+    repo_id = _check_repo_id(repo_id)
+    config = _check_model_dir(model_dir)
+    token = token or get_token()
+    if not token:
+        raise PublishError("No Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or log in "
+                           "with `hf auth login`. Nothing was pushed.")
+    endpoint = _endpoint()
+
+    if results is None:
+        results = _find_results(model_dir)
+    readme = model_dir / "README.md"
+    if results is not None or not readme.is_file():
+        build_model_card(model_dir, results or {}, repo_id=repo_id).save(readme)
+    _assert_token_absent(model_dir, token)
+
+    api = HfApi(endpoint=endpoint, token=token, library_name="hf_variants")
+    message = commit_message or f"Upload {config.get('model_type', 'model')} model, tokenizer and card"
+    logger.info("Pushing %s to %s on %s", model_dir, repo_id, endpoint)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        commit = api.upload_folder(folder_path=str(model_dir), repo_id=repo_id, repo_type="model",
+                                   commit_message=message, ignore_patterns=IGNORE_PATTERNS)
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else None
+        server = (err.server_message or "").strip()
+        raise PublishError(_scrub(
+            f"Pushing {model_dir} to {repo_id} on {endpoint} failed: HTTP {status}, {_http_hint(status)}"
+            f"{f' (server: {server})' if server else ''}. The local checkpoint is unchanged.", token)) from None
+    except ValueError as err:  # e.g. the Hub rejected the card metadata
+        raise PublishError(_scrub(f"Pushing {model_dir} to {repo_id} on {endpoint} failed: {err}. The local "
+                                  "checkpoint is unchanged.", token)) from None
+    except OSError as err:  # connection errors (httpx errors are OSErrors or wrapped by the client)
+        raise PublishError(_scrub(f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: {err}. "
+                                  "The local checkpoint is unchanged.", token)) from None
+    except Exception as err:
+        if type(err).__module__.startswith(("httpx", "httpcore")):
+            raise PublishError(_scrub(f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: "
+                                      f"{err}. The local checkpoint is unchanged.", token)) from None
+        raise
+    logger.info("Pushed %s: %s", repo_id, commit.commit_url)
+    return commit.commit_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Push a trained hf_variants model and its card to the Hub "
+                                                 "(HF_ENDPOINT, token from HF_TOKEN or `hf auth login`).")
+    parser.add_argument("run_dir", help="run folder (results.json + model/) or model folder")
+    parser.add_argument("--repo_id", required=True, help="namespace/name")
+    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--commit_message", default=None)
+    args = parser.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    model_dir = run_dir / "model" if (run_dir / "model" / "config.json").is_file() else run_dir
+    try:
+        url = push_to_hub(model_dir, args.repo_id, private=args.private, commit_message=args.commit_message)
+    except (ValueError, PublishError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(url)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

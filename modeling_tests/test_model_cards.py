@@ -1,0 +1,237 @@
+"""Model cards: Hub metadata that round-trips through huggingface_hub's parsers, and a complete body per family.
+
+Run folders are built here from the contract the training script follows (results.json + model/config.json,
+model.safetensors, tokenizer.json); no model is trained, so these tests need neither torch nor hf_variants.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from huggingface_hub import EvalResult, ModelCard, metadata_load
+from huggingface_hub.repocard_data import model_index_to_eval_results
+from safetensors.numpy import save_file
+
+from model_cards import card as card_module
+from model_cards.card import FAMILIES, PLACEHOLDER_REPO_ID, build_model_card, card_from_run, count_parameters
+from hub_server import validate_card_metadata
+
+
+# Variant config fields per family, as the configs store them (values are arbitrary but distinct).
+VARIANT_FIELDS = {
+    "transformer_nmt": {},
+    "mute_nmt": {"num_units": 4, "unit_types": ["identity", "swap", "mask", "reorder"]},
+    "hysan_nmt": {"encoder_branches": ["global", "forward", "backward", "local"],
+                  "decoder_branches": ["forward", "local"], "local_k": 5, "fusion": "squeeze_gate"},
+    "mgsa_nmt": {"mgsa_layers": [0], "phrase_granularity": "ngram", "composition": "self_attention",
+                 "interaction": "on_lstm"},
+    "mimo_nmt": {"num_transformations": 3},
+    "tied_nmt": {"share_encoder_decoder": True},
+}
+# Title fragment of each family's paper, which must appear in the card's BibTeX.
+PAPER_TITLES = {
+    "transformer_nmt": "Attention Is All You Need",
+    "mute_nmt": "Multi-Unit Transformers for Neural Machine Translation",
+    "hysan_nmt": "Hybrid Self-Attention Network for Machine Translation",
+    "mgsa_nmt": "Multi-Granularity Self-Attention for Neural Machine Translation",
+    "mimo_nmt": "Modeling Task-Aware {MIMO} Cardinality",
+    "tied_nmt": "Tied Transformers: Neural Machine Translation with Shared Encoder and Decoder",
+}
+SECRET = "hf_abcdefghijklmnopqrstuvwxyz012345"
+
+
+def make_results(model_type: str, **overrides) -> dict:
+    results = {
+        "model_type": model_type, "variant": f"{FAMILIES[model_type].name} test run",
+        "source_lang": "en", "target_lang": "de", "languages": ["en", "de"],
+        "dataset": "multi30k", "eval_split": "test_2016_flickr",
+        "bleu": 12.3456, "chrf": 40.987,
+        "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+        "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+        "params": 123_457, "train_tokens_per_sec": 2345.5, "wall_time_sec": 321.0,
+        "train_pairs": 28_911, "dropped_pairs": 89, "dropped_reasons": {"too_long": 80, "length_ratio": 9},
+        "steps": 1500, "epochs": 2.25,
+        "hyperparameters": {"learning_rate": 0.0007, "warmup_steps": 4000, "max_tokens": 4096,
+                            "hub_token": SECRET, "label_smoothing": 0.1},
+        "base_model": None,
+    }
+    results.update(overrides)
+    return results
+
+
+def make_run(tmp_path: Path, model_type: str, results: dict | None = None, config_extra: dict | None = None,
+             tensors: dict | None = None) -> Path:
+    """A run folder in the training script's layout, with a real safetensors file and tokenizer.json."""
+    run = tmp_path / f"run-{model_type}"
+    model_dir = run / "model"
+    model_dir.mkdir(parents=True)
+    config = {"model_type": model_type, "d_model": 48, "encoder_layers": 3, "decoder_layers": 2,
+              "encoder_attention_heads": 6, "decoder_attention_heads": 3, "encoder_ffn_dim": 96,
+              "decoder_ffn_dim": 80, "vocab_size": 517, "normalize_before": True,
+              "position_embedding_type": "sinusoidal", "languages": [], "dtype": "float32",
+              "auto_map": {"AutoConfig": f"configuration_{model_type}.Config"},
+              **VARIANT_FIELDS[model_type], **(config_extra or {})}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tensors = tensors or {"a.weight": np.zeros((7, 5), np.float32), "b.bias": np.zeros((11,), np.float32)}
+    save_file(tensors, str(model_dir / "model.safetensors"))
+    (model_dir / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {}}}))
+    (run / "results.json").write_text(json.dumps(make_results(model_type) if results is None else results))
+    return run
+
+
+def expected_eval_results(results: dict, dataset_type: str) -> list[EvalResult]:
+    """What the model-index must hold for `results`, derived from the inputs."""
+    out = []
+    pair = f"{results['source_lang']}-{results['target_lang']}" if results.get("source_lang") else None
+    entries = [(pair, results, pair or "all directions")]
+    entries += [(d, s, d) for d, s in (results.get("per_direction") or {}).items() if d != pair]
+    for config, scores, label in entries:
+        for metric, name, sig in (("bleu", "BLEU", "sacrebleu_signature"), ("chrf", "chrF", "chrf_signature")):
+            out.append(EvalResult(
+                task_type="translation", task_name="Translation", dataset_type=dataset_type,
+                dataset_name=f"Multi30k ({label})", dataset_config=config, dataset_split=results["eval_split"],
+                metric_type=metric, metric_name=name, metric_value=round(scores[metric], 2),
+                metric_args={"signature": scores.get(sig) or results[sig]}))
+    return out
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_card_from_run_metadata_round_trips(tmp_path, model_type):
+    run = make_run(tmp_path, model_type)
+    results = json.loads((run / "results.json").read_text())
+    card = card_from_run(run, repo_id="org/demo-model")
+    readme = run / "model" / "README.md"
+    assert readme.is_file()
+
+    loaded = ModelCard.load(readme)
+    assert loaded.data.to_dict() == card.data.to_dict()
+    data = loaded.data
+    assert data.language == ["en", "de"]
+    assert data.license == "apache-2.0"
+    assert data.library_name == "transformers"
+    assert data.pipeline_tag == "translation"
+    assert {"translation", "hf-variants", model_type, FAMILIES[model_type].tag} <= set(data.tags)
+    assert data.datasets == ["bentrevett/multi30k"]  # the Hub id holds en-de: used
+    assert data.metrics == ["bleu", "chrf"]
+    assert data.base_model is None
+    assert data.model_name == "demo-model"
+    assert data.eval_results == expected_eval_results(results, "bentrevett/multi30k")
+
+    meta = metadata_load(readme)
+    name, eval_results = model_index_to_eval_results(meta["model-index"])
+    assert name == "demo-model"
+    assert eval_results == data.eval_results
+    assert [r.metric_args["signature"] for r in eval_results] == [results["sacrebleu_signature"],
+                                                                  results["chrf_signature"]]
+    assert validate_card_metadata(readme.read_text()) == []  # what the Hub test server checks
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_card_body_has_every_section(tmp_path, model_type):
+    run = make_run(tmp_path, model_type)
+    results = json.loads((run / "results.json").read_text())
+    text = card_from_run(run, repo_id="org/demo-model").text
+    config = json.loads((run / "model" / "config.json").read_text())
+
+    # The paper as BibTeX, inside a bibtex code block.
+    bibtex = re.findall(r"```bibtex\n(.*?)```", text, re.S)
+    assert any(PAPER_TITLES[model_type] in entry and entry.lstrip().startswith("@") for entry in bibtex)
+    # Architecture numbers from config.json and results.
+    rows = dict(re.findall(r"^\| (.+?) \| (.+?) \|$", text, re.M))
+    assert rows["Parameters"].startswith(f"{results['params']:,}")
+    assert rows["Model width d_model"] == str(config["d_model"])
+    assert rows["Encoder / decoder layers"] == f"{config['encoder_layers']} / {config['decoder_layers']}"
+    assert rows["Attention heads (encoder / decoder)"] == \
+        f"{config['encoder_attention_heads']} / {config['decoder_attention_heads']}"
+    assert rows["Vocabulary (shared source/target)"] == str(config["vocab_size"])
+    assert rows["Layer norm"] == "pre-norm"
+    labels = dict(FAMILIES[model_type].fields)
+    for key, value in VARIANT_FIELDS[model_type].items():
+        shown = card_module._fmt(value)
+        assert rows[labels.get(key, f"`{key}`")] == shown, key
+    # Training data, with the dropped pairs and why.
+    assert f"**{results['train_pairs']:,}**" in text and f"**{results['dropped_pairs']}**" in text
+    for reason, count in results["dropped_reasons"].items():
+        assert rows[reason] == str(count)
+    # Hyperparameters (secrets left out) and results.
+    assert rows["`learning_rate`"] == "0.0007" and rows["`max_tokens`"] == "4,096"
+    assert "hub_token" not in text and SECRET not in str(card_from_run(run))
+    assert re.search(rf"^\| en→de \| {results['bleu']:.2f} \| {results['chrf']:.2f} \|$", text, re.M)
+    assert results["sacrebleu_signature"] in text and results["chrf_signature"] in text
+    # Usage: one-line trust_remote_code loads and the translation pipeline, with the repo id.
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("org/demo-model", trust_remote_code=True)' in text
+    assert 'AutoTokenizer.from_pretrained("org/demo-model", trust_remote_code=True)' in text
+    assert 'pipeline("translation", model="org/demo-model", trust_remote_code=True)' in text
+    for heading in ("## Model description", "## Usage", "## Training data", "## Training procedure",
+                    "## Evaluation", "## Limitations", "## Citation"):
+        assert heading in text
+
+
+def test_multilingual_card_has_per_direction_results(tmp_path):
+    per_direction = {"en-de": {"bleu": 20.111, "chrf": 45.0}, "de-en": {"bleu": 24.5, "chrf": 48.25},
+                     "en-fr": {"bleu": 30.0, "chrf": 55.0}}
+    results = make_results("mimo_nmt", source_lang=None, target_lang=None, languages=["en", "de", "fr"],
+                           per_direction=per_direction, bleu=24.87, chrf=49.4)
+    run = make_run(tmp_path, "mimo_nmt", results=results,
+                   config_extra={"languages": ["en", "de", "fr"], "target_language_tags": True})
+    card_from_run(run, repo_id="org/mimo-multi")
+    loaded = ModelCard.load(run / "model" / "README.md")
+    assert loaded.data.language == ["en", "de", "fr"]
+    assert "multilingual" in loaded.data.tags
+    assert loaded.data.datasets == ["multi30k"]  # bentrevett/multi30k has no French: not claimed
+    assert loaded.data.eval_results == expected_eval_results(results, "multi30k")
+    assert {r.dataset_config for r in loaded.data.eval_results} == {None, "en-de", "de-en", "en-fr"}
+    text = loaded.text
+    for direction, scores in per_direction.items():
+        assert re.search(rf"^\| {direction} \| {scores['bleu']:.2f} \| {scores['chrf']:.2f} \|$", text, re.M)
+    assert 'tgt_lang="' in text  # the multilingual usage names the target language
+
+
+def test_base_model_and_license(tmp_path):
+    run = make_run(tmp_path, "transformer_nmt", results=make_results("transformer_nmt", base_model="org/parent"))
+    card = build_model_card(run / "model", json.loads((run / "results.json").read_text()), license="mit")
+    data = ModelCard(str(card)).data
+    assert data.base_model == "org/parent" and data.license == "mit"
+    assert "fine-tuned from [`org/parent`]" in card.text
+
+
+def test_card_without_results_uses_config_and_weights(tmp_path):
+    tensors = {"x": np.zeros((3, 4, 5), np.float32), "y": np.zeros((6,), np.float16)}
+    run = make_run(tmp_path, "tied_nmt", results={}, tensors=tensors)
+    assert count_parameters(run / "model") == 3 * 4 * 5 + 6
+    card = build_model_card(run / "model", {})  # model type from config.json, no repo id
+    data = ModelCard(str(card)).data
+    assert data.eval_results is None and "model-index" not in data.to_dict()
+    assert "tied_nmt" in data.tags
+    rows = dict(re.findall(r"^\| (.+?) \| (.+?) \|$", card.text, re.M))
+    assert rows["Parameters"] == "66"
+    assert f'from_pretrained("{PLACEHOLDER_REPO_ID}", trust_remote_code=True)' in card.text
+    assert "No evaluation results were recorded" in card.text
+
+
+def test_unknown_model_type_is_rejected(tmp_path):
+    run = make_run(tmp_path, "transformer_nmt")
+    with pytest.raises(ValueError, match="No model card template for model type 'bart'"):
+        build_model_card(run / "model", {"model_type": "bart"})
+    with pytest.raises(FileNotFoundError, match="results.json"):
+        card_from_run(tmp_path / "missing")
+
+
+def test_secret_keys_are_redacted_but_token_counts_are_kept():
+    redacted = card_module.redact_secrets({
+        "hub_token": "x", "use_auth_token": True, "api_key": "k", "nested": {"password": "p", "lr": 1},
+        "max_tokens": 4096, "batch_tokens": 10, "label": SECRET, "tokenizer": "bpe"})
+    assert redacted == {"nested": {"lr": 1}, "max_tokens": 4096, "batch_tokens": 10, "tokenizer": "bpe"}
+
+
+def test_family_templates_share_one_base():
+    base = (card_module.TEMPLATES_DIR / card_module.BASE_TEMPLATE).read_text()
+    for model_type, family in FAMILIES.items():
+        source = family.template.read_text()
+        assert source.startswith("{% extends base %}"), model_type
+        assert "## Usage" not in source and "model-index" not in source  # shared sections live in the base only
+        assert len(source) < len(base) / 2, model_type
