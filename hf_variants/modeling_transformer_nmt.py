@@ -422,12 +422,15 @@ class TransformerNmtEncoder(TransformerNmtStack):
                 output_hidden_states=False, return_dict=True, **kwargs) -> TransformerNmtEncoderOutput:
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         mask = padding_mask(attention_mask)
-        all_hidden, all_attn = [], []
+        all_hidden, all_attn, aux_losses = [], [], {}
         for layer in self.layers:
             if output_hidden_states:
                 all_hidden.append(hidden_states)
-            hidden_states, weights = layer(hidden_states, attention_mask=mask, output_attentions=output_attentions,
-                                           **kwargs)
+            # A layer returns (hidden_states, weights) or (hidden_states, weights, {name: auxiliary loss SUM}).
+            hidden_states, weights, *extra = layer(hidden_states, attention_mask=mask,
+                                                   output_attentions=output_attentions, **kwargs)
+            for name, value in (extra[0] if extra and extra[0] else {}).items():
+                aux_losses[name] = aux_losses[name] + value if name in aux_losses else value
             if output_attentions:
                 all_attn.append(weights)
         hidden_states = self.final_norm(hidden_states)
@@ -437,6 +440,7 @@ class TransformerNmtEncoder(TransformerNmtStack):
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
+            aux_losses=aux_losses or None,
         )
 
 
