@@ -1,0 +1,485 @@
+"""MG-SA: Multi-Granularity Self-Attention (Hao, Wang, Shi, Zhang, Tu, EMNLP 2019) on the hf_variants backbone.
+
+What the paper adds to the Transformer, and nothing else (`variants-spec.md` §3):
+
+- `MgsaSelfAttention` replaces the self-attention of the encoder layers in `config.mgsa_layers`. Its first
+  `word_heads` heads are ordinary word-level heads (the backbone kernel); every other group of heads attends, with
+  its ordinary queries H W_Q (eq. 5), to a phrase memory of one granularity (eq. 4-7). All phrase groups run in one
+  attention call (query length T, key length M phrase slots, boolean key mask over real phrases).
+- The phrase memory of a group (`PhraseMemory`, batched over sentences and groups with segment/scatter ops, no
+  Python loop over sentences or phrases):
+  partition (n-gram ids derived from the attention mask, or parse-level ids given as `phrase_index`) ->
+  composition (`max_pool` | `san` | `lstm`, eq. 8) -> optional tag classifier on the composed phrases (eq. 9-10)
+  -> interaction (`none` | `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few).
+- The tag loss (eq. 12) leaves the layer as an auxiliary loss SUM (`{"tag_loss": lambda * L_tag}`); the backbone
+  divides it by the number of target tokens, adds it to `.loss` and reports it in `.aux_losses`.
+
+Everything else (embeddings, word-level attention kernel, decoder, cache, generation) is the backbone's: MG-SA
+is encoder-only, so incremental decoding is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from transformers import GenerationMixin
+from transformers import initialization as init
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_mgsa import MgsaConfig
+from .configuration_transformer_nmt import language_tag
+from .modeling_transformer_nmt import (
+    TransformerNmtAttention,
+    TransformerNmtEncoder,
+    TransformerNmtEncoderLayer,
+    TransformerNmtForConditionalGeneration,
+    TransformerNmtModel,
+    TransformerNmtPreTrainedModel,
+    eager_attention_forward,
+    padding_mask,
+    residual_block,
+)
+from .phrases import ngram_phrase_index, syntactic_phrase_inputs
+
+
+# --------------------------------------------------------------------------------------------------- partitions
+@dataclass
+class PhrasePartition:
+    """Phrase ids of every token for every group, computed once per encoder forward.
+
+    `ids` [B, G, T]: phrase of each token (-1: none, e.g. padding); `mask` [B, G, M]: phrase slot m is a real
+    phrase (has tokens); `tags` [B, G, M] constituent tag ids (-100: none) or None."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    tags: torch.Tensor | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return self.mask.shape[-1]
+
+
+def segment_layout(ids: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """Flat slot index [B*G*T] of every (sentence, group, token) in a [B*G*M + 1] buffer; tokens without a phrase
+    go to the last (dummy) slot, which callers drop."""
+    b, g, _ = ids.shape
+    base = torch.arange(b * g, device=ids.device).view(b, g, 1) * num_slots
+    return torch.where(ids >= 0, base + ids, torch.full_like(ids, b * g * num_slots)).reshape(-1)
+
+
+def segment_max(values: torch.Tensor, flat: torch.Tensor, slots: int) -> torch.Tensor:
+    """Max over each slot's members: values [N, d] (one row per flat entry) -> [slots, d]; empty slots give 0."""
+    index = flat[:, None].expand(-1, values.shape[-1])
+    out = values.new_zeros(slots + 1, values.shape[-1])
+    return out.scatter_reduce(0, index, values, reduce="amax", include_self=False)[:-1]
+
+
+def segment_softmax(scores: torch.Tensor, flat: torch.Tensor, slots: int) -> torch.Tensor:
+    """Softmax of `scores` [N] within each slot (float32): exp(s - max_slot) / sum_slot exp(s - max_slot)."""
+    scores = scores.float()
+    shift = scores.new_full((slots + 1,), float("-inf")).scatter_reduce(0, flat, scores.detach(), reduce="amax")
+    exp = torch.exp(scores - shift[flat])
+    denominator = scores.new_zeros(slots + 1).index_add(0, flat, exp)
+    return exp / denominator[flat]
+
+
+def cumax(logits: torch.Tensor) -> torch.Tensor:
+    """cumsum(softmax(x)): a soft, monotonically non-decreasing 0 -> 1 gate (Shen et al. 2019)."""
+    return torch.cumsum(torch.softmax(logits, dim=-1), dim=-1)
+
+
+# ------------------------------------------------------------------------------------------------- recurrences
+class PhraseRecurrence(nn.Module):
+    """G independent (ON-)LSTMs run together (one per phrase group), over a masked sequence of steps.
+
+    ON-LSTM follows yikangshen/Ordered-Neurons ON_LSTM.py without DropConnect: gates = W_ih x + b_ih + W_hh h +
+    b_hh = [i~ logits (n_c), f~ logits (n_c), o, c^, i, f (hidden each)], n_c = hidden / chunk_size;
+    f~ = cumax, i~ = 1 - cumax, broadcast over each chunk; w = f~ * i~; f^ = sigmoid(f) * w + (f~ - w);
+    i^ = sigmoid(i) * w + (i~ - w); c = f^ * c + i^ * tanh(c^); h = sigmoid(o) * tanh(c). With `ordered=False` it is
+    a plain LSTM with the same gate layout (no master gates). Masked steps keep the state unchanged, so padded
+    phrases never change it and the last state is that of the last real step."""
+
+    def __init__(self, num_groups: int, input_size: int, hidden_size: int, chunk_size: int = 1, ordered: bool = True):
+        super().__init__()
+        self.num_groups, self.input_size, self.hidden_size = num_groups, input_size, hidden_size
+        self.ordered = ordered
+        self.chunk_size = chunk_size
+        self.num_chunks = hidden_size // chunk_size if ordered else 0
+        gates = 4 * hidden_size + 2 * self.num_chunks
+        self.weight_ih = nn.Parameter(torch.empty(num_groups, gates, input_size))
+        self.bias_ih = nn.Parameter(torch.empty(num_groups, gates))
+        self.weight_hh = nn.Parameter(torch.empty(num_groups, gates, hidden_size))
+        self.bias_hh = nn.Parameter(torch.empty(num_groups, gates))
+
+    def step(self, projected: torch.Tensor, hidden: torch.Tensor, cell: torch.Tensor):
+        """One step for all groups: projected input [N, G, gates], state [N, G, hidden] ->
+        (hidden, cell, master gates (forget, input) [N, G, hidden] or None)."""
+        gates = projected + torch.einsum("ngh,gkh->ngk", hidden, self.weight_hh) + self.bias_hh
+        nc2 = 2 * self.num_chunks
+        out_gate, candidate, in_gate, forget_gate = gates[..., nc2:].chunk(4, dim=-1)
+        forget_gate, in_gate = torch.sigmoid(forget_gate), torch.sigmoid(in_gate)
+        masters = None
+        if self.ordered:
+            master_in, master_forget = gates[..., :nc2].chunk(2, dim=-1)
+            master_in = (1.0 - cumax(master_in)).repeat_interleave(self.chunk_size, dim=-1)
+            master_forget = cumax(master_forget).repeat_interleave(self.chunk_size, dim=-1)
+            overlap = master_forget * master_in
+            forget_gate = forget_gate * overlap + (master_forget - overlap)
+            in_gate = in_gate * overlap + (master_in - overlap)
+            masters = (master_forget, master_in)
+        cell = forget_gate * cell + in_gate * torch.tanh(candidate)
+        hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
+        return hidden, cell, masters
+
+    def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """inputs [N, G, S, input_size], mask [N, G, S] -> states [N, G, S, hidden]."""
+        projected = torch.einsum("ngsd,gkd->ngsk", inputs, self.weight_ih) + self.bias_ih[:, None]
+        n, g, steps, _ = inputs.shape
+        hidden = inputs.new_zeros(n, g, self.hidden_size)
+        cell = torch.zeros_like(hidden)
+        outputs = []
+        for s in range(steps):
+            new_hidden, new_cell, _ = self.step(projected[:, :, s], hidden, cell)
+            keep = mask[:, :, s, None]
+            hidden = torch.where(keep, new_hidden, hidden)
+            cell = torch.where(keep, new_cell, cell)
+            outputs.append(hidden)
+        return torch.stack(outputs, dim=2)
+
+
+# ---------------------------------------------------------------------------------------------- phrase memory
+class PhraseMemory(nn.Module):
+    """F_h of eq. 4 for all phrase groups of one layer: composition (eq. 8), tag logits (eq. 9), interaction
+    (eq. 11). Input H [B, T, d] and a `PhrasePartition`; output the memory [B, G, M, width] and the composed
+    phrases G_x [B, G, M, d]."""
+
+    def __init__(self, config: MgsaConfig):
+        super().__init__()
+        d, groups, d_g = config.d_model, config.num_phrase_groups, config.group_dim
+        self.num_groups, self.group_dim = groups, d_g
+        self.composition = config.phrase_composition
+        self.interaction = config.phrase_interaction
+        if self.composition == "san":  # W_Q^c, W_K^c in R^{d x d_g} per group, no value projection
+            self.composition_query = nn.Parameter(torch.empty(groups, d, d_g))
+            self.composition_key = nn.Parameter(torch.empty(groups, d, d_g))
+        elif self.composition == "lstm":  # last hidden state of an LSTM (d -> d) over the phrase's tokens
+            self.composition_lstm = PhraseRecurrence(groups, d, d, ordered=False)
+        self.recurrence = None
+        if self.interaction != "none":
+            width = d_g if config.mgsa_phrase_kv == "split" else d
+            self.recurrence = PhraseRecurrence(groups, d, width, config.on_lstm_chunk_size,
+                                               ordered=self.interaction == "on_lstm")
+
+    def compose(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """g_m = COM(p_m) for every phrase of every group: [B, G, M, d] (0 in empty slots)."""
+        b, t, d = hidden_states.shape
+        ids, slots = partition.ids, partition.num_slots
+        if self.composition == "lstm":
+            return self._compose_lstm(hidden_states, ids, slots)
+        g = ids.shape[1]
+        total = b * g * slots
+        flat = segment_layout(ids, slots)
+        members = hidden_states[:, None].expand(b, g, t, d).reshape(-1, d)  # one row per (sentence, group, token)
+        pooled = segment_max(members, flat, total)  # [B*G*M, d]
+        if self.composition == "max_pool":
+            return pooled.view(b, g, slots, d)
+        # SAN: the max-pooled vector queries the phrase's tokens; softmax restricted to members.
+        query = torch.einsum("bgmd,gde->bgme", pooled.view(b, g, slots, d), self.composition_query)
+        key = torch.einsum("btd,gde->bgte", hidden_states, self.composition_key)  # [B, G, T, d_g]
+        query_of_token = query.gather(2, ids.clamp(min=0)[..., None].expand(-1, -1, -1, query.shape[-1]))
+        scores = (query_of_token * key).sum(-1).reshape(-1) * key.shape[-1] ** -0.5
+        weights = segment_softmax(scores, flat, total).to(hidden_states.dtype)
+        composed = members.new_zeros(total + 1, d).index_add(0, flat, members * weights[:, None])
+        return composed[:-1].view(b, g, slots, d)
+
+    def _compose_lstm(self, hidden_states: torch.Tensor, ids: torch.Tensor, slots: int) -> torch.Tensor:
+        """Run the group's LSTM over each phrase's tokens in order (all phrases as one batch of short sequences)
+        and keep the last real state."""
+        b, t, d = hidden_states.shape
+        g = ids.shape[1]
+        real = ids >= 0
+        counts = torch.zeros(b, g, slots + 1, dtype=torch.long, device=ids.device)
+        counts.scatter_add_(2, torch.where(real, ids, slots), torch.ones_like(ids))
+        counts = counts[..., :slots]
+        # rank of each token inside its phrase: stable sort by phrase id, minus the phrase's first sorted position
+        key = torch.where(real, ids, slots) * t + torch.arange(t, device=ids.device)
+        order = key.argsort(dim=-1)
+        sorted_ids = torch.where(real, ids, slots).gather(-1, order)
+        starts = F.pad(counts.cumsum(-1), (1, 0))[..., :-1]
+        sorted_rank = torch.arange(t, device=ids.device) - starts.gather(-1, sorted_ids.clamp(max=slots - 1))
+        rank = torch.empty_like(sorted_rank).scatter_(-1, order, sorted_rank)
+        length = max(int(counts.max()), 1)
+        sequences = hidden_states.new_zeros(b, slots + 1, g, length, d)  # phrase-major for the recurrence batch
+        bi = torch.arange(b, device=ids.device)[:, None, None].expand_as(ids)
+        gi = torch.arange(g, device=ids.device)[None, :, None].expand_as(ids)
+        slot = torch.where(real, ids, slots)
+        sequences[bi, slot, gi, rank.clamp(max=length - 1)] = hidden_states[:, None].expand(b, g, t, d)
+        sequences = sequences[:, :slots].reshape(b * slots, g, length, d)
+        steps = torch.arange(length, device=ids.device)
+        mask = steps[None, None, :] < counts.transpose(1, 2).reshape(b * slots, g, 1)
+        last = self.composition_lstm(sequences, mask)[:, :, -1]  # masked steps keep the state: last real one
+        return last.view(b, slots, g, d).transpose(1, 2)
+
+    def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition):
+        composed = self.compose(hidden_states, partition)
+        memory = composed if self.recurrence is None else self.recurrence(composed, partition.mask)
+        return memory, composed
+
+
+# -------------------------------------------------------------------------------------------------- attention
+class MgsaSelfAttention(TransformerNmtAttention):
+    """Encoder self-attention with word heads and phrase heads (eq. 5-7). Keeps the backbone's fused QKV (the
+    phrase heads use their query slice; their K/V slices project the composed phrases when there is no
+    interaction or with `mgsa_phrase_kv="project"`) and output projection."""
+
+    def __init__(self, config: MgsaConfig, num_heads: int, layer_idx: int | None = None, **kwargs):
+        super().__init__(config, num_heads, layer_idx, **kwargs)
+        self.num_groups = config.num_phrase_groups
+        self.word_heads = config.word_heads
+        self.heads_per_group = config.heads_per_group
+        self.project_kv = config.phrase_interaction == "none" or config.mgsa_phrase_kv == "project"
+        self.phrase_memory = PhraseMemory(config) if self.num_groups else None
+        self.tag_loss_weight = config.tag_loss_weight
+        self.tag_classifiers = None
+        if self.num_groups and config.uses_tag_loss:
+            count = 1 if config.tag_classifier == "shared" else self.num_groups
+            labels = len(config.phrase_tag_labels)
+            self.tag_classifiers = nn.ModuleList([nn.Linear(config.d_model, labels) for _ in range(count)])
+
+    def tag_logits(self, composed: torch.Tensor) -> torch.Tensor:
+        """p(t_m) logits (eq. 9) on the composed phrases [B, G, M, d] -> [B, G, M, labels]."""
+        if len(self.tag_classifiers) == 1:
+            return self.tag_classifiers[0](composed)
+        return torch.stack([clf(composed[:, i]) for i, clf in enumerate(self.tag_classifiers)], dim=1)
+
+    def _phrase_keys_values(self, memory: torch.Tensor):
+        """Phrase memory [B, G, M, width] -> keys, values [B, G*h_g, M, head_dim]."""
+        b, g, m, _ = memory.shape
+        if self.project_kv:  # eq. 5: K = M W_K^h, V = M W_V^h with the phrase heads' rows of the fused QKV
+            d, first = self.embed_dim, self.word_heads * self.head_dim
+            weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
+            w_k = weight[d + first: 2 * d].view(g, -1, d)
+            w_v = weight[2 * d + first:].view(g, -1, d)
+            key = torch.einsum("bgmd,ged->bgme", memory, w_k) + bias[d + first: 2 * d].view(1, g, 1, -1)
+            value = torch.einsum("bgmd,ged->bgme", memory, w_v) + bias[2 * d + first:].view(1, g, 1, -1)
+        else:  # K = V = the head's slice of the recurrent state (no projection)
+            key = value = memory
+
+        def heads(x):
+            return x.view(b, g, m, self.heads_per_group, self.head_dim).permute(0, 1, 3, 2, 4).reshape(
+                b, g * self.heads_per_group, m, self.head_dim)
+
+        return heads(key), heads(value)
+
+    def _phrase_attend(self, query, key, value, mask, output_attentions):
+        """The backbone kernel (SDPA or eager) without relative positions: phrases have no token positions."""
+        if output_attentions:
+            attention_fn = eager_attention_forward
+        else:
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                                 eager_attention_forward)
+        return attention_fn(self, query, key, value, mask, scaling=self.scaling,
+                            dropout=self.dropout if self.training else 0.0, is_causal=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False, mgsa_phrases: PhrasePartition | None = None, **kwargs):
+        if self.phrase_memory is None:
+            out, weights = super().forward(hidden_states, attention_mask=attention_mask,
+                                           output_attentions=output_attentions)
+            return out, weights, {}
+        if mgsa_phrases is None:
+            raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
+        b, t, _ = hidden_states.shape
+        query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
+        w = self.word_heads
+        outputs, all_weights = [], []
+        if w:
+            word_out, word_weights = self._attend(query[:, :w], key[:, :w], value[:, :w], attention_mask,
+                                                  output_attentions=output_attentions)
+            outputs.append(word_out)
+            all_weights.append(word_weights)
+        memory, composed = self.phrase_memory(hidden_states, mgsa_phrases)
+        phrase_key, phrase_value = self._phrase_keys_values(memory)
+        phrase_mask = mgsa_phrases.mask.repeat_interleave(self.heads_per_group, dim=1)[:, :, None, :]
+        phrase_out, phrase_weights = self._phrase_attend(query[:, w:], phrase_key, phrase_value, phrase_mask,
+                                                         output_attentions)
+        outputs.append(phrase_out)
+        if output_attentions:
+            all_weights.append(self._token_level_weights(phrase_weights, mgsa_phrases))
+        out = self.out_proj(torch.cat(outputs, dim=2).reshape(b, t, self.embed_dim))
+        weights = torch.cat(all_weights, dim=1) if output_attentions else None
+        aux = {}
+        if self.tag_classifiers is not None and mgsa_phrases.tags is not None:
+            logits = self.tag_logits(composed)
+            tag_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), mgsa_phrases.tags.reshape(-1),
+                                       ignore_index=-100, reduction="sum")
+            aux["tag_loss"] = self.tag_loss_weight * tag_loss
+        return out, weights, aux
+
+    def _token_level_weights(self, weights: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
+        """Phrase-head weights [B, G*h_g, T, M] shown over tokens [B, G*h_g, T, T]: a phrase's weight is spread
+        evenly over its tokens (rows still sum to 1)."""
+        ids = partition.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, G*h_g, T]
+        sizes = torch.zeros_like(weights[:, :, 0]).scatter_add(2, ids.clamp(min=0), (ids >= 0).to(weights.dtype))
+        per_token = weights / sizes.clamp(min=1)[:, :, None, :]
+        index = ids.clamp(min=0)[:, :, None, :].expand(-1, -1, weights.shape[2], -1)
+        return per_token.gather(3, index) * (ids >= 0)[:, :, None, :]
+
+
+# ------------------------------------------------------------------------------------------------------ layers
+class MgsaEncoderLayer(TransformerNmtEncoderLayer):
+    """An encoder layer whose self-attention is MG-SA; returns its tag loss as a third element (a loss SUM)."""
+
+    attention_class = MgsaSelfAttention
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False, mgsa_phrases: PhrasePartition | None = None, **kwargs):
+        def attend(x):
+            out, weights, aux = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
+                                               mgsa_phrases=mgsa_phrases)
+            return out, (weights, aux)
+
+        hidden_states, (weights, aux) = residual_block(self, self.self_attn_layer_norm, hidden_states, attend,
+                                                       self.config.normalize_before, self.config.dropout)
+        return self.ffn(hidden_states), weights, aux
+
+
+# ----------------------------------------------------------------------------------------------------- encoder
+class MgsaEncoder(TransformerNmtEncoder):
+    """The backbone encoder with MG-SA layers at `config.mgsa_layers`; builds the phrase partition once per
+    forward. `phrase_index` / `phrase_tags` are named inputs (generate() validates and beam-expands them)."""
+
+    def _make_layer(self, config: MgsaConfig, layer_idx: int) -> nn.Module:
+        if layer_idx in config.mgsa_layers:
+            return MgsaEncoderLayer(config, layer_idx)
+        return TransformerNmtEncoderLayer(config, layer_idx)
+
+    def phrase_partition(self, attention_mask, length: int, batch: int, device, phrase_index=None,
+                         phrase_tags=None) -> PhrasePartition:
+        config = self.config
+        if attention_mask is None:
+            real = torch.ones(batch, length, dtype=torch.bool, device=device)
+        elif attention_mask.dim() == 2:
+            real = attention_mask.bool()
+        else:  # a 4D mask: a token is real if some query may attend to it
+            real = padding_mask(attention_mask).any(dim=1).any(dim=1)
+        if config.phrase_type == "ngram":
+            if phrase_index is not None or phrase_tags is not None:
+                raise ValueError("`phrase_index` / `phrase_tags` are inputs of the syntactic MG-SA "
+                                 "(phrase_type='syntactic'); n-gram phrases come from the attention mask.")
+            ids = ngram_phrase_index(real, config.ngram_sizes)
+            slots = -(-length // min(config.ngram_sizes))
+        else:
+            levels = config.syntactic_levels
+            if phrase_index is None:
+                raise ValueError(
+                    "The syntactic MG-SA needs `phrase_index` [batch, levels, length] (and `phrase_tags` for the tag "
+                    "loss): build them from parses with `model.prepare_translation_inputs(tokenizer, texts, "
+                    "parses=[...])`, or pass `parses=` to the translation pipeline.")
+            if phrase_index.dim() != 3 or phrase_index.shape[0] != batch or phrase_index.shape[1] != levels \
+                    or phrase_index.shape[2] < length:
+                raise ValueError(f"`phrase_index` must have shape [batch={batch}, syntactic_levels={levels}, "
+                                 f">= length={length}], got {tuple(phrase_index.shape)}.")
+            ids = phrase_index[..., :length].to(device=device, dtype=torch.long)
+            ids = torch.where(real[:, None, :], ids, torch.full_like(ids, -1))
+            slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
+        counts = torch.zeros(ids.shape[0], ids.shape[1], slots + 1, dtype=torch.long, device=device)
+        counts.scatter_add_(2, torch.where(ids >= 0, ids, slots), torch.ones_like(ids))
+        mask = counts[..., :slots] > 0
+        tags = None
+        if phrase_tags is not None and config.uses_tag_loss:
+            tags = phrase_tags.to(device=device, dtype=torch.long)[..., :slots]
+            tags = F.pad(tags, (0, slots - tags.shape[-1]), value=-100).masked_fill(~mask, -100)
+        return PhrasePartition(ids=ids, mask=mask, tags=tags)
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, phrase_index=None, phrase_tags=None,
+                output_attentions=False, output_hidden_states=False, return_dict=True, **kwargs):
+        phrases = None
+        if self.config.mgsa_layers and self.config.num_phrase_groups:
+            source = input_ids if input_ids is not None else inputs_embeds
+            phrases = self.phrase_partition(attention_mask, source.shape[1], source.shape[0], source.device,
+                                            phrase_index, phrase_tags)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                               return_dict=return_dict, mgsa_phrases=phrases, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------------ models
+class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
+    config_class = MgsaConfig
+    _no_split_modules = ["MgsaEncoderLayer", "TransformerNmtEncoderLayer", "TransformerNmtDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, PhraseMemory) and module.composition == "san":
+            d, d_g = module.composition_query.shape[1:]
+            bound = math.sqrt(6.0 / (d + d_g))  # Xavier-uniform of each group's d x d_g matrix
+            init.uniform_(module.composition_query, -bound, bound)
+            init.uniform_(module.composition_key, -bound, bound)
+        elif isinstance(module, PhraseRecurrence):  # the LSTM default: U(-1/sqrt(hidden), 1/sqrt(hidden))
+            bound = module.hidden_size**-0.5
+            for param in (module.weight_ih, module.bias_ih, module.weight_hh, module.bias_hh):
+                init.uniform_(param, -bound, bound)
+
+
+class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
+    encoder_class = MgsaEncoder
+
+
+class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
+    base_model_class = MgsaModel
+
+    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
+                                   tgt_lang: str | Sequence[str] | None = None,
+                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
+                                   parses: Sequence | Mapping[str, object] | None = None,
+                                   **variant_kwargs) -> dict[str, torch.Tensor]:
+        """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`:
+        one bracketed parse (or `nltk.Tree`) per sentence, as a list aligned with `texts` or a mapping from
+        sentence to parse. Subword pieces share their word's phrase (tokenizer offsets); a parse whose leaves do
+        not spell its sentence raises a `ValueError`."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        inputs = super().prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=tgt_lang,
+                                                    text_target=text_target, max_length=max_length, **variant_kwargs)
+        config = self.config
+        if not (config.phrase_type == "syntactic" and config.num_phrase_groups and config.mgsa_layers):
+            if parses is not None:
+                raise ValueError("`parses` are only used by the syntactic MG-SA (phrase_type='syntactic').")
+            return inputs
+        if parses is None:
+            raise ValueError("The syntactic MG-SA needs one constituency parse per source sentence: pass "
+                             "`parses=[...]` (bracketed strings or nltk.Tree), aligned with the sentences.")
+        if isinstance(parses, Mapping):
+            missing = [text for text in texts if text not in parses]
+            if missing:
+                raise ValueError(f"No parse given for the sentence {missing[0]!r}.")
+            parses = [parses[text] for text in texts]
+        elif isinstance(parses, str):
+            parses = [parses]
+        prefixes = [""] * len(texts)
+        if config.target_language_tags:  # the backbone prepends "<2xx> " to the source
+            langs = [tgt_lang] * len(texts) if isinstance(tgt_lang, str) else list(tgt_lang)
+            prefixes = [f"{language_tag(lang)} " for lang in langs]
+        source = [prefix + text for prefix, text in zip(prefixes, texts)]
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (character offsets of the subwords).")
+        encoded = tokenizer(source, padding=True, truncation=max_length is not None, max_length=max_length,
+                            return_offsets_mapping=True, return_special_tokens_mask=True)
+        if torch.tensor(encoded["input_ids"]).tolist() != inputs["input_ids"].tolist():
+            raise ValueError("Internal error: the offset tokenization differs from the model inputs.")
+        phrase_inputs = syntactic_phrase_inputs(source, parses, encoded["offset_mapping"],
+                                                encoded["special_tokens_mask"], config.syntactic_levels,
+                                                config.phrase_tag_labels, starts=[len(p) for p in prefixes])
+        inputs.update({key: value.to(self.device) for key, value in phrase_inputs.items()})
+        return inputs
+
+
+__all__ = ["MgsaPreTrainedModel", "MgsaModel", "MgsaForConditionalGeneration", "MgsaSelfAttention",
+           "MgsaEncoderLayer", "MgsaEncoder", "PhraseMemory", "PhraseRecurrence", "PhrasePartition"]
