@@ -1,0 +1,184 @@
+"""HySAN: the Hybrid Self-Attention Network (Song, Tan, Peng, Lu, AAAI 2019) on the hf_variants backbone.
+
+What the paper adds to the Transformer, and nothing else:
+- every self-attention module computes ONE score matrix S = (Q/sqrt(d_k)) K^T per head and runs several branches
+  on it, each a softmax under its own mask (global, forward j <= i, backward j >= i, local |i - j| <= k in the
+  encoder; causal and causal-local 0 <= i - j <= k in the decoder), all branches in one batched tensor op;
+- the branch outputs x_b (heads concatenated, [B, T, d]) are fused before the output projection: `sum`,
+  `concat` (a Linear(l*d -> d) replacing W^o) or `gated_sum` (x_b * SG(x_b) summed, one squeeze gate per module).
+Cross-attention, the cache, the layers, the stacks and generation are the backbone's (`modeling_transformer_nmt`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from transformers import GenerationMixin
+
+from .configuration_hysan import HysanConfig
+from .modeling_transformer_nmt import (
+    TransformerNmtAttention,
+    TransformerNmtDecoder,
+    TransformerNmtDecoderLayer,
+    TransformerNmtEncoder,
+    TransformerNmtEncoderLayer,
+    TransformerNmtForConditionalGeneration,
+    TransformerNmtModel,
+    TransformerNmtPreTrainedModel,
+    padding_mask,
+)
+
+
+def branch_bounds(specs: list[tuple[str, int | None]], is_decoder: bool) -> list[tuple[int, int | None]]:
+    """Each branch as a band lo <= i - j <= hi on the query-key distance (None = unbounded). The diagonal is in
+    every branch (eq. 9 and 11 use <=); decoder branches all have lo = 0 (nothing sees the future)."""
+    bounds = []
+    for kind, k in specs:
+        if kind == "global":
+            bounds.append((None, None))
+        elif kind == "forward":
+            bounds.append((0, None))
+        elif kind == "backward":
+            bounds.append((None, 0))
+        elif kind == "local":
+            bounds.append((0 if is_decoder else -k, k))
+        else:
+            raise ValueError(f"Unknown HySAN branch {kind!r}.")
+    return bounds
+
+
+def branch_masks(bounds: list[tuple[int | None, int | None]], query_length: int, key_length: int,
+                 device: torch.device) -> torch.Tensor:
+    """[nb, Q, K] booleans (True = may attend) from absolute positions: the queries are the LAST Q of the K
+    positions, so over a KV cache the causal-local branch automatically keeps the last k + 1 keys."""
+    far = key_length + 1  # any |i - j| is smaller
+    lo = torch.tensor([-far if b[0] is None else b[0] for b in bounds], device=device)[:, None, None]
+    hi = torch.tensor([far if b[1] is None else b[1] for b in bounds], device=device)[:, None, None]
+    i = torch.arange(key_length - query_length, key_length, device=device)[:, None]
+    j = torch.arange(key_length, device=device)[None, :]
+    distance = (i - j)[None]
+    return (distance >= lo) & (distance <= hi)
+
+
+class HysanSqueezeGate(nn.Module):
+    """SG(x) = sigmoid(W2 ReLU(W1 x)) on the concatenated heads (V = d), W1: d -> d/r, W2: d/r -> d, no biases
+    [P eq. 14, Fig. 3]; one per attention module, applied to every branch."""
+
+    def __init__(self, dim: int, reduction: int):
+        super().__init__()
+        self.squeeze = nn.Linear(dim, dim // reduction, bias=False)
+        self.excite = nn.Linear(dim // reduction, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.excite(F.relu(self.squeeze(x))))
+
+
+class HysanAttention(TransformerNmtAttention):
+    """Hybrid self-attention: one QK^T, nb masked softmaxes in one op, fusion. Cross-attention is unchanged.
+
+    Self-attention always runs this kernel (whatever `_attn_implementation` says): SDPA cannot share one score
+    matrix between branches. With `fusion="concat"` the output projection `out_proj` is the paper's H (l*d -> d)."""
+
+    def __init__(self, config: HysanConfig, num_heads: int, layer_idx: int | None = None,
+                 is_cross_attention: bool = False, is_decoder: bool = False):
+        super().__init__(config, num_heads, layer_idx, is_cross_attention=is_cross_attention, is_decoder=is_decoder)
+        self.hybrid = not is_cross_attention
+        if not self.hybrid:
+            return
+        self.branches = config.branch_specs("decoder" if is_decoder else "encoder")
+        self.bounds = branch_bounds(self.branches, is_decoder)
+        self.fusion = config.fusion
+        self.gate = HysanSqueezeGate(self.embed_dim, config.gate_reduction) if self.fusion == "gated_sum" else None
+        if self.fusion == "concat":
+            self.out_proj = nn.Linear(len(self.branches) * self.embed_dim, self.embed_dim)
+
+    def branch_attention(self, query, key, value, attention_mask):
+        """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, nb, Q, K] probs).
+        Rows with no allowed key (padding queries under directional/local masks) give 0, never NaN."""
+        q_len, k_len = query.shape[-2], key.shape[-2]
+        scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # [B, H, Q, K], computed once
+        index = None
+        if self.relative_positions is not None:
+            index = self.relative_positions.index(q_len, k_len, query.device)
+            scores = scores + self.relative_positions.key_bias(query, index, self.scaling)
+        allowed = branch_masks(self.bounds, q_len, k_len, query.device)  # [nb, Q, K]
+        if attention_mask is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
+            allowed = allowed & padding_mask(attention_mask)[:, :, None]  # [B, 1|H, nb, Q, K]
+        scores = scores[:, :, None].masked_fill(~allowed, torch.finfo(scores.dtype).min)  # one additive bias
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # all branches at once
+        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        weights = probs
+        probs = F.dropout(probs, p=self.dropout, training=self.training)
+        batch, heads, branches = probs.shape[0], value.shape[1], probs.shape[2]
+        head_dim = value.shape[-1]
+        # every branch in one [B, H, nb*Q, K] @ [B, H, K, D] product (no copy of V per branch)
+        out = torch.matmul(probs.expand(batch, heads, -1, -1, -1).reshape(batch, heads, branches * q_len, k_len),
+                           value).view(batch, heads, branches, q_len, head_dim)
+        if index is not None and self.config.relative_position_values:
+            out = out + self.relative_positions.value_term(probs, index)
+        out = out.permute(0, 3, 2, 1, 4).reshape(batch, q_len, branches, heads * head_dim)
+        return out, weights
+
+    def fuse(self, branch_outputs: torch.Tensor) -> torch.Tensor:
+        """[B, Q, nb, d] -> [B, Q, d] (sum, gated sum) or [B, Q, nb*d] (concat, the input of H)."""
+        if self.fusion == "sum":
+            return branch_outputs.sum(dim=2)
+        if self.fusion == "gated_sum":
+            return (branch_outputs * self.gate(branch_outputs)).sum(dim=2)
+        return branch_outputs.flatten(2)
+
+    def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
+        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, nb, Q, K] branch probabilities or None), H' = nb*H
+        for concat fusion, H otherwise."""
+        if not self.hybrid:
+            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+        out, weights = self.branch_attention(query, key, value, attention_mask)
+        fused = self.fuse(out)
+        return fused.view(*fused.shape[:2], -1, self.head_dim), weights if output_attentions else None
+
+    def forward(self, hidden_states, attention_mask=None, key_value_states=None, past_key_values=None,
+                output_attentions=False, **kwargs):
+        query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
+        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+        return self.out_proj(out.flatten(2)), weights
+
+
+class HysanEncoderLayer(TransformerNmtEncoderLayer):
+    attention_class = HysanAttention
+
+
+class HysanDecoderLayer(TransformerNmtDecoderLayer):
+    self_attention_class = HysanAttention
+
+
+class HysanEncoder(TransformerNmtEncoder):
+    layer_class = HysanEncoderLayer
+
+
+class HysanDecoder(TransformerNmtDecoder):
+    layer_class = HysanDecoderLayer
+
+
+class HysanPreTrainedModel(TransformerNmtPreTrainedModel):
+    config_class = HysanConfig
+    _no_split_modules = ["HysanEncoderLayer", "HysanDecoderLayer"]
+
+
+class HysanModel(HysanPreTrainedModel, TransformerNmtModel):
+    encoder_class = HysanEncoder
+    decoder_class = HysanDecoder
+
+
+class HysanForConditionalGeneration(HysanPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
+    base_model_class = HysanModel
+
+
+__all__ = [
+    "HysanPreTrainedModel",
+    "HysanModel",
+    "HysanForConditionalGeneration",
+    "HysanAttention",
+    "HysanSqueezeGate",
+]
