@@ -1,0 +1,403 @@
+"""Parallel data for the training and translation scripts: reading, validation, and token-based batching.
+
+Sources (every one becomes a `ParallelCorpus`: rows of `{lang: sentence}` with a location for each row):
+
+- multi-way text files, one per language, one sentence a line, plain or `.gz` (`{prefix}.{lang}[.gz]` in a folder,
+  the layout of the bundled Multi30k);
+- TSV files whose header names the language of each column (`en<TAB>de`), or with the columns given;
+- JSONL files with one `{"translation": {"en": ..., "de": ...}}` (or flat `{"en": ..., "de": ...}`) object a line;
+- Hub datasets in the same `{"translation": {...}}` shape, through `datasets.load_dataset`.
+
+Nothing is dropped silently. Structural problems raise `DataError` naming the file and line: text files of one
+split with different line counts, a TSV line with the wrong number of fields, invalid JSON, a language that is not
+in the data, an invalid language code. Bad pairs (an empty side, a side missing from a row, too long) are either
+skipped and counted by reason in a `DropReport` (logged, and written to `results.json` and the model card by the
+training script) or, with `on_bad_pairs="error"`, raise a `DataError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+LANG_CODE = re.compile(r"^[a-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*$")
+MAX_REPORTED_LOCATIONS = 5
+
+
+class DataError(ValueError):
+    """A problem in the input data that stops the run; the message names the file and line."""
+
+
+def check_language_code(lang: str, where: str = "") -> str:
+    if not isinstance(lang, str) or not LANG_CODE.match(lang):
+        at = f" in {where}" if where else ""
+        raise DataError(f"Unknown or invalid language code {lang!r}{at}: expected an ISO 639 code such as 'en', "
+                        f"'de' or 'pt_BR'.")
+    return lang
+
+
+# ----------------------------------------------------------------------------------------------------- reading
+def open_text(path: str | os.PathLike):
+    path = Path(path)
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, encoding="utf-8", newline="\n")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a plain or gzip text file (UTF-8), without line terminators. A bad encoding names the line."""
+    path = Path(path)
+    lines = []
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            for raw in f:
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as err:
+                    raise DataError(f"{path}: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
+    except (OSError, EOFError) as err:
+        raise DataError(f"{path}: cannot read ({err}).") from err
+    return lines
+
+
+@dataclass
+class ParallelCorpus:
+    """Aligned rows `{lang: text}`; `locations[i]` says where row i came from (for messages)."""
+
+    name: str
+    rows: list[dict[str, str]]
+    locations: list[str]
+    languages: list[str]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def column(self, lang: str) -> list[str]:
+        return [row.get(lang, "") for row in self.rows]
+
+
+def find_split_file(data_dir: str | os.PathLike, prefix: str, lang: str) -> Path:
+    """`{data_dir}/{prefix}.{lang}` or `{prefix}.{lang}.gz`."""
+    data_dir = Path(data_dir)
+    for name in (f"{prefix}.{lang}", f"{prefix}.{lang}.gz"):
+        if (data_dir / name).is_file():
+            return data_dir / name
+    available = sorted(p.name for p in data_dir.glob(f"{prefix}.*")) if data_dir.is_dir() else []
+    raise DataError(f"No file for language {lang!r} of split {prefix!r} in {data_dir} (looked for {prefix}.{lang} "
+                    f"and {prefix}.{lang}.gz; found: {', '.join(available) or 'nothing'}).")
+
+
+def load_text_files(files: dict[str, str | os.PathLike], name: str | None = None) -> ParallelCorpus:
+    """Multi-way parallel text files `{lang: path}`; line i of every file is the same sentence."""
+    if not files:
+        raise DataError("No text files given.")
+    for lang, path in files.items():
+        check_language_code(lang, str(path))
+    columns = {lang: read_lines(path) for lang, path in files.items()}
+    counts = {lang: len(lines) for lang, lines in columns.items()}
+    if len(set(counts.values())) > 1:
+        shortest = min(counts, key=counts.get)
+        longest = max(counts, key=counts.get)
+        raise DataError(
+            "Parallel files have different line counts: "
+            + ", ".join(f"{files[lang]} has {n} lines" for lang, n in counts.items())
+            + f". {files[longest]} line {counts[shortest] + 1} has no counterpart in {files[shortest]}."
+        )
+    langs = list(files)
+    n = counts[langs[0]]
+    rows = [{lang: columns[lang][i] for lang in langs} for i in range(n)]
+    label = name or " + ".join(str(p) for p in files.values())
+    first = str(files[langs[0]])
+    locations = [f"{first}:{i + 1}" for i in range(n)]
+    return ParallelCorpus(label, rows, locations, langs)
+
+
+def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Sequence[str]) -> ParallelCorpus:
+    files = {lang: find_split_file(data_dir, prefix, lang) for lang in languages}
+    return load_text_files(files, name=f"{Path(data_dir).name}/{prefix}")
+
+
+def load_tsv(path: str | os.PathLike, columns: Sequence[str] | None = None) -> ParallelCorpus:
+    """A TSV file; the first line names the language of each column unless `columns` is given."""
+    lines = read_lines(path)
+    start = 0
+    if columns is None:
+        if not lines:
+            raise DataError(f"{path}: empty TSV file (expected a header line such as 'en<TAB>de').")
+        columns = lines[0].split("\t")
+        for col in columns:
+            check_language_code(col.strip(), f"{path}:1 (TSV header)")
+        columns = [c.strip() for c in columns]
+        start = 1
+    else:
+        for col in columns:
+            check_language_code(col, f"columns of {path}")
+    if len(set(columns)) != len(columns):
+        raise DataError(f"{path}: duplicate language columns {columns}.")
+    rows, locations = [], []
+    for i in range(start, len(lines)):
+        fields = lines[i].split("\t")
+        if len(fields) != len(columns):
+            raise DataError(f"{path}:{i + 1}: expected {len(columns)} tab-separated fields ({', '.join(columns)}), "
+                            f"found {len(fields)}.")
+        rows.append(dict(zip(columns, fields)))
+        locations.append(f"{path}:{i + 1}")
+    return ParallelCorpus(str(path), rows, locations, list(columns))
+
+
+def _translation_row(obj, where: str) -> dict[str, str]:
+    if isinstance(obj, dict) and "translation" in obj:
+        obj = obj["translation"]
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected an object {{\"translation\": {{\"en\": ..., \"de\": ...}}}}, "
+                        f"got {type(obj).__name__}.")
+    row = {}
+    for lang, text in obj.items():
+        check_language_code(lang, where)
+        if text is None:
+            continue  # a missing side: counted when the pair is built
+        if not isinstance(text, str):
+            raise DataError(f"{where}: the {lang!r} side is a {type(text).__name__}, expected a string.")
+        row[lang] = text
+    return row
+
+
+def load_jsonl(path: str | os.PathLike) -> ParallelCorpus:
+    rows, locations, langs = [], [], {}
+    for i, line in enumerate(read_lines(path)):
+        if not line.strip():
+            raise DataError(f"{path}:{i + 1}: empty line (expected one JSON object a line).")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{i + 1}: invalid JSON ({err.msg}).") from err
+        row = _translation_row(obj, f"{path}:{i + 1}")
+        langs.update(dict.fromkeys(row))
+        rows.append(row)
+        locations.append(f"{path}:{i + 1}")
+    return ParallelCorpus(str(path), rows, locations, list(langs))
+
+
+def load_hub_dataset(name: str, split: str, config_name: str | None = None, **kwargs) -> ParallelCorpus:
+    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path)."""
+    import datasets
+
+    ds = datasets.load_dataset(name, config_name, split=split, **kwargs)
+    if "translation" not in ds.column_names:
+        raise DataError(f"Dataset {name!r} split {split!r} has no 'translation' column (columns: {ds.column_names}).")
+    rows, locations, langs = [], [], {}
+    label = f"{name}{'/' + config_name if config_name else ''}[{split}]"
+    for i, obj in enumerate(ds["translation"]):
+        row = _translation_row(obj, f"{label} row {i}")
+        langs.update(dict.fromkeys(row))
+        rows.append(row)
+        locations.append(f"{label} row {i}")
+    return ParallelCorpus(label, rows, locations, list(langs))
+
+
+def load_corpus_file(path: str | os.PathLike, languages: Sequence[str] | None = None) -> ParallelCorpus:
+    """A TSV (`.tsv`, `.tsv.gz`) or JSONL (`.jsonl`, `.json`, `.jsonl.gz`) file, chosen by extension."""
+    name = Path(path).name.lower().removesuffix(".gz")
+    if not Path(path).is_file():
+        raise DataError(f"No such data file: {path}")
+    if name.endswith(".tsv"):
+        return load_tsv(path)
+    if name.endswith((".jsonl", ".json")):
+        return load_jsonl(path)
+    raise DataError(f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
+                    f"files {{prefix}}.{{lang}}[.gz] with --data_dir.")
+
+
+# ------------------------------------------------------------------------------------------------------ pairs
+@dataclass
+class DropReport:
+    """Pairs left out of a split, counted by reason, with the first few locations of each reason."""
+
+    split: str = "train"
+    counts: Counter = field(default_factory=Counter)
+    locations: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, reason: str, location: str) -> None:
+        self.counts[reason] += 1
+        where = self.locations.setdefault(reason, [])
+        if len(where) < MAX_REPORTED_LOCATIONS:
+            where.append(location)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        if not self.total:
+            return f"{self.split}: no pairs dropped"
+        parts = [f"{reason}: {n} (e.g. {', '.join(self.locations[reason])})" for reason, n in sorted(self.counts.items())]
+        return f"{self.split}: dropped {self.total} pairs; " + "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {"total": self.total, "reasons": dict(sorted(self.counts.items())),
+                "examples": {k: list(v) for k, v in sorted(self.locations.items())}}
+
+
+@dataclass
+class Pair:
+    src_lang: str
+    tgt_lang: str
+    src: str
+    tgt: str
+    location: str
+
+
+def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str]) -> list[tuple[str, str]]:
+    """`"en-de,de-en"` (or a list of such) → `[("en", "de"), ("de", "en")]`; None → every ordered pair."""
+    if spec is None or spec == "" or spec == "all":
+        return [(s, t) for s in languages for t in languages if s != t]
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    directions = []
+    for item in items:
+        parts = item.strip().split("-")
+        if len(parts) != 2:
+            raise DataError(f"Invalid direction {item!r}: expected 'src-tgt', e.g. 'en-de'.")
+        s, t = (check_language_code(p.strip(), "--directions") for p in parts)
+        for lang in (s, t):
+            if lang not in languages:
+                raise DataError(f"Direction {item!r} uses language {lang!r}, which is not in the languages of the "
+                                f"run ({', '.join(languages)}).")
+        if s == t:
+            raise DataError(f"Invalid direction {item!r}: source and target are the same language.")
+        directions.append((s, t))
+    return directions
+
+
+def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], report: DropReport,
+                on_bad_pairs: str = "skip") -> list[Pair]:
+    """One `Pair` per row and direction. Empty or missing sides are counted in `report` (or raise)."""
+    if on_bad_pairs not in ("skip", "error"):
+        raise ValueError(f"on_bad_pairs must be 'skip' or 'error', got {on_bad_pairs!r}.")
+    for s, t in directions:
+        for lang in (s, t):
+            if lang not in corpus.languages:
+                raise DataError(f"Language {lang!r} is not in {corpus.name} (it has: "
+                                f"{', '.join(corpus.languages) or 'no languages'}).")
+    pairs = []
+    for row, location in zip(corpus.rows, corpus.locations):
+        for s, t in directions:
+            src, tgt = row.get(s), row.get(t)
+            reason = None
+            if src is None:
+                reason = "missing_source"
+            elif tgt is None:
+                reason = "missing_target"
+            elif not src.strip():
+                reason = "empty_source"
+            elif not tgt.strip():
+                reason = "empty_target"
+            if reason is not None:
+                if on_bad_pairs == "error":
+                    raise DataError(f"{location}: {reason.replace('_', ' ')} ({s}-{t}).")
+                report.add(f"{reason}", location)
+                continue
+            pairs.append(Pair(s, t, src.strip(), tgt.strip(), location))
+    return pairs
+
+
+def filter_long_pairs(pairs: list[Pair], src_lens: Sequence[int], tgt_lens: Sequence[int], max_length: int,
+                      report: DropReport, on_bad_pairs: str = "skip"):
+    """Drop (count) pairs with a side longer than `max_length` tokens; returns the kept pairs and lengths."""
+    keep_pairs, keep_src, keep_tgt = [], [], []
+    for pair, ls, lt in zip(pairs, src_lens, tgt_lens):
+        if ls > max_length or lt > max_length:
+            if on_bad_pairs == "error":
+                raise DataError(f"{pair.location}: pair longer than --max_length {max_length} tokens "
+                                f"(source {ls}, target {lt}).")
+            report.add("too_long", pair.location)
+            continue
+        keep_pairs.append(pair)
+        keep_src.append(ls)
+        keep_tgt.append(lt)
+    return keep_pairs, keep_src, keep_tgt
+
+
+# --------------------------------------------------------------------------------------------------- batching
+class TokenBatchSampler:
+    """Length-bucketed batches of at most `max_tokens` tokens, padding included.
+
+    A batch of n examples costs `n * examples_per_item * max(longest source, longest target)`. Examples are sorted
+    by length with a random tie-break, cut greedily into batches, and the batch order is shuffled; both random draws
+    come from `seed + epoch`, so every process computes the same batches for an epoch, and a resumed run the same
+    batches as the original one.
+    """
+
+    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
+                 max_sentences: int | None = None, seed: int = 0, shuffle: bool = True, examples_per_item: int = 1):
+        if len(src_lens) != len(tgt_lens):
+            raise ValueError("src_lens and tgt_lens differ in length.")
+        self.lengths = np.maximum(np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64))
+        self.max_tokens = int(max_tokens)
+        self.max_sentences = max_sentences
+        self.seed = seed
+        self.shuffle = shuffle
+        self.examples_per_item = examples_per_item
+        if len(self.lengths) and self.lengths.max() * examples_per_item > self.max_tokens:
+            raise ValueError(f"max_tokens={max_tokens} is smaller than the longest example "
+                             f"({int(self.lengths.max()) * examples_per_item} tokens): raise --max_tokens or lower "
+                             f"--max_length.")
+
+    def __len__(self) -> int:
+        return len(self.batches(0))
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        n = len(self.lengths)
+        if n == 0:
+            return []
+        rng = np.random.default_rng([self.seed, epoch])
+        tie = rng.permutation(n) if self.shuffle else np.arange(n)
+        order = np.lexsort((tie, self.lengths))
+        batches, current, longest = [], [], 0
+        for idx in order.tolist():
+            length = int(self.lengths[idx])
+            new_longest = max(longest, length)
+            too_many_tokens = (len(current) + 1) * new_longest * self.examples_per_item > self.max_tokens
+            too_many_sentences = self.max_sentences is not None and len(current) + 1 > self.max_sentences
+            if current and (too_many_tokens or too_many_sentences):
+                batches.append(current)
+                current, new_longest = [], length
+            current.append(idx)
+            longest = new_longest
+        if current:
+            batches.append(current)
+        if self.shuffle:
+            perm = rng.permutation(len(batches))
+            batches = [batches[i] for i in perm]
+        return batches
+
+
+def plan_epoch(batches: list[list[int]], num_processes: int, accumulation_steps: int) -> list[list[list[int]]]:
+    """Group an epoch's batches into optimizer steps of `num_processes * accumulation_steps` micro-batches.
+
+    The last step is filled by wrapping around to the epoch's first batches, so every process gets the same number
+    of micro-batches (DDP needs it). Process r takes `step[r * accumulation_steps:(r + 1) * accumulation_steps]`,
+    so one process with accumulation k sees the same global batches as k processes without accumulation.
+    """
+    per_step = num_processes * accumulation_steps
+    if not batches:
+        return []
+    n_steps = math.ceil(len(batches) / per_step)
+    padded = [batches[i % len(batches)] for i in range(n_steps * per_step)]
+    return [padded[i * per_step:(i + 1) * per_step] for i in range(n_steps)]
+
+
+def iter_length_sorted(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Indices in batches of `batch_size`, longest first (for generation; the caller restores the order)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for i in range(0, len(order), batch_size):
+        yield order[i:i + batch_size]

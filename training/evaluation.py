@@ -1,0 +1,94 @@
+"""Batched beam-search translation and BLEU/chrF scoring (an offline `evaluate` metric over sacreBLEU).
+
+Shared by `train.py` (validation and the final test) and `translate.py`. Every batch goes through the model's own
+`prepare_translation_inputs`, so variant inputs (language tags, `tgt_lang_ids`, ...) need no special case here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
+
+
+@lru_cache(maxsize=1)
+def load_metric():
+    """The local `evaluate` metric (no Hub access): BLEU and chrF from sacreBLEU with their signatures."""
+    import evaluate
+
+    return evaluate.load(str(METRIC_DIR))
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> dict:
+    """Corpus BLEU and chrF of detokenized `hypotheses` against one reference each (or a list per hypothesis)."""
+    refs = [[r] if isinstance(r, str) else list(r) for r in references]
+    if len(refs) != len(hypotheses):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(refs)} references.")
+    if not hypotheses:
+        raise ValueError("Nothing to score.")
+    return load_metric().compute(predictions=list(hypotheses), references=refs)
+
+
+@torch.no_grad()
+def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[str] | None = None,
+              src_lang: str | None = None, batch_size: int = 64, num_beams: int = 4, length_penalty: float = 0.6,
+              max_len_a: float = 1.2, max_len_b: int = 10, max_length: int | None = None,
+              **generate_kwargs) -> list[str]:
+    """Translate `texts` with beam search, in length-sorted batches; returns detokenized hypotheses in input order.
+
+    `max_new_tokens` of a batch is `max_len_a * (longest source in tokens) + max_len_b` (fairseq's max_len_a/b).
+    `tgt_lang` is one code or one per text; `max_length` truncates long sources.
+    """
+    texts = list(texts)
+    if not texts:
+        return []
+    tgt_langs = [tgt_lang] * len(texts) if tgt_lang is None or isinstance(tgt_lang, str) else list(tgt_lang)
+    if len(tgt_langs) != len(texts):
+        raise ValueError(f"{len(tgt_langs)} target languages for {len(texts)} texts.")
+    was_training = model.training
+    model.eval()
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    out: list[str | None] = [None] * len(texts)
+    try:
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            langs = [tgt_langs[i] for i in idx]
+            kwargs = {"src_lang": src_lang, "max_length": max_length}
+            if any(lang is not None for lang in langs):
+                kwargs["tgt_lang"] = langs
+            inputs = model.prepare_translation_inputs(tokenizer, [texts[i] for i in idx], **kwargs)
+            src_len = int(inputs["attention_mask"].sum(-1).max())
+            generated = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
+                                       max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),
+                                       **generate_kwargs)
+            for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):
+                out[i] = hyp.strip()
+    finally:
+        model.train(was_training)
+    return out  # type: ignore[return-value]
+
+
+def translate_distributed(accelerator, model, tokenizer, texts: Sequence[str], tgt_langs: Sequence[str],
+                          **kwargs) -> list[str] | None:
+    """`translate` with the texts split over the processes; the main process gets all hypotheses in order, the
+    others get None."""
+    from accelerate.utils import gather_object
+
+    rank, world = accelerator.process_index, accelerator.num_processes
+    idx = list(range(rank, len(texts), world))
+    hyps = translate(model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx], **kwargs)
+    gathered = gather_object([(i, h) for i, h in zip(idx, hyps)]) if world > 1 else list(zip(idx, hyps))
+    if not accelerator.is_main_process:
+        return None
+    out: list[str | None] = [None] * len(texts)
+    for i, h in gathered:
+        out[i] = h
+    missing = [i for i, h in enumerate(out) if h is None]
+    if missing:
+        raise RuntimeError(f"{len(missing)} hypotheses were lost while gathering (first index {missing[0]}).")
+    return out  # type: ignore[return-value]

@@ -1,0 +1,783 @@
+#!/usr/bin/env python
+"""Train any hf_variants model type on parallel text with Accelerate: one loop for every variant.
+
+The defaults are the embedded main job: the bundled Multi30k en→de, the `small` preset of the baseline, a few
+minutes on 2 CPU cores, ending with `runs/<name>/model` (loads with `from_pretrained`), BLEU/chrF on
+test_2016_flickr and a few translations printed:
+
+    accelerate launch training/train.py                 # or: python training/train.py
+    accelerate launch training/train.py --model_type mute_nmt --preset small
+    accelerate launch --multi_gpu --num_processes 2 training/train.py   # 2 CPU processes (gloo) without GPUs
+
+Variants plug in through the model's interface only (no per-variant branches here): `prepare_translation_inputs`
+builds every batch, `.loss` already holds the auxiliary losses that `.aux_losses` lists (logged separately), and
+`after_optimizer_step()` runs after every optimizer step. See training/README.md for every option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from training import checkpointing, corpus, evaluation  # noqa: E402
+from training.corpus import DataError, DropReport  # noqa: E402
+
+logger = logging.getLogger("hf_variants.train")
+
+DEFAULT_DATA_DIR = ROOT / "training" / "data" / "multi30k"
+
+
+# ------------------------------------------------------------------------------------------------------ arguments
+def str2bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
+
+
+def parse_overrides(spec: str | None) -> dict:
+    """`"d_model=128,languages=['en','de'],normalize_before=true"` → dict (values parsed as JSON/Python
+    literals, else kept as strings)."""
+    if not spec:
+        return {}
+    out = {}
+    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
+        key, value = (x.strip() for x in item.split("=", 1))
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            out[key] = None
+        else:
+            try:
+                out[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR),
+                   help="folder of per-language text files {prefix}.{lang}[.gz] (multi-way parallel)")
+    g.add_argument("--train_prefix", default="train")
+    g.add_argument("--valid_prefix", default="val")
+    g.add_argument("--test_prefix", default="test_2016_flickr", help="the final evaluation split ('' for none)")
+    g.add_argument("--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead "
+                                        "of --data_dir")
+    g.add_argument("--valid_file")
+    g.add_argument("--test_file")
+    g.add_argument("--dataset_name", help="a `datasets` dataset (Hub name or local path) with a 'translation' "
+                                          "column, instead of --data_dir")
+    g.add_argument("--dataset_config_name")
+    g.add_argument("--train_split", default="train")
+    g.add_argument("--valid_split", default="validation")
+    g.add_argument("--test_split", default="test")
+    g.add_argument("--source_lang", default="en")
+    g.add_argument("--target_lang", default="de")
+    g.add_argument("--languages", nargs="+", help="many-to-many run over these languages (overrides "
+                                                   "--source_lang/--target_lang)")
+    g.add_argument("--directions", help="comma-separated src-tgt pairs of a multilingual run (default: all)")
+    g.add_argument("--bidirectional", action="store_true",
+                   help="every batch trains source→target and target→source (Tied's dual training)")
+    g.add_argument("--on_bad_pairs", choices=["skip", "error"], default="skip",
+                   help="empty/missing/too-long pairs: skip and count them (reported in the log, results.json and "
+                        "the model card), or stop with the file and line")
+    g.add_argument("--max_length", type=int, default=128, help="longest sentence in tokens (longer: dropped)")
+    g.add_argument("--max_train_pairs", type=int, help="use only the first N rows of the training data")
+    g.add_argument("--max_valid_pairs", type=int, help="use only the first N validation rows")
+    g.add_argument("--max_test_pairs", type=int, help="use only the first N test rows")
+
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer", help="a saved tokenizer; default: train the shared one and save it with the run")
+    g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
+    g.add_argument("--vocab_size", type=int, default=8000)
+    g.add_argument("--tokenizer_min_frequency", type=int, default=2)
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model_type", default="transformer_nmt")
+    g.add_argument("--preset", default="small", help="a preset of the model's config (tiny, small, base, big)")
+    g.add_argument("--config_overrides", help="key=value,... applied to the config")
+    g.add_argument("--model_name_or_path", help="start from a saved model instead of a preset")
+    g.add_argument("--dropout", type=float, help="default: the preset's")
+    g.add_argument("--label_smoothing", type=float, default=0.1)
+    g.add_argument("--target_language_tags", choices=["auto", "true", "false"], default="auto",
+                   help="prepend <2xx> to sources; auto = when the run has more than one target language")
+
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate (after warmup)")
+    g.add_argument("--adam_beta1", type=float, default=0.9)
+    g.add_argument("--adam_beta2", type=float, default=0.98)
+    g.add_argument("--adam_epsilon", type=float, default=1e-9)
+    g.add_argument("--weight_decay", type=float, default=0.0)
+    g.add_argument("--warmup_steps", type=int, default=200)
+    g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0: off)")
+    g.add_argument("--max_tokens", type=int, default=4096, help="tokens per micro-batch and process, padding "
+                                                                  "included")
+    g.add_argument("--max_sentences", type=int, help="sentences per micro-batch (cap)")
+    g.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    g.add_argument("--max_steps", type=int, default=700, help="optimizer steps (ignored with --num_epochs)")
+    g.add_argument("--num_epochs", type=float, help="train for this many epochs instead of --max_steps")
+    g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
+                   help="default: Accelerate's config / launch option")
+    g.add_argument("--seed", type=int, default=1)
+
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval_steps", type=int, default=350, help="validate every N steps (and at the end)")
+    g.add_argument("--eval_bleu_pairs", type=int, default=300,
+                   help="validation pairs translated for BLEU/chrF during training (0: loss only)")
+    g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
+    g.add_argument("--num_beams", type=int, default=4)
+    g.add_argument("--length_penalty", type=float, default=0.6)
+    g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
+    g.add_argument("--max_len_b", type=int, default=10)
+    g.add_argument("--eval_batch_size", type=int, default=100)
+    g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save_steps", type=int, help="checkpoint every N steps (default: --eval_steps)")
+    g.add_argument("--keep_checkpoints", type=int, default=5, help="newest checkpoints kept (plus the best)")
+    g.add_argument("--average_last", type=int, default=0,
+                   help="final model = mean weights of the last K checkpoints (the papers' averaging)")
+    g.add_argument("--final_model", choices=["best", "last"], default="best",
+                   help="final model without --average_last: the best validated checkpoint or the last one")
+    g.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (the run's newest; starts "
+                                                    "fresh when there is none)")
+
+    g = p.add_argument_group("output")
+    g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
+    g.add_argument("--run_name", help="default: <model_type>-<directions>-<preset>")
+    g.add_argument("--overwrite_output_dir", action="store_true")
+    g.add_argument("--logging_steps", type=int, default=25)
+    g.add_argument("--report_to", choices=["none", "tensorboard", "all"], default="none",
+                   help="Accelerate trackers (logs in <run>/logs)")
+    g.add_argument("--push_to_hub", action="store_true")
+    g.add_argument("--hub_model_id", help="ORG/NAME")
+    g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id ORG/NAME")
+    sources = [bool(args.train_file), bool(args.dataset_name)]
+    if sum(sources) > 1:
+        parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
+    if args.gradient_accumulation_steps < 1 or args.max_tokens < 1:
+        parser.error("--gradient_accumulation_steps and --max_tokens must be positive")
+    if args.save_steps is None:
+        args.save_steps = args.eval_steps
+    return args
+
+
+# ----------------------------------------------------------------------------------------------------- the run
+class TrainState:
+    """Everything about the run's progress that a checkpoint must restore besides Accelerate's own objects
+    (saved through `accelerator.register_for_checkpointing`)."""
+
+    def __init__(self):
+        self.step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.train_tokens = 0
+        self.train_time = 0.0
+        self.wall_time = 0.0
+        self.best_metric = None
+        self.best_step = None
+        self.evals: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+def setup_logging(accelerator, run_dir: Path) -> None:
+    level = logging.INFO if accelerator.is_main_process else logging.WARNING
+    handlers = [logging.StreamHandler(sys.stdout)]
+    if accelerator.is_main_process:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=level,
+                        handlers=handlers, force=True)
+    for noisy in ("transformers", "datasets", "evaluate", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if accelerator.is_main_process else logging.ERROR)
+    # Accelerate's safetensors save leaves out tied copies of the embeddings and says so at every checkpoint;
+    # `checkpointing.load_model_weights` checks on load that only such tied copies are missing.
+    logging.getLogger("accelerate.utils.other").addFilter(lambda record: "Removed shared tensor" not in
+                                                          record.getMessage())
+
+
+def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
+    if args.languages:
+        languages = [corpus.check_language_code(x, "--languages") for x in args.languages]
+        if len(set(languages)) != len(languages) or len(languages) < 2:
+            raise DataError(f"--languages needs at least two distinct codes, got {languages}.")
+        directions = corpus.parse_directions(args.directions, languages)
+    else:
+        s = corpus.check_language_code(args.source_lang, "--source_lang")
+        t = corpus.check_language_code(args.target_lang, "--target_lang")
+        if s == t:
+            raise DataError("--source_lang and --target_lang are the same.")
+        languages, directions = [s, t], [(s, t)]
+    if args.bidirectional:
+        reverse = [(t, s) for s, t in directions]
+        if any(d in directions for d in reverse):
+            raise DataError("--bidirectional trains both directions of each pair: list each pair once in "
+                            "--directions (e.g. en-de, not en-de,de-en).")
+    return languages, directions
+
+
+def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus | None:
+    """One split from the configured source; None when the split is not configured."""
+    limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
+    file_arg = getattr(args, f"{split}_file")
+    if args.train_file or file_arg:
+        if not file_arg:
+            return None
+        data = corpus.load_corpus_file(file_arg)
+    elif args.dataset_name:
+        split_name = getattr(args, f"{split}_split")
+        if not split_name:
+            return None
+        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name)
+    else:
+        prefix = getattr(args, f"{split}_prefix")
+        if not prefix:
+            return None
+        data = corpus.load_split_from_dir(args.data_dir, prefix, languages)
+    if limit:
+        data = corpus.ParallelCorpus(data.name, data.rows[:limit], data.locations[:limit], data.languages)
+    return data
+
+
+def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
+    """Directions evaluated: with --bidirectional, each listed pair in both directions."""
+    return directions + [(t, s) for s, t in directions] if bidirectional else list(directions)
+
+
+def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
+    src = [p.src for p in pairs]
+    tgt = [p.tgt for p in pairs]
+    tgt_langs = [p.tgt_lang for p in pairs]
+    src_langs = [p.src_lang for p in pairs]
+    if bidirectional:
+        src, tgt, tgt_langs, src_langs = src + tgt, tgt + src, tgt_langs + src_langs, src_langs + tgt_langs
+    src_lang = src_langs[0] if len(set(src_langs)) == 1 else None
+    return src, tgt, tgt_langs, src_lang
+
+
+def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
+    src, tgt, tgt_langs, src_lang = batch_texts(pairs, bidirectional)
+    # length filtering already dropped longer pairs; +1 leaves room for a language tag
+    return model.prepare_translation_inputs(tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs, text_target=tgt,
+                                            max_length=max_length + 2)
+
+
+def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str]):
+    from transformers import AutoTokenizer
+
+    saved = run_dir / "tokenizer"
+    if args.tokenizer:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    elif args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    elif (saved / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(saved)  # resumed run: the tokenizer it was trained with
+    else:
+        from hf_variants.tokenization import train_tokenizer
+
+        with accelerator.main_process_first():
+            if accelerator.is_main_process:
+                logger.info("Training a shared %s tokenizer (vocab %d) on %s", args.tokenizer_model, args.vocab_size,
+                            ", ".join(f"{train_data.name} [{lang}]" for lang in languages))
+                texts = [train_data.column(lang) for lang in languages]
+                tmp = run_dir / ".tmp_tokenizer"
+                shutil.rmtree(tmp, ignore_errors=True)
+                train_tokenizer(texts, vocab_size=args.vocab_size, model=args.tokenizer_model, languages=languages,
+                                min_frequency=args.tokenizer_min_frequency, output_dir=tmp)
+                os.replace(tmp, saved)
+        tokenizer = AutoTokenizer.from_pretrained(saved)
+    if accelerator.is_main_process and not (saved / "tokenizer.json").is_file():
+        tokenizer.save_pretrained(saved)
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        if getattr(tokenizer, name) is None:
+            raise ValueError(f"The tokenizer has no {name.removesuffix('_id')}.")
+    return tokenizer
+
+
+def build_model(args, tokenizer, languages: list[str], target_tags: bool):
+    import hf_variants  # registers every model type
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    overrides = parse_overrides(args.config_overrides)
+    fields = dict(label_smoothing=args.label_smoothing)
+    if args.dropout is not None:
+        fields["dropout"] = args.dropout
+    if args.model_name_or_path:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        known = list(getattr(config, "languages", []) or [])
+        missing = [lang for lang in languages if known and lang not in known]
+        if missing:
+            raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
+        for key, value in {**fields, **overrides}.items():
+            setattr(config, key, value)
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
+        return model
+    if args.model_type not in hf_variants.CONFIG_CLASSES:
+        raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {sorted(hf_variants.CONFIG_CLASSES)}")
+    config_class = hf_variants.CONFIG_CLASSES[args.model_type]
+    fields.update(
+        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
+        languages=list(languages), target_language_tags=target_tags,
+    )
+    fields.update(overrides)
+    config = config_class.from_preset(args.preset, **fields)
+    return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields each shared tensor once
+
+
+def atomic_write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool,
+                   args) -> dict | None:
+    """Translate `pairs` (each evaluated direction) and score them: overall and per direction. Main process only
+    gets the scores (others get None)."""
+    rows = []  # (direction, src, ref)
+    if bidirectional:
+        rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt) for p in pairs]
+        rows += [((p.tgt_lang, p.src_lang), p.tgt, p.src) for p in pairs]
+    else:
+        rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt) for p in pairs]
+    hyps_all: dict[int, str] = {}
+    for direction in directions:
+        idx = [i for i, r in enumerate(rows) if r[0] == direction]
+        if not idx:
+            continue
+        hyps = evaluation.translate_distributed(
+            accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
+            src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
+            length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+            max_length=args.max_length + 2)
+        if hyps is not None:
+            hyps_all.update(zip(idx, hyps))
+    if not accelerator.is_main_process:
+        return None
+    order = sorted(hyps_all)
+    result = evaluation.score([hyps_all[i] for i in order], [rows[i][2] for i in order])
+    result["per_direction"] = {}
+    if len(directions) > 1:
+        for direction in directions:
+            idx = [i for i in order if rows[i][0] == direction]
+            if idx:
+                s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx])
+                result["per_direction"][f"{direction[0]}-{direction[1]}"] = {
+                    "bleu": s["bleu"], "chrf": s["chrf"], "pairs": len(idx)}
+    result["examples"] = [{"direction": f"{rows[i][0][0]}-{rows[i][0][1]}", "source": rows[i][1],
+                           "reference": rows[i][2], "translation": hyps_all[i]} for i in order]
+    return result
+
+
+@torch.no_grad()
+def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length) -> float:
+    """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    for batch_idx in batches[accelerator.process_index::accelerator.num_processes]:
+        batch = make_batch(model, tokenizer, [pairs[i] for i in batch_idx], bidirectional, max_length)
+        out = model(**batch)
+        aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
+        ntok = int((batch["labels"] != -100).sum())
+        total += torch.tensor([(float(out.loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
+    model.train(was_training)
+    total = accelerator.reduce(total, "sum")
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    languages, directions = resolve_languages(args)
+    eval_directions = pair_directions(directions, args.bidirectional)
+    dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
+    run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}-{args.preset}"
+    run_dir = Path(args.output_dir) if args.output_dir else ROOT / "runs" / run_name
+    checkpoint_dir = run_dir / "checkpoints"
+
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision,
+        log_with=None if args.report_to == "none" else args.report_to,
+        project_dir=str(run_dir / "logs"),
+        step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
+    )
+    resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir)
+    if accelerator.is_main_process:
+        if run_dir.exists() and resume is None and any(run_dir.iterdir()):
+            if args.overwrite_output_dir:
+                shutil.rmtree(run_dir)
+            elif checkpointing.list_checkpoints(checkpoint_dir) or (run_dir / "results.json").exists():
+                raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
+                                      f"continue it or --overwrite_output_dir to start over.")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    setup_logging(accelerator, run_dir)
+    logger.info("Run %s: %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
+                accelerator.distributed_type, accelerator.mixed_precision)
+    set_seed(args.seed)
+    session_start = time.time()
+
+    # ---------------------------------------------------------------------------------------------------- data
+    train_data = load_split(args, "train", languages)
+    valid_data = load_split(args, "valid", languages)
+    test_data = load_split(args, "test", languages)
+    if train_data is None:
+        raise DataError("No training data.")
+    train_report = DropReport("train")
+    train_pairs = corpus.build_pairs(train_data, directions, train_report, args.on_bad_pairs)
+    eval_report = DropReport("eval")
+    valid_pairs = corpus.build_pairs(valid_data, directions, eval_report, args.on_bad_pairs) if valid_data else []
+    test_pairs = corpus.build_pairs(test_data, directions, eval_report, args.on_bad_pairs) if test_data else []
+
+    tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages)
+    target_tags = {"true": True, "false": False}.get(args.target_language_tags)
+    if target_tags is None:
+        target_tags = len({t for _, t in eval_directions}) > 1
+
+    def lengths(pairs):
+        texts = list(dict.fromkeys([p.src for p in pairs] + [p.tgt for p in pairs]))
+        ids = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+        n = dict(zip(texts, map(len, ids)))
+        return [n[p.src] + int(target_tags) for p in pairs], [n[p.tgt] for p in pairs]
+
+    train_pairs, train_src_len, train_tgt_len = corpus.filter_long_pairs(
+        train_pairs, *lengths(train_pairs), args.max_length, train_report, args.on_bad_pairs)
+    valid_pairs, valid_src_len, valid_tgt_len = corpus.filter_long_pairs(
+        valid_pairs, *lengths(valid_pairs), args.max_length, eval_report, args.on_bad_pairs)
+    if not train_pairs:
+        raise DataError(f"No training pairs left ({train_report.summary()}).")
+    logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s", len(train_pairs),
+                ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
+                len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary())
+
+    per_item = 2 if args.bidirectional else 1
+    sampler = corpus.TokenBatchSampler(train_src_len, train_tgt_len, args.max_tokens, args.max_sentences,
+                                       seed=args.seed, shuffle=True, examples_per_item=per_item)
+    valid_batches = corpus.TokenBatchSampler(valid_src_len, valid_tgt_len, args.max_tokens, args.max_sentences,
+                                             shuffle=False, examples_per_item=per_item).batches(0)
+    steps_per_epoch = len(corpus.plan_epoch(sampler.batches(0), accelerator.num_processes,
+                                            args.gradient_accumulation_steps))
+    max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
+    logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
+                "accumulation)", max_steps, steps_per_epoch, len(sampler.batches(0)), args.max_tokens,
+                accelerator.num_processes, args.gradient_accumulation_steps)
+
+    # --------------------------------------------------------------------------------------------------- model
+    model = build_model(args, tokenizer, languages, target_tags)
+    params = count_parameters(model)
+    logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                 eps=args.adam_epsilon, weight_decay=args.weight_decay)
+    scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    state = TrainState()
+    accelerator.register_for_checkpointing(scheduler, state)
+    unwrapped = accelerator.unwrap_model(model)
+
+    if resume is not None:
+        accelerator.load_state(str(resume))
+        logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, state.step, state.epoch,
+                    state.step_in_epoch)
+    elif args.resume_from_checkpoint:
+        logger.info("No checkpoint to resume from in %s: starting from scratch", checkpoint_dir)
+
+    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token",)}
+    hyperparameters.update(max_steps=max_steps, steps_per_epoch=steps_per_epoch,
+                           num_processes=accelerator.num_processes, target_language_tags=target_tags,
+                           languages=languages, directions=[f"{s}-{t}" for s, t in directions])
+    if args.report_to != "none":
+        accelerator.init_trackers(run_name, config={k: v for k, v in hyperparameters.items()
+                                                    if isinstance(v, (int, float, str, bool))})
+    log_path = run_dir / "log.jsonl"
+    if accelerator.is_main_process and log_path.exists():  # drop entries past the resumed step
+        kept = [line for line in log_path.read_text().splitlines() if line and json.loads(line)["step"] <= state.step]
+        log_path.write_text("".join(line + "\n" for line in kept))
+
+    def log(record: dict) -> None:
+        if accelerator.is_main_process:
+            with open(log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if args.report_to != "none":
+            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def save(step: int) -> None:
+        state.wall_time = wall_time_base + time.time() - session_start
+        checkpointing.save_checkpoint(accelerator, checkpoint_dir, step, {"epoch": state.epoch,
+                                                                         "best_step": state.best_step})
+        if accelerator.is_main_process:
+            keep = max(args.keep_checkpoints, args.average_last)
+            protect = {state.best_step} if state.best_step is not None else set()
+            checkpointing.rotate_checkpoints(checkpoint_dir, keep, protect)
+        accelerator.wait_for_everyone()
+
+    def run_eval(step: int) -> bool:
+        """Validation loss and BLEU/chrF; returns True when this step is the best so far."""
+        if not valid_pairs:
+            return False
+        record = {"step": step, "valid_loss": validation_loss(accelerator, unwrapped, tokenizer, valid_pairs,
+                                                              valid_batches, args.bidirectional, args.max_length)}
+        if args.eval_bleu_pairs:
+            scores = evaluate_pairs(accelerator, unwrapped, tokenizer, valid_pairs[:args.eval_bleu_pairs],
+                                    eval_directions, args.bidirectional, args)
+            if scores is not None:
+                record.update(valid_bleu=scores["bleu"], valid_chrf=scores["chrf"])
+        record = accelerator_broadcast(accelerator, record)
+        # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
+        value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
+        best = state.best_metric is None or value > list(state.best_metric)
+        if best:
+            state.best_metric, state.best_step = value, step
+        state.evals.append(record)
+        log(record)
+        logger.info("step %d: %s%s", step, ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
+                    " (best)" if best else "")
+        return best
+
+    # ------------------------------------------------------------------------------------------------ training
+    wall_time_base = state.wall_time
+    model.train()
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_steps, initial=state.step, disable=not accelerator.is_main_process,
+                    desc="training", dynamic_ncols=True, mininterval=1.0)
+    window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
+    rank, acc = accelerator.process_index, args.gradient_accumulation_steps
+    while state.step < max_steps:
+        plan = corpus.plan_epoch(sampler.batches(state.epoch), accelerator.num_processes, acc)
+        while state.step_in_epoch < len(plan) and state.step < max_steps:
+            t0 = time.time()
+            micro = plan[state.step_in_epoch][rank * acc:(rank + 1) * acc]
+            batches = [make_batch(unwrapped, tokenizer, [train_pairs[i] for i in b], args.bidirectional,
+                                  args.max_length) for b in micro]
+            ntoks = [int((b["labels"] != -100).sum()) for b in batches]
+            local_tokens = sum(ntoks) + sum(int(b["attention_mask"].sum()) for b in batches)
+            total_ntok = accelerator.reduce(torch.tensor(sum(ntoks), device=accelerator.device), "sum").item()
+            step_loss = torch.zeros((), dtype=torch.float64)
+            step_aux: dict[str, torch.Tensor] = {}
+            for i, (batch, ntok) in enumerate(zip(batches, ntoks)):
+                # token-weighted over the global batch: sum(loss_i * ntok_i) / total tokens, with DDP's gradient
+                # mean over processes undone by the world-size factor
+                weight = ntok * accelerator.num_processes / total_ntok
+                sync = accelerator.no_sync(model) if i < len(batches) - 1 else nullcontext()
+                with sync:
+                    out = model(**batch)
+                    accelerator.backward(out.loss * weight)
+                step_loss += out.loss.detach().double().cpu() * ntok
+                for name, value in (getattr(out, "aux_losses", None) or {}).items():
+                    step_aux[name] = step_aux.get(name, 0.0) + value.detach().double().cpu() * ntok
+            grad_norm = None
+            if args.max_grad_norm > 0:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            unwrapped.after_optimizer_step()
+            state.step += 1
+            state.step_in_epoch += 1
+            dt = time.time() - t0
+            state.train_time += dt
+            global_tokens = int(accelerator.reduce(torch.tensor(local_tokens, device=accelerator.device),
+                                                   "sum").item())
+            state.train_tokens += global_tokens
+            window["loss"] += float(step_loss)
+            window["ntok"] += sum(ntoks)
+            window["tokens"] += global_tokens
+            window["time"] += dt
+            for name, value in step_aux.items():
+                window["aux"][name] = window["aux"].get(name, 0.0) + float(value)
+            lr = scheduler.get_last_lr()[0]
+            progress.update(1)
+            if state.step % args.logging_steps == 0 or state.step == max_steps:
+                sums = accelerator.reduce(torch.tensor([window["loss"], window["ntok"]] + list(window["aux"].values()),
+                                                       dtype=torch.float64, device=accelerator.device), "sum")
+                record = {"step": state.step, "epoch": state.epoch + state.step_in_epoch / len(plan),
+                          "loss": float(sums[0] / sums[1]), "lr": lr,
+                          "tokens_per_sec": window["tokens"] / max(window["time"], 1e-9)}
+                for j, name in enumerate(window["aux"]):
+                    record[f"aux/{name}"] = float(sums[2 + j] / sums[1])
+                if grad_norm is not None:
+                    record["grad_norm"] = float(grad_norm)
+                log(record)
+                progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
+                                     lr=f"{lr:.2e}", refresh=False)
+                window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
+            last = state.step == max_steps
+            is_best = False
+            if state.step % args.eval_steps == 0 or last:
+                is_best = run_eval(state.step)
+            if state.step % args.save_steps == 0 or last or is_best:
+                save(state.step)
+        if state.step_in_epoch >= len(plan):
+            state.epoch += 1
+            state.step_in_epoch = 0
+    progress.close()
+    accelerator.wait_for_everyone()
+
+    # --------------------------------------------------------------------------------------------- final model
+    checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
+    if args.average_last and args.average_last > 1:
+        chosen = [p for _, p in checkpoints[-args.average_last:]]
+        if len(chosen) < args.average_last:
+            logger.warning("--average_last %d: only %d checkpoints exist; averaging those", args.average_last,
+                           len(chosen))
+        checkpointing.load_model_weights(unwrapped, checkpointing.average_checkpoints(chosen))
+        final_source = f"average of {', '.join(p.name for p in chosen)}"
+    elif args.final_model == "best" and state.best_step is not None and state.best_step != state.step:
+        best = checkpoint_dir / f"step_{state.best_step}"
+        checkpointing.load_model_weights(unwrapped, checkpointing.load_weights(best))
+        final_source = f"best validated checkpoint {best.name}"
+    else:
+        final_source = f"last step {state.step}"
+    logger.info("Final model: %s", final_source)
+
+    eval_split, eval_pairs = "test", test_pairs
+    if not eval_pairs:
+        eval_split, eval_pairs = "valid", valid_pairs
+    scores = None
+    if eval_pairs:
+        scores = evaluate_pairs(accelerator, unwrapped, tokenizer, eval_pairs, eval_directions, args.bidirectional,
+                                args)
+    wall_time = wall_time_base + time.time() - session_start
+
+    results = None
+    if accelerator.is_main_process:
+        model_dir = run_dir / "model"
+        tmp = run_dir / ".tmp_model"
+        shutil.rmtree(tmp, ignore_errors=True)
+        unwrapped.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
+        split_label = {"test": args.test_file or args.test_prefix or args.test_split,
+                       "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
+        if args.dataset_name:
+            split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
+        dataset = (args.dataset_name or args.train_file or Path(args.data_dir).name)
+        results = {
+            "model_type": unwrapped.config.model_type,
+            "variant": args.preset if not args.model_name_or_path else "pretrained",
+            "source_lang": directions[0][0] if len(directions) == 1 else None,
+            "target_lang": directions[0][1] if len(directions) == 1 else None,
+            "languages": languages,
+            "directions": [f"{s}-{t}" for s, t in eval_directions],
+            "bidirectional": args.bidirectional,
+            "dataset": dataset,
+            "eval_split": str(split_label),
+            "eval_pairs": len(eval_pairs),
+            "bleu": scores["bleu"] if scores else None,
+            "chrf": scores["chrf"] if scores else None,
+            "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
+            "chrf_signature": scores["chrf_signature"] if scores else None,
+            "params": params,
+            "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
+            "wall_time_sec": wall_time,
+            "train_time_sec": state.train_time,
+            "train_pairs": len(train_pairs),
+            "dropped_pairs": train_report.total,
+            "dropped_reasons": dict(sorted(train_report.counts.items())),
+            "dropped_examples": train_report.to_dict()["examples"],
+            "eval_dropped_pairs": eval_report.total,
+            "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
+            "steps": state.step,
+            "epochs": round(state.epoch + state.step_in_epoch / max(steps_per_epoch, 1), 3),
+            "final_model": final_source,
+            "best_step": state.best_step,
+            "validation": state.evals,
+            "hyperparameters": hyperparameters,
+            "base_model": args.model_name_or_path,
+            "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
+            "num_processes": accelerator.num_processes,
+        }
+        if scores:
+            (run_dir / f"translations.{eval_split}.txt").write_text(
+                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
+        atomic_write_json(run_dir / "results.json", results)
+        print(f"\n{'=' * 80}\n{unwrapped.config.model_type} on {dataset} "
+              f"({', '.join(results['directions'])}), {state.step} steps, {wall_time / 60:.1f} min")
+        if scores:
+            print(f"{eval_split} ({split_label}, {len(eval_pairs)} pairs): BLEU {scores['bleu']:.2f}  "
+                  f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}")
+            for e in scores["examples"][:args.num_examples]:
+                print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
+                      f"         HYP: {e['translation']}")
+        print(f"\nTrain pairs {len(train_pairs)}, dropped {train_report.total} "
+              f"{dict(train_report.counts) if train_report.total else ''}; "
+              f"{results['train_tokens_per_sec']:.0f} tokens/s")
+        print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
+              f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
+        if args.push_to_hub:
+            push(run_dir, args)
+    if args.report_to != "none":
+        accelerator.end_training()
+    accelerator.wait_for_everyone()
+    return results
+
+
+def accelerator_broadcast(accelerator, obj):
+    """The main process's `obj` on every process."""
+    if accelerator.num_processes == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    box = [obj if accelerator.is_main_process else None]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def push(run_dir: Path, args) -> None:
+    """Model card (model_cards.card) then upload of run_dir/model (model_cards.publish)."""
+    from model_cards.card import card_from_run
+    from model_cards.publish import push_to_hub
+
+    card_from_run(run_dir, args.hub_model_id)
+    url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
+    logger.info("Pushed to %s", url)
+
+
+if __name__ == "__main__":
+    main()
