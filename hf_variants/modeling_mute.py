@@ -1,0 +1,462 @@
+"""MUTE: the Multi-Unit Transformer (Yan, Meng, Zhou, EMNLP 2020) on the hf_variants backbone.
+
+What the paper adds to the Transformer, and nothing else (the decoder, the cache, the stacks and generation are the
+backbone's, `modeling_transformer_nmt`):
+- every ENCODER layer holds I parallel units, each with its own self-attention (own Q/K/V/O projections and Shaw
+  relative-position table) and its own FFN (with its own pre-LayerNorm), behind ONE attention LayerNorm shared by
+  the units. The units' weights are stacked ([I, ...] parameters) and run as batched matrix products, the units
+  folded into the batch dimension of the attention kernel: no Python loop over units or tokens;
+- the bias module (training only): unit i gets `unit_types[i]` noise (identity, swap, disorder, mask) on the
+  normalised layer input, switched on once per layer per batch with probability p_beta; the residual stays clean;
+- the merge: `plain` (eq. 10/12) out = sum_i alpha_i F_i, or `seq` (eq. 13-16) out = sum_j alpha_j G^_j / j with
+  G^_j = sum_{k<=j} G_k, G_k = sum_i M_ik F_i. Both are linear in the unit outputs, so `seq` is computed as ONE
+  weighted sum with coefficients c = M w, w_k = sum_{j>=k} alpha_j / j (identical values and gradients);
+- AutoShuffle: M (per layer) projected (relu, rows, columns) under no_grad once after every change of M (the
+  first training forward after an optimizer step, or `after_optimizer_step()`), the Lipschitz penalty (eq. 19)
+  summed over layers as an auxiliary loss in training, `project_shuffle()` before saving.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from transformers import GenerationMixin
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_mute import MuteConfig
+from .modeling_transformer_nmt import (
+    TransformerNmtEncoder,
+    TransformerNmtForConditionalGeneration,
+    TransformerNmtModel,
+    TransformerNmtPreTrainedModel,
+    eager_attention_forward,
+)
+
+
+# ----------------------------------------------------------------------------------------------------- unit helpers
+def unit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Per-unit affine maps. `x` is [I, B, T, in] (one input per unit) or [B, T, in] (one input shared by every
+    unit: a single GEMM against the concatenated weights); `weight` [I, out, in], `bias` [I, out] -> [I, B, T, out]."""
+    units, out_dim, in_dim = weight.shape
+    if x.dim() == 3:
+        y = F.linear(x, weight.reshape(units * out_dim, in_dim), bias.reshape(-1))
+        return y.view(*x.shape[:-1], units, out_dim).movedim(-2, 0)
+    y = torch.baddbmm(bias[:, None, :], x.reshape(units, -1, in_dim), weight.transpose(1, 2))
+    return y.view(*x.shape[:-1], out_dim)
+
+
+def unit_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """LayerNorm of [I, B, T, d] with one affine per unit (`weight`, `bias`: [I, d])."""
+    x = F.layer_norm(x, x.shape[-1:], eps=eps)
+    return x * weight[:, None, None, :] + bias[:, None, None, :]
+
+
+def relative_index(query_length: int, key_length: int, max_relative_positions: int, device) -> torch.Tensor:
+    """[Q, K] Shaw buckets j - i clipped to [-m, m], shifted to [0, 2m] (queries are the last Q of K positions)."""
+    q = torch.arange(key_length - query_length, key_length, device=device)[:, None]
+    k = torch.arange(key_length, device=device)[None, :]
+    m = max_relative_positions
+    return (k - q).clamp(-m, m) + m
+
+
+def shuffle_penalty(matrix: torch.Tensor) -> torch.Tensor:
+    """Lipschitz penalty of AutoShuffle (eq. 19), in fp32: sum over rows and columns of ||.||_1 - ||.||_2.
+    0 exactly for permutation matrices; 2 I (1 - 1/sqrt(I)) for the uniform 1/I matrix."""
+    m = matrix.float()
+    return ((m.abs().sum(1) - torch.linalg.vector_norm(m, dim=1)).sum()
+            + (m.abs().sum(0) - torch.linalg.vector_norm(m, dim=0)).sum())
+
+
+@torch.no_grad()
+def project_doubly_stochastic(matrix: torch.Tensor, iterations: int = 1, eps: float = 1e-6) -> torch.Tensor:
+    """The authors' projection of M (eq. 17-18, their code's order): relu, then `iterations` x (rows sum to one,
+    then columns sum to one). Sums are bounded below by `eps`, so a doubly stochastic M is a fixed point and a row
+    emptied by the relu stays finite."""
+    m = matrix.float().clamp(min=0)
+    for _ in range(iterations):
+        m = m / m.sum(dim=1, keepdim=True).clamp(min=eps)
+        m = m / m.sum(dim=0, keepdim=True).clamp(min=eps)
+    return m.to(matrix.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ the bias module
+def compact_order(real: torch.Tensor) -> torch.Tensor:
+    """[B, T] positions with the real tokens first (in order), then the padding: noise permutes compact indices
+    0..len-1, so it never crosses into padding, whatever side the padding is on."""
+    return torch.argsort((~real).to(torch.int8), dim=1, stable=True)
+
+
+def permute_tokens(hidden_states: torch.Tensor, order: torch.Tensor, compact_perm: torch.Tensor) -> torch.Tensor:
+    """Output position order[c] takes the input vector at position order[compact_perm[c]]."""
+    index = torch.empty_like(order).scatter_(1, order, order.gather(1, compact_perm))
+    return hidden_states.gather(1, index[..., None].expand_as(hidden_states))
+
+
+def swap_permutation(lengths: torch.Tensor, seq_len: int, swap_range: int, mode: str) -> torch.Tensor:
+    """[B, T] compact permutation exchanging two tokens at most `swap_range` apart, one pair per sentence.
+    `clean`: first position among the real tokens, offset in {+-1, ..., +-r}, second clamped into [0, len - 1].
+    `onmt_compat`: first ~ U{0..T-1} clamped to len (may be a padding position), offset in [-r, r-1]."""
+    batch, device = lengths.shape[0], lengths.device
+    last = (lengths - 1).clamp(min=0)
+    if mode == "clean":
+        first = (torch.rand(batch, device=device) * lengths.clamp(min=1)).long().clamp(max=seq_len - 1)
+        first = torch.minimum(first, last)
+        delta = torch.randint(0, 2 * swap_range, (batch,), device=device) - swap_range
+        delta = delta + (delta >= 0).long()  # {-r..-1} U {1..r}
+    else:
+        first = torch.minimum(torch.randint(0, seq_len, (batch,), device=device), lengths)
+        delta = torch.randint(-swap_range, swap_range, (batch,), device=device)
+    second = torch.minimum((first + delta).clamp(min=0), last)
+    perm = torch.arange(seq_len, device=device).expand(batch, seq_len).clone()
+    perm.scatter_(1, first[:, None], second[:, None])
+    return perm.scatter_(1, second[:, None], first[:, None])
+
+
+def disorder_permutation(lengths: torch.Tensor, seq_len: int, window: int, mode: str) -> torch.Tensor | None:
+    """[B, T] compact permutation shuffling one window of `window` consecutive tokens per sentence (randperm; the
+    identity is possible, as in the authors' code). `clean`: the window lies inside the real tokens; shorter
+    sentences are left alone. `onmt_compat`: start ~ U{0..T-window-1} over the padded length. None = no-op."""
+    batch, device = lengths.shape[0], lengths.device
+    steps = torch.arange(window, device=device)
+    if mode == "clean":
+        if seq_len < window:
+            return None
+        valid = lengths >= window
+        start = (torch.rand(batch, device=device) * (lengths - window + 1).clamp(min=1)).long()
+        start = torch.where(valid, start.clamp(max=seq_len - window), 0)
+    else:
+        if seq_len <= window:
+            return None
+        valid = torch.ones(batch, dtype=torch.bool, device=device)
+        start = torch.randint(0, seq_len - window, (batch,), device=device)
+    order = torch.rand(batch, window, device=device).argsort(dim=-1)
+    order = torch.where(valid[:, None], order, steps)
+    perm = torch.arange(seq_len, device=device).expand(batch, seq_len).clone()
+    return perm.scatter_(1, start[:, None] + steps, start[:, None] + order)
+
+
+class MuteBiasModule(nn.Module):
+    """Bias_i of eq. 11: per-unit noise on the normalised layer input, in training only. Returns the unit inputs
+    [I, B, T, d], or None when every unit gets the clean input (eval, switch off, or no noisy unit)."""
+
+    def __init__(self, config: MuteConfig):
+        super().__init__()
+        self.config = config
+        self.unit_types = list(config.unit_types)
+        self.active = config.use_bias_module and any(t != "identity" for t in self.unit_types)
+        # One learnable mask vector per layer, shared by the layer's mask units (the authors' `mask_tensor`).
+        self.mask_embedding = nn.Parameter(torch.empty(config.d_model)) if config.has_mask_unit else None
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        config = self.config
+        if not (self.training and self.active):
+            return None
+        # The sample-rate switch: one draw per layer per batch (CPU generator: no device sync).
+        if torch.rand((), device="cpu").item() >= config.sample_rate:
+            return None
+        batch, seq_len, _ = hidden_states.shape
+        if attention_mask is None:
+            real = torch.ones(batch, seq_len, dtype=torch.bool, device=hidden_states.device)
+        else:  # [B, 1|H, Q, K] booleans -> real keys [B, K]
+            real = attention_mask.flatten(1, 2).any(dim=1)
+        lengths = real.sum(dim=1)
+        order = compact_order(real)
+        units = []
+        for unit_type in self.unit_types:
+            if unit_type == "swap":
+                perm = swap_permutation(lengths, seq_len, config.swap_range, config.swap_mode)
+                units.append(permute_tokens(hidden_states, order, perm))
+            elif unit_type == "disorder":
+                perm = disorder_permutation(lengths, seq_len, config.disorder_window, config.disorder_mode)
+                units.append(hidden_states if perm is None else permute_tokens(hidden_states, order, perm))
+            elif unit_type == "mask":
+                units.append(self.mask_tokens(hidden_states, real, lengths, order))
+            else:
+                units.append(hidden_states)
+        return torch.stack(units)
+
+    def mask_tokens(self, hidden_states, real, lengths, order) -> torch.Tensor:
+        """Replace real tokens by the mask vector: each with `mask_prob` (`token`) or one per sentence (`one`)."""
+        if self.config.mask_mode == "token":
+            chosen = (torch.rand(real.shape, device=real.device) < self.config.mask_prob) & real
+        else:
+            pick = (torch.rand(real.shape[0], device=real.device) * lengths.clamp(min=1)).long()
+            pick = order.gather(1, pick.clamp(max=real.shape[1] - 1)[:, None])
+            chosen = torch.zeros_like(real).scatter_(1, pick, True) & real
+        return torch.where(chosen[..., None], self.mask_embedding.to(hidden_states.dtype), hidden_states)
+
+
+# ------------------------------------------------------------------------------------------------------ the units
+class MuteUnitAttention(nn.Module):
+    """The self-attentions of the I units of a layer, stacked: [I, 3d, d] fused QKV, [I, d, d] output projection,
+    [I, 2m+1, d_head] Shaw tables (keys and values, as OpenNMT). Units are folded into the batch of the kernel
+    (SDPA, or eager when the probabilities are needed: relative values, attention outputs)."""
+
+    def __init__(self, config: MuteConfig):
+        super().__init__()
+        self.config = config
+        units, d = config.num_units, config.d_model
+        self.num_units = units
+        self.num_heads = config.encoder_attention_heads
+        self.head_dim = d // self.num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_causal = False
+        self.num_key_value_groups = 1
+        self.qkv_weight = nn.Parameter(torch.empty(units, 3 * d, d))
+        self.qkv_bias = nn.Parameter(torch.empty(units, 3 * d))
+        self.out_weight = nn.Parameter(torch.empty(units, d, d))
+        self.out_bias = nn.Parameter(torch.empty(units, d))
+        self.max_relative_positions = config.max_relative_positions
+        self.relative_embeddings = None
+        if self.max_relative_positions > 0:
+            self.relative_embeddings = nn.Parameter(torch.empty(units, 2 * self.max_relative_positions + 1,
+                                                                self.head_dim))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, T, d] (shared) or [I, B, T, d] (per unit) -> ([I, B, T, d], [B, I*H, T, T] weights or None)."""
+        units, heads, head_dim = self.num_units, self.num_heads, self.head_dim
+        qkv = unit_linear(hidden_states, self.qkv_weight, self.qkv_bias)  # [I, B, T, 3d]
+        _, batch, length, _ = qkv.shape
+        query, key, value = qkv.reshape(units * batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        mask = attention_mask.repeat(units, 1, 1, 1) if attention_mask is not None else None  # unit-major like q
+        position_bias = value_bias_fn = None
+        if self.relative_embeddings is not None:
+            table = self.relative_embeddings.to(query.dtype)  # [I, R, D]
+            buckets = table.shape[1]
+            index = relative_index(length, length, self.max_relative_positions, query.device)
+            logits = torch.bmm(query.reshape(units, -1, head_dim), table.transpose(1, 2)) * self.scaling
+            logits = logits.view(units * batch, heads, length, buckets)
+            position_bias = logits.gather(-1, index.expand(*logits.shape[:-1], length))
+            if self.config.relative_position_values:
+                def value_bias_fn(probs):  # sum_j p_ij r_{j-i}: probabilities per bucket, times the unit's table
+                    per_bucket = probs.new_zeros(*probs.shape[:-1], buckets)
+                    per_bucket.scatter_add_(-1, index.expand_as(probs), probs)
+                    out = torch.bmm(per_bucket.view(units, -1, buckets), table.to(probs.dtype))
+                    return out.view(*probs.shape[:-1], head_dim)
+        if output_attentions or value_bias_fn is not None:
+            attention_fn = eager_attention_forward
+        else:
+            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
+                                                                 eager_attention_forward)
+        out, weights = attention_fn(self, query, key, value, mask, scaling=self.scaling,
+                                    dropout=self.dropout if self.training else 0.0, is_causal=False,
+                                    position_bias=position_bias, value_bias_fn=value_bias_fn)
+        out = unit_linear(out.reshape(units, batch, length, heads * head_dim), self.out_weight, self.out_bias)
+        if weights is not None and output_attentions:  # units as extra heads: [B, I*H, Q, K]
+            weights = weights.view(units, batch, heads, length, -1).transpose(0, 1).flatten(1, 2)
+        return out, (weights if output_attentions else None)
+
+
+class MuteUnitFeedForward(nn.Module):
+    """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals, stacked."""
+
+    def __init__(self, config: MuteConfig):
+        super().__init__()
+        units, d, ffn = config.num_units, config.d_model, config.encoder_ffn_dim
+        self.layer_norm_weight = nn.Parameter(torch.empty(units, d))
+        self.layer_norm_bias = nn.Parameter(torch.empty(units, d))
+        self.fc1_weight = nn.Parameter(torch.empty(units, ffn, d))
+        self.fc1_bias = nn.Parameter(torch.empty(units, ffn))
+        self.fc2_weight = nn.Parameter(torch.empty(units, d, ffn))
+        self.fc2_bias = nn.Parameter(torch.empty(units, d))
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.eps = config.layer_norm_eps
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+        self.normalize_before = config.normalize_before
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """F_i = S_i + Dropout(W2_i Dropout(act(W1_i LN_i(S_i)))) (pre-norm; post-norm: LN_i(S_i + ...))."""
+        residual = hidden_states
+        if self.normalize_before:
+            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
+        hidden_states = self.activation_fn(unit_linear(hidden_states, self.fc1_weight, self.fc1_bias))
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        hidden_states = unit_linear(hidden_states, self.fc2_weight, self.fc2_bias)
+        hidden_states = residual + F.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.normalize_before:
+            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
+        return hidden_states
+
+
+class MuteEncoderLayer(GradientCheckpointingLayer):
+    """One MUTE encoder layer (spec §1.2): shared attention LN -> bias module -> I units -> merge (alpha, M)."""
+
+    def __init__(self, config: MuteConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        units = config.num_units
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.bias_module = MuteBiasModule(config)
+        self.self_attn = MuteUnitAttention(config)
+        self.ffn = MuteUnitFeedForward(config)
+        self.alpha = nn.Parameter(torch.empty(units))  # unconstrained unit weights, init 1/I
+        self.shuffle = nn.Parameter(torch.empty(units, units)) if config.merge == "seq" else None
+        self._projected_version = None  # version of `shuffle` right after its last projection
+
+    # ------------------------------------------------------------------------------------------- merge / shuffle
+    def merge_weights(self) -> torch.Tensor:
+        """[I] coefficients c with out = sum_i c_i F_i. `plain`: c = alpha. `seq`: G = F M (G_k = sum_i M_ik F_i),
+        out = sum_j alpha_j (sum_{k<=j} G_k) / j = sum_k w_k G_k with w_k = sum_{j>=k} alpha_j / j, so c = M w."""
+        if self.shuffle is None:
+            return self.alpha
+        index = torch.arange(1, self.config.num_units + 1, device=self.alpha.device, dtype=self.alpha.dtype)
+        w = (self.alpha / index).flip(0).cumsum(0).flip(0)
+        return self.shuffle @ w.to(self.shuffle.dtype)
+
+    @torch.no_grad()
+    def project_shuffle(self) -> None:
+        """Project M (relu, rows, columns; no gradient), in place."""
+        if self.shuffle is None or self.shuffle.device.type == "meta":
+            return
+        config = self.config
+        self.shuffle.copy_(project_doubly_stochastic(self.shuffle, config.shuffle_sinkhorn_iterations,
+                                                     config.shuffle_eps))
+        self._projected_version = self.shuffle._version
+
+    def project_shuffle_if_changed(self) -> None:
+        """Project M unless it is unchanged since its last projection (once per optimizer step, whether the
+        training loop calls `after_optimizer_step()` or not)."""
+        if self.shuffle is not None and self.shuffle._version != self._projected_version:
+            self.project_shuffle()
+
+    def shuffle_penalty(self) -> torch.Tensor | None:
+        return shuffle_penalty(self.shuffle) if self.shuffle is not None else None
+
+    # ---------------------------------------------------------------------------------------------------- forward
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_attentions: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        pre = self.config.normalize_before
+        unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
+        noisy = self.bias_module(unit_input, attention_mask)  # [I, B, T, d] or None (clean input for all units)
+        attn, weights = self.self_attn(unit_input if noisy is None else noisy, attention_mask, output_attentions)
+        # S_i = X + Dropout(A_i): the residual is the clean layer input.
+        states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
+        if not pre:
+            states = self.self_attn_layer_norm(states)
+        outputs = self.ffn(states)  # [I, B, T, d]
+        merged = torch.tensordot(self.merge_weights().to(outputs.dtype), outputs, dims=1)
+        return merged, weights
+
+
+# ----------------------------------------------------------------------------------------------------- the models
+class MuteEncoder(TransformerNmtEncoder):
+    layer_class = MuteEncoderLayer
+
+    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_attentions=False,
+                output_hidden_states=False, return_dict=True, **kwargs):
+        if self.training:  # M must be projected before its use in every training step (spec §1.4)
+            for layer in self.layers:
+                layer.project_shuffle_if_changed()
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                               return_dict=return_dict, **kwargs)
+
+
+class MutePreTrainedModel(TransformerNmtPreTrainedModel):
+    config_class = MuteConfig
+    _no_split_modules = ["MuteEncoderLayer", "TransformerNmtDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        config = self.config
+        xavier = config.init_method == "xavier"
+
+        def linear_(weight: torch.Tensor, bias: torch.Tensor) -> None:
+            """Like the backbone's nn.Linear init, for each unit slice of a stacked [I, out, in] weight."""
+            if xavier:
+                bound = math.sqrt(6.0 / (weight.shape[1] + weight.shape[2]))
+                init.uniform_(weight, -bound, bound)
+            else:
+                init.normal_(weight, mean=0.0, std=config.init_std)
+            init.zeros_(bias)
+
+        if isinstance(module, MuteUnitAttention):
+            linear_(module.qkv_weight, module.qkv_bias)
+            linear_(module.out_weight, module.out_bias)
+            if module.relative_embeddings is not None:  # as the backbone's nn.Embedding tables
+                init.normal_(module.relative_embeddings, mean=0.0,
+                             std=config.d_model**-0.5 if xavier else config.init_std)
+        elif isinstance(module, MuteUnitFeedForward):
+            linear_(module.fc1_weight, module.fc1_bias)
+            linear_(module.fc2_weight, module.fc2_bias)
+            init.ones_(module.layer_norm_weight)
+            init.zeros_(module.layer_norm_bias)
+        elif isinstance(module, MuteBiasModule) and module.mask_embedding is not None:
+            init.normal_(module.mask_embedding, mean=0.0, std=config.d_model**-0.5)
+        elif isinstance(module, MuteEncoderLayer):
+            init.constant_(module.alpha, 1.0 / config.num_units)
+            if module.shuffle is not None:
+                if config.shuffle_init == "uniform":
+                    init.constant_(module.shuffle, 1.0 / config.num_units)
+                else:
+                    init.copy_(module.shuffle, torch.randn(module.shuffle.shape, device=module.shuffle.device,
+                                                           dtype=module.shuffle.dtype).abs())
+            module._projected_version = None
+
+    # ------------------------------------------------------------------------------------------------ AutoShuffle
+    def project_shuffle(self) -> None:
+        """Project every AutoShuffle matrix M onto its normalised form (no gradient). Called before saving."""
+        for module in self.modules():
+            if isinstance(module, MuteEncoderLayer):
+                module.project_shuffle()
+
+    def shuffle_penalty(self) -> torch.Tensor | None:
+        """The Lipschitz penalty of eq. 19 summed over the encoder layers (fp32), or None without `seq` merge."""
+        penalties = [m.shuffle_penalty() for m in self.modules() if isinstance(m, MuteEncoderLayer)]
+        penalties = [p for p in penalties if p is not None]
+        return torch.stack(penalties).sum() if penalties else None
+
+    def save_pretrained(self, *args, **kwargs):
+        # At inference M is used as stored: store it projected (a no-op for training parity, spec §1.4).
+        self.project_shuffle()
+        return super().save_pretrained(*args, **kwargs)
+
+
+class MuteModel(MutePreTrainedModel, TransformerNmtModel):
+    encoder_class = MuteEncoder
+
+
+class MuteForConditionalGeneration(MutePreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
+    base_model_class = MuteModel
+
+    def auxiliary_losses(self, model_outputs, num_target_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Adds lambda * sum_k L_p^k (eq. 20) in training with `seq` merge, divided by the number of target tokens
+        under `penalty_normalization="tokens"` (the code adds it to the token-summed loss)."""
+        losses = super().auxiliary_losses(model_outputs, num_target_tokens)
+        config = self.config
+        if self.training and config.merge == "seq" and config.shuffle_penalty_weight > 0:
+            penalty = self.shuffle_penalty() * config.shuffle_penalty_weight
+            if config.penalty_normalization == "tokens":
+                penalty = penalty / num_target_tokens
+            losses["shuffle_penalty"] = penalty
+        return losses
+
+    def after_optimizer_step(self) -> None:
+        """Re-project M after the optimizer changed it (the next training forward then leaves it alone)."""
+        for module in self.modules():
+            if isinstance(module, MuteEncoderLayer):
+                module.project_shuffle_if_changed()
+
+
+__all__ = [
+    "MutePreTrainedModel",
+    "MuteModel",
+    "MuteForConditionalGeneration",
+    "MuteEncoder",
+    "MuteEncoderLayer",
+    "MuteUnitAttention",
+    "MuteUnitFeedForward",
+    "MuteBiasModule",
+]
