@@ -40,9 +40,10 @@ class MgsaConfig(TransformerNmtConfig):
             attention mask; no extra inputs).
         ngram_sizes (`list[int]`): one phrase group per n (paper: 2, 3, 4).
         syntactic_levels (`int`): one phrase group per parse level (paper: 3).
-        mgsa_word_heads (`int` or `None`): word-level heads; `None` = a quarter in the paper's 4-group setting
-            (`heads // (groups + 1)`). The other heads are split evenly among the phrase groups; a group of h_g
-            heads has width d_g = h_g * head_dim (d/4 in the paper).
+        mgsa_word_heads (`int` or `None`): word-level heads; `None` = about 1 / (groups + 1) of the heads (a
+            quarter with the paper's 3 groups), rounded up so that the phrase groups get equal head counts. The
+            other heads are split evenly among the phrase groups; a group of h_g heads has width
+            d_g = h_g * head_dim (d/4 in the paper).
         phrase_composition (`str`): `"max_pool"` (g_m = max over the phrase's tokens, no parameters), `"san"` (the
             max-pooled vector queries the phrase's tokens: W_Q, W_K in R^{d x d_g} per group, no value projection;
             default) or `"lstm"` (last hidden state of an LSTM d -> d run over the phrase's tokens, per group).
@@ -58,8 +59,9 @@ class MgsaConfig(TransformerNmtConfig):
             divided, like the translation loss, by the number of target tokens.
         phrase_tag_labels (`list[str]`): constituent tag vocabulary (default: Penn Treebank phrase labels and POS
             tags). Labels outside it are not supervised.
-        tag_classifier (`str`): `"shared"` (one softmax layer W_t, b_t for all levels, eq. 9; default, see the
-            model card for the parameter-count argument) or `"per_level"`.
+        tag_classifier (`str`): `"per_level"` (one softmax layer W_t, b_t per parse level; default, spec
+            DECISION) or `"shared"` (one for all levels). The tag head is training-only: the paper's parameter
+            counts are reproduced without it (see `test_parameter_counts_of_the_paper`).
     """
 
     model_type = "mgsa_nmt"
@@ -82,7 +84,7 @@ class MgsaConfig(TransformerNmtConfig):
         mgsa_phrase_kv: str = "split",
         tag_loss_weight: float = 0.001,
         phrase_tag_labels: list[str] | None = None,
-        tag_classifier: str = "shared",
+        tag_classifier: str = "per_level",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -111,7 +113,10 @@ class MgsaConfig(TransformerNmtConfig):
         heads, groups = self.encoder_attention_heads, self.num_phrase_groups
         if groups == 0:
             return heads
-        return self.mgsa_word_heads if self.mgsa_word_heads is not None else heads // (groups + 1)
+        if self.mgsa_word_heads is not None:
+            return self.mgsa_word_heads
+        # a quarter with 3 groups (the paper); in general about 1/(G+1), rounded so that the groups are equal
+        return heads - groups * ((heads - heads // (groups + 1)) // groups)
 
     @property
     def heads_per_group(self) -> int:

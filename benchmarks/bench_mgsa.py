@@ -1,0 +1,174 @@
+"""MG-SA vs the baseline Transformer of the same dimensions: parameters, training and decoding speed, side by side.
+
+For each size (`small`: 3+3 layers d 256, 4 heads; `base`: 6+6 layers d 512, 8 heads) a baseline
+`TransformerNmtForConditionalGeneration` and `MgsaForConditionalGeneration` models with the same dims get the
+same inputs. MG-SA modes:
+- `syntactic`: the paper's final model (syntactic phrases + tag loss + ON-LSTM, bottom layer). The parse levels are
+  synthetic nested spans of 8 / 4 / 2 tokens (about what the top three levels of a parse of a 24-token sentence
+  give), with random tags, so no parser is needed;
+- `ngram`: n = 2, 3, 4 phrases from the attention mask, ON-LSTM interaction, no tags.
+Measured: parameters (and the delta against the spec's formulas), training tokens/s (forward + backward + Adam step
+on a padded batch; the paper reports 1.28 -> 1.19 steps/s, ratio 0.93, on 8 GPUs), greedy and beam-4 decoding
+tokens/s with equal output lengths (`min_new_tokens == max_new_tokens`). Runs are interleaved and medians reported;
+ratio = baseline time / MG-SA time (< 1 = MG-SA slower). Times are process CPU times on one thread by default
+(`--clock wall --threads 0` for elapsed time), so that other jobs on a shared machine disturb them less.
+Prints one line per measurement and a final JSON line.
+
+    python benchmarks/bench_mgsa.py [--sizes small base] [--modes syntactic ngram] [--batch 8] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtConfig
+from hf_variants import TransformerNmtForConditionalGeneration
+from hf_variants.phrases import ngram_phrase_index
+
+
+def count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def expected_delta(config: MgsaConfig) -> int:
+    """variants-spec §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA layer,
+    plus the tag classifiers (d + 1) * labels per level (training-only)."""
+    d, groups, d_g, c = config.d_model, config.num_phrase_groups, config.group_dim, config.on_lstm_chunk_size
+    gates = 4 * d_g + 2 * d_g // c
+    per_layer = groups * (2 * d * d_g + gates * (d + d_g) + 2 * gates)
+    if config.uses_tag_loss:
+        per_layer += groups * (d + 1) * len(config.phrase_tag_labels)
+    return len(config.mgsa_layers) * per_layer
+
+
+def make_batch(args, vocab):
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, vocab, (args.batch, args.src_len), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    for row in range(args.batch):  # lengths from half to full
+        attention_mask[row, args.src_len // 2 + row % (args.src_len // 2):] = 0
+    labels = torch.randint(4, vocab, (args.batch, args.tgt_len), generator=g)
+    for row in range(args.batch):
+        labels[row, args.tgt_len // 2 + row % (args.tgt_len // 2):] = -100
+    inputs = {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
+    return inputs, labels
+
+
+def phrase_inputs(config: MgsaConfig, inputs: dict) -> dict:
+    if config.phrase_type != "syntactic":
+        return {}
+    index = ngram_phrase_index(inputs["attention_mask"], [8, 4, 2][: config.syntactic_levels])
+    g = torch.Generator().manual_seed(2)
+    tags = torch.randint(0, len(config.phrase_tag_labels), index.shape, generator=g)
+    return {"phrase_index": index, "phrase_tags": tags}
+
+
+CLOCK = time.process_time  # set by --clock: CPU time of this process (robust on a shared machine) or wall time
+
+
+def time_train(model, optimizer, inputs, labels) -> float:
+    start = CLOCK()
+    loss = model(**inputs, labels=labels).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return CLOCK() - start
+
+
+def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
+    start = CLOCK()
+    with torch.inference_mode():
+        out = model.generate(**inputs, **kwargs)
+    return out, CLOCK() - start
+
+
+def interleaved(fn_a, fn_b, reps: int) -> tuple[float, float]:
+    fn_a(), fn_b()  # warm-up
+    a, b = [], []
+    for _ in range(reps):
+        a.append(fn_a())
+        b.append(fn_b())
+    return statistics.median(a), statistics.median(b)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=["small", "base", "big"])
+    parser.add_argument("--modes", nargs="+", default=["syntactic", "ngram"], choices=["syntactic", "ngram"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--src_len", type=int, default=24)
+    parser.add_argument("--tgt_len", type=int, default=24)
+    parser.add_argument("--new_tokens", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                        help="cpu: process CPU time (default; stable when other jobs share the cores), wall: elapsed")
+    args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = {"settings": dict(vars(args)), "torch_threads": torch.get_num_threads()}
+    for size in args.sizes:
+        for mode in args.modes:
+            config = MgsaConfig.from_preset(size, vocab_size=args.vocab, dropout=0.0, phrase_type=mode)
+            base_config = TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
+                                                  if k in TransformerNmtConfig().to_dict()
+                                                  and k not in ("model_type", "architectures", "auto_map")})
+            torch.manual_seed(0)
+            baseline = TransformerNmtForConditionalGeneration(base_config)
+            mgsa = MgsaForConditionalGeneration(config)
+            key = f"{size}_{mode}"
+            p_base, p_mgsa = count(baseline), count(mgsa)
+            row = {"params_baseline": p_base, "params_mgsa": p_mgsa, "params_delta": p_mgsa - p_base,
+                   "params_delta_formula": expected_delta(config)}
+            print(f"{key:16s} params: baseline {p_base:,} | MG-SA {p_mgsa:,} | delta {p_mgsa - p_base:,} "
+                  f"(formula {expected_delta(config):,})", flush=True)
+
+            inputs, labels = make_batch(args, args.vocab)
+            mgsa_inputs = {**inputs, **phrase_inputs(config, inputs)}
+            tokens = int((labels != -100).sum())
+            baseline.train(), mgsa.train()
+            opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
+            opt_m = torch.optim.Adam(mgsa.parameters(), lr=1e-4)
+            t_b, t_m = interleaved(lambda: time_train(baseline, opt_b, inputs, labels),
+                                   lambda: time_train(mgsa, opt_m, mgsa_inputs, labels), args.reps)
+            row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_mgsa=round(tokens / t_m, 1),
+                       train_ratio=round(t_b / t_m, 3))
+            print(f"{key:16s} train   baseline {tokens / t_b:9.1f} tok/s | MG-SA {tokens / t_m:9.1f} tok/s | "
+                  f"ratio {t_b / t_m:5.2f}x", flush=True)
+
+            baseline.eval(), mgsa.eval()
+            for beams in (1, 4):
+                gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                           do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
+                lengths = {}
+
+                def run(model, name, model_inputs):
+                    out, dt = time_generate(model, model_inputs, **gen)
+                    lengths[name] = out.shape[1]
+                    return dt
+
+                t_b, t_m = interleaved(lambda: run(baseline, "baseline", inputs),
+                                       lambda: run(mgsa, "mgsa", mgsa_inputs), args.reps)
+                assert lengths["baseline"] == lengths["mgsa"] == args.new_tokens + 1, lengths
+                n = args.batch * args.new_tokens
+                name = "greedy" if beams == 1 else f"beam{beams}"
+                row.update({f"{name}_tok_s_baseline": round(n / t_b, 1), f"{name}_tok_s_mgsa": round(n / t_m, 1),
+                            f"{name}_ratio": round(t_b / t_m, 3)})
+                print(f"{key:16s} {name:7s} baseline {n / t_b:9.1f} tok/s | MG-SA {n / t_m:9.1f} tok/s | "
+                      f"ratio {t_b / t_m:5.2f}x", flush=True)
+            results[key] = row
+            del baseline, mgsa, opt_b, opt_m
+    print(json.dumps({"benchmark": "mgsa_vs_baseline", **results}))
+    return results
+
+
+if __name__ == "__main__":
+    main()
