@@ -71,27 +71,26 @@ FAMILIES: dict[str, Family] = {
         Family("transformer_nmt", "Transformer", "Transformer (baseline)", "transformer"),
         Family("mute_nmt", "MUTE", "Multi-Unit Transformer", "mute", (
             ("num_units", "Parallel units per encoder layer"), ("unit_types", "Unit types"),
-            ("mute_variant", "MUTE variant"), ("merge", "Unit merge"), ("sequential", "Sequential dependency"),
-            ("bias_mask_prob", "Bias module mask probability"), ("shuffle_penalty", "AutoShuffle penalty weight"),
+            ("merge", "Unit merge"), ("use_bias_module", "Bias module (training only)"),
+            ("mask_prob", "Bias module mask probability"), ("shuffle_penalty_weight", "AutoShuffle penalty weight"),
         )),
         Family("hysan_nmt", "HySAN", "Hybrid Self-Attention Network", "hysan", (
             ("encoder_branches", "Encoder self-attention branches"),
             ("decoder_branches", "Decoder self-attention branches"), ("local_k", "Local window k"),
-            ("fusion", "Branch fusion"), ("squeeze_ratio", "Squeeze-gate ratio r"),
+            ("fusion", "Branch fusion"), ("gate_reduction", "Squeeze-gate reduction r"),
         )),
         Family("mgsa_nmt", "MG-SA", "Multi-Granularity Self-Attention", "mg-sa", (
-            ("mgsa_layers", "Encoder layers with MG-SA"), ("phrase_granularity", "Phrase granularity"),
-            ("ngram_sizes", "n-gram sizes"), ("composition", "Phrase composition"),
-            ("interaction", "Phrase interaction"), ("tag_loss_weight", "Phrase-tag loss weight"),
+            ("mgsa_layers", "Encoder layers with MG-SA (0-based)"), ("phrase_type", "Phrase type"),
+            ("ngram_sizes", "n-gram sizes"), ("syntactic_levels", "Parse-tree levels"),
+            ("mgsa_word_heads", "Word heads"), ("phrase_composition", "Phrase composition"),
+            ("phrase_interaction", "Phrase interaction"), ("tag_loss_weight", "Phrase-tag loss weight"),
         )),
         Family("mimo_nmt", "MIMO", "Task-aware MIMO cardinality Transformer", "mimo", (
-            ("num_transformations", "Parallel transformations per block"), ("mimo_memory", "Encoder memory"),
-            ("mimo_links", "MIMO links"), ("task_attention", "Task-aware mixing"),
+            ("num_transformations", "Parallel transformations per block"), ("mimo", "MIMO links"),
+            ("task_attention", "Task-aware mixing"), ("mimo_memory", "Encoder memory for cross-attention"),
         )),
         Family("tied_nmt", "Tied Transformer", "Tied Transformer (shared encoder and decoder)", "tied-transformer", (
-            ("share_encoder_decoder", "Encoder and decoder shared"), ("tie_encoder_decoder", "Encoder and decoder tied"),
-            ("num_layers", "Shared blocks"), ("direction_embedding", "Direction embedding"),
-            ("bidirectional", "Bidirectional (dual) training"),
+            ("direction_embedding", "Direction embedding"), ("num_directions", "Directions"),
         )),
     )
 }

@@ -92,6 +92,8 @@ def _find_results(model_dir: Path) -> dict | None:
 
 
 def _assert_token_absent(model_dir: Path, token: str) -> None:
+    if len(token) < 8:  # a placeholder (test servers), not a secret: any README would "contain" it
+        return
     needle = token.encode()
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         if path.stat().st_size <= _SCAN_LIMIT and needle in path.read_bytes():

@@ -24,13 +24,14 @@ from hub_server import validate_card_metadata
 # Variant config fields per family, as the configs store them (values are arbitrary but distinct).
 VARIANT_FIELDS = {
     "transformer_nmt": {},
-    "mute_nmt": {"num_units": 4, "unit_types": ["identity", "swap", "mask", "reorder"]},
+    "mute_nmt": {"num_units": 4, "unit_types": ["identity", "swap", "mask", "disorder"], "merge": "seq",
+                 "swap_range": 3},
     "hysan_nmt": {"encoder_branches": ["global", "forward", "backward", "local"],
-                  "decoder_branches": ["forward", "local"], "local_k": 5, "fusion": "squeeze_gate"},
-    "mgsa_nmt": {"mgsa_layers": [0], "phrase_granularity": "ngram", "composition": "self_attention",
-                 "interaction": "on_lstm"},
-    "mimo_nmt": {"num_transformations": 3},
-    "tied_nmt": {"share_encoder_decoder": True},
+                  "decoder_branches": ["forward", "local"], "local_k": 5, "fusion": "gated_sum"},
+    "mgsa_nmt": {"mgsa_layers": [0], "phrase_type": "ngram", "ngram_sizes": [2, 3, 4],
+                 "phrase_composition": "san", "phrase_interaction": "on_lstm"},
+    "mimo_nmt": {"num_transformations": 3, "task_attention": True},
+    "tied_nmt": {"direction_embedding": True, "num_directions": 1},
 }
 # Title fragment of each family's paper, which must appear in the card's BibTeX.
 PAPER_TITLES = {

@@ -1,0 +1,439 @@
+"""Publishing to the Hub, for real, against the in-process Hub-protocol server (`hub_server.py`).
+
+1. The server speaks the protocol the real `huggingface_hub` client uses (plain-file upload/download, LFS,
+   revisions, errors with X-Error-Code, token checks, the refuse switch).
+2. `model_cards.publish.push_to_hub`: what gets uploaded, and clear errors (no token, bad repo id, refused push)
+   that leave the local checkpoint intact and never show the token.
+3. The round trip: a tiny model of every available variant is trained for a few steps, saved with its tokenizer and
+   card, pushed; then a fresh process with an empty HF_HOME and without hf_variants importable loads it with the
+   Auto classes and `pipeline("translation", ...)` from the server and must translate exactly like the local model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from huggingface_hub import HfApi, ModelCard, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (
+    EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
+)
+from safetensors.numpy import save_file
+
+from conftest import read_sentences, run_without_package
+from conftest_hub import hub, module_hub  # noqa: F401  (fixtures)
+from hub_server import git_blob_sha1
+from model_cards import publish
+from model_cards.publish import PublishError, push_to_hub
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")  # inside huggingface_hub
+
+TOKEN = "hf_testTOKEN0123456789abcdefghijklmnop"
+
+
+def tree_digest(folder: Path, skip=("README.md",)) -> dict[str, str]:
+    """sha256 of every file under `folder` (the local checkpoint), except `skip`."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+# ======================================================================================= 1. the server itself
+def test_server_binds_localhost_on_an_os_chosen_port(hub):
+    host, port = hub._httpd.server_address[:2]
+    assert host == "127.0.0.1" and port > 0 and hub.url == f"http://127.0.0.1:{port}"
+
+
+def test_server_upload_and_download_plain_files(hub, tmp_path):
+    api = HfApi(endpoint=hub.url, token="t")
+    assert api.create_repo("org/files") == f"{hub.url}/org/files"
+    assert api.create_repo("org/files", exist_ok=True) == f"{hub.url}/org/files"  # 409 handled by the client
+    with pytest.raises(HfHubHTTPError) as err:
+        api.create_repo("org/files")
+    assert err.value.response.status_code == 409
+
+    folder = tmp_path / "up"
+    (folder / "sub").mkdir(parents=True)
+    files = {"notes.txt": b"hello hub\n", "sub/data.json": b'{"a": 1}', "weights.safetensors": os.urandom(4096),
+             "blob.bin": bytes(range(256)) * 4}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    commit = api.upload_folder(folder_path=folder, repo_id="org/files", commit_message="add files")
+    info = api.model_info("org/files", files_metadata=True)
+    assert info.sha == commit.oid and commit.commit_url == f"{hub.url}/org/files/commit/{commit.oid}"
+    siblings = {s.rfilename: s for s in info.siblings}
+    assert set(siblings) == set(files) | {".gitattributes"}
+    # Binary files went through the LFS batch API + PUT, text files inline (base64) in the NDJSON commit.
+    assert {name for name, s in siblings.items() if s.lfs} == {"weights.safetensors", "blob.bin"}
+    assert siblings["weights.safetensors"].lfs.sha256 == hashlib.sha256(files["weights.safetensors"]).hexdigest()
+    assert siblings["notes.txt"].blob_id == git_blob_sha1(files["notes.txt"]) and siblings["notes.txt"].size == 10
+    assert ("POST", "/org/files.git/info/lfs/objects/batch", 200) in hub.requests
+    assert sum(1 for m, p, s in hub.requests if m == "PUT" and s == 200) == 2
+
+    tree = {item.path: item for item in api.list_repo_tree("org/files", recursive=True)}
+    assert set(tree) == set(siblings) | {"sub"}
+    assert [item.path for item in api.list_repo_tree("org/files", path_in_repo="sub")] == ["sub/data.json"]
+
+    cache = tmp_path / "cache"
+    for name, data in files.items():
+        path = hf_hub_download("org/files", name, cache_dir=cache, endpoint=hub.url, token="t")
+        assert Path(path).read_bytes() == data
+    meta = get_hf_file_metadata(hf_hub_url("org/files", "weights.safetensors", endpoint=hub.url), token="t")
+    assert meta.commit_hash == commit.oid and meta.size == 4096
+    assert meta.etag == hashlib.sha256(files["weights.safetensors"]).hexdigest()
+    snapshot = Path(snapshot_download("org/files", cache_dir=tmp_path / "snap", endpoint=hub.url, token="t"))
+    assert {n: (snapshot / n).read_bytes() for n in files} == files
+
+    # A second commit changes one file; the first revision stays downloadable.
+    (folder / "notes.txt").write_bytes(b"changed\n")
+    second = api.upload_folder(folder_path=folder, repo_id="org/files")
+    assert second.oid != commit.oid
+    assert hub.files("org/files")["notes.txt"] == b"changed\n"
+    old = hf_hub_download("org/files", "notes.txt", revision=commit.oid, cache_dir=cache, endpoint=hub.url, token="t")
+    assert Path(old).read_bytes() == b"hello hub\n"
+    api.delete_file("sub/data.json", repo_id="org/files")
+    assert "sub/data.json" not in hub.files("org/files")
+
+
+def test_server_errors_carry_hub_error_codes(hub, tmp_path):
+    api = HfApi(endpoint=hub.url, token="t")
+    with pytest.raises(RepositoryNotFoundError):
+        api.model_info("org/missing")
+    api.create_repo("org/errs")
+    with pytest.raises(RevisionNotFoundError):
+        api.model_info("org/errs", revision="no-such-branch")
+    with pytest.raises(EntryNotFoundError):
+        hf_hub_download("org/errs", "nope.json", cache_dir=tmp_path, endpoint=hub.url, token="t")
+    with pytest.raises(RepositoryNotFoundError):
+        hf_hub_download("org/missing", "config.json", cache_dir=tmp_path, endpoint=hub.url, token="t")
+
+
+def test_server_checks_tokens_and_can_refuse_commits(hub, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(HfHubHTTPError) as err:
+        HfApi(endpoint=hub.url, token=False).create_repo("org/anon")  # no Authorization header at all
+    assert err.value.response.status_code == 401
+    hub.valid_tokens = {"good"}
+    with pytest.raises(HfHubHTTPError) as err:
+        HfApi(endpoint=hub.url, token="bad").create_repo("org/anon")
+    assert err.value.response.status_code == 401
+    api = HfApi(endpoint=hub.url, token="good")
+    api.create_repo("org/refused")
+    head = api.model_info("org/refused").sha
+    for status in (403, 500):
+        hub.refuse["commit"] = status
+        with pytest.raises(HfHubHTTPError) as err:
+            api.upload_file(path_or_fileobj=tmp_path / "f.txt", path_in_repo="f.txt", repo_id="org/refused")
+        assert err.value.response.status_code == status
+    assert api.model_info("org/refused").sha == head  # nothing was committed
+    hub.refuse.clear()
+    api.upload_file(path_or_fileobj=tmp_path / "f.txt", path_in_repo="f.txt", repo_id="org/refused")
+    assert hub.files("org/refused")["f.txt"] == b"x"
+
+
+def test_server_validates_card_metadata(hub, tmp_path):
+    api = HfApi(endpoint=hub.url, token="t")
+    api.create_repo("org/card")
+    bad = "---\nlicense: mit\nmodel-index:\n- name: m\n  results:\n  - task: {type: translation}\n" \
+          "    dataset: {type: d, name: D}\n---\n# card\n"
+    (tmp_path / "README.md").write_text(bad)
+    with pytest.raises(ValueError, match="metrics"):
+        api.upload_file(path_or_fileobj=tmp_path / "README.md", path_in_repo="README.md", repo_id="org/card")
+    assert "README.md" not in hub.files("org/card")
+
+
+# ======================================================================================= 2. push_to_hub
+def fake_checkpoint(root: Path, model_type: str = "transformer_nmt") -> Path:
+    """A run folder with a complete (untrained, torch-free) checkpoint: enough for push and error tests."""
+    model_dir = root / "run" / "model"
+    model_dir.mkdir(parents=True)
+    config = {"model_type": model_type, "d_model": 8, "encoder_layers": 1, "decoder_layers": 1,
+              "vocab_size": 16, "auto_map": {"AutoConfig": f"configuration_{model_type}.Config",
+                                             "AutoModelForSeq2SeqLM": f"modeling_{model_type}.Model"},
+              "custom_pipelines": {"translation": {"impl": "pipeline_translation.TranslationPipeline"}}}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    for module in (f"configuration_{model_type}", f"modeling_{model_type}", "pipeline_translation"):
+        (model_dir / f"{module}.py").write_text(f"# {module}\n")
+    save_file({"w": np.arange(128, dtype=np.float32).reshape(16, 8)}, str(model_dir / "model.safetensors"))
+    (model_dir / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    (model_dir.parent / "results.json").write_text(json.dumps({
+        "model_type": model_type, "source_lang": "en", "target_lang": "de", "dataset": "multi30k",
+        "eval_split": "test_2016_flickr", "bleu": 1.5, "chrf": 10.25, "sacrebleu_signature": "sig-b",
+        "chrf_signature": "sig-c", "hyperparameters": {"lr": 0.01, "hub_token": TOKEN}}))
+    return model_dir
+
+
+def test_push_uploads_model_tokenizer_code_and_card(hub, tmp_path, caplog, capfd):
+    model_dir = fake_checkpoint(tmp_path)
+    before = tree_digest(model_dir)
+    with caplog.at_level(logging.DEBUG):
+        url = push_to_hub(model_dir, "org/tiny-push", token=TOKEN)
+    head = HfApi(endpoint=hub.url, token="t").model_info("org/tiny-push").sha
+    assert url == f"{hub.url}/org/tiny-push/commit/{head}"
+    remote = hub.files("org/tiny-push")
+    local = {str(p.relative_to(model_dir)): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
+    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md",
+            "modeling_transformer_nmt.py", "pipeline_translation.py"} <= set(remote)
+    card = ModelCard(remote["README.md"].decode())
+    assert card.data.eval_results[0].metric_value == 1.5 and "org/tiny-push" in card.text  # built from results.json
+    assert ("POST", "/api/validate-yaml", 200) in hub.requests
+    assert tree_digest(model_dir) == before  # only README.md was written
+    # The token is nowhere: not in the repo, the folder, the logs or the console.
+    out, errout = capfd.readouterr()
+    assert all(TOKEN.encode() not in data for data in list(remote.values()) + list(local.values()))
+    assert TOKEN not in caplog.text and TOKEN not in out + errout
+    # Pushing again updates the repo in a new commit.
+    (model_dir / "tokenizer_config.json").write_text('{"model_max_length": 64}')
+    url2 = push_to_hub(model_dir, "org/tiny-push", token=TOKEN, commit_message="retokenize")
+    assert url2 != url and hub.files("org/tiny-push")["tokenizer_config.json"] == b'{"model_max_length": 64}'
+
+
+def test_push_without_token_fails_before_any_request(hub, tmp_path, monkeypatch):
+    model_dir = fake_checkpoint(tmp_path)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-stored-tokens"))
+    before = tree_digest(model_dir, skip=())
+    with pytest.raises(PublishError, match="No Hugging Face token"):
+        push_to_hub(model_dir, "org/no-token")
+    assert hub.requests == [] and tree_digest(model_dir, skip=()) == before
+
+
+@pytest.mark.parametrize("repo_id", ["no-namespace", "a/b/c", "org/bad name", "org/-dash-", "org/x..y", ""])
+def test_push_to_a_bad_repo_id_is_a_value_error(hub, tmp_path, repo_id):
+    model_dir = fake_checkpoint(tmp_path)
+    before = tree_digest(model_dir, skip=())
+    with pytest.raises(ValueError, match="Invalid repo id"):
+        push_to_hub(model_dir, repo_id, token=TOKEN)
+    assert hub.requests == [] and tree_digest(model_dir, skip=()) == before
+
+
+def test_push_of_an_incomplete_folder_names_what_is_missing(hub, tmp_path):
+    model_dir = fake_checkpoint(tmp_path)
+    (model_dir / "pipeline_translation.py").unlink()
+    with pytest.raises(ValueError, match="pipeline_translation.py"):
+        push_to_hub(model_dir, "org/x", token=TOKEN)
+    (model_dir / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="no weights"):
+        push_to_hub(model_dir, "org/x", token=TOKEN)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("refusal", [("commit", 403), ("commit", 500), ("lfs", 403), ("create", 403)])
+def test_refused_push_is_clear_and_leaves_the_checkpoint_intact(hub, tmp_path, refusal):
+    model_dir = fake_checkpoint(tmp_path)
+    before = tree_digest(model_dir)
+    operation, status = refusal
+    hub.refuse[operation] = status
+    with pytest.raises(PublishError) as err:
+        push_to_hub(model_dir, "org/refused", token=TOKEN)
+    message = str(err.value)
+    assert f"HTTP {status}" in message and "org/refused" in message and "local checkpoint is unchanged" in message
+    assert TOKEN not in message and err.value.__cause__ is None
+    assert tree_digest(model_dir) == before
+    if operation != "create":
+        assert "model.safetensors" not in hub.files("org/refused")  # nothing committed
+
+
+def test_rejected_token_is_reported_without_the_token(hub, tmp_path):
+    hub.valid_tokens = {"some-other-token"}
+    with pytest.raises(PublishError, match="HTTP 401, the token was rejected") as err:
+        push_to_hub(fake_checkpoint(tmp_path), "org/x", token=TOKEN)
+    assert TOKEN not in str(err.value)
+
+
+def test_unreachable_hub_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(PublishError, match=f"Could not reach http://127.0.0.1:{port}"):
+        push_to_hub(fake_checkpoint(tmp_path), "org/x", token=TOKEN)
+
+
+def test_cli(hub, tmp_path, monkeypatch, capsys):
+    model_dir = fake_checkpoint(tmp_path)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert publish.main([str(model_dir.parent), "--repo_id", "org/cli"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"{hub.url}/org/cli/commit/") and "config.json" in hub.files("org/cli")
+    assert publish.main([str(model_dir.parent), "--repo_id", "bad id"]) == 1
+    assert "error: Invalid repo id" in capsys.readouterr().err
+
+
+# ======================================================================================= 3. the round trip
+# Every variant, one line each: (tiny-config overrides, translation kwargs). Variants that hf_variants does not
+# provide yet are skipped.
+VARIANTS = {
+    "transformer_nmt": ({}, {}),
+    "mute_nmt": ({}, {}),
+    "hysan_nmt": ({}, {}),
+    "mgsa_nmt": ({"phrase_type": "ngram"}, {}),  # the syntactic default needs parses of every sentence
+    "mimo_nmt": ({"languages": ["en", "de"], "target_language_tags": True}, {"tgt_lang": "de"}),
+    "tied_nmt": ({}, {}),
+}
+TRAIN_STEPS = 5
+TRAIN_PAIRS = 8
+GENERATION = {"num_beams": 2, "max_new_tokens": 8, "min_new_tokens": 4}
+
+
+def generation_kwargs(tokenizer) -> dict:
+    """A few training steps may favour `</s>` or `<s>` everywhere: keep the compared outputs non-empty."""
+    specials = sorted(set(tokenizer.all_special_ids) - {tokenizer.eos_token_id})
+    return {**GENERATION, "suppress_tokens": specials}
+
+
+def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
+    """Train a tiny model a few steps on real Multi30k pairs, save it + tokenizer + results.json + card."""
+    import sacrebleu
+    import torch
+
+    import hf_variants
+
+    overrides, translate = VARIANTS[model_type]
+    torch.manual_seed(0)
+    config = hf_variants.CONFIG_CLASSES[model_type].from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0,
+                                                                **overrides)
+    model = hf_variants.MODEL_CLASSES[model_type][2](config)
+    pairs = sorted(zip(read_sentences("en", n=64), read_sentences("de", n=64)), key=lambda p: len(p[0]) + len(p[1]))
+    src, tgt = map(list, zip(*pairs[:TRAIN_PAIRS]))  # the shortest real pairs: a cheap batch
+    batch = model.prepare_translation_inputs(tokenizer, src, text_target=tgt, **translate)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    losses, start = [], time.perf_counter()
+    for _ in range(TRAIN_STEPS):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        model.after_optimizer_step()
+        losses.append(loss.item())
+    wall = time.perf_counter() - start
+    model.eval()
+    assert losses[-1] < losses[0], f"{model_type} did not learn: {losses}"
+
+    model_dir = run_dir / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    sentences, references = read_sentences("en", "val", n=3), read_sentences("de", "val", n=3)
+    inputs = model.prepare_translation_inputs(tokenizer, sentences, **translate)
+    generation = generation_kwargs(tokenizer)
+    with torch.no_grad():
+        ids = model.generate(**inputs, **generation).tolist()
+    # The local model's translations, decoded as the translation pipeline does.
+    hypotheses = [tokenizer.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False) for row in ids]
+    texts = [{"translation_text": text} for text in hypotheses]
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    results = {
+        "model_type": model_type, "variant": type(model).__name__, "source_lang": "en", "target_lang": "de",
+        "languages": ["en", "de"], "dataset": "multi30k", "eval_split": "val",
+        "bleu": bleu.corpus_score(hypotheses, [references]).score,
+        "chrf": chrf.corpus_score(hypotheses, [references]).score,
+        "sacrebleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_tokens_per_sec": TRAIN_STEPS * int(batch["attention_mask"].sum()) / wall, "wall_time_sec": wall,
+        "train_pairs": len(src), "dropped_pairs": 0, "dropped_reasons": {}, "steps": TRAIN_STEPS,
+        "epochs": float(TRAIN_STEPS), "hyperparameters": {"learning_rate": 3e-3, "batch_size": len(src)},
+        "base_model": None,
+    }
+    (run_dir / "results.json").write_text(json.dumps(results))
+    return {"sentences": sentences, "translate": translate, "generation": generation, "ids": ids, "texts": texts,
+            "results": results}
+
+
+@pytest.fixture(scope="module")
+def published(module_hub, tokenizer, tmp_path_factory):
+    """Train, save, card and push every available variant; then load them all in one fresh process."""
+    import hf_variants
+
+    available = [mt for mt in VARIANTS if mt in hf_variants.MODEL_CLASSES]
+    local, urls = {}, {}
+    for model_type in available:
+        run_dir = tmp_path_factory.mktemp(f"run-{model_type}")
+        local[model_type] = train_and_save(model_type, tokenizer, run_dir)
+        repo_id = f"hf-variants-test/{model_type.replace('_', '-')}-tiny"
+        local[model_type]["repo_id"] = repo_id
+        local[model_type]["model_dir"] = run_dir / "model"
+        urls[model_type] = push_to_hub(run_dir / "model", repo_id, token=TOKEN)  # card from run_dir/results.json
+
+    hf_home = tmp_path_factory.mktemp("fresh-hf-home")
+    jobs = [(local[mt]["repo_id"], local[mt]["sentences"], local[mt]["translate"], local[mt]["generation"])
+            for mt in available]
+    code = f"""
+        import json
+        from pathlib import Path
+        home = Path(os.environ["HF_HOME"])
+        assert not any(home.iterdir()), "HF_HOME is not empty"
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        out = {{}}
+        for repo, sentences, translate, generation in {jobs!r}:
+            model = AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True).eval()
+            tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
+            inputs = model.prepare_translation_inputs(tokenizer, sentences, **translate)
+            ids = model.generate(**inputs, **generation).tolist()
+            translator = pipeline("translation", model=repo, trust_remote_code=True)
+            texts = translator(sentences, **translate, **generation)
+            out[repo] = {{"ids": ids, "texts": texts, "module": type(model).__module__,
+                         "pipeline": type(translator).__module__}}
+        out["cached_repos"] = sorted(p.name for p in (home / "hub").iterdir() if p.name.startswith("models--"))
+        print(json.dumps(out))
+    """
+    env = {"HF_ENDPOINT": module_hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(hf_home), "HF_TOKEN": "x",
+           "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "TMPDIR": str(tmp_path_factory.mktemp("cwd"))}
+    remote = json.loads(run_without_package(code, env=env).strip().splitlines()[-1])
+    return {"local": local, "remote": remote, "urls": urls, "hub": module_hub}
+
+
+@pytest.mark.parametrize("model_type", list(VARIANTS))
+def test_pushed_model_translates_like_the_local_model_in_a_fresh_process(published, model_type):
+    if model_type not in published["local"]:
+        pytest.skip(f"hf_variants does not provide {model_type} yet")
+    local = published["local"][model_type]
+    repo_id = local["repo_id"]
+    remote = published["remote"][repo_id]
+    assert remote["module"].startswith("transformers_modules"), remote["module"]  # the Hub's code, not ours
+    assert remote["pipeline"].startswith("transformers_modules"), remote["pipeline"]
+    assert remote["ids"] == local["ids"]
+    assert remote["texts"] == local["texts"]
+    assert all(t["translation_text"].strip() for t in local["texts"])  # non-trivial outputs were compared
+    # Everything came from the server into the empty HF_HOME.
+    assert f"models--{repo_id.replace('/', '--')}" in published["remote"]["cached_repos"]
+    assert ("GET", f"/{repo_id}/resolve/{published['urls'][model_type].rsplit('/', 1)[-1]}/model.safetensors",
+            200) in published["hub"].requests
+
+
+@pytest.mark.parametrize("model_type", list(VARIANTS))
+def test_pushed_repo_has_card_code_and_weights(published, model_type):
+    if model_type not in published["local"]:
+        pytest.skip(f"hf_variants does not provide {model_type} yet")
+    local = published["local"][model_type]
+    files = published["hub"].files(local["repo_id"])
+    model_dir = local["model_dir"]
+    for path in model_dir.iterdir():
+        assert files[path.name] == path.read_bytes(), path.name  # every file pushed byte for byte
+    config = json.loads(files["config.json"])
+    code = {ref.split(".")[0] + ".py" for ref in config["auto_map"].values()}
+    code.add(config["custom_pipelines"]["translation"]["impl"].split(".")[0] + ".py")
+    assert code <= set(files)
+    card = ModelCard(files["README.md"].decode())
+    results = local["results"]
+    assert card.data.tags[:3] == ["translation", "hf-variants", model_type]
+    assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
+        ("bleu", round(results["bleu"], 2)), ("chrf", round(results["chrf"], 2))]
+    assert f'from_pretrained("{local["repo_id"]}", trust_remote_code=True)' in card.text
+    assert f"{results['params']:,}" in card.text
+    assert TOKEN.encode() not in b"".join(files.values())
