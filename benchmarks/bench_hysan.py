@@ -1,0 +1,161 @@
+"""HySAN vs the baseline Transformer of the same dimensions: parameters, training and decoding speed, side by side.
+
+For each size (`small` = the paper's IWSLT setting, 2+2 layers d 256; `base` = 6+6 layers d 512), a baseline
+`TransformerNmtForConditionalGeneration` and a `HysanForConditionalGeneration` with the same dims (pre-norm, as
+HySAN's default) and each HySAN fusion asked for get the same inputs:
+- parameters, and the delta against the paper's Table-2 formulas (concat L*4*d^2, gated sum L*d^2/4 for e1);
+- training tokens/s (forward + backward + Adam step on a padded batch, target tokens counted);
+- greedy and beam-4 decoding tokens/s with output lengths forced equal (`min_new_tokens == max_new_tokens`).
+Runs are interleaved (baseline, HySAN, baseline, ...) and medians reported; ratio = HySAN / baseline (< 1 = slower).
+`--clock cpu` times with the process CPU clock (use it with `--threads 1` on a shared, oversubscribed machine, where
+wall time mostly measures the other jobs). Prints one line per measurement and a final JSON line.
+
+    python benchmarks/bench_hysan.py [--sizes small base] [--fusions gated_sum] [--batch 8] [--reps 3]
+                                     [--threads 1 --clock cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
+from hf_variants import TransformerNmtForConditionalGeneration
+
+SIZES = {  # HySAN's presets (the baseline gets the same dims)
+    "small": "small",
+    "base": "base",
+}
+
+
+def count(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def expected_delta(config: HysanConfig) -> int:
+    d = config.d_model
+    l_enc, l_dec = config.num_branches("encoder"), config.num_branches("decoder")
+    if config.fusion == "concat":  # H: l*d -> d replaces W^o in every self-attention
+        return config.encoder_layers * (l_enc - 1) * d * d + config.decoder_layers * (l_dec - 1) * d * d
+    if config.fusion == "gated_sum":  # one bias-free squeeze gate d -> d/r -> d per self-attention
+        return (config.encoder_layers + config.decoder_layers) * 2 * d * (d // config.gate_reduction)
+    return 0
+
+
+def make_batch(args, vocab):
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(4, vocab, (args.batch, args.src_len), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    for row in range(args.batch):  # lengths from half to full
+        attention_mask[row, args.src_len // 2 + row % (args.src_len // 2):] = 0
+    labels = torch.randint(4, vocab, (args.batch, args.tgt_len), generator=g)
+    for row in range(args.batch):
+        labels[row, args.tgt_len // 2 + row % (args.tgt_len // 2):] = -100
+    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}, labels
+
+
+CLOCK = time.perf_counter
+
+
+def time_train(model, optimizer, inputs, labels) -> float:
+    start = CLOCK()
+    loss = model(**inputs, labels=labels).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return CLOCK() - start
+
+
+def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
+    start = CLOCK()
+    with torch.inference_mode():
+        out = model.generate(**inputs, **kwargs)
+    return out, CLOCK() - start
+
+
+def interleaved(fn_a, fn_b, reps: int) -> tuple[float, float]:
+    fn_a(), fn_b()  # warm-up
+    a, b = [], []
+    for _ in range(reps):
+        a.append(fn_a())
+        b.append(fn_b())
+    return statistics.median(a), statistics.median(b)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
+    parser.add_argument("--fusions", nargs="+", default=["gated_sum"], choices=["sum", "concat", "gated_sum"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--src_len", type=int, default=24)
+    parser.add_argument("--tgt_len", type=int, default=24)
+    parser.add_argument("--new_tokens", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = {"settings": {k: v for k, v in vars(args).items()}, "torch_threads": torch.get_num_threads()}
+    for size in args.sizes:
+        for fusion in args.fusions:
+            config = HysanConfig.from_preset(SIZES[size], vocab_size=args.vocab, dropout=0.0, fusion=fusion)
+            base_config = TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
+                                                  if k in TransformerNmtConfig().to_dict()
+                                                  and k not in ("model_type", "architectures", "auto_map")})
+            torch.manual_seed(0)
+            baseline = TransformerNmtForConditionalGeneration(base_config)
+            hysan = HysanForConditionalGeneration(config)
+            key = f"{size}_{fusion}"
+            p_base, p_hysan = count(baseline), count(hysan)
+            row = {"params_baseline": p_base, "params_hysan": p_hysan, "params_delta": p_hysan - p_base,
+                   "params_delta_formula": expected_delta(config)}
+            print(f"{key:16s} params: baseline {p_base:,} | HySAN {p_hysan:,} | delta {p_hysan - p_base:,} "
+                  f"(formula {expected_delta(config):,})", flush=True)
+
+            inputs, labels = make_batch(args, args.vocab)
+            tokens = int((labels != -100).sum())
+            baseline.train(), hysan.train()
+            opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
+            opt_h = torch.optim.Adam(hysan.parameters(), lr=1e-4)
+            t_b, t_h = interleaved(lambda: time_train(baseline, opt_b, inputs, labels),
+                                   lambda: time_train(hysan, opt_h, inputs, labels), args.reps)
+            row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_hysan=round(tokens / t_h, 1),
+                       train_ratio=round(t_b / t_h, 3))
+            print(f"{key:16s} train   baseline {tokens / t_b:9.1f} tok/s | HySAN {tokens / t_h:9.1f} tok/s | "
+                  f"ratio {t_b / t_h:5.2f}x", flush=True)
+
+            baseline.eval(), hysan.eval()
+            for beams in (1, 4):
+                gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                           do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
+                lengths = {}
+
+                def run(model, name):
+                    out, dt = time_generate(model, inputs, **gen)
+                    lengths[name] = out.shape[1]
+                    return dt
+
+                t_b, t_h = interleaved(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"), args.reps)
+                assert lengths["baseline"] == lengths["hysan"] == args.new_tokens + 1, lengths
+                n = args.batch * args.new_tokens
+                name = "greedy" if beams == 1 else f"beam{beams}"
+                row.update({f"{name}_tok_s_baseline": round(n / t_b, 1), f"{name}_tok_s_hysan": round(n / t_h, 1),
+                            f"{name}_ratio": round(t_b / t_h, 3)})
+                print(f"{key:16s} {name:7s} baseline {n / t_b:9.1f} tok/s | HySAN {n / t_h:9.1f} tok/s | "
+                      f"ratio {t_b / t_h:5.2f}x", flush=True)
+            results[key] = row
+            del baseline, hysan, opt_b, opt_h
+    print(json.dumps({"benchmark": "hysan_vs_baseline", **results}))
+    return results
+
+
+if __name__ == "__main__":
+    main()
