@@ -5,7 +5,7 @@ What the paper adds to the Transformer, and where it lives here:
 
 - Cardinality: every attention and FFN block holds n full-size "Trans" units (post-norm: LN_k(i_k +
   Dropout(f_k(i_k))), each with its own LayerNorm). The n units of a block run as ONE batched computation over
-  stacked weights (`MimoLinear`, [n, out, in]; attention folds the n units' heads into the head axis of one kernel
+  stacked weights (`MimoLinear`, [n, in, out]; attention folds the n units' heads into the head axis of one kernel
   call), so n units cost one layer's worth of kernel launches.
 - MIMO links (eq. 2-4, `MimoMix`): between blocks the input of unit k is a softmax-weighted sum of the previous
   block's n outputs, with logits V[task, k, :] per link, gathered per example from `tgt_lang_ids` (task = target
@@ -57,28 +57,28 @@ from .modeling_transformer_nmt import (
 class MimoLinear(nn.Module):
     """n independent linear maps, one per transformation, as one batched matmul.
 
-    `weight` is [n, out, in] (transformation k's slice has `nn.Linear`'s layout), `bias` [n, out]. Input [n, ..., in]
-    (stream k goes through map k) or [1, ..., in] (one input shared by all n maps: a single GEMM against all n
-    weight matrices). Output [n, ..., out]."""
+    `weight` is [n, in, out] (transformation k computes x @ weight[k] + bias[k]; the [in, out] layout makes the
+    weight gradient of the batched matmul land in the parameter's layout without a transposing copy), `bias`
+    [n, out]. Input [n, ..., in] (stream k goes through map k) or [1, ..., in] (one input shared by all n maps).
+    Output [n, ..., out]."""
 
     def __init__(self, num_transformations: int, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.num_transformations = num_transformations
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(num_transformations, out_features, in_features))
+        self.weight = nn.Parameter(torch.empty(num_transformations, in_features, out_features))
         self.bias = nn.Parameter(torch.empty(num_transformations, out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, out = self.num_transformations, self.out_features
-        if x.shape[0] == 1 and n > 1:  # shared input: [.., in] x [in, n*out], then streams to the front
-            bias = self.bias.reshape(n * out) if self.bias is not None else None
-            y = F.linear(x[0], self.weight.reshape(n * out, self.in_features), bias)
-            return y.view(*y.shape[:-1], n, out).movedim(-2, 0)
-        flat = x.reshape(n, -1, x.shape[-1])
-        weight = self.weight.transpose(1, 2)
-        y = torch.bmm(flat, weight) if self.bias is None else torch.baddbmm(self.bias.unsqueeze(1), flat, weight)
-        return y.view(*x.shape[:-1], out)
+        n = self.num_transformations
+        shape = (n,) + x.shape[1:-1]
+        flat = x.expand(*shape, x.shape[-1]).reshape(n, -1, x.shape[-1])
+        if self.bias is None:
+            y = torch.bmm(flat, self.weight)
+        else:
+            y = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight)
+        return y.view(*shape, self.out_features)
 
     def extra_repr(self) -> str:
         return f"n={self.num_transformations}, in_features={self.in_features}, out_features={self.out_features}"

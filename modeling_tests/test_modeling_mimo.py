@@ -72,10 +72,18 @@ def baseline_state(model: MimoForConditionalGeneration, unit: int) -> dict[str, 
     for name, tensor in model.state_dict().items():
         if "_mix." in name or name.startswith("model.decoder.output_mix") or "memory_merge" in name:
             continue  # mixing weights have no baseline counterpart
-        # stacked [n, out, in] / [n, out] / [n, d] -> transformation `unit`'s nn.Linear / nn.LayerNorm tensor
-        is_stacked = any(part in name for part in ("_proj.", ".fc1.", ".fc2.", "layer_norm."))
-        state[name] = tensor[unit].clone() if is_stacked else tensor.clone()
+        # stacked [n, in, out] / [n, out] / [n, d] -> transformation `unit`'s nn.Linear / nn.LayerNorm tensor
+        if is_stacked_linear_weight(name):
+            state[name] = tensor[unit].t().contiguous()
+        elif any(part in name for part in ("_proj.", ".fc1.", ".fc2.", "layer_norm.")):
+            state[name] = tensor[unit].clone()
+        else:
+            state[name] = tensor.clone()
     return state
+
+
+def is_stacked_linear_weight(name: str) -> bool:
+    return name.endswith(("_proj.weight", ".fc1.weight", ".fc2.weight"))
 
 
 def baseline_like(model: MimoForConditionalGeneration, layers: int | None = None):
@@ -300,7 +308,8 @@ def test_n_copies_of_the_baseline_equal_the_baseline():
     baseline = baseline_like(model)
     state = model.state_dict()
     for name, tensor in baseline_state(model, 0).items():
-        if state[name].dim() == tensor.dim() + 1:
+        if state[name].dim() == tensor.dim() + 1:  # a stacked tensor: n copies of the baseline's
+            tensor = tensor.t() if is_stacked_linear_weight(name) else tensor
             state[name] = tensor.unsqueeze(0).expand_as(state[name]).clone()
     model.load_state_dict(state)
     baseline.load_state_dict(baseline_state(model, 0), strict=True)
@@ -332,7 +341,7 @@ def test_stacked_units_equal_separate_modules():
     torch.nn.init.normal_(linear.weight)
     torch.nn.init.normal_(linear.bias)
     shared = torch.randn(1, 3, 4)
-    assert _allclose(linear(shared), torch.stack([F.linear(shared[0], linear.weight[k], linear.bias[k])
+    assert _allclose(linear(shared), torch.stack([F.linear(shared[0], linear.weight[k].t(), linear.bias[k])
                                                   for k in range(N)]))
 
 
