@@ -10,7 +10,9 @@ A variant overrides only what its paper changes (see `docs` in the README):
   stack embeds its input (`embed`);
 - the stacks of the model (`TransformerNmtModel.encoder_class` / `decoder_class`) and what the decoder reads from
   the encoder (`encoder_memory`);
-- losses and hooks of the generation model (`auxiliary_losses`, `after_optimizer_step`, `_language_inputs`).
+- the modules the model builds for its stacks (`TransformerNmtModel._make_stacks`);
+- losses and hooks of the generation model (`translation_loss`, `auxiliary_losses`, `after_optimizer_step`,
+  `_language_inputs`).
 Masks are booleans (`True` = may attend) of shape [B, 1|H, Q, K], built once per forward by the stacks.
 """
 
@@ -509,9 +511,14 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         else:
             encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx=pad)
             decoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx=pad)
-        self.encoder = self.encoder_class(config, encoder_embeddings)
-        self.decoder = self.decoder_class(config, decoder_embeddings)
+        self.encoder, self.decoder = self._make_stacks(config, encoder_embeddings, decoder_embeddings)
         self.post_init()
+
+    def _make_stacks(self, config: TransformerNmtConfig, encoder_embeddings: nn.Embedding,
+                     decoder_embeddings: nn.Embedding) -> tuple[nn.Module, nn.Module]:
+        """The encoder and decoder stacks. A variant whose stacks run shared modules registers those on the model
+        here, before building the stacks that use them (the Tied Transformer's single block list)."""
+        return self.encoder_class(config, encoder_embeddings), self.decoder_class(config, decoder_embeddings)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
@@ -595,6 +602,13 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         sums = getattr(model_outputs, "aux_losses", None) or {}
         return {name: value / num_target_tokens for name, value in sums.items()}
 
+    def translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        """The main loss: label-smoothed cross-entropy averaged over the target tokens (labels -100 ignored).
+        `kwargs` are the batch's variant inputs (e.g. `tgt_lang_ids`), for variants that weight tokens differently
+        (the Tied Transformer sums per-direction means)."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
+                               label_smoothing=self.config.label_smoothing)
+
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
 
@@ -664,8 +678,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             pad = self.config.pad_token_id
             if pad is not None and pad not in (self.config.eos_token_id, self.config.bos_token_id):
                 labels = labels.masked_fill(labels == pad, -100)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                   ignore_index=-100, label_smoothing=self.config.label_smoothing)
+            loss = self.translation_loss(logits, labels, **kwargs)
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():
                 loss = loss + value
