@@ -119,6 +119,12 @@ EXAMPLE_SENTENCES = {
 # Keys naming a secret (hub_token, use_auth_token, api_key, ...; not batch_tokens) and values that look like one.
 _SECRET_KEY = re.compile(r"(^|[_\-.])(token|secret|password|passwd|api[_\-]?key|credentials?|authorization)($|[_\-.])",
                          re.IGNORECASE)
+# Run bookkeeping that train.py records with its arguments but that does not describe the training.
+NOT_HYPERPARAMETERS = frozenset({
+    "output_dir", "run_name", "overwrite_output_dir", "logging_steps", "report_to", "push_to_hub", "hub_model_id",
+    "hub_private_repo", "num_examples", "save_steps", "keep_checkpoints", "resume_from_checkpoint", "data_dir",
+    "train_file", "valid_file", "test_file", "tokenizer", "model_name_or_path", "num_processes",
+})
 _SECRET_VALUE = re.compile(r"^(hf_|api_)[A-Za-z0-9]{16,}$")
 
 
@@ -225,26 +231,45 @@ def _languages(results: Mapping, config: Mapping) -> tuple[str | None, str | Non
     return None, None, list(dict.fromkeys(langs))
 
 
-def _dataset(results: Mapping, languages: list[str]) -> tuple[str | None, str | None]:
-    """(Hub dataset id or the run's dataset name, pretty name)."""
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+def _is_hub_id(value: object) -> bool:
+    """`org/name` that is not a local path (train.py passes local paths for files, folders and checkpoints)."""
+    return isinstance(value, str) and bool(_HUB_ID.match(value)) and not os.path.exists(value) \
+        and not re.search(r"\.(gz|txt|tsv|json|jsonl|csv|parquet)$", value)
+
+
+def _short_name(value: str) -> str:
+    """A local path reduced to its last component (without compression/data suffixes); names unchanged."""
+    if "/" in value or os.sep in value:
+        value = Path(value.rstrip("/" + os.sep)).name
+    return re.sub(r"(\.(gz|txt|tsv|jsonl?|csv|parquet))+$", "", value) or value
+
+
+def _dataset(results: Mapping, languages: list[str]) -> tuple[str | None, str | None, bool]:
+    """(dataset id for the model-index, pretty name, whether the id names a Hub dataset)."""
     name = results.get("dataset")
     if not name:
-        return None, None
-    key = str(name).lower()
-    pretty = DATASET_NAMES.get(key, str(name))
+        return None, None, False
+    name = str(name)
     if results.get("dataset_id"):
-        return str(results["dataset_id"]), pretty
-    hub_id, hub_langs = DATASET_HUB_IDS.get(key, (None, set()))
+        return str(results["dataset_id"]), DATASET_NAMES.get(_short_name(name).lower(), _short_name(name)), True
+    if _is_hub_id(name):
+        return name, DATASET_NAMES.get(name.split("/")[-1].lower(), name), True
+    key = _short_name(name)
+    pretty = DATASET_NAMES.get(key.lower(), key)
+    hub_id, hub_langs = DATASET_HUB_IDS.get(key.lower(), (None, set()))
     if hub_id and languages and set(languages) <= hub_langs:
-        return hub_id, pretty
-    return str(name), pretty
+        return hub_id, pretty, True
+    return key, pretty, False
 
 
 def _eval_results(results: Mapping, dataset_id: str | None, dataset_pretty: str | None,
                   src: str | None, tgt: str | None) -> list[EvalResult]:
     if dataset_id is None:
         return []
-    split = results.get("eval_split")
+    split = _short_name(str(results["eval_split"])) if results.get("eval_split") else None
     out: list[EvalResult] = []
 
     def add(config: str | None, scores: Mapping, label: str) -> None:
@@ -361,13 +386,14 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
 
     src, tgt, languages = _languages(results, config)
     multilingual = not (src and tgt) and len(languages) > 2
-    dataset_id, dataset_pretty = _dataset(results, languages)
+    dataset_id, dataset_pretty, dataset_on_hub = _dataset(results, languages)
     params = results.get("params")
     if params is None:
         params = count_parameters(model_dir)
     model_name = _model_name(repo_id, model_type, results.get("dataset"), languages, src, tgt)
     eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
     base_model = results.get("base_model") or None
+    base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
 
     card_data = ModelCardData(
@@ -376,14 +402,15 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
         library_name="transformers",
         pipeline_tag="translation",
         tags=tags,
-        datasets=[dataset_id] if dataset_id else None,
+        datasets=[dataset_id] if dataset_id else None,  # a Hub id when one is known, else the dataset's name
         metrics=sorted({r.metric_type for r in eval_results}) or None,
-        base_model=base_model,
+        base_model=base_model_hub,
         model_name=model_name if eval_results else None,
         eval_results=eval_results or None,
     )
 
-    hyperparameters = redact_secrets(results.get("hyperparameters") or {})
+    hyperparameters = {k: v for k, v in redact_secrets(results.get("hyperparameters") or {}).items()
+                       if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS}
     training_rows = [(label, value) for label, value in (
         ("Optimizer steps", _fmt(results["steps"]) if results.get("steps") is not None else None),
         ("Epochs", f"{float(results['epochs']):.2f}" if results.get("epochs") is not None else None),
@@ -398,17 +425,24 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
     needs_tgt_lang = bool(config.get("target_language_tags") or (config.get("languages") and not (src and tgt))
                           or multilingual)
 
+    directions = [str(d) for d in results.get("directions") or []]
+    if not directions and src and tgt:
+        directions = [f"{src}-{tgt}"]
     template_vars = dict(
         family=family,
         model_type=model_type,
-        variant=results.get("variant") or family.long_name,
+        variant=results.get("variant"),
+        directions=directions,
+        base_model_hub=base_model_hub,
+        fine_tuned=base_model is not None,
         model_id=repo_id or PLACEHOLDER_REPO_ID,
         has_repo_id=repo_id is not None,
         model_name=model_name,
         src=src, tgt=tgt, languages=languages, multilingual=multilingual,
         direction=f"{src}→{tgt}" if src and tgt else None,
-        dataset=results.get("dataset"), dataset_id=dataset_id, dataset_pretty=dataset_pretty,
-        eval_split=results.get("eval_split"),
+        dataset=results.get("dataset"), dataset_id=dataset_id if dataset_on_hub else None,
+        dataset_pretty=dataset_pretty, multi30k=(dataset_pretty == "Multi30k"),
+        eval_split=_short_name(str(results["eval_split"])) if results.get("eval_split") else None,
         train_pairs=results.get("train_pairs"), dropped_pairs=results.get("dropped_pairs"),
         dropped_reasons={k: v for k, v in (results.get("dropped_reasons") or {}).items() if v},
         architecture=_architecture_rows(config, family, params),

@@ -274,6 +274,42 @@ def test_cli(hub, tmp_path, monkeypatch, capsys):
     assert "error: Invalid repo id" in capsys.readouterr().err
 
 
+def test_training_script_push_to_hub(hub, tmp_path, monkeypatch):
+    """`training/train.py --push_to_hub`: its real results.json becomes the card, everything is uploaded."""
+    import gzip
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root))
+    from training import train
+
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    for split, n in (("train", 64), ("val", 4), ("test_2016_flickr", 4)):
+        for lang in ("en", "de"):
+            with gzip.open(data / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in read_sentences(lang, split, n=n)))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    run_dir = tmp_path / "run"
+    train.main(["--data_dir", str(data), "--preset", "tiny", "--vocab_size", "200", "--max_steps", "2",
+                "--max_tokens", "512", "--warmup_steps", "1", "--eval_steps", "2", "--eval_bleu_pairs", "4",
+                "--num_beams", "1", "--max_len_a", "0", "--max_len_b", "4", "--eval_batch_size", "8",
+                "--num_examples", "0", "--output_dir", str(run_dir), "--push_to_hub", "--hub_model_id",
+                "org/trained-by-script"])
+    results = json.loads((run_dir / "results.json").read_text())
+    remote = hub.files("org/trained-by-script")
+    for path in (run_dir / "model").iterdir():
+        assert remote[path.name] == path.read_bytes(), path.name
+    card = ModelCard(remote["README.md"].decode())
+    assert card.data.datasets == ["bentrevett/multi30k"] and card.data.language == ["en", "de"]
+    assert [(r.metric_type, r.metric_value, r.dataset_split, r.metric_args["signature"])
+            for r in card.data.eval_results] == [
+        ("bleu", round(results["bleu"], 2), results["eval_split"], results["sacrebleu_signature"]),
+        ("chrf", round(results["chrf"], 2), results["eval_split"], results["chrf_signature"])]
+    assert f"{results['params']:,}" in card.text and f"**{results['train_pairs']}**" in card.text
+    assert all(TOKEN.encode() not in blob for blob in remote.values())
+    assert all(TOKEN.encode() not in p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
+
+
 # ======================================================================================= 3. the round trip
 # Every variant, one line each: (tiny-config overrides, translation kwargs). Variants that hf_variants does not
 # provide yet are skipped.

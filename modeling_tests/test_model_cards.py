@@ -236,3 +236,32 @@ def test_family_templates_share_one_base():
         assert source.startswith("{% extends base %}"), model_type
         assert "## Usage" not in source and "model-index" not in source  # shared sections live in the base only
         assert len(source) < len(base) / 2, model_type
+
+
+def test_training_script_results_with_local_paths(tmp_path):
+    """results.json as training/train.py writes it: dataset/split/base model may be local paths, `variant` is the
+    preset, hyperparameters are the script's arguments (bookkeeping and None values left out of the card)."""
+    local_parent = tmp_path / "runs" / "parent" / "model"
+    local_parent.mkdir(parents=True)
+    results = make_results(
+        "hysan_nmt", source_lang=None, target_lang=None, languages=["en", "de"], directions=["en-de", "de-en"],
+        dataset=str(tmp_path / "corpora" / "my_corpus"), eval_split=str(tmp_path / "test.en-de.tsv.gz"),
+        variant="tiny", base_model=str(local_parent),
+        per_direction={"en-de": {"bleu": 10.0, "chrf": 30.0, "pairs": 8}, "de-en": {"bleu": 12.0, "chrf": 33.0,
+                                                                                  "pairs": 8}},
+        hyperparameters={"learning_rate": 0.003, "output_dir": str(tmp_path / "runs" / "x"), "dropout": None,
+                         "push_to_hub": True, "hub_model_id": "org/x", "preset": "tiny"})
+    run = make_run(tmp_path, "hysan_nmt", results=results)
+    card = card_from_run(run, repo_id="org/x")
+    data = ModelCard.load(run / "model" / "README.md").data
+    assert data.base_model is None  # a local checkpoint is no Hub model id
+    assert data.datasets == ["my_corpus"]
+    assert {r.dataset_split for r in data.eval_results} == {"test.en-de"}
+    assert {r.dataset_config for r in data.eval_results} == {None, "en-de", "de-en"}
+    assert str(tmp_path) not in card.text  # no local path in the card
+    assert "fine-tuned from a local checkpoint" in card.text and "configuration `tiny`" in card.text
+    assert "translation en-de, de-en" in card.text.splitlines()[1]  # the title
+    rows = dict(re.findall(r"^\| (.+?) \| (.+?) \|$", card.text, re.M))
+    assert rows["`learning_rate`"] == "0.003" and rows["`preset`"] == "tiny"
+    assert not {"`output_dir`", "`dropout`", "`push_to_hub`", "`hub_model_id`"} & set(rows)
+    assert validate_card_metadata(str(card)) == []
