@@ -117,7 +117,8 @@ def main():
     parser.add_argument("--tgt_len", type=int, default=24)
     parser.add_argument("--gen_len", type=int, default=24)
     parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="1 by default: on a shared 2-core machine, 2 threads were ~10x slower (contention)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 

@@ -193,7 +193,6 @@ class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, Tr
         row_weights = 1.0 / tokens_per_direction[tgt_lang_ids].clamp(min=1).float()
         return (token_losses.sum(-1) * row_weights).sum()
 
-    @torch.no_grad()
     def generate(self, inputs=None, *args, tgt_lang: str | list[str] | None = None, **kwargs):
         """`generate(**inputs, tgt_lang="de")` picks the direction (one code, or one per sentence); equivalent to
         passing `tgt_lang_ids`."""
