@@ -422,8 +422,8 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
                      if isinstance(scores, Mapping)]
     example_src = src or (languages[0] if languages else "en")
     example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
-    needs_tgt_lang = bool(config.get("target_language_tags") or (config.get("languages") and not (src and tgt))
-                          or multilingual)
+    # Models that know their languages take (and multilingual ones need) `tgt_lang`; others reject it.
+    needs_tgt_lang = example_tgt is not None and example_tgt in (config.get("languages") or [])
 
     directions = [str(d) for d in results.get("directions") or []]
     if not directions and src and tgt:

@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -360,6 +363,8 @@ def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
     wall = time.perf_counter() - start
     model.eval()
     assert losses[-1] < losses[0], f"{model_type} did not learn: {losses}"
+    generation = generation_kwargs(tokenizer)
+    model.generation_config.update(**generation)  # saved defaults: what the card's usage snippet runs with
 
     model_dir = run_dir / "model"
     model.save_pretrained(model_dir)
@@ -367,7 +372,6 @@ def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
 
     sentences, references = read_sentences("en", "val", n=3), read_sentences("de", "val", n=3)
     inputs = model.prepare_translation_inputs(tokenizer, sentences, **translate)
-    generation = generation_kwargs(tokenizer)
     with torch.no_grad():
         ids = model.generate(**inputs, **generation).tolist()
     # The local model's translations, decoded as the translation pipeline does.
@@ -391,6 +395,20 @@ def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
             "results": results}
 
 
+def usage_snippet(readme: str) -> str:
+    """The Python code of the card's usage section."""
+    match = re.search(r"^## Usage\n\n```python\n(.*?)^```", readme, re.S | re.M)
+    assert match, "no usage snippet in the card"
+    return match.group(1)
+
+
+def run_snippet(code: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code, {"__name__": "__snippet__"})
+    return out.getvalue()
+
+
 @pytest.fixture(scope="module")
 def published(module_hub, tokenizer, tmp_path_factory):
     """Train, save, card and push every available variant; then load them all in one fresh process."""
@@ -405,26 +423,33 @@ def published(module_hub, tokenizer, tmp_path_factory):
         local[model_type]["repo_id"] = repo_id
         local[model_type]["model_dir"] = run_dir / "model"
         urls[model_type] = push_to_hub(run_dir / "model", repo_id, token=TOKEN)  # card from run_dir/results.json
+        # The card's usage snippet, run here on the local folder (the fresh process runs it on the Hub repo).
+        snippet = usage_snippet(module_hub.files(repo_id)["README.md"].decode())
+        local[model_type]["snippet"] = snippet
+        local[model_type]["snippet_output"] = run_snippet(snippet.replace(f'"{repo_id}"', repr(str(run_dir / "model"))))
 
     hf_home = tmp_path_factory.mktemp("fresh-hf-home")
-    jobs = [(local[mt]["repo_id"], local[mt]["sentences"], local[mt]["translate"], local[mt]["generation"])
-            for mt in available]
+    jobs = [(local[mt]["repo_id"], local[mt]["sentences"], local[mt]["translate"], local[mt]["generation"],
+             local[mt]["snippet"]) for mt in available]
     code = f"""
-        import json
+        import contextlib, io, json
         from pathlib import Path
         home = Path(os.environ["HF_HOME"])
         assert not any(home.iterdir()), "HF_HOME is not empty"
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
         out = {{}}
-        for repo, sentences, translate, generation in {jobs!r}:
+        for repo, sentences, translate, generation, snippet in {jobs!r}:
             model = AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True).eval()
             tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)
             inputs = model.prepare_translation_inputs(tokenizer, sentences, **translate)
             ids = model.generate(**inputs, **generation).tolist()
             translator = pipeline("translation", model=repo, trust_remote_code=True)
             texts = translator(sentences, **translate, **generation)
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                exec(snippet, {{"__name__": "__snippet__"}})  # the model card's usage section, verbatim
             out[repo] = {{"ids": ids, "texts": texts, "module": type(model).__module__,
-                         "pipeline": type(translator).__module__}}
+                         "pipeline": type(translator).__module__, "snippet_output": printed.getvalue()}}
         out["cached_repos"] = sorted(p.name for p in (home / "hub").iterdir() if p.name.startswith("models--"))
         print(json.dumps(out))
     """
@@ -446,6 +471,8 @@ def test_pushed_model_translates_like_the_local_model_in_a_fresh_process(publish
     assert remote["ids"] == local["ids"]
     assert remote["texts"] == local["texts"]
     assert all(t["translation_text"].strip() for t in local["texts"])  # non-trivial outputs were compared
+    # The card's usage snippet runs as written and prints the local model's translation.
+    assert remote["snippet_output"] == local["snippet_output"] and local["snippet_output"].strip()
     # Everything came from the server into the empty HF_HOME.
     assert f"models--{repo_id.replace('/', '--')}" in published["remote"]["cached_repos"]
     assert ("GET", f"/{repo_id}/resolve/{published['urls'][model_type].rsplit('/', 1)[-1]}/model.safetensors",
