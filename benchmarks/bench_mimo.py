@@ -12,10 +12,12 @@ All get the same inputs; decoding lengths are forced equal (`min_new_tokens == m
 compare the same work. Timed runs are interleaved (A, B, C, A, B, C, ...) after one warm-up each and the median is
 reported. Decoding tokens/s count generated tokens per sentence (not per beam), encoder pass included. Training
 tokens/s: forward + backward on one batch, target tokens per second. Prints one line per measurement and a JSON
-summary line.
+summary line. On a shared or oversubscribed CPU pass `--threads 1 --clock cpu`: with 2 OpenMP threads competing
+with other processes the timings become erratic (spin-waiting), even in the ratios; one thread timed by CPU time
+is stable.
 
     python benchmarks/bench_mimo.py [--sizes small base] [--layers 6] [--transformations 4] [--batch 4]
-        [--new_tokens 16] [--reps 2] [--threads 0]
+        [--new_tokens 16] [--reps 2] [--threads 0] [--clock wall]
 """
 
 from __future__ import annotations
@@ -45,16 +47,16 @@ def mixing_parameters(config: MimoConfig) -> int:
     return t * n * n * ((2 * config.encoder_layers - 1) + (4 * config.decoder_layers - 1)) + t * n
 
 
-def interleaved(fns: dict, reps: int) -> dict:
+def interleaved(fns: dict, reps: int, clock=time.perf_counter) -> dict:
     """Median seconds of each zero-argument function, runs interleaved after one warm-up each."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -70,11 +72,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--train_reps", type=int, default=1, help="timed training steps per model (0 = skip)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (stable on a shared machine with --threads 1)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     n, layers = args.transformations, args.layers
-    results = {"torch_threads": torch.get_num_threads(), "layers": layers, "transformations": n}
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    results = {"torch_threads": torch.get_num_threads(), "clock": args.clock, "layers": layers,
+               "transformations": n}
     for size in args.sizes:
         common = dict(vocab_size=args.vocab, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
         torch.manual_seed(0)
@@ -114,7 +120,7 @@ def main(argv=None) -> dict:
                     out = models[name].generate(**source, **extra[name], **gen)
                 assert out.shape[1] == args.new_tokens + 1
 
-            seconds = interleaved({name: (lambda name=name: decode(name)) for name in models}, args.reps)
+            seconds = interleaved({name: (lambda name=name: decode(name)) for name in models}, args.reps, clock)
             tps = {name: args.batch * args.new_tokens / s for name, s in seconds.items()}
             key = "greedy" if beams == 1 else f"beam{beams}"
             row[f"{key}_tok_s"] = {k: round(v, 1) for k, v in tps.items()}
@@ -133,7 +139,8 @@ def main(argv=None) -> dict:
                 model.zero_grad(set_to_none=True)
                 model.eval()
 
-            seconds = interleaved({name: (lambda name=name: train_step(name)) for name in models}, args.train_reps)
+            seconds = interleaved({name: (lambda name=name: train_step(name)) for name in models}, args.train_reps,
+                                 clock)
             tps = {name: labels.numel() / s for name, s in seconds.items()}
             row["train_tok_s"] = {k: round(v, 1) for k, v in tps.items()}
             row["train_speedup_vs_deep"] = round(tps["mimo"] / tps["deep"], 3)
