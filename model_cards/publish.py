@@ -75,10 +75,12 @@ def _check_model_dir(model_dir: Path) -> dict:
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"{str(model_dir)!r} holds no tokenizer (save it with tokenizer.save_pretrained).")
     # The remote code that `trust_remote_code` loads: every module named by auto_map / custom_pipelines.
-    references = list((config.get("auto_map") or {}).values())
-    references += [p.get("impl", "") for p in (config.get("custom_pipelines") or {}).values() if isinstance(p, dict)]
-    missing = sorted({ref.split("--")[-1].rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str)
-                      and ref} - {p.name for p in model_dir.glob("*.py")})
+    # ("repo--module.Class" references code in another repository: nothing to ship from here.)
+    references = [v for v in (config.get("auto_map") or {}).values()]
+    references += [p.get("impl") for p in (config.get("custom_pipelines") or {}).values() if isinstance(p, dict)]
+    needed = {ref.rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str) and "." in ref
+              and "--" not in ref}
+    missing = sorted(needed - {p.name for p in model_dir.glob("*.py")})
     if missing:
         raise ValueError(f"{str(model_dir)!r} lacks the code files {missing} named in config.json; save the model "
                          "with model.save_pretrained so that they are copied.")
