@@ -251,11 +251,36 @@ def test_translate_script(baseline_run, data_dir, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- every variant
+def synthetic_parse(sentence: str) -> str:
+    """A bracketed two-constituent parse whose leaves spell `sentence` (a stand-in for a real parser's output,
+    enough to drive the syntactic MG-SA's phrase inputs and tag loss)."""
+    words = [w.replace("(", "-LRB-").replace(")", "-RRB-") for w in sentence.split()]
+    half = max(1, len(words) // 2)
+    np_ = " ".join(f"(NN {w})" for w in words[:half])
+    vp = " ".join(f"(VBZ {w})" for w in words[half:])
+    return f"(ROOT (S (NP {np_}) (VP {vp})))" if vp else f"(ROOT (S (NP {np_})))"
+
+
+@pytest.fixture(scope="module")
+def parsed_data_dir(data_dir, tmp_path_factory):
+    """The small data plus `<split>.en.parses.gz` (per-sentence source annotations) for MG-SA."""
+    d = tmp_path_factory.mktemp("multi30k_parsed")
+    for f in data_dir.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    for split, n in (("train", 300), ("val", 30), ("test_2016_flickr", 30)):
+        write_lines(d / f"{split}.en.parses.gz", [synthetic_parse(x) for x in head(data_dir / f"{split}.en.gz", n)])
+    return d
+
+
 @pytest.mark.parametrize("model_type", [t for t in ALL_TYPES if t != "transformer_nmt"])
-def test_variant_tiny_run(model_type, data_dir, tokenizer_dir, tmp_path):
+def test_variant_tiny_run(model_type, data_dir, parsed_data_dir, tokenizer_dir, tmp_path):
     require(model_type)
     out = tmp_path / model_type
-    results = train.main(tiny_args(data_dir, out, "--model_type", model_type, tokenizer=tokenizer_dir))
+    extra = ["--model_type", model_type]
+    if model_type == "mgsa_nmt":  # the tiny preset is the paper's syntactic MG-SA: it needs source parses
+        data_dir = parsed_data_dir
+        extra += ["--source_annotations", "parses"]
+    results = train.main(tiny_args(data_dir, out, *extra, tokenizer=tokenizer_dir))
     losses = train_losses(out)
     assert losses[max(losses)] < losses[min(losses)] - 0.3, losses
     aux_keys = {k for r in read_log(out) for k in r if k.startswith("aux/")}

@@ -78,9 +78,17 @@ class ParallelCorpus:
     rows: list[dict[str, str]]
     locations: list[str]
     languages: list[str]
+    # per-sentence source annotations a variant's `prepare_translation_inputs` takes (e.g. MG-SA's `parses`):
+    # name -> language -> one value per row
+    annotations: dict[str, dict[str, list]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def head(self, n: int) -> "ParallelCorpus":
+        """The first `n` rows."""
+        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages,
+                              {k: {lang: v[:n] for lang, v in by_lang.items()} for k, by_lang in self.annotations.items()})
 
     def column(self, lang: str) -> list[str]:
         return [row.get(lang, "") for row in self.rows]
@@ -122,9 +130,24 @@ def load_text_files(files: dict[str, str | os.PathLike], name: str | None = None
     return ParallelCorpus(label, rows, locations, langs)
 
 
-def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Sequence[str]) -> ParallelCorpus:
+def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Sequence[str],
+                        annotations: Sequence[str] = ()) -> ParallelCorpus:
+    """`{prefix}.{lang}[.gz]` for every language, plus each annotation `{prefix}.{lang}.{name}[.gz]` (one value a
+    line, aligned with the sentences) where such a file exists."""
     files = {lang: find_split_file(data_dir, prefix, lang) for lang in languages}
-    return load_text_files(files, name=f"{Path(data_dir).name}/{prefix}")
+    data = load_text_files(files, name=f"{Path(data_dir).name}/{prefix}")
+    for name in annotations:
+        for lang in languages:
+            try:
+                path = find_split_file(data_dir, f"{prefix}.{lang}", name)
+            except DataError:
+                continue
+            values = read_lines(path)
+            if len(values) != len(data):
+                raise DataError(f"{path} has {len(values)} lines but {files[lang]} has {len(data)}; line "
+                                f"{min(len(values), len(data)) + 1} has no counterpart.")
+            data.annotations.setdefault(name, {})[lang] = values
+    return data
 
 
 def load_tsv(path: str | os.PathLike, columns: Sequence[str] | None = None) -> ParallelCorpus:
@@ -172,8 +195,11 @@ def _translation_row(obj, where: str) -> dict[str, str]:
     return row
 
 
-def load_jsonl(path: str | os.PathLike) -> ParallelCorpus:
+def load_jsonl(path: str | os.PathLike, annotations: Sequence[str] = ()) -> ParallelCorpus:
+    """One object a line: `{"translation": {"en": ..., "de": ...}}` or flat `{"en": ..., "de": ...}`; an
+    annotation `name` is read from a top-level `{"name": {"en": value, ...}}` next to "translation"."""
     rows, locations, langs = [], [], {}
+    found: dict[str, dict[str, dict[int, object]]] = {name: {} for name in annotations}
     for i, line in enumerate(read_lines(path)):
         if not line.strip():
             raise DataError(f"{path}:{i + 1}: empty line (expected one JSON object a line).")
@@ -182,10 +208,19 @@ def load_jsonl(path: str | os.PathLike) -> ParallelCorpus:
         except json.JSONDecodeError as err:
             raise DataError(f"{path}:{i + 1}: invalid JSON ({err.msg}).") from err
         row = _translation_row(obj, f"{path}:{i + 1}")
+        for name in annotations:
+            value = obj.get(name) if isinstance(obj, dict) and "translation" in obj else None
+            if isinstance(value, dict):
+                for lang, v in value.items():
+                    found[name].setdefault(lang, {})[len(rows)] = v
         langs.update(dict.fromkeys(row))
         rows.append(row)
         locations.append(f"{path}:{i + 1}")
-    return ParallelCorpus(str(path), rows, locations, list(langs))
+    corpus = ParallelCorpus(str(path), rows, locations, list(langs))
+    for name, by_lang in found.items():
+        for lang, values in by_lang.items():
+            corpus.annotations.setdefault(name, {})[lang] = [values.get(i) for i in range(len(rows))]
+    return corpus
 
 
 def load_hub_dataset(name: str, split: str, config_name: str | None = None, **kwargs) -> ParallelCorpus:
@@ -205,15 +240,18 @@ def load_hub_dataset(name: str, split: str, config_name: str | None = None, **kw
     return ParallelCorpus(label, rows, locations, list(langs))
 
 
-def load_corpus_file(path: str | os.PathLike, languages: Sequence[str] | None = None) -> ParallelCorpus:
+def load_corpus_file(path: str | os.PathLike, annotations: Sequence[str] = ()) -> ParallelCorpus:
     """A TSV (`.tsv`, `.tsv.gz`) or JSONL (`.jsonl`, `.json`, `.jsonl.gz`) file, chosen by extension."""
     name = Path(path).name.lower().removesuffix(".gz")
     if not Path(path).is_file():
         raise DataError(f"No such data file: {path}")
     if name.endswith(".tsv"):
+        if annotations:
+            raise DataError(f"{path}: TSV files carry no source annotations ({', '.join(annotations)}); use JSONL "
+                            f"or per-language files.")
         return load_tsv(path)
     if name.endswith((".jsonl", ".json")):
-        return load_jsonl(path)
+        return load_jsonl(path, annotations)
     raise DataError(f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
                     f"files {{prefix}}.{{lang}}[.gz] with --data_dir.")
 
@@ -255,6 +293,8 @@ class Pair:
     src: str
     tgt: str
     location: str
+    src_extra: dict = field(default_factory=dict)  # annotations of the source sentence (name -> value)
+    tgt_extra: dict = field(default_factory=dict)  # of the target sentence (used when it is translated back)
 
 
 def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str]) -> list[tuple[str, str]]:
@@ -279,8 +319,12 @@ def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str])
 
 
 def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], report: DropReport,
-                on_bad_pairs: str = "skip") -> list[Pair]:
-    """One `Pair` per row and direction. Empty or missing sides are counted in `report` (or raise)."""
+                on_bad_pairs: str = "skip", annotations: Sequence[str] = (),
+                target_annotations: bool = False) -> list[Pair]:
+    """One `Pair` per row and direction. Empty or missing sides are counted in `report` (or raise).
+
+    `annotations` name per-sentence inputs the model needs for its source sentences (and, with
+    `target_annotations`, for the targets too, which bidirectional training translates back)."""
     if on_bad_pairs not in ("skip", "error"):
         raise ValueError(f"on_bad_pairs must be 'skip' or 'error', got {on_bad_pairs!r}.")
     for s, t in directions:
@@ -288,8 +332,14 @@ def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], r
             if lang not in corpus.languages:
                 raise DataError(f"Language {lang!r} is not in {corpus.name} (it has: "
                                 f"{', '.join(corpus.languages) or 'no languages'}).")
+        for name in annotations:
+            for lang in (s, t) if target_annotations else (s,):
+                if lang not in corpus.annotations.get(name, {}):
+                    raise DataError(f"{corpus.name} has no {name!r} annotation for {lang!r} sentences (per-language "
+                                    f"files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{\"{name}\": "
+                                    f"{{\"{lang}\": ...}}}} on every line).")
     pairs = []
-    for row, location in zip(corpus.rows, corpus.locations):
+    for r, (row, location) in enumerate(zip(corpus.rows, corpus.locations)):
         for s, t in directions:
             src, tgt = row.get(s), row.get(t)
             reason = None
@@ -306,7 +356,14 @@ def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], r
                     raise DataError(f"{location}: {reason.replace('_', ' ')} ({s}-{t}).")
                 report.add(f"{reason}", location)
                 continue
-            pairs.append(Pair(s, t, src.strip(), tgt.strip(), location))
+            src_extra = {name: corpus.annotations[name][s][r] for name in annotations}
+            tgt_extra = {name: corpus.annotations[name][t][r] for name in annotations} if target_annotations else {}
+            if any(v is None for v in (*src_extra.values(), *tgt_extra.values())):
+                if on_bad_pairs == "error":
+                    raise DataError(f"{location}: missing annotation ({s}-{t}).")
+                report.add("missing_annotation", location)
+                continue
+            pairs.append(Pair(s, t, src.strip(), tgt.strip(), location, src_extra, tgt_extra))
     return pairs
 
 

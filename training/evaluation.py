@@ -6,6 +6,7 @@ Shared by `train.py` (validation and the final test) and `translate.py`. Every b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -37,13 +38,18 @@ def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequen
 def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[str] | None = None,
               src_lang: str | None = None, batch_size: int = 64, num_beams: int = 4, length_penalty: float = 0.6,
               max_len_a: float = 1.2, max_len_b: int = 10, max_length: int | None = None,
-              **generate_kwargs) -> list[str]:
+              variant_inputs: dict[str, Sequence] | None = None, **generate_kwargs) -> list[str]:
     """Translate `texts` with beam search, in length-sorted batches; returns detokenized hypotheses in input order.
 
     `max_new_tokens` of a batch is `max_len_a * (longest source in tokens) + max_len_b` (fairseq's max_len_a/b).
-    `tgt_lang` is one code or one per text; `max_length` truncates long sources.
+    `tgt_lang` is one code or one per text; `max_length` truncates long sources. `variant_inputs` maps extra
+    `prepare_translation_inputs` arguments to one value per text (e.g. MG-SA's `parses`).
     """
     texts = list(texts)
+    variant_inputs = dict(variant_inputs or {})
+    for name, values in variant_inputs.items():
+        if len(values) != len(texts):
+            raise ValueError(f"{len(values)} values of {name!r} for {len(texts)} texts.")
     if not texts:
         return []
     tgt_langs = [tgt_lang] * len(texts) if tgt_lang is None or isinstance(tgt_lang, str) else list(tgt_lang)
@@ -59,6 +65,7 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
             idx = order[start:start + batch_size]
             langs = [tgt_langs[i] for i in idx]
             kwargs = {"src_lang": src_lang, "max_length": max_length}
+            kwargs.update({name: [values[i] for i in idx] for name, values in variant_inputs.items()})
             if any(lang is not None for lang in langs):
                 kwargs["tgt_lang"] = langs
             inputs = model.prepare_translation_inputs(tokenizer, [texts[i] for i in idx], **kwargs)
@@ -81,8 +88,15 @@ def translate_distributed(accelerator, model, tokenizer, texts: Sequence[str], t
 
     rank, world = accelerator.process_index, accelerator.num_processes
     idx = list(range(rank, len(texts), world))
-    hyps = translate(model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx], **kwargs)
-    gathered = gather_object([(i, h) for i, h in zip(idx, hyps)]) if world > 1 else list(zip(idx, hyps))
+    # the same number of sentences (so of generate calls) on every process: sharded models (FSDP) generate in
+    # lockstep; the padding repeats sentence 0 and is dropped below
+    idx += [0] * (math.ceil(len(texts) / world) - len(idx)) if texts else []
+    variant_inputs = {name: [values[i] for i in idx] for name, values in (kwargs.pop("variant_inputs", None) or {}).items()}
+    hyps = translate(model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx],
+                     variant_inputs=variant_inputs, **kwargs)
+    n_real = len(range(rank, len(texts), world))
+    mine = list(zip(idx[:n_real], hyps[:n_real]))
+    gathered = gather_object(mine) if world > 1 else mine
     if not accelerator.is_main_process:
         return None
     out: list[str | None] = [None] * len(texts)

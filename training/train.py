@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--on_bad_pairs", choices=["skip", "error"], default="skip",
                    help="empty/missing/too-long pairs: skip and count them (reported in the log, results.json and "
                         "the model card), or stop with the file and line")
+    g.add_argument("--source_annotations", nargs="+", default=[], metavar="NAME",
+                   help="per-sentence inputs the model's prepare_translation_inputs takes for each source sentence, "
+                        "e.g. 'parses' for the syntactic MG-SA: files <prefix>.<lang>.<NAME>[.gz] beside the text "
+                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows")
     g.add_argument("--max_length", type=int, default=128, help="longest sentence in tokens (longer: dropped)")
     g.add_argument("--max_train_pairs", type=int, help="use only the first N rows of the training data")
     g.add_argument("--max_valid_pairs", type=int, help="use only the first N validation rows")
@@ -142,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                    help="default: Accelerate's config / launch option")
     g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--cpu", action="store_true", help="train on CPU even when an accelerator is available (without "
+                                                      "one, CPU and, under a multi-process launch, gloo are used)")
 
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval_steps", type=int, default=350, help="validate every N steps (and at the end)")
@@ -258,20 +264,21 @@ def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus 
     if args.train_file or file_arg:
         if not file_arg:
             return None
-        data = corpus.load_corpus_file(file_arg)
+        data = corpus.load_corpus_file(file_arg, args.source_annotations)
     elif args.dataset_name:
         split_name = getattr(args, f"{split}_split")
         if not split_name:
             return None
+        if args.source_annotations:
+            raise DataError("--source_annotations are read from per-language files or JSONL, not from "
+                            "--dataset_name.")
         data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name)
     else:
         prefix = getattr(args, f"{split}_prefix")
         if not prefix:
             return None
-        data = corpus.load_split_from_dir(args.data_dir, prefix, languages)
-    if limit:
-        data = corpus.ParallelCorpus(data.name, data.rows[:limit], data.locations[:limit], data.languages)
-    return data
+        data = corpus.load_split_from_dir(args.data_dir, prefix, languages, args.source_annotations)
+    return data.head(limit) if limit else data
 
 
 def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
@@ -280,21 +287,25 @@ def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
 
 
 def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
+    """Sources, targets, target languages, the common source language (or None) and the variant inputs of a
+    batch; with `bidirectional`, every pair also appears reversed."""
     src = [p.src for p in pairs]
     tgt = [p.tgt for p in pairs]
     tgt_langs = [p.tgt_lang for p in pairs]
     src_langs = [p.src_lang for p in pairs]
+    extra = {name: [p.src_extra[name] for p in pairs] for name in (pairs[0].src_extra if pairs else {})}
     if bidirectional:
         src, tgt, tgt_langs, src_langs = src + tgt, tgt + src, tgt_langs + src_langs, src_langs + tgt_langs
+        extra = {name: values + [p.tgt_extra[name] for p in pairs] for name, values in extra.items()}
     src_lang = src_langs[0] if len(set(src_langs)) == 1 else None
-    return src, tgt, tgt_langs, src_lang
+    return src, tgt, tgt_langs, src_lang, extra
 
 
 def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
-    src, tgt, tgt_langs, src_lang = batch_texts(pairs, bidirectional)
-    # length filtering already dropped longer pairs; +1 leaves room for a language tag
+    src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
+    # length filtering already dropped longer pairs; the margin leaves room for a language tag
     return model.prepare_translation_inputs(tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs, text_target=tgt,
-                                            max_length=max_length + 2)
+                                            max_length=max_length + 2, **extra)
 
 
 def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str]):
@@ -360,6 +371,14 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
+def build_model_like(model):
+    """A fresh (non-distributed) instance of `model`'s class and config, in float32 on CPU."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    return type(model)._from_config(config) if hasattr(type(model), "_from_config") else type(model)(config)
+
+
 def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields each shared tensor once
 
@@ -374,12 +393,9 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
                    args) -> dict | None:
     """Translate `pairs` (each evaluated direction) and score them: overall and per direction. Main process only
     gets the scores (others get None)."""
-    rows = []  # (direction, src, ref)
+    rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt, p.src_extra) for p in pairs]  # (direction, src, ref, extra)
     if bidirectional:
-        rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt) for p in pairs]
-        rows += [((p.tgt_lang, p.src_lang), p.tgt, p.src) for p in pairs]
-    else:
-        rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt) for p in pairs]
+        rows += [((p.tgt_lang, p.src_lang), p.tgt, p.src, p.tgt_extra) for p in pairs]
     hyps_all: dict[int, str] = {}
     for direction in directions:
         idx = [i for i, r in enumerate(rows) if r[0] == direction]
@@ -389,7 +405,8 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
             accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
             src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
             length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-            max_length=args.max_length + 2)
+            max_length=args.max_length + 2,
+            variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations})
         if hyps is not None:
             hyps_all.update(zip(idx, hyps))
     if not accelerator.is_main_process:
@@ -415,9 +432,15 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    for batch_idx in batches[accelerator.process_index::accelerator.num_processes]:
-        batch = make_batch(model, tokenizer, [pairs[i] for i in batch_idx], bidirectional, max_length)
+    world = accelerator.num_processes
+    # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
+    # a batch and is not counted
+    padded = batches + batches[:(-len(batches)) % world] if batches else []
+    for j in range(accelerator.process_index, len(padded), world):
+        batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
         out = model(**batch)
+        if j >= len(batches):
+            continue
         aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
         ntok = int((batch["labels"] != -100).sum())
         total += torch.tensor([(float(out.loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
@@ -440,6 +463,9 @@ def main(argv=None) -> dict | None:
     checkpoint_dir = run_dir / "checkpoints"
 
     accelerator = Accelerator(
+        # Without cpu=True, accelerate 1.15 leaves a multi-process launch on a machine without accelerators as
+        # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
+        cpu=use_cpu(args),
         mixed_precision=args.mixed_precision,
         log_with=None if args.report_to == "none" else args.report_to,
         project_dir=str(run_dir / "logs"),
@@ -468,10 +494,12 @@ def main(argv=None) -> dict | None:
     if train_data is None:
         raise DataError("No training data.")
     train_report = DropReport("train")
-    train_pairs = corpus.build_pairs(train_data, directions, train_report, args.on_bad_pairs)
+    pair_args = dict(on_bad_pairs=args.on_bad_pairs, annotations=args.source_annotations,
+                     target_annotations=args.bidirectional)
+    train_pairs = corpus.build_pairs(train_data, directions, train_report, **pair_args)
     eval_report = DropReport("eval")
-    valid_pairs = corpus.build_pairs(valid_data, directions, eval_report, args.on_bad_pairs) if valid_data else []
-    test_pairs = corpus.build_pairs(test_data, directions, eval_report, args.on_bad_pairs) if test_data else []
+    valid_pairs = corpus.build_pairs(valid_data, directions, eval_report, **pair_args) if valid_data else []
+    test_pairs = corpus.build_pairs(test_data, directions, eval_report, **pair_args) if test_data else []
 
     tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages)
     target_tags = {"true": True, "false": False}.get(args.target_language_tags)
@@ -658,28 +686,33 @@ def main(argv=None) -> dict | None:
     accelerator.wait_for_everyone()
 
     # --------------------------------------------------------------------------------------------- final model
+    # The final model is built from checkpoint weights (the last step is always checkpointed), as a plain module on
+    # every process: the same code path for DDP, FSDP (full state dict checkpoints) and single-process runs.
     checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
     if args.average_last and args.average_last > 1:
         chosen = [p for _, p in checkpoints[-args.average_last:]]
         if len(chosen) < args.average_last:
             logger.warning("--average_last %d: only %d checkpoints exist; averaging those", args.average_last,
                            len(chosen))
-        checkpointing.load_model_weights(unwrapped, checkpointing.average_checkpoints(chosen))
+        weights = checkpointing.average_checkpoints(chosen)
         final_source = f"average of {', '.join(p.name for p in chosen)}"
-    elif args.final_model == "best" and state.best_step is not None and state.best_step != state.step:
-        best = checkpoint_dir / f"step_{state.best_step}"
-        checkpointing.load_model_weights(unwrapped, checkpointing.load_weights(best))
-        final_source = f"best validated checkpoint {best.name}"
+    elif args.final_model == "best" and state.best_step is not None:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.best_step}")
+        final_source = f"best validated checkpoint step_{state.best_step}"
     else:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
         final_source = f"last step {state.step}"
     logger.info("Final model: %s", final_source)
+    final_model = build_model_like(unwrapped)
+    checkpointing.load_model_weights(final_model, weights)
+    final_model.to(accelerator.device).eval()
 
     eval_split, eval_pairs = "test", test_pairs
     if not eval_pairs:
         eval_split, eval_pairs = "valid", valid_pairs
     scores = None
     if eval_pairs:
-        scores = evaluate_pairs(accelerator, unwrapped, tokenizer, eval_pairs, eval_directions, args.bidirectional,
+        scores = evaluate_pairs(accelerator, final_model, tokenizer, eval_pairs, eval_directions, args.bidirectional,
                                 args)
     wall_time = wall_time_base + time.time() - session_start
 
@@ -688,7 +721,7 @@ def main(argv=None) -> dict | None:
         model_dir = run_dir / "model"
         tmp = run_dir / ".tmp_model"
         shutil.rmtree(tmp, ignore_errors=True)
-        unwrapped.save_pretrained(tmp)
+        final_model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if model_dir.exists():
             shutil.rmtree(model_dir)
@@ -699,7 +732,7 @@ def main(argv=None) -> dict | None:
             split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
         dataset = (args.dataset_name or args.train_file or Path(args.data_dir).name)
         results = {
-            "model_type": unwrapped.config.model_type,
+            "model_type": final_model.config.model_type,
             "variant": args.preset if not args.model_name_or_path else "pretrained",
             "source_lang": directions[0][0] if len(directions) == 1 else None,
             "target_lang": directions[0][1] if len(directions) == 1 else None,
@@ -737,7 +770,7 @@ def main(argv=None) -> dict | None:
             (run_dir / f"translations.{eval_split}.txt").write_text(
                 "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
         atomic_write_json(run_dir / "results.json", results)
-        print(f"\n{'=' * 80}\n{unwrapped.config.model_type} on {dataset} "
+        print(f"\n{'=' * 80}\n{final_model.config.model_type} on {dataset} "
               f"({', '.join(results['directions'])}), {state.step} steps, {wall_time / 60:.1f} min")
         if scores:
             print(f"{eval_split} ({split_label}, {len(eval_pairs)} pairs): BLEU {scores['bleu']:.2f}  "
@@ -756,6 +789,16 @@ def main(argv=None) -> dict | None:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return results
+
+
+def use_cpu(args) -> bool:
+    """CPU when asked (`--cpu`, `accelerate launch --cpu`) or when no accelerator device exists."""
+    from accelerate.utils import is_mlu_available, is_mps_available, is_npu_available, is_xpu_available
+
+    if args.cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    return not (torch.cuda.is_available() or is_mps_available() or is_xpu_available() or is_npu_available()
+                or is_mlu_available())
 
 
 def accelerator_broadcast(accelerator, obj):

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="source sentences, one a line (plain or .gz)")
     p.add_argument("--output", required=True, help="translations, one a line")
     p.add_argument("--references", help="reference translations (plain or .gz) to score against")
+    p.add_argument("--source_annotation", action="append", default=[], metavar="NAME=FILE",
+                   help="a per-sentence model input aligned with --input (e.g. parses=test.en.parses for the "
+                        "syntactic MG-SA); repeatable")
     p.add_argument("--src_lang")
     p.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
     p.add_argument("--num_beams", type=int, default=4)
@@ -92,6 +95,15 @@ def main(argv=None) -> dict:
     if references is not None and len(references) != len(sources):
         raise DataError(f"{args.input} has {len(sources)} lines but {args.references} has {len(references)}; line "
                         f"{min(len(sources), len(references)) + 1} has no counterpart.")
+    variant_inputs = {}
+    for item in args.source_annotation:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--source_annotation expects NAME=FILE, got {item!r}")
+        values = read_lines(path)
+        if len(values) != len(sources):
+            raise DataError(f"{args.input} has {len(sources)} lines but {path} has {len(values)}.")
+        variant_inputs[name] = values
     keep = [i for i, s in enumerate(sources) if s.strip()]
     if len(keep) < len(sources):
         logger.warning("%d empty input lines (e.g. line %d): their output lines are empty", len(sources) - len(keep),
@@ -100,7 +112,8 @@ def main(argv=None) -> dict:
     hyps = evaluation.translate(model, tokenizer, [sources[i].strip() for i in keep], tgt_lang, src_lang=args.src_lang,
                                 batch_size=args.batch_size, num_beams=args.num_beams,
                                 length_penalty=args.length_penalty, max_len_a=args.max_len_a,
-                                max_len_b=args.max_len_b, max_length=args.max_length)
+                                max_len_b=args.max_len_b, max_length=args.max_length,
+                                variant_inputs={k: [v[i] for i in keep] for k, v in variant_inputs.items()})
     elapsed = time.time() - start
     outputs = [""] * len(sources)
     for i, h in zip(keep, hyps):
