@@ -143,6 +143,17 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [4]
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "multi_node"])
+def test_accelerate_configs_parse(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(ROOT / "training" / "accelerate_configs" / f"{name}.yaml"))
+    assert config.distributed_type.value == ("FSDP" if name == "fsdp" else "MULTI_GPU")
+    assert config.num_machines == (2 if name == "multi_node" else 1)
+    if name == "fsdp":
+        assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # what averaging/translate read
+
+
 def test_parse_overrides():
     assert train.parse_overrides("d_model=64,languages=['en','de'],normalize_before=true,init_method=normal") == {
         "d_model": 64, "languages": ["en", "de"], "normalize_before": True, "init_method": "normal"}

@@ -135,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--adam_beta2", type=float, default=0.98)
     g.add_argument("--adam_epsilon", type=float, default=1e-9)
     g.add_argument("--weight_decay", type=float, default=0.0)
-    g.add_argument("--warmup_steps", type=int, default=200)
+    g.add_argument("--warmup_steps", type=int, default=50)
     g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0: off)")
-    g.add_argument("--max_tokens", type=int, default=4096, help="tokens per micro-batch and process, padding "
-                                                                  "included")
+    g.add_argument("--max_tokens", type=int, default=2048, help="tokens per micro-batch and process, padding "
+                                                                  "included (4096 in the papers' recipes)")
     g.add_argument("--max_sentences", type=int, help="sentences per micro-batch (cap)")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
-    g.add_argument("--max_steps", type=int, default=700, help="optimizer steps (ignored with --num_epochs)")
+    g.add_argument("--max_steps", type=int, default=200, help="optimizer steps (ignored with --num_epochs)")
     g.add_argument("--num_epochs", type=float, help="train for this many epochs instead of --max_steps")
     g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                    help="default: Accelerate's config / launch option")
@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "one, CPU and, under a multi-process launch, gloo are used)")
 
     g = p.add_argument_group("evaluation")
-    g.add_argument("--eval_steps", type=int, default=350, help="validate every N steps (and at the end)")
-    g.add_argument("--eval_bleu_pairs", type=int, default=300,
+    g.add_argument("--eval_steps", type=int, default=100, help="validate every N steps (and at the end)")
+    g.add_argument("--eval_bleu_pairs", type=int, default=200,
                    help="validation pairs translated for BLEU/chrF during training (0: loss only)")
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
     g.add_argument("--num_beams", type=int, default=4)
@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("output")
     g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
-    g.add_argument("--run_name", help="default: <model_type>-<directions>-<preset>")
+    g.add_argument("--variant_name", help="a display name for the model card (default: the model family's name)")
+    g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
     g.add_argument("--report_to", choices=["none", "tensorboard", "all"], default="none",
@@ -405,7 +406,7 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
             accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
             src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
             length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-            max_length=args.max_length + 2,
+            max_length=None,  # evaluation sources are never truncated
             variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations})
         if hyps is not None:
             hyps_all.update(zip(idx, hyps))
@@ -458,7 +459,8 @@ def main(argv=None) -> dict | None:
     languages, directions = resolve_languages(args)
     eval_directions = pair_directions(directions, args.bidirectional)
     dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
-    run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}-{args.preset}"
+    preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
+    run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
     run_dir = Path(args.output_dir) if args.output_dir else ROOT / "runs" / run_name
     checkpoint_dir = run_dir / "checkpoints"
 
@@ -733,7 +735,8 @@ def main(argv=None) -> dict | None:
         dataset = (args.dataset_name or args.train_file or Path(args.data_dir).name)
         results = {
             "model_type": final_model.config.model_type,
-            "variant": args.preset if not args.model_name_or_path else "pretrained",
+            "variant": args.variant_name,  # the card falls back to the model family's name
+            "preset": None if args.model_name_or_path else args.preset,
             "source_lang": directions[0][0] if len(directions) == 1 else None,
             "target_lang": directions[0][1] if len(directions) == 1 else None,
             "languages": languages,

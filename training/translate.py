@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length_penalty", type=float, default=0.6)
     p.add_argument("--max_len_a", type=float, default=1.2)
     p.add_argument("--max_len_b", type=int, default=10)
-    p.add_argument("--max_length", type=int, default=256, help="source sentences are truncated to this many tokens")
+    p.add_argument("--max_length", type=int, help="truncate source sentences to this many tokens (default: never)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--results_json", help="write the scores here")
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
