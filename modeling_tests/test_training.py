@@ -308,13 +308,19 @@ def test_multilingual_many_to_many(data_dir, tokenizer_dir, tmp_path):
     out = tmp_path / "multi"
     results = train.main(tiny_args(data_dir, out, "--model_type", model_type, "--languages", "en", "de", "fr",
                                    "--directions", "en-de,en-fr,de-fr", "--max_train_pairs", "150",
-                                   tokenizer=tokenizer_dir, steps=12))
+                                   "--report_to", "tensorboard", tokenizer=tokenizer_dir, steps=12))
     assert results["directions"] == ["en-de", "en-fr", "de-fr"] and results["train_pairs"] == 450
     assert set(results["per_direction"]) == {"en-de", "en-fr", "de-fr"}
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["languages"] == ["en", "de", "fr"] and config["target_language_tags"] is True
     losses = train_losses(out)
     assert losses[max(losses)] < losses[min(losses)]
+    # tracker logging through Accelerate (tensorboard): the same scalars as log.jsonl
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(next((out / "logs").glob("*/events.out.tfevents.*")).parent))
+    events.Reload()
+    assert {"loss", "lr", "tokens_per_sec", "valid_loss", "valid_bleu"} <= set(events.Tags()["scalars"])
 
 
 def test_bidirectional_tied(data_dir, tokenizer_dir, tmp_path):

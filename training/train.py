@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                    help="default: Accelerate's config / launch option")
     g.add_argument("--seed", type=int, default=1)
+    g.add_argument("--num_threads", type=int, help="CPU threads per process (default on CPU: the cores available "
+                                                   "divided by the processes on this machine; `accelerate launch` "
+                                                   "would otherwise leave one)")
     g.add_argument("--cpu", action="store_true", help="train on CPU even when an accelerator is available (without "
                                                       "one, CPU and, under a multi-process launch, gloo are used)")
 
@@ -309,7 +312,8 @@ def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) ->
                                             max_length=max_length + 2, **extra)
 
 
-def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str]):
+def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str],
+                    resuming: bool = False):
     from transformers import AutoTokenizer
 
     saved = run_dir / "tokenizer"
@@ -317,7 +321,7 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.Paralle
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     elif args.model_name_or_path:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    elif (saved / "tokenizer.json").is_file():
+    elif resuming and (saved / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(saved)  # resumed run: the tokenizer it was trained with
     else:
         from hf_variants.tokenization import train_tokenizer
@@ -331,6 +335,7 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.Paralle
                 shutil.rmtree(tmp, ignore_errors=True)
                 train_tokenizer(texts, vocab_size=args.vocab_size, model=args.tokenizer_model, languages=languages,
                                 min_frequency=args.tokenizer_min_frequency, output_dir=tmp)
+                shutil.rmtree(saved, ignore_errors=True)  # left by an earlier attempt that never checkpointed
                 os.replace(tmp, saved)
         tokenizer = AutoTokenizer.from_pretrained(saved)
     if accelerator.is_main_process and not (saved / "tokenizer.json").is_file():
@@ -484,8 +489,13 @@ def main(argv=None) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     setup_logging(accelerator, run_dir)
-    logger.info("Run %s: %d process(es), %s, mixed precision %s", run_dir, accelerator.num_processes,
-                accelerator.distributed_type, accelerator.mixed_precision)
+    if accelerator.device.type == "cpu":
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(args.num_threads or max(1, cores // max(local_processes, 1)))
+    logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
+                accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
+                torch.get_num_threads())
     set_seed(args.seed)
     session_start = time.time()
 
@@ -503,7 +513,7 @@ def main(argv=None) -> dict | None:
     valid_pairs = corpus.build_pairs(valid_data, directions, eval_report, **pair_args) if valid_data else []
     test_pairs = corpus.build_pairs(test_data, directions, eval_report, **pair_args) if test_data else []
 
-    tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages)
+    tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages, resuming=resume is not None)
     target_tags = {"true": True, "false": False}.get(args.target_language_tags)
     if target_tags is None:
         target_tags = len({t for _, t in eval_directions}) > 1
