@@ -6,12 +6,19 @@ marks them for `save_pretrained` to write `auto_map` and copy the code (one-line
 restores the `translation` pipeline task (removed in transformers 5) for in-process use.
 """
 
-import importlib
-import importlib.util
-
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from .configuration_hysan import HysanConfig
+from .configuration_mgsa import MgsaConfig
+from .configuration_mimo import MimoConfig
+from .configuration_mute import MuteConfig
+from .configuration_tied import TiedTransformerConfig
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+from .modeling_hysan import HysanForConditionalGeneration, HysanModel
+from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel
+from .modeling_mimo import MimoForConditionalGeneration, MimoModel
+from .modeling_mute import MuteForConditionalGeneration, MuteModel
+from .modeling_tied import TiedTransformerForConditionalGeneration, TiedTransformerModel
 from .modeling_transformer_nmt import (
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
@@ -24,25 +31,12 @@ __version__ = "0.1.0"
 # model_type -> (config class, base model class, generation model class).
 MODEL_CLASSES = {
     "transformer_nmt": (TransformerNmtConfig, TransformerNmtModel, TransformerNmtForConditionalGeneration),
+    "mute_nmt": (MuteConfig, MuteModel, MuteForConditionalGeneration),
+    "hysan_nmt": (HysanConfig, HysanModel, HysanForConditionalGeneration),
+    "mgsa_nmt": (MgsaConfig, MgsaModel, MgsaForConditionalGeneration),
+    "mimo_nmt": (MimoConfig, MimoModel, MimoForConditionalGeneration),
+    "tied_nmt": (TiedTransformerConfig, TiedTransformerModel, TiedTransformerForConditionalGeneration),
 }
-# The variants: model_type -> (configuration module, config class, modeling module, model, generation model).
-_VARIANTS = {
-    "mute_nmt": ("configuration_mute", "MuteConfig", "modeling_mute", "MuteModel", "MuteForConditionalGeneration"),
-    "hysan_nmt": ("configuration_hysan", "HysanConfig", "modeling_hysan", "HysanModel",
-                  "HysanForConditionalGeneration"),
-    "mgsa_nmt": ("configuration_mgsa", "MgsaConfig", "modeling_mgsa", "MgsaModel", "MgsaForConditionalGeneration"),
-    "mimo_nmt": ("configuration_mimo", "MimoConfig", "modeling_mimo", "MimoModel", "MimoForConditionalGeneration"),
-    "tied_nmt": ("configuration_tied", "TiedTransformerConfig", "modeling_tied", "TiedTransformerModel",
-                 "TiedTransformerForConditionalGeneration"),
-}
-for _model_type, (_config_module, _config_name, _modeling_module, _model_name, _generation_name) in _VARIANTS.items():
-    if importlib.util.find_spec(f"{__name__}.{_modeling_module}") is None:  # TODO(dev): remove once all variants land
-        continue
-    _config_class = getattr(importlib.import_module(f".{_config_module}", __name__), _config_name)
-    _modeling = importlib.import_module(f".{_modeling_module}", __name__)
-    MODEL_CLASSES[_model_type] = (_config_class, getattr(_modeling, _model_name), getattr(_modeling, _generation_name))
-    globals().update({_config_name: _config_class, _model_name: MODEL_CLASSES[_model_type][1],
-                      _generation_name: MODEL_CLASSES[_model_type][2]})
 
 
 def _register(config_class, model_class, generation_class) -> None:
@@ -79,6 +73,21 @@ __all__ = [
     "TransformerNmtModel",
     "TransformerNmtPreTrainedModel",
     "TransformerNmtForConditionalGeneration",
+    "MuteConfig",
+    "MuteModel",
+    "MuteForConditionalGeneration",
+    "HysanConfig",
+    "HysanModel",
+    "HysanForConditionalGeneration",
+    "MgsaConfig",
+    "MgsaModel",
+    "MgsaForConditionalGeneration",
+    "MimoConfig",
+    "MimoModel",
+    "MimoForConditionalGeneration",
+    "TiedTransformerConfig",
+    "TiedTransformerModel",
+    "TiedTransformerForConditionalGeneration",
     "TranslationPipeline",
     "language_tag",
 ]

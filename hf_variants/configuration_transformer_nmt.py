@@ -24,7 +24,10 @@ TRANSLATION_PIPELINE = {
 
 
 def language_tag(lang: str) -> str:
-    """The target-language tag prepended to source sentences by multilingual models (`<2de>`)."""
+    """The target-language tag prepended to source sentences by multilingual models: `language_tag("de") == "<2de>"`."""
+    lang = str(lang).strip()
+    if not lang or any(c.isspace() or c in "<>" for c in lang):
+        raise ValueError(f"Invalid language code {lang!r}: expected a non-empty code without spaces or '<', '>'.")
     return f"<2{lang}>"
 
 

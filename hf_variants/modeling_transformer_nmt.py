@@ -585,6 +585,12 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         self.post_init()
         for key, value in self.default_generation.items():
             setattr(self.generation_config, key, value)
+        # never generate padding or a second start token (fairseq masks them the same way); saved generation configs
+        # override this
+        never = [i for i in (config.pad_token_id, config.bos_token_id, config.decoder_start_token_id)
+                 if i is not None and i != config.eos_token_id]
+        if never and self.generation_config.suppress_tokens is None:
+            self.generation_config.suppress_tokens = sorted(set(never))
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head

@@ -36,6 +36,8 @@ from typing import Union
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .configuration_transformer_nmt import language_tag
+
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]  # ids 0, 1, 2, 3 in this order
@@ -47,14 +49,6 @@ INITIAL_ALPHABET = sorted(set(string.printable) - set(string.whitespace))
 TextSource = Union[str, os.PathLike, Iterable[str]]
 
 __all__ = ["train_tokenizer", "language_tag", "language_tags", "read_lines", "SPECIAL_TOKENS", "main"]
-
-
-def language_tag(lang: str) -> str:
-    """The target-language tag of `lang`: `language_tag("de") == "<2de>"`."""
-    lang = str(lang).strip()
-    if not lang or any(c.isspace() or c in "<>" for c in lang):
-        raise ValueError(f"Invalid language code {lang!r}: expected a non-empty code without spaces or '<', '>'.")
-    return f"<2{lang}>"
 
 
 def language_tags(languages: Iterable[str]) -> list[str]:

@@ -143,3 +143,24 @@ def test_multilingual_inputs_are_validated(tokenizer):
         model.prepare_translation_inputs(tokenizer, ["A dog."], tgt_lang="xx")
     with pytest.raises(ValueError, match="needs `tgt_lang`"):
         model.prepare_translation_inputs(tokenizer, ["A dog."])
+
+
+def test_generation_never_emits_padding_or_start_token():
+    """Even when the model prefers them (output rows of <pad>/<s> pushed up), `generate` skips both; a saved
+    generation config keeps the setting."""
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                              decoder_start_token_id=1)
+    torch.manual_seed(0)
+    model = TransformerNmtForConditionalGeneration(config).eval()
+    assert model.generation_config.suppress_tokens == [0, 1]
+    with torch.no_grad():
+        model.lm_head.weight[:2] *= 50  # make <pad> and <s> the model's favourites
+        source = torch.randint(3, 40, (3, 7))
+        plain = model(input_ids=source, decoder_input_ids=torch.ones(3, 1, dtype=torch.long)).logits
+        assert set(plain[:, -1].argmax(-1).tolist()) <= {0, 1}, "the setup should favour <pad>/<s>"
+        for beams in (1, 3):
+            out = model.generate(input_ids=source, num_beams=beams, max_new_tokens=6)
+            generated = out[:, 1:]
+            ended = torch.cumsum(generated == 2, dim=1) > 0  # after </s> comes padding
+            before_end = generated.masked_select(~ended | (generated == 2))
+            assert not torch.isin(before_end, torch.tensor([0, 1])).any(), out

@@ -21,7 +21,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import hf_variants  # noqa: E402
+from hf_variants import TransformerNmtConfig  # noqa: E402
 from hf_variants.tokenization import train_tokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 from training import checkpointing, evaluation, train  # noqa: E402
 from training.corpus import DataError  # noqa: E402
 
@@ -76,11 +78,6 @@ def read_log(run_dir):
 
 def train_losses(run_dir):
     return {r["step"]: r["loss"] for r in read_log(run_dir) if "loss" in r}
-
-
-def require(model_type):
-    if model_type not in hf_variants.CONFIG_CLASSES:
-        pytest.skip(f"{model_type} is not registered in hf_variants yet (its model lands separately)")
 
 
 def free_port():
@@ -285,7 +282,6 @@ def parsed_data_dir(data_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("model_type", [t for t in ALL_TYPES if t != "transformer_nmt"])
 def test_variant_tiny_run(model_type, data_dir, parsed_data_dir, tokenizer_dir, tmp_path):
-    require(model_type)
     out = tmp_path / model_type
     extra = ["--model_type", model_type]
     if model_type == "mgsa_nmt":  # the tiny preset is the paper's syntactic MG-SA: it needs source parses
@@ -303,8 +299,35 @@ def test_variant_tiny_run(model_type, data_dir, parsed_data_dir, tokenizer_dir, 
     assert results["model_type"] == model_type and results["steps"] == 24 and results["bleu"] is not None
 
 
+def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
+    """`--model_type marian`: transformers' MarianMTModel trained, checkpointed and evaluated by the same script,
+    with the script's label smoothing (Marian's own loss has none)."""
+    from transformers import MarianMTModel
+
+    from training import external
+
+    out = tmp_path / "marian"
+    results = train.main(tiny_args(data_dir, out, "--model_type", "marian", tokenizer=tokenizer_dir))
+    assert results["model_type"] == "marian" and results["steps"] == 24 and results["bleu"] is not None
+    losses = train_losses(out)
+    assert losses[max(losses)] < losses[min(losses)] - 0.3, losses
+    model = MarianMTModel.from_pretrained(out / "model").eval()
+    assert sum(p.numel() for p in model.parameters()) == results["params"]
+    assert model.config.d_model == TransformerNmtConfig.from_preset("tiny").d_model
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    batch = external.prepare_translation_inputs(model, tok, ["A dog runs."], text_target=["Ein Hund rennt."])
+    with torch.no_grad():
+        output = model(**batch)
+    logp = output.logits.log_softmax(-1)[0]
+    labels = batch["labels"][0]
+    nll = -logp.gather(-1, labels[:, None]).squeeze(-1)
+    expected = (0.9 * nll - 0.1 * logp.mean(-1)).mean()  # label smoothing 0.1 spread over the whole vocabulary
+    assert torch.allclose(external.translation_loss(model, output, batch["labels"], 0.1), expected, atol=1e-5)
+    assert torch.allclose(external.translation_loss(model, output, batch["labels"], 0.0), output.loss, atol=1e-5)
+
+
 def test_multilingual_many_to_many(data_dir, tokenizer_dir, tmp_path):
-    model_type = "mimo_nmt" if "mimo_nmt" in hf_variants.CONFIG_CLASSES else "transformer_nmt"
+    model_type = "mimo_nmt"
     out = tmp_path / "multi"
     results = train.main(tiny_args(data_dir, out, "--model_type", model_type, "--languages", "en", "de", "fr",
                                    "--directions", "en-de,en-fr,de-fr", "--max_train_pairs", "150",
@@ -324,7 +347,6 @@ def test_multilingual_many_to_many(data_dir, tokenizer_dir, tmp_path):
 
 
 def test_bidirectional_tied(data_dir, tokenizer_dir, tmp_path):
-    require("tied_nmt")
     out = tmp_path / "tied_bi"
     results = train.main(tiny_args(data_dir, out, "--model_type", "tied_nmt", "--bidirectional",
                                    tokenizer=tokenizer_dir, steps=12))

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from . import external
+
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
 
 
@@ -68,7 +70,7 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
             kwargs.update({name: [values[i] for i in idx] for name, values in variant_inputs.items()})
             if any(lang is not None for lang in langs):
                 kwargs["tgt_lang"] = langs
-            inputs = model.prepare_translation_inputs(tokenizer, [texts[i] for i in idx], **kwargs)
+            inputs = external.prepare_translation_inputs(model, tokenizer, [texts[i] for i in idx], **kwargs)
             src_len = int(inputs["attention_mask"].sum(-1).max())
             generated = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
                                        max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),

@@ -11,7 +11,8 @@ test_2016_flickr and a few translations printed:
 
 Variants plug in through the model's interface only (no per-variant branches here): `prepare_translation_inputs`
 builds every batch, `.loss` already holds the auxiliary losses that `.aux_losses` lists (logged separately), and
-`after_optimizer_step()` runs after every optimizer step. See training/README.md for every option.
+`after_optimizer_step()` runs after every optimizer step. `--model_type marian` trains transformers' MarianMTModel
+through the same loop (training/external.py) for side-by-side comparisons. See training/README.md for every option.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, evaluation  # noqa: E402
+from training import checkpointing, corpus, evaluation, external  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 
 logger = logging.getLogger("hf_variants.train")
@@ -308,8 +309,8 @@ def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
 def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
     src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
     # length filtering already dropped longer pairs; the margin leaves room for a language tag
-    return model.prepare_translation_inputs(tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs, text_target=tgt,
-                                            max_length=max_length + 2, **extra)
+    return external.prepare_translation_inputs(model, tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs,
+                                               text_target=tgt, max_length=max_length + 2, **extra)
 
 
 def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str],
@@ -364,16 +365,19 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
             setattr(config, key, value)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
         return model
-    if args.model_type not in hf_variants.CONFIG_CLASSES:
-        raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {sorted(hf_variants.CONFIG_CLASSES)}")
-    config_class = hf_variants.CONFIG_CLASSES[args.model_type]
+    known = sorted(hf_variants.CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
+    if args.model_type not in known:
+        raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {known}")
     fields.update(
         vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
         languages=list(languages), target_language_tags=target_tags,
     )
     fields.update(overrides)
-    config = config_class.from_preset(args.preset, **fields)
+    if args.model_type in external.EXTERNAL_MODEL_TYPES:  # e.g. transformers' MarianMTModel, for comparisons
+        config = external.build_config(args.model_type, args.preset, fields)
+    else:
+        config = hf_variants.CONFIG_CLASSES[args.model_type].from_preset(args.preset, **fields)
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
@@ -433,7 +437,8 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
 
 
 @torch.no_grad()
-def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length) -> float:
+def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length,
+                    label_smoothing) -> float:
     """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
     was_training = model.training
     model.eval()
@@ -448,8 +453,9 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
         if j >= len(batches):
             continue
         aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
+        loss = external.translation_loss(model, out, batch["labels"], label_smoothing)
         ntok = int((batch["labels"] != -100).sum())
-        total += torch.tensor([(float(out.loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
+        total += torch.tensor([(float(loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
     model.train(was_training)
     total = accelerator.reduce(total, "sum")
     return float(total[0] / total[1].clamp(min=1))
@@ -599,7 +605,8 @@ def main(argv=None) -> dict | None:
         if not valid_pairs:
             return False
         record = {"step": step, "valid_loss": validation_loss(accelerator, unwrapped, tokenizer, valid_pairs,
-                                                              valid_batches, args.bidirectional, args.max_length)}
+                                                              valid_batches, args.bidirectional, args.max_length,
+                                                              args.label_smoothing)}
         if args.eval_bleu_pairs:
             scores = evaluate_pairs(accelerator, unwrapped, tokenizer, valid_pairs[:args.eval_bleu_pairs],
                                     eval_directions, args.bidirectional, args)
@@ -645,8 +652,9 @@ def main(argv=None) -> dict | None:
                 sync = accelerator.no_sync(model) if i < len(batches) - 1 else nullcontext()
                 with sync:
                     out = model(**batch)
-                    accelerator.backward(out.loss * weight)
-                step_loss += out.loss.detach().double().cpu() * ntok
+                    loss = external.translation_loss(unwrapped, out, batch["labels"], args.label_smoothing)
+                    accelerator.backward(loss * weight)
+                step_loss += loss.detach().double().cpu() * ntok
                 for name, value in (getattr(out, "aux_losses", None) or {}).items():
                     step_aux[name] = step_aux.get(name, 0.0) + value.detach().double().cpu() * ntok
             grad_norm = None
@@ -655,7 +663,7 @@ def main(argv=None) -> dict | None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            unwrapped.after_optimizer_step()
+            external.after_optimizer_step(unwrapped)
             state.step += 1
             state.step_in_epoch += 1
             dt = time.time() - t0

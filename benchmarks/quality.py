@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""Quality table: every variant trained by `training/train.py` on the bundled Multi30k and scored side by side.
+
+All en→de runs share one tokenizer (8k shared BPE, trained once here), the data, the optimizer recipe (Adam
+0.9/0.98/1e-9, peak lr 1e-3, inverse-sqrt warmup, label smoothing 0.1, clip 1.0), token batches and the step
+budget; each is scored on test_2016_flickr with sacreBLEU (13a, cased, detokenized, beam 4, length penalty 0.6) and
+chrF. The dims class is `small` (d 256, 4 heads, FFN 1024, 3+3 layers); variants keep their papers' own options
+(MUTE: pre-norm + relative positions; HySAN: e1 branches, gated sum; MG-SA: n-gram phrases, SAN composition,
+ON-LSTM). Tied uses 6 shared blocks (about the parameters of the 3+3 baseline). transformers' `MarianMTModel` of the
+same dims is trained through the same script (`--model_type marian`). MIMO is compared with the baseline on the
+many-to-many data (en, de, fr, cs: 12 directions) and reported on en→de and the average over directions.
+
+Runs go to `benchmarks/runs/<name>` (git-ignored); a finished run (results.json) is skipped, an interrupted one
+resumes from its last checkpoint. After every run the table is rewritten: `benchmarks/results/quality.json` and
+`benchmarks/results/quality.md` (pasted into benchmarks/RESULTS.md).
+
+    python benchmarks/quality.py                  # all runs, in the order of RUNS (in the background: nohup ... &)
+    python benchmarks/quality.py --jobs 2 --threads 1   # two runs at a time, one core each (how the table was made)
+    python benchmarks/quality.py --only baseline hysan_e1
+    python benchmarks/quality.py --table          # only rewrite the table from finished runs
+    python benchmarks/quality.py --steps 1100     # the Marian bar's budget (45 min a model on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = ROOT / "benchmarks" / "runs"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+TRAIN = ROOT / "training" / "train.py"
+
+BILINGUAL = ["--source_lang", "en", "--target_lang", "de"]
+MULTILINGUAL = ["--languages", "en", "de", "fr", "cs"]
+
+# name -> (label shown in the table, group, train.py arguments). Order = run order (most important first).
+RUNS: dict[str, tuple[str, str, list[str]]] = {
+    "baseline": ("Transformer baseline (post-norm)", "en-de", ["--model_type", "transformer_nmt"]),
+    "marian": ("MarianMTModel (transformers)", "en-de", ["--model_type", "marian"]),
+    "hysan_e1": ("HySAN e1, gated sum", "en-de", ["--model_type", "hysan_nmt", "--config_overrides",
+                                                 "encoder_layers=3,decoder_layers=3"]),
+    "mgsa_ngram": ("MG-SA n-gram, SAN, ON-LSTM", "en-de", ["--model_type", "mgsa_nmt"]),
+    "tied": ("Tied Transformer (6 shared blocks)", "en-de", ["--model_type", "tied_nmt", "--config_overrides",
+                                                             "encoder_layers=6,decoder_layers=6"]),
+    "mute_bias_seq": ("MUTE + bias + seq (4 units)", "en-de", ["--model_type", "mute_nmt"]),
+    "mute": ("MUTE (4 units)", "en-de", ["--model_type", "mute_nmt", "--config_overrides",
+                                         "use_bias_module=False,merge=plain"]),
+    "mute_bias": ("MUTE + bias (4 units)", "en-de", ["--model_type", "mute_nmt", "--config_overrides",
+                                                     "merge=plain"]),
+    "ml_baseline": ("Transformer baseline, many-to-many", "multi", ["--model_type", "transformer_nmt"]),
+    "ml_mimo": ("MIMO (n=4), many-to-many", "multi", ["--model_type", "mimo_nmt"]),
+}
+
+PAPER_CLAIMS = {
+    "mute_bias_seq": "MUTE+Bias+Seq: +1.5-2.0 BLEU over Transformer+Relative (NIST Zh-En, WMT14 En-De)",
+    "hysan_e1": "HySAN: +0.6-1.2 BLEU over Transformer (IWSLT14 De-En, WMT14 En-De), <1% extra parameters",
+    "mgsa_ngram": "MG-SA: +0.3-0.9 BLEU (WMT14 En-De base/big)",
+    "tied": "Tied: on par or better with about half the parameters (IWSLT14, WMT)",
+    "ml_mimo": "MIMO: +0.7-1.4 BLEU over the multilingual Transformer (many-to-many)",
+}
+
+
+def common_args(args) -> list[str]:
+    return ["--max_steps", str(args.steps), "--max_tokens", str(args.max_tokens), "--warmup_steps",
+            str(args.warmup), "--learning_rate", str(args.lr), "--eval_steps", str(args.steps),
+            "--eval_bleu_pairs", "0", "--final_model", "last", "--logging_steps", "25", "--seed", str(args.seed),
+            "--num_examples", "2", "--keep_checkpoints", "1"]
+
+
+def tokenizer_dir(group: str) -> Path:
+    return RUNS_DIR / f"tokenizer-{group}"
+
+
+def ensure_tokenizer(group: str, vocab_size: int) -> Path:
+    """One shared tokenizer per language group, trained once on the training split (as train.py would)."""
+    out = tokenizer_dir(group)
+    if (out / "tokenizer.json").is_file():
+        return out
+    sys.path.insert(0, str(ROOT))
+    from hf_variants.tokenization import train_tokenizer
+    from training import corpus
+
+    languages = ["en", "de"] if group == "en-de" else ["en", "de", "fr", "cs"]
+    data = corpus.load_split_from_dir(ROOT / "training" / "data" / "multi30k", "train", languages)
+    tmp = out.with_name(out.name + ".tmp")
+    train_tokenizer([data.column(lang) for lang in languages], vocab_size=vocab_size, languages=languages,
+                    output_dir=tmp)
+    os.replace(tmp, out)
+    return out
+
+
+def run(name: str, args) -> dict | None:
+    label, group, extra = RUNS[name]
+    out = RUNS_DIR / name
+    if (out / "results.json").is_file():
+        print(f"[{name}] done already: {out / 'results.json'}", flush=True)
+        return json.loads((out / "results.json").read_text())
+    tok = ensure_tokenizer(group, args.vocab_size)
+    cmd = [sys.executable, str(TRAIN), *extra, *(BILINGUAL if group == "en-de" else MULTILINGUAL),
+           *common_args(args), "--tokenizer", str(tok), "--output_dir", str(out), "--resume_from_checkpoint",
+           "latest", "--variant_name", label]
+    if group == "multi":
+        cmd += ["--max_test_pairs", str(args.multi_test_pairs)]
+    cmd += ["--max_valid_pairs", "200"]
+    if args.threads:
+        cmd += ["--num_threads", str(args.threads)]
+    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    start = time.time()
+    with open(RUNS_DIR / f"{name}.log", "a") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    print(f"[{name}] exit {code} after {(time.time() - start) / 60:.1f} min", flush=True)
+    if code != 0 or not (out / "results.json").is_file():
+        return None
+    return json.loads((out / "results.json").read_text())
+
+
+def load_results() -> dict[str, dict]:
+    found = {}
+    for name in RUNS:
+        path = RUNS_DIR / name / "results.json"
+        if path.is_file():
+            found[name] = json.loads(path.read_text())
+    return found
+
+
+def row(name: str, r: dict, base: dict | None) -> dict:
+    per = r.get("per_direction") or {}
+    ende = per.get("en-de", {})
+    out = {
+        "name": name, "label": RUNS[name][0], "group": RUNS[name][1], "model_type": r["model_type"],
+        "params": r["params"], "steps": r["steps"], "epochs": r["epochs"],
+        "bleu": r["bleu"], "chrf": r["chrf"],
+        "train_tokens_per_sec": r["train_tokens_per_sec"], "train_time_min": r["train_time_sec"] / 60,
+        "wall_time_min": r["wall_time_sec"] / 60, "eval_split": r["eval_split"], "eval_pairs": r["eval_pairs"],
+        "sacrebleu_signature": r["sacrebleu_signature"], "per_direction": per or None,
+    }
+    if RUNS[name][1] == "en-de":
+        out["en_de_bleu"], out["en_de_chrf"] = r["bleu"], r["chrf"]
+    else:
+        out["en_de_bleu"], out["en_de_chrf"] = ende.get("bleu"), ende.get("chrf")
+        out["avg_direction_bleu"] = (sum(v["bleu"] for v in per.values()) / len(per)) if per else r["bleu"]
+    if base is not None:
+        out["delta_bleu_vs_baseline"] = out["bleu"] - base["bleu"]
+        out["params_ratio_vs_baseline"] = out["params"] / base["params"]
+        out["train_speed_ratio_vs_baseline"] = out["train_tokens_per_sec"] / base["train_tokens_per_sec"]
+    return out
+
+
+def write_table(args) -> str:
+    results = load_results()
+    rows = []
+    for name, r in results.items():
+        base_name = "baseline" if RUNS[name][1] == "en-de" else "ml_baseline"
+        rows.append(row(name, r, results.get(base_name) if name != base_name else None))
+    lines = [
+        f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
+        f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "
+        f"scored with beam 4, length penalty 0.6.",
+        "",
+        "| model | params | BLEU | chrF | Δ BLEU vs baseline | train tok/s (ratio) | train min | epochs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in rows:
+        if x["group"] != "en-de":
+            continue
+        delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
+        ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
+        lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | {delta} | "
+                     f"{x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | {x['epochs']:.2f} |")
+    multi = [x for x in rows if x["group"] == "multi"]
+    if multi:
+        lines += ["", f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
+                      f"sentences per direction:", "",
+                  "| model | params | en→de BLEU | avg BLEU (12 directions) | all-directions chrF | train tok/s | "
+                  "train min |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for x in multi:
+            lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['en_de_bleu']:.2f} | "
+                         f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {x['train_tokens_per_sec']:.0f} | "
+                         f"{x['train_time_min']:.1f} |")
+    missing = [name for name in RUNS if name not in results]
+    if missing:
+        lines += ["", f"Not run yet: {', '.join(missing)}."]
+    sig = next((x["sacrebleu_signature"] for x in rows if x.get("sacrebleu_signature")), None)
+    if sig:
+        lines += ["", f"sacreBLEU signature: `{sig}`"]
+    text = "\n".join(lines) + "\n"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    payload = {"budget": {"steps": args.steps, "max_tokens": args.max_tokens, "warmup": args.warmup, "lr": args.lr,
+                          "seed": args.seed, "vocab_size": args.vocab_size},
+               "rows": rows, "paper_claims": PAPER_CLAIMS}
+    (RESULTS_DIR / "quality.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (RESULTS_DIR / "quality.md").write_text(text)
+    return text
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(RUNS), help="these runs (default: all)")
+    parser.add_argument("--table", action="store_true", help="only rewrite the table from finished runs")
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--max_tokens", type=int, default=2048)
+    parser.add_argument("--warmup", type=int, default=80)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--multi_test_pairs", type=int, default=100)
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: train.py's choice)")
+    args = parser.parse_args(argv)
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        names = args.only or list(RUNS)
+        for group in dict.fromkeys(RUNS[name][1] for name in names):
+            ensure_tokenizer(group, args.vocab_size)  # before the runs start in parallel
+        lock = threading.Lock()
+
+        def one(name):
+            run(name, args)
+            with lock:
+                print(write_table(args), flush=True)
+
+        # several runs at once, `--threads` torch threads each: small models use 2 cores better this way
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(one, names))
+    print(write_table(args))
+
+
+if __name__ == "__main__":
+    main()
