@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
 from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
+from timing import interleaved_self_timed
 
 SIZES = {  # HySAN's presets (the baseline gets the same dims)
     "small": "small",
@@ -77,15 +77,6 @@ def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
     return out, CLOCK() - start
 
 
-def interleaved(fn_a, fn_b, reps: int) -> tuple[float, float]:
-    fn_a(), fn_b()  # warm-up
-    a, b = [], []
-    for _ in range(reps):
-        a.append(fn_a())
-        b.append(fn_b())
-    return statistics.median(a), statistics.median(b)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
@@ -125,7 +116,7 @@ def main(argv=None) -> dict:
             baseline.train(), hysan.train()
             opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
             opt_h = torch.optim.Adam(hysan.parameters(), lr=1e-4)
-            t_b, t_h = interleaved(lambda: time_train(baseline, opt_b, inputs, labels),
+            t_b, t_h = interleaved_self_timed(lambda: time_train(baseline, opt_b, inputs, labels),
                                    lambda: time_train(hysan, opt_h, inputs, labels), args.reps)
             row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_hysan=round(tokens / t_h, 1),
                        train_ratio=round(t_b / t_h, 3))
@@ -143,7 +134,7 @@ def main(argv=None) -> dict:
                     lengths[name] = out.shape[1]
                     return dt
 
-                t_b, t_h = interleaved(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"), args.reps)
+                t_b, t_h = interleaved_self_timed(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"), args.reps)
                 assert lengths["baseline"] == lengths["hysan"] == args.new_tokens + 1, lengths
                 n = args.batch * args.new_tokens
                 name = "greedy" if beams == 1 else f"beam{beams}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -29,6 +28,7 @@ import torch
 from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.phrases import ngram_phrase_index
+from timing import interleaved_self_timed
 
 
 def count(model) -> int:
@@ -87,15 +87,6 @@ def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
     return out, CLOCK() - start
 
 
-def interleaved(fn_a, fn_b, reps: int) -> tuple[float, float]:
-    fn_a(), fn_b()  # warm-up
-    a, b = [], []
-    for _ in range(reps):
-        a.append(fn_a())
-        b.append(fn_b())
-    return statistics.median(a), statistics.median(b)
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=["small", "base", "big"])
@@ -137,7 +128,7 @@ def main(argv=None) -> dict:
             baseline.train(), mgsa.train()
             opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
             opt_m = torch.optim.Adam(mgsa.parameters(), lr=1e-4)
-            t_b, t_m = interleaved(lambda: time_train(baseline, opt_b, inputs, labels),
+            t_b, t_m = interleaved_self_timed(lambda: time_train(baseline, opt_b, inputs, labels),
                                    lambda: time_train(mgsa, opt_m, mgsa_inputs, labels), args.reps)
             row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_mgsa=round(tokens / t_m, 1),
                        train_ratio=round(t_b / t_m, 3))
@@ -155,7 +146,7 @@ def main(argv=None) -> dict:
                     lengths[name] = out.shape[1]
                     return dt
 
-                t_b, t_m = interleaved(lambda: run(baseline, "baseline", inputs),
+                t_b, t_m = interleaved_self_timed(lambda: run(baseline, "baseline", inputs),
                                        lambda: run(mgsa, "mgsa", mgsa_inputs), args.reps)
                 assert lengths["baseline"] == lengths["mgsa"] == args.new_tokens + 1, lengths
                 n = args.batch * args.new_tokens

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
 from hf_variants import MimoConfig, MimoForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
+from timing import interleaved
 
 LANGUAGES = ["en", "de", "fr", "cs"]
 
@@ -45,19 +45,6 @@ def mixing_parameters(config: MimoConfig) -> int:
     plus T*n for the decoder's many-to-one ("mix" memory, mimo=True)."""
     t, n = config.num_tasks, config.num_transformations
     return t * n * n * ((2 * config.encoder_layers - 1) + (4 * config.decoder_layers - 1)) + t * n
-
-
-def interleaved(fns: dict, reps: int, clock=time.perf_counter) -> dict:
-    """Median seconds of each zero-argument function, runs interleaved after one warm-up each."""
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            times[name].append(clock() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv=None) -> dict:

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from hf_variants import MuteConfig, MuteForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
+from timing import CLOCKS, interleaved
 
 
 def count(model) -> int:
@@ -36,21 +35,6 @@ def per_unit_parameters(config: MuteConfig) -> int:
     return 4 * d * d + 4 * d + (2 * config.max_relative_positions + 1) * head_dim + 2 * d * f + f + d + 2 * d
 
 
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
-
-
-def interleaved(fns: dict, reps: int, clock: str = "cpu") -> dict:
-    """Median seconds of each zero-argument function, runs interleaved after one warm-up each."""
-    timer = CLOCKS[clock]
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = timer()
-            fn()
-            times[name].append(timer() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main(argv=None) -> dict:

@@ -30,9 +30,7 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -42,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 
 import hf_variants  # noqa: E402
 from hf_variants import TransformerNmtConfig  # noqa: E402
+from timing import CLOCKS, interleaved  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 LANGUAGES = ["en", "de", "fr", "cs"]
-CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 # name -> (label, model_type, config overrides); mirrors benchmarks/quality.py
 MODELS = {
@@ -114,19 +112,6 @@ def peak_memory_mb(fn) -> float:
         value = f.read()
     os.waitpid(pid, 0)
     return float(value) if value else float("nan")
-
-
-def interleaved(fns: dict, reps: int, clock: str) -> dict:
-    timer = CLOCKS[clock]
-    for fn in fns.values():
-        fn()
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            start = timer()
-            fn()
-            times[name].append(timer() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def bench_size(size: str, args) -> dict:
