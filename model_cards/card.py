@@ -36,6 +36,18 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+# benchmarks/quality.py and benchmarks/efficiency.py write here (in a checkout of the repository)
+BENCHMARK_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+BENCHMARK_URL = "benchmarks/RESULTS.md"
+# model type -> (its runs in benchmarks/quality.py, the baseline run it is compared with, efficiency.py model)
+BENCHMARK_RUNS = {
+    "transformer_nmt": (("baseline", "marian"), "baseline", "baseline"),
+    "mute_nmt": (("mute", "mute_bias", "mute_bias_seq"), "baseline", "mute"),
+    "hysan_nmt": (("hysan_e1",), "baseline", "hysan"),
+    "mgsa_nmt": (("mgsa_ngram",), "baseline", "mgsa"),
+    "tied_nmt": (("tied",), "baseline", "tied"),
+    "mimo_nmt": (("ml_mimo",), "ml_baseline", "mimo"),
+}
 BASE_TEMPLATE = "_base.md"
 PLACEHOLDER_REPO_ID = "ORG/NAME"
 DEFAULT_LICENSE = "apache-2.0"
@@ -367,12 +379,14 @@ def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs
 
 # --------------------------------------------------------------------------------------------------- building
 def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo_id: str | None = None, *,
-                     license: str | None = None) -> ModelCard:  # noqa: A002 - the Hub's metadata key
+                     license: str | None = None,  # noqa: A002 - the Hub's metadata key
+                     benchmark_dir: str | os.PathLike | None = BENCHMARK_RESULTS) -> ModelCard:
     """Build the `ModelCard` of the model saved in `model_dir` from the run's `results` (results.json).
 
     `repo_id` ("ORG/NAME") goes into the usage snippet and the model-index name; without it the snippet shows a
     placeholder. The model type comes from `results["model_type"]` or config.json. Raises `ValueError` for a
-    model type without a template.
+    model type without a template. The family's rows of the repository's side-by-side benchmark
+    (`benchmark_dir`, see `benchmark_summary`) are cited when present.
     """
     model_dir = Path(model_dir)
     results = dict(results or {})
@@ -456,6 +470,7 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
         example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
         example_tgt=example_tgt if needs_tgt_lang else None,
         tokenizer_model=_tokenizer_model(model_dir),
+        benchmark=benchmark_summary(model_type, benchmark_dir),
         fmt=_fmt,
     )
     card = ModelCard.from_template(card_data, template_path=str(family.template), base=_base_template(),
@@ -463,6 +478,33 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
     card.text = re.sub(r"[ \t]+\n", "\n", re.sub(r"\n{3,}", "\n\n", card.text)).strip("\n")
     card.text = "\n" + card.text + "\n"
     return card
+
+
+def benchmark_summary(model_type: str, results_dir: str | os.PathLike | None = BENCHMARK_RESULTS) -> dict | None:
+    """This family's rows of the side-by-side benchmark (benchmarks/results/quality.json, efficiency.json), with
+    the baseline row they are compared with; None when the benchmark files are not there (e.g. outside a
+    checkout)."""
+    if results_dir is None or model_type not in BENCHMARK_RUNS:
+        return None
+    path = Path(results_dir) / "quality.json"
+    if not path.is_file():
+        return None
+    quality = json.loads(path.read_text(encoding="utf-8"))
+    runs, baseline, eff_name = BENCHMARK_RUNS[model_type]
+    by_name = {row["name"]: row for row in quality.get("rows", [])}
+    names = [baseline] + [n for n in runs if n != baseline]
+    rows = [by_name[n] for n in names if n in by_name]
+    if not any(row["name"] in runs for row in rows):
+        return None
+    speed = None
+    eff_path = Path(results_dir) / "efficiency.json"
+    if eff_path.is_file():
+        eff = json.loads(eff_path.read_text(encoding="utf-8")).get("results", {}).get("small", {})
+        if eff_name in eff:
+            speed = eff[eff_name].get("ratios_vs_baseline")
+    multilingual = rows[0].get("group") == "multi"
+    return {"budget": quality.get("budget", {}), "rows": rows, "speed": speed, "multilingual": multilingual,
+            "url": BENCHMARK_URL}
 
 
 def _base_template() -> jinja2.Template:

@@ -265,3 +265,32 @@ def test_training_script_results_with_local_paths(tmp_path):
     assert rows["`learning_rate`"] == "0.003" and rows["`preset`"] == "tiny"
     assert not {"`output_dir`", "`dropout`", "`push_to_hub`", "`hub_model_id`"} & set(rows)
     assert validate_card_metadata(str(card)) == []
+
+
+def test_card_cites_the_side_by_side_benchmark(tmp_path):
+    """With benchmark results present, the card shows its family's rows next to the baseline they are compared
+    with, and the speed ratios at the same dims; without them, no such section."""
+    run = make_run(tmp_path, "mute_nmt")
+    results = json.loads((run / "results.json").read_text())
+    bench = tmp_path / "bench"
+    bench.mkdir()
+
+    def row(name, label, bleu):
+        return {"name": name, "label": label, "group": "en-de", "params": 7_500_000, "bleu": bleu, "chrf": bleu + 20,
+                "en_de_bleu": bleu}
+
+    (bench / "quality.json").write_text(json.dumps({
+        "budget": {"steps": 240, "max_tokens": 2048},
+        "rows": [row("baseline", "Baseline X", 20.5), row("mute", "MUTE X", 21.25), row("hysan_e1", "HySAN X", 19.0),
+                 row("mute_bias_seq", "MUTE+bias+seq X", 22.0)]}))
+    (bench / "efficiency.json").write_text(json.dumps({"results": {"small": {"mute": {"ratios_vs_baseline": {
+        "train_tokens_per_sec": 0.55, "greedy_tokens_per_sec": 0.65, "beam4_tokens_per_sec": 0.84}}}}}))
+    text = build_model_card(run / "model", results, benchmark_dir=bench).text
+    assert "### Side-by-side benchmark" in text
+    table = re.findall(r"^\| ([^|]+?) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+    assert [(label, bleu) for label, _, bleu, _ in table] == [("Baseline X", "20.50"), ("MUTE X", "21.25"),
+                                                              ("MUTE+bias+seq X", "22.00")]  # no HySAN row
+    assert "training 0.55x" in text and "beam-4 decoding 0.84x" in text
+    assert "240 steps of <= 2048 tokens" in text
+    plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
+    assert "Side-by-side benchmark" not in plain
