@@ -194,6 +194,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id ORG/NAME")
+    if args.push_to_hub and args.model_type in external.EXTERNAL_MODEL_TYPES:
+        parser.error(f"--push_to_hub publishes hf_variants models (with their card); --model_type "
+                     f"{args.model_type} is for comparisons only")
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
