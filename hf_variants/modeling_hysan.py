@@ -50,13 +50,15 @@ def branch_bounds(specs: list[tuple[str, int | None]], is_decoder: bool) -> list
 
 
 def branch_masks(bounds: list[tuple[int | None, int | None]], query_length: int, key_length: int,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device, query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
     """[nb, Q, K] booleans (True = may attend) from absolute positions: the queries are the LAST Q of the K
-    positions, so over a KV cache the causal-local branch automatically keeps the last k + 1 keys."""
+    positions (or start at `query_offset`: a static cache's key slots), so over a KV cache the causal-local branch
+    automatically keeps the last k + 1 keys."""
     far = key_length + 1  # any |i - j| is smaller
     lo = torch.tensor([-far if b[0] is None else b[0] for b in bounds], device=device)[:, None, None]
     hi = torch.tensor([far if b[1] is None else b[1] for b in bounds], device=device)[:, None, None]
-    i = torch.arange(key_length - query_length, key_length, device=device)[:, None]
+    offset = key_length - query_length if query_offset is None else query_offset
+    i = torch.arange(query_length, device=device)[:, None] + offset
     j = torch.arange(key_length, device=device)[None, :]
     distance = (i - j)[None]
     return (distance >= lo) & (distance <= hi)
@@ -94,16 +96,16 @@ class HysanAttention(TransformerNmtAttention):
         if self.fusion == "concat":
             self.out_proj = nn.Linear(len(self.branches) * self.embed_dim, self.embed_dim)
 
-    def branch_attention(self, query, key, value, attention_mask):
+    def branch_attention(self, query, key, value, attention_mask, query_offset=None):
         """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, nb, Q, K] probs).
         Rows with no allowed key (padding queries under directional/local masks) give 0, never NaN."""
         q_len, k_len = query.shape[-2], key.shape[-2]
         scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # [B, H, Q, K], computed once
         index = None
         if self.relative_positions is not None:
-            index = self.relative_positions.index(q_len, k_len, query.device)
+            index = self.relative_positions.index(q_len, k_len, query.device, query_offset)
             scores = scores + self.relative_positions.key_bias(query, index, self.scaling)
-        allowed = branch_masks(self.bounds, q_len, k_len, query.device)  # [nb, Q, K]
+        allowed = branch_masks(self.bounds, q_len, k_len, query.device, query_offset)  # [nb, Q, K]
         if attention_mask is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
             allowed = allowed & padding_mask(attention_mask)[:, :, None]  # [B, 1|H, nb, Q, K]
         scores = scores[:, :, None].masked_fill(~allowed, torch.finfo(scores.dtype).min)  # one additive bias
@@ -134,7 +136,7 @@ class HysanAttention(TransformerNmtAttention):
         for concat fusion, H otherwise."""
         if not self.hybrid:
             return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        out, weights = self.branch_attention(query, key, value, attention_mask)
+        out, weights = self.branch_attention(query, key, value, attention_mask, kwargs.get("query_offset"))
         fused = self.fuse(out)
         return fused.view(*fused.shape[:2], -1, self.head_dim), weights if output_attentions else None
 

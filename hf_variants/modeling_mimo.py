@@ -34,7 +34,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPastAndCrossAttentions
 
@@ -197,7 +197,7 @@ class MimoAttention(TransformerNmtAttention):
                 output_attentions: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n|1, B, Q, d] queries (and [n|1, B, S, d] memory) -> ([n, B, Q, d], [B, n*H, Q, K] weights or None)."""
         query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
-        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions)
+        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
         b, q = out.shape[:2]
         out = out.reshape(b, q, self.num_transformations, self.embed_dim).permute(2, 0, 1, 3)
         return self.out_proj(out), weights
@@ -398,14 +398,10 @@ class MimoDecoder(TransformerNmtDecoder):
                 use_cache=None, output_attentions=False, output_hidden_states=False, return_dict=True,
                 tgt_lang_ids=None, **kwargs):
         """`encoder_hidden_states`: the memory streams [B, n|1, S, d] (`MimoModel.encoder_memory`)."""
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length=past_length, **kwargs)
-        batch_size, query_length = hidden_states.shape[:2]
-        task_ids = resolve_task_ids(self.config, tgt_lang_ids, batch_size, hidden_states.device)
-        self_mask = self.self_attention_mask(attention_mask, query_length, past_length + query_length,
-                                             hidden_states.device)
+        past_key_values, hidden_states, self_mask, attention_kwargs = self.start_decoding(
+            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, **kwargs)
+        kwargs.update(attention_kwargs)
+        task_ids = resolve_task_ids(self.config, tgt_lang_ids, hidden_states.shape[0], hidden_states.device)
         cross_mask = padding_mask(encoder_attention_mask)
         memory = encoder_hidden_states.transpose(0, 1) if encoder_hidden_states is not None else None
         streams = hidden_states.unsqueeze(0)  # one-to-many

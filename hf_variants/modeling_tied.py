@@ -134,11 +134,11 @@ class TiedTransformerDecoder(TransformerNmtDecoder):
         TransformerNmtStack.__init__(self, config, embed_tokens, num_layers=0)
         _run_shared_blocks(self, layers, layer_norm)
 
-    def self_attention_mask(self, attention_mask, query_length: int, key_length: int, device):
+    def self_attention_mask(self, attention_mask, query_length: int, key_length: int, device, query_offset=None):
         """Always an explicit causal mask (the shared self-attention module is not causal by itself)."""
-        mask = super().self_attention_mask(attention_mask, query_length, key_length, device)
+        mask = super().self_attention_mask(attention_mask, query_length, key_length, device, query_offset)
         if mask is None and query_length > 1:
-            mask = causal_mask(query_length, key_length, device)[None, None]
+            mask = causal_mask(query_length, key_length, device, query_offset)[None, None]
         return mask
 
 

@@ -61,9 +61,12 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
 
-def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
-    """[Q, K] booleans: query i (absolute position key_length - query_length + i) sees keys j <= its position."""
-    offset = key_length - query_length
+def causal_mask(query_length: int, key_length: int, device: torch.device,
+                query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
+    """[Q, K] booleans: query i (absolute position `query_offset + i`; by default the queries are the last Q of
+    the K positions) sees keys j <= its position. A static cache holds more key slots than positions so far: pass
+    the cache length as `query_offset` there (an int or a 0-d tensor)."""
+    offset = key_length - query_length if query_offset is None else query_offset
     q = torch.arange(query_length, device=device)[:, None] + offset
     return torch.arange(key_length, device=device)[None, :] <= q
 
@@ -83,6 +86,15 @@ def self_attention_cache(past_key_values: Cache | None) -> Cache | None:
     if isinstance(past_key_values, EncoderDecoderCache):
         return past_key_values.self_attention_cache
     return past_key_values
+
+
+def static_cache_length(past_key_values: Cache | None) -> int | None:
+    """The number of key slots of a static (pre-allocated) self-attention cache, or None for a growing one."""
+    cache = self_attention_cache(past_key_values)
+    if cache is None or not len(cache.layers):
+        return None
+    length = cache.get_max_length()
+    return length if length > 0 else None
 
 
 # --------------------------------------------------------------------------------------------------------- attention
@@ -130,9 +142,12 @@ class RelativePositionEmbedding(nn.Module):
         self.max_relative_positions = max_relative_positions
         self.embeddings = nn.Embedding(2 * max_relative_positions + 1, head_dim)
 
-    def index(self, query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
-        """[Q, K] bucket ids; queries are the last Q of the K positions (cache index = position)."""
-        q = torch.arange(key_length - query_length, key_length, device=device)[:, None]
+    def index(self, query_length: int, key_length: int, device: torch.device,
+              query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
+        """[Q, K] bucket ids; query i is at position `query_offset + i`, by default the last Q of the K positions
+        (cache index = position)."""
+        offset = key_length - query_length if query_offset is None else query_offset
+        q = torch.arange(query_length, device=device)[:, None] + offset
         k = torch.arange(key_length, device=device)[None, :]
         m = self.max_relative_positions
         return (k - q).clamp(-m, m) + m
@@ -206,7 +221,8 @@ class TransformerNmtAttention(nn.Module):
         """The attention kernel: [B, H, Q, D] queries -> ([B, Q, H, D], weights or None)."""
         position_bias = value_bias_fn = None
         if self.relative_positions is not None:
-            index = self.relative_positions.index(query.shape[-2], key.shape[-2], query.device)
+            index = self.relative_positions.index(query.shape[-2], key.shape[-2], query.device,
+                                                  kwargs.get("query_offset"))
             position_bias = self.relative_positions.key_bias(query, index, self.scaling)
             if self.config.relative_position_values:
                 value_bias_fn = lambda probs: self.relative_positions.value_term(probs, index)  # noqa: E731
@@ -395,7 +411,7 @@ class TransformerNmtStack(nn.Module):
     def position_embeddings(self, length: int, offset: int, device, dtype) -> torch.Tensor | None:
         if self.config.position_embedding_type == "none":
             return None
-        positions = torch.arange(offset, offset + length, device=device)
+        positions = torch.arange(length, device=device) + offset  # offset: an int or a 0-d tensor (static cache)
         if self.embed_positions is not None:
             return self.embed_positions(positions)
         return sinusoidal_positions(positions, self.config.d_model).to(dtype)
@@ -452,24 +468,45 @@ class TransformerNmtDecoder(TransformerNmtStack):
     def __init__(self, config: TransformerNmtConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, config.decoder_layers)
 
-    def self_attention_mask(self, attention_mask, query_length: int, key_length: int, device):
-        """Causal AND decoder padding as booleans, or None when causality alone applies (SDPA's is_causal)."""
-        if attention_mask is None:
+    def self_attention_mask(self, attention_mask, query_length: int, key_length: int, device,
+                            query_offset: int | torch.Tensor | None = None):
+        """Causal AND decoder padding as booleans, or None when causality alone applies (SDPA's is_causal).
+        `query_offset` (static caches: K slots, the queries at positions query_offset..): always a mask."""
+        if attention_mask is None and query_offset is None:
             return None
-        allowed = causal_mask(query_length, key_length, device)[None, None]
+        allowed = causal_mask(query_length, key_length, device, query_offset)[None, None]
+        if attention_mask is None:
+            return allowed
         pad = padding_mask(attention_mask)
+        if pad.shape[-1] < key_length:  # a static cache's unused slots: the causal mask already excludes them
+            pad = F.pad(pad, (0, key_length - pad.shape[-1]), value=True)
         return allowed & pad[..., -key_length:]
+
+    def start_decoding(self, input_ids, inputs_embeds, attention_mask, past_key_values: Cache | None, use_cache,
+                       **kwargs):
+        """The start of a decoder forward, shared by the variants' decoders: the cache (created when `use_cache`
+        and none is given), the embedded inputs at their absolute positions, the self-attention mask, and the
+        attention kwargs (`query_offset` under a static cache, whose keys are all its pre-allocated slots)."""
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if isinstance(past_length, torch.Tensor):  # a static cache's counter, which its updates advance in place
+            past_length = past_length.clone()
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length=past_length, **kwargs)
+        query_length = hidden_states.shape[1]
+        slots = static_cache_length(past_key_values)
+        key_length = past_length + query_length if slots is None else slots
+        query_offset = None if slots is None else past_length
+        self_mask = self.self_attention_mask(attention_mask, query_length, key_length, hidden_states.device,
+                                             query_offset)
+        return past_key_values, hidden_states, self_mask, {} if query_offset is None else {"query_offset": query_offset}
 
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, inputs_embeds=None, past_key_values: Cache | None = None,
                 use_cache=None, output_attentions=False, output_hidden_states=False, return_dict=True, **kwargs):
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length=past_length, **kwargs)
-        query_length = hidden_states.shape[1]
-        self_mask = self.self_attention_mask(attention_mask, query_length, past_length + query_length,
-                                             hidden_states.device)
+        past_key_values, hidden_states, self_mask, attention_kwargs = self.start_decoding(
+            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, **kwargs)
+        kwargs.update(attention_kwargs)
         cross_mask = padding_mask(encoder_attention_mask)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:

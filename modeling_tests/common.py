@@ -151,6 +151,22 @@ class NmtModelTester:
             assert torch.equal(finite, torch.isfinite(b)) and _allclose(a[finite], b[finite], atol=1e-4)
 
     @pytest.mark.parametrize("num_beams", [1, 3])
+    def test_static_cache_equals_dynamic_cache(self, tokenizer, num_beams):
+        """`cache_implementation="static"` (pre-allocated key slots, the torch.compile path): the same tokens and
+        scores as the growing cache, positions (and relative distances) taken from the cache length."""
+        model = self.build(tokenizer)
+        inputs = self.batch(model.config, with_labels=False)
+        kwargs = dict(num_beams=num_beams, max_new_tokens=8, min_new_tokens=8, length_penalty=0.6,
+                      output_scores=True, return_dict_in_generate=True)
+        dynamic = model.generate(**inputs, **kwargs)
+        static = model.generate(**inputs, cache_implementation="static", **kwargs)
+        assert type(static.past_key_values.self_attention_cache).__name__ == "StaticCache"
+        assert torch.equal(dynamic.sequences, static.sequences)
+        for a, b in zip(dynamic.scores, static.scores):
+            finite = torch.isfinite(a)
+            assert torch.equal(finite, torch.isfinite(b)) and _allclose(a[finite], b[finite], atol=1e-4)
+
+    @pytest.mark.parametrize("num_beams", [1, 3])
     def test_padded_batch_equals_one_by_one(self, tokenizer, num_beams):
         model = self.build(tokenizer)
         inputs = self.batch(model.config, with_labels=False)
