@@ -18,7 +18,6 @@ Masks are booleans (`True` = may attend) of shape [B, 1|H, Q, K], built once per
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
