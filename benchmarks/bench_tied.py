@@ -3,7 +3,7 @@
 For each size (the paper's IWSLT `small` dims with 8 blocks, and `base` dims with 6), both models are built in this
 process with random weights and given the same inputs: greedy and beam-4 decoding with the output length forced
 (`min_new_tokens == max_new_tokens`), and training steps (forward + backward + Adam). Timings alternate between the
-two models and keep the best of `--reps` runs. The parameter counts are also checked against the formulas of
+two models (median of `--reps` runs after a warm-up; CPU-time clock by default, `--clock wall`). The parameter counts are also checked against the formulas of
 `configuration_tied`, and the paper's "12-block tied ~ 6-block baseline" comparison is printed for the big dims.
 
     python benchmarks/bench_tied.py [--reps 2] [--sizes small base]
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
@@ -23,6 +22,7 @@ import hf_variants  # noqa: F401
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
+from timing import CLOCKS, interleaved
 
 SIZES = {"small": dict(preset="small", blocks=8), "base": dict(preset="base", blocks=6)}
 
@@ -35,15 +35,6 @@ def configs(size: str, vocab_size: int):
     base = TransformerNmtConfig(**{k: v for k, v in tied.to_dict().items()
                                    if k in fields and k not in ("model_type", "architectures", "auto_map")})
     return tied, base  # same dims, norms, dropout, vocabulary
-
-
-def best_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def bench_size(size: str, args) -> dict:
@@ -68,21 +59,19 @@ def bench_size(size: str, args) -> dict:
 
     results = {name: {} for name in models}
     for mode, gen in (("greedy", dict(num_beams=1)), ("beam4", dict(num_beams=4, length_penalty=0.6))):
-        for name, model in models.items():
+        for model in models.values():
             model.eval()
-            model.generate(**inputs(name), max_new_tokens=2, min_new_tokens=2, **gen)  # warm-up
-        timings = {name: [] for name in models}
-        for _ in range(args.reps):
-            for name, model in models.items():  # alternate the models to share the machine's noise
-                with torch.no_grad():
-                    t = best_time(lambda: model.generate(**inputs(name), max_new_tokens=args.gen_len,
-                                                         min_new_tokens=args.gen_len, **gen), 1)
-                timings[name].append(t)
-        for name in models:
-            t = min(timings[name])
+
+        def decode(name, gen=gen):
+            with torch.no_grad():
+                models[name].generate(**inputs(name), max_new_tokens=args.gen_len, min_new_tokens=args.gen_len, **gen)
+
+        times = interleaved({name: (lambda name=name: decode(name)) for name in models}, args.reps, args.clock)
+        for name, t in times.items():
             results[name][f"{mode}_s"] = round(t, 4)
             results[name][f"{mode}_tokens_per_s"] = round(args.batch * args.gen_len / t, 1)
 
+    steps = {}
     for name, model in models.items():
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
@@ -93,10 +82,11 @@ def bench_size(size: str, args) -> dict:
             optimizer.step()
             optimizer.zero_grad()
 
-        step()  # warm-up (Adam state)
-        results[name]["train_step_s"] = round(best_time(step, args.reps), 4)
-        target_tokens = int((labels != -100).sum())
-        results[name]["train_target_tokens_per_s"] = round(target_tokens / results[name]["train_step_s"], 1)
+        steps[name] = step
+    target_tokens = int((labels != -100).sum())
+    for name, t in interleaved(steps, args.reps, args.clock).items():  # the warm-up run creates Adam's state
+        results[name]["train_step_s"] = round(t, 4)
+        results[name]["train_target_tokens_per_s"] = round(target_tokens / t, 1)
 
     record = {"size": size, "d_model": tied_config.d_model, "ffn_dim": tied_config.encoder_ffn_dim,
               "heads": tied_config.encoder_attention_heads, "blocks": tied_config.num_blocks,
@@ -111,7 +101,8 @@ def bench_size(size: str, args) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--src_len", type=int, default=24)
     parser.add_argument("--tgt_len", type=int, default=24)
@@ -144,7 +135,7 @@ def main():
     print(f"\nbig dims (V=32000): tied 6 blocks {paper['tied_6'] / 1e6:.1f}M, tied 12 blocks "
           f"{paper['tied_12'] / 1e6:.1f}M, baseline 6+6 layers {paper['baseline_6'] / 1e6:.1f}M")
     print(json.dumps({"benchmark": "tied", "threads": args.threads, "batch": args.batch, "src_len": args.src_len,
-                      "gen_len": args.gen_len, "reps": args.reps, "results": records, "big_formula": paper}))
+                      "gen_len": args.gen_len, "reps": args.reps, "clock": args.clock, "results": records, "big_formula": paper}))
 
 
 if __name__ == "__main__":
