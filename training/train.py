@@ -643,10 +643,13 @@ def main(argv=None) -> dict | None:
             micro = plan[state.step_in_epoch][rank * acc:(rank + 1) * acc]
             batches = [make_batch(unwrapped, tokenizer, [train_pairs[i] for i in b], args.bidirectional,
                                   args.max_length) for b in micro]
-            ntoks = [int((b["labels"] != -100).sum()) for b in batches]
-            local_tokens = sum(ntoks) + sum(int(b["attention_mask"].sum()) for b in batches)
-            total_ntok = accelerator.reduce(torch.tensor(sum(ntoks), device=accelerator.device), "sum").item()
-            step_loss = torch.zeros((), dtype=torch.float64)
+            # Token counts, losses and throughput stay on the device: no host sync in the step (the only ones are
+            # at logging and evaluation steps), so a GPU can run ahead of Python.
+            ntoks = [(b["labels"] != -100).sum() for b in batches]
+            local_ntok = torch.stack(ntoks).sum()
+            local_tokens = local_ntok + sum(b["attention_mask"].sum() for b in batches)
+            total_ntok = accelerator.reduce(local_ntok.clone(), "sum")
+            step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
             step_aux: dict[str, torch.Tensor] = {}
             for i, (batch, ntok) in enumerate(zip(batches, ntoks)):
                 # token-weighted over the global batch: sum(loss_i * ntok_i) / total tokens, with DDP's gradient
@@ -657,9 +660,9 @@ def main(argv=None) -> dict | None:
                     out = model(**batch)
                     loss = external.translation_loss(unwrapped, out, batch["labels"], args.label_smoothing)
                     accelerator.backward(loss * weight)
-                step_loss += loss.detach().double().cpu() * ntok
+                step_loss += loss.detach().double() * ntok
                 for name, value in (getattr(out, "aux_losses", None) or {}).items():
-                    step_aux[name] = step_aux.get(name, 0.0) + value.detach().double().cpu() * ntok
+                    step_aux[name] = step_aux.get(name, 0.0) + value.detach().double() * ntok
             grad_norm = None
             if args.max_grad_norm > 0:
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -671,34 +674,36 @@ def main(argv=None) -> dict | None:
             state.step_in_epoch += 1
             dt = time.time() - t0
             state.train_time += dt
-            global_tokens = int(accelerator.reduce(torch.tensor(local_tokens, device=accelerator.device),
-                                                   "sum").item())
-            state.train_tokens += global_tokens
-            window["loss"] += float(step_loss)
-            window["ntok"] += sum(ntoks)
-            window["tokens"] += global_tokens
+            window["loss"] = window["loss"] + step_loss
+            window["ntok"] = window["ntok"] + local_ntok
+            window["tokens"] = window["tokens"] + local_tokens
             window["time"] += dt
             for name, value in step_aux.items():
-                window["aux"][name] = window["aux"].get(name, 0.0) + float(value)
+                window["aux"][name] = window["aux"].get(name, 0.0) + value
             lr = scheduler.get_last_lr()[0]
             progress.update(1)
-            if state.step % args.logging_steps == 0 or state.step == max_steps:
-                sums = accelerator.reduce(torch.tensor([window["loss"], window["ntok"]] + list(window["aux"].values()),
-                                                       dtype=torch.float64, device=accelerator.device), "sum")
+            last = state.step == max_steps
+            evaluating = state.step % args.eval_steps == 0 or last
+            if state.step % args.logging_steps == 0 or last or evaluating or state.step % args.save_steps == 0:
+                # one reduce of the window's device sums (and the host sync) per logging step; also before every
+                # evaluation and checkpoint, so the saved token count is exact
+                sums = accelerator.reduce(torch.stack([torch.as_tensor(v, device=accelerator.device).double() for v in
+                                                       [window["loss"], window["ntok"], window["tokens"],
+                                                        *window["aux"].values()]]), "sum").tolist()
+                state.train_tokens += int(sums[2])
                 record = {"step": state.step, "epoch": state.epoch + state.step_in_epoch / len(plan),
                           "loss": float(sums[0] / sums[1]), "lr": lr,
-                          "tokens_per_sec": window["tokens"] / max(window["time"], 1e-9)}
+                          "tokens_per_sec": sums[2] / max(window["time"], 1e-9)}
                 for j, name in enumerate(window["aux"]):
-                    record[f"aux/{name}"] = float(sums[2 + j] / sums[1])
+                    record[f"aux/{name}"] = float(sums[3 + j] / sums[1])
                 if grad_norm is not None:
                     record["grad_norm"] = float(grad_norm)
                 log(record)
                 progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
                                      lr=f"{lr:.2e}", refresh=False)
                 window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
-            last = state.step == max_steps
             is_best = False
-            if state.step % args.eval_steps == 0 or last:
+            if evaluating:
                 is_best = run_eval(state.step)
             if state.step % args.save_steps == 0 or last or is_best:
                 save(state.step)
