@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import hf_variants  # noqa: E402
 from hf_variants import TransformerNmtConfig  # noqa: E402
+from report import write_section  # noqa: E402
 from timing import CLOCKS, interleaved  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -222,6 +223,7 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(results, args))
+    write_section(out.name, markdown(results, args))  # its section of benchmarks/RESULTS.md, when there is one
     print(json.dumps({size: {n: row["ratios_vs_baseline"] for n, row in rows.items()}
                       for size, rows in results.items()}))
     return results
