@@ -2,7 +2,9 @@
 
 Both models get the same (converted) weights and the same inputs; output lengths are forced equal
 (`min_new_tokens == max_new_tokens`), so tokens/s compare the same work. Runs are interleaved (A, B, A, B, ...) and
-the median is reported. Prints one line per setting and a JSON summary.
+the median is reported (process CPU time on one torch thread by default: `--clock wall --threads 0` for elapsed
+time). Peak memory: the resident-set growth of one beam-4 generation in a forked child (CUDA allocator peak on a GPU).
+Prints one line per setting and a JSON summary.
 
     python benchmarks/bench_generation.py [--sizes small base] [--batch 16] [--new_tokens 32] [--reps 3]
 """
@@ -11,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import statistics
-import time
 
 import torch
+from timing import CLOCKS, interleaved, peak_memory_mb
 from transformers import MarianConfig, MarianMTModel
 
 from hf_variants.convert_marian import convert_marian
@@ -28,18 +28,6 @@ SIZES = {
 }
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed_generate(model, inputs, **kwargs) -> float:
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(**inputs, **kwargs)
-    elapsed = time.perf_counter() - start
-    return out, elapsed
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
@@ -48,7 +36,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--new_tokens", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,25 +58,29 @@ def main(argv=None) -> dict:
         for beams in (1, 4):
             gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
                        length_penalty=0.6, do_sample=False)
-            timed_generate(marian, inputs, **gen)  # warm-up
-            timed_generate(ours, inputs, **gen)
-            t_marian, t_ours = [], []
-            for _ in range(args.reps):
-                out_m, dt = timed_generate(marian, inputs, **gen)
-                t_marian.append(dt)
-                out_o, dt = timed_generate(ours, inputs, **gen)
-                t_ours.append(dt)
-            same = torch.equal(out_m, out_o)
+            models = {"marian": marian, "ours": ours}
+
+            def generate(name, gen=gen):
+                with torch.inference_mode():
+                    return models[name].generate(**inputs, **gen)
+
+            same = torch.equal(generate("marian"), generate("ours"))
+            t = interleaved({name: (lambda name=name: generate(name)) for name in models}, args.reps, args.clock)
             tokens = args.batch * args.new_tokens
-            tps_m, tps_o = tokens / statistics.median(t_marian), tokens / statistics.median(t_ours)
+            tps_m, tps_o = tokens / t["marian"], tokens / t["ours"]
             key = f"{size}_beam{beams}"
             results[key] = {"marian_tok_s": round(tps_m, 1), "ours_tok_s": round(tps_o, 1),
                             "speedup": round(tps_o / tps_m, 3), "identical_outputs": same}
+            if beams == 4:
+                mem = {name: peak_memory_mb(lambda name=name: generate(name)) for name in models}
+                results[key].update(marian_peak_mb=round(mem["marian"], 1), ours_peak_mb=round(mem["ours"], 1))
+            memory = (f" | peak MiB Marian {results[key]['marian_peak_mb']:.0f}, ours {results[key]['ours_peak_mb']:.0f}"
+                      if beams == 4 else "")
             print(f"{key:12s} Marian {tps_m:8.1f} tok/s | transformer_nmt {tps_o:8.1f} tok/s | "
-                  f"ratio {tps_o / tps_m:5.2f}x | identical outputs: {same}", flush=True)
+                  f"ratio {tps_o / tps_m:5.2f}x | identical outputs: {same}{memory}", flush=True)
         del marian, ours
-    results["peak_rss_mb"] = round(peak_rss_mb(), 1)
     results["torch_threads"] = torch.get_num_threads()
+    results["clock"] = args.clock
     print(json.dumps(results))
     return results
 

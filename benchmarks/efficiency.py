@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import sys
 from pathlib import Path
 
@@ -41,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import hf_variants  # noqa: E402
 from hf_variants import TransformerNmtConfig  # noqa: E402
 from report import write_section  # noqa: E402
-from timing import CLOCKS, interleaved  # noqa: E402
+from timing import CLOCKS, interleaved, peak_memory_mb  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 LANGUAGES = ["en", "de", "fr", "cs"]
@@ -84,35 +82,6 @@ def language_inputs(model, batch: int) -> dict:
     if hook is None or not getattr(model.config, "languages", None):
         return {}
     return hook(["de"] * batch, batch)
-
-
-def peak_memory_mb(fn) -> float:
-    """Peak memory growth of `fn()` in MiB: CUDA allocator peak, or on the CPU the resident-set high-water mark of a
-    forked child running `fn` minus its resident set at the start."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - start) / 2**20
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read)
-        try:
-            with open("/proc/self/statm") as f:
-                rss0 = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            fn()
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            os.write(write, str((peak - rss0) / 2**20).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        value = f.read()
-    os.waitpid(pid, 0)
-    return float(value) if value else float("nan")
 
 
 def bench_size(size: str, args) -> dict:
