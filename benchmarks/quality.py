@@ -47,6 +47,10 @@ MULTILINGUAL = ["--languages", "en", "de", "fr", "cs"]
 RUNS: dict[str, tuple[str, str, list[str]]] = {
     "baseline": ("Transformer baseline (post-norm)", "en-de", ["--model_type", "transformer_nmt"]),
     "marian": ("MarianMTModel (transformers)", "en-de", ["--model_type", "marian"]),
+    # MUTE's own baseline (the paper's "Transformer + Relative"): MUTE's backbone with one plain unit per layer
+    "baseline_rel": ("Transformer pre-norm + relative positions (MUTE's backbone)", "en-de", [
+        "--model_type", "transformer_nmt", "--config_overrides",
+        "normalize_before=True,max_relative_positions=16,relative_position_values=True,attention_dropout=0.0"]),
     "hysan_e1": ("HySAN e1, gated sum", "en-de", ["--model_type", "hysan_nmt", "--config_overrides",
                                                  "encoder_layers=3,decoder_layers=3"]),
     "mgsa_ngram": ("MG-SA n-gram, SAN, ON-LSTM", "en-de", ["--model_type", "mgsa_nmt"]),
@@ -152,6 +156,7 @@ def row(name: str, r: dict, base: dict | None) -> dict:
         "name": name, "label": RUNS[name][0], "group": RUNS[name][1], "model_type": r["model_type"],
         "params": r["params"], "steps": r["steps"], "epochs": r["epochs"],
         "bleu": r["bleu"], "chrf": r["chrf"],
+        "valid_loss": (r.get("validation") or [{}])[-1].get("valid_loss"),
         "train_tokens_per_sec": r["train_tokens_per_sec"], "train_time_min": r["train_time_sec"] / 60,
         "wall_time_min": r["wall_time_sec"] / 60, "eval_split": r["eval_split"], "eval_pairs": r["eval_pairs"],
         "sacrebleu_signature": r["sacrebleu_signature"], "per_direction": per or None,
@@ -168,6 +173,10 @@ def row(name: str, r: dict, base: dict | None) -> dict:
     return out
 
 
+def fmt_loss(x: dict) -> str:
+    return "—" if x.get("valid_loss") is None else f"{x['valid_loss']:.3f}"
+
+
 def write_table(args) -> str:
     results = load_results()
     rows = []
@@ -177,10 +186,11 @@ def write_table(args) -> str:
     lines = [
         f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
         f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "
-        f"scored with beam 4, length penalty 0.6.",
+        f"scored with beam 4, length penalty 0.6. Valid loss: label-smoothed cross-entropy per target token on 200 "
+        f"validation pairs (auxiliary losses excluded), the same measure for every model.",
         "",
-        "| model | params | BLEU | chrF | Δ BLEU vs baseline | train tok/s (ratio) | train min | epochs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | BLEU | chrF | Δ BLEU vs baseline | valid loss | train tok/s (ratio) | train min | epochs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in rows:
         if x["group"] != "en-de":
@@ -188,29 +198,30 @@ def write_table(args) -> str:
         delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
         ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
         lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | {delta} | "
-                     f"{x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | {x['epochs']:.2f} |")
+                     f"{fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | {x['epochs']:.2f} |")
     multi = [x for x in rows if x["group"] == "multi"]
     if multi:
         lines += ["", f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
                       f"sentences per direction:", "",
-                  "| model | params | en→de BLEU | avg BLEU (12 directions) | all-directions chrF | train tok/s | "
-                  "train min |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| model | params | en→de BLEU | avg BLEU (12 directions) | all-directions chrF | valid loss | "
+                  "train tok/s | train min |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for x in multi:
             lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['en_de_bleu']:.2f} | "
-                         f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {x['train_tokens_per_sec']:.0f} | "
+                         f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {fmt_loss(x)} | "
+                         f"{x['train_tokens_per_sec']:.0f} | "
                          f"{x['train_time_min']:.1f} |")
     bar = [x for x in rows if x["group"] == "bar"]
     if bar:
         ref = BAR_REFERENCE
         lines += ["", "At the bar's budget (1,100 steps of <= 4096 tokens, warmup 500, 2 torch threads, otherwise as "
                       "above; full test_2016_flickr):", "",
-                  "| model | params | BLEU | chrF | steps | epochs | train min | train tok/s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|",
-                  f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | {ref['steps']} | "
+                  "| model | params | BLEU | chrF | valid loss | steps | epochs | train min | train tok/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | {ref['steps']} | "
                   f"{ref['epochs']} | {ref['train_time_min']:.0f} | 1460 |"]
         for x in bar:
             lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | "
-                         f"{x['steps']} | {x['epochs']:.2f} | {x['train_time_min']:.1f} | "
+                         f"{fmt_loss(x)} | {x['steps']} | {x['epochs']:.2f} | {x['train_time_min']:.1f} | "
                          f"{x['train_tokens_per_sec']:.0f} |")
     missing = [name for name in DEFAULT_RUNS if name not in results]
     if missing:

@@ -42,7 +42,7 @@ BENCHMARK_URL = "benchmarks/RESULTS.md"
 # model type -> (its runs in benchmarks/quality.py, the baseline run it is compared with, efficiency.py model)
 BENCHMARK_RUNS = {
     "transformer_nmt": (("baseline", "marian"), "baseline", "baseline"),
-    "mute_nmt": (("mute", "mute_bias", "mute_bias_seq"), "baseline", "mute"),
+    "mute_nmt": (("baseline_rel", "mute", "mute_bias", "mute_bias_seq"), "baseline", "mute"),  # + its own baseline
     "hysan_nmt": (("hysan_e1",), "baseline", "hysan"),
     "mgsa_nmt": (("mgsa_ngram",), "baseline", "mgsa"),
     "tied_nmt": (("tied",), "baseline", "tied"),
