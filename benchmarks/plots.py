@@ -25,11 +25,28 @@ SPEED_OF = {"baseline": "baseline", "marian": "marian", "hysan_e1": "hysan", "mg
             "mute_bias_seq": "mute"}
 
 
+SHORT = {"baseline": "baseline (post-norm)", "marian": "MarianMTModel", "baseline_rel": "pre-norm + relative",
+         "hysan_e1": "HySAN e1", "mgsa_ngram": "MG-SA n-gram", "tied": "Tied (6 shared)", "mute": "MUTE",
+         "mute_bias": "MUTE + bias", "mute_bias_seq": "MUTE + bias + seq"}
+
+
 def scatter(points, xlabel, path, title, logx=False):
+    """One marker per model (squares: the references) with its label; labels of nearby points are stacked so
+    they do not overlap, and points in the right third are labelled on their left."""
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for label, x, y, is_base in points:
+    xs, ys = [p[1] for p in points], [p[2] for p in points]
+    xspan, yspan = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    placed = []  # (normalised x, normalised label y) of the labels already placed
+    for label, x, y, is_base in sorted(points, key=lambda p: (-p[2], p[1])):
         ax.scatter([x], [y], s=60, marker="s" if is_base else "o", zorder=3)
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        nx, ny = (x - min(xs)) / xspan, (y - min(ys)) / yspan
+        dy = 4
+        while any(abs(nx - px) < 0.25 and abs(ny + dy / 300 - py) < 0.045 for px, py in placed):
+            dy -= 11
+        placed.append((nx, ny + dy / 300))
+        left = nx > 0.66
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(-6 if left else 6, dy), fontsize=8,
+                    ha="right" if left else "left")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("BLEU, test_2016_flickr en→de")
     if logx:
@@ -47,12 +64,12 @@ def main() -> None:
     rows = [r for r in quality["rows"] if r["group"] == "en-de"]
     budget = quality["budget"]
     title = f"Multi30k en→de, {budget['steps']} steps x {budget['max_tokens']} tokens, small dims"
-    scatter([(r["label"], r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian")) for r in rows],
+    scatter([(SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian")) for r in rows],
             "parameters (M)", RESULTS_DIR / "bleu_vs_params.png", title)
     eff_path = RESULTS_DIR / "efficiency.json"
     if eff_path.is_file():
         eff = json.loads(eff_path.read_text())["results"].get("small", {})
-        points = [(r["label"], eff[SPEED_OF[r["name"]]]["beam4_tokens_per_sec"], r["bleu"],
+        points = [(SHORT.get(r["name"], r["label"]), eff[SPEED_OF[r["name"]]]["beam4_tokens_per_sec"], r["bleu"],
                    r["name"] in ("baseline", "marian"))
                   for r in rows if SPEED_OF.get(r["name"]) in eff]
         scatter(points, "beam-4 decoding tokens/s (1 CPU thread, CPU time)", RESULTS_DIR / "bleu_vs_speed.png",
