@@ -18,7 +18,6 @@ import json
 
 import torch
 
-import hf_variants  # noqa: F401
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count

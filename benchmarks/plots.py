@@ -64,8 +64,8 @@ def main() -> None:
     rows = [r for r in quality["rows"] if r["group"] == "en-de"]
     budget = quality["budget"]
     title = f"Multi30k en→de, {budget['steps']} steps x {budget['max_tokens']} tokens, small dims"
-    scatter([(SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian")) for r in rows],
-            "parameters (M)", RESULTS_DIR / "bleu_vs_params.png", title)
+    scatter([(SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian"))
+             for r in rows], "parameters (M)", RESULTS_DIR / "bleu_vs_params.png", title)
     eff_path = RESULTS_DIR / "efficiency.json"
     if eff_path.is_file():
         eff = json.loads(eff_path.read_text())["results"].get("small", {})

@@ -128,8 +128,8 @@ def run(name: str, args) -> dict | None:
         return json.loads((out / "results.json").read_text())
     tok = ensure_tokenizer(group, args.vocab_size)
     cmd = [sys.executable, str(TRAIN), *extra, *(MULTILINGUAL if group == "multi" else BILINGUAL),
-           *common_args(args), *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir", str(out), "--resume_from_checkpoint",
-           "latest", "--variant_name", label]
+           *common_args(args), *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir",
+           str(out), "--resume_from_checkpoint", "latest", "--variant_name", label]
     if group == "multi":
         cmd += ["--max_test_pairs", str(args.multi_test_pairs)]
     cmd += ["--max_valid_pairs", "200"]
@@ -194,7 +194,8 @@ def write_table(args) -> str:
         f"scored with beam 4, length penalty 0.6. Valid loss: label-smoothed cross-entropy per target token on 200 "
         f"validation pairs (auxiliary losses excluded), the same measure for every model.",
         "",
-        "| model | params | BLEU | chrF | Δ BLEU vs baseline | valid loss | train tok/s (ratio) | train min | epochs |",
+        "| model | params | BLEU | chrF | Δ BLEU vs baseline | valid loss | train tok/s (ratio) | train min "
+        "| epochs |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in rows:
@@ -203,7 +204,8 @@ def write_table(args) -> str:
         delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
         ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
         lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | {delta} | "
-                     f"{fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | {x['epochs']:.2f} |")
+                     f"{fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | "
+                     f"{x['epochs']:.2f} |")
     multi = [x for x in rows if x["group"] == "multi"]
     if multi:
         lines += ["", f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
