@@ -71,11 +71,11 @@ def main(argv=None) -> dict:
             key = f"{size}_beam{beams}"
             results[key] = {"marian_tok_s": round(tps_m, 1), "ours_tok_s": round(tps_o, 1),
                             "speedup": round(tps_o / tps_m, 3), "identical_outputs": same}
+            memory = ""
             if beams == 4:
                 mem = {name: peak_memory_mb(lambda name=name: generate(name)) for name in models}
                 results[key].update(marian_peak_mb=round(mem["marian"], 1), ours_peak_mb=round(mem["ours"], 1))
-            memory = (f" | peak MiB Marian {results[key]['marian_peak_mb']:.0f}, ours {results[key]['ours_peak_mb']:.0f}"
-                      if beams == 4 else "")
+                memory = f" | peak MiB Marian {mem['marian']:.0f}, ours {mem['ours']:.0f}"
             print(f"{key:12s} Marian {tps_m:8.1f} tok/s | transformer_nmt {tps_o:8.1f} tok/s | "
                   f"ratio {tps_o / tps_m:5.2f}x | identical outputs: {same}{memory}", flush=True)
         del marian, ours

@@ -3,8 +3,9 @@
 For each size (the paper's IWSLT `small` dims with 8 blocks, and `base` dims with 6), both models are built in this
 process with random weights and given the same inputs: greedy and beam-4 decoding with the output length forced
 (`min_new_tokens == max_new_tokens`), and training steps (forward + backward + Adam). Timings alternate between the
-two models (median of `--reps` runs after a warm-up; CPU-time clock by default, `--clock wall`). The parameter counts are also checked against the formulas of
-`configuration_tied`, and the paper's "12-block tied ~ 6-block baseline" comparison is printed for the big dims.
+two models (median of `--reps` runs after a warm-up; CPU-time clock by default, `--clock wall`). The parameter
+counts are also checked against the formulas of `configuration_tied`, and the paper's "12-block tied ~ 6-block
+baseline" comparison is printed for the big dims.
 
     python benchmarks/bench_tied.py [--reps 2] [--sizes small base]
 

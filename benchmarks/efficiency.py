@@ -191,8 +191,9 @@ def main(argv=None) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results, args))
-    write_section(out.name, markdown(results, args))  # its section of benchmarks/RESULTS.md, when there is one
+    table = markdown(results, args)
+    out.with_suffix(".md").write_text(table)
+    write_section(out.name, table)  # its section of benchmarks/RESULTS.md, when there is one
     print(json.dumps({size: {n: row["ratios_vs_baseline"] for n, row in rows.items()}
                       for size, rows in results.items()}))
     return results

@@ -28,6 +28,15 @@ def _allclose(a, b, atol=1e-5):
     return torch.allclose(a, b, atol=atol, rtol=1e-4)
 
 
+def assert_same_generation(a, b) -> None:
+    """Two `generate(..., output_scores=True, return_dict_in_generate=True)` results: the same tokens, and the
+    same step scores (-inf where one has -inf, within 1e-4 elsewhere)."""
+    assert torch.equal(a.sequences, b.sequences)
+    for x, y in zip(a.scores, b.scores, strict=True):
+        finite = torch.isfinite(x)
+        assert torch.equal(finite, torch.isfinite(y)) and _allclose(x[finite], y[finite], atol=1e-4)
+
+
 class NmtModelTester:
     model_type: str = None
     translation_kwargs: dict = {}
@@ -145,10 +154,7 @@ class NmtModelTester:
         cached = model.generate(**inputs, use_cache=True, **kwargs, output_scores=True, return_dict_in_generate=True)
         uncached = model.generate(**inputs, use_cache=False, **kwargs, output_scores=True,
                                   return_dict_in_generate=True)
-        assert torch.equal(cached.sequences, uncached.sequences)
-        for a, b in zip(cached.scores, uncached.scores):
-            finite = torch.isfinite(a)
-            assert torch.equal(finite, torch.isfinite(b)) and _allclose(a[finite], b[finite], atol=1e-4)
+        assert_same_generation(cached, uncached)
 
     @pytest.mark.parametrize("num_beams", [1, 3])
     def test_static_cache_equals_dynamic_cache(self, tokenizer, num_beams):
@@ -161,10 +167,7 @@ class NmtModelTester:
         dynamic = model.generate(**inputs, **kwargs)
         static = model.generate(**inputs, cache_implementation="static", **kwargs)
         assert type(static.past_key_values.self_attention_cache).__name__ == "StaticCache"
-        assert torch.equal(dynamic.sequences, static.sequences)
-        for a, b in zip(dynamic.scores, static.scores):
-            finite = torch.isfinite(a)
-            assert torch.equal(finite, torch.isfinite(b)) and _allclose(a[finite], b[finite], atol=1e-4)
+        assert_same_generation(dynamic, static)
 
     @pytest.mark.parametrize("num_beams", [1, 3])
     def test_padded_batch_equals_one_by_one(self, tokenizer, num_beams):

@@ -17,7 +17,7 @@ import hf_variants
 from hf_variants import MimoConfig, MimoForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.modeling_mimo import MimoEncoderOutput, MimoLinear, MimoMix
-from common import NmtModelTester, _allclose
+from common import NmtModelTester, _allclose, assert_same_generation
 from conftest import LANGUAGES, read_sentences
 
 N = 3
@@ -284,9 +284,7 @@ def test_merge_memory_switch():
     gen = dict(num_beams=3, max_new_tokens=6, min_new_tokens=6, output_scores=True, return_dict_in_generate=True)
     cached = model.generate(**source, use_cache=True, **gen)
     uncached = model.generate(**source, use_cache=False, **gen)
-    assert torch.equal(cached.sequences, uncached.sequences)
-    assert all(_allclose(a[torch.isfinite(a)], b[torch.isfinite(b)], atol=1e-4)
-               for a, b in zip(cached.scores, uncached.scores))
+    assert_same_generation(cached, uncached)
 
 
 # --------------------------------------------------------------------------------- equivalence with baseline
