@@ -67,6 +67,11 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     # The bar of the benchmark issue, at ITS budget (not part of the default run: ~1 h each on 2 cores)
     "baseline_bar": ("Transformer baseline, the bar's budget", "bar", ["--model_type", "transformer_nmt"]),
     "marian_bar": ("MarianMTModel, the bar's budget", "bar", ["--model_type", "marian"]),
+    # our baseline with MarianMTModel's two training-relevant defaults (GELU, N(0, 0.02) init): isolates the gap
+    # between the two rows above (Marian's final_logits_bias is a zero buffer, never trained)
+    "baseline_marian_defaults_bar": ("Transformer baseline with Marian's defaults (GELU, N(0, 0.02) init), the "
+                                     "bar's budget", "bar", ["--model_type", "transformer_nmt", "--config_overrides",
+                                                             "activation_function=gelu,init_method=normal"]),
 }
 # every other en->de run at the bar's budget too (opt-in, e.g. --only mgsa_ngram_bar: 45-90 min each on 2 cores)
 RUNS.update({f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
@@ -178,6 +183,42 @@ def row(name: str, r: dict, base: dict | None) -> dict:
     return out
 
 
+def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000) -> None:
+    """sacreBLEU's paired bootstrap resampling (1,000 resamples of the test sentences) of every row in `rows`
+    against `base_name`, from the translations each run saved: adds `bleu_ci95` (half-width of the 95% interval)
+    and `p_bleu` / `p_chrf` (the probability that the difference to the baseline is chance, given this test set;
+    it says nothing about seed-to-seed variance)."""
+    import gzip
+
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    by_name = {x["name"]: x for x in rows}
+    hyps = {}
+    for name in [base_name] + [x["name"] for x in rows if x["name"] != base_name]:
+        path = RUNS_DIR / name / "translations.test.txt"
+        if name in by_name and path.is_file() and by_name[name]["eval_pairs"] == 1000:
+            hyps[name] = path.read_text(encoding="utf-8").splitlines()
+    if base_name not in hyps or len(hyps) < 2:
+        return
+    with gzip.open(ROOT / "training" / "data" / "multi30k" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = f.read().splitlines()
+    test = PairedTest(list(hyps.items()), {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs",
+                      n_samples=n_samples)
+    _, scores = test()
+    for i, name in enumerate(scores["System"]):
+        bleu, chrf = scores["BLEU"][i], scores["chrF2"][i]
+        by_name[name].update(bleu_ci95=bleu.ci, p_bleu=bleu.p_value, p_chrf=chrf.p_value)
+
+
+def fmt_p(x: dict) -> str:
+    return "—" if x.get("p_bleu") is None else f"{x['p_bleu']:.3f} / {x['p_chrf']:.3f}"
+
+
+def fmt_bleu(x: dict) -> str:
+    return f"{x['bleu']:.2f}" + (f" ± {x['bleu_ci95']:.1f}" if x.get("bleu_ci95") is not None else "")
+
+
 def fmt_loss(x: dict) -> str:
     return "—" if x.get("valid_loss") is None else f"{x['valid_loss']:.3f}"
 
@@ -186,25 +227,29 @@ def write_table(args) -> str:
     results = load_results()
     rows = []
     for name, r in results.items():
-        base_name = {"en-de": "baseline", "multi": "ml_baseline"}.get(RUNS[name][1])
+        base_name = {"en-de": "baseline", "multi": "ml_baseline", "bar": "baseline_bar"}.get(RUNS[name][1])
         rows.append(row(name, r, results.get(base_name) if base_name and name != base_name else None))
+    for group, base_name in (("en-de", "baseline"), ("bar", "baseline_bar")):
+        paired_bootstrap([x for x in rows if x["group"] == group], base_name)
     lines = [
         f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
         f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "
         f"scored with beam 4, length penalty 0.6. Valid loss: label-smoothed cross-entropy per target token on 200 "
-        f"validation pairs (auxiliary losses excluded), the same measure for every model.",
+        f"validation pairs (auxiliary losses excluded), the same measure for every model. p: sacreBLEU's paired "
+        f"bootstrap resampling against the baseline (1,000 resamples of the test sentences; BLEU / chrF); ± is the "
+        f"95% interval of BLEU. Both measure test-set sampling only, one training seed per row.",
         "",
-        "| model | params | BLEU | chrF | Δ BLEU vs baseline | valid loss | train tok/s (ratio) | train min "
-        "| epochs |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | params | BLEU | chrF | Δ BLEU vs baseline | p (BLEU / chrF) | valid loss | train tok/s (ratio) "
+        "| train min | epochs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for x in rows:
         if x["group"] != "en-de":
             continue
         delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
         ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
-        lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | {delta} | "
-                     f"{fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | "
+        lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | {delta} | "
+                     f"{fmt_p(x)} | {fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | "
                      f"{x['epochs']:.2f} |")
     multi = [x for x in rows if x["group"] == "multi"]
     if multi:
@@ -222,14 +267,17 @@ def write_table(args) -> str:
     if bar:
         ref = BAR_REFERENCE
         bar_lines = ["At the bar's budget (1,100 steps of <= 4096 tokens, warmup 500, otherwise as above; the full "
-                     "test_2016_flickr):", "",
-                     "| model | params | BLEU | chrF | valid loss | steps | epochs |",
-                     "|---|---:|---:|---:|---:|---:|---:|",
-                     f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | {ref['steps']} | "
-                     f"{ref['epochs']} |"]
+                     "test_2016_flickr; p and ± as above, against our baseline at this budget):", "",
+                     "| model | params | BLEU | chrF | Δ BLEU vs the bar (34.0) | Δ BLEU vs our baseline | "
+                     "p (BLEU / chrF) | valid loss | steps | epochs |",
+                     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                     f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | — | — | — | "
+                     f"{ref['steps']} | {ref['epochs']} |"]
         for x in bar:
-            bar_lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['bleu']:.2f} | {x['chrf']:.2f} | "
-                             f"{fmt_loss(x)} | {x['steps']} | {x['epochs']:.2f} |")
+            delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
+            bar_lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | "
+                             f"{x['bleu'] - ref['bleu']:+.2f} | {delta} | {fmt_p(x)} | {fmt_loss(x)} | {x['steps']} | "
+                             f"{x['epochs']:.2f} |")
     missing = [name for name in DEFAULT_RUNS if name not in results]
     if missing:
         lines += ["", f"Not run yet: {', '.join(missing)}."]
