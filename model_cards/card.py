@@ -503,8 +503,13 @@ def benchmark_summary(model_type: str, results_dir: str | os.PathLike | None = B
         if eff_name in eff:
             speed = eff[eff_name].get("ratios_vs_baseline")
     multilingual = rows[0].get("group") == "multi"
+    # the same runs at the longer budget of the bar (`NAME_bar`), next to the baseline's bar run
+    bar_names = [f"{baseline}_bar"] + [f"{n}_bar" for n in runs if n != baseline]
+    bar_rows = [by_name[n] for n in bar_names if n in by_name]
+    if len(bar_rows) < 2 or bar_rows[0]["name"] != f"{baseline}_bar" or not quality.get("bar_reference"):
+        bar_rows = []
     return {"budget": quality.get("budget", {}), "rows": rows, "speed": speed, "multilingual": multilingual,
-            "url": BENCHMARK_URL}
+            "bar_rows": bar_rows, "bar_reference": quality.get("bar_reference"), "url": BENCHMARK_URL}
 
 
 def _base_template() -> jinja2.Template:

@@ -282,7 +282,8 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
     (bench / "quality.json").write_text(json.dumps({
         "budget": {"steps": 240, "max_tokens": 2048},
         "rows": [row("baseline", "Baseline X", 20.5), row("mute", "MUTE X", 21.25), row("hysan_e1", "HySAN X", 19.0),
-                 row("mute_bias_seq", "MUTE+bias+seq X", 22.0)]}))
+                 row("mute_bias_seq", "MUTE+bias+seq X", 22.0)],
+        "bar_reference": {"bleu": 34.0, "steps": 1100, "epochs": 9}}))
     (bench / "efficiency.json").write_text(json.dumps({"results": {"small": {"mute": {"ratios_vs_baseline": {
         "train_tokens_per_sec": 0.55, "greedy_tokens_per_sec": 0.65, "beam4_tokens_per_sec": 0.84}}}}}))
     text = build_model_card(run / "model", results, benchmark_dir=bench).text
@@ -292,5 +293,16 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
                                                               ("MUTE+bias+seq X", "22.00")]  # no HySAN row
     assert "training 0.55x" in text and "beam-4 decoding 0.84x" in text
     assert "240 steps of <= 2048 tokens" in text
+    assert "longer budget" not in text  # no bar-budget runs in this file
+    # with the family's runs at the bar's budget (and the baseline's), a second table lists them
+    quality = json.loads((bench / "quality.json").read_text())
+    quality["rows"] += [row("baseline_bar", "Baseline X, bar", 33.5), row("mute_bar", "MUTE X, bar", 34.75),
+                        row("hysan_e1_bar", "HySAN X, bar", 33.0)]
+    (bench / "quality.json").write_text(json.dumps(quality))
+    text = build_model_card(run / "model", results, benchmark_dir=bench).text
+    table = re.findall(r"^\| ([^|]+?) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
+    assert [(label, bleu) for label, _, bleu, _ in table][3:] == [("Baseline X, bar", "33.50"),
+                                                                  ("MUTE X, bar", "34.75")]
+    assert "1100 steps of <= 4096 tokens" in text and "reached 34.0 BLEU" in text
     plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
     assert "Side-by-side benchmark" not in plain
