@@ -85,6 +85,7 @@ BAR_BUDGET = ["--max_steps", "1100", "--max_tokens", "4096", "--warmup_steps", "
 BAR_REFERENCE = {"label": "MarianMTModel small (the issue's bar, measured by the team)", "bleu": 34.0, "chrf": 58.6,
                  "steps": 1100, "epochs": 9, "train_time_min": 45.0}
 
+MUTE_RUNS = ("mute", "mute_bias", "mute_bias_seq")  # compared with "baseline_rel" too (MUTE's own backbone)
 PAPER_CLAIMS = {  # from the papers, as collected in shared/docs/variants-spec.md
     "mute": "WMT14 En-De: Transformer+Relative base 28.2 -> MUTE 28.8 (+0.6)",
     "mute_bias": "WMT14 En-De: 28.2 -> MUTE+Bias 29.1 (+0.9)",
@@ -183,11 +184,11 @@ def row(name: str, r: dict, base: dict | None) -> dict:
     return out
 
 
-def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000) -> None:
+def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, prefix: str = "") -> None:
     """sacreBLEU's paired bootstrap resampling (1,000 resamples of the test sentences) of every row in `rows`
     against `base_name`, from the translations each run saved: adds `bleu_ci95` (half-width of the 95% interval)
     and `p_bleu` / `p_chrf` (the probability that the difference to the baseline is chance, given this test set;
-    it says nothing about seed-to-seed variance)."""
+    it says nothing about seed-to-seed variance), each key preceded by `prefix`."""
     import gzip
 
     from sacrebleu.metrics import BLEU, CHRF
@@ -208,7 +209,8 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000) ->
     _, scores = test()
     for i, name in enumerate(scores["System"]):
         bleu, chrf = scores["BLEU"][i], scores["chrF2"][i]
-        by_name[name].update(bleu_ci95=bleu.ci, p_bleu=bleu.p_value, p_chrf=chrf.p_value)
+        by_name[name].update({f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value,
+                              f"{prefix}p_chrf": chrf.p_value})
 
 
 def fmt_p(x: dict) -> str:
@@ -223,6 +225,25 @@ def fmt_loss(x: dict) -> str:
     return "—" if x.get("valid_loss") is None else f"{x['valid_loss']:.3f}"
 
 
+def own_baseline_table(rows: list[dict], suffix: str) -> list[str]:
+    """MUTE's rows against MUTE's own baseline (pre-norm + relative positions), as the paper compares them."""
+    by_name = {x["name"]: x for x in rows}
+    base = by_name.get(f"baseline_rel{suffix}")
+    mute = [by_name[f"{n}{suffix}"] for n in MUTE_RUNS if f"{n}{suffix}" in by_name]
+    if base is None or not mute:
+        return []
+    lines = ["", f"MUTE against its own baseline, as the paper compares them — {base['label']}: "
+                 f"{base['bleu']:.2f} BLEU / {base['chrf']:.2f} chrF, valid loss {fmt_loss(base)}:", "",
+             "| model | Δ BLEU | Δ chrF | Δ valid loss | p (BLEU / chrF) |", "|---|---:|---:|---:|---:|"]
+    for x in mute:
+        dloss = "—" if x.get("valid_loss") is None or base.get("valid_loss") is None else \
+            f"{x['valid_loss'] - base['valid_loss']:+.3f}"
+        p = "—" if x.get("own_p_bleu") is None else f"{x['own_p_bleu']:.3f} / {x['own_p_chrf']:.3f}"
+        lines.append(f"| {x['label']} | {x['bleu'] - base['bleu']:+.2f} | {x['chrf'] - base['chrf']:+.2f} | {dloss} "
+                     f"| {p} |")
+    return lines
+
+
 def write_table(args) -> str:
     results = load_results()
     rows = []
@@ -231,6 +252,10 @@ def write_table(args) -> str:
         rows.append(row(name, r, results.get(base_name) if base_name and name != base_name else None))
     for group, base_name in (("en-de", "baseline"), ("bar", "baseline_bar")):
         paired_bootstrap([x for x in rows if x["group"] == group], base_name)
+    # MUTE is also compared with its own backbone (the paper's "Transformer + Relative"), at both budgets
+    for suffix in ("", "_bar"):
+        own = [x for x in rows if x["name"] in {f"{n}{suffix}" for n in ("baseline_rel", *MUTE_RUNS)}]
+        paired_bootstrap(own, f"baseline_rel{suffix}", prefix="own_")
     lines = [
         f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
         f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "
@@ -251,6 +276,7 @@ def write_table(args) -> str:
         lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | {delta} | "
                      f"{fmt_p(x)} | {fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} | "
                      f"{x['epochs']:.2f} |")
+    lines += own_baseline_table(rows, "")
     multi = [x for x in rows if x["group"] == "multi"]
     if multi:
         lines += ["", f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
@@ -278,6 +304,7 @@ def write_table(args) -> str:
             bar_lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | "
                              f"{x['bleu'] - ref['bleu']:+.2f} | {delta} | {fmt_p(x)} | {fmt_loss(x)} | {x['steps']} | "
                              f"{x['epochs']:.2f} |")
+        bar_lines += own_baseline_table(rows, "_bar")
     missing = [name for name in DEFAULT_RUNS if name not in results]
     if missing:
         lines += ["", f"Not run yet: {', '.join(missing)}."]
