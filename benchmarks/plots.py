@@ -3,7 +3,8 @@
 
 Reads `benchmarks/results/quality.json` (BLEU, params: benchmarks/quality.py) and
 `benchmarks/results/efficiency.json` (beam-4 decoding tokens/s at the same dims: benchmarks/efficiency.py) and writes
-`benchmarks/results/bleu_vs_params.png` and `benchmarks/results/bleu_vs_speed.png`.
+`benchmarks/results/bleu_vs_params.png` and `benchmarks/results/bleu_vs_speed.png` (the one-epoch table), and
+`benchmarks/results/bleu_vs_params_bar.png` (the runs at the bar's budget).
 
     python benchmarks/plots.py
 """
@@ -27,7 +28,8 @@ SPEED_OF = {"baseline": "baseline", "marian": "marian", "hysan_e1": "hysan", "mg
 
 SHORT = {"baseline": "baseline (post-norm)", "marian": "MarianMTModel", "baseline_rel": "pre-norm + relative",
          "hysan_e1": "HySAN e1", "mgsa_ngram": "MG-SA n-gram", "tied": "Tied (6 shared)", "mute": "MUTE",
-         "mute_bias": "MUTE + bias", "mute_bias_seq": "MUTE + bias + seq"}
+         "mute_bias": "MUTE + bias", "mute_bias_seq": "MUTE + bias + seq",
+         "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)"}
 
 
 def scatter(points, xlabel, path, title, logx=False):
@@ -37,8 +39,10 @@ def scatter(points, xlabel, path, title, logx=False):
     xs, ys = [p[1] for p in points], [p[2] for p in points]
     xspan, yspan = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
     placed = []  # (normalised x, normalised label y) of the labels already placed
-    for label, x, y, is_base in sorted(points, key=lambda p: (-p[2], p[1])):
-        ax.scatter([x], [y], s=60, marker="s" if is_base else "o", zorder=3)
+    for label, x, y, is_base, *ci in sorted(points, key=lambda p: (-p[2], p[1])):
+        dots = ax.scatter([x], [y], s=60, marker="s" if is_base else "o", zorder=3)
+        if ci and ci[0] is not None:  # the 95% bootstrap interval of BLEU over the test sentences
+            ax.errorbar([x], [y], yerr=[ci[0]], fmt="none", capsize=3, alpha=0.5, color=dots.get_facecolor()[0])
         nx, ny = (x - min(xs)) / xspan, (y - min(ys)) / yspan
         dy = 4
         while any(abs(nx - px) < 0.25 and abs(ny + dy / 300 - py) < 0.045 for px, py in placed):
@@ -66,6 +70,14 @@ def main() -> None:
     title = f"Multi30k en→de, {budget['steps']} steps x {budget['max_tokens']} tokens, small dims"
     scatter([(SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian"))
              for r in rows], "parameters (M)", RESULTS_DIR / "bleu_vs_params.png", title)
+    # the runs at the bar's longer budget (NAME_bar), once there are some besides the baseline and Marian
+    bar = [r for r in quality["rows"] if r["group"] == "bar"]
+    if len(bar) > 2:
+        ref = quality.get("bar_reference") or {}
+        scatter([(SHORT.get(r["name"].removesuffix("_bar"), r["label"]), r["params"] / 1e6, r["bleu"],
+                  r["name"] in ("baseline_bar", "marian_bar"), r.get("bleu_ci95")) for r in bar], "parameters (M)",
+                RESULTS_DIR / "bleu_vs_params_bar.png",
+                f"Multi30k en→de, the bar's budget ({ref.get('steps', 1100)} x 4096 tokens); bars: 95% bootstrap CI")
     eff_path = RESULTS_DIR / "efficiency.json"
     if eff_path.is_file():
         eff = json.loads(eff_path.read_text())["results"].get("small", {})
