@@ -295,8 +295,8 @@ def write_table(args) -> str:
         ref = BAR_REFERENCE
         bar_lines = ["At the bar's budget (1,100 steps of <= 4096 tokens, warmup 500, otherwise as above; the full "
                      "test_2016_flickr; p and ± as above, against our baseline at this budget):", "",
-                     f"| model | params | BLEU | chrF | Δ BLEU vs the bar ({ref['bleu']:.1f}) | Δ BLEU vs our baseline | "
-                     "p (BLEU / chrF) | valid loss | steps | epochs |",
+                     f"| model | params | BLEU | chrF | Δ BLEU vs the bar ({ref['bleu']:.1f}) | "
+                     "Δ BLEU vs our baseline | p (BLEU / chrF) | valid loss | steps | epochs |",
                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
                      f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | — | — | — | "
                      f"{ref['steps']} | {ref['epochs']} |"]
