@@ -77,7 +77,8 @@ def main() -> None:
         scatter([(SHORT.get(r["name"].removesuffix("_bar"), r["label"]), r["params"] / 1e6, r["bleu"],
                   r["name"] in ("baseline_bar", "marian_bar"), r.get("bleu_ci95")) for r in bar], "parameters (M)",
                 RESULTS_DIR / "bleu_vs_params_bar.png",
-                f"Multi30k en→de, the bar's budget ({ref.get('steps', 1100)} x 4096 tokens); bars: 95% bootstrap CI")
+                f"Multi30k en→de, the bar's budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
+                "bootstrap CI")
     eff_path = RESULTS_DIR / "efficiency.json"
     if eff_path.is_file():
         eff = json.loads(eff_path.read_text())["results"].get("small", {})

@@ -283,7 +283,7 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
         "budget": {"steps": 240, "max_tokens": 2048},
         "rows": [row("baseline", "Baseline X", 20.5), row("mute", "MUTE X", 21.25), row("hysan_e1", "HySAN X", 19.0),
                  row("mute_bias_seq", "MUTE+bias+seq X", 22.0)],
-        "bar_reference": {"bleu": 34.0, "steps": 1100, "epochs": 9}}))
+        "bar_reference": {"bleu": 34.0, "steps": 1100, "max_tokens": 4096, "epochs": 9}}))
     (bench / "efficiency.json").write_text(json.dumps({"results": {"small": {"mute": {"ratios_vs_baseline": {
         "train_tokens_per_sec": 0.55, "greedy_tokens_per_sec": 0.65, "beam4_tokens_per_sec": 0.84}}}}}))
     text = build_model_card(run / "model", results, benchmark_dir=bench).text
