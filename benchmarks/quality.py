@@ -10,9 +10,11 @@ ON-LSTM). Tied uses 6 shared blocks (about the parameters of the 3+3 baseline). 
 same dims is trained through the same script (`--model_type marian`). MIMO is compared with the baseline on the
 many-to-many data (en, de, fr, cs: 12 directions) and reported on en→de and the average over directions.
 
-Runs go to `benchmarks/runs/<name>` (git-ignored); a finished run (results.json) is skipped, an interrupted one
-resumes from its last checkpoint. After every run the table is rewritten: `benchmarks/results/quality.json` and
-`benchmarks/results/quality.md` (pasted into benchmarks/RESULTS.md).
+Runs go to `benchmarks/runs/<name>` (git-ignored); an interrupted one resumes from its last checkpoint. A finished
+run is archived in the repository, `benchmarks/results/runs/<name>.json` (its results.json) and
+`<name>.test.txt.gz` (its test translations, for the paired tests), and is skipped from then on (delete both files
+to run it again). The table is rebuilt from the archive after every run, on any checkout:
+`benchmarks/results/quality.json` and `benchmarks/results/quality.md` (pasted into benchmarks/RESULTS.md).
 
     python benchmarks/quality.py                  # all runs, in the order of RUNS (in the background: nohup ... &)
     python benchmarks/quality.py --jobs 2 --threads 1   # two runs at a time, one core each (how the table was made)
@@ -25,6 +27,7 @@ resumes from its last checkpoint. After every run the table is rewritten: `bench
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -39,6 +42,7 @@ from report import write_section
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_DIR = ROOT / "benchmarks" / "runs"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
+ARCHIVE_DIR = RESULTS_DIR / "runs"  # committed: what the table is built from
 TRAIN = ROOT / "training" / "train.py"
 
 BILINGUAL = ["--source_lang", "en", "--target_lang", "de"]
@@ -127,12 +131,40 @@ def ensure_tokenizer(group: str, vocab_size: int) -> Path:
     return out
 
 
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def archive(name: str) -> dict:
+    """Copy the finished run `benchmarks/runs/<name>` into the committed archive: its results.json and its test
+    translations (gzip without a timestamp, so an unchanged run rewrites identical bytes)."""
+    src = RUNS_DIR / name
+    results = json.loads((src / "results.json").read_text())
+    ARCHIVE_DIR.mkdir(parents=True, exist_ok=True)
+    _atomic_write(ARCHIVE_DIR / f"{name}.json", (json.dumps(results, indent=1) + "\n").encode())
+    translations = src / "translations.test.txt"
+    if translations.is_file():
+        _atomic_write(ARCHIVE_DIR / f"{name}.test.txt.gz", gzip.compress(translations.read_bytes(), mtime=0))
+    return results
+
+
+def archived_translations(name: str) -> list[str] | None:
+    path = ARCHIVE_DIR / f"{name}.test.txt.gz"
+    if not path.is_file():
+        return None
+    return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+
+
 def run(name: str, args) -> dict | None:
     label, group, extra = RUNS[name]
     out = RUNS_DIR / name
     if (out / "results.json").is_file():
-        print(f"[{name}] done already: {out / 'results.json'}", flush=True)
-        return json.loads((out / "results.json").read_text())
+        archive(name)
+    if (ARCHIVE_DIR / f"{name}.json").is_file():
+        print(f"[{name}] done already: {ARCHIVE_DIR / f'{name}.json'}", flush=True)
+        return json.loads((ARCHIVE_DIR / f"{name}.json").read_text())
     tok = ensure_tokenizer(group, args.vocab_size)
     cmd = [sys.executable, str(TRAIN), *extra, *(MULTILINGUAL if group == "multi" else BILINGUAL),
            *common_args(args), *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir",
@@ -149,13 +181,17 @@ def run(name: str, args) -> dict | None:
     print(f"[{name}] exit {code} after {(time.time() - start) / 60:.1f} min", flush=True)
     if code != 0 or not (out / "results.json").is_file():
         return None
-    return json.loads((out / "results.json").read_text())
+    return archive(name)
 
 
 def load_results() -> dict[str, dict]:
+    """Every finished run: a run folder finished on this machine is archived first (it is the newer), then all
+    are read from the archive."""
     found = {}
     for name in RUNS:
-        path = RUNS_DIR / name / "results.json"
+        if (RUNS_DIR / name / "results.json").is_file():
+            archive(name)
+        path = ARCHIVE_DIR / f"{name}.json"
         if path.is_file():
             found[name] = json.loads(path.read_text())
     return found
@@ -172,6 +208,7 @@ def row(name: str, r: dict, base: dict | None) -> dict:
         "train_tokens_per_sec": r["train_tokens_per_sec"], "train_time_min": r["train_time_sec"] / 60,
         "wall_time_min": r["wall_time_sec"] / 60, "eval_split": r["eval_split"], "eval_pairs": r["eval_pairs"],
         "sacrebleu_signature": r["sacrebleu_signature"], "per_direction": per or None,
+        "stored_tests": r.get("stored_tests"),
     }
     if RUNS[name][1] != "multi":
         out["en_de_bleu"], out["en_de_chrf"] = r["bleu"], r["chrf"]
@@ -189,9 +226,10 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, pr
     """sacreBLEU's paired bootstrap resampling (1,000 resamples of the test sentences) of every row in `rows`
     against `base_name`, from the translations each run saved: adds `bleu_ci95` (half-width of the 95% interval)
     and `p_bleu` / `p_chrf` (the probability that the difference to the baseline is chance, given this test set;
-    it says nothing about seed-to-seed variance), each key preceded by `prefix`."""
-    import gzip
+    it says nothing about seed-to-seed variance), each key preceded by `prefix`.
 
+    A run archived without its translations (`stored_tests`, kept from the table of an earlier checkout) keeps the
+    values computed back then, as long as they were computed against this same baseline run (equal BLEU)."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
@@ -200,19 +238,26 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, pr
         refs = f.read().splitlines()
     hyps = {}
     for name in [base_name] + [x["name"] for x in rows if x["name"] != base_name]:
-        path = RUNS_DIR / name / "translations.test.txt"
-        lines = path.read_text(encoding="utf-8").splitlines() if name in by_name and path.is_file() else []
-        if len(lines) == len(refs):  # runs scored on the whole test set only
+        lines = archived_translations(name) if name in by_name else None
+        if lines is not None and len(lines) == len(refs):  # runs scored on the whole test set only
             hyps[name] = lines
-    if base_name not in hyps or len(hyps) < 2:
-        return
-    test = PairedTest(list(hyps.items()), {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs",
-                      n_samples=n_samples)
-    _, scores = test()
-    for i, name in enumerate(scores["System"]):
-        bleu, chrf = scores["BLEU"][i], scores["chrF2"][i]
-        by_name[name].update({f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value,
-                              f"{prefix}p_chrf": chrf.p_value})
+    computed = set()
+    if base_name in hyps and len(hyps) >= 2:
+        test = PairedTest(list(hyps.items()), {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs",
+                          n_samples=n_samples)
+        _, scores = test()
+        for i, name in enumerate(scores["System"]):
+            bleu, chrf = scores["BLEU"][i], scores["chrF2"][i]
+            by_name[name].update({f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value,
+                                  f"{prefix}p_chrf": chrf.p_value})
+            computed.add(name)
+    base = by_name.get(base_name)
+    for x in rows:
+        stored = (x.get("stored_tests") or {}).get(prefix or "baseline")
+        if x["name"] in computed or not stored or base is None:
+            continue
+        if stored["against"] == base_name and abs(stored["against_bleu"] - base["bleu"]) < 1e-9:
+            x.update({f"{prefix}{k}": stored[k] for k in ("bleu_ci95", "p_bleu", "p_chrf") if k in stored})
 
 
 def fmt_p(x: dict) -> str:
@@ -258,6 +303,8 @@ def write_table(args) -> str:
     for suffix in ("", "_bar"):
         own = [x for x in rows if x["name"] in {f"{n}{suffix}" for n in ("baseline_rel", *MUTE_RUNS)}]
         paired_bootstrap(own, f"baseline_rel{suffix}", prefix="own_")
+    for x in rows:
+        x.pop("stored_tests", None)  # used up by the paired tests above
     lines = [
         f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
         f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "

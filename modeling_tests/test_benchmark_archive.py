@@ -1,0 +1,98 @@
+"""benchmarks/quality.py keeps every finished run in the repository (benchmarks/results/runs/): the quality table,
+and the paired tests between runs, must rebuild the same on a checkout that has none of the git-ignored run
+folders."""
+
+import gzip
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def quality(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    module = importlib.import_module("quality")
+    monkeypatch.setattr(module, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(module, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(module, "ARCHIVE_DIR", tmp_path / "results" / "runs")
+    sections = {}
+    monkeypatch.setattr(module, "write_section", lambda name, text: sections.__setitem__(name, text))
+    module.sections = sections
+    yield module
+    sys.modules.pop("quality", None)
+
+
+def references() -> list[str]:
+    with gzip.open(ROOT / "training/data/multi30k/test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def finish_run(quality, name: str, translations: list[str], bleu: float) -> None:
+    """What training/train.py leaves in a finished run folder (the fields the table reads)."""
+    out = quality.RUNS_DIR / name
+    out.mkdir(parents=True)
+    results = {"model_type": "transformer_nmt", "params": 1000, "steps": 1100, "epochs": 9.6, "bleu": bleu,
+               "chrf": bleu + 20, "validation": [{"valid_loss": 3.0}], "train_tokens_per_sec": 100.0,
+               "train_time_sec": 60.0, "wall_time_sec": 61.0, "eval_split": "test_2016_flickr",
+               "eval_pairs": len(translations), "sacrebleu_signature": "sig", "per_direction": None}
+    (out / "results.json").write_text(json.dumps(results))
+    (out / "translations.test.txt").write_text("".join(t + "\n" for t in translations), encoding="utf-8")
+
+
+def table(quality):
+    args = quality.main.__globals__["argparse"].Namespace(steps=240, max_tokens=2048, warmup=80, lr=1e-3, seed=1,
+                                                          vocab_size=8000, multi_test_pairs=100)
+    text = quality.write_table(args)
+    return text, json.loads((quality.RESULTS_DIR / "quality.json").read_text())
+
+
+def test_table_rebuilds_from_the_archive_without_run_folders(quality):
+    refs = references()
+    finish_run(quality, "baseline_bar", [" ".join(r.split()[:-1]) for r in refs], 30.0)  # last word dropped
+    finish_run(quality, "hysan_e1_bar", refs, 100.0)
+    text, payload = table(quality)
+    rows = {r["name"]: r for r in payload["rows"]}
+    assert rows["hysan_e1_bar"]["p_bleu"] < 0.01 and rows["hysan_e1_bar"]["bleu_ci95"] >= 0
+    assert (quality.ARCHIVE_DIR / "hysan_e1_bar.json").is_file()
+    archived = gzip.decompress((quality.ARCHIVE_DIR / "hysan_e1_bar.test.txt.gz").read_bytes()).decode()
+    assert archived.splitlines() == refs
+
+    shutil.rmtree(quality.RUNS_DIR)  # a fresh checkout: only the committed archive
+    text_again, payload_again = table(quality)
+    assert payload_again == payload and text_again == text
+    row = "| HySAN e1, gated sum, the bar's budget | 0.00M | 100.00 ± 0.0 | 120.00 | +66.00 | +70.00 |"
+    assert row in quality.sections["bar"]  # vs the bar's 34.0 and vs our baseline run
+
+
+def test_archived_run_is_not_trained_again(quality, monkeypatch):
+    finish_run(quality, "tied_bar", ["x"], 1.0)
+    quality.archive("tied_bar")
+    shutil.rmtree(quality.RUNS_DIR)
+    monkeypatch.setattr(quality.subprocess, "call", lambda *a, **k: pytest.fail("archived run trained again"))
+    assert quality.run("tied_bar", None)["bleu"] == 1.0
+
+
+@pytest.mark.parametrize("against_bleu,kept", [(30.0, True), (31.0, False)])
+def test_stored_tests_only_against_the_same_baseline_run(quality, against_bleu, kept):
+    """A run archived without translations keeps its p-values only while the baseline run they were computed
+    against (recognised by its BLEU) is the one in the table."""
+    refs = references()
+    finish_run(quality, "baseline_bar", refs, 30.0)
+    quality.ARCHIVE_DIR.mkdir(parents=True)
+    legacy = {"model_type": "mgsa_nmt", "params": 1100, "steps": 1100, "epochs": 9.6, "bleu": 29.0, "chrf": 50.0,
+              "validation": [], "train_tokens_per_sec": 90.0, "train_time_sec": 60.0, "wall_time_sec": 61.0,
+              "eval_split": "test_2016_flickr", "eval_pairs": 1000, "sacrebleu_signature": "sig",
+              "per_direction": None,
+              "stored_tests": {"baseline": {"against": "baseline_bar", "against_bleu": against_bleu,
+                                            "bleu_ci95": 1.4, "p_bleu": 0.02, "p_chrf": 0.08}}}
+    (quality.ARCHIVE_DIR / "mgsa_ngram_bar.json").write_text(json.dumps(legacy))
+    _, payload = table(quality)
+    row = {r["name"]: r for r in payload["rows"]}["mgsa_ngram_bar"]
+    assert "stored_tests" not in row
+    assert (row.get("p_bleu"), row.get("bleu_ci95")) == ((0.02, 1.4) if kept else (None, None))
