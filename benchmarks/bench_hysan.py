@@ -134,7 +134,8 @@ def main(argv=None) -> dict:
                     lengths[name] = out.shape[1]
                     return dt
 
-                t_b, t_h = interleaved_self_timed(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"), args.reps)
+                t_b, t_h = interleaved_self_timed(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"),
+                                                  args.reps)
                 assert lengths["baseline"] == lengths["hysan"] == args.new_tokens + 1, lengths
                 n = args.batch * args.new_tokens
                 name = "greedy" if beams == 1 else f"beam{beams}"

@@ -52,7 +52,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = {"clock": args.clock, "units": args.units, "batch": args.batch, "src_len": args.src_len, "new_tokens": args.new_tokens}
+    results = {"clock": args.clock, "units": args.units, "batch": args.batch, "src_len": args.src_len,
+               "new_tokens": args.new_tokens}
     for size in args.sizes:
         torch.manual_seed(0)
         mute_config = MuteConfig.from_preset(size, vocab_size=args.vocab, num_units=args.units, dropout=0.0)

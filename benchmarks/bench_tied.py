@@ -135,7 +135,8 @@ def main():
     print(f"\nbig dims (V=32000): tied 6 blocks {paper['tied_6'] / 1e6:.1f}M, tied 12 blocks "
           f"{paper['tied_12'] / 1e6:.1f}M, baseline 6+6 layers {paper['baseline_6'] / 1e6:.1f}M")
     print(json.dumps({"benchmark": "tied", "threads": args.threads, "batch": args.batch, "src_len": args.src_len,
-                      "gen_len": args.gen_len, "reps": args.reps, "clock": args.clock, "results": records, "big_formula": paper}))
+                      "gen_len": args.gen_len, "reps": args.reps, "clock": args.clock, "results": records,
+                      "big_formula": paper}))
 
 
 if __name__ == "__main__":

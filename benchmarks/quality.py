@@ -81,6 +81,10 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
 RUNS.update({f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
              for name, (label, group, train_args) in list(RUNS.items())
              if group == "en-de" and name not in ("baseline", "marian")})
+# the same baseline with another training seed: how far two runs of one model fall apart at this budget (the rows'
+# p-values measure test-set sampling only)
+RUNS["baseline_bar_seed2"] = ("Transformer baseline, the bar's budget, seed 2", "bar",
+                              ["--model_type", "transformer_nmt", "--seed", "2"])
 DEFAULT_RUNS = [name for name, spec in RUNS.items() if spec[1] != "bar"]
 # The bar: MarianMTModel small trained by the team on these 2 cores for 45 min (1,100 steps of 4096 tokens, warmup
 # 500, about 9 epochs; the rest of the recipe as ours) reached 34.0 BLEU / 58.6 chrF on test_2016_flickr.
@@ -166,9 +170,10 @@ def run(name: str, args) -> dict | None:
         print(f"[{name}] done already: {ARCHIVE_DIR / f'{name}.json'}", flush=True)
         return json.loads((ARCHIVE_DIR / f"{name}.json").read_text())
     tok = ensure_tokenizer(group, args.vocab_size)
-    cmd = [sys.executable, str(TRAIN), *extra, *(MULTILINGUAL if group == "multi" else BILINGUAL),
-           *common_args(args), *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir",
-           str(out), "--resume_from_checkpoint", "latest", "--variant_name", label]
+    # the run's own arguments last: they override the common ones (e.g. --seed)
+    cmd = [sys.executable, str(TRAIN), *(MULTILINGUAL if group == "multi" else BILINGUAL), *common_args(args),
+           *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir", str(out),
+           "--resume_from_checkpoint", "latest", "--variant_name", label, *extra]
     if group == "multi":
         cmd += ["--max_test_pairs", str(args.multi_test_pairs)]
     cmd += ["--max_valid_pairs", "200"]
