@@ -287,7 +287,8 @@ def _eval_results(results: Mapping, dataset_id: str | None, dataset_pretty: str 
     def add(config: str | None, scores: Mapping, label: str) -> None:
         common = dict(task_type="translation", task_name="Translation", dataset_type=dataset_id,
                       dataset_name=f"{dataset_pretty} ({label})", dataset_config=config, dataset_split=split)
-        for metric, metric_name, sig_key in (("bleu", "BLEU", "sacrebleu_signature"), ("chrf", "chrF", "chrf_signature")):
+        for metric, metric_name, sig_key in (("bleu", "BLEU", "sacrebleu_signature"),
+                                             ("chrf", "chrF", "chrf_signature")):
             value = scores.get(metric)
             if value is None:
                 continue
@@ -338,8 +339,9 @@ def _architecture_rows(config: Mapping, family: Family, params: int | None) -> l
     for key, value in config.items():
         if key in shown or key in BASELINE_CONFIG_KEYS or key in standard or key.startswith("_") or value is None:
             continue
-        if isinstance(value, (bool, int, float, str)) or (isinstance(value, (list, tuple)) and len(value) <= 16
-                                                          and all(isinstance(v, (bool, int, float, str)) for v in value)):
+        scalar = (bool, int, float, str)
+        if isinstance(value, scalar) or (isinstance(value, (list, tuple)) and len(value) <= 16
+                                         and all(isinstance(v, scalar) for v in value)):
             rows.append((f"`{key}`", _fmt(value)))
     return [(label, value) for label, value in rows if value is not None]
 

@@ -31,7 +31,8 @@ from .card import build_model_card, load_results
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Training leftovers that never belong in a model repo.
 IGNORE_PATTERNS = [

@@ -106,7 +106,8 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
     return final
 
 
-def rotate_checkpoints(checkpoint_dir: str | os.PathLike, keep_last: int, protect: set[int] = frozenset()) -> list[Path]:
+def rotate_checkpoints(checkpoint_dir: str | os.PathLike, keep_last: int,
+                       protect: set[int] = frozenset()) -> list[Path]:
     """Delete all but the newest `keep_last` complete checkpoints (and those whose step is in `protect`)."""
     if keep_last <= 0:
         return []

@@ -87,8 +87,8 @@ class ParallelCorpus:
 
     def head(self, n: int) -> "ParallelCorpus":
         """The first `n` rows."""
-        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages,
-                              {k: {lang: v[:n] for lang, v in by_lang.items()} for k, by_lang in self.annotations.items()})
+        annotations = {k: {lang: v[:n] for lang, v in by_lang.items()} for k, by_lang in self.annotations.items()}
+        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages, annotations)
 
     def column(self, lang: str) -> list[str]:
         return [row.get(lang, "") for row in self.rows]
@@ -278,7 +278,8 @@ class DropReport:
     def summary(self) -> str:
         if not self.total:
             return f"{self.split}: no pairs dropped"
-        parts = [f"{reason}: {n} (e.g. {', '.join(self.locations[reason])})" for reason, n in sorted(self.counts.items())]
+        parts = [f"{reason}: {n} (e.g. {', '.join(self.locations[reason])})"
+                 for reason, n in sorted(self.counts.items())]
         return f"{self.split}: dropped {self.total} pairs; " + "; ".join(parts)
 
     def to_dict(self) -> dict:

@@ -93,7 +93,8 @@ def translate_distributed(accelerator, model, tokenizer, texts: Sequence[str], t
     # the same number of sentences (so of generate calls) on every process: sharded models (FSDP) generate in
     # lockstep; the padding repeats sentence 0 and is dropped below
     idx += [0] * (math.ceil(len(texts) / world) - len(idx)) if texts else []
-    variant_inputs = {name: [values[i] for i in idx] for name, values in (kwargs.pop("variant_inputs", None) or {}).items()}
+    variant_inputs = {name: [values[i] for i in idx]
+                      for name, values in (kwargs.pop("variant_inputs", None) or {}).items()}
     hyps = translate(model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx],
                      variant_inputs=variant_inputs, **kwargs)
     n_real = len(range(rank, len(texts), world))
