@@ -2,6 +2,7 @@
 and the paired tests between runs, must rebuild the same on a checkout that has none of the git-ignored run
 folders."""
 
+import argparse
 import gzip
 import importlib
 import json
@@ -46,8 +47,8 @@ def finish_run(quality, name: str, translations: list[str], bleu: float) -> None
 
 
 def table(quality):
-    args = quality.main.__globals__["argparse"].Namespace(steps=240, max_tokens=2048, warmup=80, lr=1e-3, seed=1,
-                                                          vocab_size=8000, multi_test_pairs=100)
+    args = argparse.Namespace(steps=240, max_tokens=2048, warmup=80, lr=1e-3, seed=1, vocab_size=8000,
+                              multi_test_pairs=100)
     text = quality.write_table(args)
     return text, json.loads((quality.RESULTS_DIR / "quality.json").read_text())
 
