@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
-from timing import interleaved_self_timed
+from timing import speed_vs_baseline
 
 SIZES = {  # HySAN's presets (the baseline gets the same dims)
     "small": "small",
@@ -58,25 +57,6 @@ def make_batch(args, vocab):
     return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}, labels
 
 
-CLOCK = time.perf_counter
-
-
-def time_train(model, optimizer, inputs, labels) -> float:
-    start = CLOCK()
-    loss = model(**inputs, labels=labels).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return CLOCK() - start
-
-
-def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
-    start = CLOCK()
-    with torch.inference_mode():
-        out = model.generate(**inputs, **kwargs)
-    return out, CLOCK() - start
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=sorted(SIZES))
@@ -90,8 +70,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     args = parser.parse_args(argv)
-    global CLOCK
-    CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
     results = {"settings": {k: v for k, v in vars(args).items()}, "torch_threads": torch.get_num_threads()}
@@ -112,39 +90,10 @@ def main(argv=None) -> dict:
                   f"(formula {expected_delta(config):,})", flush=True)
 
             inputs, labels = make_batch(args, args.vocab)
-            tokens = int((labels != -100).sum())
-            baseline.train(), hysan.train()
-            opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
-            opt_h = torch.optim.Adam(hysan.parameters(), lr=1e-4)
-            t_b, t_h = interleaved_self_timed(lambda: time_train(baseline, opt_b, inputs, labels),
-                                   lambda: time_train(hysan, opt_h, inputs, labels), args.reps)
-            row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_hysan=round(tokens / t_h, 1),
-                       train_ratio=round(t_b / t_h, 3))
-            print(f"{key:16s} train   baseline {tokens / t_b:9.1f} tok/s | HySAN {tokens / t_h:9.1f} tok/s | "
-                  f"ratio {t_b / t_h:5.2f}x", flush=True)
-
-            baseline.eval(), hysan.eval()
-            for beams in (1, 4):
-                gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                           do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
-                lengths = {}
-
-                def run(model, name):
-                    out, dt = time_generate(model, inputs, **gen)
-                    lengths[name] = out.shape[1]
-                    return dt
-
-                t_b, t_h = interleaved_self_timed(lambda: run(baseline, "baseline"), lambda: run(hysan, "hysan"),
-                                                  args.reps)
-                assert lengths["baseline"] == lengths["hysan"] == args.new_tokens + 1, lengths
-                n = args.batch * args.new_tokens
-                name = "greedy" if beams == 1 else f"beam{beams}"
-                row.update({f"{name}_tok_s_baseline": round(n / t_b, 1), f"{name}_tok_s_hysan": round(n / t_h, 1),
-                            f"{name}_ratio": round(t_b / t_h, 3)})
-                print(f"{key:16s} {name:7s} baseline {n / t_b:9.1f} tok/s | HySAN {n / t_h:9.1f} tok/s | "
-                      f"ratio {t_b / t_h:5.2f}x", flush=True)
+            row.update(speed_vs_baseline({"baseline": (baseline, inputs), "hysan": (hysan, inputs)}, labels,
+                                         args.new_tokens, args.reps, args.clock, key))
             results[key] = row
-            del baseline, hysan, opt_b, opt_h
+            del baseline, hysan
     print(json.dumps({"benchmark": "hysan_vs_baseline", **results}))
     return results
 

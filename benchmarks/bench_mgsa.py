@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.phrases import ngram_phrase_index
-from timing import interleaved_self_timed
+from timing import speed_vs_baseline
 
 
 def count(model) -> int:
@@ -68,25 +67,6 @@ def phrase_inputs(config: MgsaConfig, inputs: dict) -> dict:
     return {"phrase_index": index, "phrase_tags": tags}
 
 
-CLOCK = time.process_time  # set by --clock: CPU time of this process (robust on a shared machine) or wall time
-
-
-def time_train(model, optimizer, inputs, labels) -> float:
-    start = CLOCK()
-    loss = model(**inputs, labels=labels).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return CLOCK() - start
-
-
-def time_generate(model, inputs, **kwargs) -> tuple[torch.Tensor, float]:
-    start = CLOCK()
-    with torch.inference_mode():
-        out = model.generate(**inputs, **kwargs)
-    return out, CLOCK() - start
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=["small", "base", "big"])
@@ -101,8 +81,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                         help="cpu: process CPU time (default; stable when other jobs share the cores), wall: elapsed")
     args = parser.parse_args(argv)
-    global CLOCK
-    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     results = {"settings": dict(vars(args)), "torch_threads": torch.get_num_threads()}
@@ -124,39 +102,10 @@ def main(argv=None) -> dict:
 
             inputs, labels = make_batch(args, args.vocab)
             mgsa_inputs = {**inputs, **phrase_inputs(config, inputs)}
-            tokens = int((labels != -100).sum())
-            baseline.train(), mgsa.train()
-            opt_b = torch.optim.Adam(baseline.parameters(), lr=1e-4)
-            opt_m = torch.optim.Adam(mgsa.parameters(), lr=1e-4)
-            t_b, t_m = interleaved_self_timed(lambda: time_train(baseline, opt_b, inputs, labels),
-                                   lambda: time_train(mgsa, opt_m, mgsa_inputs, labels), args.reps)
-            row.update(train_tok_s_baseline=round(tokens / t_b, 1), train_tok_s_mgsa=round(tokens / t_m, 1),
-                       train_ratio=round(t_b / t_m, 3))
-            print(f"{key:16s} train   baseline {tokens / t_b:9.1f} tok/s | MG-SA {tokens / t_m:9.1f} tok/s | "
-                  f"ratio {t_b / t_m:5.2f}x", flush=True)
-
-            baseline.eval(), mgsa.eval()
-            for beams in (1, 4):
-                gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                           do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
-                lengths = {}
-
-                def run(model, name, model_inputs):
-                    out, dt = time_generate(model, model_inputs, **gen)
-                    lengths[name] = out.shape[1]
-                    return dt
-
-                t_b, t_m = interleaved_self_timed(lambda: run(baseline, "baseline", inputs),
-                                       lambda: run(mgsa, "mgsa", mgsa_inputs), args.reps)
-                assert lengths["baseline"] == lengths["mgsa"] == args.new_tokens + 1, lengths
-                n = args.batch * args.new_tokens
-                name = "greedy" if beams == 1 else f"beam{beams}"
-                row.update({f"{name}_tok_s_baseline": round(n / t_b, 1), f"{name}_tok_s_mgsa": round(n / t_m, 1),
-                            f"{name}_ratio": round(t_b / t_m, 3)})
-                print(f"{key:16s} {name:7s} baseline {n / t_b:9.1f} tok/s | MG-SA {n / t_m:9.1f} tok/s | "
-                      f"ratio {t_b / t_m:5.2f}x", flush=True)
+            row.update(speed_vs_baseline({"baseline": (baseline, inputs), "mgsa": (mgsa, mgsa_inputs)}, labels,
+                                         args.new_tokens, args.reps, args.clock, key))
             results[key] = row
-            del baseline, mgsa, opt_b, opt_m
+            del baseline, mgsa
     print(json.dumps({"benchmark": "mgsa_vs_baseline", **results}))
     return results
 
