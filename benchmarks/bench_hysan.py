@@ -21,18 +21,14 @@ import json
 
 import torch
 
-from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
+from hf_variants import HysanConfig, HysanForConditionalGeneration
 from hf_variants import TransformerNmtForConditionalGeneration
-from timing import speed_vs_baseline
+from timing import baseline_config, random_batch, speed_vs_baseline
 
 SIZES = {  # HySAN's presets (the baseline gets the same dims)
     "small": "small",
     "base": "base",
 }
-
-
-def count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def expected_delta(config: HysanConfig) -> int:
@@ -43,18 +39,6 @@ def expected_delta(config: HysanConfig) -> int:
     if config.fusion == "gated_sum":  # one bias-free squeeze gate d -> d/r -> d per self-attention
         return (config.encoder_layers + config.decoder_layers) * 2 * d * (d // config.gate_reduction)
     return 0
-
-
-def make_batch(args, vocab):
-    g = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(4, vocab, (args.batch, args.src_len), generator=g)
-    attention_mask = torch.ones_like(input_ids)
-    for row in range(args.batch):  # lengths from half to full
-        attention_mask[row, args.src_len // 2 + row % (args.src_len // 2):] = 0
-    labels = torch.randint(4, vocab, (args.batch, args.tgt_len), generator=g)
-    for row in range(args.batch):
-        labels[row, args.tgt_len // 2 + row % (args.tgt_len // 2):] = -100
-    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}, labels
 
 
 def main(argv=None) -> dict:
@@ -76,20 +60,18 @@ def main(argv=None) -> dict:
     for size in args.sizes:
         for fusion in args.fusions:
             config = HysanConfig.from_preset(SIZES[size], vocab_size=args.vocab, dropout=0.0, fusion=fusion)
-            base_config = TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
-                                                  if k in TransformerNmtConfig().to_dict()
-                                                  and k not in ("model_type", "architectures", "auto_map")})
+            base_config = baseline_config(config)
             torch.manual_seed(0)
             baseline = TransformerNmtForConditionalGeneration(base_config)
             hysan = HysanForConditionalGeneration(config)
             key = f"{size}_{fusion}"
-            p_base, p_hysan = count(baseline), count(hysan)
+            p_base, p_hysan = baseline.num_parameters(), hysan.num_parameters()
             row = {"params_baseline": p_base, "params_hysan": p_hysan, "params_delta": p_hysan - p_base,
                    "params_delta_formula": expected_delta(config)}
             print(f"{key:16s} params: baseline {p_base:,} | HySAN {p_hysan:,} | delta {p_hysan - p_base:,} "
                   f"(formula {expected_delta(config):,})", flush=True)
 
-            inputs, labels = make_batch(args, args.vocab)
+            inputs, labels = random_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
             row.update(speed_vs_baseline({"baseline": (baseline, inputs), "hysan": (hysan, inputs)}, labels,
                                          args.new_tokens, args.reps, args.clock, key))
             results[key] = row

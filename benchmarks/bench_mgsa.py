@@ -24,14 +24,10 @@ import json
 
 import torch
 
-from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtConfig
+from hf_variants import MgsaConfig, MgsaForConditionalGeneration
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.phrases import ngram_phrase_index
-from timing import speed_vs_baseline
-
-
-def count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+from timing import baseline_config, random_batch, speed_vs_baseline
 
 
 def expected_delta(config: MgsaConfig) -> int:
@@ -43,19 +39,6 @@ def expected_delta(config: MgsaConfig) -> int:
     if config.uses_tag_loss:
         per_layer += groups * (d + 1) * len(config.phrase_tag_labels)
     return len(config.mgsa_layers) * per_layer
-
-
-def make_batch(args, vocab):
-    g = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(4, vocab, (args.batch, args.src_len), generator=g)
-    attention_mask = torch.ones_like(input_ids)
-    for row in range(args.batch):  # lengths from half to full
-        attention_mask[row, args.src_len // 2 + row % (args.src_len // 2):] = 0
-    labels = torch.randint(4, vocab, (args.batch, args.tgt_len), generator=g)
-    for row in range(args.batch):
-        labels[row, args.tgt_len // 2 + row % (args.tgt_len // 2):] = -100
-    inputs = {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
-    return inputs, labels
 
 
 def phrase_inputs(config: MgsaConfig, inputs: dict) -> dict:
@@ -87,20 +70,18 @@ def main(argv=None) -> dict:
     for size in args.sizes:
         for mode in args.modes:
             config = MgsaConfig.from_preset(size, vocab_size=args.vocab, dropout=0.0, phrase_type=mode)
-            base_config = TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
-                                                  if k in TransformerNmtConfig().to_dict()
-                                                  and k not in ("model_type", "architectures", "auto_map")})
+            base_config = baseline_config(config)
             torch.manual_seed(0)
             baseline = TransformerNmtForConditionalGeneration(base_config)
             mgsa = MgsaForConditionalGeneration(config)
             key = f"{size}_{mode}"
-            p_base, p_mgsa = count(baseline), count(mgsa)
+            p_base, p_mgsa = baseline.num_parameters(), mgsa.num_parameters()
             row = {"params_baseline": p_base, "params_mgsa": p_mgsa, "params_delta": p_mgsa - p_base,
                    "params_delta_formula": expected_delta(config)}
             print(f"{key:16s} params: baseline {p_base:,} | MG-SA {p_mgsa:,} | delta {p_mgsa - p_base:,} "
                   f"(formula {expected_delta(config):,})", flush=True)
 
-            inputs, labels = make_batch(args, args.vocab)
+            inputs, labels = random_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
             mgsa_inputs = {**inputs, **phrase_inputs(config, inputs)}
             row.update(speed_vs_baseline({"baseline": (baseline, inputs), "mgsa": (mgsa, mgsa_inputs)}, labels,
                                          args.new_tokens, args.reps, args.clock, key))

@@ -35,10 +35,6 @@ from timing import interleaved
 LANGUAGES = ["en", "de", "fr", "cs"]
 
 
-def count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def mixing_parameters(config: MimoConfig) -> int:
     """Task-attention tables: T*n*n per MIMO link -- (2L-1) in the encoder (layer 1's self-attention is
     one-to-many), (4L-1) in the decoder (self-attention, cross-attention query, cross-attention memory, FFN) --
@@ -80,7 +76,7 @@ def main(argv=None) -> dict:
             "shallow": TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
                 size, encoder_layers=layers, decoder_layers=layers, **common)).eval(),
         }
-        params = {name: count(model) for name, model in models.items()}
+        params = {name: model.num_parameters() for name, model in models.items()}
         formula = params["deep"] + mixing_parameters(mimo_config)
         row = {"params": params, "mixing_params": mixing_parameters(mimo_config),
                "mimo_params_match_formula": params["mimo"] == formula}
@@ -100,7 +96,7 @@ def main(argv=None) -> dict:
 
         for beams in (1, 4):
             gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                       length_penalty=0.6, do_sample=False)
+                       do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
 
             def decode(name, gen=gen):
                 with torch.inference_mode():

@@ -19,13 +19,9 @@ import json
 
 import torch
 
-from hf_variants import MuteConfig, MuteForConditionalGeneration, TransformerNmtConfig
+from hf_variants import MuteConfig, MuteForConditionalGeneration
 from hf_variants import TransformerNmtForConditionalGeneration
-from timing import CLOCKS, interleaved
-
-
-def count(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+from timing import CLOCKS, baseline_config, interleaved
 
 
 def per_unit_parameters(config: MuteConfig) -> int:
@@ -57,12 +53,10 @@ def main(argv=None) -> dict:
     for size in args.sizes:
         torch.manual_seed(0)
         mute_config = MuteConfig.from_preset(size, vocab_size=args.vocab, num_units=args.units, dropout=0.0)
-        base_config = TransformerNmtConfig(**{k: v for k, v in mute_config.to_dict().items()
-                                              if k in TransformerNmtConfig().to_dict()
-                                              and k not in ("model_type", "architectures", "auto_map")})
+        base_config = baseline_config(mute_config)
         mute = MuteForConditionalGeneration(mute_config).eval()
         base = TransformerNmtForConditionalGeneration(base_config).eval()
-        n_mute, n_base = count(mute), count(base)
+        n_mute, n_base = mute.num_parameters(), base.num_parameters()
         unit = per_unit_parameters(mute_config)
         layers, units, d = mute_config.encoder_layers, args.units, mute_config.d_model
         extras = layers * (units + (units**2 if mute_config.merge == "seq" else 0)
@@ -93,7 +87,7 @@ def main(argv=None) -> dict:
 
         for beams in (1, 4):
             gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                       length_penalty=0.6, do_sample=False)
+                       do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
 
             def decode(model, gen=gen):
                 with torch.inference_mode():

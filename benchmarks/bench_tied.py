@@ -19,10 +19,10 @@ import json
 
 import torch
 
-from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration, TransformerNmtConfig
+from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
-from timing import CLOCKS, interleaved
+from timing import CLOCKS, baseline_config, interleaved
 
 SIZES = {"small": dict(preset="small", blocks=8), "base": dict(preset="base", blocks=6)}
 
@@ -31,10 +31,7 @@ def configs(size: str, vocab_size: int):
     spec = SIZES[size]
     tied = TiedTransformerConfig.from_preset(spec["preset"], vocab_size=vocab_size, encoder_layers=spec["blocks"],
                                              decoder_layers=spec["blocks"], languages=["en", "de"])
-    fields = TransformerNmtConfig().to_dict()
-    base = TransformerNmtConfig(**{k: v for k, v in tied.to_dict().items()
-                                   if k in fields and k not in ("model_type", "architectures", "auto_map")})
-    return tied, base  # same dims, norms, dropout, vocabulary
+    return tied, baseline_config(tied)  # same dims, norms, dropout, vocabulary
 
 
 def bench_size(size: str, args) -> dict:

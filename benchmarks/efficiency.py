@@ -113,7 +113,7 @@ def bench_size(size: str, args) -> dict:
             model.generate(input_ids=src, attention_mask=mask, do_sample=False, max_new_tokens=args.new_tokens,
                            min_new_tokens=args.new_tokens, **beam, **extra[name])
 
-    rows = {name: {"label": MODELS[name][0], "params": sum(p.numel() for p in m.parameters())}
+    rows = {name: {"label": MODELS[name][0], "params": m.num_parameters()}
             for name, m in models.items()}
     t = interleaved({n: (lambda n=n: train_step(n)) for n in names}, args.reps, args.clock)
     for n in names:

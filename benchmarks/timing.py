@@ -1,5 +1,6 @@
-"""Measurement helpers shared by the benchmark scripts (run as `python benchmarks/<script>.py`, so this folder is on
-`sys.path`): interleaved runs, median kept, with a CPU-time or wall clock; peak memory of one call."""
+"""Helpers shared by the benchmark scripts (run as `python benchmarks/<script>.py`, so this folder is on `sys.path`):
+interleaved runs, median kept, with a CPU-time or wall clock; peak memory of one call; a variant against the
+baseline of the same dims (its config, a random batch, training and decoding speed)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,29 @@ def interleaved(fns: dict, reps: int, clock="cpu") -> dict:
             fn()
             times[name].append(timer() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def baseline_config(config):
+    """The baseline of the same dims as a variant's config: every field the two configs share (dims, norms,
+    positions, dropout, vocabulary), the baseline's defaults for the rest."""
+    from hf_variants import TransformerNmtConfig
+
+    fields = TransformerNmtConfig().to_dict()
+    return TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
+                                   if k in fields and k not in ("model_type", "architectures", "auto_map")})
+
+
+def random_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 1) -> tuple[dict, torch.Tensor]:
+    """Random token ids (no special tokens), source and target lengths from half to full, padding masked."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, vocab, (batch, src_len), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    for row in range(batch):
+        attention_mask[row, src_len // 2 + row % (src_len // 2):] = 0
+    labels = torch.randint(4, vocab, (batch, tgt_len), generator=g)
+    for row in range(batch):
+        labels[row, tgt_len // 2 + row % (tgt_len // 2):] = -100
+    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}, labels
 
 
 def train_step(model, optimizer, inputs: dict, labels: torch.Tensor) -> None:
