@@ -29,7 +29,8 @@ SPEED_OF = {"baseline": "baseline", "marian": "marian", "hysan_e1": "hysan", "mg
 SHORT = {"baseline": "baseline (post-norm)", "marian": "MarianMTModel", "baseline_rel": "pre-norm + relative",
          "hysan_e1": "HySAN e1", "mgsa_ngram": "MG-SA n-gram", "tied": "Tied (6 shared)", "mute": "MUTE",
          "mute_bias": "MUTE + bias", "mute_bias_seq": "MUTE + bias + seq",
-         "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)"}
+         "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)",
+         "baseline_bar_run1": "baseline, first run", "baseline_bar_seed2": "baseline, seed 2"}
 
 
 def scatter(points, xlabel, path, title, logx=False):
@@ -75,7 +76,8 @@ def main() -> None:
     if len(bar) > 2:
         ref = quality.get("bar_reference") or {}
         scatter([(SHORT.get(r["name"].removesuffix("_bar"), r["label"]), r["params"] / 1e6, r["bleu"],
-                  r["name"] in ("baseline_bar", "marian_bar"), r.get("bleu_ci95")) for r in bar], "parameters (M)",
+                  r["name"].startswith("baseline_bar") or r["name"] == "marian_bar", r.get("bleu_ci95")) for r in bar],
+                "parameters (M)",
                 RESULTS_DIR / "bleu_vs_params_bar.png",
                 f"Multi30k en→de, the bar's budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
                 "bootstrap CI")

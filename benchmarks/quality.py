@@ -81,8 +81,12 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
 RUNS.update({f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
              for name, (label, group, train_args) in list(RUNS.items())
              if group == "en-de" and name not in ("baseline", "marian")})
-# the same baseline with another training seed: how far two runs of one model fall apart at this budget (the rows'
-# p-values measure test-set sampling only)
+# the same baseline again: the first run (2 threads; its translations were lost with an earlier work tree, its
+# table values and paired tests are archived) beside `baseline_bar` (the same seed rerun on one thread), and
+# another training seed: how far runs of one model fall apart at this budget (the p-values measure test-set
+# sampling only)
+RUNS["baseline_bar_run1"] = ("Transformer baseline, the bar's budget, first run", "bar",
+                             ["--model_type", "transformer_nmt"])
 RUNS["baseline_bar_seed2"] = ("Transformer baseline, the bar's budget, seed 2", "bar",
                               ["--model_type", "transformer_nmt", "--seed", "2"])
 DEFAULT_RUNS = [name for name, spec in RUNS.items() if spec[1] != "bar"]
@@ -234,7 +238,8 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, pr
     it says nothing about seed-to-seed variance), each key preceded by `prefix`.
 
     A run archived without its translations (`stored_tests`, kept from the table of an earlier checkout) keeps the
-    values computed back then, as long as they were computed against this same baseline run (equal BLEU)."""
+    values computed back then, as long as the run they were computed against is in `rows` with the same BLEU;
+    when that run is not `base_name`, `{prefix}p_against` names it."""
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
@@ -256,17 +261,30 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, pr
             by_name[name].update({f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value,
                                   f"{prefix}p_chrf": chrf.p_value})
             computed.add(name)
-    base = by_name.get(base_name)
     for x in rows:
         stored = (x.get("stored_tests") or {}).get(prefix or "baseline")
-        if x["name"] in computed or not stored or base is None:
+        if x["name"] in computed or not stored:
             continue
-        if stored["against"] == base_name and abs(stored["against_bleu"] - base["bleu"]) < 1e-9:
+        against = by_name.get(stored["against"])
+        if against is not None and abs(stored["against_bleu"] - against["bleu"]) < 1e-9:
             x.update({f"{prefix}{k}": stored[k] for k in ("bleu_ci95", "p_bleu", "p_chrf") if k in stored})
+            if stored["against"] != base_name and stored.get("p_bleu") is not None:
+                x[f"{prefix}p_against"] = stored["against"]
 
 
-def fmt_p(x: dict) -> str:
-    return "—" if x.get("p_bleu") is None else f"{x['p_bleu']:.3f} / {x['p_chrf']:.3f}"
+def fmt_p(x: dict, prefix: str = "") -> str:
+    """p (BLEU / chrF); † when computed against another run than the table's baseline (see `p_footnotes`)."""
+    if x.get(f"{prefix}p_bleu") is None:
+        return "—"
+    return f"{x[f'{prefix}p_bleu']:.3f} / {x[f'{prefix}p_chrf']:.3f}" + (" †" if x.get(f"{prefix}p_against") else "")
+
+
+def p_footnotes(rows: list[dict], prefix: str = "") -> list[str]:
+    by_name = {x["name"]: x for x in rows}
+    against = dict.fromkeys(x[f"{prefix}p_against"] for x in rows if x.get(f"{prefix}p_against"))
+    return [f"† p against \"{by_name[name]['label']}\" ({by_name[name]['bleu']:.2f} BLEU), the baseline run these "
+            "rows were compared with before its translations were lost; the other p against the table's baseline."
+            for name in against]
 
 
 def fmt_bleu(x: dict) -> str:
@@ -290,7 +308,7 @@ def own_baseline_table(rows: list[dict], suffix: str) -> list[str]:
     for x in mute:
         dloss = "—" if x.get("valid_loss") is None or base.get("valid_loss") is None else \
             f"{x['valid_loss'] - base['valid_loss']:+.3f}"
-        p = "—" if x.get("own_p_bleu") is None else f"{x['own_p_bleu']:.3f} / {x['own_p_chrf']:.3f}"
+        p = fmt_p(x, "own_")
         lines.append(f"| {x['label']} | {x['bleu'] - base['bleu']:+.2f} | {x['chrf'] - base['chrf']:+.2f} | {dloss} "
                      f"| {p} |")
     return lines
@@ -342,7 +360,8 @@ def write_table(args) -> str:
                          f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {fmt_loss(x)} | "
                          f"{x['train_tokens_per_sec']:.0f} | "
                          f"{x['train_time_min']:.1f} |")
-    bar = [x for x in rows if x["group"] == "bar"]
+    # the baseline's repeat runs (first run, other seed) right below it
+    bar = sorted((x for x in rows if x["group"] == "bar"), key=lambda x: not x["name"].startswith("baseline_bar"))
     bar_lines = []
     if bar:
         ref = BAR_REFERENCE
@@ -359,6 +378,8 @@ def write_table(args) -> str:
             bar_lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | "
                              f"{x['bleu'] - ref['bleu']:+.2f} | {delta} | {fmt_p(x)} | {fmt_loss(x)} | {x['steps']} | "
                              f"{x['epochs']:.2f} |")
+        notes = p_footnotes(bar)
+        bar_lines += ["", *notes] if notes else []
         bar_lines += own_baseline_table(rows, "_bar")
     missing = [name for name in DEFAULT_RUNS if name not in results]
     if missing:

@@ -79,21 +79,34 @@ def test_archived_run_is_not_trained_again(quality, monkeypatch):
     assert quality.run("tied_bar", None)["bleu"] == 1.0
 
 
-@pytest.mark.parametrize("against_bleu,kept", [(30.0, True), (31.0, False)])
-def test_stored_tests_only_against_the_same_baseline_run(quality, against_bleu, kept):
+@pytest.mark.parametrize("against,against_bleu,kept", [
+    ("baseline_bar", 30.0, "plain"),  # computed against the table's baseline run
+    ("baseline_bar_run1", 29.5, "dagger"),  # against another baseline run that is in the table
+    ("baseline_bar", 31.0, None),  # against an earlier baseline run that is gone: dropped
+])
+def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_bleu, kept):
     """A run archived without translations keeps its p-values only while the baseline run they were computed
-    against (recognised by its BLEU) is the one in the table."""
+    against (recognised by its name and BLEU) is in the table; † marks those against another run than the
+    table's baseline."""
     refs = references()
     finish_run(quality, "baseline_bar", refs, 30.0)
     quality.ARCHIVE_DIR.mkdir(parents=True)
-    legacy = {"model_type": "mgsa_nmt", "params": 1100, "steps": 1100, "epochs": 9.6, "bleu": 29.0, "chrf": 50.0,
-              "validation": [], "train_tokens_per_sec": 90.0, "train_time_sec": 60.0, "wall_time_sec": 61.0,
-              "eval_split": "test_2016_flickr", "eval_pairs": 1000, "sacrebleu_signature": "sig",
-              "per_direction": None,
-              "stored_tests": {"baseline": {"against": "baseline_bar", "against_bleu": against_bleu,
-                                            "bleu_ci95": 1.4, "p_bleu": 0.02, "p_chrf": 0.08}}}
-    (quality.ARCHIVE_DIR / "mgsa_ngram_bar.json").write_text(json.dumps(legacy))
-    _, payload = table(quality)
+
+    def legacy(bleu, stored):
+        return {"model_type": "transformer_nmt", "params": 1100, "steps": 1100, "epochs": 9.6, "bleu": bleu,
+                "chrf": 50.0, "validation": [], "train_tokens_per_sec": 90.0, "train_time_sec": 60.0,
+                "wall_time_sec": 61.0, "eval_split": "test_2016_flickr", "eval_pairs": 1000,
+                "sacrebleu_signature": "sig", "per_direction": None, "stored_tests": stored}
+
+    test = {"against": against, "against_bleu": against_bleu, "bleu_ci95": 1.4, "p_bleu": 0.02, "p_chrf": 0.08}
+    (quality.ARCHIVE_DIR / "mgsa_ngram_bar.json").write_text(json.dumps(legacy(29.0, {"baseline": test})))
+    (quality.ARCHIVE_DIR / "baseline_bar_run1.json").write_text(json.dumps(legacy(29.5, None)))
+    text, payload = table(quality)
     row = {r["name"]: r for r in payload["rows"]}["mgsa_ngram_bar"]
     assert "stored_tests" not in row
     assert (row.get("p_bleu"), row.get("bleu_ci95")) == ((0.02, 1.4) if kept else (None, None))
+    line = next(x for x in text.splitlines() if x.startswith("| MG-SA"))
+    assert ("| 0.020 / 0.080 † |" in line) == (kept == "dagger")
+    assert ("| 0.020 / 0.080 |" in line) == (kept == "plain")
+    assert ("† p against \"Transformer baseline, the bar's budget, first run\" (29.50 BLEU)" in text) == \
+        (kept == "dagger")
