@@ -22,7 +22,7 @@ import torch
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration
 from hf_variants import TransformerNmtForConditionalGeneration
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
-from timing import CLOCKS, baseline_config, interleaved
+from timing import CLOCKS, baseline_config, interleaved, train_step
 
 SIZES = {"small": dict(preset="small", blocks=8), "base": dict(preset="base", blocks=6)}
 
@@ -73,13 +73,8 @@ def bench_size(size: str, args) -> dict:
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-        def step(model=model, name=name, optimizer=optimizer):
-            loss = model(**inputs(name), labels=labels).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-
-        steps[name] = step
+        steps[name] = lambda model=model, name=name, optimizer=optimizer: train_step(model, optimizer, inputs(name),
+                                                                                    labels)
     target_tokens = int((labels != -100).sum())
     for name, t in interleaved(steps, args.reps, args.clock).items():  # the warm-up run creates Adam's state
         results[name]["train_step_s"] = round(t, 4)

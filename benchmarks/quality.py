@@ -40,6 +40,8 @@ from pathlib import Path
 from report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from training.checkpointing import atomic_write  # noqa: E402
 RUNS_DIR = ROOT / "benchmarks" / "runs"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 ARCHIVE_DIR = RESULTS_DIR / "runs"  # committed: what the table is built from
@@ -81,8 +83,8 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
 RUNS.update({f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
              for name, (label, group, train_args) in list(RUNS.items())
              if group == "en-de" and name not in ("baseline", "marian")})
-# the same baseline again: the first run (2 threads; its translations were lost with an earlier work tree, its
-# table values and paired tests are archived) beside `baseline_bar` (the same seed rerun on one thread), and
+# the same baseline again: the first run (its translations were lost with an earlier work tree, its table values
+# and paired tests are archived) beside `baseline_bar` (the same seed rerun), and
 # another training seed: how far runs of one model fall apart at this budget (the p-values measure test-set
 # sampling only)
 RUNS["baseline_bar_run1"] = ("Transformer baseline, the bar's budget, first run", "bar",
@@ -126,7 +128,6 @@ def ensure_tokenizer(group: str, vocab_size: int) -> Path:
     out = tokenizer_dir(group)
     if (out / "tokenizer.json").is_file():
         return out
-    sys.path.insert(0, str(ROOT))
     from hf_variants.tokenization import train_tokenizer
     from training import corpus
 
@@ -139,22 +140,16 @@ def ensure_tokenizer(group: str, vocab_size: int) -> Path:
     return out
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def archive(name: str) -> dict:
     """Copy the finished run `benchmarks/runs/<name>` into the committed archive: its results.json and its test
     translations (gzip without a timestamp, so an unchanged run rewrites identical bytes)."""
     src = RUNS_DIR / name
     results = json.loads((src / "results.json").read_text())
     ARCHIVE_DIR.mkdir(parents=True, exist_ok=True)
-    _atomic_write(ARCHIVE_DIR / f"{name}.json", (json.dumps(results, indent=1) + "\n").encode())
+    atomic_write(ARCHIVE_DIR / f"{name}.json", json.dumps(results, indent=1) + "\n")
     translations = src / "translations.test.txt"
     if translations.is_file():
-        _atomic_write(ARCHIVE_DIR / f"{name}.test.txt.gz", gzip.compress(translations.read_bytes(), mtime=0))
+        atomic_write(ARCHIVE_DIR / f"{name}.test.txt.gz", gzip.compress(translations.read_bytes(), mtime=0))
     return results
 
 

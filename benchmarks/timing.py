@@ -67,7 +67,7 @@ def speed_vs_baseline(models: dict, labels: torch.Tensor, new_tokens: int, reps:
     for both, each measured interleaved. `models` = {"baseline": (model, inputs), name: (model, inputs)}; returns
     `train_tok_s_<name>`, `greedy_tok_s_<name>`, `beam4_tok_s_<name>` for both and the `*_ratio`s (baseline time /
     variant time: > 1, the variant is faster), and prints them, each line headed by `key`."""
-    (name, (variant, _)), = [(n, m) for n, m in models.items() if n != "baseline"]
+    name, = [n for n in models if n != "baseline"]
     row = {}
 
     def record(what: str, tokens: int, seconds: dict) -> None:

@@ -21,6 +21,18 @@ MARKER = "checkpoint.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model_fsdp.bin")
 
 
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write `data` (text as UTF-8) through a hidden temporary sibling and `os.replace`: a reader sees the old file
+    or the new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data, encoding="utf-8")
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
 def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """Complete checkpoints `(step, path)`, oldest first."""
     checkpoint_dir = Path(checkpoint_dir)

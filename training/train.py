@@ -397,9 +397,7 @@ def count_parameters(model) -> int:
 
 
 def atomic_write_json(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    checkpointing.atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool,
