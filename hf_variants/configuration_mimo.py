@@ -95,6 +95,16 @@ class MimoConfig(TransformerNmtConfig):
                "transformations)", self.max_relative_positions)
 
     @property
+    def num_key_value_heads(self) -> int:
+        """Key/value heads per cache layer: the n transformations' heads side by side (what cache utilities and
+        cache-format checks read; `head_dim` is each head's width)."""
+        return self.num_transformations * self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_attention_heads
+
+    @property
     def num_tasks(self) -> int:
         """Rows of every task-attention table: one per target language (1 for a model without `languages`)."""
         return max(1, len(self.languages))

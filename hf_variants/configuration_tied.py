@@ -32,6 +32,10 @@ class TiedTransformerConfig(TransformerNmtConfig):
         direction_loss (`str`): how a batch carrying several directions is scored: `"sum"` (the paper's
             two-direction training: the sum over directions of each direction's token-mean loss) or `"mean"` (one
             token mean over the batch). Both equal the baseline loss when a batch has one direction.
+
+    The sharing itself (one block stack for both sides, one embedding matrix for tokens and softmax) is tied by
+    transformers under `tie_word_embeddings` (True, the paper); `tie_word_embeddings=False` unties everything, as
+    for every transformers model, which gives the paper's untied baseline of the same dimensions.
     """
 
     model_type = "tied_nmt"
@@ -110,7 +114,8 @@ def _ffn_parameters(d: int, ffn_dim: int) -> int:
 def _embedding_parameters(config: TransformerNmtConfig) -> int:
     """Token tables (one shared, or one per side), learned position tables, the output projection if untied."""
     v, d = config.vocab_size, config.d_model
-    count = v * d * (1 if config.share_encoder_decoder_embeddings else 2)
+    shared = config.share_encoder_decoder_embeddings and config.tie_word_embeddings  # ties need the latter
+    count = v * d * (1 if shared else 2)
     if not config.tie_word_embeddings:
         count += v * d
     if config.output_bias:

@@ -59,22 +59,31 @@ class TransformerNmtConfig(PretrainedConfig):
         normalize_before (`bool`): pre-norm (True, tensor2tensor v2 / OpenNMT) or post-norm (False, Vaswani/Marian).
             Pre-norm stacks end with a final LayerNorm.
         scale_embedding (`bool`): multiply token embeddings by sqrt(d_model).
-        share_encoder_decoder_embeddings (`bool`): one embedding module for source and target tokens.
-        tie_word_embeddings (`bool`): the output projection shares the decoder embedding matrix.
+        share_encoder_decoder_embeddings (`bool`): one embedding matrix for source and target tokens.
+        tie_word_embeddings (`bool`): the output projection shares the decoder embedding matrix. As in Marian, it
+            governs every tie (transformers ties declared weights only under it): with False the encoder, decoder
+            and output matrices are all separate, whatever `share_encoder_decoder_embeddings` says.
         output_bias (`bool`): give the output projection a bias (Marian's `final_logits_bias` when converting).
         init_method (`str`): `"xavier"` (fairseq/OpenNMT/T2T: Xavier-uniform linears, N(0, d^-1/2) embeddings) or
             `"normal"` (Marian/BART: N(0, `init_std`) everywhere).
         init_std (`float`): standard deviation for `init_method="normal"`.
-        label_smoothing (`float`): label smoothing of the training loss, in [0, 1).
+        label_smoothing (`float`): label smoothing of the loss the model returns, in [0, 1). 0 by default, so
+            `.loss` is the cross-entropy against `labels` (transformers' convention); the papers train with 0.1
+            (`training/train.py --label_smoothing 0.1`, the default there). Set it here rather than with the
+            Trainer's `label_smoothing_factor`, which recomputes the loss from the logits and drops the variants'
+            auxiliary losses.
         languages (`list[str]`): language codes a multilingual model knows; index = task / language id.
         target_language_tags (`bool`): prepend a `<2xx>` target-language tag to every source sentence.
     """
 
     model_type = "transformer_nmt"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # The generic names transformers' utilities read (Marian's mapping). The decoder's KV cache is still sized from
+    # `decoder_layers`: `get_text_config(decoder=True)` maps `decoder_layers` onto `num_hidden_layers` for it.
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
     }
     # Named presets. Variants extend this dict (their keys add variant fields).
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -117,7 +126,7 @@ class TransformerNmtConfig(PretrainedConfig):
         layer_norm_eps: float = 1e-5,
         init_method: str = "xavier",
         init_std: float = 0.02,
-        label_smoothing: float = 0.1,
+        label_smoothing: float = 0.0,
         languages: list[str] | None = None,
         target_language_tags: bool = False,
         use_cache: bool = True,
@@ -206,6 +215,7 @@ class TransformerNmtConfig(PretrainedConfig):
                len(self.languages), "languages", "a list of distinct non-empty language codes", self.languages)
         _check(not self.target_language_tags or len(self.languages) > 0, "target_language_tags",
                "False unless `languages` is set", self.target_language_tags)
+
 
     # --------------------------------------------------------------------------------------------------- presets
     @classmethod

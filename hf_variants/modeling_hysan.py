@@ -27,7 +27,11 @@ from .modeling_transformer_nmt import (
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    padding_mask,
+    as_boolean_mask,
+    attach_summary,
+    relative_key_bias,
+    relative_position_index,
+    relative_value_term,
 )
 
 
@@ -50,15 +54,13 @@ def branch_bounds(specs: list[tuple[str, int | None]], is_decoder: bool) -> list
 
 
 def branch_masks(bounds: list[tuple[int | None, int | None]], query_length: int, key_length: int,
-                 device: torch.device, query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
-    """[nb, Q, K] booleans (True = may attend) from absolute positions: the queries are the LAST Q of the K
-    positions (or start at `query_offset`: a static cache's key slots), so over a KV cache the causal-local branch
-    automatically keeps the last k + 1 keys."""
+                 device: torch.device, query_offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """[nb, Q, K] booleans (True = may attend) from absolute positions: query i sits at `query_offset + i` (the
+    cache length in the decoder), key j at j, so over a KV cache the causal-local branch keeps the last k + 1 keys."""
     far = key_length + 1  # any |i - j| is smaller
     lo = torch.tensor([-far if b[0] is None else b[0] for b in bounds], device=device)[:, None, None]
     hi = torch.tensor([far if b[1] is None else b[1] for b in bounds], device=device)[:, None, None]
-    offset = key_length - query_length if query_offset is None else query_offset
-    i = torch.arange(query_length, device=device)[:, None] + offset
+    i = torch.arange(query_length, device=device)[:, None] + query_offset
     j = torch.arange(key_length, device=device)[None, :]
     distance = (i - j)[None]
     return (distance >= lo) & (distance <= hi)
@@ -96,22 +98,28 @@ class HysanAttention(TransformerNmtAttention):
         if self.fusion == "concat":
             self.out_proj = nn.Linear(len(self.branches) * self.embed_dim, self.embed_dim)
 
-    def branch_attention(self, query, key, value, attention_mask, query_offset=None):
-        """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, nb, Q, K] probs).
-        Rows with no allowed key (padding queries under directional/local masks) give 0, never NaN."""
+    def branch_attention(self, query, key, value, attention_mask, query_offset=0, output_attentions=False):
+        """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, Q, K] mean of the
+        branch probabilities or None). Rows with no allowed key (padding queries under directional/local masks)
+        give 0, never NaN. The stack's mask (any implementation's format) is read as booleans."""
         q_len, k_len = query.shape[-2], key.shape[-2]
         scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # [B, H, Q, K], computed once
-        index = None
+        index = table = None
         if self.relative_positions is not None:
-            index = self.relative_positions.index(q_len, k_len, query.device, query_offset)
-            scores = scores + self.relative_positions.key_bias(query, index, self.scaling)
+            table = self.relative_positions.embeddings.weight
+            index = relative_position_index(q_len, k_len, self.config.max_relative_positions, query.device,
+                                            query_offset)
+            scores = scores + relative_key_bias(query, table, index, self.scaling)
         allowed = branch_masks(self.bounds, q_len, k_len, query.device, query_offset)  # [nb, Q, K]
-        if attention_mask is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
-            allowed = allowed & padding_mask(attention_mask)[:, :, None]  # [B, 1|H, nb, Q, K]
+        padding = as_boolean_mask(attention_mask, q_len, k_len)
+        if padding is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
+            allowed = allowed & padding[:, :, None]  # [B, 1|H, nb, Q, K]
         scores = scores[:, :, None].masked_fill(~allowed, torch.finfo(scores.dtype).min)  # one additive bias
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # all branches at once
         probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-        weights = probs
+        weights = None
+        if output_attentions:  # per layer [B, H, Q, K]: the mean over the branches
+            probs, weights = attach_summary(probs, 2)
         probs = F.dropout(probs, p=self.dropout, training=self.training)
         batch, heads, branches = probs.shape[0], value.shape[1], probs.shape[2]
         head_dim = value.shape[-1]
@@ -119,7 +127,7 @@ class HysanAttention(TransformerNmtAttention):
         out = torch.matmul(probs.expand(batch, heads, -1, -1, -1).reshape(batch, heads, branches * q_len, k_len),
                            value).view(batch, heads, branches, q_len, head_dim)
         if index is not None and self.config.relative_position_values:
-            out = out + self.relative_positions.value_term(probs, index)
+            out = out + relative_value_term(probs, table, index)
         out = out.permute(0, 3, 2, 1, 4).reshape(batch, q_len, branches, heads * head_dim)
         return out, weights
 
@@ -131,20 +139,15 @@ class HysanAttention(TransformerNmtAttention):
             return (branch_outputs * self.gate(branch_outputs)).sum(dim=2)
         return branch_outputs.flatten(2)
 
-    def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, nb, Q, K] branch probabilities or None), H' = nb*H
+    def _attend(self, query, key, value, attention_mask, output_attentions=False, query_offset=0, **kwargs):
+        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None), H' = nb*H
         for concat fusion, H otherwise."""
         if not self.hybrid:
-            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        out, weights = self.branch_attention(query, key, value, attention_mask, kwargs.get("query_offset"))
+            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions,
+                                   query_offset=query_offset, **kwargs)
+        out, weights = self.branch_attention(query, key, value, attention_mask, query_offset, output_attentions)
         fused = self.fuse(out)
-        return fused.view(*fused.shape[:2], -1, self.head_dim), weights if output_attentions else None
-
-    def forward(self, hidden_states, attention_mask=None, key_value_states=None, past_key_values=None,
-                output_attentions=False, **kwargs):
-        query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
-        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        return self.out_proj(out.flatten(2)), weights
+        return fused.view(*fused.shape[:2], -1, self.head_dim), weights
 
 
 class HysanEncoderLayer(TransformerNmtEncoderLayer):
@@ -155,17 +158,17 @@ class HysanDecoderLayer(TransformerNmtDecoderLayer):
     self_attention_class = HysanAttention
 
 
-class HysanEncoder(TransformerNmtEncoder):
-    layer_class = HysanEncoderLayer
-
-
-class HysanDecoder(TransformerNmtDecoder):
-    layer_class = HysanDecoderLayer
-
-
 class HysanPreTrainedModel(TransformerNmtPreTrainedModel):
     config_class = HysanConfig
     _no_split_modules = ["HysanEncoderLayer", "HysanDecoderLayer"]
+
+
+class HysanEncoder(HysanPreTrainedModel, TransformerNmtEncoder):
+    layer_class = HysanEncoderLayer
+
+
+class HysanDecoder(HysanPreTrainedModel, TransformerNmtDecoder):
+    layer_class = HysanDecoderLayer
 
 
 class HysanModel(HysanPreTrainedModel, TransformerNmtModel):

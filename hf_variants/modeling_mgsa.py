@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.cache_utils import Cache
 
 from .configuration_mgsa import MgsaConfig
 from .configuration_transformer_nmt import language_tag
@@ -41,8 +41,9 @@ from .modeling_transformer_nmt import (
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    eager_attention_forward,
-    padding_mask,
+    attend,
+    format_mask,
+    real_tokens,
     residual_block,
 )
 from .phrases import ngram_phrase_index, syntactic_phrase_inputs
@@ -54,10 +55,13 @@ class PhrasePartition:
     """Phrase ids of every token for every group, computed once per encoder forward.
 
     `ids` [B, G, T]: phrase of each token (-1: none, e.g. padding); `mask` [B, G, M]: phrase slot m is a real
-    phrase (has tokens); `tags` [B, G, M] constituent tag ids (-100: none) or None."""
+    phrase (has tokens); `sizes` [B, G, M]: tokens per phrase; `real` [B, T]: the real (non-padding) tokens;
+    `tags` [B, G, M] constituent tag ids (-100: none) or None."""
 
     ids: torch.Tensor
     mask: torch.Tensor
+    sizes: torch.Tensor
+    real: torch.Tensor
     tags: torch.Tensor | None = None
 
     @property
@@ -262,12 +266,13 @@ class MgsaSelfAttention(TransformerNmtAttention):
         """Phrase memory [B, G, M, width] -> keys, values [B, G*h_g, M, head_dim]."""
         b, g, m, _ = memory.shape
         if self.project_kv:  # eq. 5: K = M W_K^h, V = M W_V^h with the phrase heads' rows of the fused QKV
-            d, first = self.embed_dim, self.word_heads * self.head_dim
-            weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
-            w_k = weight[d + first: 2 * d].view(g, -1, d)
-            w_v = weight[2 * d + first:].view(g, -1, d)
-            key = torch.einsum("bgmd,ged->bgme", memory, w_k) + bias[d + first: 2 * d].view(1, g, 1, -1)
-            value = torch.einsum("bgmd,ged->bgme", memory, w_v) + bias[2 * d + first:].view(1, g, 1, -1)
+            # (through the module, so that adapters or quantized replacements of `qkv_proj` apply here too)
+            d, first, width = self.embed_dim, self.word_heads * self.head_dim, self.heads_per_group * self.head_dim
+            _, key, value = self.qkv_proj(memory).split(d, dim=-1)  # [B, G, M, d] each
+            groups = torch.arange(g, device=memory.device)
+            columns = (first + groups[:, None] * width + torch.arange(width, device=memory.device))[None, :, None]
+            key = key.gather(-1, columns.expand(b, g, m, width))
+            value = value.gather(-1, columns.expand(b, g, m, width))
         else:  # K = V = the head's slice of the recurrent state (no projection)
             key = value = memory
 
@@ -277,43 +282,41 @@ class MgsaSelfAttention(TransformerNmtAttention):
 
         return heads(key), heads(value)
 
-    def _phrase_attend(self, query, key, value, mask, output_attentions):
-        """The backbone kernel (SDPA or eager) without relative positions: phrases have no token positions."""
-        if output_attentions:
-            attention_fn = eager_attention_forward
-        else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                                 eager_attention_forward)
-        return attention_fn(self, query, key, value, mask, scaling=self.scaling,
-                            dropout=self.dropout if self.training else 0.0, is_causal=False)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False, mgsa_phrases: PhrasePartition | None = None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
+                mgsa_phrases: PhrasePartition | None = None, **kwargs):
         if self.phrase_memory is None:
             out, weights = super().forward(hidden_states, attention_mask=attention_mask,
-                                           output_attentions=output_attentions)
+                                           output_attentions=output_attentions, **kwargs)
             return out, weights, {}
         if mgsa_phrases is None:
             raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
         b, t, _ = hidden_states.shape
         query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
         w = self.word_heads
-        outputs, all_weights = [], []
-        if w:
-            word_out, word_weights = self._attend(query[:, :w], key[:, :w], value[:, :w], attention_mask,
-                                                  output_attentions=output_attentions)
-            outputs.append(word_out)
-            all_weights.append(word_weights)
         memory, composed = self.phrase_memory(hidden_states, mgsa_phrases)
-        phrase_key, phrase_value = self._phrase_keys_values(memory)
-        phrase_mask = mgsa_phrases.mask.repeat_interleave(self.heads_per_group, dim=1)[:, :, None, :]
-        phrase_out, phrase_weights = self._phrase_attend(query[:, w:], phrase_key, phrase_value, phrase_mask,
-                                                         output_attentions)
-        outputs.append(phrase_out)
-        if output_attentions:
-            all_weights.append(self._token_level_weights(phrase_weights, mgsa_phrases))
-        out = self.out_proj(torch.cat(outputs, dim=2).reshape(b, t, self.embed_dim))
-        weights = torch.cat(all_weights, dim=1) if output_attentions else None
+        phrase_key, phrase_value = self._phrase_keys_values(memory)  # [B, P, M, D], P = G * h_g phrase heads
+        # Every head in ONE kernel call over the T tokens: a phrase head sees token j through its phrase m(j), with
+        # key k_m(j), value v_m(j) and the score bias -log |m(j)|, so that its softmax over tokens is
+        # p(m | t) / |m| (eq. 6) on each of m's tokens and its output sum_m p(m | t) v_m: the attention of eq. 6-7
+        # over the phrase slots, returned as token-level weights [B, H, T, T] (a phrase's weight spread evenly).
+        ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
+        index = ids.clamp(min=0)[..., None].expand(-1, -1, -1, self.head_dim)
+        key = torch.cat([key[:, :w], phrase_key.gather(2, index)], dim=1)
+        value = torch.cat([value[:, :w], phrase_value.gather(2, index)], dim=1)
+        sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
+        bias = torch.cat([sizes.new_zeros(b, w, t), -torch.log(sizes.clamp(min=1).to(query.dtype))], dim=1)
+        allowed = torch.cat([mgsa_phrases.real[:, None].expand(b, w, t), ids >= 0], dim=1)[:, :, None, :]
+        table = None
+        if self.relative_positions is not None:  # word heads only: phrases have no token positions
+            word_table = self.relative_positions.embeddings.weight
+            table = torch.cat([word_table.expand(w, *word_table.shape),
+                               word_table.new_zeros(self.num_heads - w, *word_table.shape)])
+        out, weights = attend(self, query, key, value, format_mask(allowed, self.config, query_length=t),
+                              bias=bias[:, :, None, :], relative_table=table,
+                              max_relative_positions=self.config.max_relative_positions,
+                              relative_values=self.config.relative_position_values, is_causal=False,
+                              output_attentions=output_attentions)
+        out = self.out_proj(out.reshape(b, t, self.embed_dim))
         aux = {}
         if self.tag_classifiers is not None and mgsa_phrases.tags is not None:
             logits = self.tag_logits(composed)
@@ -322,36 +325,46 @@ class MgsaSelfAttention(TransformerNmtAttention):
             aux["tag_loss"] = self.tag_loss_weight * tag_loss
         return out, weights, aux
 
-    def _token_level_weights(self, weights: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        """Phrase-head weights [B, G*h_g, T, M] shown over tokens [B, G*h_g, T, T]: a phrase's weight is spread
-        evenly over its tokens (rows still sum to 1)."""
-        ids = partition.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, G*h_g, T]
-        sizes = torch.zeros_like(weights[:, :, 0]).scatter_add(2, ids.clamp(min=0), (ids >= 0).to(weights.dtype))
-        per_token = weights / sizes.clamp(min=1)[:, :, None, :]
-        index = ids.clamp(min=0)[:, :, None, :].expand(-1, -1, weights.shape[2], -1)
-        return per_token.gather(3, index) * (ids >= 0)[:, :, None, :]
-
-
 # ------------------------------------------------------------------------------------------------------ layers
 class MgsaEncoderLayer(TransformerNmtEncoderLayer):
     """An encoder layer whose self-attention is MG-SA; returns its tag loss as a third element (a loss SUM)."""
 
     attention_class = MgsaSelfAttention
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False, mgsa_phrases: PhrasePartition | None = None, **kwargs):
-        def attend(x):
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
+                mgsa_phrases: PhrasePartition | None = None, **kwargs):
+        def self_attention(x):
             out, weights, aux = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                               mgsa_phrases=mgsa_phrases)
+                                               mgsa_phrases=mgsa_phrases, **kwargs)
             return out, (weights, aux)
 
-        hidden_states, (weights, aux) = residual_block(self, self.self_attn_layer_norm, hidden_states, attend,
-                                                       self.config.normalize_before, self.config.dropout)
+        hidden_states, (weights, aux) = residual_block(self, self.self_attn_layer_norm, hidden_states,
+                                                       self_attention, self.config.normalize_before,
+                                                       self.config.dropout)
         return self.ffn(hidden_states), weights, aux
 
 
+# ------------------------------------------------------------------------------------------------------ models
+class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
+    config_class = MgsaConfig
+    _no_split_modules = ["MgsaEncoderLayer", "TransformerNmtEncoderLayer", "TransformerNmtDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, PhraseMemory) and module.composition == "san":
+            d, d_g = module.composition_query.shape[1:]
+            bound = math.sqrt(6.0 / (d + d_g))  # Xavier-uniform of each group's d x d_g matrix
+            init.uniform_(module.composition_query, -bound, bound)
+            init.uniform_(module.composition_key, -bound, bound)
+        elif isinstance(module, PhraseRecurrence):  # the LSTM default: U(-1/sqrt(hidden), 1/sqrt(hidden))
+            bound = module.hidden_size**-0.5
+            for param in (module.weight_ih, module.bias_ih, module.weight_hh, module.bias_hh):
+                init.uniform_(param, -bound, bound)
+
+
 # ----------------------------------------------------------------------------------------------------- encoder
-class MgsaEncoder(TransformerNmtEncoder):
+class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
     """The backbone encoder with MG-SA layers at `config.mgsa_layers`; builds the phrase partition once per
     forward. `phrase_index` / `phrase_tags` are named inputs (generate() validates and beam-expands them)."""
 
@@ -363,12 +376,9 @@ class MgsaEncoder(TransformerNmtEncoder):
     def phrase_partition(self, attention_mask, length: int, batch: int, device, phrase_index=None,
                          phrase_tags=None) -> PhrasePartition:
         config = self.config
-        if attention_mask is None:
+        real = real_tokens(attention_mask, length)
+        if real is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=device)
-        elif attention_mask.dim() == 2:
-            real = attention_mask.bool()
-        else:  # a 4D mask: a token is real if some query may attend to it
-            real = padding_mask(attention_mask).any(dim=1).any(dim=1)
         if config.phrase_type == "ngram":
             if phrase_index is not None or phrase_tags is not None:
                 raise ValueError("`phrase_index` / `phrase_tags` are inputs of the syntactic MG-SA "
@@ -391,42 +401,30 @@ class MgsaEncoder(TransformerNmtEncoder):
             slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
         counts = torch.zeros(ids.shape[0], ids.shape[1], slots + 1, dtype=torch.long, device=device)
         counts.scatter_add_(2, torch.where(ids >= 0, ids, slots), torch.ones_like(ids))
-        mask = counts[..., :slots] > 0
+        sizes = counts[..., :slots]
+        mask = sizes > 0
         tags = None
         if phrase_tags is not None and config.uses_tag_loss:
             tags = phrase_tags.to(device=device, dtype=torch.long)[..., :slots]
             tags = F.pad(tags, (0, slots - tags.shape[-1]), value=-100).masked_fill(~mask, -100)
-        return PhrasePartition(ids=ids, mask=mask, tags=tags)
+        return PhrasePartition(ids=ids, mask=mask, sizes=sizes, real=real, tags=tags)
+
+    def layer_inputs(self, attention_mask, hidden_states, phrase_index=None, phrase_tags=None, **kwargs) -> dict:
+        """The phrase partition of the batch, built once per forward from the 2-D padding mask (n-gram phrases) or
+        the parse-derived `phrase_index` (syntactic phrases), for every MG-SA layer."""
+        if not (self.config.mgsa_layers and self.config.num_phrase_groups):
+            return {}
+        batch, length = hidden_states.shape[:2]
+        return {"mgsa_phrases": self.phrase_partition(attention_mask, length, batch, hidden_states.device,
+                                                      phrase_index, phrase_tags)}
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, phrase_index=None, phrase_tags=None,
-                output_attentions=False, output_hidden_states=False, return_dict=True, **kwargs):
-        phrases = None
-        if self.config.mgsa_layers and self.config.num_phrase_groups:
-            source = input_ids if input_ids is not None else inputs_embeds
-            phrases = self.phrase_partition(attention_mask, source.shape[1], source.shape[0], source.device,
-                                            phrase_index, phrase_tags)
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+        """`phrase_index` / `phrase_tags` (syntactic MG-SA) are named so that `generate` passes and expands them."""
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, mgsa_phrases=phrases, **kwargs)
-
-
-# ------------------------------------------------------------------------------------------------------ models
-class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
-    config_class = MgsaConfig
-    _no_split_modules = ["MgsaEncoderLayer", "TransformerNmtEncoderLayer", "TransformerNmtDecoderLayer"]
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
-        if isinstance(module, PhraseMemory) and module.composition == "san":
-            d, d_g = module.composition_query.shape[1:]
-            bound = math.sqrt(6.0 / (d + d_g))  # Xavier-uniform of each group's d x d_g matrix
-            init.uniform_(module.composition_query, -bound, bound)
-            init.uniform_(module.composition_key, -bound, bound)
-        elif isinstance(module, PhraseRecurrence):  # the LSTM default: U(-1/sqrt(hidden), 1/sqrt(hidden))
-            bound = module.hidden_size**-0.5
-            for param in (module.weight_ih, module.bias_ih, module.weight_hh, module.bias_hh):
-                init.uniform_(param, -bound, bound)
+                               return_dict=return_dict, phrase_index=phrase_index, phrase_tags=phrase_tags,
+                               **kwargs)
 
 
 class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
@@ -435,6 +433,30 @@ class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
 
 class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
     base_model_class = MgsaModel
+
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.LongTensor | None = None,
+                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
+                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                phrase_index: torch.LongTensor | None = None, phrase_tags: torch.LongTensor | None = None,
+                **kwargs):
+        """The backbone's forward with the syntactic MG-SA's inputs named (Trainer keeps the dataset columns a
+        forward names): `phrase_index` [B, levels, T] (phrase of every token, -1: none) and `phrase_tags`
+        [B, levels, M] (constituent label of every phrase, for the tag loss), from
+        `prepare_translation_inputs(..., parses=...)`. The n-gram MG-SA takes neither."""
+        if phrase_index is not None:
+            kwargs["phrase_index"] = phrase_index
+        if phrase_tags is not None:
+            kwargs["phrase_tags"] = phrase_tags
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                               decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+                               decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache,
+                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                               return_dict=return_dict, **kwargs)
 
     def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
                                    tgt_lang: str | Sequence[str] | None = None,

@@ -4,8 +4,10 @@ What the paper adds to the Transformer, and nothing else (the decoder, the cache
 backbone's, `modeling_transformer_nmt`):
 - every ENCODER layer holds I parallel units, each with its own self-attention (own Q/K/V/O projections and Shaw
   relative-position table) and its own FFN (with its own pre-LayerNorm), behind ONE attention LayerNorm shared by
-  the units. The units' weights are stacked ([I, ...] parameters) and run as batched matrix products, the units
-  folded into the batch dimension of the attention kernel: no Python loop over units or tokens;
+  the units. Each unit's linear maps are `nn.Linear` modules (PEFT, quantization and pruning reach them) held by
+  the backbone's `StackedLinear`, which runs them as batched matrix products; the units' heads sit side by side on
+  the head axis of one call of the backbone kernel: no Python loop over units or tokens. Attention outputs are the
+  mean over the units, [B, H, T, T] per layer;
 - the bias module (training only): unit i gets `unit_types[i]` noise (identity, swap, disorder, mask) on the
   normalised layer input, switched on once per layer per batch with probability p_beta; the residual stays clean;
 - the merge: `plain` (eq. 10/12) out = sum_i alpha_i F_i, or `seq` (eq. 13-16) out = sum_j alpha_j G^_j / j with
@@ -18,8 +20,6 @@ backbone's, `modeling_transformer_nmt`):
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -28,42 +28,24 @@ from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_mute import MuteConfig
 from .modeling_transformer_nmt import (
+    StackedLinear,
     TransformerNmtEncoder,
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    eager_attention_forward,
+    attend,
+    real_tokens,
 )
 
 
 # ----------------------------------------------------------------------------------------------------- unit helpers
-def unit_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Per-unit affine maps. `x` is [I, B, T, in] (one input per unit) or [B, T, in] (one input shared by every
-    unit: a single GEMM against the concatenated weights); `weight` [I, out, in], `bias` [I, out] -> [I, B, T, out]."""
-    units, out_dim, in_dim = weight.shape
-    if x.dim() == 3:
-        y = F.linear(x, weight.reshape(units * out_dim, in_dim), bias.reshape(-1))
-        return y.view(*x.shape[:-1], units, out_dim).movedim(-2, 0)
-    y = torch.baddbmm(bias[:, None, :], x.reshape(units, -1, in_dim), weight.transpose(1, 2))
-    return y.view(*x.shape[:-1], out_dim)
-
-
 def unit_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """LayerNorm of [I, B, T, d] with one affine per unit (`weight`, `bias`: [I, d])."""
     x = F.layer_norm(x, x.shape[-1:], eps=eps)
     return x * weight[:, None, None, :] + bias[:, None, None, :]
-
-
-def relative_index(query_length: int, key_length: int, max_relative_positions: int, device) -> torch.Tensor:
-    """[Q, K] Shaw buckets j - i clipped to [-m, m], shifted to [0, 2m] (queries are the last Q of K positions)."""
-    q = torch.arange(key_length - query_length, key_length, device=device)[:, None]
-    k = torch.arange(key_length, device=device)[None, :]
-    m = max_relative_positions
-    return (k - q).clamp(-m, m) + m
 
 
 def shuffle_penalty(matrix: torch.Tensor) -> torch.Tensor:
@@ -154,7 +136,8 @@ class MuteBiasModule(nn.Module):
         # One learnable mask vector per layer, shared by the layer's mask units (the authors' `mask_tensor`).
         self.mask_embedding = nn.Parameter(torch.empty(config.d_model)) if config.has_mask_unit else None
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    def forward(self, hidden_states: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """`token_mask` [B, T]: True at real tokens (None: all real)."""
         config = self.config
         if not (self.training and self.active):
             return None
@@ -162,10 +145,10 @@ class MuteBiasModule(nn.Module):
         if torch.rand((), device="cpu").item() >= config.sample_rate:
             return None
         batch, seq_len, _ = hidden_states.shape
-        if attention_mask is None:
+        if token_mask is None:
             real = torch.ones(batch, seq_len, dtype=torch.bool, device=hidden_states.device)
-        else:  # [B, 1|H, Q, K] booleans -> real keys [B, K]
-            real = attention_mask.flatten(1, 2).any(dim=1)
+        else:
+            real = token_mask.bool()
         lengths = real.sum(dim=1)
         order = compact_order(real)
         units = []
@@ -195,9 +178,10 @@ class MuteBiasModule(nn.Module):
 
 # ------------------------------------------------------------------------------------------------------ the units
 class MuteUnitAttention(nn.Module):
-    """The self-attentions of the I units of a layer, stacked: [I, 3d, d] fused QKV, [I, d, d] output projection,
-    [I, 2m+1, d_head] Shaw tables (keys and values, as OpenNMT). Units are folded into the batch of the kernel
-    (SDPA, or eager when the probabilities are needed: relative values, attention outputs)."""
+    """The self-attentions of the I units of a layer: per-unit fused QKV and output projections (`StackedLinear`s
+    of I `nn.Linear`s, run as one batched matmul) and per-unit Shaw tables ([I, 2m+1, d_head], keys and values as
+    in OpenNMT). The units' heads sit side by side on the head axis of ONE backbone kernel call (unit i owns heads
+    i*H .. (i+1)*H-1), so the layer's padding mask, in any implementation's format, applies to every unit."""
 
     def __init__(self, config: MuteConfig):
         super().__init__()
@@ -210,50 +194,28 @@ class MuteUnitAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.is_causal = False
         self.num_key_value_groups = 1
-        self.qkv_weight = nn.Parameter(torch.empty(units, 3 * d, d))
-        self.qkv_bias = nn.Parameter(torch.empty(units, 3 * d))
-        self.out_weight = nn.Parameter(torch.empty(units, d, d))
-        self.out_bias = nn.Parameter(torch.empty(units, d))
-        self.max_relative_positions = config.max_relative_positions
+        self.qkv_proj = StackedLinear(units, d, 3 * d)
+        self.out_proj = StackedLinear(units, d, d)
         self.relative_embeddings = None
-        if self.max_relative_positions > 0:
-            self.relative_embeddings = nn.Parameter(torch.empty(units, 2 * self.max_relative_positions + 1,
+        if config.max_relative_positions > 0:
+            self.relative_embeddings = nn.Parameter(torch.empty(units, 2 * config.max_relative_positions + 1,
                                                                 self.head_dim))
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, T, d] (shared) or [I, B, T, d] (per unit) -> ([I, B, T, d], [B, I*H, T, T] weights or None)."""
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[1, B, T, d] (one input shared by the units) or [I, B, T, d] (per unit) -> ([I, B, T, d], the mean
+        over the units of their attention probabilities [B, H, T, T], or None)."""
         units, heads, head_dim = self.num_units, self.num_heads, self.head_dim
-        qkv = unit_linear(hidden_states, self.qkv_weight, self.qkv_bias)  # [I, B, T, 3d]
+        qkv = self.qkv_proj(hidden_states)  # [I, B, T, 3d]
         _, batch, length, _ = qkv.shape
-        query, key, value = qkv.reshape(units * batch, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        mask = attention_mask.repeat(units, 1, 1, 1) if attention_mask is not None else None  # unit-major like q
-        position_bias = value_bias_fn = None
-        if self.relative_embeddings is not None:
-            table = self.relative_embeddings.to(query.dtype)  # [I, R, D]
-            buckets = table.shape[1]
-            index = relative_index(length, length, self.max_relative_positions, query.device)
-            logits = torch.bmm(query.reshape(units, -1, head_dim), table.transpose(1, 2)) * self.scaling
-            logits = logits.view(units * batch, heads, length, buckets)
-            position_bias = logits.gather(-1, index.expand(*logits.shape[:-1], length))
-            if self.config.relative_position_values:
-                def value_bias_fn(probs):  # sum_j p_ij r_{j-i}: probabilities per bucket, times the unit's table
-                    per_bucket = probs.new_zeros(*probs.shape[:-1], buckets)
-                    per_bucket.scatter_add_(-1, index.expand_as(probs), probs)
-                    out = torch.bmm(per_bucket.view(units, -1, buckets), table.to(probs.dtype))
-                    return out.view(*probs.shape[:-1], head_dim)
-        if output_attentions or value_bias_fn is not None:
-            attention_fn = eager_attention_forward
-        else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                                 eager_attention_forward)
-        out, weights = attention_fn(self, query, key, value, mask, scaling=self.scaling,
-                                    dropout=self.dropout if self.training else 0.0, is_causal=False,
-                                    position_bias=position_bias, value_bias_fn=value_bias_fn)
-        out = unit_linear(out.reshape(units, batch, length, heads * head_dim), self.out_weight, self.out_bias)
-        if weights is not None and output_attentions:  # units as extra heads: [B, I*H, Q, K]
-            weights = weights.view(units, batch, heads, length, -1).transpose(0, 1).flatten(1, 2)
-        return out, (weights if output_attentions else None)
+        query, key, value = qkv.view(units, batch, length, 3, heads, head_dim).permute(3, 1, 0, 4, 2, 5).reshape(
+            3, batch, units * heads, length, head_dim).unbind(0)
+        out, weights = attend(self, query, key, value, attention_mask, relative_table=self.relative_embeddings,
+                              max_relative_positions=self.config.max_relative_positions,
+                              relative_values=self.config.relative_position_values, head_groups=units,
+                              output_attentions=output_attentions, **kwargs)
+        out = out.view(batch, length, units, heads * head_dim).permute(2, 0, 1, 3)  # [I, B, T, d]
+        return self.out_proj(out), weights
 
 
 class MuteUnitFeedForward(nn.Module):
@@ -264,10 +226,8 @@ class MuteUnitFeedForward(nn.Module):
         units, d, ffn = config.num_units, config.d_model, config.encoder_ffn_dim
         self.layer_norm_weight = nn.Parameter(torch.empty(units, d))
         self.layer_norm_bias = nn.Parameter(torch.empty(units, d))
-        self.fc1_weight = nn.Parameter(torch.empty(units, ffn, d))
-        self.fc1_bias = nn.Parameter(torch.empty(units, ffn))
-        self.fc2_weight = nn.Parameter(torch.empty(units, d, ffn))
-        self.fc2_bias = nn.Parameter(torch.empty(units, d))
+        self.fc1 = StackedLinear(units, d, ffn)
+        self.fc2 = StackedLinear(units, ffn, d)
         self.activation_fn = ACT2FN[config.activation_function]
         self.eps = config.layer_norm_eps
         self.dropout = config.dropout
@@ -279,9 +239,9 @@ class MuteUnitFeedForward(nn.Module):
         residual = hidden_states
         if self.normalize_before:
             hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        hidden_states = self.activation_fn(unit_linear(hidden_states, self.fc1_weight, self.fc1_bias))
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        hidden_states = unit_linear(hidden_states, self.fc2_weight, self.fc2_bias)
+        hidden_states = self.fc2(hidden_states)
         hidden_states = residual + F.dropout(hidden_states, p=self.dropout, training=self.training)
         if not self.normalize_before:
             hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
@@ -334,12 +294,16 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         return shuffle_penalty(self.shuffle) if self.shuffle is not None else None
 
     # ---------------------------------------------------------------------------------------------------- forward
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
+                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
+        if self.training:  # M must be projected before its use in every training step (spec §1.4)
+            self.project_shuffle_if_changed()
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
-        noisy = self.bias_module(unit_input, attention_mask)  # [I, B, T, d] or None (clean input for all units)
-        attn, weights = self.self_attn(unit_input if noisy is None else noisy, attention_mask, output_attentions)
+        noisy = self.bias_module(unit_input, token_mask)  # [I, B, T, d] or None (clean input for all units)
+        attn, weights = self.self_attn(unit_input[None] if noisy is None else noisy, attention_mask,
+                                       output_attentions, **kwargs)
         # S_i = X + Dropout(A_i): the residual is the clean layer input.
         states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
         if not pre:
@@ -350,47 +314,20 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
 
 
 # ----------------------------------------------------------------------------------------------------- the models
-class MuteEncoder(TransformerNmtEncoder):
-    layer_class = MuteEncoderLayer
-
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_attentions=False,
-                output_hidden_states=False, return_dict=True, **kwargs):
-        if self.training:  # M must be projected before its use in every training step (spec §1.4)
-            for layer in self.layers:
-                layer.project_shuffle_if_changed()
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, **kwargs)
-
-
 class MutePreTrainedModel(TransformerNmtPreTrainedModel):
     config_class = MuteConfig
     _no_split_modules = ["MuteEncoderLayer", "TransformerNmtDecoderLayer"]
+    _legacy_keys_pattern = r"\.(self_attn\.(qkv|out)|ffn\.fc[12])_(weight|bias)$"  # 0.1: stacked [I, out, in]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        super()._init_weights(module)
+        super()._init_weights(module)  # the units' nn.Linear maps as the backbone's linears
         config = self.config
         xavier = config.init_method == "xavier"
-
-        def linear_(weight: torch.Tensor, bias: torch.Tensor) -> None:
-            """Like the backbone's nn.Linear init, for each unit slice of a stacked [I, out, in] weight."""
-            if xavier:
-                bound = math.sqrt(6.0 / (weight.shape[1] + weight.shape[2]))
-                init.uniform_(weight, -bound, bound)
-            else:
-                init.normal_(weight, mean=0.0, std=config.init_std)
-            init.zeros_(bias)
-
-        if isinstance(module, MuteUnitAttention):
-            linear_(module.qkv_weight, module.qkv_bias)
-            linear_(module.out_weight, module.out_bias)
-            if module.relative_embeddings is not None:  # as the backbone's nn.Embedding tables
-                init.normal_(module.relative_embeddings, mean=0.0,
-                             std=config.d_model**-0.5 if xavier else config.init_std)
+        if isinstance(module, MuteUnitAttention) and module.relative_embeddings is not None:
+            # as the backbone's nn.Embedding tables
+            init.normal_(module.relative_embeddings, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
         elif isinstance(module, MuteUnitFeedForward):
-            linear_(module.fc1_weight, module.fc1_bias)
-            linear_(module.fc2_weight, module.fc2_bias)
             init.ones_(module.layer_norm_weight)
             init.zeros_(module.layer_norm_bias)
         elif isinstance(module, MuteBiasModule) and module.mask_embedding is not None:
@@ -422,6 +359,14 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         # At inference M is used as stored: store it projected (a no-op for training parity, spec §1.4).
         self.project_shuffle()
         return super().save_pretrained(*args, **kwargs)
+
+
+class MuteEncoder(MutePreTrainedModel, TransformerNmtEncoder):
+    layer_class = MuteEncoderLayer
+
+    def layer_inputs(self, attention_mask, hidden_states, **kwargs) -> dict:
+        """The real tokens [B, T], where the bias module's noise may act."""
+        return {"token_mask": real_tokens(attention_mask, hidden_states.shape[1])}
 
 
 class MuteModel(MutePreTrainedModel, TransformerNmtModel):

@@ -1,34 +1,51 @@
 """The Transformer backbone of hf_variants: the baseline NMT model and the extension points the variants use.
 
-Read top to bottom: position helpers, attention (fused QKV, SDPA or eager, KV cache, Shaw relative positions),
-encoder and decoder layers, the two stacks, `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`.
+Read top to bottom: helpers (positions, masks, relative positions, the attention kernel, stacked per-unit linears),
+the attention module, encoder and decoder layers, the pretrained base, the two stacks (each a `PreTrainedModel`, as in
+Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`.
 
-A variant overrides only what its paper changes (see `docs` in the README):
+Conventions (transformers 5):
+- Masks come from transformers' mask helpers (`create_bidirectional_mask`, `create_causal_mask`) in the format of
+  `config._attn_implementation` ("sdpa": booleans or None, "eager": additive floats, "flex_attention": a BlockMask);
+  a variant with per-branch or per-head patterns builds a ready-made boolean 4-D mask and hands it to `format_mask`.
+  Every kernel gives rows with no allowed key 0, never NaN.
+- One attention kernel, `attend`: relative-position biases, SDPA / flex_attention / eager through
+  `ALL_ATTENTION_FUNCTIONS`, the eager path whenever probabilities are needed (attention outputs, Shaw relative
+  values), and head groups (MUTE's units, MIMO's streams folded into the head axis) summarised for the outputs.
+- Output flags fall back to the config (`config.output_attentions`, `config.output_hidden_states`,
+  `config.return_dict`) by explicit lookups, not by transformers' output-capturing decorators: those are internal
+  (`utils.generic`, `utils.output_capturing`) and record module outputs by class, which cannot express the
+  per-layer summaries over branches, units and streams the variants return.
+- Queries on a cache are placed at the cache length (`query_offset`), for masks, positions and relative distances.
+
+A variant overrides only what its paper changes:
 - the attention class of a layer (`TransformerNmtEncoderLayer.attention_class`, `TransformerNmtDecoderLayer.
-  self_attention_class`) or its core `_attend` / `_project_qkv`;
-- the layers a stack builds (`TransformerNmtEncoder._make_layer`, `TransformerNmtDecoder._make_layer`) and how a
-  stack embeds its input (`embed`);
-- the stacks of the model (`TransformerNmtModel.encoder_class` / `decoder_class`) and what the decoder reads from
-  the encoder (`encoder_memory`);
-- the modules the model builds for its stacks (`TransformerNmtModel._make_stacks`);
+  self_attention_class`) or its kernel call `_attend`;
+- the layers a stack builds (`_make_layer`), how it embeds its input (`input_embeddings`), per-forward inputs of its
+  layers (`layer_inputs`), and what happens before and after the layers (`enter_stack`, `exit_stack`,
+  `layer_output_view`: MIMO's streams);
+- the stacks of the model (`encoder_class`, `decoder_class`, `_make_stacks`) and what the decoder reads from the
+  encoder (`encoder_memory`);
 - losses and hooks of the generation model (`translation_loss`, `auxiliary_losses`, `after_optimizer_step`,
-  `_language_inputs`).
-Masks are booleans (`True` = may attend) of shape [B, 1|H, Q, K], built once per forward by the stacks.
+  `_language_inputs`, `language_ids_field`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -37,9 +54,25 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, logging
 
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
 from .pipeline_translation import TranslationPipeline  # noqa: F401  (shipped with every model: custom_pipelines)
+
+
+logger = logging.get_logger(__name__)
+
+
+class TransformerNmtKwargs(TransformersKwargs, total=False):
+    """Keyword arguments threaded from the stacks down to the attention kernels.
+
+    query_offset (`int` or 0-d `torch.Tensor`): absolute position of the first query (the cache length in the
+        decoder, 0 in the encoder); set by the stacks.
+    is_causal (`bool`): whether a self-attention call is causal (the Tied Transformer's shared blocks run both ways).
+    """
+
+    query_offset: int | torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------------------- helpers
@@ -60,76 +93,101 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
 
-def causal_mask(query_length: int, key_length: int, device: torch.device,
-                query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
-    """[Q, K] booleans: query i (absolute position `query_offset + i`; by default the queries are the last Q of
-    the K positions) sees keys j <= its position. A static cache holds more key slots than positions so far: pass
-    the cache length as `query_offset` there (an int or a 0-d tensor)."""
-    offset = key_length - query_length if query_offset is None else query_offset
-    q = torch.arange(query_length, device=device)[:, None] + offset
-    return torch.arange(key_length, device=device)[None, :] <= q
-
-
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A 2D 0/1 key mask as a [B, 1, 1, K] boolean mask (4D masks are returned as booleans unchanged)."""
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 4:
-        if attention_mask.is_floating_point():  # additive mask: 0 where allowed, a large negative value elsewhere
-            return attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        return attention_mask.bool()
-    return attention_mask[:, None, None, :].bool()
-
-
 def self_attention_cache(past_key_values: Cache | None) -> Cache | None:
     if isinstance(past_key_values, EncoderDecoderCache):
         return past_key_values.self_attention_cache
     return past_key_values
 
 
-def static_cache_length(past_key_values: Cache | None) -> int | None:
-    """The number of key slots of a static (pre-allocated) self-attention cache, or None for a growing one."""
-    cache = self_attention_cache(past_key_values)
-    if cache is None or not len(cache.layers):
+def as_boolean_mask(attention_mask, query_length: int, key_length: int) -> torch.Tensor | None:
+    """Any mask the kernels receive as booleans [B|1, 1|H, Q, K] (True = may attend), or None: boolean masks as
+    they are, additive float masks (0 / dtype minimum) by their sign, a flex BlockMask evaluated densely (only the
+    eager fallback of a flex model needs this: attention outputs, Shaw relative values)."""
+    if attention_mask is None:
         return None
-    length = cache.get_max_length()
-    return length if length > 0 else None
+    if isinstance(attention_mask, BlockMask):
+        batch, heads = attention_mask.shape[:2]
+        return create_mask(attention_mask.mask_mod, batch, heads, query_length, key_length,
+                           device=attention_mask.kv_num_blocks.device)
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
-# --------------------------------------------------------------------------------------------------------- attention
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    is_causal: bool = False,
-    position_bias: torch.Tensor | None = None,
-    value_bias_fn=None,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(QK^T * scaling + bias) V with explicit probabilities. Boolean masks become ONE additive bias; rows
-    with no allowed key give 0 (never NaN). `value_bias_fn(probs)` adds a term computed from the probabilities
-    (Shaw relative values). Returns ([B, Q, H, D], [B, H, Q, K])."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if position_bias is not None:
-        scores = scores + position_bias
-    allowed = attention_mask
-    if allowed is None and is_causal and query.shape[-2] > 1:
-        allowed = causal_mask(query.shape[-2], key.shape[-2], query.device)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if allowed is not None:
-        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-    weights = probs
-    probs = F.dropout(probs, p=dropout, training=module.training)
-    out = torch.matmul(probs, value)
-    if value_bias_fn is not None:
-        out = out + value_bias_fn(probs)
-    return out.transpose(1, 2).contiguous(), weights
+def real_tokens(attention_mask, length: int) -> torch.Tensor | None:
+    """[B, T] booleans, True at the real (non-padding) tokens: a 2-D 0/1 padding mask as booleans, or from a
+    ready-made 4-D mask the keys some query may attend to; None for no mask."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 2:
+        return attention_mask.bool()
+    return as_boolean_mask(attention_mask, length, length).any(dim=1).any(dim=1)
+
+
+def format_mask(allowed: torch.Tensor, config: TransformerNmtConfig, query_length: int) -> torch.Tensor | BlockMask:
+    """A ready-made boolean 4-D mask [B, heads, Q|1, K] (per-head or per-branch patterns a variant builds itself)
+    in the format of `config._attn_implementation`: booleans for SDPA and eager, a BlockMask for flex_attention
+    (whose dense-mask path reads head 0 only)."""
+    if config._attn_implementation != "flex_attention":
+        return allowed
+    batch, heads, _, keys = allowed.shape
+    allowed = allowed.expand(batch, heads, query_length, keys)
+    queries = query_length
+
+    def mask_mod(b, h, q, kv):
+        return allowed[b, h, q, kv]
+
+    return create_block_mask(mask_mod, batch, heads, queries, keys, device=allowed.device)
+
+
+def attach_summary(tensor: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of `tensor` over `dim` (branches, units or streams), as returned in `attentions` / `hidden_states`
+    of the variants, attached to the graph without changing any value or gradient: the summary is a leaf, added to
+    `tensor` as `summary - summary.detach()` (exactly 0), so its `.grad` after a backward pass is the output's
+    sensitivity to a shift shared by all the groups, and the groups' own gradients are untouched."""
+    summary = tensor.detach().mean(dim)
+    if torch.is_grad_enabled() and tensor.requires_grad:
+        summary.requires_grad_()
+        tensor = tensor + (summary - summary.detach()).unsqueeze(dim)
+    return tensor, summary
+
+
+# ------------------------------------------------------------------------------------------ relative positions
+def relative_position_index(query_length: int, key_length: int, max_relative_positions: int, device,
+                            query_offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """[Q, K] Shaw buckets: query i sits at position `query_offset + i`, key j at j; the distance j - i is clipped
+    to [-m, m] and shifted to [0, 2m]."""
+    q = torch.arange(query_length, device=device)[:, None] + query_offset
+    k = torch.arange(key_length, device=device)[None, :]
+    m = max_relative_positions
+    return (k - q).clamp(-m, m) + m
+
+
+def relative_key_bias(query: torch.Tensor, table: torch.Tensor, index: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q_i . r_{j-i} * scaling as [B, heads, Q, K], with O(B.heads.Q.(2m+1)) products and one gather. `table` is
+    [R, D] (one table for every head) or [G, R, D] (one per head group: heads g*H' .. (g+1)*H'-1 use table g)."""
+    table = table.to(query.dtype)
+    if table.dim() == 2:
+        logits = torch.matmul(query, table.t())
+    else:
+        b, heads, q, d = query.shape
+        groups = table.shape[0]
+        logits = torch.matmul(query.reshape(b, groups, heads // groups * q, d), table.transpose(1, 2))
+        logits = logits.view(b, heads, q, -1)
+    logits = logits * scaling
+    return logits.gather(-1, index.expand(*logits.shape[:-1], index.shape[-1]))
+
+
+def relative_value_term(probs: torch.Tensor, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """sum_j p_ij r_{j-i} as [B, heads, Q, D]: the probabilities summed per distance bucket, times the table."""
+    buckets = probs.new_zeros(*probs.shape[:-1], table.shape[-2])
+    buckets.scatter_add_(-1, index.expand_as(probs), probs)
+    table = table.to(probs.dtype)
+    if table.dim() == 2:
+        return torch.matmul(buckets, table)
+    b, heads, q, r = buckets.shape
+    groups = table.shape[0]
+    return torch.matmul(buckets.view(b, groups, heads // groups * q, r), table).view(b, heads, q, -1)
 
 
 class RelativePositionEmbedding(nn.Module):
@@ -141,33 +199,162 @@ class RelativePositionEmbedding(nn.Module):
         self.max_relative_positions = max_relative_positions
         self.embeddings = nn.Embedding(2 * max_relative_positions + 1, head_dim)
 
-    def index(self, query_length: int, key_length: int, device: torch.device,
-              query_offset: int | torch.Tensor | None = None) -> torch.Tensor:
-        """[Q, K] bucket ids; query i is at position `query_offset + i`, by default the last Q of the K positions
-        (cache index = position)."""
-        offset = key_length - query_length if query_offset is None else query_offset
-        q = torch.arange(query_length, device=device)[:, None] + offset
-        k = torch.arange(key_length, device=device)[None, :]
-        m = self.max_relative_positions
-        return (k - q).clamp(-m, m) + m
 
-    def key_bias(self, query: torch.Tensor, index: torch.Tensor, scaling: float) -> torch.Tensor:
-        """q_i . r_{j-i} * scaling as [B, H, Q, K]: O(B.H.Q.(2m+1)) products and one gather."""
-        logits = torch.matmul(query, self.embeddings.weight.t().to(query.dtype)) * scaling  # [B, H, Q, 2m+1]
-        return logits.gather(-1, index.expand(*logits.shape[:-1], index.shape[-1]))
+# ---------------------------------------------------------------------------------------------------- the kernel
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | BlockMask | None,
+    scaling: float,
+    dropout: float = 0.0,
+    is_causal: bool = False,
+    position_bias: torch.Tensor | None = None,
+    value_term=None,
+    head_groups: int = 1,
+    output_attentions: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(QK^T * scaling + bias) V with explicit probabilities. Every mask format becomes ONE boolean mask;
+    without a mask a causal call is causal top-left aligned (SDPA's `is_causal`). Rows with no allowed key give 0.
+    `value_term(probs)` adds a term computed from the probabilities (Shaw relative values). With `head_groups` > 1
+    the returned weights are the mean over the groups ([B, H, Q, K], `attach_summary`). Returns ([B, Q, heads, D],
+    weights or None)."""
+    query_length, key_length = query.shape[-2], key.shape[-2]
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if position_bias is not None:
+        scores = scores + position_bias
+    allowed = as_boolean_mask(attention_mask, query_length, key_length)
+    if allowed is None and is_causal and query_length > 1:
+        allowed = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    if allowed is not None:
+        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    weights = None
+    if output_attentions:
+        if head_groups > 1:
+            b, heads = probs.shape[:2]
+            grouped, weights = attach_summary(probs.view(b, head_groups, heads // head_groups, *probs.shape[2:]), 1)
+            probs = grouped.view_as(probs)
+        else:
+            weights = probs
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(probs, value)
+    if value_term is not None:
+        out = out + value_term(probs)
+    return out.transpose(1, 2).contiguous(), weights
 
-    def value_term(self, probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """sum_j p_ij r_{j-i}: probabilities summed per distance bucket, times the table."""
-        buckets = probs.new_zeros(*probs.shape[:-1], self.embeddings.num_embeddings)
-        buckets.scatter_add_(-1, index.expand_as(probs), probs)
-        return torch.matmul(buckets, self.embeddings.weight.to(probs.dtype))
+
+def attend(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | BlockMask | None,
+    *,
+    bias: torch.Tensor | None = None,
+    relative_table: torch.Tensor | None = None,
+    max_relative_positions: int = 0,
+    relative_values: bool = False,
+    query_offset: int | torch.Tensor = 0,
+    is_causal: bool | None = None,
+    head_groups: int = 1,
+    output_attentions: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention kernel of every model: [B, heads, Q, D] queries and [B, heads, K, D] keys/values ->
+    ([B, Q, heads, D], weights [B, heads / head_groups, Q, K] or None).
+
+    `module` gives `config` (its `_attn_implementation` picks SDPA, flex_attention or eager), `scaling`, `dropout`,
+    `is_causal` and `training`. `bias` ([B|1, heads|1, Q|1, K]) is added to the scores; `relative_table` ([R, D],
+    or [G, R, D] per head group) adds Shaw relative keys (both are a position bias, which SDPA and flex take) and with
+    `relative_values` the value term (probabilities needed: eager). The eager kernel also runs for
+    `output_attentions`."""
+    is_causal = module.is_causal if is_causal is None else is_causal
+    dropout = module.dropout if module.training else 0.0
+    value_term = None
+    position_bias = None if bias is None else bias.expand(*query.shape[:-1], key.shape[-2])
+    if relative_table is not None:
+        index = relative_position_index(query.shape[-2], key.shape[-2], max_relative_positions, query.device,
+                                        query_offset)
+        relative_bias = relative_key_bias(query, relative_table, index, module.scaling)
+        position_bias = relative_bias if position_bias is None else position_bias + relative_bias
+        if relative_values:
+            def value_term(probs):
+                return relative_value_term(probs, relative_table, index)
+    implementation = module.config._attn_implementation
+    if output_attentions or value_term is not None or implementation == "eager":
+        return eager_attention_forward(module, query, key, value, attention_mask, module.scaling, dropout=dropout,
+                                       is_causal=is_causal, position_bias=position_bias, value_term=value_term,
+                                       head_groups=head_groups, output_attentions=output_attentions)
+    attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+    out, _ = attention_fn(module, query, key, value, attention_mask, scaling=module.scaling, dropout=dropout,
+                          is_causal=is_causal, position_bias=position_bias)
+    return out, None
 
 
+# --------------------------------------------------------------------------------------- stacked per-unit linears
+class StackedLinear(nn.Module):
+    """n independent linear maps ("units": MUTE's units, MIMO's transformations), each an `nn.Linear` that PEFT
+    (LoRA), quantization and pruning tools can target, run as ONE batched matmul while they are plain `nn.Linear`s.
+
+    Input [n, ..., in] (unit k maps slice k) or [1, ..., in] (one input shared by every unit: one GEMM against the
+    concatenated weights); output [n, ..., out]. When a unit is replaced (a LoRA wrapper, an int8 linear), every unit
+    is called as a module instead, so the replacement takes effect. Without gradients the stacked weights are cached
+    until a unit's weight changes (version counter, storage or device)."""
+
+    def __init__(self, num_units: int, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.num_units, self.in_features, self.out_features = num_units, in_features, out_features
+        self.units = nn.ModuleList([nn.Linear(in_features, out_features, bias=bias) for _ in range(num_units)])
+        self._cache = None
+
+    def _stacked(self, shared: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weights [n*out, in] (shared input) or [n, in, out] (per-unit input), biases [n*out] or [n, 1, out]."""
+        weights = [unit.weight for unit in self.units]
+        biases = [unit.bias for unit in self.units] if self.units[0].bias is not None else None
+        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        key = None
+        if cacheable:
+            key = (shared,) + tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in weights + (biases or []))
+            if self._cache is not None and self._cache[0] == key:
+                return self._cache[1], self._cache[2]
+        if shared:
+            weight = torch.cat(weights)
+            bias = torch.cat(biases) if biases is not None else None
+        else:
+            weight = torch.stack(weights).transpose(1, 2)
+            bias = torch.stack(biases)[:, None, :] if biases is not None else None
+        if cacheable:
+            self._cache = (key, weight, bias)
+        return weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.num_units
+        if not all(type(unit) is nn.Linear for unit in self.units):  # replaced units: call each module
+            return torch.stack([unit(x[k if x.shape[0] > 1 else 0]) for k, unit in enumerate(self.units)])
+        if x.shape[0] == 1:
+            weight, bias = self._stacked(shared=True)
+            y = F.linear(x[0], weight, bias)
+            return y.view(*y.shape[:-1], n, self.out_features).movedim(-2, 0)
+        weight, bias = self._stacked(shared=False)
+        flat = x.reshape(n, -1, self.in_features)
+        y = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"units={self.num_units}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+# --------------------------------------------------------------------------------------------------------- attention
 class TransformerNmtAttention(nn.Module):
     """Multi-head attention with a fused QKV projection (self-attention) or fused KV projection (cross-attention),
-    the transformers KV cache, Shaw relative positions, and SDPA or eager kernels.
+    the transformers KV cache, Shaw relative positions, and the backbone kernel `attend`.
 
-    Variants override `_attend` (the kernel: masks, branches, fusion) and keep the projections and the cache."""
+    Variants override `_attend` (the kernel call: masks, branches, fusion) and keep the projections and the cache."""
 
     def __init__(self, config: TransformerNmtConfig, num_heads: int, layer_idx: int | None = None,
                  is_cross_attention: bool = False, is_decoder: bool = False):
@@ -217,29 +404,19 @@ class TransformerNmtAttention(nn.Module):
         return query, key, value
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        """The attention kernel: [B, H, Q, D] queries -> ([B, Q, H, D], weights or None)."""
-        position_bias = value_bias_fn = None
-        if self.relative_positions is not None:
-            index = self.relative_positions.index(query.shape[-2], key.shape[-2], query.device,
-                                                  kwargs.get("query_offset"))
-            position_bias = self.relative_positions.key_bias(query, index, self.scaling)
-            if self.config.relative_position_values:
-                value_bias_fn = lambda probs: self.relative_positions.value_term(probs, index)  # noqa: E731
-        if output_attentions or value_bias_fn is not None:  # these need the probabilities
-            attention_fn = eager_attention_forward
-        else:
-            attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation,
-                                                                 eager_attention_forward)
-        return attention_fn(self, query, key, value, attention_mask, scaling=self.scaling,
-                            dropout=self.dropout if self.training else 0.0, is_causal=self.is_causal,
-                            position_bias=position_bias, value_bias_fn=value_bias_fn)
+        """The kernel call: [B, H, Q, D] queries -> ([B, Q, H, D], weights or None)."""
+        table = self.relative_positions.embeddings.weight if self.relative_positions is not None else None
+        return attend(self, query, key, value, attention_mask, relative_table=table,
+                      max_relative_positions=self.config.max_relative_positions,
+                      relative_values=self.config.relative_position_values, output_attentions=output_attentions,
+                      **kwargs)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                key_value_states: torch.Tensor | None = None, past_key_values: Cache | None = None,
-                output_attentions: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states: torch.Tensor | None = None,
+                past_key_values: Cache | None = None, output_attentions: bool = False,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None]:
         query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
         out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        out = out.reshape(*hidden_states.shape[:-1], self.embed_dim)
+        out = out.reshape(*hidden_states.shape[:-1], -1)
         return self.out_proj(out), weights
 
 
@@ -270,7 +447,7 @@ class TransformerNmtFeedForward(nn.Module):
         return hidden_states
 
 
-def residual_block(module: nn.Module, layer_norm: nn.LayerNorm, hidden_states: torch.Tensor, fn, pre_norm: bool,
+def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torch.Tensor, fn, pre_norm: bool,
                    dropout: float):
     """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, extra)."""
     residual = hidden_states
@@ -284,6 +461,9 @@ def residual_block(module: nn.Module, layer_norm: nn.LayerNorm, hidden_states: t
 
 
 class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
+    """Self-attention and FFN sub-layers. Returns (hidden_states, attention weights); a variant layer may add a
+    third element, a dict of auxiliary loss SUMS (MG-SA's tag loss)."""
+
     attention_class = TransformerNmtAttention
 
     def __init__(self, config: TransformerNmtConfig, layer_idx: int):
@@ -293,8 +473,8 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.encoder_ffn_dim)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                output_attentions: bool = False, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
+                **kwargs: Unpack[TransformerNmtKwargs]):
         hidden_states, weights = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
@@ -304,12 +484,16 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
 
 
 class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
+    """Causal self-attention, cross-attention and FFN sub-layers. The hidden states, the self-attention mask and
+    the encoder states come positionally (gradient checkpointing passes only positional tensors through)."""
+
     self_attention_class = TransformerNmtAttention
     cross_attention_class = TransformerNmtAttention
 
     def __init__(self, config: TransformerNmtConfig, layer_idx: int):
         super().__init__()
         self.config = config
+        self.layer_idx = layer_idx
         heads = config.decoder_attention_heads
         self.self_attn = self.self_attention_class(config, heads, layer_idx, is_decoder=True)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -318,20 +502,23 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                encoder_hidden_states: torch.Tensor | None = None,
-                encoder_attention_mask: torch.Tensor | None = None, past_key_values: Cache | None = None,
-                output_attentions: bool = False, use_cache: bool = False, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
+                encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
+                past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
+                **kwargs: Unpack[TransformerNmtKwargs]):
         pre, p = self.config.normalize_before, self.config.dropout
         hidden_states, self_weights = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
                                      output_attentions=output_attentions, **kwargs), pre, p)
-        hidden_states, cross_weights = residual_block(
-            self, self.encoder_attn_layer_norm, hidden_states,
-            lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
-                                        key_value_states=encoder_hidden_states, past_key_values=past_key_values,
-                                        output_attentions=output_attentions, **kwargs), pre, p)
+        cross_weights = None
+        if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
+            cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
+            hidden_states, cross_weights = residual_block(
+                self, self.encoder_attn_layer_norm, hidden_states,
+                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
+                                            key_value_states=encoder_hidden_states, past_key_values=past_key_values,
+                                            output_attentions=output_attentions, **cross_kwargs), pre, p)
         return self.ffn(hidden_states), self_weights, cross_weights
 
 
@@ -364,8 +551,9 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["TransformerNmtEncoderLayer", "TransformerNmtDecoderLayer"]
     _skip_keys_device_placement = ["past_key_values"]
     _supports_sdpa = True
-    _supports_flash_attn = False  # relative-position biases and per-head masks of the variants
-    _supports_flex_attn = False
+    _supports_flex_attn = True
+    _supports_flash_attn = False  # relative-position biases and per-head/per-branch masks of the variants
+    _can_compile_fullgraph = True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -386,28 +574,64 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    # Tensor names of an older layout of this model type (hf_variants 0.1's stacked MUTE/MIMO units), which
+    # `python -m hf_variants.convert_legacy` converts; found among a checkpoint's unexpected keys, they stop the load.
+    _legacy_keys_pattern: str | None = None
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        if cls._legacy_keys_pattern is None:
+            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
+                                              **kwargs)
+        legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
+        if legacy:
+            raise ValueError(
+                f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
+                f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder once "
+                f"with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} --output_dir "
+                f"NEW_DIR` (the same values, renamed).")
+        return (model, info) if output_loading_info else model
+
+    def _output_flags(self, output_attentions, output_hidden_states, return_dict=None) -> tuple[bool, bool, bool]:
+        """The forward's output flags, each falling back to the config when not given."""
+        config = self.config
+        return (bool(config.output_attentions if output_attentions is None else output_attentions),
+                bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
+                bool(config.return_dict if return_dict is None else return_dict))
+
 
 # ----------------------------------------------------------------------------------------------------------- stacks
-class TransformerNmtStack(nn.Module):
-    """What encoder and decoder share: embeddings (scaled tokens + positions + dropout), layers, final norm."""
+class TransformerNmtStack(TransformerNmtPreTrainedModel):
+    """What encoder and decoder share: embeddings (scaled tokens + positions + dropout), layers, final norm, and the
+    hooks around the layer loop. Each stack owns its modules (it can be saved and loaded alone); the model ties the
+    parameters it shares between stacks (`_tied_weights_keys`), as Marian does."""
 
     layer_class: type[nn.Module] = None
 
-    def __init__(self, config: TransformerNmtConfig, embed_tokens: nn.Embedding, num_layers: int):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = embed_tokens
+    def __init__(self, config: TransformerNmtConfig, num_layers: int = 0):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
         self.embed_scale = config.embed_scale
         self.embed_positions = None
         if config.position_embedding_type == "learned":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([self._make_layer(config, i) for i in range(num_layers)])
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.post_init()
 
     def _make_layer(self, config: TransformerNmtConfig, layer_idx: int) -> nn.Module:
         return self.layer_class(config, layer_idx)
 
-    def position_embeddings(self, length: int, offset: int, device, dtype) -> torch.Tensor | None:
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    # ---------------------------------------------------------------------------------------------- embedding
+    def position_embeddings(self, length: int, offset, device, dtype) -> torch.Tensor | None:
         if self.config.position_embedding_type == "none":
             return None
         positions = torch.arange(length, device=device) + offset  # offset: an int or a 0-d tensor (static cache)
@@ -415,15 +639,47 @@ class TransformerNmtStack(nn.Module):
             return self.embed_positions(positions)
         return sinusoidal_positions(positions, self.config.d_model).to(dtype)
 
-    def embed(self, input_ids=None, inputs_embeds=None, past_length: int = 0, **kwargs) -> torch.Tensor:
+    def input_embeddings(self, input_ids=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
+        """Scaled token embeddings: `embed_tokens(input_ids)` or the given `inputs_embeds`, times `embed_scale`
+        (the two paths agree, as in Marian). Variants add per-sentence vectors here (Tied's direction)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` and `inputs_embeds`.")
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
-        positions = self.position_embeddings(inputs_embeds.shape[1], past_length, inputs_embeds.device,
-                                             inputs_embeds.dtype)
-        hidden_states = inputs_embeds if positions is None else inputs_embeds + positions
+            inputs_embeds = self.embed_tokens(input_ids)
+        return inputs_embeds * self.embed_scale
+
+    def embed(self, input_ids=None, inputs_embeds=None, query_offset: int | torch.Tensor = 0,
+              **kwargs) -> torch.Tensor:
+        """Input embeddings + positions `query_offset ..` + dropout. A sequence beyond `max_position_embeddings`
+        raises a ValueError naming the length and the limit."""
+        hidden_states = self.input_embeddings(input_ids, inputs_embeds, **kwargs)
+        length, limit = hidden_states.shape[1], self.config.max_position_embeddings
+        if isinstance(query_offset, int) and query_offset + length > limit:
+            raise ValueError(f"{type(self).__name__}: a sequence of {query_offset + length} tokens is longer than "
+                             f"the model's limit, max_position_embeddings={limit}.")
+        positions = self.position_embeddings(length, query_offset, hidden_states.device, hidden_states.dtype)
+        if positions is not None:
+            hidden_states = hidden_states + positions
         return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+    # ---------------------------------------------------------------------------------------- around the layers
+    def layer_inputs(self, attention_mask: torch.Tensor | None, hidden_states: torch.Tensor, **kwargs) -> dict:
+        """Per-forward inputs of the layers, computed once from the stack's inputs (the 2-D padding mask, the
+        embedded input, variant inputs in `kwargs`): MG-SA's phrase partition, MIMO's task ids. None here."""
+        return {}
+
+    def enter_stack(self, hidden_states: torch.Tensor, **layer_inputs) -> torch.Tensor:
+        """What the first layer receives (MIMO: one stream shared by every transformation)."""
+        return hidden_states
+
+    def exit_stack(self, hidden_states: torch.Tensor, **layer_inputs) -> tuple[torch.Tensor, dict]:
+        """The stack's output [B, T, d] from the last layer's output, and extra output fields (MIMO's streams)."""
+        return hidden_states, {}
+
+    def layer_output_view(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the next layer receives, what `hidden_states` reports): the same tensor here; MIMO reports the mean
+        over its streams ([B, T, d], `attach_summary`)."""
+        return hidden_states, hidden_states
 
     def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
@@ -431,136 +687,162 @@ class TransformerNmtStack(nn.Module):
 
 class TransformerNmtEncoder(TransformerNmtStack):
     layer_class = TransformerNmtEncoderLayer
+    output_class = TransformerNmtEncoderOutput
 
-    def __init__(self, config: TransformerNmtConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, config.encoder_layers)
+    def __init__(self, config: TransformerNmtConfig):
+        super().__init__(config, config.encoder_layers)
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, output_attentions=False,
-                output_hidden_states=False, return_dict=True, **kwargs) -> TransformerNmtEncoderOutput:
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtEncoderOutput:
+        output_attentions, output_hidden_states, return_dict = self._output_flags(
+            output_attentions, output_hidden_states, return_dict)
+        kwargs.pop("query_offset", None)
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
-        mask = padding_mask(attention_mask)
+        layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                         attention_mask=attention_mask)
+        hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_attn, aux_losses = [], [], {}
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden.append(hidden_states)
-            # A layer returns (hidden_states, weights) or (hidden_states, weights, {name: auxiliary loss SUM}).
-            hidden_states, weights, *extra = layer(hidden_states, attention_mask=mask,
-                                                   output_attentions=output_attentions, **kwargs)
+                hidden_states, view = self.layer_output_view(hidden_states)
+                all_hidden.append(view)
+            hidden_states, weights, *extra = layer(hidden_states, mask, output_attentions=output_attentions,
+                                                   **layer_inputs, **kwargs)
             for name, value in (extra[0] if extra and extra[0] else {}).items():
                 aux_losses[name] = aux_losses[name] + value if name in aux_losses else value
             if output_attentions:
                 all_attn.append(weights)
+        hidden_states, extra_fields = self.exit_stack(hidden_states, **layer_inputs)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden.append(hidden_states)
-        return TransformerNmtEncoderOutput(
+        output = self.output_class(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attn) if output_attentions else None,
             aux_losses=aux_losses or None,
+            **extra_fields,
         )
+        return output if return_dict else output.to_tuple()
 
 
 class TransformerNmtDecoder(TransformerNmtStack):
     layer_class = TransformerNmtDecoderLayer
 
-    def __init__(self, config: TransformerNmtConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, config.decoder_layers)
+    def __init__(self, config: TransformerNmtConfig):
+        super().__init__(config, config.decoder_layers)
 
-    def self_attention_mask(self, attention_mask, query_length: int, key_length: int, device,
-                            query_offset: int | torch.Tensor | None = None):
-        """Causal AND decoder padding as booleans, or None when causality alone applies (SDPA's is_causal).
-        `query_offset` (static caches: K slots, the queries at positions query_offset..): always a mask."""
-        if attention_mask is None and query_offset is None:
-            return None
-        allowed = causal_mask(query_length, key_length, device, query_offset)[None, None]
-        if attention_mask is None:
-            return allowed
-        pad = padding_mask(attention_mask)
-        if pad.shape[-1] < key_length:  # a static cache's unused slots: the causal mask already excludes them
-            pad = F.pad(pad, (0, key_length - pad.shape[-1]), value=True)
-        return allowed & pad[..., -key_length:]
+    def self_attention_mask(self, hidden_states, attention_mask, past_key_values):
+        """The causal (+ padding) mask of the self-attention, in the implementation's format; None where SDPA's
+        `is_causal` does the job."""
+        return create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
+                                  past_key_values=self_attention_cache(past_key_values))
 
-    def start_decoding(self, input_ids, inputs_embeds, attention_mask, past_key_values: Cache | None, use_cache,
-                       **kwargs):
-        """The start of a decoder forward, shared by the variants' decoders: the cache (created when `use_cache`
-        and none is given), the embedded inputs at their absolute positions, the self-attention mask, and the
-        attention kwargs (`query_offset` under a static cache, whose keys are all its pre-allocated slots)."""
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                encoder_hidden_states: torch.Tensor | None = None,
+                encoder_attention_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
+                past_key_values: Cache | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, **kwargs: Unpack[TransformerNmtKwargs]):
+        output_attentions, output_hidden_states, return_dict = self._output_flags(
+            output_attentions, output_hidden_states, return_dict)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if isinstance(past_length, torch.Tensor):  # a static cache's counter, which its updates advance in place
+        # queries sit at the cache length (a static cache's counter is a tensor that its updates advance in place)
+        past_length = self_attention_cache(past_key_values).get_seq_length() if past_key_values is not None else 0
+        if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length=past_length, **kwargs)
-        query_length = hidden_states.shape[1]
-        slots = static_cache_length(past_key_values)
-        key_length = past_length + query_length if slots is None else slots
-        query_offset = None if slots is None else past_length
-        self_mask = self.self_attention_mask(attention_mask, query_length, key_length, hidden_states.device,
-                                             query_offset)
-        return past_key_values, hidden_states, self_mask, {} if query_offset is None else {"query_offset": query_offset}
-
-    def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None,
-                encoder_attention_mask=None, inputs_embeds=None, past_key_values: Cache | None = None,
-                use_cache=None, output_attentions=False, output_hidden_states=False, return_dict=True, **kwargs):
-        past_key_values, hidden_states, self_mask, attention_kwargs = self.start_decoding(
-            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, **kwargs)
-        kwargs.update(attention_kwargs)
-        cross_mask = padding_mask(encoder_attention_mask)
+        kwargs["query_offset"] = past_length
+        hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
+        layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
+        self_mask = self.self_attention_mask(hidden_states, attention_mask, past_key_values)
+        cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                               attention_mask=encoder_attention_mask,
+                                               encoder_hidden_states=encoder_hidden_states)
+        hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:
             if output_hidden_states:
-                all_hidden.append(hidden_states)
+                hidden_states, view = self.layer_output_view(hidden_states)
+                all_hidden.append(view)
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, attention_mask=self_mask, encoder_hidden_states=encoder_hidden_states,
-                encoder_attention_mask=cross_mask, past_key_values=past_key_values,
-                output_attentions=output_attentions, use_cache=use_cache, **kwargs)
+                hidden_states, self_mask, encoder_hidden_states, encoder_attention_mask=cross_mask,
+                past_key_values=past_key_values, output_attentions=output_attentions, use_cache=use_cache,
+                **layer_inputs, **kwargs)
             if output_attentions:
                 all_self.append(self_weights)
                 all_cross.append(cross_weights)
+        hidden_states, _ = self.exit_stack(hidden_states, **layer_inputs)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden.append(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
+        output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions else None,
         )
+        return output if return_dict else output.to_tuple()
+
+
+# ------------------------------------------------------------------------------------------------ language inputs
+def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int,
+                         device, required: bool | None = None) -> torch.Tensor:
+    """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
+    rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
+    example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
+    their inputs' values opaque)."""
+    if tgt_lang_ids is None:
+        if num_ids > 1 if required is None else required:
+            raise ValueError(
+                f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
+                f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
+                f"`prepare_translation_inputs`.")
+        return torch.zeros(batch_size, dtype=torch.long, device=device)
+    ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
+    if ids.shape[0] != batch_size:
+        raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
+    if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
+        raise ValueError(f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), "
+                         f"got {ids.tolist()}.")
+    return ids
 
 
 # ------------------------------------------------------------------------------------------------------------ models
 class TransformerNmtModel(TransformerNmtPreTrainedModel):
     encoder_class = TransformerNmtEncoder
     decoder_class = TransformerNmtDecoder
+    # The config field counting the target-language ids the model conditions on (None: it does not).
+    language_ids_field: str | None = None
 
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config)
-        pad = config.pad_token_id
-        if config.share_encoder_decoder_embeddings:
-            self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=pad)
-            encoder_embeddings = decoder_embeddings = self.shared
-            # One module shared by identity; declared so that save_pretrained stores it once (as Marian does).
+        # Parameters shared between the stacks are tied by `post_init` (`_tied_weights_keys`: saved once, re-tied
+        # on load), as in Marian: the source/target embedding matrix when `share_encoder_decoder_embeddings`.
+        self._tied_weights_keys = {}
+        self.shared = None
+        if config.share_encoder_decoder_embeddings and config.tie_word_embeddings:
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
             self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight",
                                        "decoder.embed_tokens.weight": "shared.weight"}
-        else:
-            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx=pad)
-            decoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, padding_idx=pad)
-        self.encoder, self.decoder = self._make_stacks(config, encoder_embeddings, decoder_embeddings)
+        self.encoder, self.decoder = self._make_stacks(config)
         self.post_init()
 
-    def _make_stacks(self, config: TransformerNmtConfig, encoder_embeddings: nn.Embedding,
-                     decoder_embeddings: nn.Embedding) -> tuple[nn.Module, nn.Module]:
-        """The encoder and decoder stacks. A variant whose stacks run shared modules registers those on the model
-        here, before building the stacks that use them (the Tied Transformer's single block list)."""
-        return self.encoder_class(config, encoder_embeddings), self.decoder_class(config, decoder_embeddings)
+    def _make_stacks(self, config: TransformerNmtConfig) -> tuple[nn.Module, nn.Module]:
+        """The encoder and decoder stacks. A variant whose stacks share parameters registers their owner on the model
+        here and adds the ties to `_tied_weights_keys` (the Tied Transformer's single block list)."""
+        return self.encoder_class(config), self.decoder_class(config)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        if self.config.share_encoder_decoder_embeddings:
+        if self.shared is not None:
             self.shared = value
             self.decoder.embed_tokens = value
         self.encoder.embed_tokens = value
@@ -569,24 +851,35 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         """What cross-attention reads from the encoder output (variants with several streams override)."""
         return encoder_outputs.last_hidden_state
 
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, past_key_values: Cache | None = None, inputs_embeds=None,
-                decoder_inputs_embeds=None, use_cache=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs) -> TransformerNmtSeq2SeqModelOutput:
-        output_attentions = bool(output_attentions)
-        output_hidden_states = bool(output_hidden_states)
-        return_dict = return_dict if return_dict is not None else True
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.LongTensor | None = None,
+                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
+                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
+                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
+                return_dict: bool | None = None, tgt_lang_ids: torch.LongTensor | None = None,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtSeq2SeqModelOutput:
+        """`tgt_lang_ids` ([B]): each sentence's target language (index in `config.languages`), for the models that
+        condition on it (MIMO, Tied; `language_ids_field`)."""
+        output_attentions, output_hidden_states, return_dict = self._output_flags(
+            output_attentions, output_hidden_states, return_dict)
+        if tgt_lang_ids is not None:
+            if self.language_ids_field is None:
+                raise ValueError(f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
+                                 "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source).")
+            kwargs["tgt_lang_ids"] = tgt_lang_ids
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                                            inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                                           output_hidden_states=output_hidden_states, **kwargs)
+                                           output_hidden_states=output_hidden_states, return_dict=True, **kwargs)
         elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = TransformerNmtEncoderOutput(*encoder_outputs)
+            encoder_outputs = self.encoder.output_class(*encoder_outputs)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
             encoder_hidden_states=self.encoder_memory(encoder_outputs), encoder_attention_mask=attention_mask,
             inputs_embeds=decoder_inputs_embeds, past_key_values=past_key_values, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states, **kwargs)
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            **kwargs)
         output = TransformerNmtSeq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
@@ -603,15 +896,21 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
 
 class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, GenerationMixin):
     base_model_class = TransformerNmtModel
-    _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
-    # Decoding defaults of the papers (beam 4, length penalty 0.6).
-    default_generation = {"num_beams": 4, "length_penalty": 0.6, "max_new_tokens": 256}
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    # Without a length from the user (`max_length` / `max_new_tokens` in the call, a passed or the saved generation
+    # config), `generate` stops at min(a * source length + b, cap, max_position_embeddings) new tokens: a rule of the
+    # source length (Marian's max-length-factor), never stored as `max_new_tokens`, which would win over a user's
+    # `max_length`. A fresh model otherwise decodes with transformers' defaults (greedy); the papers' decoding
+    # (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
+    # training/train.py saves, as published checkpoints carry theirs.
+    default_length = (2.0, 10, 256)
+    paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
 
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config)
         self.model = self.base_model_class(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)
-        source = "shared" if config.share_encoder_decoder_embeddings else "decoder.embed_tokens"
+        source = "shared" if self.model.shared is not None else "decoder.embed_tokens"
         self._tied_weights_keys = {"lm_head.weight": f"model.{source}.weight"}
         # save_pretrained writes auto_map entries for the config and this class; add the base model's (AutoModel).
         auto_map = dict(getattr(config, "auto_map", None) or {})
@@ -619,8 +918,6 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         auto_map.setdefault("AutoModel", f"{base.__module__.rsplit('.', 1)[-1]}.{base.__name__}")
         config.auto_map = auto_map
         self.post_init()
-        for key, value in self.default_generation.items():
-            setattr(self.generation_config, key, value)
         # never generate padding or a second start token (fairseq masks them the same way); saved generation configs
         # override this
         never = [i for i in (config.pad_token_id, config.bos_token_id, config.decoder_start_token_id)
@@ -655,8 +952,20 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
 
     def _language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
-        """Extra model inputs derived from the target languages (e.g. `tgt_lang_ids`); none for the baseline."""
-        return {}
+        """`tgt_lang_ids` (index of each target language in `config.languages`) for the models that condition on
+        the target language (`language_ids_field`); nothing for the others, nor for a model with one row."""
+        field = self.model.language_ids_field
+        if field is None:
+            return {}
+        if tgt_langs is None:
+            if getattr(self.config, field) > 1:
+                raise ValueError(f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
+                                 "sentence, to pick the target language.")
+            return {}
+        if not self.config.languages:  # a single-direction model without a language list: like the baseline
+            return {}
+        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs],
+                                             dtype=torch.long)}
 
     def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
                                    tgt_lang: str | Sequence[str] | None = None,
@@ -670,14 +979,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             text_target = [text_target]
         if variant_kwargs:
             raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
-        if tgt_lang is None:
-            tgt_langs = None
-        elif isinstance(tgt_lang, str):
-            tgt_langs = [tgt_lang] * len(texts)
-        else:
-            tgt_langs = list(tgt_lang)
-            if len(tgt_langs) != len(texts):
-                raise ValueError(f"`tgt_lang` has {len(tgt_langs)} entries for {len(texts)} sentences.")
+        tgt_langs = self._target_languages(tgt_lang, len(texts))
         if self.config.languages:
             for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
                 self.config.language_id(lang)  # raises on unknown languages
@@ -698,12 +1000,80 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         inputs.update(self._language_inputs(tgt_langs, len(texts)))
         return {key: value.to(self.device) for key, value in inputs.items()}
 
+    @staticmethod
+    def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:
+        if tgt_lang is None:
+            return None
+        if isinstance(tgt_lang, str):
+            return [tgt_lang] * batch_size
+        langs = list(tgt_lang)
+        if len(langs) != batch_size:
+            raise ValueError(f"`tgt_lang` has {len(langs)} entries for {batch_size} sentences.")
+        return langs
+
+    # --------------------------------------------------------------------------------------------- generate
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *,
+                 tgt_lang: str | Sequence[str] | None = None, **kwargs):
+        """`GenerationMixin.generate` with the package's conveniences:
+        - `tgt_lang="de"` (or one code per sentence) sets `tgt_lang_ids` for the models that condition on the target
+          language (MIMO, Tied); the source must already carry its `<2xx>` tag where the model uses tags
+          (`prepare_translation_inputs` adds it);
+        - a `streamer` without an explicit `num_beams` decodes greedily (streamers take one hypothesis; the saved
+          default is beam 4);
+        - without a length from the user, the output is limited by a rule of the source length (`default_length`);
+        - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
+          length and the limit."""
+        source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None),
+                      None)
+        if tgt_lang is not None:
+            if kwargs.get("tgt_lang_ids") is not None:
+                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
+            if self.model.language_ids_field is None:
+                raise ValueError(f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
+                                 "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate.")
+            if source is None:
+                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
+            langs = self._target_languages(tgt_lang, source.shape[0])
+            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
+        if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
+            logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
+            kwargs["num_beams"] = 1
+        limit = self.config.max_position_embeddings
+        if source is not None and source.shape[1] > limit:
+            raise ValueError(f"The source has {source.shape[1]} tokens; this model's limit is "
+                             f"max_position_embeddings={limit}.")
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
+        lengths = {}
+        for name in ("max_length", "max_new_tokens"):
+            for config in (kwargs, vars(generation_config) if generation_config is not None else {},
+                           vars(self.generation_config)):
+                if config.get(name) is not None:
+                    lengths.setdefault(name, config[name])
+        for name, value in lengths.items():
+            if value > limit:
+                raise ValueError(f"`{name}={value}` asks for more target positions than this model has "
+                                 f"(max_position_embeddings={limit}).")
+        if not lengths and source is not None:
+            a, b, cap = self.default_length
+            kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
+        return super().generate(inputs, generation_config, **kwargs)
+
     # ------------------------------------------------------------------------------------------------ forward
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None,
-                encoder_outputs=None, past_key_values: Cache | None = None, inputs_embeds=None,
-                decoder_inputs_embeds=None, labels=None, use_cache=None, output_attentions=None,
-                output_hidden_states=None, return_dict=None, **kwargs) -> TransformerNmtSeq2SeqLMOutput:
-        return_dict = return_dict if return_dict is not None else True
+    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.LongTensor | None = None,
+                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
+                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
+                decoder_inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
+                use_cache: bool | None = None, output_attentions: bool | None = None,
+                output_hidden_states: bool | None = None, return_dict: bool | None = None,
+                tgt_lang_ids: torch.LongTensor | None = None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtSeq2SeqLMOutput:
+        """`labels` (-100 = ignored) give `loss` (label-smoothed cross-entropy + the variant's auxiliary losses);
+        `logits_to_keep` (an int k > 0: the last k positions; a tensor: those positions) limits the vocabulary
+        projection to the positions that are read (generation without cache)."""
+        output_attentions, output_hidden_states, return_dict = self._output_flags(
+            output_attentions, output_hidden_states, return_dict)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -713,14 +1083,18 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True, **kwargs)
-        logits = self.lm_head(outputs.last_hidden_state)
+            output_hidden_states=output_hidden_states, return_dict=True, tgt_lang_ids=tgt_lang_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        if labels is None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+            keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            hidden_states = hidden_states[:, keep]
+        logits = self.lm_head(hidden_states)
         loss = aux_losses = None
         if labels is not None:
             pad = self.config.pad_token_id
             if pad is not None and pad not in (self.config.eos_token_id, self.config.bos_token_id):
                 labels = labels.masked_fill(labels == pad, -100)
-            loss = self.translation_loss(logits, labels, **kwargs)
+            loss = self.translation_loss(logits, labels, tgt_lang_ids=tgt_lang_ids)
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():
                 loss = loss + value
@@ -743,4 +1117,6 @@ __all__ = [
     "TransformerNmtDecoderLayer",
     "TransformerNmtEncoder",
     "TransformerNmtDecoder",
+    "StackedLinear",
+    "attend",
 ]

@@ -8,6 +8,7 @@ checks (cache, beams, padding, save/load) run with mixing weights that really di
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from torch.nn import functional as F
 import hf_variants
 from hf_variants import MimoConfig, MimoForConditionalGeneration, TransformerNmtConfig
 from hf_variants import TransformerNmtForConditionalGeneration
-from hf_variants.modeling_mimo import MimoEncoderOutput, MimoLinear, MimoMix
+from hf_variants.modeling_mimo import MimoEncoderOutput, MimoMix
+from hf_variants.modeling_transformer_nmt import StackedLinear
 from common import NmtModelTester, _allclose, assert_same_generation
 from conftest import LANGUAGES, read_sentences
 
@@ -72,18 +74,16 @@ def baseline_state(model: MimoForConditionalGeneration, unit: int) -> dict[str, 
     for name, tensor in model.state_dict().items():
         if "_mix." in name or name.startswith("model.decoder.output_mix") or "memory_merge" in name:
             continue  # mixing weights have no baseline counterpart
-        # stacked [n, in, out] / [n, out] / [n, d] -> transformation `unit`'s nn.Linear / nn.LayerNorm tensor
-        if is_stacked_linear_weight(name):
-            state[name] = tensor[unit].t().contiguous()
-        elif any(part in name for part in ("_proj.", ".fc1.", ".fc2.", "layer_norm.")):
+        # unit k's nn.Linear (`<name>.units.k.*`) -> the baseline's `<name>.*`; a stacked LayerNorm [n, d] -> row k
+        match = re.fullmatch(r"(.*)\.units\.(\d+)\.(weight|bias)", name)
+        if match:
+            if int(match[2]) == unit:
+                state[f"{match[1]}.{match[3]}"] = tensor.clone()
+        elif "layer_norm." in name:
             state[name] = tensor[unit].clone()
         else:
             state[name] = tensor.clone()
     return state
-
-
-def is_stacked_linear_weight(name: str) -> bool:
-    return name.endswith(("_proj.weight", ".fc1.weight", ".fc2.weight"))
 
 
 def baseline_like(model: MimoForConditionalGeneration, layers: int | None = None):
@@ -166,14 +166,21 @@ def test_one_to_many_and_many_to_one_shapes():
     assert isinstance(encoder_out, MimoEncoderOutput)
     assert encoder_out.streams.shape == (b, N, s, d)  # no merge at the encoder top
     assert _allclose(encoder_out.last_hidden_state, encoder_out.streams.mean(1))
-    assert [h.shape for h in encoder_out.hidden_states] == [(b, s, d), (b, N, s, d), (b, s, d)]
+    # hidden states and attentions per layer: the mean over the n streams
+    assert [h.shape for h in encoder_out.hidden_states] == [(b, s, d), (b, s, d), (b, s, d)]
     # the n streams differ (n distinct transformations), the unit outputs are post-norm (LayerNorm per unit)
     assert not torch.allclose(encoder_out.streams[:, 0], encoder_out.streams[:, 1], atol=1e-3)
     assert _allclose(encoder_out.streams.mean(-1), torch.zeros(b, N, s), atol=1e-5)
     out = model(**inputs, output_hidden_states=True, output_attentions=True)
-    assert [h.shape for h in out.decoder_hidden_states] == [(b, t, d), (b, N, t, d), (b, t, d)]
-    assert out.decoder_attentions[0].shape == (b, N * config.decoder_attention_heads, t, t)
-    assert out.cross_attentions[0].shape == (b, N * config.decoder_attention_heads, t, s)
+    assert [h.shape for h in out.decoder_hidden_states] == [(b, t, d), (b, t, d), (b, t, d)]
+    assert out.decoder_attentions[0].shape == (b, config.decoder_attention_heads, t, t)
+    assert out.cross_attentions[0].shape == (b, config.decoder_attention_heads, t, s)
+    streams = []
+    enc.layers[0].register_forward_hook(lambda module, args, output: streams.append(output[0]))
+    with torch.no_grad():
+        again = enc(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                    tgt_lang_ids=inputs["tgt_lang_ids"], output_hidden_states=True, output_attentions=True)
+    assert _allclose(again.hidden_states[1], streams[0].mean(0))
     # the classifier input is the task-weighted sum of the last FFN block's n outputs (many-to-one)
     captured = {}
     dec.layers[-1].register_forward_hook(lambda module, args, output: captured.update(streams=output[0]))
@@ -273,7 +280,7 @@ def test_merge_memory_switch():
     encoder_out = model.get_encoder()(**source)
     assert encoder_out.streams is None
     memory = model.model.encoder_memory(encoder_out)
-    assert memory.shape == (3, 1, inputs["input_ids"].shape[1], model.config.d_model)
+    assert memory.shape == (3, inputs["input_ids"].shape[1], 1, model.config.d_model)  # [B, S, streams, d]
     weights = torch.softmax(model.model.encoder.memory_merge.task_logits[source["tgt_lang_ids"], 0], -1)
     streams = []
     model.model.encoder.layers[-1].register_forward_hook(lambda module, args, output: streams.append(output[0]))
@@ -305,10 +312,13 @@ def test_n_copies_of_the_baseline_equal_the_baseline():
     model = build()
     baseline = baseline_like(model)
     state = model.state_dict()
-    for name, tensor in baseline_state(model, 0).items():
-        if state[name].dim() == tensor.dim() + 1:  # a stacked tensor: n copies of the baseline's
-            tensor = tensor.t() if is_stacked_linear_weight(name) else tensor
-            state[name] = tensor.unsqueeze(0).expand_as(state[name]).clone()
+    copies = baseline_state(model, 0)
+    for name in state:
+        match = re.fullmatch(r"(.*)\.units\.\d+\.(weight|bias)", name)
+        if match:  # every unit k gets unit 0's weights
+            state[name] = copies[f"{match[1]}.{match[2]}"].clone()
+        elif "layer_norm." in name and state[name].dim() == 2:
+            state[name] = copies[name].unsqueeze(0).expand_as(state[name]).clone()
     model.load_state_dict(state)
     baseline.load_state_dict(baseline_state(model, 0), strict=True)
     inputs = batch(model.config)
@@ -335,12 +345,13 @@ def test_stacked_units_equal_separate_modules():
             baseline.load_state_dict(sliced, strict=True)
             assert _allclose(attended[k], baseline.self_attn(x[k], attention_mask=mask)[0])
             assert _allclose(ffn[k], baseline.ffn(x[k]))
-    linear = MimoLinear(N, 4, 6)
-    torch.nn.init.normal_(linear.weight)
-    torch.nn.init.normal_(linear.bias)
-    shared = torch.randn(1, 3, 4)
-    assert _allclose(linear(shared), torch.stack([F.linear(shared[0], linear.weight[k].t(), linear.bias[k])
-                                                  for k in range(N)]))
+    linear = StackedLinear(N, 4, 6)
+    for unit in linear.units:
+        torch.nn.init.normal_(unit.weight)
+        torch.nn.init.normal_(unit.bias)
+    shared, per_unit = torch.randn(1, 3, 4), torch.randn(N, 3, 4)
+    assert _allclose(linear(shared), torch.stack([unit(shared[0]) for unit in linear.units]))
+    assert _allclose(linear(per_unit), torch.stack([unit(per_unit[k]) for k, unit in enumerate(linear.units)]))
 
 
 def test_parameter_count_equals_deeper_baseline_plus_mixing():
@@ -361,11 +372,12 @@ def test_lipschitz_initialisation():
     model = MimoForConditionalGeneration(tiny_config(vocab_size=64, mixing_init_std=0.0,
                                                      decoder_ffn_dim=96, encoder_ffn_dim=96))
     d = model.config.d_model
-    fc2 = model.model.decoder.layers[0].ffn.fc2
-    assert fc2.weight.abs().max() <= 1 / math.sqrt(96) and fc2.weight.abs().max() > 0.9 / math.sqrt(96)
-    qkv = model.model.encoder.layers[1].self_attn.qkv_proj
-    assert qkv.weight.abs().max() <= 1 / math.sqrt(d) and qkv.weight.abs().max() > 0.9 / math.sqrt(d)
-    assert torch.equal(qkv.bias, torch.zeros_like(qkv.bias))
+    fc2 = torch.stack([unit.weight for unit in model.model.decoder.layers[0].ffn.fc2.units])
+    assert fc2.abs().max() <= 1 / math.sqrt(96) and fc2.abs().max() > 0.9 / math.sqrt(96)
+    qkv = model.model.encoder.layers[1].self_attn.qkv_proj.units
+    weights = torch.stack([unit.weight for unit in qkv])
+    assert weights.abs().max() <= 1 / math.sqrt(d) and weights.abs().max() > 0.9 / math.sqrt(d)
+    assert all(torch.equal(unit.bias, torch.zeros_like(unit.bias)) for unit in qkv)
     embeddings = model.model.shared.weight
     bound = math.sqrt(1 / 3) * math.sqrt(6 / (64 + d))
     assert model.lm_head.weight is embeddings
