@@ -82,6 +82,9 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
         raise ValueError(f"{model_dir} does not convert to {model_class.__name__}: missing {missing[:5]}, "
                          f"unexpected {list(unexpected)[:5]}.")
     model.tie_weights()
+    for module in model.modules():  # MUTE: the stored M was projected when it was saved; keep it as it is
+        if getattr(module, "shuffle", None) is not None and hasattr(module, "_projected_version"):
+            module._projected_version = module.shuffle._version
     if (model_dir / "generation_config.json").exists():
         from transformers import GenerationConfig
 

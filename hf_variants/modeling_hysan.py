@@ -98,36 +98,41 @@ class HysanAttention(TransformerNmtAttention):
         if self.fusion == "concat":
             self.out_proj = nn.Linear(len(self.branches) * self.embed_dim, self.embed_dim)
 
-    def branch_attention(self, query, key, value, attention_mask, query_offset=0, output_attentions=False):
-        """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, Q, K] mean of the
-        branch probabilities or None). Rows with no allowed key (padding queries under directional/local masks)
-        give 0, never NaN. The stack's mask (any implementation's format) is read as booleans."""
+    def branch_probabilities(self, query, key, attention_mask, query_offset=0):
+        """The branches' attention probabilities [B, H, nb, Q, K] from ONE score matrix: each branch a softmax under
+        its own mask ANDed with the stack's mask (any implementation's format, read as booleans). Rows with no
+        allowed key (padding queries under directional/local masks) give 0, never NaN. Also returns the relative
+        bucket index (None without relative positions)."""
         q_len, k_len = query.shape[-2], key.shape[-2]
         scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # [B, H, Q, K], computed once
-        index = table = None
+        index = None
         if self.relative_positions is not None:
-            table = self.relative_positions.embeddings.weight
             index = relative_position_index(q_len, k_len, self.config.max_relative_positions, query.device,
                                             query_offset)
-            scores = scores + relative_key_bias(query, table, index, self.scaling)
+            scores = scores + relative_key_bias(query, self.relative_positions.embeddings.weight, index, self.scaling)
         allowed = branch_masks(self.bounds, q_len, k_len, query.device, query_offset)  # [nb, Q, K]
         padding = as_boolean_mask(attention_mask, q_len, k_len)
         if padding is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
             allowed = allowed & padding[:, :, None]  # [B, 1|H, nb, Q, K]
         scores = scores[:, :, None].masked_fill(~allowed, torch.finfo(scores.dtype).min)  # one additive bias
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # all branches at once
-        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        return probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0), index
+
+    def branch_attention(self, query, key, value, attention_mask, query_offset=0, output_attentions=False):
+        """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, Q, K] mean of the
+        branch probabilities or None)."""
+        probs, index = self.branch_probabilities(query, key, attention_mask, query_offset)
         weights = None
         if output_attentions:  # per layer [B, H, Q, K]: the mean over the branches
             probs, weights = attach_summary(probs, 2)
         probs = F.dropout(probs, p=self.dropout, training=self.training)
-        batch, heads, branches = probs.shape[0], value.shape[1], probs.shape[2]
+        batch, heads, branches, q_len, k_len = probs.shape
         head_dim = value.shape[-1]
         # every branch in one [B, H, nb*Q, K] @ [B, H, K, D] product (no copy of V per branch)
-        out = torch.matmul(probs.expand(batch, heads, -1, -1, -1).reshape(batch, heads, branches * q_len, k_len),
-                           value).view(batch, heads, branches, q_len, head_dim)
+        out = torch.matmul(probs.reshape(batch, heads, branches * q_len, k_len), value).view(
+            batch, heads, branches, q_len, head_dim)
         if index is not None and self.config.relative_position_values:
-            out = out + relative_value_term(probs, table, index)
+            out = out + relative_value_term(probs, self.relative_positions.embeddings.weight, index)
         out = out.permute(0, 3, 2, 1, 4).reshape(batch, q_len, branches, heads * head_dim)
         return out, weights
 

@@ -60,9 +60,9 @@ class PhrasePartition:
 
     ids: torch.Tensor
     mask: torch.Tensor
-    sizes: torch.Tensor
-    real: torch.Tensor
     tags: torch.Tensor | None = None
+    sizes: torch.Tensor | None = None
+    real: torch.Tensor | None = None
 
     @property
     def num_slots(self) -> int:

@@ -6,7 +6,8 @@ What the paper adds to the Transformer, and where it lives here:
 - Cardinality: every attention and FFN block holds n full-size "Trans" units (post-norm: LN_k(i_k +
   Dropout(f_k(i_k))), each with its own LayerNorm). Each unit's linear maps are `nn.Linear` modules (PEFT,
   quantization and pruning reach them) held by the backbone's `StackedLinear`, which runs the n units of a block as
-  ONE batched matmul; attention puts the n units' heads side by side on the head axis of one backbone kernel call.
+  ONE batched matmul; the attention blocks are the backbone's attention with n units (`num_units`), the n units'
+  heads side by side on the head axis of one kernel call.
 - MIMO links (eq. 2-4, `MimoMix`): between blocks the input of unit k is a softmax-weighted sum of the previous
   block's n outputs, with logits V[task, k, :] per link, gathered per example from `tgt_lang_ids` (task = target
   language). One-to-many at the first encoder and decoder self-attention (no weights: `enter_stack` gives every
@@ -108,49 +109,6 @@ class MimoMix(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------- transformations
-class MimoAttention(TransformerNmtAttention):
-    """The n attention transformations of a block, as one kernel call with the n units' heads side by side.
-
-    Unit k has its own Q/K/V/O projections (`nn.Linear` units of `StackedLinear`s); its queries attend only to its
-    own keys: stream k's heads are heads k*H .. (k+1)*H-1 of a [B, n*H, T, D] tensor. The backbone's cache handling
-    (`_project_qkv`) and kernel (`attend`, with the n head groups summarised for attention outputs) are reused
-    unchanged; so is the cache layout [B, heads, T, D]."""
-
-    def __init__(self, config: MimoConfig, num_heads: int, layer_idx: int | None = None,
-                 is_cross_attention: bool = False, is_decoder: bool = False):
-        super().__init__(config, num_heads, layer_idx, is_cross_attention=is_cross_attention, is_decoder=is_decoder)
-        n, d = config.num_transformations, config.d_model
-        self.num_transformations = n
-        self.heads_per_transformation = num_heads
-        self.num_heads = n * num_heads  # what the kernel sees
-        if is_cross_attention:
-            self.q_proj = StackedLinear(n, d, d)
-            self.kv_proj = StackedLinear(n, d, 2 * d)
-        else:
-            self.qkv_proj = StackedLinear(n, d, 3 * d)
-        self.out_proj = StackedLinear(n, d, d)
-
-    def _heads(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
-        """[n, B, T, parts*d] -> `parts` tensors [B, n*H, T, D]."""
-        n, b, t, _ = x.shape
-        x = x.reshape(n, b, t, parts, self.heads_per_transformation, self.head_dim)
-        return x.permute(3, 1, 0, 4, 2, 5).reshape(parts, b, self.num_heads, t, self.head_dim).unbind(0)
-
-    def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions,
-                               head_groups=self.num_transformations, **kwargs)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states: torch.Tensor | None = None,
-                past_key_values: Cache | None = None, output_attentions: bool = False,
-                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[n|1, B, Q, d] queries (and [n|1, B, S, d] memory) -> ([n, B, Q, d], [B, H, Q, K] weights or None)."""
-        query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
-        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        b, q = out.shape[:2]
-        out = out.reshape(b, q, self.num_transformations, self.embed_dim).permute(2, 0, 1, 3)
-        return self.out_proj(out), weights
-
-
 class MimoFeedForward(TransformerNmtFeedForward):
     """The n FFN transformations of a block (post-norm, own LayerNorms); the backbone's forward runs unchanged on
     the stacked modules."""
@@ -176,7 +134,7 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
         n, outputs = config.num_transformations, config.num_transformations if config.mimo else 1
         self.config = config
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
-        self.self_attn = MimoAttention(config, config.encoder_attention_heads, layer_idx)
+        self.self_attn = TransformerNmtAttention(config, config.encoder_attention_heads, layer_idx, num_units=n)
         self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
         self.ffn_mix = MimoMix(config, outputs)
         self.ffn = MimoFeedForward(config, config.encoder_ffn_dim)
@@ -205,11 +163,12 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         self.config = config
         self.layer_idx = layer_idx
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
-        self.self_attn = MimoAttention(config, heads, layer_idx, is_decoder=True)
+        self.self_attn = TransformerNmtAttention(config, heads, layer_idx, is_decoder=True, num_units=n)
         self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
         self.encoder_attn_mix = MimoMix(config, outputs)
         self.memory_mix = MimoMix(config, outputs) if config.mimo_memory == "mix" else None
-        self.encoder_attn = MimoAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True)
+        self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True,
+                                                    num_units=n)
         self.encoder_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
         self.ffn_mix = MimoMix(config, outputs)
         self.ffn = MimoFeedForward(config, config.decoder_ffn_dim)
@@ -373,7 +332,6 @@ __all__ = [
     "MimoPreTrainedModel",
     "MimoModel",
     "MimoForConditionalGeneration",
-    "MimoAttention",
     "MimoLayerNorm",
     "MimoMix",
     "MimoEncoderLayer",

@@ -32,11 +32,11 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .configuration_mute import MuteConfig
 from .modeling_transformer_nmt import (
     StackedLinear,
+    TransformerNmtAttention,
     TransformerNmtEncoder,
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    attend,
     real_tokens,
 )
 
@@ -177,47 +177,6 @@ class MuteBiasModule(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------ the units
-class MuteUnitAttention(nn.Module):
-    """The self-attentions of the I units of a layer: per-unit fused QKV and output projections (`StackedLinear`s
-    of I `nn.Linear`s, run as one batched matmul) and per-unit Shaw tables ([I, 2m+1, d_head], keys and values as
-    in OpenNMT). The units' heads sit side by side on the head axis of ONE backbone kernel call (unit i owns heads
-    i*H .. (i+1)*H-1), so the layer's padding mask, in any implementation's format, applies to every unit."""
-
-    def __init__(self, config: MuteConfig):
-        super().__init__()
-        self.config = config
-        units, d = config.num_units, config.d_model
-        self.num_units = units
-        self.num_heads = config.encoder_attention_heads
-        self.head_dim = d // self.num_heads
-        self.scaling = self.head_dim**-0.5
-        self.dropout = config.attention_dropout
-        self.is_causal = False
-        self.num_key_value_groups = 1
-        self.qkv_proj = StackedLinear(units, d, 3 * d)
-        self.out_proj = StackedLinear(units, d, d)
-        self.relative_embeddings = None
-        if config.max_relative_positions > 0:
-            self.relative_embeddings = nn.Parameter(torch.empty(units, 2 * config.max_relative_positions + 1,
-                                                                self.head_dim))
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[1, B, T, d] (one input shared by the units) or [I, B, T, d] (per unit) -> ([I, B, T, d], the mean
-        over the units of their attention probabilities [B, H, T, T], or None)."""
-        units, heads, head_dim = self.num_units, self.num_heads, self.head_dim
-        qkv = self.qkv_proj(hidden_states)  # [I, B, T, 3d]
-        _, batch, length, _ = qkv.shape
-        query, key, value = qkv.view(units, batch, length, 3, heads, head_dim).permute(3, 1, 0, 4, 2, 5).reshape(
-            3, batch, units * heads, length, head_dim).unbind(0)
-        out, weights = attend(self, query, key, value, attention_mask, relative_table=self.relative_embeddings,
-                              max_relative_positions=self.config.max_relative_positions,
-                              relative_values=self.config.relative_position_values, head_groups=units,
-                              output_attentions=output_attentions, **kwargs)
-        out = out.view(batch, length, units, heads * head_dim).permute(2, 0, 1, 3)  # [I, B, T, d]
-        return self.out_proj(out), weights
-
-
 class MuteUnitFeedForward(nn.Module):
     """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals, stacked."""
 
@@ -258,7 +217,8 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         units = config.num_units
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.bias_module = MuteBiasModule(config)
-        self.self_attn = MuteUnitAttention(config)
+        # the I units' self-attentions: the backbone attention with I units (per-unit projections and Shaw tables)
+        self.self_attn = TransformerNmtAttention(config, config.encoder_attention_heads, layer_idx, num_units=units)
         self.ffn = MuteUnitFeedForward(config)
         self.alpha = nn.Parameter(torch.empty(units))  # unconstrained unit weights, init 1/I
         self.shuffle = nn.Parameter(torch.empty(units, units)) if config.merge == "seq" else None
@@ -302,8 +262,8 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
         noisy = self.bias_module(unit_input, token_mask)  # [I, B, T, d] or None (clean input for all units)
-        attn, weights = self.self_attn(unit_input[None] if noisy is None else noisy, attention_mask,
-                                       output_attentions, **kwargs)
+        attn, weights = self.self_attn(unit_input[None] if noisy is None else noisy, attention_mask=attention_mask,
+                                       output_attentions=output_attentions, **kwargs)
         # S_i = X + Dropout(A_i): the residual is the clean layer input.
         states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
         if not pre:
@@ -323,11 +283,7 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)  # the units' nn.Linear maps as the backbone's linears
         config = self.config
-        xavier = config.init_method == "xavier"
-        if isinstance(module, MuteUnitAttention) and module.relative_embeddings is not None:
-            # as the backbone's nn.Embedding tables
-            init.normal_(module.relative_embeddings, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
-        elif isinstance(module, MuteUnitFeedForward):
+        if isinstance(module, MuteUnitFeedForward):
             init.ones_(module.layer_norm_weight)
             init.zeros_(module.layer_norm_bias)
         elif isinstance(module, MuteBiasModule) and module.mask_embedding is not None:
@@ -356,9 +312,21 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         return torch.stack(penalties).sum() if penalties else None
 
     def save_pretrained(self, *args, **kwargs):
-        # At inference M is used as stored: store it projected (a no-op for training parity, spec §1.4).
-        self.project_shuffle()
+        # At inference M is used as stored: store it projected if it changed since its last projection (spec §1.4).
+        # The projection (one Sinkhorn step) is not idempotent, so an M already projected, or as loaded, stays.
+        for module in self.modules():
+            if isinstance(module, MuteEncoderLayer):
+                module.project_shuffle_if_changed()
         return super().save_pretrained(*args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        for module in model.modules():  # a saved M was projected before it was saved
+            if isinstance(module, MuteEncoderLayer) and module.shuffle is not None:
+                module._projected_version = module.shuffle._version
+        return loaded
 
 
 class MuteEncoder(MutePreTrainedModel, TransformerNmtEncoder):
@@ -401,7 +369,6 @@ __all__ = [
     "MuteForConditionalGeneration",
     "MuteEncoder",
     "MuteEncoderLayer",
-    "MuteUnitAttention",
     "MuteUnitFeedForward",
     "MuteBiasModule",
 ]

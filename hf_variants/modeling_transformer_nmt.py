@@ -354,15 +354,25 @@ class TransformerNmtAttention(nn.Module):
     """Multi-head attention with a fused QKV projection (self-attention) or fused KV projection (cross-attention),
     the transformers KV cache, Shaw relative positions, and the backbone kernel `attend`.
 
+    With `num_units` = n (an int, 1 included) the module holds n independent attentions (MUTE's units, MIMO's
+    transformations): its
+    projections are `StackedLinear`s of n `nn.Linear`s, its input and output carry the unit axis first ([n|1, B, T,
+    d]; [1, ...] = one input shared by the units), and the units' heads sit side by side on the head axis of ONE
+    kernel call (unit k owns heads k*H .. (k+1)*H-1, its queries see only its own keys, the cache holds
+    [B, n*H, T, D] per layer). Relative positions then have one table per unit (`relative_embeddings` [n, 2m+1, D]).
+    Attention outputs are per layer [B, H, Q, K]: the mean over the units.
+
     Variants override `_attend` (the kernel call: masks, branches, fusion) and keep the projections and the cache."""
 
     def __init__(self, config: TransformerNmtConfig, num_heads: int, layer_idx: int | None = None,
-                 is_cross_attention: bool = False, is_decoder: bool = False):
+                 is_cross_attention: bool = False, is_decoder: bool = False, num_units: int | None = None):
         super().__init__()
         self.config = config
-        self.embed_dim = config.d_model
-        self.num_heads = num_heads
-        self.head_dim = config.d_model // num_heads
+        self.embed_dim = d = config.d_model
+        self.num_units = num_units  # None: one attention, [B, T, d] in and out
+        self.heads_per_unit = num_heads
+        self.num_heads = (num_units or 1) * num_heads  # what the kernel sees
+        self.head_dim = d // num_heads
         self.scaling = self.head_dim**-0.5
         self.dropout = config.attention_dropout
         self.layer_idx = layer_idx
@@ -370,23 +380,37 @@ class TransformerNmtAttention(nn.Module):
         self.is_decoder = is_decoder
         self.is_causal = is_decoder and not is_cross_attention
         self.num_key_value_groups = 1
+
+        def linear(in_features, out_features):
+            if num_units is None:
+                return nn.Linear(in_features, out_features)
+            return StackedLinear(num_units, in_features, out_features)
+
         if is_cross_attention:
-            self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
-            self.kv_proj = nn.Linear(self.embed_dim, 2 * self.embed_dim)
+            self.q_proj = linear(d, d)
+            self.kv_proj = linear(d, 2 * d)
         else:
-            self.qkv_proj = nn.Linear(self.embed_dim, 3 * self.embed_dim)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.relative_positions = None
+            self.qkv_proj = linear(d, 3 * d)
+        self.out_proj = linear(d, d)
+        self.relative_positions = self.relative_embeddings = None
         if config.max_relative_positions > 0 and not is_cross_attention:
-            self.relative_positions = RelativePositionEmbedding(config.max_relative_positions, self.head_dim)
+            buckets = 2 * config.max_relative_positions + 1
+            if num_units is None:
+                self.relative_positions = RelativePositionEmbedding(config.max_relative_positions, self.head_dim)
+            else:
+                self.relative_embeddings = nn.Parameter(torch.empty(num_units, buckets, self.head_dim))
 
     def _heads(self, x: torch.Tensor, parts: int) -> tuple[torch.Tensor, ...]:
-        """[B, T, parts*d] -> `parts` tensors [B, H, T, D]."""
-        b, t, _ = x.shape
-        return x.view(b, t, parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        """[B, T, parts*d] (or [n, B, T, parts*d] with units) -> `parts` tensors [B, heads, T, D]."""
+        if self.num_units is None:
+            b, t, _ = x.shape
+            return x.view(b, t, parts, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        n, b, t, _ = x.shape
+        x = x.reshape(n, b, t, parts, self.heads_per_unit, self.head_dim)
+        return x.permute(3, 1, 0, 4, 2, 5).reshape(parts, b, self.num_heads, t, self.head_dim).unbind(0)
 
     def _project_qkv(self, hidden_states, key_value_states, past_key_values):
-        """Queries, keys, values as [B, H, T, D], with the cache read and updated."""
+        """Queries, keys, values as [B, heads, T, D], with the cache read and updated."""
         if not self.is_cross_attention:
             query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
             cache = self_attention_cache(past_key_values)
@@ -404,19 +428,26 @@ class TransformerNmtAttention(nn.Module):
         return query, key, value
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        """The kernel call: [B, H, Q, D] queries -> ([B, Q, H, D], weights or None)."""
-        table = self.relative_positions.embeddings.weight if self.relative_positions is not None else None
+        """The kernel call: [B, heads, Q, D] queries -> ([B, Q, heads, D], weights or None)."""
+        table = self.relative_embeddings
+        if self.relative_positions is not None:
+            table = self.relative_positions.embeddings.weight
         return attend(self, query, key, value, attention_mask, relative_table=table,
                       max_relative_positions=self.config.max_relative_positions,
-                      relative_values=self.config.relative_position_values, output_attentions=output_attentions,
-                      **kwargs)
+                      relative_values=self.config.relative_position_values, head_groups=self.num_units or 1,
+                      output_attentions=output_attentions, **kwargs)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states: torch.Tensor | None = None,
                 past_key_values: Cache | None = None, output_attentions: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
+        ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None)."""
         query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
         out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
-        out = out.reshape(*hidden_states.shape[:-1], -1)
+        if self.num_units is None:
+            return self.out_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+        b, q = out.shape[:2]
+        out = out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3)  # [n, B, Q, d]
         return self.out_proj(out), weights
 
 
@@ -573,6 +604,9 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, TransformerNmtAttention) and module.relative_embeddings is not None:
+            # per-unit relative tables, as the nn.Embedding tables of one-unit attentions
+            init.normal_(module.relative_embeddings, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
 
     # Tensor names of an older layout of this model type (hf_variants 0.1's stacked MUTE/MIMO units), which
     # `python -m hf_variants.convert_legacy` converts; found among a checkpoint's unexpected keys, they stop the load.

@@ -70,13 +70,14 @@ def test_each_branch_mask_exactly_as_defined(decoder, q_len):
     g = torch.Generator().manual_seed(0)
     k_len = 7
     q, k, v = (torch.randn(1, 4, n, 8, generator=g) for n in (q_len, k_len, k_len))
-    base, _ = attention.branch_attention(q, k, v, None)  # [1, Q, nb, d]
+    offset = k_len - q_len  # the queries are the last positions: the cache length is their offset
+    base, _ = attention.branch_attention(q, k, v, None, offset)  # [1, Q, nb, d]
     for j in range(k_len):
         v2, k2 = v.clone(), k.clone()
         v2[:, :, j] += 1.0
         k2[:, :, j] += 1.0
-        by_value, _ = attention.branch_attention(q, k, v2, None)
-        by_key, _ = attention.branch_attention(q, k2, v, None)
+        by_value, _ = attention.branch_attention(q, k, v2, None, offset)
+        by_key, _ = attention.branch_attention(q, k2, v, None, offset)
         for b, (kind, width) in enumerate(specs):
             for qi in range(q_len):
                 i = k_len - q_len + qi  # absolute position of the query
@@ -93,7 +94,7 @@ def test_padding_is_anded_into_every_branch():
     q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
     mask = torch.ones(2, 6, dtype=torch.long)
     mask[1, 4:] = 0
-    _, probs = attention.branch_attention(q, k, v, mask[:, None, None, :].bool())  # [B, H, nb, Q, K]
+    probs, _ = attention.branch_probabilities(q, k, mask[:, None, None, :].bool())  # [B, H, nb, Q, K]
     assert probs.shape == (2, 4, 4, 6, 6)
     assert probs[1, ..., 4:].abs().max() == 0  # no branch puts weight on a padded key
     real_rows = probs[0].sum(-1)  # full row: every branch sums to one
@@ -194,16 +195,29 @@ def test_qk_computed_once_and_one_softmax_for_all_branches():
         assert [c for c in counter.calls if "softmax" in c] == ["softmax"]
 
 
-def test_output_attentions_are_per_branch_probabilities():
+def test_output_attentions_are_the_mean_of_the_branch_probabilities():
     torch.manual_seed(0)
     model = HysanForConditionalGeneration(tiny()).eval()
     src = torch.randint(4, 60, (1, 7))
-    out = model(input_ids=src, decoder_input_ids=src[:, :5], output_attentions=True)
+    inputs = {}
+    hooks = [layer.self_attn.register_forward_hook(lambda m, args, out, key=key: inputs.update({key: args[0]}))
+             for key, layer in (("enc", model.model.encoder.layers[0]), ("dec", model.model.decoder.layers[0]))]
+    with torch.no_grad():
+        out = model(input_ids=src, decoder_input_ids=src[:, :5], output_attentions=True)
+    for hook in hooks:
+        hook.remove()
     enc, dec = out.encoder_attentions[0], out.decoder_attentions[0]
-    assert enc.shape == (1, 4, 4, 7, 7) and dec.shape == (1, 4, 2, 5, 5)
-    assert torch.equal(enc[0, :, 1].triu(1), torch.zeros(4, 7, 7))  # forward: nothing above the diagonal
-    assert torch.equal(enc[0, :, 2].tril(-1), torch.zeros(4, 7, 7))  # backward: nothing below
-    assert torch.equal(dec[0, :, 1].tril(-3), torch.zeros(4, 5, 5))  # decoder local k=2: i - j <= 2
+    assert enc.shape == (1, 4, 7, 7) and dec.shape == (1, 4, 5, 5)  # [B, H, Q, K] per layer
+    for key, weights, layer in (("enc", enc, model.model.encoder.layers[0]),
+                                ("dec", dec, model.model.decoder.layers[0])):
+        attention = layer.self_attn
+        with torch.no_grad():
+            q, k, _ = attention._heads(attention.qkv_proj(inputs[key]), 3)
+            probs, _ = attention.branch_probabilities(q, k, None)  # [B, H, nb, Q, K]
+        assert torch.allclose(weights, probs.mean(2), atol=1e-6)
+        assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-5)
+    assert torch.equal(probs[0, :, 1].tril(-3), torch.zeros(4, 5, 5))  # decoder local k=2: i - j <= 2
+    assert torch.equal(dec[0].triu(1), torch.zeros(4, 5, 5))  # no decoder branch sees the future
 
 
 # ----------------------------------------------------------------------------------------- parameters / baseline

@@ -28,11 +28,7 @@ from hf_variants.modeling_mute import (
     shuffle_penalty,
     swap_permutation,
 )
-from hf_variants.modeling_transformer_nmt import (
-    TransformerNmtEncoderLayer,
-    TransformerNmtForConditionalGeneration,
-    padding_mask,
-)
+from hf_variants.modeling_transformer_nmt import TransformerNmtEncoderLayer, TransformerNmtForConditionalGeneration
 
 
 def tiny(**overrides):
@@ -112,13 +108,9 @@ def test_base_parameter_count_is_baseline_plus_units():
 # ------------------------------------------------------------------------------------------ baseline equivalence
 def baseline_state(mute, unit=0):
     """The baseline's state dict from MUTE's, with `unit` of every encoder layer under the baseline's names."""
-    renames = {"self_attn.qkv_weight": "self_attn.qkv_proj.weight", "self_attn.qkv_bias": "self_attn.qkv_proj.bias",
-               "self_attn.out_weight": "self_attn.out_proj.weight", "self_attn.out_bias": "self_attn.out_proj.bias",
-               "self_attn.relative_embeddings": "self_attn.relative_positions.embeddings.weight",
+    stacked = {"self_attn.relative_embeddings": "self_attn.relative_positions.embeddings.weight",
                "ffn.layer_norm_weight": "ffn.final_layer_norm.weight",
-               "ffn.layer_norm_bias": "ffn.final_layer_norm.bias",
-               "ffn.fc1_weight": "ffn.fc1.weight", "ffn.fc1_bias": "ffn.fc1.bias",
-               "ffn.fc2_weight": "ffn.fc2.weight", "ffn.fc2_bias": "ffn.fc2.bias"}
+               "ffn.layer_norm_bias": "ffn.final_layer_norm.bias"}
     state = {}
     for name, tensor in mute.state_dict().items():
         prefix, _, rest = name.partition("encoder.layers.")
@@ -126,8 +118,12 @@ def baseline_state(mute, unit=0):
             state[name] = tensor
             continue
         index, _, local = rest.partition(".")
-        if local in renames:
-            state[f"{prefix}encoder.layers.{index}.{renames[local]}"] = tensor[unit]
+        module, _, kind = local.rpartition(".units.")  # e.g. self_attn.qkv_proj.units.2.weight
+        if module:
+            if kind.split(".")[0] == str(unit):
+                state[f"{prefix}encoder.layers.{index}.{module}.{kind.split('.')[1]}"] = tensor
+        elif local in stacked:
+            state[f"{prefix}encoder.layers.{index}.{stacked[local]}"] = tensor[unit]
         elif local.startswith("self_attn_layer_norm."):
             state[name] = tensor
         else:
@@ -167,9 +163,9 @@ def test_each_unit_is_a_baseline_encoder_layer():
     baseline = TransformerNmtForConditionalGeneration(baseline_config(mute.config)).eval()
     inputs = batch()
     x = torch.randn(3, 9, mute.config.d_model)
-    mask = padding_mask(inputs["attention_mask"])
+    mask = inputs["attention_mask"][:, None, None, :].bool()  # a ready-made boolean padding mask [B, 1, 1, K]
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x), mask)
+        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], mask)
         unit_outputs = layer.ffn(x + attn)  # [I, B, T, d]
         for unit in range(3):
             baseline.load_state_dict(baseline_state(mute, unit), strict=True)
@@ -194,7 +190,7 @@ def test_sdpa_units_equal_eager_without_relative_values(max_relative_positions):
     assert torch.allclose(sdpa, eager, atol=1e-5)
 
 
-def test_encoder_attentions_have_one_head_group_per_unit():
+def test_encoder_attentions_are_the_mean_over_the_units():
     torch.manual_seed(0)
     config = tiny(num_units=3)
     model = MuteForConditionalGeneration(config).eval()
@@ -203,11 +199,29 @@ def test_encoder_attentions_have_one_head_group_per_unit():
         out = model(**inputs, output_attentions=True)
     heads = config.encoder_attention_heads
     weights = out.encoder_attentions[0]
-    assert weights.shape == (3, 3 * heads, 9, 9)  # [B, I*H, Q, K], unit-major
-    assert torch.allclose(weights.sum(-1), torch.ones(3, 3 * heads, 9), atol=1e-5)
+    assert weights.shape == (3, heads, 9, 9)  # [B, H, Q, K]
+    assert torch.allclose(weights.sum(-1), torch.ones(3, heads, 9), atol=1e-5)
     pad = (inputs["attention_mask"] == 0)[:, None, None, :].expand_as(weights)
     assert weights[pad].abs().max() == 0
-    assert not torch.allclose(weights[:, :heads], weights[:, heads : 2 * heads])  # units differ
+    # the units' own maps, from the eager kernel on the folded heads [B, I*H, Q, K], averaged over the units
+    layer = model.model.encoder.layers[0]
+    captured = {}
+    hook = layer.self_attn.register_forward_hook(lambda module, args, output: captured.update(inputs=args))
+    with torch.no_grad():
+        model(**inputs)
+    hook.remove()
+    units_input = captured["inputs"][0]
+    qkv = layer.self_attn.qkv_proj(units_input)
+    b, t = qkv.shape[1:3]
+    q, k, _ = qkv.view(3, b, t, 3, heads, -1).permute(3, 1, 0, 4, 2, 5).reshape(3, b, 3 * heads, t, -1).unbind(0)
+    from hf_variants.modeling_transformer_nmt import relative_key_bias, relative_position_index
+    scale = layer.self_attn.scaling
+    index = relative_position_index(t, t, config.max_relative_positions, q.device)
+    scores = q @ k.transpose(-1, -2) * scale + relative_key_bias(q, layer.self_attn.relative_embeddings, index, scale)
+    scores = scores.masked_fill(inputs["attention_mask"][:, None, None, :] == 0, float("-inf"))
+    per_unit = scores.softmax(-1).view(b, 3, heads, t, t)
+    assert torch.allclose(weights, per_unit.mean(1), atol=1e-5)
+    assert not torch.allclose(per_unit[:, 0], per_unit[:, 1])  # units differ
 
 
 def test_seq_merge_equals_equations_13_to_16():
@@ -219,7 +233,7 @@ def test_seq_merge_equals_equations_13_to_16():
         layer.alpha.copy_(torch.tensor([0.1, -0.3, 0.7, 0.45]))
     x = torch.randn(2, 5, mute.config.d_model)
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x), None)
+        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], None)
         f = layer.ffn(x + attn)  # [I, B, T, d]
         g = torch.einsum("ij,ibtd->jbtd", layer.shuffle, f)  # eq. 16: [..G_j..] = M^T [..F_i..]
         g_hat = g.cumsum(0)  # eq. 14
@@ -317,7 +331,7 @@ def test_mask_unit_and_sample_rate():
         module.mask_embedding.normal_()
     hidden = torch.randn(64, 12, config.d_model)
     real = real_mask(torch.randint(1, 13, (64,)), 12)
-    mask = real[:, None, None, :]
+    mask = real  # the real tokens [B, T] (the encoder's `token_mask`)
     units = module(hidden, mask)
     assert units.shape == (4, 64, 12, config.d_model) and torch.equal(units[0], hidden)
     replaced = (units[1:3] == module.mask_embedding).all(-1)  # [2, B, T]

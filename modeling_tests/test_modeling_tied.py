@@ -47,10 +47,16 @@ class TestTiedTransformer(NmtModelTester):
     def test_one_parameter_set_saved_and_loaded_tied(self, tokenizer, tmp_path):
         model = self.build(tokenizer)
         base = model.model
-        assert base.encoder.layers is base.layers and base.decoder.layers is base.layers
-        assert base.encoder.layer_norm is base.layer_norm and base.decoder.layer_norm is base.layer_norm
+
+        def assert_tied(base):  # every block parameter of both sides IS the model's (one tensor, one gradient)
+            owned = dict(base.layers.named_parameters()) | {f"norm.{n}": p for n, p in base.layer_norm.named_parameters()}
+            for side in (base.encoder, base.decoder):
+                used = dict(side.layers.named_parameters()) | {f"norm.{n}": p
+                                                               for n, p in side.layer_norm.named_parameters()}
+                assert used.keys() == owned.keys() and all(used[n] is owned[n] for n in owned)
+
+        assert_tied(base)
         keys = set(model.state_dict())
-        assert not [k for k in keys if k.startswith(("model.encoder.layer", "model.decoder.layer"))]
         block_keys = {k for k in keys if k.startswith("model.layers.")}
         per_block = len(list(base.layers[0].state_dict()))
         assert len(block_keys) == model.config.num_blocks * per_block
@@ -62,11 +68,7 @@ class TestTiedTransformer(NmtModelTester):
 
         loaded = TiedTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
         lb = loaded.model
-        assert lb.encoder.layers is lb.layers and lb.decoder.layers is lb.layers
-        assert lb.encoder.layer_norm is lb.layer_norm is lb.decoder.layer_norm
-        shared = {n: p.data_ptr() for n, p in lb.layers.named_parameters()}
-        assert {n: p.data_ptr() for n, p in lb.encoder.layers.named_parameters()} == shared
-        assert {n: p.data_ptr() for n, p in lb.decoder.layers.named_parameters()} == shared
+        assert_tied(lb)
         assert lb.encoder.embed_tokens.weight.data_ptr() == lb.decoder.embed_tokens.weight.data_ptr() \
             == loaded.lm_head.weight.data_ptr()
         assert _num_parameters(loaded) == _num_parameters(model) == tied_parameter_count(loaded.config)
@@ -108,18 +110,19 @@ class TestTiedTransformer(NmtModelTester):
         inputs = self.batch(config, with_labels=False)
         calls = {"cross": 0, "self": []}
         hooks = []
-        for block in model.model.layers:
-            assert block.self_attn.is_causal is False
+        for block in (*model.model.encoder.layers, *model.model.decoder.layers):  # the blocks each side runs
             hooks.append(block.encoder_attn.register_forward_hook(
                 lambda *a: calls.__setitem__("cross", calls["cross"] + 1)))
             hooks.append(block.self_attn.register_forward_pre_hook(
                 lambda m, args, kwargs: calls["self"].append((kwargs.get("attention_mask"),
-                                                              kwargs.get("past_key_values"))), with_kwargs=True))
+                                                              kwargs.get("past_key_values"),
+                                                              kwargs.get("is_causal", m.is_causal))),
+                with_kwargs=True))
         encoder_out = model.get_encoder()(**inputs, output_attentions=True)
         assert calls["cross"] == 0 and len(calls["self"]) == config.num_blocks
         padding = inputs["attention_mask"].bool()[:, None, None, :]
-        for mask, cache in calls["self"]:
-            assert cache is None and mask.shape == padding.shape and torch.equal(mask, padding)  # no query axis
+        for mask, cache, is_causal in calls["self"]:
+            assert cache is None and is_causal is False and torch.equal(mask, padding.expand_as(mask))
         # real tokens attend to later real tokens (eager weights)
         weights = encoder_out.attentions[0][0]  # row 0 has no padding
         assert torch.triu(weights, diagonal=1).sum() > 0.1
@@ -134,8 +137,9 @@ class TestTiedTransformer(NmtModelTester):
         decoder_calls = calls["self"][config.num_blocks:]  # after the encoder's calls
         assert calls["cross"] == config.num_blocks and len(decoder_calls) == config.num_blocks
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
-        for mask, cache in decoder_calls:
-            assert cache is out.past_key_values and torch.equal(mask[0, 0], causal)
+        for mask, cache, is_causal in decoder_calls:  # SDPA's is_causal, or an explicit causal mask
+            assert cache is out.past_key_values and is_causal is True
+            assert mask is None or torch.equal(mask[0, 0], causal)
         for layer in out.past_key_values.self_attention_cache.layers:
             assert layer.keys.shape[-2] == 5  # decoder positions only: the encoder never wrote to the cache
         for handle in hooks:
@@ -247,6 +251,7 @@ class TestTiedTransformer(NmtModelTester):
             sources.add(source)
         baseline.load_state_dict(mapped, strict=True)
         aliases = {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
+        aliases |= {name for name in state if name.startswith(("model.encoder.layer", "model.decoder.layer"))}
         assert sources == set(state) - aliases - {"model.encoder.target_space_embedding.weight"}  # all used
         inputs = self.batch(model.config)
         with torch.no_grad():
