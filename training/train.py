@@ -750,6 +750,7 @@ def main(argv=None) -> dict | None:
         tmp = run_dir / ".tmp_model"
         shutil.rmtree(tmp, ignore_errors=True)
         final_model.save_pretrained(tmp)
+        tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
         tokenizer.save_pretrained(tmp)
         if model_dir.exists():
             shutil.rmtree(model_dir)
