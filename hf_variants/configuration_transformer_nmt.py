@@ -18,6 +18,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
+import torch
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.activations import ACT2FN
 
@@ -94,6 +95,8 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")  # to_dict stores dtypes by name
     return value
 
 
@@ -128,7 +131,8 @@ def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, Any
     constructed from scratch (so `dropout=1.5` or `encoder_attention_heads=5` raise a `ValueError` naming the
     field). Unknown names raise a `ValueError` with the closest field names (`d_modle` -> `d_model`); names stored
     in `config` already (old or foreign keys of a saved config.json) are accepted. Aliases such as `hidden_size`
-    are resolved. Used by `training/train.py --config_overrides` on a saved model; `config` is not modified."""
+    are resolved. Used by `training/train.py --config_overrides` on a saved model; `config` is not modified (and is
+    returned as is when there are no overrides)."""
     overrides = dict(overrides)
     if not overrides:
         return config

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +62,9 @@ def test_from_preset_rejects_unknown_names_with_a_suggestion(model_type):
     assert tiny(model_type, hidden_size=64).d_model == 64
     with pytest.raises(ValueError, match="alias of `d_model`"):
         tiny(model_type, d_model=64, hidden_size=64)
-    # PretrainedConfig's own fields stay accepted
+    # PretrainedConfig's own fields stay accepted, in the forms PretrainedConfig takes them
     assert tiny(model_type, output_hidden_states=True, attn_implementation="eager").output_hidden_states is True
+    assert tiny(model_type, dtype=torch.float16).dtype == tiny(model_type, dtype="float16").dtype == torch.float16
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
