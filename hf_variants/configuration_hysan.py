@@ -48,6 +48,7 @@ class HysanConfig(TransformerNmtConfig):
     """
 
     model_type = "hysan_nmt"
+    derived_fields: ClassVar[dict[str, str]] = {"use_positional_embeddings": "position_embedding_type"}
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **{name: {**preset, **HYSAN_E1} for name, preset in TransformerNmtConfig.PRESETS.items()},
         # The paper's IWSLT14 setting: 2 + 2 layers, d 256, 4 heads (tensor2tensor transformer_small, FFN 1024).

@@ -11,10 +11,15 @@ Presets follow fairseq's named architectures: one place per preset (`PRESETS`), 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import difflib
+import inspect
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from transformers import PretrainedConfig
+import torch
+from transformers import GenerationConfig, PretrainedConfig
 from transformers.activations import ACT2FN
 
 
@@ -34,6 +39,113 @@ def language_tag(lang: str) -> str:
 def _check(condition: bool, field: str, allowed: str, value: Any) -> None:
     if not condition:
         raise ValueError(f"`{field}` must be {allowed}, got {value!r}.")
+
+
+# ------------------------------------------------------------------------------------ field names and overrides
+# Keyword arguments `PretrainedConfig.__post_init__` consumes without declaring them as dataclass fields.
+_POST_INIT_KWARGS = ("attn_implementation", "experts_implementation", "name_or_path", "num_labels",
+                     "output_attentions", "torch_dtype", "per_layer_config")
+
+
+def config_field_names(config_class: type[PretrainedConfig]) -> set[str]:
+    """Every name a config class takes as a field: the parameters of each `__init__` in its MRO, the dataclass
+    fields and public settable properties of `PretrainedConfig`, and the `attribute_map` aliases (`hidden_size`).
+
+    Works for any transformers config class (ours, `MarianConfig`, remote-code classes)."""
+    names: set[str] = set(config_class.attribute_map) | set(_POST_INIT_KWARGS)
+    for klass in config_class.__mro__:
+        if not (isinstance(klass, type) and issubclass(klass, PretrainedConfig)):
+            continue
+        if dataclasses.is_dataclass(klass):
+            names.update(f.name for f in dataclasses.fields(klass))
+        if "__init__" in vars(klass):
+            names.update(name for name, param in inspect.signature(klass.__init__).parameters.items()
+                         if name != "self" and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD))
+        names.update(name for name, value in vars(klass).items()
+                     if isinstance(value, property) and value.fset is not None and not name.startswith("_"))
+    return names
+
+
+def check_config_field_names(config_class: type[PretrainedConfig], names: Iterable[str],
+                             also_known: Iterable[str] = ()) -> None:
+    """Raise a `ValueError` naming the first name that is not a field of `config_class` (with the closest field
+    names as suggestions), or that is a generation parameter (those belong in `model.generation_config`;
+    `PretrainedConfig` drops them silently).
+
+    Used by `from_preset` and `apply_config_overrides`, the paths where a user types field names. Plain
+    construction and `from_pretrained` / `from_dict` stay permissive, as for every transformers config: a
+    config.json carries metadata keys (`transformers_version`, `architectures`, `auto_map`, `dtype`, ...) and keys
+    written by other tools or older versions, and must keep loading."""
+    known = config_field_names(config_class) | set(also_known)
+    generation = set(GenerationConfig._get_default_generation_params())
+    for name in names:
+        if name in known:
+            continue
+        if name in generation:
+            raise ValueError(f"`{name}` is a generation parameter, not a field of {config_class.__name__}: set it on "
+                             f"`model.generation_config` (or pass it to `generate()` / the pipeline).")
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
+        raise ValueError(f"`{name}` is not a field of {config_class.__name__}.{hint}")
+
+
+def _plain(value: Any) -> Any:
+    """JSON-like normal form for comparing a requested value with the stored one (tuples as lists, ...)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")  # to_dict stores dtypes by name
+    return value
+
+
+def _check_overrides_applied(config: PretrainedConfig, overrides: Mapping[str, Any]) -> None:
+    """A requested value that the config replaced by a derived one (e.g. HySAN's `use_positional_embeddings=True`
+    next to `position_embedding_type="none"`) is an error, not a silent change. `None` asks for a default."""
+    stored = config.to_dict()
+    derived = getattr(config, "derived_fields", {})
+    for name, value in overrides.items():
+        if value is None or name not in stored:
+            continue
+        if _plain(stored[name]) != _plain(value):
+            source = f"`{derived[name]}`" if name in derived else "its other fields"
+            raise ValueError(f"`{name}={value!r}` was not applied: {type(config).__name__} derives "
+                             f"`{name}={stored[name]!r}` from {source}; set that instead.")
+
+
+def _resolve_aliases(config_class: type[PretrainedConfig], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    resolved: dict[str, Any] = {}
+    for name, value in overrides.items():
+        target = config_class.attribute_map.get(name, name)
+        if target in resolved:
+            alias = name if target != name else next(a for a, t in config_class.attribute_map.items()
+                                                     if t == target and a in overrides)
+            raise ValueError(f"`{alias}` is an alias of `{target}`: pass only one of them.")
+        resolved[target] = value
+    return resolved
+
+
+def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, Any]) -> PretrainedConfig:
+    """A new config of `config`'s class: its fields with `overrides` applied, built and validated like a config
+    constructed from scratch (so `dropout=1.5` or `encoder_attention_heads=5` raise a `ValueError` naming the
+    field). Unknown names raise a `ValueError` with the closest field names (`d_modle` -> `d_model`); names stored
+    in `config` already (old or foreign keys of a saved config.json) are accepted. Aliases such as `hidden_size`
+    are resolved. Used by `training/train.py --config_overrides` on a saved model; `config` is not modified (and is
+    returned as is when there are no overrides)."""
+    overrides = dict(overrides)
+    if not overrides:
+        return config
+    config_class = type(config)
+    current = config.to_dict()
+    check_config_field_names(config_class, overrides, also_known=current)
+    resolved = _resolve_aliases(config_class, overrides)
+    for name, source in getattr(config_class, "derived_fields", {}).items():
+        if name not in resolved and source in resolved:
+            current.pop(name, None)  # recomputed from the overridden source field
+    new = config_class.from_dict({**current, **resolved})
+    _check_overrides_applied(new, resolved)
+    return new
 
 
 class TransformerNmtConfig(PretrainedConfig):
@@ -78,6 +190,9 @@ class TransformerNmtConfig(PretrainedConfig):
 
     model_type = "transformer_nmt"
     keys_to_ignore_at_inference = ["past_key_values"]
+    # Fields a variant recomputes from another field (name -> source): `apply_config_overrides` re-derives them
+    # when only the source is overridden.
+    derived_fields: ClassVar[dict[str, str]] = {}
     # The generic names transformers' utilities read (Marian's mapping). The decoder's KV cache is still sized from
     # `decoder_layers`: `get_text_config(decoder=True)` maps `decoder_layers` onto `num_hidden_layers` for it.
     attribute_map = {
@@ -220,10 +335,18 @@ class TransformerNmtConfig(PretrainedConfig):
     # --------------------------------------------------------------------------------------------------- presets
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "TransformerNmtConfig":
-        """Build a config from a named preset (`cls.PRESETS`), then apply `overrides`."""
+        """Build a config from a named preset (`cls.PRESETS`), then apply `overrides`.
+
+        Override names are checked (a misspelled field raises a `ValueError` suggesting the closest field, a
+        generation parameter says where it belongs), aliases (`hidden_size`) are resolved, and a value the config
+        would replace by a derived one raises; values are validated as in the constructor."""
         if name not in cls.PRESETS:
             raise ValueError(f"`preset` must be one of {sorted(cls.PRESETS)}, got {name!r}.")
-        return cls(**{**cls.PRESETS[name], **overrides})
+        check_config_field_names(cls, overrides)
+        resolved = _resolve_aliases(cls, overrides)
+        config = cls(**{**cls.PRESETS[name], **resolved})
+        _check_overrides_applied(config, resolved)
+        return config
 
     # ------------------------------------------------------------------------------------------------- languages
     def language_id(self, lang: str) -> int:
@@ -238,4 +361,5 @@ class TransformerNmtConfig(PretrainedConfig):
         return math.sqrt(self.d_model) if self.scale_embedding else 1.0
 
 
-__all__ = ["TransformerNmtConfig", "language_tag"]
+__all__ = ["TransformerNmtConfig", "apply_config_overrides", "check_config_field_names", "config_field_names",
+           "language_tag"]

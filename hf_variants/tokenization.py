@@ -125,6 +125,7 @@ def train_tokenizer(
     languages: Iterable[str] = (),
     min_frequency: int = 2,
     output_dir: str | os.PathLike | None = None,
+    model_max_length: int = 1024,
 ) -> PreTrainedTokenizerFast:
     """Train one shared subword tokenizer on source+target text.
 
@@ -136,6 +137,10 @@ def train_tokenizer(
         languages: language codes; a `<2xx>` special token is added for each (ids 4, 5, ... in order).
         min_frequency: minimum pair frequency for a BPE merge (ignored by Unigram).
         output_dir: if given, `save_pretrained` the tokenizer there.
+        model_max_length: the longest input (special tokens included) of the model this tokenizer serves: its
+            `config.max_position_embeddings` (default 1024, `TransformerNmtConfig`'s default). `truncation=True`
+            cuts to it; a tokenizer saved next to a model must carry that model's limit (`train.py` sets it when it
+            saves `model/`).
 
     Printable ASCII is always in the vocabulary; any other character never seen in the training text encodes as
     `<unk>`, so train on the full training text of every language of the run.
@@ -145,6 +150,9 @@ def train_tokenizer(
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be larger than {len(SPECIAL_TOKENS)}, got {vocab_size}.")
+    if not isinstance(model_max_length, int) or isinstance(model_max_length, bool) or model_max_length < 2:
+        raise ValueError(f"model_max_length must be an integer >= 2 (the model's max_position_embeddings), got "
+                         f"{model_max_length!r}.")
     tags = language_tags(languages)
     backend, trainer = _build_backend(model, vocab_size, min_frequency, SPECIAL_TOKENS + tags)
     backend.normalizer = normalizers.NFKC()
@@ -181,7 +189,7 @@ def train_tokenizer(
         eos_token=EOS_TOKEN,
         unk_token=UNK_TOKEN,
         extra_special_tokens=tags,  # v5 name of `additional_special_tokens`
-        model_max_length=1024,
+        model_max_length=model_max_length,
         padding_side="right",
         clean_up_tokenization_spaces=False,
     )
@@ -200,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", choices=["bpe", "unigram"], default="bpe")
     parser.add_argument("--languages", nargs="*", default=[], help="language codes; adds <2xx> tags")
     parser.add_argument("--min_frequency", type=int, default=2)
+    parser.add_argument("--model_max_length", type=int, default=1024,
+                        help="the model's max_position_embeddings (the longest input, special tokens included)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     for f in args.files:
@@ -212,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         languages=args.languages,
         min_frequency=args.min_frequency,
         output_dir=args.output_dir,
+        model_max_length=args.model_max_length,
     )
     print(f"Trained a {args.model} tokenizer with {len(tok)} tokens; saved to {args.output_dir}")
 

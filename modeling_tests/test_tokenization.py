@@ -139,3 +139,24 @@ def test_cli(tmp_path):
     assert tok.convert_tokens_to_ids(["<2en>", "<2fr>"]) == [4, 5]
     fr = _head(DATA / "val.fr.gz", 1)[0]
     assert tok.decode(tok(fr)["input_ids"], skip_special_tokens=True) == fr
+
+
+def test_model_max_length_is_the_models_limit(sentences, tmp_path):
+    """A tokenizer declares the limit of the model it serves (`max_position_embeddings`): `truncation=True` cuts
+    to it, keeping `</s>`, and the value survives save/reload and the CLI."""
+    tok = train_tokenizer(sentences["en"], vocab_size=600, output_dir=tmp_path / "tok", model_max_length=12)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert tok.model_max_length == reloaded.model_max_length == 12
+    long = " ".join(sentences["en"][:3])
+    ids = reloaded(long, truncation=True)["input_ids"]
+    assert len(reloaded(long)["input_ids"]) > 12 and len(ids) == 12 and ids[-1] == reloaded.eos_token_id
+    assert train_tokenizer(sentences["en"][:50], vocab_size=300).model_max_length == 1024  # the config default
+    with pytest.raises(ValueError, match="model_max_length"):
+        train_tokenizer(sentences["en"][:50], vocab_size=300, model_max_length=0)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_variants.tokenization", "--files", str(DATA / "val.en.gz"), "--vocab_size", "300",
+         "--model_max_length", "256", "--output_dir", str(tmp_path / "cli")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert AutoTokenizer.from_pretrained(tmp_path / "cli").model_max_length == 256

@@ -185,6 +185,7 @@ def test_baseline_run_outputs(baseline_run):
     model = AutoModelForSeq2SeqLM.from_pretrained(run_dir / "model")
     tok = AutoTokenizer.from_pretrained(run_dir / "model")
     assert model.config.vocab_size == len(tok) and model.config.pad_token_id == tok.pad_token_id == 0
+    assert tok.model_max_length == model.config.max_position_embeddings == 256  # the model's limit, not 1024
     assert sum(p.numel() for p in model.parameters()) == results["params"]
     lines = (run_dir / "translations.test.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 30

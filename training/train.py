@@ -352,6 +352,7 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.Paralle
 
 def build_model(args, tokenizer, languages: list[str], target_tags: bool):
     import hf_variants  # registers every model type
+    from hf_variants.configuration_transformer_nmt import apply_config_overrides
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     overrides = parse_overrides(args.config_overrides)
@@ -364,8 +365,9 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
         missing = [lang for lang in languages if known and lang not in known]
         if missing:
             raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
-        for key, value in {**fields, **overrides}.items():
-            setattr(config, key, value)
+        # names checked and values validated as when building a config (`label_smoothing` is no Marian field)
+        config = apply_config_overrides(config, {**{k: v for k, v in fields.items() if hasattr(config, k)},
+                                                 **overrides})
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
         return model
     known = sorted(hf_variants.CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
@@ -748,6 +750,7 @@ def main(argv=None) -> dict | None:
         tmp = run_dir / ".tmp_model"
         shutil.rmtree(tmp, ignore_errors=True)
         final_model.save_pretrained(tmp)
+        tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
         tokenizer.save_pretrained(tmp)
         if model_dir.exists():
             shutil.rmtree(model_dir)

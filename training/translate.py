@@ -6,9 +6,19 @@
         --references training/data/multi30k/test_2016_flickr.de.gz --tgt_lang de
 
 `--model` is a saved model folder (`run_dir/model`, or a Hub id with `--trust_remote_code`) or a training checkpoint
-folder (`run_dir/checkpoints/step_N`, loaded into the run's model config). Input: one sentence a line, plain or
-.gz; empty lines give empty output lines so the output stays line-aligned. With `--references`, BLEU and chrF
-(sacreBLEU, signatures included) are printed as JSON and written to `--results_json` if given.
+folder (`run_dir/checkpoints/step_N`, loaded into the run's model config).
+
+Input (`--input`, `-` for stdin): a text file with one sentence a line (plain or .gz), or JSONL (`.jsonl`,
+`.jsonl.gz`, or `--input_format jsonl`) with one object a line: `{"translation": {"en": ..., "de": ...}}` (the
+source side is `--src_lang`, or the row's one language other than the target), `{"text": ...}` or
+`{"source": ...}` (optionally with `"target": ...`). When every JSONL row carries the target side
+(`translation[tgt_lang]` or `target`) and `--references` is not given, the translations are scored against it.
+
+Output (`--output`, `-` for stdout): one translation a line, line-aligned with the input. An empty input line gives
+an empty output line; so does a source longer than the model accepts (`config.max_position_embeddings` tokens,
+special tokens included), with a warning naming its line. With references, BLEU and chrF (sacreBLEU, signatures
+included) are printed as JSON (to stderr when the translations go to stdout) and written to `--results_json`.
+A progress bar goes to stderr when it is a terminal (`--no_progress` turns it off).
 """
 
 from __future__ import annotations
@@ -26,32 +36,54 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, evaluation  # noqa: E402
+from training import checkpointing, evaluation, external  # noqa: E402
 from training.corpus import DataError, read_lines  # noqa: E402
 
 logger = logging.getLogger("hf_variants.translate")
 
+STDIO = "-"
+TEXT_KEYS = ("text", "source")  # JSONL rows without "translation": the source text
+TARGET_KEY = "target"  # ... and an optional reference next to it
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the option help; the epilog (the docstring's input/output paragraphs) as written."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[3:]),
+                                formatter_class=_HelpFormatter)
     p.add_argument("--model", required=True, help="saved model folder, Hub id, or a training checkpoint folder")
     p.add_argument("--tokenizer", help="default: the model folder (or the run's tokenizer for a checkpoint)")
-    p.add_argument("--input", required=True, help="source sentences, one a line (plain or .gz)")
-    p.add_argument("--output", required=True, help="translations, one a line")
-    p.add_argument("--references", help="reference translations (plain or .gz) to score against")
+    p.add_argument("--input", required=True,
+                   help="source sentences: a text file, one a line (plain or .gz), or JSONL (see --input_format); "
+                        "'-' reads stdin")
+    p.add_argument("--input_format", choices=["auto", "text", "jsonl"], default="auto",
+                   help="auto: JSONL for names ending in .jsonl / .jsonl.gz, else text. JSONL rows: "
+                        "{\"translation\": {\"en\": ..., \"de\": ...}} (the source side is --src_lang, or the "
+                        "row's one language other than the target), {\"text\": ...} or {\"source\": ...} "
+                        "(optionally with \"target\": ...)")
+    p.add_argument("--output", required=True, help="translations, one a line, aligned with the input; '-' writes "
+                                                    "stdout (the JSON summary then goes to stderr)")
+    p.add_argument("--references", help="reference translations (plain or .gz) to score against; default for "
+                                        "JSONL input: the rows' target side, when every row has one")
     p.add_argument("--source_annotation", action="append", default=[], metavar="NAME=FILE",
                    help="a per-sentence model input aligned with --input (e.g. parses=test.en.parses for the "
-                        "syntactic MG-SA); repeatable")
+                        "syntactic MG-SA); with JSONL input, NAME alone reads each row's NAME (a value, or "
+                        "{lang: value}); repeatable")
     p.add_argument("--src_lang")
     p.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
     p.add_argument("--num_beams", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6)
-    p.add_argument("--max_len_a", type=float, default=1.2)
+    p.add_argument("--max_len_a", type=float, default=1.2,
+                   help="max new tokens = a * source length + b (at most the model's positions - 1)")
     p.add_argument("--max_len_b", type=int, default=10)
-    p.add_argument("--max_length", type=int, help="truncate source sentences to this many tokens (default: never)")
+    p.add_argument("--max_length", type=int, help="truncate source sentences to this many tokens (default: never; "
+                                                  "longer than the model accepts: an empty line and a warning)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--results_json", help="write the scores here")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar (it is off when stderr is no "
+                                                              "terminal)")
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
     return p
 
@@ -77,9 +109,152 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
     return model, tokenizer
 
 
+# ------------------------------------------------------------------------------------------------------- input
+def read_input_lines(path: str) -> list[str]:
+    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line."""
+    if path != STDIO:
+        return read_lines(path)
+    lines = []
+    for raw in sys.stdin.buffer:
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as err:
+            raise DataError(f"stdin: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
+    return lines
+
+
+def is_jsonl(path: str, input_format: str) -> bool:
+    if input_format != "auto":
+        return input_format == "jsonl"
+    return path != STDIO and path.lower().removesuffix(".gz").endswith(".jsonl")
+
+
+def _row_source(obj: dict, where: str, src_lang: str | None, tgt_lang: str | None):
+    """(source, its language or None, reference or None) of one JSONL row."""
+    if "translation" in obj:
+        sides = obj["translation"]
+        if not isinstance(sides, dict):
+            raise DataError(f"{where}: \"translation\" must be an object {{lang: text}}, got "
+                            f"{type(sides).__name__}.")
+        lang = src_lang
+        if lang is None:
+            others = [code for code in sides if code != tgt_lang]
+            if len(others) != 1:
+                raise DataError(f"{where}: cannot tell the source side among {sorted(sides)}: pass --src_lang"
+                                f"{'' if tgt_lang else ' and --tgt_lang'}.")
+            lang = others[0]
+        if sides.get(lang) is None:
+            raise DataError(f"{where}: no {lang!r} side in \"translation\" (it has {sorted(sides)}).")
+        source, reference = sides[lang], sides.get(tgt_lang) if tgt_lang else None
+    else:
+        keys = [key for key in TEXT_KEYS if key in obj]
+        if len(keys) != 1:
+            found = "both \"text\" and \"source\"" if keys else f"the keys {sorted(obj)}"
+            raise DataError(f"{where}: expected {{\"translation\": {{lang: text}}}}, {{\"text\": ...}} or "
+                            f"{{\"source\": ...}}, found {found}.")
+        source, reference, lang = obj[keys[0]], obj.get(TARGET_KEY), src_lang
+    for name, value in (("source", source), ("target", reference)):
+        if value is not None and not isinstance(value, str):
+            raise DataError(f"{where}: the {name} is a {type(value).__name__}, expected a string.")
+    if source is None:
+        raise DataError(f"{where}: the source is null.")
+    return source, lang, reference
+
+
+def read_jsonl_input(path: str, src_lang: str | None, tgt_lang: str | None, annotation_names: list[str]):
+    """Sources, references (a list when every row has a target side, else None), per-row annotations and the
+    source languages found, from JSONL rows (see the module docstring)."""
+    label = "stdin" if path == STDIO else path
+    sources, references, source_langs = [], [], set()
+    annotations: dict[str, list] = {name: [] for name in annotation_names}
+    for i, line in enumerate(read_input_lines(path)):
+        where = f"{label}:{i + 1}"
+        if not line.strip():
+            raise DataError(f"{where}: empty line (expected one JSON object a line).")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: invalid JSON ({err.msg}).") from err
+        if not isinstance(obj, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}.")
+        source, lang, reference = _row_source(obj, where, src_lang, tgt_lang)
+        sources.append(source)
+        references.append(reference)
+        source_langs.add(lang)
+        for name in annotation_names:
+            value = obj.get(name)
+            if isinstance(value, dict):
+                value = value.get(lang) if lang is not None else None
+            if value is None and source.strip():
+                raise DataError(f"{where}: no {name!r} for the source (expected \"{name}\": value or "
+                                f"{{\"{lang or 'lang'}\": value}}).")
+            annotations[name].append(value)
+    with_target = sum(ref is not None for ref in references)
+    if 0 < with_target < len(references):
+        first = next(i for i, ref in enumerate(references) if ref is None)
+        logger.warning("%d of %d rows of %s have a target side (%s:%d has none): not scoring against them", with_target,
+                       len(references), label, label, first + 1)
+    return sources, (references if with_target == len(references) and references else None), annotations, \
+        source_langs - {None}
+
+
+def read_annotation_files(items: list[str], jsonl: bool) -> tuple[dict[str, str], list[str]]:
+    """`--source_annotation` values: NAME=FILE pairs, and (JSONL input only) NAMEs read from the rows."""
+    files, from_rows = {}, []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not name:
+            raise SystemExit(f"--source_annotation expects NAME=FILE, got {item!r}")
+        if sep:
+            files[name] = path
+        elif jsonl:
+            from_rows.append(name)
+        else:
+            raise SystemExit(f"--source_annotation expects NAME=FILE (NAME alone reads JSONL rows), got {item!r}")
+    return files, from_rows
+
+
+# ------------------------------------------------------------------------------------------------- translation
+def model_input_lengths(model, tokenizer, texts: list[str], batch_size: int, **kwargs) -> list[int]:
+    """Each text's length in tokens as the model receives it (language tags, `</s>`, truncation included)."""
+    variant_inputs = kwargs.pop("variant_inputs")
+    lengths: list[int] = []
+    for start in range(0, len(texts), batch_size):
+        chunk = {name: values[start:start + batch_size] for name, values in variant_inputs.items()}
+        inputs = external.prepare_translation_inputs(model, tokenizer, texts[start:start + batch_size], **kwargs,
+                                                     **chunk)
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            lengths += [inputs["input_ids"].shape[-1]] * inputs["input_ids"].shape[0]
+        else:
+            lengths += mask.sum(-1).tolist()
+    return lengths
+
+
+def progress_bar(total: int, disable: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sent", desc="translating", file=sys.stderr,
+                disable=disable or not sys.stderr.isatty(), dynamic_ncols=True)
+
+
+def write_output(path: str, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path == STDIO:
+        sys.stdout.buffer.write(text.encode("utf-8"))
+        sys.stdout.flush()
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    checkpointing.atomic_write(path, text)
+
+
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
+    if args.references == STDIO:
+        raise SystemExit("--references cannot be stdin ('-'); give a file.")
+    jsonl = is_jsonl(args.input, args.input_format)
+    annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
     languages = list(getattr(model.config, "languages", None) or [])
     tgt_lang = args.tgt_lang
@@ -90,47 +265,81 @@ def main(argv=None) -> dict:
         else:
             raise SystemExit(f"This model translates into several languages ({', '.join(languages)}): pass "
                              f"--tgt_lang.")
-    sources = read_lines(args.input)
-    references = read_lines(args.references) if args.references else None
-    if references is not None and len(references) != len(sources):
-        raise DataError(f"{args.input} has {len(sources)} lines but {args.references} has {len(references)}; line "
-                        f"{min(len(sources), len(references)) + 1} has no counterpart.")
-    variant_inputs = {}
-    for item in args.source_annotation:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--source_annotation expects NAME=FILE, got {item!r}")
+    input_label = "stdin" if args.input == STDIO else args.input
+    references, references_label, variant_inputs = None, args.references, {}
+    if jsonl:
+        sources, row_references, variant_inputs, source_langs = read_jsonl_input(
+            args.input, args.src_lang, tgt_lang, annotations_from_rows)
+        if source_langs:
+            logger.info("%s: source side %s", input_label, ", ".join(sorted(source_langs)))
+        if args.references is None and row_references is not None:
+            references, references_label = row_references, f"{input_label} (target side)"
+            logger.info("Scoring against the target side of the rows of %s", input_label)
+    else:
+        sources = read_input_lines(args.input)
+    if args.references:
+        references = read_lines(args.references)
+        if len(references) != len(sources):
+            raise DataError(f"{input_label} has {len(sources)} lines but {args.references} has {len(references)}; "
+                            f"line {min(len(sources), len(references)) + 1} has no counterpart.")
+    for name, path in annotation_files.items():
         values = read_lines(path)
         if len(values) != len(sources):
-            raise DataError(f"{args.input} has {len(sources)} lines but {path} has {len(values)}.")
+            raise DataError(f"{input_label} has {len(sources)} lines but {path} has {len(values)}.")
         variant_inputs[name] = values
     keep = [i for i, s in enumerate(sources) if s.strip()]
     if len(keep) < len(sources):
         logger.warning("%d empty input lines (e.g. line %d): their output lines are empty", len(sources) - len(keep),
                        next(i for i, s in enumerate(sources) if not s.strip()) + 1)
-    start = time.time()
-    hyps = evaluation.translate(model, tokenizer, [sources[i].strip() for i in keep], tgt_lang, src_lang=args.src_lang,
-                                batch_size=args.batch_size, num_beams=args.num_beams,
-                                length_penalty=args.length_penalty, max_len_a=args.max_len_a,
-                                max_len_b=args.max_len_b, max_length=args.max_length,
-                                variant_inputs={k: [v[i] for i in keep] for k, v in variant_inputs.items()})
-    elapsed = time.time() - start
+    texts = {i: sources[i].strip() for i in keep}
+    common = dict(src_lang=args.src_lang, max_length=args.max_length)
+    if tgt_lang is not None:
+        common["tgt_lang"] = tgt_lang
+    # a source longer than the model's positions: a warning naming its line and an empty output line
+    limit = getattr(model.config, "max_position_embeddings", None)
+    lengths = dict(zip(keep, model_input_lengths(model, tokenizer, [texts[i] for i in keep], args.batch_size,
+                                                 variant_inputs={k: [v[i] for i in keep]
+                                                                 for k, v in variant_inputs.items()}, **common)))
+    too_long = [i for i in keep if limit is not None and lengths[i] > limit]
+    for i in too_long:
+        logger.warning("line %d: %d tokens (special tokens included), more than this model accepts (%d, "
+                       "config.max_position_embeddings); its output line is empty", i + 1, lengths[i], limit)
+    skipped = set(too_long)
+    todo = [i for i in keep if i not in skipped]
+    # the batches evaluation.translate would form: longest first, `batch_size` sentences each
+    token_counts = tokenizer([texts[i] for i in todo], add_special_tokens=True)["input_ids"] if todo else []
+    order = [todo[j] for j in sorted(range(len(todo)), key=lambda j: -len(token_counts[j]))]
     outputs = [""] * len(sources)
-    for i, h in zip(keep, hyps):
-        outputs[i] = h.replace("\n", " ")
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
-    result = {"model": args.model, "input": args.input, "output": args.output, "sentences": len(sources),
-              "empty_inputs": len(sources) - len(keep), "tgt_lang": tgt_lang, "num_beams": args.num_beams,
-              "length_penalty": args.length_penalty, "seconds": round(elapsed, 2),
-              "sentences_per_sec": round(len(keep) / max(elapsed, 1e-9), 2)}
+    start = time.time()
+    with progress_bar(len(order), args.no_progress) as bar:
+        for first in range(0, len(order), args.batch_size):
+            idx = order[first:first + args.batch_size]
+            # fairseq's max_len_a/b over the batch's longest source, within the model's positions
+            budget = max(1, int(args.max_len_a * max(lengths[i] for i in idx) + args.max_len_b))
+            if limit is not None:
+                budget = min(budget, max(1, limit - 1))
+            hyps = evaluation.translate(model, tokenizer, [texts[i] for i in idx], tgt_lang, src_lang=args.src_lang,
+                                        batch_size=len(idx), num_beams=args.num_beams,
+                                        length_penalty=args.length_penalty, max_len_a=0.0, max_len_b=budget,
+                                        max_length=args.max_length,
+                                        variant_inputs={k: [v[i] for i in idx] for k, v in variant_inputs.items()})
+            for i, hyp in zip(idx, hyps):
+                outputs[i] = hyp.replace("\n", " ")
+            bar.update(len(idx))
+    elapsed = time.time() - start
+    write_output(args.output, outputs)
+    result = {"model": args.model, "input": input_label, "output": "stdout" if args.output == STDIO else args.output,
+              "sentences": len(sources), "empty_inputs": len(sources) - len(keep), "too_long_inputs": len(too_long),
+              "too_long_lines": [i + 1 for i in too_long], "max_source_tokens": limit, "tgt_lang": tgt_lang,
+              "num_beams": args.num_beams, "length_penalty": args.length_penalty, "seconds": round(elapsed, 2),
+              "sentences_per_sec": round(len(order) / max(elapsed, 1e-9), 2)}
     if references is not None:
         scores = evaluation.score(outputs, references)
-        result.update(references=args.references, bleu=scores["bleu"], chrf=scores["chrf"],
+        result.update(references=references_label, bleu=scores["bleu"], chrf=scores["chrf"],
                       sacrebleu_signature=scores["sacrebleu_signature"], chrf_signature=scores["chrf_signature"])
     if args.results_json:
         Path(args.results_json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
     return result
 
 

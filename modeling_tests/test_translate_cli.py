@@ -1,0 +1,220 @@
+"""training/translate.py on tiny saved models: too-long sources (a warning naming the line, an empty output line,
+the rest translated), empty lines, stdin/stdout, JSONL input (with its references and per-row annotations), the
+progress bar. The translations are checked against `evaluation.translate` on the same sentences."""
+
+import gzip
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conftest import read_sentences  # noqa: E402
+from hf_variants import (  # noqa: E402
+    MgsaConfig,
+    MgsaForConditionalGeneration,
+    TransformerNmtConfig,
+    TransformerNmtForConditionalGeneration,
+)
+from training import evaluation, translate  # noqa: E402
+from training.corpus import DataError  # noqa: E402
+
+SCRIPT = ROOT / "training" / "translate.py"
+GEN = ["--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4", "--no_progress"]
+
+
+def save_model(model, tokenizer, path):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tokenizer, tmp_path_factory):
+    """A tiny en->de baseline with 40 learned positions (a longer source used to crash inside torch)."""
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=40,
+                                              position_embedding_type="learned", languages=["en", "de"])
+    return save_model(TransformerNmtForConditionalGeneration(config).eval(), tokenizer,
+                      tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return translate.load_model_and_tokenizer(str(model_dir))
+
+
+def expected(loaded, texts, max_len_b=4):
+    model, tok = loaded
+    return evaluation.translate(model, tok, texts, "de", num_beams=2, max_len_a=0, max_len_b=max_len_b)
+
+
+def lines_of(path):
+    return Path(path).read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def write(path, lines):
+    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_too_long_lines_give_a_warning_and_an_empty_line(model_dir, loaded, tmp_path, caplog):
+    _, tok = loaded
+    short = read_sentences("en", "val", n=3)
+    long = " ".join(read_sentences("en", "val", n=4, start=3))
+    n_long = len(tok(long)["input_ids"])
+    assert n_long > 40 and all(len(tok(s)["input_ids"]) <= 40 for s in short)
+    src = write(tmp_path / "src.en", [short[0], long, "", short[1], "   ", long, short[2]])
+    with caplog.at_level(logging.WARNING, logger="hf_variants.translate"):
+        result = translate.main(["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"),
+                                 *GEN])
+    hyps = lines_of(tmp_path / "o")
+    assert len(hyps) == 7 and hyps[1] == hyps[2] == hyps[4] == hyps[5] == ""
+    assert [hyps[0], hyps[3], hyps[6]] == expected(loaded, short)
+    assert result["too_long_lines"] == [2, 6] and result["too_long_inputs"] == 2 and result["empty_inputs"] == 2
+    for line in (2, 6):
+        assert f"line {line}: {n_long} tokens" in caplog.text
+    assert "more than this model accepts (40, config.max_position_embeddings)" in caplog.text
+
+
+def test_generation_stays_within_the_models_positions(model_dir, tokenizer, tmp_path):
+    """max_len_a/b may ask for more target tokens than the model has positions: capped at the limit - 1 (the
+    decoder would index past its learned positions). With </s> suppressed, every hypothesis runs to the cap."""
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=40,
+                                              position_embedding_type="learned", languages=["en", "de"])
+    model = TransformerNmtForConditionalGeneration(config).eval()
+    model.generation_config.suppress_tokens = [0, 1, 2]  # no padding, start or end token: run to the budget
+    save_model(model, tokenizer, tmp_path / "m")
+    src = write(tmp_path / "src.en", read_sentences("en", "val", n=2))
+    translate.main(["--model", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "o"),
+                    "--num_beams", "1", "--max_len_a", "2", "--max_len_b", "10", "--no_progress"])
+    capped = lines_of(tmp_path / "o")
+    model_inputs = model.prepare_translation_inputs(tokenizer, read_sentences("en", "val", n=2))
+    assert max(model_inputs["attention_mask"].sum(-1)) * 2 + 10 > 40  # max_len_a/b ask for more than 40
+    direct = model.generate(**model_inputs, num_beams=1, max_new_tokens=39)
+    assert direct.shape[-1] == 40  # the start token + 39 generated: all 40 positions, no more
+    assert capped == [h.strip() for h in tokenizer.decode(direct, skip_special_tokens=True)]
+
+
+def test_only_empty_lines(model_dir, tmp_path):
+    src = write(tmp_path / "src.en", ["", "  ", ""])
+    result = translate.main(["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o")])
+    assert lines_of(tmp_path / "o") == ["", "", ""] and result["empty_inputs"] == 3
+
+
+def test_stdin_to_stdout(model_dir, loaded, tmp_path):
+    sentences = read_sentences("en", "val", n=3)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--input", "-", "--output", "-",
+         "--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4"],
+        input="\n".join([sentences[0], "", sentences[1], sentences[2]]) + "\n", capture_output=True, text=True,
+        timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.split("\n")
+    assert out[-1] == "" and out[:-1] == [*expected(loaded, sentences[:1]), "", *expected(loaded, sentences[1:])]
+    summary = json.loads(proc.stderr[proc.stderr.index("{"):])  # the summary went to stderr, not into the output
+    assert summary["input"] == "stdin" and summary["output"] == "stdout" and summary["sentences"] == 4
+    assert "translating" not in proc.stderr  # stderr is no terminal: no progress bar
+
+
+def test_progress_bar_on_a_terminal(model_dir, tmp_path, capsys, monkeypatch):
+    src = write(tmp_path / "src.en", read_sentences("en", "val", n=3))
+    args = ["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"), "--num_beams", "1",
+            "--max_len_b", "2", "--batch_size", "2"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    translate.main(args)
+    err = capsys.readouterr().err
+    assert "translating" in err and "3/3" in err
+    translate.main(args + ["--no_progress"])
+    assert "translating" not in capsys.readouterr().err
+
+
+def test_jsonl_input(model_dir, loaded, tmp_path):
+    en = read_sentences("en", "val", n=3)
+    de = read_sentences("de", "val", n=3)
+    rows = [{"translation": {"en": en[0], "de": de[0]}}, {"translation": {"de": de[1], "en": ""}},
+            {"translation": {"en": en[2], "de": de[2]}}]
+    src = tmp_path / "test.jsonl.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in rows))
+    result = translate.main(["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"), *GEN])
+    hyps = lines_of(tmp_path / "o")
+    assert hyps[1] == "" and [hyps[0], hyps[2]] == expected(loaded, [en[0], en[2]])
+    # every row has the target side: scored against it
+    assert result["references"] == f"{src} (target side)"
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [de]).score)
+    # {"text": ...} / {"source": ..., "target": ...} rows, recognised by --input_format on any file name
+    flat = write(tmp_path / "rows.txt", [json.dumps({"text": en[0]}), json.dumps({"source": en[2]})])
+    translate.main(["--model", str(model_dir), "--input", str(flat), "--input_format", "jsonl",
+                    "--output", str(tmp_path / "o2"), *GEN])
+    assert lines_of(tmp_path / "o2") == expected(loaded, [en[0], en[2]])
+    # without --input_format, a .txt file is text: the JSON lines are translated as sentences
+    result = translate.main(["--model", str(model_dir), "--input", str(flat), "--output", str(tmp_path / "o3"),
+                             *GEN])
+    assert "references" not in result and len(lines_of(tmp_path / "o3")) == 2
+
+
+@pytest.mark.parametrize("row, message", [
+    ("{not json", r"bad\.jsonl:2: invalid JSON"),
+    ("", r"bad\.jsonl:2: empty line"),
+    ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
+    ('{"translation": {"fr": "x", "de": "y"}}', r"bad\.jsonl:2: no 'en' side in \"translation\""),
+    ('{"text": "x", "source": "y"}', r"bad\.jsonl:2: .*found both \"text\" and \"source\""),
+    ('{"sentence": "x"}', r"bad\.jsonl:2: expected .*\"text\".*found the keys \['sentence'\]"),
+    ('{"text": 3}', r"bad\.jsonl:2: the source is a int"),
+])
+def test_bad_jsonl_rows_name_the_line(model_dir, tmp_path, row, message):
+    src = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "A dog.", "de": "Ein Hund."}}), row])
+    with pytest.raises(DataError, match=message):
+        translate.main(["--model", str(model_dir), "--input", str(src), "--src_lang", "en",
+                        "--output", str(tmp_path / "o"), *GEN])
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_jsonl_source_side_needs_the_languages(model_dir, tmp_path):
+    src = write(tmp_path / "three.jsonl", [json.dumps({"translation": {"en": "A.", "fr": "Un.", "de": "Ein."}})])
+    with pytest.raises(DataError, match=r"three\.jsonl:1: cannot tell the source side among \['de', 'en', 'fr'\]"):
+        translate.main(["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"), *GEN])
+
+
+def _parse(sentence: str) -> str:
+    """A two-constituent bracketed parse whose leaves spell `sentence` (enough to drive the syntactic MG-SA)."""
+    words = [w.replace("(", "-LRB-").replace(")", "-RRB-") for w in sentence.split()]
+    half = max(1, len(words) // 2)
+    right = " ".join(f"(VB {w})" for w in words[half:])
+    return f"(ROOT (S (NP {' '.join(f'(NN {w})' for w in words[:half])}){f' (VP {right})' if right else ''}))"
+
+
+def test_jsonl_annotations_per_row_equal_annotation_files(tokenizer, tmp_path):
+    torch.manual_seed(0)
+    config = MgsaConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de"])
+    model_dir = save_model(MgsaForConditionalGeneration(config).eval(), tokenizer, tmp_path / "mgsa")
+    en = read_sentences("en", "val", n=3)
+    write(tmp_path / "src.en", en)
+    write(tmp_path / "src.parses", [_parse(s) for s in en])
+    translate.main(["--model", str(model_dir), "--input", str(tmp_path / "src.en"), "--output",
+                    str(tmp_path / "from_files"), "--source_annotation", f"parses={tmp_path / 'src.parses'}", *GEN])
+    rows = [{"translation": {"en": en[0]}, "parses": {"en": _parse(en[0])}},
+            {"text": en[1], "parses": _parse(en[1])}, {"translation": {"en": en[2]}, "parses": {"en": _parse(en[2])}}]
+    write(tmp_path / "rows.jsonl", [json.dumps(r) for r in rows])
+    translate.main(["--model", str(model_dir), "--input", str(tmp_path / "rows.jsonl"), "--src_lang", "en",
+                    "--output", str(tmp_path / "from_rows"), "--source_annotation", "parses", *GEN])
+    assert lines_of(tmp_path / "from_rows") == lines_of(tmp_path / "from_files")
+    assert len(lines_of(tmp_path / "from_rows")) == 3
+    write(tmp_path / "missing.jsonl", [json.dumps(rows[0]), json.dumps({"text": en[1]})])
+    with pytest.raises(DataError, match=r"missing\.jsonl:2: no 'parses' for the source"):
+        translate.main(["--model", str(model_dir), "--input", str(tmp_path / "missing.jsonl"), "--src_lang", "en",
+                        "--output", str(tmp_path / "o"), "--source_annotation", "parses", *GEN])
+    with pytest.raises(SystemExit, match="NAME=FILE"):  # NAME alone needs JSONL rows
+        translate.main(["--model", str(model_dir), "--input", str(tmp_path / "src.en"), "--output",
+                        str(tmp_path / "o"), "--source_annotation", "parses", *GEN])
