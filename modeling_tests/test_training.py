@@ -377,13 +377,15 @@ def test_bad_data(data_dir, tokenizer_dir, tmp_path):
     de[5], en[17], de[40] = "", "  ", ""
     write_lines(bad / "train.de.gz", de)
     write_lines(bad / "train.en.gz", en)
-    with pytest.raises(DataError, match=r"train\.en\.gz:6: empty target"):
+    with pytest.raises(DataError, match=r"train\.de\.gz:6: empty target"):  # the target file's line
         train.main(tiny_args(bad, tmp_path / "r4", "--on_bad_pairs", "error", tokenizer=tokenizer_dir, steps=2))
     results = train.main(tiny_args(bad, tmp_path / "r5", tokenizer=tokenizer_dir, steps=2))
     assert results["dropped_pairs"] == 3 and results["train_pairs"] == 97
     assert results["dropped_reasons"] == {"empty_source": 1, "empty_target": 2}
+    assert results["dropped_examples"] == {"empty_source": [f"{bad / 'train.en.gz'}:18"],
+                                           "empty_target": [f"{bad / 'train.de.gz'}:6", f"{bad / 'train.de.gz'}:41"]}
     log = (tmp_path / "r5" / "train.log").read_text()
-    assert "dropped 3 pairs" in log and "train.en.gz:6" in log and "train.en.gz:18" in log
+    assert "dropped 3 pairs" in log and "train.de.gz:6" in log and "train.en.gz:18" in log
 
 
 # ----------------------------------------------------------------------------------- resume after SIGKILL
