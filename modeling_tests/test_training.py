@@ -188,6 +188,14 @@ def test_baseline_run_outputs(baseline_run):
     assert sum(p.numel() for p in model.parameters()) == results["params"]
     lines = (run_dir / "translations.test.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 30
+    # the model folder carries its card (written at the end of every run, not only with --push_to_hub)
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(run_dir / "model" / "README.md")
+    assert card.data.language == ["en", "de"] and card.data.library_name == "transformers"
+    assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
+        ("bleu", round(results["bleu"], 2)), ("chrf", round(results["chrf"], 2))]
+    assert f"{results['params']:,}" in card.text and "ORG/NAME" in card.text  # no --hub_model_id: a placeholder
 
 
 def test_baseline_loss_falls_and_no_aux_losses(baseline_run):
@@ -311,6 +319,7 @@ def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
     assert results["model_type"] == "marian" and results["steps"] == 24 and results["bleu"] is not None
     losses = train_losses(out)
     assert losses[max(losses)] < losses[min(losses)] - 0.3, losses
+    assert not (out / "model" / "README.md").exists()  # no card template for a model from outside hf_variants
     model = MarianMTModel.from_pretrained(out / "model").eval()
     assert sum(p.numel() for p in model.parameters()) == results["params"]
     assert model.config.d_model == TransformerNmtConfig.from_preset("tiny").d_model

@@ -745,13 +745,6 @@ def main(argv=None) -> dict | None:
     results = None
     if accelerator.is_main_process:
         model_dir = run_dir / "model"
-        tmp = run_dir / ".tmp_model"
-        shutil.rmtree(tmp, ignore_errors=True)
-        final_model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(tmp, model_dir)
         split_label = {"test": args.test_file or args.test_prefix or args.test_split,
                        "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
         if args.dataset_name:
@@ -793,6 +786,15 @@ def main(argv=None) -> dict | None:
             "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
             "num_processes": accelerator.num_processes,
         }
+        # the model folder, complete with its card, replaces the previous one in one rename
+        tmp = run_dir / ".tmp_model"
+        shutil.rmtree(tmp, ignore_errors=True)
+        final_model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, results, args.hub_model_id)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
         if scores:
             (run_dir / f"translations.{eval_split}.txt").write_text(
                 "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
@@ -839,12 +841,27 @@ def accelerator_broadcast(accelerator, obj):
     return box[0]
 
 
+def write_model_card(model_dir: Path, results: dict, repo_id: str | None) -> None:
+    """The model card (model_cards.card) as `model_dir/README.md`, so the saved model carries it however it is
+    uploaded later (`hf upload`, `push_to_hub`). Models from outside hf_variants (`--model_type marian`) have no
+    card template: none is written. A failure is logged, never fatal: the trained model is saved regardless."""
+    from model_cards.card import FAMILIES, build_model_card
+
+    if results["model_type"] not in FAMILIES:
+        logger.info("No model card for %s (not an hf_variants model type)", results["model_type"])
+        return
+    try:
+        build_model_card(model_dir, results, repo_id=repo_id).save(model_dir / "README.md")
+    except Exception:  # noqa: BLE001 - reported, and `python -m model_cards.card RUN_DIR` rewrites it
+        logger.exception("Could not write the model card into %s/README.md (rerun `python -m model_cards.card "
+                         "RUN_DIR` once fixed)", model_dir)
+
+
 def push(run_dir: Path, args) -> None:
-    """Model card (model_cards.card) then upload of run_dir/model (model_cards.publish)."""
-    from model_cards.card import card_from_run
+    """Upload of run_dir/model with its card (model_cards.publish; the card is rebuilt from results.json with the
+    repository id)."""
     from model_cards.publish import push_to_hub
 
-    card_from_run(run_dir, args.hub_model_id)
     url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
     logger.info("Pushed to %s", url)
 
