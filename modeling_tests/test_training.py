@@ -26,6 +26,7 @@ from hf_variants.tokenization import train_tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from training import checkpointing, evaluation, train  # noqa: E402
 from training.corpus import DataError  # noqa: E402
+from training.settings import SettingsChangedError  # noqa: E402
 
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 TRAIN_SCRIPT = ROOT / "training" / "train.py"
@@ -464,3 +465,23 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
     v2 = [r["valid_loss"] for r in read_log(tmp_path / "two") if "valid_loss" in r]
     assert v2 == pytest.approx(v1, rel=1e-3)
     assert "MULTI_CPU" in (tmp_path / "two" / "train.log").read_text()
+
+    # resuming: the 2-process checkpoint holds each process's random states (JSON), and the resumed 2-process run
+    # continues as the resumed 1-process run does; resuming it with another number of processes is refused
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (tmp_path / "two" / "checkpoints" /
+                                                                          "step_10").iterdir()}
+    resume = ["--eval_bleu_pairs", "0", "--resume_from_checkpoint", "latest"]
+    with pytest.raises(SettingsChangedError, match=r"--num_processes: 2 -> 1"):
+        train.main(tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps", "2", *resume,
+                             tokenizer=tokenizer_dir, steps=12))
+    train.main(tiny_args(data_dir, tmp_path / "one", "--gradient_accumulation_steps", "2", *resume,
+                         tokenizer=tokenizer_dir, steps=12))
+    cmd = cmd[:cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps",
+                                                             "1", *resume, tokenizer=tokenizer_dir, steps=12)
+    cmd[cmd.index("--main_process_port") + 1] = str(free_port())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["steps"] == 12 and [c["setting"] for c in two["settings_changes"]] == ["max_steps"]
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert max(l1) == max(l2) == 12 and l2[12] == pytest.approx(l1[12], rel=1e-3)

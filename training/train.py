@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, evaluation, external  # noqa: E402
+from training import checkpointing, corpus, evaluation, external, settings  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 
 logger = logging.getLogger("hf_variants.train")
@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="final model without --average_last: the best validated checkpoint or the last one")
     g.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (the run's newest; starts "
                                                     "fresh when there is none)")
+    g.add_argument("--allow_changed_settings", metavar="NAME[,NAME...]", nargs="+", action="extend",
+                   help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
+                        "the new values apply from the resumed step on and are recorded in results.json and the "
+                        "model card. Without it a resume with changed settings is refused, except for settings "
+                        "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
+                        "final test, output)")
 
     g = p.add_argument_group("output")
     g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
@@ -192,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args.allow_changed_settings = sorted(settings.parse_allowed(
+            args.allow_changed_settings, [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
+            + ["num_processes", "mixed_precision", "device"], settings.option_names(parser))) or None
+    except ValueError as err:
+        parser.error(str(err))
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id ORG/NAME")
     if args.push_to_hub and args.model_type in external.EXTERNAL_MODEL_TYPES:
@@ -209,8 +221,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------------------------------- the run
 class TrainState:
-    """Everything about the run's progress that a checkpoint must restore besides Accelerate's own objects
-    (saved through `accelerator.register_for_checkpointing`)."""
+    """Everything about the run's progress that a checkpoint must restore besides the model, optimizer and random
+    states (saved as JSON in the checkpoint's trainer_state.json)."""
 
     def __init__(self):
         self.step = 0
@@ -222,6 +234,8 @@ class TrainState:
         self.best_metric = None
         self.best_step = None
         self.evals: list[dict] = []
+        # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
+        self.settings_changes: list[dict] = []
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -384,6 +398,19 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
+def apply_optimizer_settings(optimizer, scheduler, args) -> None:
+    """Write this invocation's optimizer and schedule settings into the state restored from a checkpoint (which
+    holds the saved ones): Adam's betas, epsilon and weight decay, the peak learning rate, and the current learning
+    rate recomputed from the schedule (with the new warmup) at the restored step."""
+    for group in optimizer.param_groups:
+        group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                     weight_decay=args.weight_decay, initial_lr=args.learning_rate)
+    scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def build_model_like(model):
     """A fresh (non-distributed) instance of `model`'s class and config, in float32 on CPU."""
     import copy
@@ -496,6 +523,19 @@ def main(argv=None) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     setup_logging(accelerator, run_dir)
+    # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
+    run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
+                                         mixed_precision=str(accelerator.mixed_precision),
+                                         device=accelerator.device.type)
+    settings_changes = []
+    if resume is not None:
+        saved = checkpointing.check_resumable(resume)
+        settings_changes = settings.resume_changes(saved.get("settings", {}), run_settings,
+                                                   set(args.allow_changed_settings or ()), where=str(resume))
+        for change in settings_changes:
+            logger.log(logging.INFO if change["free"] else logging.WARNING, "Resuming %s with %s changed: %s -> %s%s",
+                       resume.name, change["setting"], json.dumps(change["from"]), json.dumps(change["to"]),
+                       "" if change["free"] else " (allowed by --allow_changed_settings; recorded)")
     if accelerator.device.type == "cpu":
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -562,17 +602,26 @@ def main(argv=None) -> dict | None:
     scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)
     unwrapped = accelerator.unwrap_model(model)
 
     if resume is not None:
-        accelerator.load_state(str(resume))
+        changed = {c["setting"] for c in settings_changes}
+        saved_state = checkpointing.load_checkpoint(accelerator, resume, missing_rng_ok="num_processes" in changed)
+        try:
+            state.load_state_dict(saved_state["train_state"])
+            scheduler.load_state_dict(saved_state["scheduler"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise checkpointing.CheckpointError(
+                f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err}).") from None
+        if changed & settings.OPTIMIZER_SETTINGS:
+            apply_optimizer_settings(optimizer, scheduler, args)
+        state.settings_changes += [{"step": state.step, **c} for c in settings_changes]
         logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, state.step, state.epoch,
                     state.step_in_epoch)
     elif args.resume_from_checkpoint:
         logger.info("No checkpoint to resume from in %s: starting from scratch", checkpoint_dir)
 
-    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token",)}
+    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
     hyperparameters.update(max_steps=max_steps, steps_per_epoch=steps_per_epoch,
                            num_processes=accelerator.num_processes, target_language_tags=target_tags,
                            languages=languages, directions=[f"{s}-{t}" for s, t in directions])
@@ -593,8 +642,10 @@ def main(argv=None) -> dict | None:
 
     def save(step: int) -> None:
         state.wall_time = wall_time_base + time.time() - session_start
-        checkpointing.save_checkpoint(accelerator, checkpoint_dir, step, {"epoch": state.epoch,
-                                                                         "best_step": state.best_step})
+        checkpointing.save_checkpoint(
+            accelerator, checkpoint_dir, step,
+            {"epoch": state.epoch, "best_step": state.best_step, "settings": run_settings},
+            {"train_state": state.state_dict(), "scheduler": scheduler.state_dict()})
         if accelerator.is_main_process:
             keep = max(args.keep_checkpoints, args.average_last)
             protect = {state.best_step} if state.best_step is not None else set()
@@ -785,6 +836,9 @@ def main(argv=None) -> dict | None:
             "base_model": args.model_name_or_path,
             "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
             "num_processes": accelerator.num_processes,
+            # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
+            # the values of the last part of the run
+            "settings_changes": state.settings_changes,
         }
         # the model folder, complete with its card, replaces the previous one in one rename
         tmp = run_dir / ".tmp_model"
