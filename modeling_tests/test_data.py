@@ -279,3 +279,15 @@ def test_target_parses_checked_for_bidirectional_training(tmp_path):
     assert len(pairs) == 1
     assert report.locations == {"malformed_parse": [f"{path}:2", f"{path}:3"]}
 
+
+# --------------------------------------------------------------------------------------- dataset split names
+def test_resolve_split_names():
+    assert corpus.resolve_split(["train", "validation", "test"], None, "valid") == "validation"
+    assert corpus.resolve_split(["train", "valid"], None, "valid") == "valid"
+    assert corpus.resolve_split(["train", "dev"], None, "valid") == "dev"
+    assert corpus.resolve_split(["train", "valid"], None, "test") is None
+    assert corpus.resolve_split(["train", "valid", "newstest2014"], "newstest2014", "test") == "newstest2014"
+    with pytest.raises(DataError, match=r"no split 'validation' \(its splits: train, valid\)"):
+        corpus.resolve_split(["train", "valid"], "validation", "valid", "my/ds")
+    with pytest.raises(DataError, match=r"no 'train' split.*--train_split"):
+        corpus.resolve_split(["training", "valid"], None, "train", "my/ds")

@@ -237,11 +237,41 @@ def load_jsonl(path: str | os.PathLike, annotations: Sequence[str] = ()) -> Para
     return corpus
 
 
-def load_hub_dataset(name: str, split: str, config_name: str | None = None, **kwargs) -> ParallelCorpus:
-    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path)."""
+# `datasets` names the validation split "validation"; datasets built by hand often say "valid", "val" or "dev".
+SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "val", "dev"), "test": ("test",)}
+
+
+def resolve_split(available: Sequence[str], requested: str | None, role: str, dataset: str = "") -> str | None:
+    """The split of a dataset to use as `role` ("train", "valid", "test"): `requested` when given (it must exist),
+    else the first of `SPLIT_NAMES[role]` that the dataset has (None when it has none, except for "train")."""
+    available = list(available)
+    if requested:
+        if requested not in available:
+            raise DataError(f"Dataset {dataset!r} has no split {requested!r} (its splits: {', '.join(available)}).")
+        return requested
+    for name in SPLIT_NAMES[role]:
+        if name in available:
+            return name
+    if role == "train":
+        raise DataError(f"Dataset {dataset!r} has no 'train' split (its splits: {', '.join(available)}); name the "
+                        f"training split with --train_split.")
+    return None
+
+
+def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
+    """Every split of a `datasets` dataset (Hub name or local path) as a `DatasetDict`, loaded once."""
     import datasets
 
-    ds = datasets.load_dataset(name, config_name, split=split, **kwargs)
+    return datasets.load_dataset(name, config_name, **kwargs)
+
+
+def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None,
+                     **kwargs) -> ParallelCorpus:
+    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path); `dataset`:
+    the split already loaded (e.g. from `load_hub_splits`)."""
+    import datasets
+
+    ds = dataset if dataset is not None else datasets.load_dataset(name, config_name, split=split, **kwargs)
     if "translation" not in ds.column_names:
         raise DataError(f"Dataset {name!r} split {split!r} has no 'translation' column (columns: {ds.column_names}).")
     rows, locations, langs = [], [], {}

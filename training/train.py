@@ -87,14 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--test_prefix", default="test_2016_flickr", help="the final evaluation split ('' for none)")
     g.add_argument("--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead "
                                         "of --data_dir")
-    g.add_argument("--valid_file")
+    g.add_argument("--valid_file", "--validation_file")
     g.add_argument("--test_file")
     g.add_argument("--dataset_name", help="a `datasets` dataset (Hub name or local path) with a 'translation' "
                                           "column, instead of --data_dir")
     g.add_argument("--dataset_config_name")
     g.add_argument("--train_split", default="train")
-    g.add_argument("--valid_split", default="validation")
-    g.add_argument("--test_split", default="test")
+    g.add_argument("--valid_split", "--validation_split",
+                   help="default: the dataset's 'validation' split, or 'valid', 'val' or 'dev' (none: no validation)")
+    g.add_argument("--test_split", help="default: the dataset's 'test' split (none: the final evaluation uses the "
+                                        "validation split)")
     g.add_argument("--source_lang", default="en")
     g.add_argument("--target_lang", default="de")
     g.add_argument("--languages", nargs="+", help="many-to-many run over these languages (overrides "
@@ -108,14 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--source_annotations", nargs="+", default=[], metavar="NAME",
                    help="per-sentence inputs the model's prepare_translation_inputs takes for each source sentence, "
                         "e.g. 'parses' for the syntactic MG-SA: files <prefix>.<lang>.<NAME>[.gz] beside the text "
-                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows")
+                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows; 'parses' are "
+                        "checked against their sentences when the data loads (see --on_bad_pairs)")
     g.add_argument("--max_length", type=int, default=128, help="longest sentence in tokens (longer: dropped)")
-    g.add_argument("--max_train_pairs", type=int, help="use only the first N rows of the training data")
-    g.add_argument("--max_valid_pairs", type=int, help="use only the first N validation rows")
-    g.add_argument("--max_test_pairs", type=int, help="use only the first N test rows")
+    g.add_argument("--max_train_pairs", "--max_train_samples", type=int,
+                   help="use only the first N rows of the training data")
+    g.add_argument("--max_valid_pairs", "--max_eval_samples", type=int, help="use only the first N validation rows")
+    g.add_argument("--max_test_pairs", "--max_predict_samples", type=int, help="use only the first N test rows")
 
     g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer", help="a saved tokenizer; default: train the shared one and save it with the run")
+    g.add_argument("--tokenizer", "--tokenizer_name",
+                   help="a saved tokenizer; default: train the shared one and save it with the run")
     g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
     g.add_argument("--vocab_size", type=int, default=8000)
     g.add_argument("--tokenizer_min_frequency", type=int, default=2)
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config_overrides", help="key=value,... applied to the config")
     g.add_argument("--model_name_or_path", help="start from a saved model instead of a preset")
     g.add_argument("--dropout", type=float, help="default: the preset's")
-    g.add_argument("--label_smoothing", type=float, default=0.1)
+    g.add_argument("--label_smoothing", "--label_smoothing_factor", type=float, default=0.1)
     g.add_argument("--target_language_tags", choices=["auto", "true", "false"], default="auto",
                    help="prepend <2xx> to sources; auto = when the run has more than one target language")
 
@@ -143,9 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_sentences", type=int, help="sentences per micro-batch (cap)")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--max_steps", type=int, default=200, help="optimizer steps (ignored with --num_epochs)")
-    g.add_argument("--num_epochs", type=float, help="train for this many epochs instead of --max_steps")
+    g.add_argument("--num_epochs", "--num_train_epochs", type=float,
+                   help="train for this many epochs instead of --max_steps")
     g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                    help="default: Accelerate's config / launch option")
+    g.add_argument("--fp16", dest="mixed_precision", action="store_const", const="fp16",
+                   help="--mixed_precision fp16")
+    g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16",
+                   help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--num_threads", type=int, help="CPU threads per process (default on CPU: the cores available "
                                                    "divided by the processes on this machine; `accelerate launch` "
@@ -158,16 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval_bleu_pairs", type=int, default=200,
                    help="validation pairs translated for BLEU/chrF during training (0: loss only)")
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
-    g.add_argument("--num_beams", type=int, default=4)
+    g.add_argument("--num_beams", "--generation_num_beams", type=int, default=4)
     g.add_argument("--length_penalty", type=float, default=0.6)
     g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
     g.add_argument("--max_len_b", type=int, default=10)
-    g.add_argument("--eval_batch_size", type=int, default=100)
+    g.add_argument("--eval_batch_size", "--per_device_eval_batch_size", type=int, default=100,
+                   help="sentences per translation batch and process")
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
 
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save_steps", type=int, help="checkpoint every N steps (default: --eval_steps)")
-    g.add_argument("--keep_checkpoints", type=int, default=5, help="newest checkpoints kept (plus the best)")
+    g.add_argument("--keep_checkpoints", "--save_total_limit", type=int, default=5,
+                   help="newest checkpoints kept (plus the best; 0: all)")
     g.add_argument("--average_last", type=int, default=0,
                    help="final model = mean weights of the last K checkpoints (the papers' averaging)")
     g.add_argument("--final_model", choices=["best", "last"], default="best",
@@ -187,18 +199,60 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
-    g.add_argument("--report_to", choices=["none", "tensorboard", "all"], default="none",
-                   help="Accelerate trackers (logs in <run>/logs)")
+    g.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
+                   help="Accelerate trackers: none, all, or any of " + ", ".join(TRACKERS) + " (tensorboard logs in "
+                        "<run>/logs; wandb: project $WANDB_PROJECT or 'hf_variants', run named after the run; "
+                        "`pip install 'hf-variants[wandb]'`)")
     g.add_argument("--push_to_hub", action="store_true")
     g.add_argument("--hub_model_id", help="ORG/NAME")
     g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
     return p
 
 
+# Accelerate's trackers (accelerate.utils.LoggerType)
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
+
+
+def parse_report_to(values) -> list[str]:
+    """`--report_to` values (several, or comma-separated) -> the trackers requested from Accelerate ([] for none).
+    A named tracker whose package is missing is an error (Accelerate would silently leave it out)."""
+    from accelerate.tracking import get_available_trackers
+
+    names = [v.strip().lower() for item in (values or []) for v in str(item).split(",") if v.strip()]
+    if names in ([], ["none"]):
+        return []
+    unknown = [n for n in names if n not in TRACKERS and n != "all"]
+    if unknown or "none" in names:
+        raise ValueError(f"--report_to: unknown tracker(s) {unknown or ['none']} (with others); choose none, all or "
+                         f"any of {', '.join(TRACKERS)}.")
+    available = {str(t) for t in get_available_trackers()}
+    missing = [n for n in names if n != "all" and n not in available]
+    if missing:
+        extra = " (pip install 'hf-variants[wandb]')" if "wandb" in missing else ""
+        raise ValueError(f"--report_to {' '.join(missing)}: the package is not installed{extra}.")
+    return list(dict.fromkeys(names))
+
+
+def tracker_init_kwargs(trackers: list[str], run_name: str, run_dir: Path) -> tuple[str, dict]:
+    """The project name and per-tracker `init_kwargs` of `accelerator.init_trackers`: TensorBoard writes to
+    <run>/logs/<project>; Weights & Biases logs into project $WANDB_PROJECT (default 'hf_variants'), in a run named
+    after this run, its files under <run>/logs."""
+    from accelerate.tracking import get_available_trackers
+
+    active = {str(t) for t in get_available_trackers()} if "all" in trackers else set(trackers)
+    init_kwargs = {}
+    project = run_name
+    if "wandb" in active:
+        project = os.environ.get("WANDB_PROJECT") or "hf_variants"
+        init_kwargs["wandb"] = {"name": run_name, "dir": str(run_dir / "logs")}
+    return project, init_kwargs
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        args.report_to = parse_report_to(args.report_to) or ["none"]
         args.allow_changed_settings = sorted(settings.parse_allowed(
             args.allow_changed_settings, [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
             + ["num_processes", "mixed_precision", "device"], settings.option_names(parser))) or None
@@ -279,8 +333,9 @@ def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
     return languages, directions
 
 
-def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus | None:
-    """One split from the configured source; None when the split is not configured."""
+def load_split(args, split: str, languages: list[str], hub_splits=None) -> corpus.ParallelCorpus | None:
+    """One split from the configured source; None when the split is not configured (or, for a `datasets`
+    dataset, when it has no such split and none was named). `hub_splits`: the dataset's `DatasetDict`."""
     limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
     file_arg = getattr(args, f"{split}_file")
     if args.train_file or file_arg:
@@ -288,13 +343,19 @@ def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus 
             return None
         data = corpus.load_corpus_file(file_arg, args.source_annotations)
     elif args.dataset_name:
-        split_name = getattr(args, f"{split}_split")
-        if not split_name:
-            return None
         if args.source_annotations:
             raise DataError("--source_annotations are read from per-language files or JSONL, not from "
                             "--dataset_name.")
-        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name)
+        if hub_splits is None:
+            hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name)
+        split_name = corpus.resolve_split(list(hub_splits), getattr(args, f"{split}_split"), split,
+                                          args.dataset_name)
+        if split_name is None:
+            logger.info("%s has no %s split (splits: %s)", args.dataset_name, split, ", ".join(hub_splits))
+            return None
+        setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
+        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name,
+                                       dataset=hub_splits[split_name])
     else:
         prefix = getattr(args, f"{split}_prefix")
         if not prefix:
@@ -497,6 +558,7 @@ def main(argv=None) -> dict | None:
 
     languages, directions = resolve_languages(args)
     eval_directions = pair_directions(directions, args.bidirectional)
+    trackers = [t for t in args.report_to if t != "none"]
     dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
     preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
     run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
@@ -508,7 +570,7 @@ def main(argv=None) -> dict | None:
         # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
         cpu=use_cpu(args),
         mixed_precision=args.mixed_precision,
-        log_with=None if args.report_to == "none" else args.report_to,
+        log_with=trackers or None,
         project_dir=str(run_dir / "logs"),
         step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
     )
@@ -547,9 +609,10 @@ def main(argv=None) -> dict | None:
     session_start = time.time()
 
     # ---------------------------------------------------------------------------------------------------- data
-    train_data = load_split(args, "train", languages)
-    valid_data = load_split(args, "valid", languages)
-    test_data = load_split(args, "test", languages)
+    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
+    train_data = load_split(args, "train", languages, hub_splits)
+    valid_data = load_split(args, "valid", languages, hub_splits)
+    test_data = load_split(args, "test", languages, hub_splits)
     if train_data is None:
         raise DataError("No training data.")
     train_report = DropReport("train")
@@ -625,9 +688,11 @@ def main(argv=None) -> dict | None:
     hyperparameters.update(max_steps=max_steps, steps_per_epoch=steps_per_epoch,
                            num_processes=accelerator.num_processes, target_language_tags=target_tags,
                            languages=languages, directions=[f"{s}-{t}" for s, t in directions])
-    if args.report_to != "none":
-        accelerator.init_trackers(run_name, config={k: v for k, v in hyperparameters.items()
-                                                    if isinstance(v, (int, float, str, bool))})
+    if trackers:
+        project, init_kwargs = tracker_init_kwargs(trackers, run_name, run_dir)
+        accelerator.init_trackers(project, config={k: v for k, v in hyperparameters.items()
+                                                   if isinstance(v, (int, float, str, bool))},
+                                  init_kwargs=init_kwargs)
     log_path = run_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():  # drop entries past the resumed step
         kept = [line for line in log_path.read_text().splitlines() if line and json.loads(line)["step"] <= state.step]
@@ -637,7 +702,7 @@ def main(argv=None) -> dict | None:
         if accelerator.is_main_process:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        if args.report_to != "none":
+        if trackers:
             accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
     def save(step: int) -> None:
@@ -868,7 +933,7 @@ def main(argv=None) -> dict | None:
               f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
         if args.push_to_hub:
             push(run_dir, args)
-    if args.report_to != "none":
+    if trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return results
