@@ -24,7 +24,7 @@ from training.settings import SettingsChangedError  # noqa: E402
 
 # dropout on, so an exact resume needs the random states too; checkpoints at steps 2 and 4
 COMMON = ["--dropout", "0.1", "--save_steps", "2", "--eval_steps", "4", "--eval_bleu_pairs", "4", "--final_model",
-          "last"]
+          "last", "--max_test_pairs", "8"]
 
 
 class Payload:
