@@ -58,7 +58,7 @@ RESULTS_KEYS = (
     "model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "dataset_id", "eval_split",
     "bleu", "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
     "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters", "base_model",
-    "per_direction", "license",
+    "per_direction", "license", "settings_changes",
 )
 
 
@@ -434,6 +434,13 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
         ("Training throughput", f"{float(results['train_tokens_per_sec']):,.0f} tokens/s"
          if results.get("train_tokens_per_sec") is not None else None),
     ) if value is not None]
+    # settings changed when the run was resumed (train.py --allow_changed_settings, or max_steps and the like)
+    by_step: dict[int, list[str]] = {}
+    for change in results.get("settings_changes") or []:
+        if isinstance(change, Mapping) and "setting" in change:
+            by_step.setdefault(change.get("step"), []).append(
+                f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}")
+    training_rows += [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
     per_direction = [(direction, scores) for direction, scores in (results.get("per_direction") or {}).items()
                      if isinstance(scores, Mapping)]
     example_src = src or (languages[0] if languages else "en")

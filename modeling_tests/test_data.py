@@ -181,3 +181,113 @@ def test_plan_epoch_same_global_batches_for_processes_and_accumulation():
     assert one_proc[-1] == [[6], [0]]  # last step wraps around so every process has a micro-batch
     rank1 = [step[1:2] for step in two_proc]
     assert rank1 == [[[1]], [[3]], [[5]], [[0]]]
+
+
+# ------------------------------------------------------------------------------------ locations of bad sides
+def test_target_side_problems_name_the_target_file(tmp_path):
+    """An empty line 3 of t.de is reported as t.de:3 (not t.en:3), in the counted report and in the error."""
+    write(tmp_path / "t.en", ["a", "b", "c", "", "e"])
+    write(tmp_path / "t.de", ["x", "y", "", "w", "v"])
+    data = corpus.load_split_from_dir(tmp_path, "t", ["en", "de"])
+    report = DropReport()
+    pairs = corpus.build_pairs(data, [("en", "de")], report)
+    assert [p.src for p in pairs] == ["a", "b", "e"]
+    assert report.locations["empty_target"] == [f"{tmp_path / 't.de'}:3"]
+    assert report.locations["empty_source"] == [f"{tmp_path / 't.en'}:4"]
+    with pytest.raises(DataError, match=r"t\.de:3: empty target \(en-de\)"):
+        corpus.build_pairs(data, [("en", "de")], DropReport(), on_bad_pairs="error")
+    # the reverse direction: now de is the source side, so its empty line is an empty source at t.de:3
+    report = DropReport()
+    corpus.build_pairs(data, [("de", "en")], report)
+    assert report.locations == {"empty_source": [f"{tmp_path / 't.de'}:3"], "empty_target": [f"{tmp_path / 't.en'}:4"]}
+    # too long: the side that is too long
+    pairs = corpus.build_pairs(data, [("en", "de")], DropReport())
+    report = DropReport()
+    corpus.filter_long_pairs(pairs, [1, 9, 1], [1, 1, 9], 5, report)
+    assert report.locations["too_long"] == [f"{tmp_path / 't.en'}:2", f"{tmp_path / 't.de'}:5"]
+    with pytest.raises(DataError, match=r"t\.de:5: pair longer than --max_length 5 tokens \(source 1, target 9\)"):
+        corpus.filter_long_pairs(pairs[2:], [1], [9], 5, DropReport(), on_bad_pairs="error")
+    # the first rows of a split keep the per-language files
+    report = DropReport()
+    corpus.build_pairs(data.head(3), [("en", "de")], report)
+    assert report.locations == {"empty_target": [f"{tmp_path / 't.de'}:3"]}
+
+
+# ---------------------------------------------------------------------------------------- parse annotations
+def parse_of(words, top="S"):
+    return f"(ROOT ({top} " + " ".join(f"(NN {w})" for w in words) + "))"
+
+
+def test_parses_are_checked_at_load_time(tmp_path):
+    """Source parses for the syntactic MG-SA are checked against their sentences when the data loads: a parse
+    whose leaves do not spell the sentence, or with unbalanced brackets, is skipped and counted under the parse
+    file's line, or stops the run naming it (before: a crash when its batch was built, up to an epoch later)."""
+    en = ["A dog runs .", "Two cats (sleep) .", "A man sings .", "Kids play .", "Rain falls ."]
+    write(tmp_path / "t.en", en)
+    write(tmp_path / "t.de", ["Ein Hund rennt .", "Zwei Katzen schlafen .", "Ein Mann singt .", "Kinder spielen .",
+                              "Regen fällt ."])
+    parses = [parse_of(s.split()) for s in en]
+    parses[1] = parse_of(["Two", "cats", "-LRB-", "sleep", "-RRB-", "."])  # escaped brackets: valid
+    parses[2] = parse_of(["A", "woman", "sings", "."])  # leaves differ from the sentence
+    parses[3] = parse_of(["Kids", "play", "."])[:-1]  # unbalanced: one ')' missing
+    parses[4] = parse_of(["Rain", "falls"])  # a leaf missing at the end
+    write(tmp_path / "t.en.parses", parses)
+    data = corpus.load_split_from_dir(tmp_path, "t", ["en", "de"], annotations=["parses"])
+    report = DropReport()
+    pairs = corpus.build_pairs(data, [("en", "de")], report, annotations=["parses"])
+    assert [p.src for p in pairs] == en[:2]
+    assert pairs[1].src_extra == {"parses": parses[1]}
+    parse_file = tmp_path / "t.en.parses"
+    assert dict(report.counts) == {"parse_mismatch": 2, "malformed_parse": 1}
+    assert report.locations == {"parse_mismatch": [f"{parse_file}:3", f"{parse_file}:5"],
+                                "malformed_parse": [f"{parse_file}:4"]}
+    with pytest.raises(DataError, match=r"t\.en\.parses:3: parse mismatch \(en-de\): .*leaf 1 'woman'"):
+        corpus.build_pairs(data, [("en", "de")], DropReport(), on_bad_pairs="error", annotations=["parses"])
+    write(tmp_path / "u.en", en[:2] + en[3:4])
+    write(tmp_path / "u.de", ["x", "y", "z"])
+    write(tmp_path / "u.en.parses", parses[:2] + parses[3:4])
+    unbalanced = corpus.load_split_from_dir(tmp_path, "u", ["en", "de"], annotations=["parses"])
+    with pytest.raises(DataError, match=r"u\.en\.parses:3: malformed parse \(en-de\): Unbalanced '\('"):
+        corpus.build_pairs(unbalanced, [("en", "de")], DropReport(), on_bad_pairs="error", annotations=["parses"])
+    # what passes the check is what the model accepts when it builds a batch
+    from hf_variants.phrases import PTB_TAG_LABELS, syntactic_phrase_inputs
+
+    for pair in pairs:
+        text = pair.src
+        syntactic_phrase_inputs([text], [pair.src_extra["parses"]], [[(0, len(text))]], [[0]], 2, PTB_TAG_LABELS)
+
+
+def test_target_parses_checked_for_bidirectional_training(tmp_path):
+    """With target annotations (bidirectional training translates the targets back), a bad target-side parse is
+    counted under its own file."""
+    write(tmp_path / "t.en", ["a b", "c d"])
+    write(tmp_path / "t.de", ["x y", "z w"])
+    write(tmp_path / "t.en.parses", [parse_of(["a", "b"]), parse_of(["c", "d"])])
+    write(tmp_path / "t.de.parses", [parse_of(["x", "y"]), parse_of(["z", "q"])])
+    data = corpus.load_split_from_dir(tmp_path, "t", ["en", "de"], annotations=["parses"])
+    report = DropReport()
+    pairs = corpus.build_pairs(data, [("en", "de")], report, annotations=["parses"], target_annotations=True)
+    assert len(pairs) == 1 and report.locations == {"parse_mismatch": [f"{tmp_path / 't.de.parses'}:2"]}
+    # JSONL rows: the location is the row's line
+    rows = [{"translation": {"en": "a b", "de": "x y"}, "parses": {"en": parse_of(["a", "b"])}},
+            {"translation": {"en": "c d", "de": "z w"}, "parses": {"en": "(S (NN c) (NN d)"}},
+            {"translation": {"en": "e f", "de": "v u"}, "parses": {"en": 7}}]
+    path = write(tmp_path / "d.jsonl", [json.dumps(r) for r in rows])
+    report = DropReport()
+    pairs = corpus.build_pairs(corpus.load_corpus_file(path, ["parses"]), [("en", "de")], report,
+                               annotations=["parses"])
+    assert len(pairs) == 1
+    assert report.locations == {"malformed_parse": [f"{path}:2", f"{path}:3"]}
+
+
+# --------------------------------------------------------------------------------------- dataset split names
+def test_resolve_split_names():
+    assert corpus.resolve_split(["train", "validation", "test"], None, "valid") == "validation"
+    assert corpus.resolve_split(["train", "valid"], None, "valid") == "valid"
+    assert corpus.resolve_split(["train", "dev"], None, "valid") == "dev"
+    assert corpus.resolve_split(["train", "valid"], None, "test") is None
+    assert corpus.resolve_split(["train", "valid", "newstest2014"], "newstest2014", "test") == "newstest2014"
+    with pytest.raises(DataError, match=r"no split 'validation' \(its splits: train, valid\)"):
+        corpus.resolve_split(["train", "valid"], "validation", "valid", "my/ds")
+    with pytest.raises(DataError, match=r"no 'train' split.*--train_split"):
+        corpus.resolve_split(["training", "valid"], None, "train", "my/ds")

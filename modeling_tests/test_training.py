@@ -26,6 +26,7 @@ from hf_variants.tokenization import train_tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from training import checkpointing, evaluation, train  # noqa: E402
 from training.corpus import DataError  # noqa: E402
+from training.settings import SettingsChangedError  # noqa: E402
 
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 TRAIN_SCRIPT = ROOT / "training" / "train.py"
@@ -189,6 +190,14 @@ def test_baseline_run_outputs(baseline_run):
     assert sum(p.numel() for p in model.parameters()) == results["params"]
     lines = (run_dir / "translations.test.txt").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 30
+    # the model folder carries its card (written at the end of every run, not only with --push_to_hub)
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(run_dir / "model" / "README.md")
+    assert card.data.language == ["en", "de"] and card.data.library_name == "transformers"
+    assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
+        ("bleu", round(results["bleu"], 2)), ("chrf", round(results["chrf"], 2))]
+    assert f"{results['params']:,}" in card.text and "ORG/NAME" in card.text  # no --hub_model_id: a placeholder
 
 
 def test_baseline_loss_falls_and_no_aux_losses(baseline_run):
@@ -312,6 +321,7 @@ def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
     assert results["model_type"] == "marian" and results["steps"] == 24 and results["bleu"] is not None
     losses = train_losses(out)
     assert losses[max(losses)] < losses[min(losses)] - 0.3, losses
+    assert not (out / "model" / "README.md").exists()  # no card template for a model from outside hf_variants
     model = MarianMTModel.from_pretrained(out / "model").eval()
     assert sum(p.numel() for p in model.parameters()) == results["params"]
     assert model.config.d_model == TransformerNmtConfig.from_preset("tiny").d_model
@@ -378,13 +388,15 @@ def test_bad_data(data_dir, tokenizer_dir, tmp_path):
     de[5], en[17], de[40] = "", "  ", ""
     write_lines(bad / "train.de.gz", de)
     write_lines(bad / "train.en.gz", en)
-    with pytest.raises(DataError, match=r"train\.en\.gz:6: empty target"):
+    with pytest.raises(DataError, match=r"train\.de\.gz:6: empty target"):  # the target file's line
         train.main(tiny_args(bad, tmp_path / "r4", "--on_bad_pairs", "error", tokenizer=tokenizer_dir, steps=2))
     results = train.main(tiny_args(bad, tmp_path / "r5", tokenizer=tokenizer_dir, steps=2))
     assert results["dropped_pairs"] == 3 and results["train_pairs"] == 97
     assert results["dropped_reasons"] == {"empty_source": 1, "empty_target": 2}
+    assert results["dropped_examples"] == {"empty_source": [f"{bad / 'train.en.gz'}:18"],
+                                           "empty_target": [f"{bad / 'train.de.gz'}:6", f"{bad / 'train.de.gz'}:41"]}
     log = (tmp_path / "r5" / "train.log").read_text()
-    assert "dropped 3 pairs" in log and "train.en.gz:6" in log and "train.en.gz:18" in log
+    assert "dropped 3 pairs" in log and "train.de.gz:6" in log and "train.en.gz:18" in log
 
 
 # ----------------------------------------------------------------------------------- resume after SIGKILL
@@ -454,3 +466,23 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
     v2 = [r["valid_loss"] for r in read_log(tmp_path / "two") if "valid_loss" in r]
     assert v2 == pytest.approx(v1, rel=1e-3)
     assert "MULTI_CPU" in (tmp_path / "two" / "train.log").read_text()
+
+    # resuming: the 2-process checkpoint holds each process's random states (JSON), and the resumed 2-process run
+    # continues as the resumed 1-process run does; resuming it with another number of processes is refused
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (tmp_path / "two" / "checkpoints" /
+                                                                          "step_10").iterdir()}
+    resume = ["--eval_bleu_pairs", "0", "--resume_from_checkpoint", "latest"]
+    with pytest.raises(SettingsChangedError, match=r"--num_processes: 2 -> 1"):
+        train.main(tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps", "2", *resume,
+                             tokenizer=tokenizer_dir, steps=12))
+    train.main(tiny_args(data_dir, tmp_path / "one", "--gradient_accumulation_steps", "2", *resume,
+                         tokenizer=tokenizer_dir, steps=12))
+    cmd = cmd[:cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps",
+                                                             "1", *resume, tokenizer=tokenizer_dir, steps=12)
+    cmd[cmd.index("--main_process_port") + 1] = str(free_port())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["steps"] == 12 and [c["setting"] for c in two["settings_changes"]] == ["max_steps"]
+    l1, l2 = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert max(l1) == max(l2) == 12 and l2[12] == pytest.approx(l1[12], rel=1e-3)

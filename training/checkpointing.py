@@ -1,24 +1,50 @@
-"""Atomic training checkpoints (Accelerate state), resume resolution, rotation and checkpoint averaging.
+"""Atomic training checkpoints that never execute code on load, resume resolution, rotation and checkpoint averaging.
 
-A checkpoint is `run_dir/checkpoints/step_N/`: everything `Accelerator.save_state` writes (model weights, optimizer,
-scheduler, every process's RNG states, registered objects such as the data position) plus `checkpoint.json`. It is
-written into `checkpoints/.tmp_step_N/` and renamed when complete, so a run killed at any moment leaves either a
-complete checkpoint or a temporary folder that is ignored (and removed on the next save).
+A checkpoint is `run_dir/checkpoints/step_N/`:
+
+- what `Accelerator.save_state` writes for the model and optimizer (`model.safetensors`, `optimizer.bin`, FSDP
+  shards, the fp16 `scaler.pt`): tensors, loaded back with `torch.load(..., weights_only=True)` (safetensors for the
+  model), so a tampered file is refused, never executed;
+- `trainer_state.json`: the run's progress (step, epoch, position in the epoch, counters, validation history) and
+  the learning-rate scheduler's state, as JSON;
+- `rng_state_{rank}.json`: every process's random states (Python, NumPy, torch CPU and accelerator devices), as
+  JSON;
+- `checkpoint.json`: the step, the format version and the run's settings (`training/settings.py`), written last.
+
+Accelerate's own pickles (`random_states_*.pkl`, and `custom_checkpoint_*.pkl` of objects registered for
+checkpointing, which it unpickles with `weights_only=False`) are never written or read: the RNG files are deleted
+before the checkpoint is published and nothing is registered. A checkpoint that depends on them (written by an
+older train.py), or one where such files appear, is refused with a `CheckpointError` before anything is loaded.
+
+A checkpoint is written into `checkpoints/.tmp_step_N/` and renamed when complete, so a run killed at any moment
+leaves either a complete checkpoint or a temporary folder that is ignored (and removed on the next save).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
+import random
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 MARKER = "checkpoint.json"
+TRAINER_STATE = "trainer_state.json"
+RNG_STATE = "rng_state_{}.json"
+FORMAT_VERSION = 2  # 1 (no "format" key): Accelerate's pickled RNG and registered-object states
+PICKLED_STATE = ("random_states_*.pkl", "custom_checkpoint_*.pkl")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model_fsdp.bin")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be resumed safely: incomplete, damaged, tampered with or of an unsafe format."""
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
@@ -67,8 +93,99 @@ def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike) -> Path
     return path
 
 
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete or damaged ({what}).") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path} is not valid JSON ({err}): the checkpoint is damaged or was tampered "
+                              f"with ({what}).") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object ({what}), got {type(value).__name__}.")
+    return value
+
+
 def checkpoint_info(path: str | os.PathLike) -> dict:
-    return json.loads((Path(path) / MARKER).read_text())
+    """The checkpoint's `checkpoint.json` (step, format, settings, ...)."""
+    return _read_json(Path(path) / MARKER, "the checkpoint's marker")
+
+
+def check_resumable(path: str | os.PathLike) -> dict:
+    """`checkpoint_info` of a checkpoint written in the current, pickle-free format; a `CheckpointError` for one
+    written by an older train.py (its state is pickled, and unpickling can run code)."""
+    path = Path(path)
+    info = checkpoint_info(path)
+    if info.get("format") != FORMAT_VERSION:
+        pickled = sorted(p.name for pattern in PICKLED_STATE for p in path.glob(pattern))
+        raise CheckpointError(
+            f"{path} is a checkpoint of format {info.get('format', 1)} (this train.py resumes format "
+            f"{FORMAT_VERSION}){': its state is pickled (' + ', '.join(pickled) + ')' if pickled else ''}. It is "
+            f"not resumed, because loading a pickle can execute code. Its model weights "
+            f"({', '.join(n for n in WEIGHT_FILES if (path / n).is_file()) or 'none found'}) can still be "
+            f"used, e.g. for translation (training/translate.py --model {path}) or checkpoint averaging.")
+    planted = sorted(p.name for pattern in PICKLED_STATE for p in path.glob(pattern))
+    if planted:  # never written by save_checkpoint, and Accelerate would unpickle custom_checkpoint_* freely
+        raise CheckpointError(f"{path} holds pickled state files that train.py never writes ({', '.join(planted)}): "
+                              f"the checkpoint was tampered with or mixed with another one. Nothing was loaded; "
+                              f"remove these files (unopened) to resume from it.")
+    return info
+
+
+# ---------------------------------------------------------------------------------------------- random states
+def _b64(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text.encode("ascii"), validate=True)), dtype=torch.uint8)
+
+
+def _accelerator_rng():
+    """(name, get_all, set_all) of the accelerator devices present (CUDA, XPU, MPS)."""
+    found = []
+    if torch.cuda.is_available():
+        found.append(("cuda", torch.cuda.get_rng_state_all, torch.cuda.set_rng_state_all))
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        found.append(("xpu", torch.xpu.get_rng_state_all, torch.xpu.set_rng_state_all))
+    if torch.backends.mps.is_available():
+        found.append(("mps", lambda: [torch.mps.get_rng_state()], lambda states: torch.mps.set_rng_state(states[0])))
+    return found
+
+
+def rng_state() -> dict:
+    """This process's random states as JSON-able data: Python's `random`, NumPy's global generator, torch's CPU
+    generator and those of the accelerator devices present."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
+                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                  "gauss": float(np_state["gauss"])},
+        "torch": _b64(torch.get_rng_state()),
+    }
+    for name, get_all, _ in _accelerator_rng():
+        state[name] = [_b64(s) for s in get_all()]
+    return state
+
+
+def set_rng_state(state: dict, where: str = "the RNG state") -> None:
+    """Restore what `rng_state` returned; a `CheckpointError` naming `where` if any part is malformed."""
+    try:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]))
+        nps = state["numpy"]
+        np.random.set_state({"bit_generator": str(nps["bit_generator"]),
+                             "state": {"key": np.asarray(nps["key"], dtype=np.uint32), "pos": int(nps["pos"])},
+                             "has_gauss": int(nps["has_gauss"]), "gauss": float(nps["gauss"])})
+        torch.set_rng_state(_unb64(state["torch"]))
+        for name, _, set_all in _accelerator_rng():
+            if name in state:
+                set_all([_unb64(s) for s in state[name]])
+    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
+        raise CheckpointError(f"{where} is malformed ({type(err).__name__}: {err}): the checkpoint is damaged or "
+                              f"was tampered with.") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -84,9 +201,11 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, info: dict | None = None) -> Path:
-    """`accelerator.save_state` into a temporary folder, then an atomic rename to `step_{step}`. Collective: every
-    process calls it."""
+def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, info: dict | None = None,
+                    trainer_state: dict | None = None) -> Path:
+    """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
+    (JSON) into a temporary folder, then an atomic rename to `step_{step}`. Accelerate's pickled RNG files are
+    removed before the rename. Collective: every process calls it."""
     checkpoint_dir = Path(checkpoint_dir)
     final = checkpoint_dir / f"step_{step}"
     tmp = checkpoint_dir / f".tmp_step_{step}"
@@ -96,14 +215,19 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    (tmp / RNG_STATE.format(accelerator.process_index)).write_text(json.dumps(rng_state()), encoding="utf-8")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        for file in tmp.iterdir():  # flush the state files before the rename makes the checkpoint visible
+        for pattern in PICKLED_STATE:
+            for file in tmp.glob(pattern):
+                file.unlink()
+        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
+        for file in tmp.rglob("*"):  # flush the state files before the rename makes the checkpoint visible
             if file.is_file():
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
         marker = tmp / MARKER
-        marker.write_text(json.dumps({"step": step, **(info or {})}, indent=2))
+        marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {})}, indent=2))
         with open(marker, "rb") as f:
             os.fsync(f.fileno())
         if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
@@ -116,6 +240,39 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
         _fsync_dir(checkpoint_dir)
     accelerator.wait_for_everyone()
     return final
+
+
+def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool = False) -> dict:
+    """Restore a checkpoint written by `save_checkpoint` and return its trainer state (the JSON dict).
+
+    Model and optimizer states go through `accelerator.load_state` with `weights_only=True` (safetensors for the
+    model); nothing is registered with Accelerate, so it unpickles no custom objects; the random states come from
+    this process's JSON file. Any file that is missing, malformed or refused by `weights_only` raises a
+    `CheckpointError` (nothing is skipped silently). `missing_rng_ok`: a process without an RNG file (the run now
+    has more processes than when it was saved) keeps its current random state instead, with a warning."""
+    import logging
+
+    path = Path(path)
+    check_resumable(path)
+    trainer_state = _read_json(path / TRAINER_STATE, "the run's progress and scheduler state")
+    rng_file = path / RNG_STATE.format(accelerator.process_index)
+    rng = None
+    if rng_file.is_file() or not missing_rng_ok:
+        rng = _read_json(rng_file, f"the random states of process {accelerator.process_index}")
+    try:
+        accelerator.load_state(str(path), load_kwargs={"weights_only": True})
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{path}: a state file was refused by torch.load(weights_only=True) ({err}); the "
+                              f"checkpoint is damaged or was tampered with. Nothing in it was executed.") from None
+    except Exception as err:  # noqa: BLE001 - any failure of a needed state file stops the resume, naming it
+        raise CheckpointError(f"{path}: loading the model/optimizer state failed ({type(err).__name__}: "
+                              f"{err}).") from err
+    if rng is not None:
+        set_rng_state(rng, str(rng_file))
+    else:
+        logging.getLogger(__name__).warning("%s has no random states of process %d; it keeps its own.", path,
+                                            accelerator.process_index)
+    return trainer_state
 
 
 def rotate_checkpoints(checkpoint_dir: str | os.PathLike, keep_last: int,

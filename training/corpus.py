@@ -10,9 +10,11 @@ Sources (every one becomes a `ParallelCorpus`: rows of `{lang: sentence}` with a
 
 Nothing is dropped silently. Structural problems raise `DataError` naming the file and line: text files of one
 split with different line counts, a TSV line with the wrong number of fields, invalid JSON, a language that is not
-in the data, an invalid language code. Bad pairs (an empty side, a side missing from a row, too long) are either
-skipped and counted by reason in a `DropReport` (logged, and written to `results.json` and the model card by the
-training script) or, with `on_bad_pairs="error"`, raise a `DataError` naming the file and line.
+in the data, an invalid language code. Bad pairs (an empty side, a side missing from a row, too long, a source
+annotation that does not fit its sentence, such as a parse whose leaves do not spell it) are either skipped and
+counted by reason in a `DropReport` (logged, and written to `results.json` and the model card by the training
+script) or, with `on_bad_pairs="error"`, raise a `DataError` naming the file and line of the side at fault (the
+target file for a target-side problem, the annotation file for a bad annotation).
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ class ParallelCorpus:
     # per-sentence source annotations a variant's `prepare_translation_inputs` takes (e.g. MG-SA's `parses`):
     # name -> language -> one value per row
     annotations: dict[str, dict[str, list]] = field(default_factory=dict)
+    # line-aligned per-language files (row i = line i + 1): language -> path, and annotation -> language -> path;
+    # empty for TSV/JSONL/datasets, whose rows hold every language (`locations` names them)
+    files: dict[str, str] = field(default_factory=dict)
+    annotation_files: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -88,10 +94,17 @@ class ParallelCorpus:
     def head(self, n: int) -> "ParallelCorpus":
         """The first `n` rows."""
         annotations = {k: {lang: v[:n] for lang, v in by_lang.items()} for k, by_lang in self.annotations.items()}
-        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages, annotations)
+        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages, annotations,
+                              dict(self.files), {k: dict(v) for k, v in self.annotation_files.items()})
 
     def column(self, lang: str) -> list[str]:
         return [row.get(lang, "") for row in self.rows]
+
+    def location(self, i: int, lang: str | None = None, annotation: str | None = None) -> str:
+        """Where row i's `lang` sentence (or its `annotation`) comes from: `file:line` of that language's (or
+        annotation's) own file when the split is per-language files, else the row's location."""
+        path = (self.annotation_files.get(annotation, {}) if annotation else self.files).get(lang)
+        return f"{path}:{i + 1}" if path else self.locations[i]
 
 
 def find_split_file(data_dir: str | os.PathLike, prefix: str, lang: str) -> Path:
@@ -127,7 +140,7 @@ def load_text_files(files: dict[str, str | os.PathLike], name: str | None = None
     label = name or " + ".join(str(p) for p in files.values())
     first = str(files[langs[0]])
     locations = [f"{first}:{i + 1}" for i in range(n)]
-    return ParallelCorpus(label, rows, locations, langs)
+    return ParallelCorpus(label, rows, locations, langs, files={lang: str(path) for lang, path in files.items()})
 
 
 def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Sequence[str],
@@ -147,6 +160,7 @@ def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Seq
                 raise DataError(f"{path} has {len(values)} lines but {files[lang]} has {len(data)}; line "
                                 f"{min(len(values), len(data)) + 1} has no counterpart.")
             data.annotations.setdefault(name, {})[lang] = values
+            data.annotation_files.setdefault(name, {})[lang] = str(path)
     return data
 
 
@@ -223,11 +237,41 @@ def load_jsonl(path: str | os.PathLike, annotations: Sequence[str] = ()) -> Para
     return corpus
 
 
-def load_hub_dataset(name: str, split: str, config_name: str | None = None, **kwargs) -> ParallelCorpus:
-    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path)."""
+# `datasets` names the validation split "validation"; datasets built by hand often say "valid", "val" or "dev".
+SPLIT_NAMES = {"train": ("train",), "valid": ("validation", "valid", "val", "dev"), "test": ("test",)}
+
+
+def resolve_split(available: Sequence[str], requested: str | None, role: str, dataset: str = "") -> str | None:
+    """The split of a dataset to use as `role` ("train", "valid", "test"): `requested` when given (it must exist),
+    else the first of `SPLIT_NAMES[role]` that the dataset has (None when it has none, except for "train")."""
+    available = list(available)
+    if requested:
+        if requested not in available:
+            raise DataError(f"Dataset {dataset!r} has no split {requested!r} (its splits: {', '.join(available)}).")
+        return requested
+    for name in SPLIT_NAMES[role]:
+        if name in available:
+            return name
+    if role == "train":
+        raise DataError(f"Dataset {dataset!r} has no 'train' split (its splits: {', '.join(available)}); name the "
+                        f"training split with --train_split.")
+    return None
+
+
+def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
+    """Every split of a `datasets` dataset (Hub name or local path) as a `DatasetDict`, loaded once."""
     import datasets
 
-    ds = datasets.load_dataset(name, config_name, split=split, **kwargs)
+    return datasets.load_dataset(name, config_name, **kwargs)
+
+
+def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None,
+                     **kwargs) -> ParallelCorpus:
+    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path); `dataset`:
+    the split already loaded (e.g. from `load_hub_splits`)."""
+    import datasets
+
+    ds = dataset if dataset is not None else datasets.load_dataset(name, config_name, split=split, **kwargs)
     if "translation" not in ds.column_names:
         raise DataError(f"Dataset {name!r} split {split!r} has no 'translation' column (columns: {ds.column_names}).")
     rows, locations, langs = [], [], {}
@@ -293,9 +337,39 @@ class Pair:
     tgt_lang: str
     src: str
     tgt: str
-    location: str
+    location: str  # of the source sentence
     src_extra: dict = field(default_factory=dict)  # annotations of the source sentence (name -> value)
     tgt_extra: dict = field(default_factory=dict)  # of the target sentence (used when it is translated back)
+    tgt_location: str = ""  # of the target sentence (default: `location`, e.g. the same TSV/JSONL line)
+
+    def __post_init__(self):
+        if not self.tgt_location:
+            self.tgt_location = self.location
+
+
+# ------------------------------------------------------------------------------------------ annotation checks
+def check_parse(sentence: str, parse) -> tuple[str, str] | None:
+    """None when `parse` (a bracketed constituency parse, as the syntactic MG-SA reads it) is a well-formed tree
+    whose leaves spell `sentence` (whitespace aside); else `(reason, message)`: `malformed_parse` (unbalanced
+    brackets, text outside the tree, not a parse at all) or `parse_mismatch` (leaves that differ from the
+    sentence). Uses the model's own reader and aligner (`hf_variants.phrases`), so what passes here is what the
+    model accepts when it builds the batch."""
+    from hf_variants.phrases import align_leaves, as_tree
+
+    try:
+        tree = as_tree(parse)
+    except (ValueError, TypeError) as err:
+        return "malformed_parse", str(err)
+    try:
+        align_leaves(sentence, tree.leaves())
+    except ValueError as err:
+        return "parse_mismatch", str(err)
+    return None
+
+
+# Annotation name -> check(sentence, value) -> None or (reason, message). Annotations of other names are passed
+# to the model unchecked.
+ANNOTATION_CHECKS = {"parses": check_parse}
 
 
 def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str]) -> list[tuple[str, str]]:
@@ -322,7 +396,8 @@ def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str])
 def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], report: DropReport,
                 on_bad_pairs: str = "skip", annotations: Sequence[str] = (),
                 target_annotations: bool = False) -> list[Pair]:
-    """One `Pair` per row and direction. Empty or missing sides are counted in `report` (or raise).
+    """One `Pair` per row and direction. Empty or missing sides, and missing or ill-fitting annotations (see
+    `ANNOTATION_CHECKS`), are counted in `report` under the location of the side at fault (or raise).
 
     `annotations` name per-sentence inputs the model needs for its source sentences (and, with
     `target_annotations`, for the targets too, which bidirectional training translates back)."""
@@ -339,32 +414,53 @@ def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], r
                     raise DataError(f"{corpus.name} has no {name!r} annotation for {lang!r} sentences (per-language "
                                     f"files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{\"{name}\": "
                                     f"{{\"{lang}\": ...}}}} on every line).")
+    checked: dict[tuple[int, str, str], tuple[str, str] | None] = {}  # (row, lang, name) -> problem
+
+    def annotation_problem(r: int, lang: str, name: str, sentence: str) -> tuple[str, str] | None:
+        """(reason, message) when annotation `name` of row r's `lang` sentence is missing or does not fit it."""
+        key = (r, lang, name)
+        if key not in checked:
+            value = corpus.annotations[name][lang][r]
+            check = ANNOTATION_CHECKS.get(name)
+            if value is None:
+                checked[key] = ("missing_annotation", f"no {name!r} value")
+            else:
+                checked[key] = check(sentence, value) if check is not None else None
+        return checked[key]
+
     pairs = []
-    for r, (row, location) in enumerate(zip(corpus.rows, corpus.locations)):
+    for r, row in enumerate(corpus.rows):
         for s, t in directions:
             src, tgt = row.get(s), row.get(t)
-            reason = None
+            reason, location, detail = None, corpus.location(r, s), ""
             if src is None:
                 reason = "missing_source"
             elif tgt is None:
-                reason = "missing_target"
+                reason, location = "missing_target", corpus.location(r, t)
             elif not src.strip():
                 reason = "empty_source"
             elif not tgt.strip():
-                reason = "empty_target"
+                reason, location = "empty_target", corpus.location(r, t)
+            else:
+                sides = ((s, src), (t, tgt)) if target_annotations else ((s, src),)
+                for lang, sentence in sides:
+                    for name in annotations:
+                        problem = annotation_problem(r, lang, name, sentence.strip())
+                        if problem is not None:
+                            (reason, detail), location = problem, corpus.location(r, lang, name)
+                            break
+                    if reason is not None:
+                        break
             if reason is not None:
                 if on_bad_pairs == "error":
-                    raise DataError(f"{location}: {reason.replace('_', ' ')} ({s}-{t}).")
-                report.add(f"{reason}", location)
+                    raise DataError(f"{location}: {reason.replace('_', ' ')} ({s}-{t})"
+                                    + (f": {detail}" if detail else "."))
+                report.add(reason, location)
                 continue
             src_extra = {name: corpus.annotations[name][s][r] for name in annotations}
             tgt_extra = {name: corpus.annotations[name][t][r] for name in annotations} if target_annotations else {}
-            if any(v is None for v in (*src_extra.values(), *tgt_extra.values())):
-                if on_bad_pairs == "error":
-                    raise DataError(f"{location}: missing annotation ({s}-{t}).")
-                report.add("missing_annotation", location)
-                continue
-            pairs.append(Pair(s, t, src.strip(), tgt.strip(), location, src_extra, tgt_extra))
+            pairs.append(Pair(s, t, src.strip(), tgt.strip(), corpus.location(r, s), src_extra, tgt_extra,
+                              corpus.location(r, t)))
     return pairs
 
 
@@ -374,10 +470,11 @@ def filter_long_pairs(pairs: list[Pair], src_lens: Sequence[int], tgt_lens: Sequ
     keep_pairs, keep_src, keep_tgt = [], [], []
     for pair, ls, lt in zip(pairs, src_lens, tgt_lens):
         if ls > max_length or lt > max_length:
+            location = pair.location if ls > max_length else pair.tgt_location  # the (first) side that is too long
             if on_bad_pairs == "error":
-                raise DataError(f"{pair.location}: pair longer than --max_length {max_length} tokens "
+                raise DataError(f"{location}: pair longer than --max_length {max_length} tokens "
                                 f"(source {ls}, target {lt}).")
-            report.add("too_long", pair.location)
+            report.add("too_long", location)
             continue
         keep_pairs.append(pair)
         keep_src.append(ls)

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, evaluation, external  # noqa: E402
+from training import checkpointing, corpus, evaluation, external, settings  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 
 logger = logging.getLogger("hf_variants.train")
@@ -87,14 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--test_prefix", default="test_2016_flickr", help="the final evaluation split ('' for none)")
     g.add_argument("--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead "
                                         "of --data_dir")
-    g.add_argument("--valid_file")
+    g.add_argument("--valid_file", "--validation_file")
     g.add_argument("--test_file")
     g.add_argument("--dataset_name", help="a `datasets` dataset (Hub name or local path) with a 'translation' "
                                           "column, instead of --data_dir")
     g.add_argument("--dataset_config_name")
     g.add_argument("--train_split", default="train")
-    g.add_argument("--valid_split", default="validation")
-    g.add_argument("--test_split", default="test")
+    g.add_argument("--valid_split", "--validation_split",
+                   help="default: the dataset's 'validation' split, or 'valid', 'val' or 'dev' (none: no validation)")
+    g.add_argument("--test_split", help="default: the dataset's 'test' split (none: the final evaluation uses the "
+                                        "validation split)")
     g.add_argument("--source_lang", default="en")
     g.add_argument("--target_lang", default="de")
     g.add_argument("--languages", nargs="+", help="many-to-many run over these languages (overrides "
@@ -108,14 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--source_annotations", nargs="+", default=[], metavar="NAME",
                    help="per-sentence inputs the model's prepare_translation_inputs takes for each source sentence, "
                         "e.g. 'parses' for the syntactic MG-SA: files <prefix>.<lang>.<NAME>[.gz] beside the text "
-                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows")
+                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows; 'parses' are "
+                        "checked against their sentences when the data loads (see --on_bad_pairs)")
     g.add_argument("--max_length", type=int, default=128, help="longest sentence in tokens (longer: dropped)")
-    g.add_argument("--max_train_pairs", type=int, help="use only the first N rows of the training data")
-    g.add_argument("--max_valid_pairs", type=int, help="use only the first N validation rows")
-    g.add_argument("--max_test_pairs", type=int, help="use only the first N test rows")
+    g.add_argument("--max_train_pairs", "--max_train_samples", type=int,
+                   help="use only the first N rows of the training data")
+    g.add_argument("--max_valid_pairs", "--max_eval_samples", type=int, help="use only the first N validation rows")
+    g.add_argument("--max_test_pairs", "--max_predict_samples", type=int, help="use only the first N test rows")
 
     g = p.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer", help="a saved tokenizer; default: train the shared one and save it with the run")
+    g.add_argument("--tokenizer", "--tokenizer_name",
+                   help="a saved tokenizer; default: train the shared one and save it with the run")
     g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
     g.add_argument("--vocab_size", type=int, default=8000)
     g.add_argument("--tokenizer_min_frequency", type=int, default=2)
@@ -126,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config_overrides", help="key=value,... applied to the config")
     g.add_argument("--model_name_or_path", help="start from a saved model instead of a preset")
     g.add_argument("--dropout", type=float, help="default: the preset's")
-    g.add_argument("--label_smoothing", type=float, default=0.1)
+    g.add_argument("--label_smoothing", "--label_smoothing_factor", type=float, default=0.1)
     g.add_argument("--target_language_tags", choices=["auto", "true", "false"], default="auto",
                    help="prepend <2xx> to sources; auto = when the run has more than one target language")
 
@@ -143,9 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_sentences", type=int, help="sentences per micro-batch (cap)")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--max_steps", type=int, default=200, help="optimizer steps (ignored with --num_epochs)")
-    g.add_argument("--num_epochs", type=float, help="train for this many epochs instead of --max_steps")
+    g.add_argument("--num_epochs", "--num_train_epochs", type=float,
+                   help="train for this many epochs instead of --max_steps")
     g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
                    help="default: Accelerate's config / launch option")
+    g.add_argument("--fp16", dest="mixed_precision", action="store_const", const="fp16",
+                   help="--mixed_precision fp16")
+    g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16",
+                   help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument("--num_threads", type=int, help="CPU threads per process (default on CPU: the cores available "
                                                    "divided by the processes on this machine; `accelerate launch` "
@@ -158,22 +168,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval_bleu_pairs", type=int, default=200,
                    help="validation pairs translated for BLEU/chrF during training (0: loss only)")
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
-    g.add_argument("--num_beams", type=int, default=4)
+    g.add_argument("--num_beams", "--generation_num_beams", type=int, default=4)
     g.add_argument("--length_penalty", type=float, default=0.6)
     g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
     g.add_argument("--max_len_b", type=int, default=10)
-    g.add_argument("--eval_batch_size", type=int, default=100)
+    g.add_argument("--eval_batch_size", "--per_device_eval_batch_size", type=int, default=100,
+                   help="sentences per translation batch and process")
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
 
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save_steps", type=int, help="checkpoint every N steps (default: --eval_steps)")
-    g.add_argument("--keep_checkpoints", type=int, default=5, help="newest checkpoints kept (plus the best)")
+    g.add_argument("--keep_checkpoints", "--save_total_limit", type=int, default=5,
+                   help="newest checkpoints kept (plus the best; 0: all)")
     g.add_argument("--average_last", type=int, default=0,
                    help="final model = mean weights of the last K checkpoints (the papers' averaging)")
     g.add_argument("--final_model", choices=["best", "last"], default="best",
                    help="final model without --average_last: the best validated checkpoint or the last one")
     g.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (the run's newest; starts "
                                                     "fresh when there is none)")
+    g.add_argument("--allow_changed_settings", metavar="NAME[,NAME...]", nargs="+", action="extend",
+                   help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
+                        "the new values apply from the resumed step on and are recorded in results.json and the "
+                        "model card. Without it a resume with changed settings is refused, except for settings "
+                        "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
+                        "final test, output)")
 
     g = p.add_argument_group("output")
     g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
@@ -181,17 +199,65 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
-    g.add_argument("--report_to", choices=["none", "tensorboard", "all"], default="none",
-                   help="Accelerate trackers (logs in <run>/logs)")
+    g.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
+                   help="Accelerate trackers: none, all, or any of " + ", ".join(TRACKERS) + " (tensorboard logs in "
+                        "<run>/logs; wandb: project $WANDB_PROJECT or 'hf_variants', run named after the run; "
+                        "`pip install 'hf-variants[wandb]'`)")
     g.add_argument("--push_to_hub", action="store_true")
     g.add_argument("--hub_model_id", help="ORG/NAME")
     g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
     return p
 
 
+# Accelerate's trackers (accelerate.utils.LoggerType)
+TRACKERS = ("tensorboard", "wandb", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
+
+
+def parse_report_to(values) -> list[str]:
+    """`--report_to` values (several, or comma-separated) -> the trackers requested from Accelerate ([] for none).
+    A named tracker whose package is missing is an error (Accelerate would silently leave it out)."""
+    from accelerate.tracking import get_available_trackers
+
+    names = [v.strip().lower() for item in (values or []) for v in str(item).split(",") if v.strip()]
+    if names in ([], ["none"]):
+        return []
+    unknown = [n for n in names if n not in TRACKERS and n != "all"]
+    if unknown or "none" in names:
+        raise ValueError(f"--report_to: unknown tracker(s) {unknown or ['none']} (with others); choose none, all or "
+                         f"any of {', '.join(TRACKERS)}.")
+    available = {str(t) for t in get_available_trackers()}
+    missing = [n for n in names if n != "all" and n not in available]
+    if missing:
+        extra = " (pip install 'hf-variants[wandb]')" if "wandb" in missing else ""
+        raise ValueError(f"--report_to {' '.join(missing)}: the package is not installed{extra}.")
+    return list(dict.fromkeys(names))
+
+
+def tracker_init_kwargs(trackers: list[str], run_name: str, run_dir: Path) -> tuple[str, dict]:
+    """The project name and per-tracker `init_kwargs` of `accelerator.init_trackers`: TensorBoard writes to
+    <run>/logs/<project>; Weights & Biases logs into project $WANDB_PROJECT (default 'hf_variants'), in a run named
+    after this run, its files under <run>/logs."""
+    from accelerate.tracking import get_available_trackers
+
+    active = {str(t) for t in get_available_trackers()} if "all" in trackers else set(trackers)
+    init_kwargs = {}
+    project = run_name
+    if "wandb" in active:
+        project = os.environ.get("WANDB_PROJECT") or "hf_variants"
+        init_kwargs["wandb"] = {"name": run_name, "dir": str(run_dir / "logs")}
+    return project, init_kwargs
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args.report_to = parse_report_to(args.report_to) or ["none"]
+        args.allow_changed_settings = sorted(settings.parse_allowed(
+            args.allow_changed_settings, [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
+            + ["num_processes", "mixed_precision", "device"], settings.option_names(parser))) or None
+    except ValueError as err:
+        parser.error(str(err))
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id ORG/NAME")
     if args.push_to_hub and args.model_type in external.EXTERNAL_MODEL_TYPES:
@@ -209,8 +275,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------------------------------- the run
 class TrainState:
-    """Everything about the run's progress that a checkpoint must restore besides Accelerate's own objects
-    (saved through `accelerator.register_for_checkpointing`)."""
+    """Everything about the run's progress that a checkpoint must restore besides the model, optimizer and random
+    states (saved as JSON in the checkpoint's trainer_state.json)."""
 
     def __init__(self):
         self.step = 0
@@ -222,6 +288,8 @@ class TrainState:
         self.best_metric = None
         self.best_step = None
         self.evals: list[dict] = []
+        # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
+        self.settings_changes: list[dict] = []
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -265,8 +333,9 @@ def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
     return languages, directions
 
 
-def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus | None:
-    """One split from the configured source; None when the split is not configured."""
+def load_split(args, split: str, languages: list[str], hub_splits=None) -> corpus.ParallelCorpus | None:
+    """One split from the configured source; None when the split is not configured (or, for a `datasets`
+    dataset, when it has no such split and none was named). `hub_splits`: the dataset's `DatasetDict`."""
     limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
     file_arg = getattr(args, f"{split}_file")
     if args.train_file or file_arg:
@@ -274,13 +343,19 @@ def load_split(args, split: str, languages: list[str]) -> corpus.ParallelCorpus 
             return None
         data = corpus.load_corpus_file(file_arg, args.source_annotations)
     elif args.dataset_name:
-        split_name = getattr(args, f"{split}_split")
-        if not split_name:
-            return None
         if args.source_annotations:
             raise DataError("--source_annotations are read from per-language files or JSONL, not from "
                             "--dataset_name.")
-        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name)
+        if hub_splits is None:
+            hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name)
+        split_name = corpus.resolve_split(list(hub_splits), getattr(args, f"{split}_split"), split,
+                                          args.dataset_name)
+        if split_name is None:
+            logger.info("%s has no %s split (splits: %s)", args.dataset_name, split, ", ".join(hub_splits))
+            return None
+        setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
+        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name,
+                                       dataset=hub_splits[split_name])
     else:
         prefix = getattr(args, f"{split}_prefix")
         if not prefix:
@@ -386,6 +461,19 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
+def apply_optimizer_settings(optimizer, scheduler, args) -> None:
+    """Write this invocation's optimizer and schedule settings into the state restored from a checkpoint (which
+    holds the saved ones): Adam's betas, epsilon and weight decay, the peak learning rate, and the current learning
+    rate recomputed from the schedule (with the new warmup) at the restored step."""
+    for group in optimizer.param_groups:
+        group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                     weight_decay=args.weight_decay, initial_lr=args.learning_rate)
+    scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
 def build_model_like(model):
     """A fresh (non-distributed) instance of `model`'s class and config, in float32 on CPU."""
     import copy
@@ -472,6 +560,7 @@ def main(argv=None) -> dict | None:
 
     languages, directions = resolve_languages(args)
     eval_directions = pair_directions(directions, args.bidirectional)
+    trackers = [t for t in args.report_to if t != "none"]
     dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
     preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
     run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
@@ -483,7 +572,7 @@ def main(argv=None) -> dict | None:
         # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
         cpu=use_cpu(args),
         mixed_precision=args.mixed_precision,
-        log_with=None if args.report_to == "none" else args.report_to,
+        log_with=trackers or None,
         project_dir=str(run_dir / "logs"),
         step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
     )
@@ -498,6 +587,19 @@ def main(argv=None) -> dict | None:
         run_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     setup_logging(accelerator, run_dir)
+    # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
+    run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
+                                         mixed_precision=str(accelerator.mixed_precision),
+                                         device=accelerator.device.type)
+    settings_changes = []
+    if resume is not None:
+        saved = checkpointing.check_resumable(resume)
+        settings_changes = settings.resume_changes(saved.get("settings", {}), run_settings,
+                                                   set(args.allow_changed_settings or ()), where=str(resume))
+        for change in settings_changes:
+            logger.log(logging.INFO if change["free"] else logging.WARNING, "Resuming %s with %s changed: %s -> %s%s",
+                       resume.name, change["setting"], json.dumps(change["from"]), json.dumps(change["to"]),
+                       "" if change["free"] else " (allowed by --allow_changed_settings; recorded)")
     if accelerator.device.type == "cpu":
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -509,9 +611,10 @@ def main(argv=None) -> dict | None:
     session_start = time.time()
 
     # ---------------------------------------------------------------------------------------------------- data
-    train_data = load_split(args, "train", languages)
-    valid_data = load_split(args, "valid", languages)
-    test_data = load_split(args, "test", languages)
+    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
+    train_data = load_split(args, "train", languages, hub_splits)
+    valid_data = load_split(args, "valid", languages, hub_splits)
+    test_data = load_split(args, "test", languages, hub_splits)
     if train_data is None:
         raise DataError("No training data.")
     train_report = DropReport("train")
@@ -564,23 +667,34 @@ def main(argv=None) -> dict | None:
     scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)
     unwrapped = accelerator.unwrap_model(model)
 
     if resume is not None:
-        accelerator.load_state(str(resume))
+        changed = {c["setting"] for c in settings_changes}
+        saved_state = checkpointing.load_checkpoint(accelerator, resume, missing_rng_ok="num_processes" in changed)
+        try:
+            state.load_state_dict(saved_state["train_state"])
+            scheduler.load_state_dict(saved_state["scheduler"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise checkpointing.CheckpointError(
+                f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err}).") from None
+        if changed & settings.OPTIMIZER_SETTINGS:
+            apply_optimizer_settings(optimizer, scheduler, args)
+        state.settings_changes += [{"step": state.step, **c} for c in settings_changes]
         logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, state.step, state.epoch,
                     state.step_in_epoch)
     elif args.resume_from_checkpoint:
         logger.info("No checkpoint to resume from in %s: starting from scratch", checkpoint_dir)
 
-    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token",)}
+    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
     hyperparameters.update(max_steps=max_steps, steps_per_epoch=steps_per_epoch,
                            num_processes=accelerator.num_processes, target_language_tags=target_tags,
                            languages=languages, directions=[f"{s}-{t}" for s, t in directions])
-    if args.report_to != "none":
-        accelerator.init_trackers(run_name, config={k: v for k, v in hyperparameters.items()
-                                                    if isinstance(v, (int, float, str, bool))})
+    if trackers:
+        project, init_kwargs = tracker_init_kwargs(trackers, run_name, run_dir)
+        accelerator.init_trackers(project, config={k: v for k, v in hyperparameters.items()
+                                                   if isinstance(v, (int, float, str, bool))},
+                                  init_kwargs=init_kwargs)
     log_path = run_dir / "log.jsonl"
     if accelerator.is_main_process and log_path.exists():  # drop entries past the resumed step
         kept = [line for line in log_path.read_text().splitlines() if line and json.loads(line)["step"] <= state.step]
@@ -590,13 +704,15 @@ def main(argv=None) -> dict | None:
         if accelerator.is_main_process:
             with open(log_path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-        if args.report_to != "none":
+        if trackers:
             accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
     def save(step: int) -> None:
         state.wall_time = wall_time_base + time.time() - session_start
-        checkpointing.save_checkpoint(accelerator, checkpoint_dir, step, {"epoch": state.epoch,
-                                                                         "best_step": state.best_step})
+        checkpointing.save_checkpoint(
+            accelerator, checkpoint_dir, step,
+            {"epoch": state.epoch, "best_step": state.best_step, "settings": run_settings},
+            {"train_state": state.state_dict(), "scheduler": scheduler.state_dict()})
         if accelerator.is_main_process:
             keep = max(args.keep_checkpoints, args.average_last)
             protect = {state.best_step} if state.best_step is not None else set()
@@ -747,14 +863,6 @@ def main(argv=None) -> dict | None:
     results = None
     if accelerator.is_main_process:
         model_dir = run_dir / "model"
-        tmp = run_dir / ".tmp_model"
-        shutil.rmtree(tmp, ignore_errors=True)
-        final_model.save_pretrained(tmp)
-        tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
-        tokenizer.save_pretrained(tmp)
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(tmp, model_dir)
         split_label = {"test": args.test_file or args.test_prefix or args.test_split,
                        "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
         if args.dataset_name:
@@ -795,7 +903,20 @@ def main(argv=None) -> dict | None:
             "base_model": args.model_name_or_path,
             "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
             "num_processes": accelerator.num_processes,
+            # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
+            # the values of the last part of the run
+            "settings_changes": state.settings_changes,
         }
+        # the model folder, complete with its card, replaces the previous one in one rename
+        tmp = run_dir / ".tmp_model"
+        shutil.rmtree(tmp, ignore_errors=True)
+        final_model.save_pretrained(tmp)
+        tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
+        tokenizer.save_pretrained(tmp)
+        write_model_card(tmp, results, args.hub_model_id)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        os.replace(tmp, model_dir)
         if scores:
             (run_dir / f"translations.{eval_split}.txt").write_text(
                 "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
@@ -815,7 +936,7 @@ def main(argv=None) -> dict | None:
               f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
         if args.push_to_hub:
             push(run_dir, args)
-    if args.report_to != "none":
+    if trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
     return results
@@ -842,12 +963,27 @@ def accelerator_broadcast(accelerator, obj):
     return box[0]
 
 
+def write_model_card(model_dir: Path, results: dict, repo_id: str | None) -> None:
+    """The model card (model_cards.card) as `model_dir/README.md`, so the saved model carries it however it is
+    uploaded later (`hf upload`, `push_to_hub`). Models from outside hf_variants (`--model_type marian`) have no
+    card template: none is written. A failure is logged, never fatal: the trained model is saved regardless."""
+    from model_cards.card import FAMILIES, build_model_card
+
+    if results["model_type"] not in FAMILIES:
+        logger.info("No model card for %s (not an hf_variants model type)", results["model_type"])
+        return
+    try:
+        build_model_card(model_dir, results, repo_id=repo_id).save(model_dir / "README.md")
+    except Exception:  # noqa: BLE001 - reported, and `python -m model_cards.card RUN_DIR` rewrites it
+        logger.exception("Could not write the model card into %s/README.md (rerun `python -m model_cards.card "
+                         "RUN_DIR` once fixed)", model_dir)
+
+
 def push(run_dir: Path, args) -> None:
-    """Model card (model_cards.card) then upload of run_dir/model (model_cards.publish)."""
-    from model_cards.card import card_from_run
+    """Upload of run_dir/model with its card (model_cards.publish; the card is rebuilt from results.json with the
+    repository id)."""
     from model_cards.publish import push_to_hub
 
-    card_from_run(run_dir, args.hub_model_id)
     url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
     logger.info("Pushed to %s", url)
 
