@@ -26,7 +26,7 @@ from .modeling_transformer_nmt import (
 )
 from .pipeline_translation import TranslationPipeline
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # model_type -> (config class, base model class, generation model class).
 MODEL_CLASSES = {

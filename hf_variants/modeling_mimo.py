@@ -190,7 +190,10 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
             hidden_states = self.encoder_attn_mix(hidden_states, task_ids)
             memory = None  # cross-attention keys/values are computed once per generation: mix only when needed
             if past_key_values is None or not getattr(past_key_values, "is_updated", {}).get(self.layer_idx):
-                memory = encoder_hidden_states.permute(2, 0, 1, 3)  # [n|1, B, S, d]
+                memory = encoder_hidden_states
+                if memory.dim() == 3:  # [B, S, d]: one memory stream (mimo_memory="merge"; a standard interface)
+                    memory = memory.unsqueeze(2)
+                memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
                 if self.memory_mix is not None:
                     memory = self.memory_mix(memory, task_ids)
             cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
@@ -294,7 +297,8 @@ class MimoEncoder(MimoStreams, MimoPreTrainedModel, TransformerNmtEncoder):
 
 
 class MimoDecoder(MimoStreams, MimoPreTrainedModel, TransformerNmtDecoder):
-    """`encoder_hidden_states`: the memory [B, S, n|1, d] (`MimoModel.encoder_memory`)."""
+    """`encoder_hidden_states`: the memory [B, S, n|1, d] (`MimoModel.encoder_memory`); with `mimo_memory="merge"`
+    also the encoder's [B, S, d] `last_hidden_state` itself, as for any encoder-decoder."""
 
     layer_class = MimoDecoderLayer
 

@@ -3,9 +3,11 @@ and Decoder", AAAI 2019) on the hf_variants backbone.
 
 What the paper changes, and where it is here:
 - ONE stack of L blocks serves both sides (eq. 2-3). The model owns one `layers` list of `TiedTransformerBlock`s
-  (self-attention + FFN + cross-attention, each with its LayerNorm) and one final LayerNorm; the encoder's and the
-  decoder's blocks are tied to those parameters (`_tied_weights_keys`, as the backbone ties shared embeddings), so
-  both sides train the same tensors and a checkpoint stores each once (`model.layers.*`). The encoder runs each block's self-attention (padding
+  (self-attention + FFN + cross-attention, each with its LayerNorm) and one final LayerNorm. The encoder and the
+  decoder run those very modules, held as plain attributes, not submodules: every tensor and every module has one
+  name (`model.layers.*`), so saving, loading, adapters (PEFT wraps each block once) and hooks see one stack. A stack
+  saved on its own (`model.get_encoder().save_pretrained`) writes the blocks it runs as its own `layers.*`, and one
+  loaded on its own builds and owns its blocks. The encoder runs each block's self-attention (padding
   mask, not causal) and FFN and skips the cross-attention; the decoder runs the whole block (causal mask, cache,
   cross-attention). Whether a call is causal comes with the call (`is_causal`), not with the shared module.
 - One embedding matrix for source tokens, target tokens and the softmax (the backbone's shared embedding and tied
@@ -71,9 +73,47 @@ class TiedTransformerPreTrainedModel(TransformerNmtPreTrainedModel):
 
 
 # ------------------------------------------------------------------------------------------------------------ stacks
-class TiedTransformerEncoder(TiedTransformerPreTrainedModel, TransformerNmtEncoder):
-    """The encoder path over the blocks, with the direction embedding on its input. Inside the model its blocks are
-    tied to the model's; saved alone it holds them itself."""
+class TiedBlocks:
+    """What both Tied stacks do with the blocks: own them when built alone; inside the model run the model's blocks
+    (`run_blocks`), kept out of the stack's submodules, and write them into a state dict taken of the stack alone."""
+
+    def run_blocks(self, layers: nn.ModuleList, layer_norm: nn.Module | None) -> None:
+        for name, module in (("layers", layers), ("layer_norm", layer_norm)):
+            self._modules.pop(name, None)  # the blocks this stack built for itself are dropped
+            object.__setattr__(self, name, module)
+        if not getattr(self, "_blocks_hook", None):
+            self._blocks_hook = self._register_state_dict_hook(TiedBlocks._blocks_in_own_state_dict)
+
+    def _run_blocks(self):
+        """The blocks this stack runs without owning them (None when it owns its own)."""
+        if "layers" in self._modules:
+            return []
+        return [module for module in (self.layers, self.layer_norm) if module is not None]
+
+    def train(self, mode: bool = True):
+        super().train(mode)  # a stack switched on its own (get_encoder().eval()) switches the blocks it runs
+        for module in self._run_blocks():
+            module.train(mode)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)  # likewise .to(), .float(), ... of a stack on its own
+        for module in self._run_blocks():
+            module._apply(fn, recurse)
+        return self
+
+    @staticmethod
+    def _blocks_in_own_state_dict(module, state_dict, prefix, local_metadata):
+        if prefix:  # part of the model's state dict: the model holds the blocks
+            return
+        for name in ("layers", "layer_norm"):
+            owned = getattr(module, name)
+            if owned is not None:
+                state_dict.update(owned.state_dict(prefix=f"{name}."))
+
+
+class TiedTransformerEncoder(TiedBlocks, TiedTransformerPreTrainedModel, TransformerNmtEncoder):
+    """The encoder path over the blocks, with the direction embedding on its input."""
 
     layer_class = TiedTransformerBlock
 
@@ -101,7 +141,7 @@ class TiedTransformerEncoder(TiedTransformerPreTrainedModel, TransformerNmtEncod
                                return_dict=return_dict, tgt_lang_ids=tgt_lang_ids, encoder_path=True, **kwargs)
 
 
-class TiedTransformerDecoder(TiedTransformerPreTrainedModel, TransformerNmtDecoder):
+class TiedTransformerDecoder(TiedBlocks, TiedTransformerPreTrainedModel, TransformerNmtDecoder):
     """The decoder path over the blocks (causal self-attention with cache, cross-attention)."""
 
     layer_class = TiedTransformerBlock
@@ -115,15 +155,13 @@ class TiedTransformerModel(TiedTransformerPreTrainedModel, TransformerNmtModel):
     language_ids_field = "num_directions"
 
     def _make_stacks(self, config):
-        if not config.tie_word_embeddings:  # nothing tied (transformers' convention): the untied baseline
-            return self.encoder_class(config), self.decoder_class(config)
-        self.layers = nn.ModuleList([TiedTransformerBlock(config, i) for i in range(config.num_blocks)])
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        for side in ("encoder", "decoder"):
-            self._tied_weights_keys[rf"{side}\.layers\."] = r"layers\."
-            if self.layer_norm is not None:
-                self._tied_weights_keys[rf"{side}\.layer_norm\."] = r"layer_norm\."
-        return self.encoder_class(config), self.decoder_class(config)
+        encoder, decoder = self.encoder_class(config), self.decoder_class(config)
+        if config.tie_word_embeddings:  # nothing is shared without it (transformers' convention): the untied baseline
+            self.layers = encoder.layers  # the blocks the encoder built, registered here, run by both stacks
+            self.layer_norm = encoder.layer_norm
+            for stack in (encoder, decoder):
+                stack.run_blocks(self.layers, self.layer_norm)
+        return encoder, decoder
 
 
 class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, TransformerNmtForConditionalGeneration,

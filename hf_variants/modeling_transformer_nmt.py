@@ -303,46 +303,64 @@ class StackedLinear(nn.Module):
 
     Input [n, ..., in] (unit k maps slice k) or [1, ..., in] (one input shared by every unit: one GEMM against the
     concatenated weights); output [n, ..., out]. When a unit is replaced (a LoRA wrapper, an int8 linear), every unit
-    is called as a module instead, so the replacement takes effect. Without gradients the stacked weights are cached
-    until a unit's weight changes (version counter, storage or device)."""
+    is called as a module instead, so the replacement takes effect.
+
+    The units' weights live as views of one [n, out, in] tensor (as `nn.LSTM.flatten_parameters` does), so inference
+    multiplies by the stacked weights without copying them, and every in-place change of a unit's weight (an
+    optimizer step, a `.data` edit, a LoRA merge) is already in the stack. When a unit's parameter is replaced (loading,
+    `.to()`), the next forward flattens again. With gradients the forward stacks the units' parameters (so each unit
+    gets its own gradient); so does a compiled or exported graph."""
 
     def __init__(self, num_units: int, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.num_units, self.in_features, self.out_features = num_units, in_features, out_features
         self.units = nn.ModuleList([nn.Linear(in_features, out_features, bias=bias) for _ in range(num_units)])
-        self._cache = None
+        self._flat = None  # (weight [n, out, in], bias [n, out] or None): the storage the units' parameters view
 
-    def _stacked(self, shared: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Weights [n*out, in] (shared input) or [n, in, out] (per-unit input), biases [n*out] or [n, 1, out]."""
-        weights = [unit.weight for unit in self.units]
-        biases = [unit.bias for unit in self.units] if self.units[0].bias is not None else None
-        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        key = None
-        if cacheable:
-            key = (shared,) + tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in weights + (biases or []))
-            if self._cache is not None and self._cache[0] == key:
-                return self._cache[1], self._cache[2]
-        if shared:
-            weight = torch.cat(weights)
-            bias = torch.cat(biases) if biases is not None else None
-        else:
-            weight = torch.stack(weights).transpose(1, 2)
-            bias = torch.stack(biases)[:, None, :] if biases is not None else None
-        if cacheable:
-            self._cache = (key, weight, bias)
-        return weight, bias
+    def _parameters_of(self, name: str) -> list[torch.Tensor] | None:
+        params = [getattr(unit, name) for unit in self.units]
+        return None if params[0] is None else params
+
+    @torch.no_grad()
+    def _flatten(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        flat = []
+        for name in ("weight", "bias"):
+            params = self._parameters_of(name)
+            if params is None:
+                flat.append(None)
+                continue
+            stacked = torch.stack([p.detach() for p in params])
+            for k, param in enumerate(params):
+                param.data = stacked[k]  # the parameter now views its row of the stack
+            flat.append(stacked)
+        self._flat = tuple(flat)
+        return self._flat
+
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The units' weights [n, out, in] and biases [n, out]: differentiable stacks with gradients (and in compiled
+        graphs), else the flat storage the parameters view (flattened again if a parameter was replaced)."""
+        weights, biases = self._parameters_of("weight"), self._parameters_of("bias")
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return torch.stack(weights), torch.stack(biases) if biases is not None else None
+        flat = self._flat
+        if flat is None or any(p.data_ptr() != flat[0][k].data_ptr() or p.shape != flat[0][k].shape
+                               for k, p in enumerate(weights)) \
+                or (biases is not None and any(p.data_ptr() != flat[1][k].data_ptr() for k, p in enumerate(biases))):
+            flat = self._flatten()
+        return flat
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.num_units
         if not all(type(unit) is nn.Linear for unit in self.units):  # replaced units: call each module
             return torch.stack([unit(x[k if x.shape[0] > 1 else 0]) for k, unit in enumerate(self.units)])
-        if x.shape[0] == 1:
-            weight, bias = self._stacked(shared=True)
-            y = F.linear(x[0], weight, bias)
+        weight, bias = self._stacked()
+        if x.shape[0] == 1:  # one input for every unit: one GEMM against the concatenated weights
+            y = F.linear(x[0], weight.reshape(n * self.out_features, self.in_features),
+                         None if bias is None else bias.reshape(-1))
             return y.view(*y.shape[:-1], n, self.out_features).movedim(-2, 0)
-        weight, bias = self._stacked(shared=False)
         flat = x.reshape(n, -1, self.in_features)
-        y = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
+        weight = weight.transpose(1, 2)
+        y = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias[:, None, :], flat, weight)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -47,16 +47,10 @@ class TestTiedTransformer(NmtModelTester):
     def test_one_parameter_set_saved_and_loaded_tied(self, tokenizer, tmp_path):
         model = self.build(tokenizer)
         base = model.model
-
-        def assert_tied(base):  # every block parameter of both sides IS the model's (one tensor, one gradient)
-            owned = dict(base.layers.named_parameters()) | {f"norm.{n}": p for n, p in base.layer_norm.named_parameters()}
-            for side in (base.encoder, base.decoder):
-                used = dict(side.layers.named_parameters()) | {f"norm.{n}": p
-                                                               for n, p in side.layer_norm.named_parameters()}
-                assert used.keys() == owned.keys() and all(used[n] is owned[n] for n in owned)
-
-        assert_tied(base)
+        assert base.encoder.layers is base.layers and base.decoder.layers is base.layers
+        assert base.encoder.layer_norm is base.layer_norm and base.decoder.layer_norm is base.layer_norm
         keys = set(model.state_dict())
+        assert not [k for k in keys if k.startswith(("model.encoder.layer", "model.decoder.layer"))]
         block_keys = {k for k in keys if k.startswith("model.layers.")}
         per_block = len(list(base.layers[0].state_dict()))
         assert len(block_keys) == model.config.num_blocks * per_block
@@ -68,7 +62,8 @@ class TestTiedTransformer(NmtModelTester):
 
         loaded = TiedTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
         lb = loaded.model
-        assert_tied(lb)
+        assert lb.encoder.layers is lb.layers and lb.decoder.layers is lb.layers
+        assert lb.encoder.layer_norm is lb.layer_norm is lb.decoder.layer_norm
         assert lb.encoder.embed_tokens.weight.data_ptr() == lb.decoder.embed_tokens.weight.data_ptr() \
             == loaded.lm_head.weight.data_ptr()
         assert _num_parameters(loaded) == _num_parameters(model) == tied_parameter_count(loaded.config)
@@ -110,7 +105,7 @@ class TestTiedTransformer(NmtModelTester):
         inputs = self.batch(config, with_labels=False)
         calls = {"cross": 0, "self": []}
         hooks = []
-        for block in (*model.model.encoder.layers, *model.model.decoder.layers):  # the blocks each side runs
+        for block in model.model.layers:  # the blocks both sides run
             hooks.append(block.encoder_attn.register_forward_hook(
                 lambda *a: calls.__setitem__("cross", calls["cross"] + 1)))
             hooks.append(block.self_attn.register_forward_pre_hook(
@@ -251,7 +246,6 @@ class TestTiedTransformer(NmtModelTester):
             sources.add(source)
         baseline.load_state_dict(mapped, strict=True)
         aliases = {"lm_head.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"}
-        aliases |= {name for name in state if name.startswith(("model.encoder.layer", "model.decoder.layer"))}
         assert sources == set(state) - aliases - {"model.encoder.target_space_embedding.weight"}  # all used
         inputs = self.batch(model.config)
         with torch.no_grad():
