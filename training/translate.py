@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--results_json", help="write the scores here")
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
+    p.add_argument("--int8", action="store_true",
+                   help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
+                        "activations (hf_variants.quantize_for_cpu)")
     return p
 
 
@@ -81,6 +84,10 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
+    if args.int8:
+        from hf_variants import quantize_for_cpu
+
+        quantize_for_cpu(model)
     languages = list(getattr(model.config, "languages", None) or [])
     tgt_lang = args.tgt_lang
     if tgt_lang is None and languages:
@@ -122,6 +129,7 @@ def main(argv=None) -> dict:
     Path(args.output).write_text("".join(line + "\n" for line in outputs), encoding="utf-8")
     result = {"model": args.model, "input": args.input, "output": args.output, "sentences": len(sources),
               "empty_inputs": len(sources) - len(keep), "tgt_lang": tgt_lang, "num_beams": args.num_beams,
+              "int8": args.int8,
               "length_penalty": args.length_penalty, "seconds": round(elapsed, 2),
               "sentences_per_sec": round(len(keep) / max(elapsed, 1e-9), 2)}
     if references is not None:
