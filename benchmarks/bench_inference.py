@@ -6,7 +6,8 @@ converted to our baseline (`hf_variants.convert_marian`) and to CTranslate2 (`hf
 every variant of the efficiency table (benchmarks/efficiency.py: its configurations, random weights). Engines:
 
 - `marian_fp32`, `marian_int8` (torch's dynamic int8, `torch.ao.quantization.quantize_dynamic`, as in the issue);
-- `ours_fp32`, `ours_int8` (`quantize_for_cpu`, oneDNN), `ours_int8_fbgemm` (`quantize_for_cpu(backend="fbgemm")`);
+- `ours_fp32`, `ours_int8` (`quantize_for_cpu`: oneDNN, per-token activations), `ours_int8_per_tensor`,
+  `ours_int8_fbgemm` (`quantize_for_cpu(backend="fbgemm")`, per tensor);
 - `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
 - `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo.
 
@@ -106,6 +107,8 @@ def torch_engines(size: str, args) -> dict:
         engines["marian_int8"] = (torch.ao.quantization.quantize_dynamic(copy.deepcopy(marian), {torch.nn.Linear},
                                                                          dtype=torch.qint8), {})
         engines["ours_int8"] = (quantize_for_cpu(copy.deepcopy(ours)), {})
+        engines["ours_int8_per_tensor"] = (quantize_for_cpu(copy.deepcopy(ours), activation_granularity="per_tensor"),
+                                           {})
         if not args.skip_fbgemm:
             engines["ours_int8_fbgemm"] = (quantize_for_cpu(copy.deepcopy(ours), backend="fbgemm"), {})
     for name in args.models:
@@ -179,7 +182,7 @@ def ratios(row: dict) -> dict:
 
     ratio("ours_fp32", "marian_fp32")
     ratio("ours_fp32", "ct2_fp32")
-    for name in [n for n in row if n.endswith("_int8") or n == "ours_int8_fbgemm"]:
+    for name in [n for n in row if "_int8" in n]:
         if name.startswith(("marian", "ct2")):
             continue
         ratio(name, "marian_int8")

@@ -5,7 +5,7 @@
    batch), fp32 against each int8 candidate, interleaved, with each candidate's max error relative to the
    largest fp32 output:
    - `onednn`: oneDNN's int8 linear on plain int8 tensors (`torch.ops.onednn.qlinear_pointwise`), dynamic
-     per-tensor uint8 activations (what `quantize_for_cpu` runs by default);
+     per-token uint8 activations (what `quantize_for_cpu` runs by default); `onednn_per_tensor`: one scale a call;
    - `fbgemm`: `torch.ops.quantized.linear_dynamic` (the kernel of `torch.ao.quantization.quantize_dynamic`;
      needs qint8 weights, deprecated in torch 2.13);
    - `int_mm`: `torch._int_mm` (int8 x int8 -> int32) with per-token activation scales computed in Python;
@@ -69,10 +69,11 @@ def kernels(weight: torch.Tensor, bias: torch.Tensor) -> dict:
     q, scale = quantize_weight(weight)
     q_t = q.t().contiguous()
     fns = {}
-    for backend in ("onednn", "fbgemm"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fns[backend] = Int8Linear.from_linear(linear, backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fns["onednn"] = Int8Linear.from_linear(linear)  # per-token activations
+        fns["onednn_per_tensor"] = Int8Linear.from_linear(linear, activation_granularity="per_tensor")
+        fns["fbgemm"] = Int8Linear.from_linear(linear, "fbgemm")
 
     def int_mm(x):
         s = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127.0
@@ -119,8 +120,9 @@ def generate_bench(args) -> dict:
     models = {"fp32": fp32}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for backend in ("onednn", "fbgemm"):
-            models[f"ours_{backend}"] = quantize_for_cpu(copy.deepcopy(fp32), backend=backend)
+        models["ours_onednn"] = quantize_for_cpu(copy.deepcopy(fp32))
+        models["ours_onednn_per_tensor"] = quantize_for_cpu(copy.deepcopy(fp32), activation_granularity="per_tensor")
+        models["ours_fbgemm"] = quantize_for_cpu(copy.deepcopy(fp32), backend="fbgemm")
         models["quantize_dynamic"] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32), {torch.nn.Linear},
                                                                             dtype=torch.qint8)
         if torchao_available():
