@@ -91,7 +91,6 @@ def marian_and_ours(size: str, vocab: int):
                           activation_function="relu", dropout=0.0, **{"max_position_embeddings": 512, **dims})
     marian = MarianMTModel(config).eval()
     ours = convert_marian(marian).eval()
-    ours.config.bos_token_id = 1
     ours.generation_config = copy.deepcopy(marian.generation_config)  # the same decoding rules for both
     return marian, ours
 
