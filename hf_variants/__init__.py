@@ -25,6 +25,7 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
 )
 from .pipeline_translation import TranslationPipeline
+from .quantization import Int8Linear, quantize_for_cpu
 
 __version__ = "0.2.0"
 
@@ -89,5 +90,7 @@ __all__ = [
     "TiedTransformerModel",
     "TiedTransformerForConditionalGeneration",
     "TranslationPipeline",
+    "Int8Linear",
+    "quantize_for_cpu",
     "language_tag",
 ]

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_progress", action="store_true", help="no progress bar (it is off when stderr is no "
                                                               "terminal)")
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
+    p.add_argument("--int8", action="store_true",
+                   help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
+                        "activations (hf_variants.quantize_for_cpu)")
     return p
 
 
@@ -256,6 +259,10 @@ def main(argv=None) -> dict:
     jsonl = is_jsonl(args.input, args.input_format)
     annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
+    if args.int8:
+        from hf_variants import quantize_for_cpu
+
+        quantize_for_cpu(model)
     languages = list(getattr(model.config, "languages", None) or [])
     tgt_lang = args.tgt_lang
     if tgt_lang is None and languages:
@@ -331,7 +338,8 @@ def main(argv=None) -> dict:
     result = {"model": args.model, "input": input_label, "output": "stdout" if args.output == STDIO else args.output,
               "sentences": len(sources), "empty_inputs": len(sources) - len(keep), "too_long_inputs": len(too_long),
               "too_long_lines": [i + 1 for i in too_long], "max_source_tokens": limit, "tgt_lang": tgt_lang,
-              "num_beams": args.num_beams, "length_penalty": args.length_penalty, "seconds": round(elapsed, 2),
+              "num_beams": args.num_beams, "length_penalty": args.length_penalty, "int8": args.int8,
+              "seconds": round(elapsed, 2),
               "sentences_per_sec": round(len(order) / max(elapsed, 1e-9), 2)}
     if references is not None:
         scores = evaluation.score(outputs, references)

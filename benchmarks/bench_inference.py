@@ -1,0 +1,294 @@
+#!/usr/bin/env python
+"""CPU inference side by side (issue 22): MarianMTModel, ours and CTranslate2, fp32 and int8, in one run.
+
+Speed mode (default). Per dims class (`--sizes`, default small and base): a random MarianMTModel, the same weights
+converted to our baseline (`hf_variants.convert_marian`) and to CTranslate2 (`hf_variants.export_ctranslate2`), and
+every variant of the efficiency table (benchmarks/efficiency.py: its configurations, random weights). Engines:
+
+- `marian_fp32`, `marian_int8` (torch's dynamic int8, `torch.ao.quantization.quantize_dynamic`, as in the issue);
+- `ours_fp32`, `ours_int8` (`quantize_for_cpu`: oneDNN, per-token activations), `ours_int8_per_tensor`,
+  `ours_int8_fbgemm` (`quantize_for_cpu(backend="fbgemm")`, per tensor);
+- `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
+- `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo.
+
+The same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, padded rows from half to full length) for all;
+exactly `--new_tokens` 20 new tokens per sentence (min = max), greedy and beam 4 (length penalty 0.6); `--threads` 2
+for torch and CTranslate2. Calls are interleaved over the engines (A, B, C, ..., A, B, C, ...) after one warm-up
+each, the median of `--reps` kept (`--clock wall` by default: elapsed time, as a deployment sees it). Prints tok/s
+per engine and the ratios the issue's goals are stated in (ours / Marian, ours / CTranslate2); writes
+`benchmarks/results/inference.json` and the `inference` section of benchmarks/RESULTS.md.
+
+BLEU mode (`--bleu_model DIR`): fp32 against int8 BLEU of a checkpoint (a saved model folder or a training checkpoint
+folder, as translate.py takes) on test_2016_flickr (training/data/multi30k), beam 4, length penalty 0.6; for a
+transformer_nmt model also CTranslate2 fp32 / int8 when installed. `--limit N` translates the first N sentences
+only (smoke runs).
+
+Numbers from a busy machine are worthless: run on a quiet one.
+
+    python benchmarks/bench_inference.py [--sizes small base] [--reps 5] [--models baseline mute ...]
+    python benchmarks/bench_inference.py --bleu_model runs/transformer_nmt-en-de-base/model --src en --tgt de
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
+from hf_variants.convert_marian import convert_marian  # noqa: E402
+from report import write_section  # noqa: E402
+from timing import CLOCKS, interleaved, random_batch  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+DATA_DIR = ROOT / "training" / "data" / "multi30k"
+VARIANTS = ["mute", "hysan", "mgsa", "tied", "mimo"]
+
+
+def ctranslate2_module():
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
+    return ctranslate2
+
+
+class _Vocabulary:
+    """The token strings CTranslate2 needs for a random model: `t<id>` (no tokenizer involved)."""
+
+    unk_token = "<unk>"
+    SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
+
+    def __init__(self, size: int):
+        self.tokens = self.SPECIAL + [f"t{i}" for i in range(len(self.SPECIAL), size)]
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.tokens[i] for i in ids]
+
+    def save_pretrained(self, path):
+        (Path(path) / "vocabulary.txt").write_text("\n".join(self.tokens) + "\n")
+
+
+def marian_and_ours(size: str, vocab: int):
+    from transformers import MarianConfig, MarianMTModel
+
+    dims = {k: v for k, v in TransformerNmtConfig.PRESETS[size].items() if k not in ("dropout",)}
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, scale_embedding=True, pad_token_id=0,
+                          eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None,
+                          activation_function="relu", dropout=0.0, **{"max_position_embeddings": 512, **dims})
+    marian = MarianMTModel(config).eval()
+    ours = convert_marian(marian).eval()
+    ours.generation_config = copy.deepcopy(marian.generation_config)  # the same decoding rules for both
+    return marian, ours
+
+
+def torch_engines(size: str, args) -> dict:
+    """name -> (model, extra inputs) for every torch engine of this dims class."""
+    from efficiency import build, language_inputs
+
+    marian, ours = marian_and_ours(size, args.vocab)
+    engines = {"marian_fp32": (marian, {}), "ours_fp32": (ours, {})}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantize_dynamic's and fbgemm's deprecation warnings
+        engines["marian_int8"] = (torch.ao.quantization.quantize_dynamic(copy.deepcopy(marian), {torch.nn.Linear},
+                                                                         dtype=torch.qint8), {})
+        engines["ours_int8"] = (quantize_for_cpu(copy.deepcopy(ours)), {})
+        engines["ours_int8_per_tensor"] = (quantize_for_cpu(copy.deepcopy(ours), activation_granularity="per_tensor"),
+                                           {})
+        if not args.skip_fbgemm:
+            engines["ours_int8_fbgemm"] = (quantize_for_cpu(copy.deepcopy(ours), backend="fbgemm"), {})
+    for name in args.models:
+        if name == "baseline":
+            continue
+        model = build(name, size, args.vocab).eval()
+        extra = language_inputs(model, args.batch)
+        engines[f"{name}_fp32"] = (model, extra)
+        engines[f"{name}_int8"] = (quantize_for_cpu(copy.deepcopy(model)), extra)
+    return engines, ours
+
+
+def ct2_engines(ours, args, workdir: Path) -> dict:
+    ctranslate2 = ctranslate2_module()
+    if ctranslate2 is None or args.skip_ct2:
+        return {}
+    from hf_variants.export_ctranslate2 import export
+
+    path = export(ours, _Vocabulary(args.vocab), workdir / "ct2", force=True)
+    return {f"ct2_{kind}": ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
+                                                  intra_threads=args.threads or 0, inter_threads=1)
+            for kind, compute in (("fp32", "float32"), ("int8", "int8"))}
+
+
+def bench_size(size: str, args, workdir: Path) -> dict:
+    engines, ours = torch_engines(size, args)
+    translators = ct2_engines(ours, args, workdir / size)
+    inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
+    vocabulary = _Vocabulary(args.vocab)
+    source_tokens = [vocabulary.convert_ids_to_tokens(row[mask.bool()].tolist())
+                     for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+    rows = {}
+    for beams in (1, 4):
+        lengths = {}
+        gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                   **({"length_penalty": 0.6} if beams > 1 else {}))
+
+        def run_torch(name, gen=gen):
+            model, extra = engines[name]
+            with torch.inference_mode():
+                lengths[name] = model.generate(**inputs, **extra, **gen).shape[1] - 1
+
+        def run_ct2(name, beams=beams):
+            results = translators[name].translate_batch(
+                source_tokens, beam_size=beams, length_penalty=0.6 if beams > 1 else 1.0,
+                min_decoding_length=args.new_tokens, max_decoding_length=args.new_tokens)
+            lengths[name] = min(len(r.hypotheses[0]) for r in results)
+
+        fns = {name: (lambda name=name: run_torch(name)) for name in engines}
+        fns.update({name: (lambda name=name: run_ct2(name)) for name in translators})
+        seconds = interleaved(fns, args.reps, args.clock)
+        if set(lengths.values()) != {args.new_tokens}:  # equal work, or the tok/s do not compare
+            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens: {lengths}")
+        key = "greedy" if beams == 1 else f"beam{beams}"
+        tokens = args.batch * args.new_tokens
+        rows[key] = {name: round(tokens / s, 1) for name, s in seconds.items()}
+        print(f"[{size} {key}] " + " | ".join(f"{n} {v:8.1f}" for n, v in rows[key].items()) + " tok/s", flush=True)
+        print(f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
+              flush=True)
+    return rows
+
+
+def ratios(row: dict) -> dict:
+    """The issue's goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
+    (>= 0.7), and ours against CTranslate2 fp32."""
+    out = {}
+
+    def ratio(a, b):
+        if a in row and b in row:
+            out[f"{a}/{b}"] = round(row[a] / row[b], 3)
+
+    ratio("ours_fp32", "marian_fp32")
+    ratio("ours_fp32", "ct2_fp32")
+    for name in [n for n in row if "_int8" in n]:
+        if name.startswith(("marian", "ct2")):
+            continue
+        ratio(name, "marian_int8")
+        ratio(name, "ct2_int8")
+    return out
+
+
+def markdown(results: dict, args) -> str:
+    lines = [f"Batch {args.batch} x up to {args.src_len} source tokens, exactly {args.new_tokens} new tokens, "
+             f"{args.threads or 'default'} thread(s) (torch and CTranslate2), median of {args.reps} interleaved runs, "
+             f"clock: {args.clock}; tok/s (generated tokens per second). Same random weights for Marian, ours and "
+             "CTranslate2; the variants have their own random weights.", ""]
+    for size, rows in results.items():
+        engines = list(next(iter(rows.values())))
+        lines += [f"**{size}**", "", "| decoding | " + " | ".join(engines) + " |",
+                  "|---|" + "---:|" * len(engines)]
+        for key, row in rows.items():
+            lines.append(f"| {key} | " + " | ".join(f"{row[e]:.0f}" for e in engines) + " |")
+        lines += ["", "| decoding | " + " | ".join(ratios(next(iter(rows.values())))) + " |",
+                  "|---|" + "---:|" * len(ratios(next(iter(rows.values()))))]
+        for key, row in rows.items():
+            lines.append(f"| {key} | " + " | ".join(f"{v:.2f}x" for v in ratios(row).values()) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------------- BLEU
+def bleu_mode(args) -> dict:
+    from training import evaluation
+    from training.corpus import read_lines
+    from training.translate import load_model_and_tokenizer
+
+    sources = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.src}.gz"))
+    references = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.tgt}.gz"))
+    if args.limit:
+        sources, references = sources[: args.limit], references[: args.limit]
+    model, tokenizer = load_model_and_tokenizer(args.bleu_model)
+    languages = list(getattr(model.config, "languages", None) or [])
+    tgt_lang = args.tgt if languages else None
+    gen = dict(batch_size=args.batch, num_beams=4, length_penalty=0.6)
+    hyps = {"fp32": evaluation.translate(model, tokenizer, sources, tgt_lang, **gen)}
+    hyps["int8"] = evaluation.translate(quantize_for_cpu(copy.deepcopy(model)), tokenizer, sources, tgt_lang, **gen)
+    ctranslate2 = ctranslate2_module()
+    if model.config.model_type == "transformer_nmt" and ctranslate2 is not None and not args.skip_ct2:
+        from hf_variants.export_ctranslate2 import export
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = export(model, tokenizer, Path(tmp) / "ct2")
+            tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
+            suppress = [[t] for t in tokenizer.convert_ids_to_tokens(model.generation_config.suppress_tokens or [])]
+            for kind, compute in (("ct2_fp32", "float32"), ("ct2_int8", "int8")):
+                translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
+                                                    intra_threads=args.threads or 0)
+                results = translator.translate_batch(tokens, beam_size=4, length_penalty=0.6,
+                                                     max_batch_size=args.batch, suppress_sequences=suppress,
+                                                     max_decoding_length=256)
+                hyps[kind] = [tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip() for r in results]
+    scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
+    result = {"model": args.bleu_model, "sentences": len(sources), "pair": f"{args.src}-{args.tgt}",
+              **{f"bleu_{k}": round(s["bleu"], 2) for k, s in scores.items()},
+              **{f"chrf_{k}": round(s["chrf"], 2) for k, s in scores.items()},
+              "bleu_int8_minus_fp32": round(scores["int8"]["bleu"] - scores["fp32"]["bleu"], 2)}
+    print(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=["tiny", "small", "base"])
+    parser.add_argument("--models", nargs="+", default=["baseline"] + VARIANTS, choices=["baseline"] + VARIANTS)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--src_len", type=int, default=15)
+    parser.add_argument("--new_tokens", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads (0 = default)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--skip_ct2", action="store_true")
+    parser.add_argument("--skip_fbgemm", action="store_true", help="no ours_int8_fbgemm engine")
+    parser.add_argument("--output", default=str(RESULTS_DIR / "inference"), help="path prefix of .json/.md")
+    parser.add_argument("--bleu_model", help="BLEU mode: fp32 vs int8 BLEU of this checkpoint on test_2016_flickr")
+    parser.add_argument("--src", default="en")
+    parser.add_argument("--tgt", default="de")
+    parser.add_argument("--limit", type=int, help="BLEU mode: first N test sentences only (smoke runs)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.bleu_model:
+        result = bleu_mode(args)
+        out = Path(args.output + "_bleu.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    if ctranslate2_module() is None and not args.skip_ct2:
+        print("ctranslate2 is not installed (pip install 'hf-variants[deploy]'): no CTranslate2 engines.")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {size: bench_size(size, args, Path(tmp)) for size in args.sizes}
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"settings": vars(args), "results": results,
+                                                    "ratios": {s: {k: ratios(r) for k, r in rows.items()}
+                                                               for s, rows in results.items()}}, indent=2) + "\n")
+    table = markdown(results, args)
+    out.with_suffix(".md").write_text(table)
+    write_section(out.name, table)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""A tiny baseline trained for a few seconds on bundled Multi30k pairs (en -> de), shared by the int8 and the
+CTranslate2 export tests: its greedy outputs are confident and non-trivial (varied real-looking German tokens),
+unlike a random model's near-ties, so exact token-for-token comparisons between engines mean something."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from conftest import read_sentences
+from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+
+_CACHE: dict = {}
+
+
+def trained_baseline(tokenizer, steps: int = 300, **overrides) -> TransformerNmtForConditionalGeneration:
+    """A fresh copy of the tiny baseline (config `overrides`) after `steps` Adam steps on 200 sentence pairs
+    (batches of 25, at most 24 tokens). Trained once per tokenizer and settings in a test session."""
+    key = (id(tokenizer), steps, tuple(sorted(overrides.items())))
+    if key not in _CACHE:
+        torch.manual_seed(0)
+        config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0, **overrides)
+        model = TransformerNmtForConditionalGeneration(config)
+        sources, targets = read_sentences("en", n=200), read_sentences("de", n=200)
+        batches = [model.prepare_translation_inputs(tokenizer, sources[i:i + 25], text_target=targets[i:i + 25],
+                                                    max_length=24) for i in range(0, 200, 25)]
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        model.train()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model gains nothing from a second thread, and loses a lot on a busy CPU
+        try:
+            for step in range(steps):
+                model(**batches[step % len(batches)]).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        finally:
+            torch.set_num_threads(threads)
+        _CACHE[key] = model.eval()
+    return copy.deepcopy(_CACHE[key])
