@@ -31,7 +31,7 @@ from timing import baseline_config, random_batch, speed_vs_baseline
 
 
 def expected_delta(config: MgsaConfig) -> int:
-    """variants-spec §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA layer,
+    """docs/variants-spec.md §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA layer,
     plus the tag classifiers (d + 1) * labels per level (training-only)."""
     d, groups, d_g, c = config.d_model, config.num_phrase_groups, config.group_dim, config.on_lstm_chunk_size
     gates = 4 * d_g + 2 * d_g // c

@@ -101,7 +101,7 @@ BAR_BUDGET = ["--max_steps", str(BAR_REFERENCE["steps"]), "--max_tokens", str(BA
               "--save_steps", "100"]
 
 MUTE_RUNS = ("mute", "mute_bias", "mute_bias_seq")  # compared with "baseline_rel" too (MUTE's own backbone)
-PAPER_CLAIMS = {  # from the papers, as collected in shared/docs/variants-spec.md
+PAPER_CLAIMS = {  # from the papers, as collected in docs/variants-spec.md
     "mute": "WMT14 En-De: Transformer+Relative base 28.2 -> MUTE 28.8 (+0.6)",
     "mute_bias": "WMT14 En-De: 28.2 -> MUTE+Bias 29.1 (+0.9)",
     "mute_bias_seq": "WMT14 En-De: 28.2 -> MUTE+Bias+Seq 29.3 (+1.1; +1.9 over Transformer-base 27.4)",

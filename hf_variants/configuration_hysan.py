@@ -2,7 +2,7 @@
 
 Every self-attention module runs several *branches* on one shared score matrix QK^T (a global branch, forward and
 backward directional branches, local windows) and fuses their outputs (`sum`, `concat` or the squeeze-gated
-`gated_sum`). The defaults are the paper's e1 setting as resolved in `variants-spec.md` §2: encoder
+`gated_sum`). The defaults are the paper's e1 setting as resolved in `docs/variants-spec.md` §2: encoder
 {global, forward, backward, local k=5}, decoder {forward (= causal), causal local k=5}, gated sum with one squeeze
 gate per attention module (r = 16, no biases), pre-norm.
 """
@@ -20,7 +20,7 @@ DECODER_BRANCH_KINDS = ("forward", "local")
 FUSIONS = ("sum", "concat", "gated_sum")
 _LOCAL_WITH_K = re.compile(r"^local_(\d+)$")
 
-# The paper's e1 setting (variants-spec §2.3), shared by every preset.
+# The paper's e1 setting (docs/variants-spec.md §2.3), shared by every preset.
 HYSAN_E1 = dict(encoder_branches=["global", "forward", "backward", "local"], decoder_branches=["forward", "local"],
                 local_k=5, fusion="gated_sum", gate_reduction=16, use_positional_embeddings=True,
                 normalize_before=True)

@@ -5,7 +5,7 @@ other group of heads attends to a *phrase memory* of one granularity: non-overla
 top levels of a constituency parse. A phrase memory is built by composition (max-pool, SAN or LSTM over each
 phrase's tokens), optionally supervised by the phrase's constituent tag, then by interaction (LSTM or ON-LSTM over
 the phrases). The defaults are the paper's final model (Tab. 3-4: syntactic phrases + L_tag + ON-LSTM, bottom
-layer only), with dimensions resolved from its parameter counts (`variants-spec.md` §3).
+layer only), with dimensions resolved from its parameter counts (`docs/variants-spec.md` §3).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class MgsaConfig(TransformerNmtConfig):
             divided, like the translation loss, by the number of target tokens.
         phrase_tag_labels (`list[str]`): constituent tag vocabulary (default: Penn Treebank phrase labels and POS
             tags). Labels outside it are not supervised.
-        tag_classifier (`str`): `"per_level"` (one softmax layer W_t, b_t per parse level; default, spec
-            DECISION) or `"shared"` (one for all levels). The tag head is training-only: the paper's parameter
+        tag_classifier (`str`): `"per_level"` (one softmax layer W_t, b_t per parse level; default, a DECISION
+            in docs/variants-spec.md §3.2) or `"shared"` (one for all levels). The tag head is training-only: the paper's parameter
             counts are reproduced without it (see `test_parameter_counts_of_the_paper`).
     """
 

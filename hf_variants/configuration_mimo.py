@@ -2,7 +2,7 @@
 Xu, Liu, van Genabith and Xiong (ACL 2021), "Modeling Task-Aware MIMO Cardinality for Efficient Multilingual NMT".
 
 The `__init__` defaults are the paper's setting (6 layers, 4 full-size transformations per block, post-norm
-"Trans" units with the Lipschitz-constrained initialisation, Neutron's dropouts). See `variants-spec.md` §4.
+"Trans" units with the Lipschitz-constrained initialisation, Neutron's dropouts). See `docs/variants-spec.md` §4.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ class MimoConfig(TransformerNmtConfig):
             gathered per example from `tgt_lang_ids`. `False` is the "-Task Attention" ablation: every link is the
             plain sum of the previous block's outputs (eq. 1, the ResNeXt/MUTE-style block of Fig. 1(a)); with a
             plain sum every transformation receives the same input, so `mimo` then makes no difference.
-        mimo_memory (`str`): what decoder cross-attention reads (the paper is silent; spec DECISION):
+        mimo_memory (`str`): what decoder cross-attention reads (the paper is silent; DECISION in
+            docs/variants-spec.md §4.1):
             `"mix"` keeps the encoder's n output streams and gives cross-attention transformation k of every decoder
             layer its own task-aware mixture of them; `"merge"` merges the streams once at the encoder top with one
             task-aware many-to-one link.
-        mixing_init_std (`float`): standard deviation of the initial task-attention logits. 0 (spec DECISION) starts
-            every mixture uniform at 1/n.
+        mixing_init_std (`float`): standard deviation of the initial task-attention logits. 0 (DECISION in
+            docs/variants-spec.md §4.1) starts every mixture uniform at 1/n.
         lipschitz_init (`bool`): Neutron's Lipschitz-constrained initialisation (the paper's, §4.1): every weight
             matrix U(+-1/sqrt(fan_in)), embeddings Xavier-uniform with gain sqrt(1/3) (padding row 0), biases 0,
             LayerNorms 1/0. `False` uses the backbone's `init_method`.

@@ -11,7 +11,7 @@ weights alpha. The three models of the paper are three settings of two switches:
 | MUTE + Bias + Seq     | True              | "seq"    |
 
 (`MUTE_MODELS` holds these as override dicts: `MuteConfig.from_preset("base", **MUTE_MODELS["bias"])`.)
-The defaults are the paper's best model in its base setting as resolved in `variants-spec.md` §1: d 512, 6 + 6
+The defaults are the paper's best model in its base setting as resolved in `docs/variants-spec.md` §1: d 512, 6 + 6
 layers, 8 heads, 4 units [identity, swap, mask, disorder], p_beta 0.85, AutoShuffle with the Lipschitz penalty
 (weight 1 on the token-summed loss), pre-norm, sinusoidal positions plus Shaw relative keys and values (clip 16).
 """

@@ -1,6 +1,6 @@
 """MG-SA: Multi-Granularity Self-Attention (Hao, Wang, Shi, Zhang, Tu, EMNLP 2019) on the hf_variants backbone.
 
-What the paper adds to the Transformer, and nothing else (`variants-spec.md` §3):
+What the paper adds to the Transformer, and nothing else (`docs/variants-spec.md` §3):
 
 - `MgsaSelfAttention` replaces the self-attention of the encoder layers in `config.mgsa_layers`. Its first
   `word_heads` heads are ordinary word-level heads (the backbone kernel); every other group of heads attends, with
@@ -42,7 +42,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
     attend,
-    format_mask,
     real_tokens,
     residual_block,
 )
@@ -303,16 +302,18 @@ class MgsaSelfAttention(TransformerNmtAttention):
         index = ids.clamp(min=0)[..., None].expand(-1, -1, -1, self.head_dim)
         key = torch.cat([key[:, :w], phrase_key.gather(2, index)], dim=1)
         value = torch.cat([value[:, :w], phrase_value.gather(2, index)], dim=1)
+        # The phrase heads' own key mask (tokens without a phrase: padding, special tokens) goes into the bias as the
+        # dtype's minimum, so the stack's padding mask serves every head in any implementation's format.
         sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
-        bias = torch.cat([sizes.new_zeros(b, w, t), -torch.log(sizes.clamp(min=1).to(query.dtype))], dim=1)
-        allowed = torch.cat([mgsa_phrases.real[:, None].expand(b, w, t), ids >= 0], dim=1)[:, :, None, :]
+        phrase_bias = torch.where(ids >= 0, -torch.log(sizes.clamp(min=1).to(query.dtype)),
+                                  torch.finfo(query.dtype).min)
+        bias = torch.cat([phrase_bias.new_zeros(b, w, t), phrase_bias], dim=1)
         table = None
         if self.relative_positions is not None:  # word heads only: phrases have no token positions
             word_table = self.relative_positions.embeddings.weight
             table = torch.cat([word_table.expand(w, *word_table.shape),
                                word_table.new_zeros(self.num_heads - w, *word_table.shape)])
-        out, weights = attend(self, query, key, value, format_mask(allowed, self.config, query_length=t),
-                              bias=bias[:, :, None, :], relative_table=table,
+        out, weights = attend(self, query, key, value, attention_mask, bias=bias[:, :, None, :], relative_table=table,
                               max_relative_positions=self.config.max_relative_positions,
                               relative_values=self.config.relative_position_values, is_causal=False,
                               output_attentions=output_attentions)

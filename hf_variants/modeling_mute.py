@@ -208,7 +208,7 @@ class MuteUnitFeedForward(nn.Module):
 
 
 class MuteEncoderLayer(GradientCheckpointingLayer):
-    """One MUTE encoder layer (spec §1.2): shared attention LN -> bias module -> I units -> merge (alpha, M)."""
+    """One MUTE encoder layer (docs/variants-spec.md §1.2): shared attention LN -> bias module -> I units -> merge (alpha, M)."""
 
     def __init__(self, config: MuteConfig, layer_idx: int):
         super().__init__()
@@ -257,7 +257,7 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
-        if self.training:  # M must be projected before its use in every training step (spec §1.4)
+        if self.training:  # M must be projected before its use in every training step (docs/variants-spec.md §1.4)
             self.project_shuffle_if_changed()
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
@@ -312,7 +312,7 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         return torch.stack(penalties).sum() if penalties else None
 
     def save_pretrained(self, *args, **kwargs):
-        # At inference M is used as stored: store it projected if it changed since its last projection (spec §1.4).
+        # At inference M is used as stored: store it projected if it changed since its last projection (docs/variants-spec.md §1.4).
         # The projection (one Sinkhorn step) is not idempotent, so an M already projected, or as loaded, stays.
         for module in self.modules():
             if isinstance(module, MuteEncoderLayer):

@@ -7,8 +7,8 @@ Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`.
 Conventions (transformers 5):
 - Masks come from transformers' mask helpers (`create_bidirectional_mask`, `create_causal_mask`) in the format of
   `config._attn_implementation` ("sdpa": booleans or None, "eager": additive floats, "flex_attention": a BlockMask);
-  a variant with per-branch or per-head patterns builds a ready-made boolean 4-D mask and hands it to `format_mask`.
-  Every kernel gives rows with no allowed key 0, never NaN.
+  a variant with per-branch or per-head patterns adds them to the scores (HySAN's branches in its own kernel,
+  MG-SA's phrase heads as a score bias). Every kernel gives rows with no allowed key 0, never NaN.
 - One attention kernel, `attend`: relative-position biases, SDPA / flex_attention / eager through
   `ALL_ATTENTION_FUNCTIONS`, the eager path whenever probabilities are needed (attention outputs, Shaw relative
   values), and head groups (MUTE's units, MIMO's streams folded into the head axis) summarised for the outputs.
@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
+from torch.nn.attention.flex_attention import BlockMask, create_mask
 
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -122,22 +124,6 @@ def real_tokens(attention_mask, length: int) -> torch.Tensor | None:
     if attention_mask.dim() == 2:
         return attention_mask.bool()
     return as_boolean_mask(attention_mask, length, length).any(dim=1).any(dim=1)
-
-
-def format_mask(allowed: torch.Tensor, config: TransformerNmtConfig, query_length: int) -> torch.Tensor | BlockMask:
-    """A ready-made boolean 4-D mask [B, heads, Q|1, K] (per-head or per-branch patterns a variant builds itself)
-    in the format of `config._attn_implementation`: booleans for SDPA and eager, a BlockMask for flex_attention
-    (whose dense-mask path reads head 0 only)."""
-    if config._attn_implementation != "flex_attention":
-        return allowed
-    batch, heads, _, keys = allowed.shape
-    allowed = allowed.expand(batch, heads, query_length, keys)
-    queries = query_length
-
-    def mask_mod(b, h, q, kv):
-        return allowed[b, h, q, kv]
-
-    return create_block_mask(mask_mod, batch, heads, queries, keys, device=allowed.device)
 
 
 def attach_summary(tensor: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,6 +276,8 @@ def attend(
         return eager_attention_forward(module, query, key, value, attention_mask, module.scaling, dropout=dropout,
                                        is_causal=is_causal, position_bias=position_bias, value_term=value_term,
                                        head_groups=head_groups, output_attentions=output_attentions)
+    if implementation == "flex_attention" and position_bias is not None:
+        position_bias = position_bias.contiguous()  # flex's score_mod reads it per element; no broadcast strides
     attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
     out, _ = attention_fn(module, query, key, value, attention_mask, scaling=module.scaling, dropout=dropout,
                           is_causal=is_causal, position_bias=position_bias)
@@ -297,57 +285,46 @@ def attend(
 
 
 # --------------------------------------------------------------------------------------- stacked per-unit linears
+_STACKED_WEIGHTS_SCOPE: ContextVar[object | None] = ContextVar("stacked_weights_scope", default=None)
+
+
+@contextmanager
+def stacked_weights_cached():
+    """Within this scope (one `generate` call: the weights do not change) every `StackedLinear` stacks its units'
+    weights once and reuses them at every decoding step, instead of copying them at every forward."""
+    token = _STACKED_WEIGHTS_SCOPE.set(object())
+    try:
+        yield
+    finally:
+        _STACKED_WEIGHTS_SCOPE.reset(token)
+
+
 class StackedLinear(nn.Module):
     """n independent linear maps ("units": MUTE's units, MIMO's transformations), each an `nn.Linear` that PEFT
     (LoRA), quantization and pruning tools can target, run as ONE batched matmul while they are plain `nn.Linear`s.
 
     Input [n, ..., in] (unit k maps slice k) or [1, ..., in] (one input shared by every unit: one GEMM against the
     concatenated weights); output [n, ..., out]. When a unit is replaced (a LoRA wrapper, an int8 linear), every unit
-    is called as a module instead, so the replacement takes effect.
-
-    The units' weights live as views of one [n, out, in] tensor (as `nn.LSTM.flatten_parameters` does), so inference
-    multiplies by the stacked weights without copying them, and every in-place change of a unit's weight (an
-    optimizer step, a `.data` edit, a LoRA merge) is already in the stack. When a unit's parameter is replaced (loading,
-    `.to()`), the next forward flattens again. With gradients the forward stacks the units' parameters (so each unit
-    gets its own gradient); so does a compiled or exported graph."""
+    is called as a module instead, so the replacement takes effect. The stacked weights are copied from the units at
+    every forward (each unit keeps its own parameter, gradient and storage), except inside
+    `stacked_weights_cached()`: the scope of one `generate` call, where they are stacked once."""
 
     def __init__(self, num_units: int, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
         self.num_units, self.in_features, self.out_features = num_units, in_features, out_features
         self.units = nn.ModuleList([nn.Linear(in_features, out_features, bias=bias) for _ in range(num_units)])
-        self._flat = None  # (weight [n, out, in], bias [n, out] or None): the storage the units' parameters view
-
-    def _parameters_of(self, name: str) -> list[torch.Tensor] | None:
-        params = [getattr(unit, name) for unit in self.units]
-        return None if params[0] is None else params
-
-    @torch.no_grad()
-    def _flatten(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        flat = []
-        for name in ("weight", "bias"):
-            params = self._parameters_of(name)
-            if params is None:
-                flat.append(None)
-                continue
-            stacked = torch.stack([p.detach() for p in params])
-            for k, param in enumerate(params):
-                param.data = stacked[k]  # the parameter now views its row of the stack
-            flat.append(stacked)
-        self._flat = tuple(flat)
-        return self._flat
+        self._cache = None  # (scope, weight [n, out, in], bias [n, out] or None)
 
     def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The units' weights [n, out, in] and biases [n, out]: differentiable stacks with gradients (and in compiled
-        graphs), else the flat storage the parameters view (flattened again if a parameter was replaced)."""
-        weights, biases = self._parameters_of("weight"), self._parameters_of("bias")
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return torch.stack(weights), torch.stack(biases) if biases is not None else None
-        flat = self._flat
-        if flat is None or any(p.data_ptr() != flat[0][k].data_ptr() or p.shape != flat[0][k].shape
-                               for k, p in enumerate(weights)) \
-                or (biases is not None and any(p.data_ptr() != flat[1][k].data_ptr() for k, p in enumerate(biases))):
-            flat = self._flatten()
-        return flat
+        """The units' weights [n, out, in] and biases [n, out] (None without biases)."""
+        scope = _STACKED_WEIGHTS_SCOPE.get()
+        cacheable = scope is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        if cacheable and self._cache is not None and self._cache[0] is scope:
+            return self._cache[1], self._cache[2]
+        weight = torch.stack([unit.weight for unit in self.units])
+        bias = torch.stack([unit.bias for unit in self.units]) if self.units[0].bias is not None else None
+        self._cache = (scope, weight, bias) if cacheable else None
+        return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.num_units
@@ -1109,7 +1086,13 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         if not lengths and source is not None:
             a, b, cap = self.default_length
             kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        return super().generate(inputs, generation_config, **kwargs)
+        try:
+            with stacked_weights_cached():  # per-unit weights (MUTE, MIMO) are stacked once per call
+                return super().generate(inputs, generation_config, **kwargs)
+        finally:
+            for module in self.modules():  # release the stacked copies
+                if isinstance(module, StackedLinear):
+                    module._cache = None
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,

@@ -8,7 +8,7 @@ no nltk needed (an `nltk.Tree` is accepted where a parse is expected, but nltk i
 - `read_bracketed(text)`: a small reader for bracketed constituency parses (Penn Treebank / Stanford parser
   output: `(ROOT (S (NP (NNP Bush)) (VP ...)))`).
 - `syntactic_levels(tree, levels)`: the top-K levels of the tree as phrase partitions of its leaves, with the
-  constituent label of every phrase (variants-spec §3.2a: level 1 = children of the top clause node, ROOT and
+  constituent label of every phrase (docs/variants-spec.md §3.2a: level 1 = children of the top clause node, ROOT and
   unary chains skipped; level k = children of the level k-1 nodes; pre-terminals carried down unchanged).
 - `align_leaves(text, leaves)` / `token_leaves(...)`: the character span of every leaf in the sentence and the
   leaf of every subword token (a word's pieces share its phrase; special tokens belong to no phrase). A clear
@@ -155,7 +155,7 @@ def _span(node) -> int:
 
 
 def syntactic_levels(parse, levels: int) -> SyntacticLevels:
-    """Partition the leaves of `parse` by the nodes of its top `levels` levels (variants-spec §3.2a)."""
+    """Partition the leaves of `parse` by the nodes of its top `levels` levels (docs/variants-spec.md §3.2a)."""
     tree = as_tree(parse)
     top = tree
     # ROOT (or the unlabeled treebank wrapper) and unary chains are skipped down to the top clause node.

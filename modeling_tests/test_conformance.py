@@ -271,3 +271,30 @@ def test_torch_export_and_fullgraph_compile(model_type):
         assert torch.allclose(exported.module()(**inputs), expected, atol=1e-5)
         compiled = torch.compile(Forward(model), fullgraph=True, backend="aot_eager")
         assert torch.allclose(compiled(**inputs), expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------------ streamer
+def test_streamer_with_saved_beam_search_defaults():
+    """A saved model decodes with beam 4 by default (training/train.py writes it into the generation config); a
+    streamer takes one hypothesis: `generate(streamer=...)` then decodes greedily (and says so in the log)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens.extend(value.reshape(-1).tolist())
+
+        def end(self):
+            self.ended = True
+
+    model = build("transformer_nmt")
+    model.generation_config.update(**model.paper_decoding)
+    inputs = {k: v[:1] for k, v in source_batch(model).items()}
+    streamer = Collect()
+    streamed = model.generate(**inputs, streamer=streamer, max_new_tokens=6)
+    assert torch.equal(streamed, model.generate(**inputs, num_beams=1, max_new_tokens=6))
+    assert streamer.tokens == streamed[0].tolist() and streamer.ended
+    with pytest.raises(ValueError, match="num_beams"):  # an explicit beam search with a streamer stays an error
+        model.generate(**inputs, streamer=Collect(), num_beams=4, max_new_tokens=6)

@@ -306,7 +306,7 @@ class TestMgsa(NmtModelTester):
     # ------------------------------------------------------------------------------------------------- counts
     @staticmethod
     def mgsa_extra_params(config) -> int:
-        """The spec's formulas (variants-spec §3.2): per MG-SA layer, composition 2*d*d_g per group (SAN),
+        """The spec's formulas (docs/variants-spec.md §3.2): per MG-SA layer, composition 2*d*d_g per group (SAN),
         (ON-)LSTM (gates)(in + h) + 2 gates per group, tag classifier (d + 1) * labels (shared or per level)."""
         d, groups, d_g = config.d_model, config.num_phrase_groups, config.group_dim
         per_layer = 0

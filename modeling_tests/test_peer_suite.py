@@ -33,7 +33,7 @@ NOT_APPLICABLE = {
     "test_peer_mimo.py": {
         "MimoPeerTest::test_encoder_decoder_model_standalone": (
             "the harness feeds the standalone decoder `encoder_last_hidden_state`; MIMO's decoder reads the "
-            "encoder's n output streams (`MimoEncoderOutput.streams`, mimo_memory='mix', the spec's DECISION), "
+            "encoder's n output streams (`MimoEncoderOutput.streams`, mimo_memory='mix', the DECISION of docs/variants-spec.md §4.1), "
             "which one [B, S, d] summary cannot carry. test_modeling_mimo.py checks the standalone decoder on the "
             "streams, and on `encoder_last_hidden_state` with mimo_memory='merge'."),
     },

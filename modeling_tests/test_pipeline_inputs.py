@@ -98,6 +98,7 @@ def test_too_long_sources_raise_naming_the_length_and_the_limit(tokenizer, monke
 
 def test_max_length_is_the_generation_length_not_a_source_truncation(tokenizer, monkeypatch):
     model = build(tokenizer)
+    model.generation_config.update(**model.paper_decoding)  # as in a model saved by training/train.py
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     calls = spy_generate(model, monkeypatch, run=False)
     text = read_sentences("en", "val", n=1)[0]

@@ -912,7 +912,8 @@ def main(argv=None) -> dict | None:
         shutil.rmtree(tmp, ignore_errors=True)
         # the decoding the run evaluated with (the papers': beam 4, length penalty 0.6) becomes the model's default
         final_model.generation_config.num_beams = args.num_beams
-        final_model.generation_config.length_penalty = args.length_penalty
+        if args.num_beams > 1:  # a length penalty only applies to beam search
+            final_model.generation_config.length_penalty = args.length_penalty
         final_model.save_pretrained(tmp)
         tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
         tokenizer.save_pretrained(tmp)
