@@ -191,10 +191,10 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
             memory = None  # cross-attention keys/values are computed once per generation: mix only when needed
             if past_key_values is None or not getattr(past_key_values, "is_updated", {}).get(self.layer_idx):
                 memory = encoder_hidden_states
-                if memory.dim() == 3:  # [B, S, d]: one memory stream (mimo_memory="merge"; a standard interface)
+                if memory.dim() == 3:  # [B, S, d]: one memory for every stream (the standard interface)
                     memory = memory.unsqueeze(2)
                 memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
-                if self.memory_mix is not None:
+                if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
                     memory = self.memory_mix(memory, task_ids)
             cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
             hidden_states, cross_weights = residual_block(
@@ -297,8 +297,9 @@ class MimoEncoder(MimoStreams, MimoPreTrainedModel, TransformerNmtEncoder):
 
 
 class MimoDecoder(MimoStreams, MimoPreTrainedModel, TransformerNmtDecoder):
-    """`encoder_hidden_states`: the memory [B, S, n|1, d] (`MimoModel.encoder_memory`); with `mimo_memory="merge"`
-    also the encoder's [B, S, d] `last_hidden_state` itself, as for any encoder-decoder."""
+    """`encoder_hidden_states`: the memory [B, S, n|1, d] (`MimoModel.encoder_memory`: the n encoder streams, or
+    with `mimo_memory="merge"` the merged one), or a [B, S, d] memory used by every stream (the standard interface;
+    with "merge" that is the encoder's `last_hidden_state`, exactly the model's memory)."""
 
     layer_class = MimoDecoderLayer
 

@@ -317,8 +317,10 @@ class StackedLinear(nn.Module):
 
     def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The units' weights [n, out, in] and biases [n, out] (None without biases)."""
-        scope = _STACKED_WEIGHTS_SCOPE.get()
-        cacheable = scope is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        scope = None  # compiled graphs and autograd stack at every forward
+        if not torch.compiler.is_compiling() and not torch.is_grad_enabled():
+            scope = _STACKED_WEIGHTS_SCOPE.get()
+        cacheable = scope is not None
         if cacheable and self._cache is not None and self._cache[0] is scope:
             return self._cache[1], self._cache[2]
         weight = torch.stack([unit.weight for unit in self.units])

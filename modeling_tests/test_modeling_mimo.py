@@ -434,8 +434,9 @@ def test_languages_in_generate_prepare_and_pipeline(tokenizer):
 @pytest.mark.parametrize("mimo_memory", ["mix", "merge"])
 def test_encoder_and_decoder_standalone(mimo_memory, tmp_path):
     """Encoder and decoder saved and loaded on their own give the full model's states. The decoder reads the memory
-    `MimoModel.encoder_memory` makes: the n encoder streams ("mix", what the shared harness's Marian-style check
-    cannot pass it), or with "merge" the encoder's last hidden state, exactly as a standard encoder-decoder."""
+    `MimoModel.encoder_memory` makes: the n encoder streams ("mix"), or with "merge" the encoder's last hidden
+    state, exactly as a standard encoder-decoder. (The shared harness's Marian-style check feeds the decoder the
+    last hidden state: for "mix" that equals the model only while the mixing weights are uniform, at init.)"""
     model = build(mimo_memory=mimo_memory).model.eval()
     inputs = batch(model.config)
     source = {k: inputs[k] for k in ("input_ids", "attention_mask", "tgt_lang_ids")}
