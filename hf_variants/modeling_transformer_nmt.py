@@ -315,31 +315,38 @@ class StackedLinear(nn.Module):
         self.units = nn.ModuleList([nn.Linear(in_features, out_features, bias=bias) for _ in range(num_units)])
         self._cache = None  # (scope, weight [n, out, in], bias [n, out] or None)
 
-    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The units' weights [n, out, in] and biases [n, out] (None without biases)."""
+    def _stacked(self, shared: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The units' weights and biases in the layout of the matmul: [n*out, in] and [n*out] for a shared input
+        (`F.linear`), [n, in, out] and [n, 1, out] for per-unit inputs (`baddbmm`); biases None without biases."""
         scope = None  # compiled graphs and autograd stack at every forward
         if not torch.compiler.is_compiling() and not torch.is_grad_enabled():
             scope = _STACKED_WEIGHTS_SCOPE.get()
-        cacheable = scope is not None
-        if cacheable and self._cache is not None and self._cache[0] is scope:
-            return self._cache[1], self._cache[2]
-        weight = torch.stack([unit.weight for unit in self.units])
-        bias = torch.stack([unit.bias for unit in self.units]) if self.units[0].bias is not None else None
-        self._cache = (scope, weight, bias) if cacheable else None
-        return weight, bias
+        if scope is not None and self._cache is not None and self._cache[0] is scope and shared in self._cache[1]:
+            return self._cache[1][shared]
+        weights = [unit.weight for unit in self.units]
+        biases = [unit.bias for unit in self.units] if self.units[0].bias is not None else None
+        if shared:
+            stacked = torch.cat(weights), None if biases is None else torch.cat(biases)
+        else:
+            stacked = torch.stack(weights).transpose(1, 2), None if biases is None else torch.stack(biases)[:, None]
+        if scope is not None:  # cached for the scope in the layout its bmm reads fastest
+            if self._cache is None or self._cache[0] is not scope:
+                self._cache = (scope, {})
+            stacked = (stacked[0].contiguous(), stacked[1])
+            self._cache[1][shared] = stacked
+        return stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.num_units
         if not all(type(unit) is nn.Linear for unit in self.units):  # replaced units: call each module
             return torch.stack([unit(x[k if x.shape[0] > 1 else 0]) for k, unit in enumerate(self.units)])
-        weight, bias = self._stacked()
         if x.shape[0] == 1:  # one input for every unit: one GEMM against the concatenated weights
-            y = F.linear(x[0], weight.reshape(n * self.out_features, self.in_features),
-                         None if bias is None else bias.reshape(-1))
+            weight, bias = self._stacked(shared=True)
+            y = F.linear(x[0], weight, bias)
             return y.view(*y.shape[:-1], n, self.out_features).movedim(-2, 0)
+        weight, bias = self._stacked(shared=False)
         flat = x.reshape(n, -1, self.in_features)
-        weight = weight.transpose(1, 2)
-        y = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias[:, None, :], flat, weight)
+        y = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
