@@ -197,7 +197,7 @@ def seq2seq_dataset(model, rows: int = 8):
     return Dataset.from_dict(data)
 
 
-@pytest.mark.parametrize("model_type", ["transformer_nmt", "mimo_nmt", "tied_nmt"])
+@pytest.mark.parametrize("model_type", ["transformer_nmt", "mgsa_nmt", "mimo_nmt", "tied_nmt"])
 def test_seq2seq_trainer_keeps_language_ids_and_honours_generation_max_length(model_type, tmp_path):
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
