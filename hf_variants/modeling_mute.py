@@ -257,7 +257,8 @@ def _loaded_shuffle_is_projected(module: nn.Module, incompatible_keys) -> None:
 
 
 class MuteEncoderLayer(GradientCheckpointingLayer):
-    """One MUTE encoder layer (docs/variants-spec.md §1.2): shared attention LN -> bias module -> I units -> merge (alpha, M)."""
+    """One MUTE encoder layer (docs/variants-spec.md §1.2): shared attention LN -> bias module -> I units -> merge
+    (alpha, M)."""
 
     def __init__(self, config: MuteConfig, layer_idx: int):
         super().__init__()
@@ -388,7 +389,8 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         return torch.stack(penalties).sum() if penalties else None
 
     def save_pretrained(self, *args, **kwargs):
-        # At inference M is used as stored: store it projected if it changed since its last projection (docs/variants-spec.md §1.4).
+        # At inference M is used as stored: store it projected if it changed since its last projection
+        # (docs/variants-spec.md §1.4).
         # The projection (one Sinkhorn step) is not idempotent, so an M already projected, or as loaded, stays.
         for module in self.modules():
             if isinstance(module, MuteEncoderLayer):

@@ -1,6 +1,7 @@
 """MUTE (Multi-Unit Transformer): the common checks, plus the paper's mechanisms one by one.
 
-- parameter count = baseline + (I-1) x layers x the per-unit size of docs/variants-spec.md §1.6 (+ alpha, M, mask vector per layer);
+- parameter count = baseline + (I-1) x layers x the per-unit size of docs/variants-spec.md §1.6 (+ alpha, M, mask
+  vector per layer);
 - I=1, no bias, plain merge IS the baseline (copied weights; pre- and post-norm); each unit of a 3-unit layer is a
   baseline encoder layer with that unit's weights (the batched/folded computation does not mix units);
 - the `seq` merge equals eq. 13-16 computed literally (permute by M^T, cumulative sums / index, alpha-weighted);
