@@ -23,6 +23,7 @@ from hf_variants.phrases import (
     CTB_TAG_LABELS,
     PTB_TAG_LABELS,
     align_leaves,
+    encode_by_leaves,
     ngram_phrase_index,
     read_bracketed,
     syntactic_levels,
@@ -335,6 +336,30 @@ class TestMgsa(NmtModelTester):
                     real.unique())))
         out = model.generate(**inputs, num_beams=2, max_new_tokens=3)
         assert out.shape[0] == 2
+
+    @pytest.mark.parametrize("side", ["right", "left"])
+    def test_leaf_tokenization_truncates_as_the_tokenizer(self, tokenizer, side):
+        """`encode_by_leaves` truncates the whole sentence once, on the tokenizer's side, `</s>` kept: the ids
+        equal `tokenizer(text, truncation=True, max_length=k)`, also when the first leaf alone has more than k
+        tokens (a per-piece truncation would cut it on its own)."""
+        text = "Xylophonists zigzagged quickly across the quay."
+        parse = treebank_parse(text)
+        first_leaf = len(tokenizer("Xylophonists", add_special_tokens=False)["input_ids"])
+        assert first_leaf >= 4
+        tokenizer.truncation_side = side
+        try:
+            for k in (2, first_leaf - 1, first_leaf + 2, 40):
+                ids, leaves, _ = encode_by_leaves(tokenizer, [text], [parse], max_length=k)
+                assert ids[0] == tokenizer(text, truncation=True, max_length=k)["input_ids"]
+                assert len(leaves[0]) == len(ids[0]) and leaves[0][-1] == -1
+                real = [leaf for leaf in leaves[0] if leaf >= 0]
+                assert real == sorted(real) and len(real) == len(ids[0]) - 1
+                if k == 40:
+                    assert sorted(set(real)) == list(range(7))
+                else:  # the kept end of the sentence: its first leaf (right) or its final "." (left)
+                    assert real[0] == 0 if side == "right" else real[-1] == 6
+        finally:
+            tokenizer.truncation_side = "right"
 
     # ------------------------------------------------------------------------------------ composition, ON-LSTM
     @pytest.mark.parametrize("composition", ["max_pool", "san", "lstm"])
