@@ -32,12 +32,13 @@ from timing import baseline_config, random_batch, speed_vs_baseline
 
 def expected_delta(config: MgsaConfig) -> int:
     """docs/variants-spec.md §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA layer,
-    plus the tag classifiers (d + 1) * labels per level (training-only)."""
+    minus the phrase heads' K/V rows of the fused QKV (they read slices of the ON-LSTM state: 2 (d + 1) d_g per
+    group), plus the tag classifiers (d + 1) * labels per level (training-only)."""
     d, groups, d_g, c = config.d_model, config.num_phrase_groups, config.group_dim, config.on_lstm_chunk_size
     gates = 4 * d_g + 2 * d_g // c
-    per_layer = groups * (2 * d * d_g + gates * (d + d_g) + 2 * gates)
+    per_layer = groups * (2 * d * d_g + gates * (d + d_g) + 2 * gates - 2 * (d + 1) * d_g)
     if config.uses_tag_loss:
-        per_layer += groups * (d + 1) * len(config.phrase_tag_labels)
+        per_layer += groups * (d + 1) * len(config.tag_labels)
     return len(config.mgsa_layers) * per_layer
 
 
@@ -46,7 +47,7 @@ def phrase_inputs(config: MgsaConfig, inputs: dict) -> dict:
         return {}
     index = ngram_phrase_index(inputs["attention_mask"], [8, 4, 2][: config.syntactic_levels])
     g = torch.Generator().manual_seed(2)
-    tags = torch.randint(0, len(config.phrase_tag_labels), index.shape, generator=g)
+    tags = torch.randint(0, len(config.tag_labels), index.shape, generator=g)
     return {"phrase_index": index, "phrase_tags": tags}
 
 

@@ -4,7 +4,8 @@ Every self-attention module runs several *branches* on one shared score matrix Q
 backward directional branches, local windows) and fuses their outputs (`sum`, `concat` or the squeeze-gated
 `gated_sum`). The defaults are the paper's e1 setting as resolved in `docs/variants-spec.md` §2: encoder
 {global, forward, backward, local k=5}, decoder {forward (= causal), causal local k=5}, gated sum with one squeeze
-gate per attention module (r = 16, no biases), pre-norm.
+gate per attention module (r = 16, no biases), pre-norm, and tensor2tensor's attention and ReLU dropout 0.1
+(`docs/variants-spec.md` §2.4; the `tiny` test preset keeps 0).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ _LOCAL_WITH_K = re.compile(r"^local_(\d+)$")
 HYSAN_E1 = dict(encoder_branches=["global", "forward", "backward", "local"], decoder_branches=["forward", "local"],
                 local_k=5, fusion="gated_sum", gate_reduction=16, use_positional_embeddings=True,
                 normalize_before=True)
+# tensor2tensor's `transformer_base` / `transformer_small` (the setting the paper was run in): attention and ReLU
+# dropout 0.1 beside the residual dropout (docs/variants-spec.md §2.4).
+T2T_DROPOUT = dict(attention_dropout=0.1, activation_dropout=0.1)
 
 
 class HysanConfig(TransformerNmtConfig):
@@ -45,14 +49,20 @@ class HysanConfig(TransformerNmtConfig):
             the branches of one module).
         gate_reduction (`int`): the squeeze ratio r of the gate (W1: d -> d/r, W2: d/r -> d, no biases).
         use_positional_embeddings (`bool`): False is the paper's "NoPos" study (`position_embedding_type="none"`).
+        attention_dropout / activation_dropout (`float`): 0.1 by default (tensor2tensor's attention and ReLU
+            dropout), unlike the baseline's 0.0.
     """
 
     model_type = "hysan_nmt"
     derived_fields: ClassVar[dict[str, str]] = {"use_positional_embeddings": "position_embedding_type"}
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
-        **{name: {**preset, **HYSAN_E1} for name, preset in TransformerNmtConfig.PRESETS.items()},
+        **{name: {**preset, **HYSAN_E1, **T2T_DROPOUT} for name, preset in TransformerNmtConfig.PRESETS.items()},
+        # Unit tests only: no dropout anywhere.
+        "tiny": {**TransformerNmtConfig.PRESETS["tiny"], **HYSAN_E1, "attention_dropout": 0.0,
+                 "activation_dropout": 0.0},
         # The paper's IWSLT14 setting: 2 + 2 layers, d 256, 4 heads (tensor2tensor transformer_small, FFN 1024).
-        "small": {**TransformerNmtConfig.PRESETS["small"], "encoder_layers": 2, "decoder_layers": 2, **HYSAN_E1},
+        "small": {**TransformerNmtConfig.PRESETS["small"], "encoder_layers": 2, "decoder_layers": 2, **HYSAN_E1,
+                  **T2T_DROPOUT},
     }
 
     def __init__(
@@ -64,11 +74,14 @@ class HysanConfig(TransformerNmtConfig):
         gate_reduction: int = 16,
         use_positional_embeddings: bool = True,
         normalize_before: bool = True,
+        attention_dropout: float = 0.1,
+        activation_dropout: float = 0.1,
         **kwargs,
     ):
         if not use_positional_embeddings:
             kwargs["position_embedding_type"] = "none"
-        super().__init__(normalize_before=normalize_before, **kwargs)
+        super().__init__(normalize_before=normalize_before, attention_dropout=attention_dropout,
+                         activation_dropout=activation_dropout, **kwargs)
         self.encoder_branches = list(encoder_branches if encoder_branches is not None
                                      else HYSAN_E1["encoder_branches"])
         self.decoder_branches = list(decoder_branches if decoder_branches is not None

@@ -92,6 +92,12 @@ class TiedTransformerConfig(TransformerNmtConfig):
         _check(self.direction_loss in DIRECTION_LOSSES, "direction_loss", f"one of {DIRECTION_LOSSES}",
                self.direction_loss)
 
+    @classmethod
+    def default_target_language_tags(cls, num_target_languages: int) -> bool:
+        """Never: the direction (target-space) embedding on the encoder input is the paper's only direction signal
+        (docs/variants-spec.md §5.2), also in bidirectional training. `target_language_tags=True` still adds tags."""
+        return False
+
     @property
     def num_blocks(self) -> int:
         """L: the number of blocks, run once by the encoder and once by the decoder."""

@@ -349,6 +349,12 @@ class TransformerNmtConfig(PretrainedConfig):
         return config
 
     # ------------------------------------------------------------------------------------------------- languages
+    @classmethod
+    def default_target_language_tags(cls, num_target_languages: int) -> bool:
+        """Whether a run of this model type prepends `<2xx>` target-language tags when the user leaves it open
+        (train.py's `--target_language_tags auto`): when the run translates into more than one language."""
+        return num_target_languages > 1
+
     def language_id(self, lang: str) -> int:
         """Index of `lang` in `languages` (the task id of multilingual variants)."""
         if lang not in self.languages:

@@ -8,9 +8,12 @@ What the paper adds to the Transformer, and nothing else (`docs/variants-spec.md
   attention call (query length T, key length M phrase slots, boolean key mask over real phrases).
 - The phrase memory of a group (`PhraseMemory`, batched over sentences and groups with segment/scatter ops, no
   Python loop over sentences or phrases):
-  partition (n-gram ids derived from the attention mask, or parse-level ids given as `phrase_index`) ->
-  composition (`max_pool` | `san` | `lstm`, eq. 8) -> optional tag classifier on the composed phrases (eq. 9-10)
-  -> interaction (`none` | `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few).
+  partition (n-gram ids derived from the attention mask, counted on the words: the closing `</s>` and a leading
+  `<2xx>` tag belong to no phrase; or parse-level ids given as `phrase_index`) -> composition (`max_pool` | `san` |
+  `lstm` d -> d_g, eq. 8) -> optional tag classifier on the composed phrases (eq. 9-10) -> interaction (`none` |
+  `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few).
+- The fused QKV holds keys and values only for the heads that project them (docs/variants-spec.md §3.2d): in the
+  default `split` mode the phrase heads read K = V = slices of their memory and have no K/V rows.
 - The tag loss (eq. 12) leaves the layer as an auxiliary loss SUM (`{"tag_loss": lambda * L_tag}`); the backbone
   divides it by the number of target tokens, adds it to `.loss` and reports it in `.aux_losses`.
 
@@ -45,10 +48,22 @@ from .modeling_transformer_nmt import (
     real_tokens,
     residual_block,
 )
-from .phrases import ngram_phrase_index, syntactic_phrase_inputs
+from .phrases import encode_by_leaves, ngram_phrase_index, phrase_inputs_from_leaves
 
 
 # --------------------------------------------------------------------------------------------------- partitions
+def source_words(real: torch.Tensor, leading_tag: bool) -> torch.Tensor:
+    """[B, T] booleans: the real tokens without the special tokens every source carries at fixed places: the
+    `</s>` the tokenizer appends (the last real token) and, when `leading_tag` (`config.target_language_tags`),
+    the `<2xx>` tag prepended to it (the first real token). Padding on either side (docs/variants-spec.md §3.2a)."""
+    rank = real.long().cumsum(-1) - 1
+    length = real.sum(-1, keepdim=True)
+    words = real & (rank != length - 1)
+    if leading_tag:
+        words = words & (rank != 0)
+    return words
+
+
 @dataclass
 class PhrasePartition:
     """Phrase ids of every token for every group, computed once per encoder forward.
@@ -168,19 +183,20 @@ class PhraseMemory(nn.Module):
         self.num_groups, self.group_dim = groups, d_g
         self.composition = config.phrase_composition
         self.interaction = config.phrase_interaction
+        composed = config.composed_dim
         if self.composition == "san":  # W_Q^c, W_K^c in R^{d x d_g} per group, no value projection
             self.composition_query = nn.Parameter(torch.empty(groups, d, d_g))
             self.composition_key = nn.Parameter(torch.empty(groups, d, d_g))
-        elif self.composition == "lstm":  # last hidden state of an LSTM (d -> d) over the phrase's tokens
-            self.composition_lstm = PhraseRecurrence(groups, d, d, ordered=False)
+        elif self.composition == "lstm":  # last hidden state of an LSTM (d -> d_g in split mode) over the phrase
+            self.composition_lstm = PhraseRecurrence(groups, d, composed, ordered=False)
         self.recurrence = None
         if self.interaction != "none":
-            width = d_g if config.mgsa_phrase_kv == "split" else d
-            self.recurrence = PhraseRecurrence(groups, d, width, config.on_lstm_chunk_size,
+            self.recurrence = PhraseRecurrence(groups, composed, config.phrase_state_dim, config.on_lstm_chunk_size,
                                                ordered=self.interaction == "on_lstm")
 
     def compose(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
-        """g_m = COM(p_m) for every phrase of every group: [B, G, M, d] (0 in empty slots)."""
+        """g_m = COM(p_m) for every phrase of every group: [B, G, M, d] ([B, G, M, hidden] for the LSTM
+        composition; 0 in empty slots)."""
         b, t, d = hidden_states.shape
         ids, slots = partition.ids, partition.num_slots
         if self.composition == "lstm":
@@ -227,7 +243,7 @@ class PhraseMemory(nn.Module):
         steps = torch.arange(length, device=ids.device)
         mask = steps[None, None, :] < counts.transpose(1, 2).reshape(b * slots, g, 1)
         last = self.composition_lstm(sequences, mask)[:, :, -1]  # masked steps keep the state: last real one
-        return last.view(b, slots, g, d).transpose(1, 2)
+        return last.view(b, slots, g, -1).transpose(1, 2)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition):
         composed = self.compose(hidden_states, partition)
@@ -237,23 +253,66 @@ class PhraseMemory(nn.Module):
 
 # -------------------------------------------------------------------------------------------------- attention
 class MgsaSelfAttention(TransformerNmtAttention):
-    """Encoder self-attention with word heads and phrase heads (eq. 5-7). Keeps the backbone's fused QKV (the
-    phrase heads use their query slice; their K/V slices project the composed phrases when there is no
-    interaction or with `mgsa_phrase_kv="project"`) and output projection."""
+    """Encoder self-attention with word heads and phrase heads (eq. 5-7), on the backbone's fused QKV and output
+    projections. The fused QKV holds queries for every head and keys/values for the heads that project them: the
+    word heads, and the phrase heads when they project their memory (no interaction, or
+    `mgsa_phrase_kv="project"`: eq. 5). Phrase heads reading slices of a d_g-wide memory (`split` mode) have no
+    K/V rows (`qkv_proj` has d + 2 * word_heads * head_dim outputs); a model saved with those rows
+    (`phrase_kv_rows="all"`, hf_variants <= 0.2) gets them sliced away by `drop_unused_kv_rows()`."""
 
     def __init__(self, config: MgsaConfig, num_heads: int, layer_idx: int | None = None, **kwargs):
         super().__init__(config, num_heads, layer_idx, **kwargs)
         self.num_groups = config.num_phrase_groups
         self.word_heads = config.word_heads
         self.heads_per_group = config.heads_per_group
-        self.project_kv = config.phrase_interaction == "none" or config.mgsa_phrase_kv == "project"
+        self.project_kv = config.phrase_heads_project_kv
         self.phrase_memory = PhraseMemory(config) if self.num_groups else None
+        # K/V rows for the word heads only (the phrase heads' K and V are their memory slices)
+        self.word_kv_only = bool(self.num_groups) and not self.project_kv
+        if self.word_kv_only and config.phrase_kv_rows == "used":
+            self.qkv_proj = nn.Linear(self.embed_dim, self.embed_dim + 2 * self.word_heads * self.head_dim)
         self.tag_loss_weight = config.tag_loss_weight
         self.tag_classifiers = None
         if self.num_groups and config.uses_tag_loss:
             count = 1 if config.tag_classifier == "shared" else self.num_groups
-            labels = len(config.phrase_tag_labels)
-            self.tag_classifiers = nn.ModuleList([nn.Linear(config.d_model, labels) for _ in range(count)])
+            labels = len(config.tag_labels)
+            self.tag_classifiers = nn.ModuleList([nn.Linear(config.composed_dim, labels) for _ in range(count)])
+
+    @property
+    def has_unused_kv_rows(self) -> bool:
+        """Whether `qkv_proj` still holds K/V rows for phrase heads that never read them (0.1/0.2 layout)."""
+        return self.word_kv_only and self.qkv_proj.out_features == 3 * self.embed_dim
+
+    @torch.no_grad()
+    def drop_unused_kv_rows(self) -> None:
+        """Replace a full `qkv_proj` [3d, d] by its used rows [d + 2 w D, d] (queries of every head, keys and values
+        of the w word heads), the same values: outputs are unchanged."""
+        if not self.has_unused_kv_rows:
+            return
+        d, word = self.embed_dim, self.word_heads * self.head_dim
+        rows = torch.cat([torch.arange(d + word), 2 * d + torch.arange(word)]).to(self.qkv_proj.weight.device)
+        old = self.qkv_proj
+        new = nn.Linear(d, d + 2 * word, bias=old.bias is not None, device=old.weight.device, dtype=old.weight.dtype)
+        new.weight.copy_(old.weight[rows])
+        if old.bias is not None:
+            new.bias.copy_(old.bias[rows])
+        new.weight.requires_grad_(old.weight.requires_grad)
+        self.qkv_proj = new
+
+    def _queries_and_word_keys_values(self, hidden_states: torch.Tensor):
+        """Queries [B, H, T, D] of every head, keys and values [B, w, T, D] of the word heads."""
+        b, t, d = hidden_states.shape
+        w, head_dim = self.word_heads, self.head_dim
+        qkv = self.qkv_proj(hidden_states)
+        if qkv.shape[-1] == 3 * d:
+            query, key, value = self._heads(qkv, 3)
+            return query, key[:, :w], value[:, :w]
+        query, key, value = qkv.split([d, w * head_dim, w * head_dim], dim=-1)
+
+        def heads(x, n):
+            return x.view(b, t, n, head_dim).transpose(1, 2)
+
+        return heads(query, self.num_heads), heads(key, w), heads(value, w)
 
     def tag_logits(self, composed: torch.Tensor) -> torch.Tensor:
         """p(t_m) logits (eq. 9) on the composed phrases [B, G, M, d] -> [B, G, M, labels]."""
@@ -290,7 +349,7 @@ class MgsaSelfAttention(TransformerNmtAttention):
         if mgsa_phrases is None:
             raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
         b, t, _ = hidden_states.shape
-        query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
+        query, key, value = self._queries_and_word_keys_values(hidden_states)  # key, value: the w word heads
         w = self.word_heads
         memory, composed = self.phrase_memory(hidden_states, mgsa_phrases)
         phrase_key, phrase_value = self._phrase_keys_values(memory)  # [B, P, M, D], P = G * h_g phrase heads
@@ -300,8 +359,8 @@ class MgsaSelfAttention(TransformerNmtAttention):
         # over the phrase slots, returned as token-level weights [B, H, T, T] (a phrase's weight spread evenly).
         ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
         index = ids.clamp(min=0)[..., None].expand(-1, -1, -1, self.head_dim)
-        key = torch.cat([key[:, :w], phrase_key.gather(2, index)], dim=1)
-        value = torch.cat([value[:, :w], phrase_value.gather(2, index)], dim=1)
+        key = torch.cat([key, phrase_key.gather(2, index)], dim=1)
+        value = torch.cat([value, phrase_value.gather(2, index)], dim=1)
         # The phrase heads' own key mask (tokens without a phrase: padding, special tokens) goes into the bias as the
         # dtype's minimum, so the stack's padding mask serves every head in any implementation's format.
         sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
@@ -362,6 +421,30 @@ class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
             bound = module.hidden_size**-0.5
             for param in (module.weight_ih, module.bias_ih, module.weight_hh, module.bias_hh):
                 init.uniform_(param, -bound, bound)
+        elif isinstance(module, MgsaSelfAttention) and module.word_kv_only and self.config.init_method == "xavier":
+            # the rows of a fused [3d, d] QKV keep the Xavier bound of the full matrix (as in the baseline)
+            d = module.embed_dim
+            bound = math.sqrt(6.0 / (d + 3 * d))
+            init.uniform_(module.qkv_proj.weight, -bound, bound)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """Loads as every transformers model; a checkpoint saved with K/V rows for phrase heads that never use them
+        (`phrase_kv_rows="all"`, hf_variants <= 0.2) loads as saved and then has those rows sliced away (a
+        load-time slice: same outputs, fewer parameters; `save_pretrained` then writes the new layout)."""
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.drop_unused_kv_rows()
+        return loaded
+
+    def drop_unused_kv_rows(self) -> None:
+        """Slice away the K/V rows of the fused QKV that no head reads (`phrase_kv_rows="all"` -> `"used"`)."""
+        if getattr(self.config, "phrase_kv_rows", "used") != "all":
+            return
+        for module in self.modules():
+            if isinstance(module, MgsaSelfAttention):
+                module.drop_unused_kv_rows()
+        self.config.phrase_kv_rows = "used"
 
 
 # ----------------------------------------------------------------------------------------------------- encoder
@@ -384,7 +467,10 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
             if phrase_index is not None or phrase_tags is not None:
                 raise ValueError("`phrase_index` / `phrase_tags` are inputs of the syntactic MG-SA "
                                  "(phrase_type='syntactic'); n-gram phrases come from the attention mask.")
-            ids = ngram_phrase_index(real, config.ngram_sizes)
+            words = real
+            if config.ngram_skip_special_tokens:  # the closing </s> and a leading <2xx> tag belong to no phrase
+                words = source_words(real, config.target_language_tags)
+            ids = ngram_phrase_index(words, config.ngram_sizes)
             slots = -(-length // min(config.ngram_sizes))
         else:
             levels = config.syntactic_levels
@@ -466,8 +552,11 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
                                    **variant_kwargs) -> dict[str, torch.Tensor]:
         """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`:
         one bracketed parse (or `nltk.Tree`) per sentence, as a list aligned with `texts` or a mapping from
-        sentence to parse. Subword pieces share their word's phrase (tokenizer offsets); a parse whose leaves do
-        not spell its sentence raises a `ValueError`."""
+        sentence to parse. The source is tokenized leaf by leaf (`phrases.encode_by_leaves`): a token never spans
+        two leaves, so every leaf of the parse keeps tokens, its phrases and their tags (the ids equal
+        `tokenizer(text)` where no subword crosses a leaf boundary); subword pieces share their word's phrase; the
+        `<2xx>` tag and special tokens belong to no phrase. A parse whose leaves do not spell its sentence raises a
+        `ValueError`."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         inputs = super().prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=tgt_lang,
                                                     text_target=text_target, max_length=max_length, **variant_kwargs)
@@ -492,14 +581,16 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
             prefixes = [f"{language_tag(lang)} " for lang in langs]
         source = [prefix + text for prefix, text in zip(prefixes, texts)]
         if not getattr(tokenizer, "is_fast", False):
-            raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (character offsets of the subwords).")
-        encoded = tokenizer(source, padding=True, truncation=max_length is not None, max_length=max_length,
-                            return_offsets_mapping=True, return_special_tokens_mask=True)
-        if torch.tensor(encoded["input_ids"]).tolist() != inputs["input_ids"].tolist():
-            raise ValueError("Internal error: the offset tokenization differs from the model inputs.")
-        phrase_inputs = syntactic_phrase_inputs(source, parses, encoded["offset_mapping"],
-                                                encoded["special_tokens_mask"], config.syntactic_levels,
-                                                config.phrase_tag_labels, starts=[len(p) for p in prefixes])
+            raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (its `tokenizers` backend).")
+        ids, leaves, trees = encode_by_leaves(tokenizer, source, parses, starts=[len(p) for p in prefixes],
+                                              max_length=max_length)
+        padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+        length = padded["input_ids"].shape[1]
+        left = getattr(tokenizer, "padding_side", "right") == "left"
+        leaves = [[-1] * (length - len(row)) + row if left else row + [-1] * (length - len(row)) for row in leaves]
+        inputs["input_ids"] = padded["input_ids"].to(self.device)
+        inputs["attention_mask"] = padded["attention_mask"].to(self.device)
+        phrase_inputs = phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels)
         inputs.update({key: value.to(self.device) for key, value in phrase_inputs.items()})
         return inputs
 

@@ -13,16 +13,34 @@ backbone's, `modeling_transformer_nmt`):
 - the merge: `plain` (eq. 10/12) out = sum_i alpha_i F_i, or `seq` (eq. 13-16) out = sum_j alpha_j G^_j / j with
   G^_j = sum_{k<=j} G_k, G_k = sum_i M_ik F_i. Both are linear in the unit outputs, so `seq` is computed as ONE
   weighted sum with coefficients c = M w, w_k = sum_{j>=k} alpha_j / j (identical values and gradients);
-- AutoShuffle: M (per layer) projected (relu, rows, columns) under no_grad once after every change of M (the
-  first training forward after an optimizer step, or `after_optimizer_step()`), the Lipschitz penalty (eq. 19)
-  summed over layers as an auxiliary loss in training, `project_shuffle()` before saving.
+- AutoShuffle: M (per layer) projected (relu, rows, columns) under no_grad once after every optimizer step that
+  changed it, the Lipschitz penalty (eq. 19) summed over layers as an auxiliary loss in training, M stored
+  projected by `save_pretrained`. See "When M is projected" below.
+
+When M is projected (docs/variants-spec.md §1.4, [DECISION] "projection once per optimizer step"):
+the one-step projection is not idempotent, so the rule is "project M iff it differs from its value right after its
+last projection" (a content comparison, kept on the device: no host sync), checked
+- after every `step()` of any `torch.optim.Optimizer` holding M: a global optimizer step post-hook
+  (`torch.optim.optimizer.register_optimizer_step_post_hook`, registered once when the first `seq` layer is built).
+  It covers loops that never call `after_optimizer_step()` (HF Trainer, accelerate, Lightning) and fused/foreach
+  optimizers, whose in-place kernels may leave `Parameter._version` unchanged. Gradient accumulation stays exact:
+  the optimizer steps once per accumulated batch, forwards and backwards of the micro-batches never project;
+- by `after_optimizer_step()` (training/train.py calls it; a no-op after the hook), before `save_pretrained`;
+- at the first training forward after an in-place change the hook cannot see (a hand-written update
+  `p -= lr * p.grad` bumps `_version`).
+A loaded M (`from_pretrained`, `load_state_dict`, a resumed checkpoint) counts as projected: it was stored so.
+An optimizer outside `torch.optim` whose kernels leave `_version` unchanged (none known) needs
+`model.after_optimizer_step()` after each step.
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from transformers import GenerationMixin
 from transformers import initialization as init
@@ -207,8 +225,40 @@ class MuteUnitFeedForward(nn.Module):
         return hidden_states
 
 
+# ----------------------------------------------------------------------------------------- AutoShuffle step hook
+_AUTOSHUFFLE_LAYERS: weakref.WeakSet = weakref.WeakSet()  # every live MuteEncoderLayer with an M
+_STEP_HOOK = None
+
+
+def _project_after_optimizer_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """Global optimizer step post-hook: project the M of every layer whose M this optimizer holds, if the step
+    changed it."""
+    if not _AUTOSHUFFLE_LAYERS:
+        return
+    layers = {id(layer.shuffle): layer for layer in list(_AUTOSHUFFLE_LAYERS) if layer.shuffle is not None}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            layer = layers.pop(id(param), None)
+            if layer is not None and layer.shuffle is param:
+                layer.project_shuffle_if_changed()
+
+
+def track_autoshuffle_layer(layer: nn.Module) -> None:
+    """Watch `layer.shuffle` from the optimizer step post-hook (registered once per process)."""
+    global _STEP_HOOK
+    if _STEP_HOOK is None:
+        _STEP_HOOK = register_optimizer_step_post_hook(_project_after_optimizer_step)
+    _AUTOSHUFFLE_LAYERS.add(layer)
+
+
+def _loaded_shuffle_is_projected(module: nn.Module, incompatible_keys) -> None:
+    """`load_state_dict` post-hook: a stored M was projected before it was stored; never project it again."""
+    module.mark_shuffle_projected()
+
+
 class MuteEncoderLayer(GradientCheckpointingLayer):
-    """One MUTE encoder layer (docs/variants-spec.md §1.2): shared attention LN -> bias module -> I units -> merge (alpha, M)."""
+    """One MUTE encoder layer (docs/variants-spec.md §1.2): shared attention LN -> bias module -> I units -> merge
+    (alpha, M)."""
 
     def __init__(self, config: MuteConfig, layer_idx: int):
         super().__init__()
@@ -222,7 +272,10 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         self.ffn = MuteUnitFeedForward(config)
         self.alpha = nn.Parameter(torch.empty(units))  # unconstrained unit weights, init 1/I
         self.shuffle = nn.Parameter(torch.empty(units, units)) if config.merge == "seq" else None
-        self._projected_version = None  # version of `shuffle` right after its last projection
+        self.mark_shuffle_projected(False)
+        if self.shuffle is not None:
+            track_autoshuffle_layer(self)
+            self.register_load_state_dict_post_hook(_loaded_shuffle_is_projected)
 
     # ------------------------------------------------------------------------------------------- merge / shuffle
     def merge_weights(self) -> torch.Tensor:
@@ -235,20 +288,42 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         return self.shuffle @ w.to(self.shuffle.dtype)
 
     @torch.no_grad()
+    def mark_shuffle_projected(self, projected: bool = True) -> None:
+        """Record M's current value as projected (`True`: just projected, or loaded), or forget it (`False`: the
+        next check projects)."""
+        shuffle = self.shuffle
+        if projected and shuffle is not None:
+            self._projected_value = shuffle.detach().clone()
+            self._projected_version = shuffle._version
+        else:
+            self._projected_value = self._projected_version = None
+
+    @torch.no_grad()
     def project_shuffle(self) -> None:
-        """Project M (relu, rows, columns; no gradient), in place."""
+        """Project M (relu, rows, columns; no gradient), in place, unconditionally."""
         if self.shuffle is None or self.shuffle.device.type == "meta":
             return
         config = self.config
         self.shuffle.copy_(project_doubly_stochastic(self.shuffle, config.shuffle_sinkhorn_iterations,
                                                      config.shuffle_eps))
-        self._projected_version = self.shuffle._version
+        self.mark_shuffle_projected()
 
+    @torch.no_grad()
     def project_shuffle_if_changed(self) -> None:
-        """Project M unless it is unchanged since its last projection (once per optimizer step, whether the
-        training loop calls `after_optimizer_step()` or not)."""
-        if self.shuffle is not None and self.shuffle._version != self._projected_version:
+        """Project M iff it differs from its value right after its last projection (or was never projected).
+        The comparison and the choice run on M's device (`torch.where`), without a host sync."""
+        shuffle = self.shuffle
+        if shuffle is None or shuffle.device.type == "meta":
+            return
+        if self._projected_value is None:
             self.project_shuffle()
+            return
+        last = self._projected_value.to(device=shuffle.device, dtype=shuffle.dtype)
+        changed = (shuffle != last).any()
+        config = self.config
+        projected = project_doubly_stochastic(shuffle, config.shuffle_sinkhorn_iterations, config.shuffle_eps)
+        shuffle.copy_(torch.where(changed, projected, shuffle))
+        self.mark_shuffle_projected()
 
     def shuffle_penalty(self) -> torch.Tensor | None:
         return shuffle_penalty(self.shuffle) if self.shuffle is not None else None
@@ -257,7 +332,9 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
-        if self.training:  # M must be projected before its use in every training step (docs/variants-spec.md §1.4)
+        # M must be projected before its use in every training step (docs/variants-spec.md §1.4): optimizer steps
+        # are seen by the step hook; an in-place change outside torch.optim is seen here by its version counter.
+        if self.training and self.shuffle is not None and self.shuffle._version != self._projected_version:
             self.project_shuffle_if_changed()
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
@@ -296,7 +373,7 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
                 else:
                     init.copy_(module.shuffle, torch.randn(module.shuffle.shape, device=module.shuffle.device,
                                                            dtype=module.shuffle.dtype).abs())
-            module._projected_version = None
+            module.mark_shuffle_projected(False)
 
     # ------------------------------------------------------------------------------------------------ AutoShuffle
     def project_shuffle(self) -> None:
@@ -312,7 +389,8 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         return torch.stack(penalties).sum() if penalties else None
 
     def save_pretrained(self, *args, **kwargs):
-        # At inference M is used as stored: store it projected if it changed since its last projection (docs/variants-spec.md §1.4).
+        # At inference M is used as stored: store it projected if it changed since its last projection
+        # (docs/variants-spec.md §1.4).
         # The projection (one Sinkhorn step) is not idempotent, so an M already projected, or as loaded, stays.
         for module in self.modules():
             if isinstance(module, MuteEncoderLayer):
@@ -324,8 +402,8 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
         loaded = super().from_pretrained(*args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         for module in model.modules():  # a saved M was projected before it was saved
-            if isinstance(module, MuteEncoderLayer) and module.shuffle is not None:
-                module._projected_version = module.shuffle._version
+            if isinstance(module, MuteEncoderLayer):
+                module.mark_shuffle_projected()
         return loaded
 
 
@@ -357,7 +435,8 @@ class MuteForConditionalGeneration(MutePreTrainedModel, TransformerNmtForConditi
         return losses
 
     def after_optimizer_step(self) -> None:
-        """Re-project M after the optimizer changed it (the next training forward then leaves it alone)."""
+        """Project M if the optimizer changed it since its last projection (a no-op when the optimizer step hook
+        already did; see the module docstring)."""
         for module in self.modules():
             if isinstance(module, MuteEncoderLayer):
                 module.project_shuffle_if_changed()

@@ -9,7 +9,10 @@ Layout of the result:
 - special tokens `<pad>`=0, `<s>`=1, `</s>`=2, `<unk>`=3, then one `<2xx>` target-language tag per language
   (special tokens, so `decode(..., skip_special_tokens=True)` drops them);
 - NFKC normalizer, Metaspace pre-tokenizer and decoder (detokenization restores the original spacing, which
-  sacreBLEU on detokenized text needs);
+  sacreBLEU on detokenized text needs), and punctuation isolated by the pre-tokenizer (`split_punctuation`): a
+  subword never joins a punctuation mark to a letter ("runs." is `▁r un s .`, never `s.`), as in the papers'
+  Moses-tokenized setups and as a parser's leaves are (the syntactic MG-SA aligns them to tokens). The marks keep no
+  `▁` of their own, so `decode(encode(x)) == x` still holds;
 - a post-processor that appends `</s>` to every sequence and adds no BOS: encoder inputs are `tokens </s>`, and
   `tok(text, text_target=...)["labels"]` is `tokens </s>` (the model shifts it right behind `<s>`).
 
@@ -126,6 +129,7 @@ def train_tokenizer(
     min_frequency: int = 2,
     output_dir: str | os.PathLike | None = None,
     model_max_length: int = 1024,
+    split_punctuation: bool = True,
 ) -> PreTrainedTokenizerFast:
     """Train one shared subword tokenizer on source+target text.
 
@@ -141,6 +145,8 @@ def train_tokenizer(
             `config.max_position_embeddings` (default 1024, `TransformerNmtConfig`'s default). `truncation=True`
             cuts to it; a tokenizer saved next to a model must carry that model's limit (`train.py` sets it when it
             saves `model/`).
+        split_punctuation: isolate every punctuation character in pre-tokenization (default; tokenizers saved
+            before this option have `False`'s behaviour and keep it: a saved tokenizer carries its pre-tokenizer).
 
     Printable ASCII is always in the vocabulary; any other character never seen in the training text encodes as
     `<unk>`, so train on the full training text of every language of the run.
@@ -156,7 +162,10 @@ def train_tokenizer(
     tags = language_tags(languages)
     backend, trainer = _build_backend(model, vocab_size, min_frequency, SPECIAL_TOKENS + tags)
     backend.normalizer = normalizers.NFKC()
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    metaspace = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
+    # Metaspace first (a word keeps its "▁"), then punctuation apart: "▁runs." -> "▁runs", "."
+    backend.pre_tokenizer = (pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")])
+                             if split_punctuation else metaspace)
     backend.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
 
     count = 0
@@ -210,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--min_frequency", type=int, default=2)
     parser.add_argument("--model_max_length", type=int, default=1024,
                         help="the model's max_position_embeddings (the longest input, special tokens included)")
+    parser.add_argument("--keep_punctuation_attached", action="store_true",
+                        help="let subwords join punctuation to letters (tokenizers before 0.3); default: isolated")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     for f in args.files:
@@ -223,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         min_frequency=args.min_frequency,
         output_dir=args.output_dir,
         model_max_length=args.model_max_length,
+        split_punctuation=not args.keep_punctuation_attached,
     )
     print(f"Trained a {args.model} tokenizer with {len(tok)} tokens; saved to {args.output_dir}")
 

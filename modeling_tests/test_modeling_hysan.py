@@ -58,6 +58,24 @@ def allowed(kind, k, i, j, decoder):
     return 0 <= d <= k if decoder else abs(d) <= k
 
 
+def test_attention_and_relu_dropout_default_to_tensor2tensor_values(tmp_path):
+    """Issue 21 item 13 (docs/variants-spec.md §2.4): tensor2tensor's attention and ReLU dropout 0.1, in the class
+    defaults and every preset but the test-only `tiny`; a saved config keeps its stored values."""
+    for config in [HysanConfig()] + [HysanConfig.from_preset(p) for p in ("small", "base", "big")]:
+        assert (config.attention_dropout, config.activation_dropout) == (0.1, 0.1)
+    assert HysanConfig.from_preset("big").dropout == 0.3  # the residual dropout stays the preset's
+    tiny_config = HysanConfig.from_preset("tiny")
+    assert (tiny_config.attention_dropout, tiny_config.activation_dropout) == (0.0, 0.0)
+    HysanConfig(attention_dropout=0.0).save_pretrained(tmp_path)
+    assert HysanConfig.from_pretrained(tmp_path).attention_dropout == 0.0
+    # the attention modules and FFNs read them: in training, dropout makes two forwards differ
+    model = HysanForConditionalGeneration(HysanConfig.from_preset("tiny", vocab_size=60, attention_dropout=0.1,
+                                                                  activation_dropout=0.1)).train()
+    assert model.model.encoder.layers[0].self_attn.dropout == 0.1
+    src = torch.randint(4, 60, (2, 6))
+    assert not torch.equal(model(input_ids=src, labels=src).logits, model(input_ids=src, labels=src).logits)
+
+
 @pytest.mark.parametrize("decoder,q_len", [(False, 7), (True, 7), (True, 2)])
 def test_each_branch_mask_exactly_as_defined(decoder, q_len):
     """Per branch and per (query i, key j): perturbing value j changes query i's branch output iff j is allowed;

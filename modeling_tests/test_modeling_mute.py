@@ -1,13 +1,16 @@
 """MUTE (Multi-Unit Transformer): the common checks, plus the paper's mechanisms one by one.
 
-- parameter count = baseline + (I-1) x layers x the per-unit size of docs/variants-spec.md §1.6 (+ alpha, M, mask vector per layer);
+- parameter count = baseline + (I-1) x layers x the per-unit size of docs/variants-spec.md §1.6 (+ alpha, M, mask
+  vector per layer);
 - I=1, no bias, plain merge IS the baseline (copied weights; pre- and post-norm); each unit of a 3-unit layer is a
   baseline encoder layer with that unit's weights (the batched/folded computation does not mix units);
 - the `seq` merge equals eq. 13-16 computed literally (permute by M^T, cumulative sums / index, alpha-weighted);
 - noise: active in train and absent in eval; swap/disorder keep the multiset of real tokens and never touch padding
   (right or left padding), the compat modes reproduce the authors' code; mask vectors only on real tokens; the
   sample-rate switch; gradients reach the mask vector;
-- AutoShuffle: projection (relu, rows, columns) keeps M doubly stochastic, once per change of M; penalty 0 for a
+- AutoShuffle: projection (relu, rows, columns) keeps M doubly stochastic; M is projected after every optimizer
+  step whatever the optimizer (SGD, Adam for-loop / foreach / fused) without `after_optimizer_step()`, once, never
+  between accumulated micro-batches, never again when already projected or loaded; penalty 0 for a
   permutation and 4 per layer at the uniform init, added to the loss only in training; alpha and M get gradients;
   `save_pretrained` stores M projected.
 """
@@ -397,31 +400,139 @@ def test_alpha_m_and_mask_vector_receive_gradients():
         assert layer.bias_module.mask_embedding.grad.abs().sum() > 0
 
 
-def test_m_projected_once_per_change_and_before_saving(tmp_path):
+def shuffles(model):
+    return [layer.shuffle.detach().clone() for layer in model.model.encoder.layers]
+
+
+def record_raw_steps(optimizer, model):
+    """Every M right after each raw optimizer update, before any projection (instance post-hooks run before
+    the global ones)."""
+    raw = []
+    optimizer.register_step_post_hook(lambda *args: raw.append(shuffles(model)))
+    return raw
+
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.5),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.05, foreach=False),
+    "adam_foreach": lambda params: torch.optim.Adam(params, lr=0.05, foreach=True),
+    "adam_fused": lambda params: torch.optim.Adam(params, lr=0.05, fused=True),
+    "adamw_fused": lambda params: torch.optim.AdamW(params, lr=0.05, fused=True),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_m_projected_after_every_optimizer_step_whatever_the_optimizer(name):
+    """Issue 21 item 11: fused Adam leaves `_version` unchanged; M must still be projected after every step,
+    without `after_optimizer_step()` (HF Trainer / accelerate loops do not call it), exactly once."""
+    torch.manual_seed(0)
+    model = MuteForConditionalGeneration(tiny()).train()
+    optimizer = OPTIMIZERS[name](model.parameters())
+    raw = record_raw_steps(optimizer, model)
+    inputs = batch()
+    for step in range(3):
+        model(**inputs).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert not torch.allclose(raw[step][0].sum(0), torch.ones(4), atol=1e-3)  # the step moved M
+        for m, stepped in zip(shuffles(model), raw[step]):
+            assert torch.equal(m, project_doubly_stochastic(stepped))
+            assert torch.allclose(m.sum(0), torch.ones(4), atol=1e-6) and (m >= 0).all()
+            assert torch.allclose(m.sum(1), torch.ones(4), atol=0.05)
+    projected = shuffles(model)
+    model(**inputs)  # neither a training forward nor the explicit hook projects it again
+    model.after_optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(shuffles(model), projected))
+
+
+def test_m_not_projected_between_accumulated_micro_batches():
+    """Gradient accumulation through accelerate: the wrapped optimizer steps once per two micro-batches;
+    M changes (and is projected, once) only then."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    torch.manual_seed(0)
+    model = MuteForConditionalGeneration(tiny()).train()
+    inner = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
+    raw = record_raw_steps(inner, model)
+    try:
+        accelerator = Accelerator(gradient_accumulation_steps=2, cpu=True)
+        prepared, optimizer = accelerator.prepare(model, inner)
+        before = shuffles(model)
+        for micro in range(4):
+            with accelerator.accumulate(prepared):
+                accelerator.backward(prepared(**batch(seed=micro)).loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            if micro % 2 == 0:  # inside an accumulation: M untouched, by the step and by the forward
+                assert len(raw) == micro // 2
+                assert all(torch.equal(a, b) for a, b in zip(shuffles(model), before))
+            else:
+                assert len(raw) == micro // 2 + 1
+                assert all(torch.equal(m, project_doubly_stochastic(r)) for m, r in zip(shuffles(model), raw[-1]))
+                before = shuffles(model)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+
+
+def test_m_projected_after_a_hand_written_update_once():
+    """No torch.optim optimizer (a hand-written SGD step): the first training forward projects, once."""
     torch.manual_seed(0)
     model = MuteForConditionalGeneration(tiny()).train()
     inputs = batch()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     layer = model.model.encoder.layers[0]
     model(**inputs).loss.backward()
-    optimizer.step()
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= 0.5 * param.grad
     stepped = layer.shuffle.detach().clone()
     assert not torch.allclose(stepped.sum(0), torch.ones(4), atol=1e-4)
     model(**inputs)  # the first training forward after the step projects M ...
     assert torch.equal(layer.shuffle.detach(), project_doubly_stochastic(stepped))
     model(**inputs)  # ... and only once
+    model.after_optimizer_step()
     assert torch.equal(layer.shuffle.detach(), project_doubly_stochastic(stepped))
-    optimizer.zero_grad()
-    model(**inputs).loss.backward()
-    optimizer.step()
-    stepped = layer.shuffle.detach().clone()
-    model.after_optimizer_step()  # the hook projects instead, and the next forward leaves M alone
-    model(**inputs)
-    assert torch.equal(layer.shuffle.detach(), project_doubly_stochastic(stepped))
-    # inference uses M as stored; save_pretrained stores it projected
+
+
+def test_a_step_that_leaves_m_unchanged_does_not_reproject_it():
+    """A projected M is never projected again (the one-step projection is not idempotent): a zero learning rate
+    (warm-up from 0) leaves it exactly as it is."""
+    torch.manual_seed(0)
+    model = MuteForConditionalGeneration(tiny()).train()
     with torch.no_grad():
+        for layer in model.model.encoder.layers:
+            layer.shuffle.add_(0.2 * torch.rand(4, 4))
+    model.project_shuffle()
+    projected = shuffles(model)
+    assert not torch.equal(project_doubly_stochastic(projected[0]), projected[0])  # not a fixed point
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, fused=True)
+    model(**batch()).loss.backward()
+    optimizer.step()
+    model.after_optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(shuffles(model), projected))
+
+
+def test_m_stored_projected_and_never_reprojected_after_loading(tmp_path):
+    torch.manual_seed(0)
+    model = MuteForConditionalGeneration(tiny()).eval()
+    layer = model.model.encoder.layers[0]
+    with torch.no_grad():  # an M changed outside any optimizer: save_pretrained stores it projected
         layer.shuffle.add_(0.1 * torch.rand(4, 4))
     expected = project_doubly_stochastic(layer.shuffle.detach())
-    model.eval().save_pretrained(tmp_path)
-    loaded = MuteForConditionalGeneration.from_pretrained(tmp_path)
+    model.save_pretrained(tmp_path / "a")
+    assert torch.equal(layer.shuffle.detach(), expected)
+    model.save_pretrained(tmp_path / "b")  # saving again does not project again
+    loaded = MuteForConditionalGeneration.from_pretrained(tmp_path / "b")
     assert torch.equal(loaded.model.encoder.layers[0].shuffle.detach(), expected)
+    loaded.train()(**batch())  # a loaded M is used as stored, by training forwards, the hook and saving
+    loaded.after_optimizer_step()
+    loaded.save_pretrained(tmp_path / "c")
+    again = MuteForConditionalGeneration.from_pretrained(tmp_path / "c")
+    assert torch.equal(again.model.encoder.layers[0].shuffle.detach(), expected)
+    # load_state_dict (an accelerate resume) marks the loaded M as projected too
+    fresh = MuteForConditionalGeneration(tiny()).train()
+    fresh.load_state_dict(model.state_dict())
+    fresh(**batch())
+    fresh.after_optimizer_step()
+    assert torch.equal(fresh.model.encoder.layers[0].shuffle.detach(), expected)

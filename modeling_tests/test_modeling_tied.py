@@ -292,3 +292,23 @@ class TestTiedTransformer(NmtModelTester):
             TiedTransformerConfig(languages=["en", "de"], num_directions=1)
         with pytest.raises(ValueError, match="direction_loss"):
             TiedTransformerConfig(direction_loss="max")
+
+
+def test_target_language_tags_auto_is_off_for_tied():
+    """Issue 21 item 14: `--target_language_tags auto` gives tags to a run with two target languages (e.g.
+    --bidirectional) except for the Tied Transformer, whose direction embedding is the signal; an explicit value
+    wins."""
+    import importlib
+
+    train = importlib.import_module("training.train")
+    assert TiedTransformerConfig.default_target_language_tags(2) is False
+    assert TransformerNmtConfig.default_target_language_tags(2) is True
+    assert TransformerNmtConfig.default_target_language_tags(1) is False
+    for model_type, flag, targets, expected in [
+        ("tied_nmt", "auto", 2, False), ("tied_nmt", "true", 2, True), ("tied_nmt", "auto", 1, False),
+        ("transformer_nmt", "auto", 2, True), ("mimo_nmt", "auto", 3, True), ("hysan_nmt", "false", 2, False),
+        ("marian", "auto", 2, True),
+    ]:
+        args = train.parse_args(["--data_dir", "x", "--model_type", model_type, "--target_language_tags", flag])
+        assert train.resolve_target_language_tags(args, targets) is expected, (model_type, flag, targets)
+

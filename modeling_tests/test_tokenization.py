@@ -160,3 +160,49 @@ def test_model_max_length_is_the_models_limit(sentences, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert AutoTokenizer.from_pretrained(tmp_path / "cli").model_max_length == 256
+
+
+def _is_punctuation(char):
+    import unicodedata
+
+    return unicodedata.category(char).startswith("P") or (char.isascii() and not char.isalnum() and char.isprintable()
+                                                          and not char.isspace())
+
+
+def test_punctuation_isolated_and_the_bundled_data_round_trips():
+    """Issue 21 item 12a: no subword joins a punctuation mark to anything ("runs." is `▁r un s .`, as in the papers'
+    Moses-tokenized setups and a parser's leaves), and detokenization stays exact on the bundled data: every
+    line (as training reads it: stripped) of every Multi30k split and language, for BPE and Unigram."""
+    import unicodedata
+
+    langs = ("en", "de", "fr", "cs")
+    texts = {lang: [line.strip() for split, n in (("train", 3000), ("val", 5000), ("test_2016_flickr", 5000))
+                    for line in _head(DATA / f"{split}.{lang}.gz", n)] for lang in langs}
+    for model in ("bpe", "unigram"):
+        tok = train_tokenizer([t for lang in langs for t in texts[lang]], vocab_size=3000, model=model,
+                              languages=langs)
+        special = set(tok.all_special_tokens)
+        for lang in langs:
+            ids = tok(texts[lang])["input_ids"]
+            for text, decoded in zip(texts[lang], tok.batch_decode(ids, skip_special_tokens=True)):
+                # NFKC (the normalizer) changes one line of the data: a no-break space in "120\xa0cm" (de)
+                assert decoded == unicodedata.normalize("NFKC", text)
+            for row in ids:
+                for piece in tok.convert_ids_to_tokens(row):
+                    core = piece.replace("\u2581", "")
+                    assert piece in special or len(core) <= 1 or not any(map(_is_punctuation, core)), piece
+        assert sum(unicodedata.normalize("NFKC", t) != t for lang in langs for t in texts[lang]) == 1
+        assert tok.convert_ids_to_tokens(tok("A man runs.")["input_ids"])[-2:] == [".", "</s>"]
+
+
+def test_tokenizer_with_attached_punctuation_still_loads_and_round_trips(sentences, tmp_path):
+    """A tokenizer saved before punctuation was isolated (its pre-tokenizer is Metaspace alone) keeps working:
+    it reloads with its own pre-tokenizer and detokenizes exactly."""
+    old = train_tokenizer([sentences["en"], sentences["de"]], vocab_size=1000, languages=["en", "de"],
+                          split_punctuation=False, output_dir=tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.backend_tokenizer.pre_tokenizer.__class__.__name__ == "Metaspace"
+    texts = sentences["en"][:100] + sentences["de"][:100]
+    assert reloaded(texts)["input_ids"] == old(texts)["input_ids"]
+    assert reloaded.batch_decode(reloaded(texts)["input_ids"], skip_special_tokens=True) == texts
+    assert any(piece.endswith(".") and len(piece) > 1 for t in texts for piece in reloaded.tokenize(t))  # glued

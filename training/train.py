@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, help="default: the preset's")
     g.add_argument("--label_smoothing", "--label_smoothing_factor", type=float, default=0.1)
     g.add_argument("--target_language_tags", choices=["auto", "true", "false"], default="auto",
-                   help="prepend <2xx> to sources; auto = when the run has more than one target language")
+                   help="prepend <2xx> to sources; auto = when the run has more than one target language "
+                        "(never for tied_nmt: its direction embedding is the signal)")
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate (after warmup)")
@@ -425,6 +426,19 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.Paralle
     return tokenizer
 
 
+def resolve_target_language_tags(args, num_target_languages: int) -> bool:
+    """`--target_language_tags`; "auto" asks the model type (`default_target_language_tags`: tags when the run has
+    several target languages, never for tied_nmt, whose direction embedding is the signal)."""
+    if args.target_language_tags != "auto":
+        return args.target_language_tags == "true"
+    import hf_variants
+
+    config_class = hf_variants.CONFIG_CLASSES.get(args.model_type)
+    if config_class is None:  # --model_type marian and other comparisons
+        return num_target_languages > 1
+    return config_class.default_target_language_tags(num_target_languages)
+
+
 def build_model(args, tokenizer, languages: list[str], target_tags: bool):
     import hf_variants  # registers every model type
     from hf_variants.configuration_transformer_nmt import apply_config_overrides
@@ -626,9 +640,7 @@ def main(argv=None) -> dict | None:
     test_pairs = corpus.build_pairs(test_data, directions, eval_report, **pair_args) if test_data else []
 
     tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages, resuming=resume is not None)
-    target_tags = {"true": True, "false": False}.get(args.target_language_tags)
-    if target_tags is None:
-        target_tags = len({t for _, t in eval_directions}) > 1
+    target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
 
     def lengths(pairs):
         texts = list(dict.fromkeys([p.src for p in pairs] + [p.tgt for p in pairs]))
