@@ -580,7 +580,8 @@ class TokenBatchSampler:
         if self._cached is not None and self._cached[0] == epoch:
             return self._cached[1]
         n = len(self.lengths)
-        rng = np.random.default_rng([self.seed, epoch])
+        seed = list(self.seed) if isinstance(self.seed, (tuple, list)) else [self.seed]
+        rng = np.random.default_rng([*seed, epoch])
         if self.shuffle:
             # examples by length, ties in the order of a random permutation `tie` (np.lexsort((tie, lengths))):
             # visit the examples by increasing tie value, then a stable sort by length

@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max_test_pairs", "--max_predict_samples", type=int, help="use only the first N test rows")
     g.add_argument("--data_cache_dir", help="the tokenized Arrow cache, shared by runs, relaunches and ranks "
                                             "(default: $HF_DATASETS_CACHE/hf_variants)")
+    g.add_argument("--streaming", action="store_true",
+                   help="read the training split as a stream (a datasets IterableDataset, tokenized on the fly in "
+                        "buffers of --stream_buffer_rows rows, length-bucketed within each) instead of caching it: "
+                        "for corpora larger than the disk cache should hold; needs --max_steps")
+    g.add_argument("--stream_buffer_rows", type=int, default=100_000,
+                   help="rows per streaming buffer (batches are length-bucketed and shuffled within a buffer)")
     g.add_argument("--preprocessing_num_workers", type=int,
                    help="processes tokenizing a split when its cache is built (default: the CPU cores available)")
 
@@ -280,6 +286,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--gradient_accumulation_steps and --max_tokens must be positive")
     if args.save_steps is None:
         args.save_steps = args.eval_steps
+    if args.streaming and args.num_epochs:
+        parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
+    if args.stream_buffer_rows < 1:
+        parser.error("--stream_buffer_rows must be positive")
     return args
 
 
@@ -300,6 +310,10 @@ class TrainState:
         self.evals: list[dict] = []
         # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
         self.settings_changes: list[dict] = []
+        # --streaming: the position after the last step ({"epoch", "buffer", "row", "step"}) and the stream's own
+        # state (the first epoch's drop report, rows per epoch)
+        self.stream: dict | None = None
+        self.stream_state: dict | None = None
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -410,11 +424,11 @@ def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) ->
                                                text_target=tgt, max_length=max_length + 2, **extra)
 
 
-def build_tokenizer(args, accelerator, run_dir: Path, train_rows: data_pipeline.Rows, languages: list[str],
-                    resuming: bool = False):
+def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: bool = False):
     """The run's tokenizer: --tokenizer, the model's, the resumed run's, or a shared one trained (by the main
     process, which calls this first; the others then load what it saved) on the training text, or on a
-    deterministic sample of it when it has more than --tokenizer_sample_lines sentences."""
+    deterministic sample of it when it has more than --tokenizer_sample_lines sentences (`train_rows`: the cached
+    rows, or with --streaming the split's source, whose first rows are the sample)."""
     from transformers import AutoTokenizer
 
     saved = run_dir / "tokenizer"
@@ -427,9 +441,17 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_rows: data_pipeline.
     else:
         from hf_variants.tokenization import train_tokenizer
 
-        texts, used, total = data_pipeline.tokenizer_sample(train_rows, languages, args.tokenizer_sample_lines)
-        label = train_rows.meta["label"]
-        if used < total:
+        if isinstance(train_rows, data_pipeline.SplitSource):
+            texts, used, total = data_pipeline.stream_tokenizer_sample(train_rows, languages,
+                                                                       args.tokenizer_sample_lines)
+            label = train_rows.label
+        else:
+            texts, used, total = data_pipeline.tokenizer_sample(train_rows, languages, args.tokenizer_sample_lines)
+            label = train_rows.meta["label"]
+        if total is None:
+            what = (f"the first {used:,} rows of the streamed {label} ({used * len(languages):,} sentences; "
+                    f"--tokenizer_sample_lines {args.tokenizer_sample_lines})")
+        elif used < total:
             what = (f"a deterministic sample of {used:,} of the {total:,} training rows of {label} "
                     f"({used * len(languages):,} sentences; --tokenizer_sample_lines {args.tokenizer_sample_lines})")
         else:
@@ -482,13 +504,16 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     workers = args.preprocessing_num_workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                                  else (os.cpu_count() or 1))
     hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
-    rows = {split: load_rows(args, split, languages, hub_splits) for split in ("train", "valid", "test")}
-    if rows["train"] is None:
+    stream_source = split_source(args, "train", languages, hub_splits) if args.streaming else None
+    rows = {split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
+            for split in ("train", "valid", "test")}
+    if rows["train"] is None and stream_source is None:
         raise DataError("No training data.")
     for split, r in rows.items():
         if r is not None:
             data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
-    tokenizer = build_tokenizer(args, accelerator, run_dir, rows["train"], languages, resuming=resuming)
+    tokenizer = build_tokenizer(args, accelerator, run_dir, stream_source or rows["train"], languages,
+                                resuming=resuming)
     target_tags = {"true": True, "false": False}.get(args.target_language_tags)
     if target_tags is None:
         target_tags = len({t for _, t in eval_directions}) > 1
@@ -496,6 +521,7 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
               for lang in dict.fromkeys(x for d in directions for x in (d if args.bidirectional else d[:1]))]
     tok_fp = data_pipeline.tokenizer_fingerprint(tokenizer)
     sets, reports = {}, {"train": DropReport("train"), "eval": DropReport("eval")}
+    sets["stream"] = stream_source
     for split, r in rows.items():
         if r is None:
             sets[split] = None
@@ -712,26 +738,48 @@ def main(argv=None) -> dict | None:
     set_seed(args.seed)
     valid_pairs = sets["valid"].to_pairs() if sets["valid"] is not None else []
     test_pairs = sets["test"].to_pairs() if sets["test"] is not None else []
-    if not len(train_set):
-        raise DataError(f"No training pairs left ({train_report.summary()}).")
-    logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
-                ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
-                len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
-                time.time() - t_data)
-
     per_item = 2 if args.bidirectional else 1
-    sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens, args.max_sentences,
-                                       seed=args.seed, shuffle=True, examples_per_item=per_item)
+    stream = None
+    if args.streaming:
+        stream = data_pipeline.StreamingPairs(
+            sets["stream"], languages, directions, tokenizer, annotations=args.source_annotations,
+            target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
+            on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
+            max_sentences=args.max_sentences, seed=args.seed, examples_per_item=per_item,
+            num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps)
+        train_report = stream.report
+        logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
+                    sets["stream"].label, args.stream_buffer_rows,
+                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
+                    len(valid_pairs), len(test_pairs), eval_report.summary(), time.time() - t_data)
+    else:
+        if not len(train_set):
+            raise DataError(f"No training pairs left ({train_report.summary()}).")
+        logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
+                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
+                    len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
+                    time.time() - t_data)
+    sampler = None
+    if train_set is not None:
+        sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
+                                           args.max_sentences, seed=args.seed, shuffle=True,
+                                           examples_per_item=per_item)
     valid_set = sets["valid"]
     valid_batches = corpus.TokenBatchSampler(
         valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
         args.max_tokens, args.max_sentences, shuffle=False, examples_per_item=per_item).batches(0)
-    steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
-                                          args.gradient_accumulation_steps))
-    max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
-    logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
-                "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
-                accelerator.num_processes, args.gradient_accumulation_steps)
+    steps_per_epoch = None
+    if sampler is not None:
+        steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
+                                              args.gradient_accumulation_steps))
+        max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
+        logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
+                    "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
+                    accelerator.num_processes, args.gradient_accumulation_steps)
+    else:
+        max_steps = args.max_steps
+        logger.info("%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
+                    max_steps, args.max_tokens, accelerator.num_processes, args.gradient_accumulation_steps)
 
     # --------------------------------------------------------------------------------------------------- model
     model = build_model(args, tokenizer, languages, target_tags)
@@ -827,13 +875,33 @@ def main(argv=None) -> dict | None:
                     desc="training", dynamic_ncols=True, mininterval=1.0)
     window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
     rank, acc = accelerator.process_index, args.gradient_accumulation_steps
+    if stream is not None and state.stream_state is not None:
+        stream.load_state_dict(state.stream_state)  # the first epoch's drop report so far
+
+    def epoch_progress() -> float:
+        if stream is None:
+            return state.epoch + state.step_in_epoch / max(steps_per_epoch, 1)
+        rows = stream.rows_per_epoch
+        return state.epoch + ((state.stream or {}).get("row", 0) / rows if rows else 0.0)
+
     while state.step < max_steps:
-        plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
-        while state.step_in_epoch < len(plan) and state.step < max_steps:
+        # the epoch's optimizer steps from the current position: (micro-batches, the stream position after it)
+        if stream is not None:
+            epoch_steps = stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
+        else:
+            plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
+            epoch_steps = ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
+        while state.step < max_steps:
             t0 = time.time()
-            micro = plan[state.step_in_epoch][rank * acc:(rank + 1) * acc]
-            batches = [make_batch(unwrapped, tokenizer, train_set.pairs(b), args.bidirectional, args.max_length)
-                       for b in micro]
+            step_batches, position = next(epoch_steps, (None, None))
+            if step_batches is None:  # the end of the epoch
+                state.epoch += 1
+                state.step_in_epoch = 0
+                state.stream = None
+                break
+            micro = step_batches[rank * acc:(rank + 1) * acc]
+            batches = [make_batch(unwrapped, tokenizer, b if stream is not None else train_set.pairs(b),
+                                  args.bidirectional, args.max_length) for b in micro]
             # Token counts, losses and throughput stay on the device: no host sync in the step (the only ones are
             # at logging and evaluation steps), so a GPU can run ahead of Python.
             ntoks = [(b["labels"] != -100).sum() for b in batches]
@@ -863,6 +931,8 @@ def main(argv=None) -> dict | None:
             external.after_optimizer_step(unwrapped)
             state.step += 1
             state.step_in_epoch += 1
+            if stream is not None:
+                state.stream, state.stream_state = position, stream.state_dict()
             dt = time.time() - t0
             state.train_time += dt
             window["loss"] = window["loss"] + step_loss
@@ -882,7 +952,7 @@ def main(argv=None) -> dict | None:
                                                        [window["loss"], window["ntok"], window["tokens"],
                                                         *window["aux"].values()]]), "sum").tolist()
                 state.train_tokens += int(sums[2])
-                record = {"step": state.step, "epoch": state.epoch + state.step_in_epoch / len(plan),
+                record = {"step": state.step, "epoch": epoch_progress(),
                           "loss": float(sums[0] / sums[1]), "lr": lr,
                           "tokens_per_sec": sums[2] / max(window["time"], 1e-9)}
                 for j, name in enumerate(window["aux"]):
@@ -898,9 +968,6 @@ def main(argv=None) -> dict | None:
                 is_best = run_eval(state.step)
             if state.step % args.save_steps == 0 or last or is_best:
                 save(state.step)
-        if state.step_in_epoch >= len(plan):
-            state.epoch += 1
-            state.step_in_epoch = 0
     progress.close()
     accelerator.wait_for_everyone()
 
@@ -963,14 +1030,14 @@ def main(argv=None) -> dict | None:
             "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
             "wall_time_sec": wall_time,
             "train_time_sec": state.train_time,
-            "train_pairs": len(train_set),
+            "train_pairs": len(train_set) if stream is None else stream.kept_pairs,
             "dropped_pairs": train_report.total,
             "dropped_reasons": dict(sorted(train_report.counts.items())),
             "dropped_examples": train_report.to_dict()["examples"],
             "eval_dropped_pairs": eval_report.total,
             "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
             "steps": state.step,
-            "epochs": round(state.epoch + state.step_in_epoch / max(steps_per_epoch, 1), 3),
+            "epochs": round(epoch_progress(), 3),
             "final_model": final_source,
             "best_step": state.best_step,
             "validation": state.evals,
@@ -1008,7 +1075,7 @@ def main(argv=None) -> dict | None:
             for e in scores["examples"][:args.num_examples]:
                 print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
                       f"         HYP: {e['translation']}")
-        print(f"\nTrain pairs {len(train_set)}, dropped {train_report.total} "
+        print(f"\nTrain pairs {results['train_pairs']}, dropped {train_report.total} "
               f"{dict(train_report.counts) if train_report.total else ''}; "
               f"{results['train_tokens_per_sec']:.0f} tokens/s")
         print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
