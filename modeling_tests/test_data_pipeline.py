@@ -377,3 +377,87 @@ def test_ranks_take_disjoint_shares_of_every_step():
     last = [x for b in plan[len(plan) - 1] for x in b.tolist()]
     assert sorted(set(shares[0]) | set(shares[1]) | set(last)) == list(range(5000))
     assert corpus.plan_epoch(epoch, 2, 3)[4][1].tolist() == plan[4][1].tolist()
+
+
+# ------------------------------------------------------------------------------------------------ streaming
+def test_streaming_4_5M_pairs_exact_positions(tok, tmp_path):
+    """A synthetic corpus of 4.5M distinct pairs streamed in buffers of 50k rows: the first steps need only the
+    first buffer; a position deep in the stream (what a checkpoint stores) resumes with exactly the steps the
+    uninterrupted stream gives from there, reading the rows the files hold at those lines; the epoch ends after the
+    last row. (The benchmark, benchmarks/scale.py, times training on the WMT-like 4.5M corpus.)"""
+    import time
+
+    n = 4_500_000
+    for lang, word in (("en", "dog"), ("de", "Hund")):
+        with open(tmp_path / f"big.{lang}", "w", encoding="utf-8") as f:
+            for start in range(0, n, 500_000):
+                f.write("".join(f"{word} {i % 1009} {i // 1009}\n" for i in range(start, start + 500_000)))
+    source = data_pipeline.SplitSource.from_dir(tmp_path, "big", ["en", "de"])
+
+    def stream():
+        return data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=64,
+                                            buffer_rows=50_000, max_tokens=4000, seed=3, num_processes=2)
+
+    t0 = time.time()
+    first = stream().steps()
+    steps = [next(first) for _ in range(3)]
+    assert time.time() - t0 < 120
+    assert all(p.location.endswith(f"big.en:{int(p.location.rsplit(':', 1)[1])}") for s, _ in steps for b in s
+               for p in b)
+    assert max(int(p.location.rsplit(":", 1)[1]) for s, _ in steps for b in s for p in b) <= 50_000
+    assert [pos for _, pos in steps] == [{"epoch": 0, "buffer": 0, "row": 0, "step": k} for k in (1, 2, 3)]
+    # resuming after step 2 gives step 3 again
+    again = next(stream().steps(steps[1][1]))
+    assert [[vars(p) for p in b] for b in again[0]] == [[vars(p) for p in b] for b in steps[2][0]]
+    # deep in the stream: buffer 88 (rows 4,400,000-4,449,999), after its step 4
+    deep = {"epoch": 0, "buffer": 88, "row": 4_400_000, "step": 4}
+    fresh = stream().steps({**deep, "step": 0})
+    reference = [next(fresh) for _ in range(6)]
+    resumed = stream().steps(deep)
+    got = next(resumed)
+    assert [[vars(p) for p in b] for b in got[0]] == [[vars(p) for p in b] for b in reference[4][0]]
+    assert got[1] == reference[4][1] == {**deep, "step": 5}
+    for batch in got[0]:
+        for p in batch:
+            i = int(p.location.rsplit(":", 1)[1]) - 1
+            assert 4_400_000 <= i < 4_450_000
+            assert (p.src, p.tgt, p.tgt_location) == (f"dog {i % 1009} {i // 1009}", f"Hund {i % 1009} {i // 1009}",
+                                                      f"{tmp_path / 'big.de'}:{i + 1}")
+    # the last buffer ends the epoch, and the position before it is the next buffer's start
+    tail = stream()
+    last = list(tail.steps({"epoch": 0, "buffer": 89, "row": 4_450_000, "step": 0}))
+    assert last[-1][1] == {"epoch": 0, "buffer": 90, "row": n, "step": 0}
+    assert tail.rows_per_epoch == n
+    seen = sorted(int(p.location.rsplit(":", 1)[1]) for s, _ in last for b in s for p in b)
+    assert set(seen) == set(range(4_450_001, n + 1))  # every pair of the buffer (some twice: the wrap-around)
+
+
+def test_streaming_counts_bad_pairs_once_and_stops_on_error(bad_dir, tok):
+    """Bad pairs of a stream are counted while the first epoch is read (as the cached pipeline counts them), not
+    again in later epochs, and the count survives a resume (state_dict); --on_bad_pairs error names the line."""
+    source = data_pipeline.SplitSource.from_dir(bad_dir, "t", ["en", "de"])
+    _, _, cached = pipeline(source, tok, [("en", "de")], bad_dir / "cache", max_length=40)
+    stream = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25,
+                                          max_tokens=400)
+    first = list(stream.steps())
+    assert dict(stream.report.counts) == dict(cached.report.counts) and stream.rows_per_epoch == 60
+    assert stream.report.locations == cached.report.locations and stream.kept_pairs == len(cached)
+    list(stream.steps({"epoch": 1, "buffer": 0, "row": 0, "step": 0}))
+    assert dict(stream.report.counts) == dict(cached.report.counts)
+    # resumed mid-epoch 0 from a checkpoint's state: the count goes on from there
+    partial = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
+                                           buffer_rows=25, max_tokens=400)
+    it = partial.steps()
+    next(it)
+    position, state = next(it)[1], partial.state_dict()
+    resumed = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
+                                           buffer_rows=25, max_tokens=400)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    rest = list(resumed.steps(position))
+    assert dict(resumed.report.counts) == dict(cached.report.counts)
+    assert [[vars(p) for p in b] for s, _ in rest for b in s] == [[vars(p) for p in b] for s, _ in first[2:]
+                                                                 for b in s]
+    failing = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
+                                           buffer_rows=25, max_tokens=400, on_bad_pairs="error")
+    with pytest.raises(DataError, match=r"t\.en:4: empty source \(en-de\)\."):
+        list(failing.steps())

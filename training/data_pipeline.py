@@ -221,13 +221,14 @@ class Locator:
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
+def iter_line_blocks(path: str | os.PathLike, skip: int = 0) -> Iterator[list[str]]:
     """The lines of a plain or gzip UTF-8 file in blocks (lists of lines without terminators, split on "\\n" only,
-    trailing "\\r" removed: `corpus.read_lines` block by block). A bad encoding names the line."""
+    trailing "\\r" removed: `corpus.read_lines` block by block). A bad encoding names the line. The first `skip`
+    lines are passed over at the byte level (neither decoded nor checked)."""
     import gzip
 
     path = Path(path)
-    seen = 0
+    seen = skip
     carry = b""
     try:
         f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
@@ -237,6 +238,16 @@ def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
                 if not chunk:
                     break
                 data = carry + chunk
+                if skip:
+                    newlines = data.count(b"\n")
+                    if newlines <= skip:
+                        skip -= newlines
+                        carry = data[data.rfind(b"\n") + 1:] if newlines else data
+                        continue
+                    pos = -1
+                    for _ in range(skip):
+                        pos = data.find(b"\n", pos + 1)
+                    data, skip = data[pos + 1:], 0
                 cut = data.rfind(b"\n")
                 if cut < 0:
                     carry = data
@@ -247,7 +258,7 @@ def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
                 yield lines
     except (OSError, EOFError) as err:
         raise DataError(f"{path}: cannot read ({err}).") from err
-    if carry:
+    if carry and not skip:
         yield _decode(carry, path, seen)
 
 
@@ -271,13 +282,13 @@ class LineCountMismatch(Exception):
         self.counts = counts
 
 
-def iter_parallel_blocks(files: dict[str, str]) -> Iterator[dict[str, list[str]]]:
-    """Blocks of aligned lines of line-parallel files `{key: path}`; files of different line counts raise
-    `LineCountMismatch` (with every file's count) once the shortest ends."""
-    readers = {k: iter_line_blocks(p) for k, p in files.items()}
+def iter_parallel_blocks(files: dict[str, str], skip: int = 0) -> Iterator[dict[str, list[str]]]:
+    """Blocks of aligned lines of line-parallel files `{key: path}` (after the first `skip` lines); files of
+    different line counts raise `LineCountMismatch` (with every file's count) once the shortest ends."""
+    readers = {k: iter_line_blocks(p, skip) for k, p in files.items()}
     buffers: dict[str, list[str]] = {k: [] for k in files}
     done = {k: False for k in files}
-    yielded = 0
+    yielded = skip
     while True:
         for k in files:
             while not done[k] and len(buffers[k]) < WRITE_BATCH_ROWS:
@@ -323,9 +334,10 @@ def _jsonable_value(value) -> str | None:
 
 
 def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: Sequence[str],
-                    info: dict) -> Iterator[dict[str, list]]:
+                    info: dict, start_row: int = 0) -> Iterator[dict[str, list]]:
     """Blocks of rows as columns `text.<lang>` (None: the side is missing) and `ann.<name>.<lang>` (JSON text,
-    None: missing), for `languages`. `info` collects `languages_present` and `annotations_present`."""
+    None: missing), for `languages`, from row `start_row` on (earlier lines of text files are skipped unread).
+    `info` collects `languages_present` and `annotations_present` (of the rows read)."""
     present: dict[str, None] = {}
     ann_present: dict[str, set] = {name: set() for name in annotations}
     info["languages_present"] = present
@@ -338,7 +350,7 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
         for key in ann_files:
             ann_present[key.split(".")[1]].add(key.rsplit(".", 1)[1])
         try:
-            for block in iter_parallel_blocks({**text_files, **ann_files}):
+            for block in iter_parallel_blocks({**text_files, **ann_files}, start_row):
                 size = len(next(iter(block.values())))
                 out = {_text_col(lang): block.get(_text_col(lang), [None] * size) for lang in languages}
                 for name in annotations:
@@ -351,11 +363,11 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
             raise mismatch_error(err.counts, text_files, ann_files) from None
         return
     if source.kind == "tsv":
-        yield from _tsv_blocks(source.path, languages, present)
+        yield from _tsv_blocks(source.path, languages, present, start_row)
         return
     if source.kind == "hub":
         column = source.dataset.select_columns(["translation"])
-        for start in range(0, len(column), WRITE_BATCH_ROWS):
+        for start in range(start_row, len(column), WRITE_BATCH_ROWS):
             out = {_text_col(lang): [] for lang in languages}
             for i, obj in enumerate(column[start:start + WRITE_BATCH_ROWS]["translation"], start):
                 row = corpus._translation_row(obj, f"{source.label} row {i}")
@@ -365,15 +377,22 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
             yield out
         return
     if source.kind == "jsonl":
-        yield from _jsonl_blocks(source.path, languages, annotations, present, ann_present)
+        yield from _jsonl_blocks(source.path, languages, annotations, present, ann_present, start_row)
         return
     raise ValueError(f"iter_row_blocks: no reader for {source.kind!r}")
 
 
-def _tsv_blocks(path, languages, present) -> Iterator[dict[str, list]]:
+def _tsv_blocks(path, languages, present, start_row: int = 0) -> Iterator[dict[str, list]]:
     columns = None
     line_no = 0
-    for lines in iter_line_blocks(path):
+    if start_row:  # the header, then the lines after the first start_row rows
+        header = next(iter_line_blocks(path), [])[:1]
+        blocks = iter_line_blocks(path, start_row + 1)
+        line_no = start_row
+        blocks = _prepend(header, blocks)
+    else:
+        blocks = iter_line_blocks(path)
+    for lines in blocks:
         start = 0
         if columns is None:
             if not lines:
@@ -401,9 +420,16 @@ def _tsv_blocks(path, languages, present) -> Iterator[dict[str, list]]:
         raise DataError(f"{path}: empty TSV file (expected a header line such as 'en<TAB>de').")
 
 
-def _jsonl_blocks(path, languages, annotations, present, ann_present) -> Iterator[dict[str, list]]:
-    line_no = 0
-    for lines in iter_line_blocks(path):
+def _prepend(first: list[str], blocks: Iterator[list[str]]) -> Iterator[list[str]]:
+    """`first` + the first block, then the other blocks."""
+    block = next(blocks, [])
+    yield first + block
+    yield from blocks
+
+
+def _jsonl_blocks(path, languages, annotations, present, ann_present, start_row: int = 0) -> Iterator[dict[str, list]]:
+    line_no = start_row
+    for lines in iter_line_blocks(path, start_row):
         out = {_text_col(lang): [] for lang in languages}
         out.update({_ann_col(n, lang): [] for n in annotations for lang in languages})
         for line in lines:
@@ -436,12 +462,18 @@ def _jsonl_blocks(path, languages, annotations, present, ann_present) -> Iterato
 @dataclass
 class Rows:
     """A split's rows: `dataset` (memory-mapped `datasets.Dataset` with `text.<lang>` / `ann.<name>.<lang>`
-    columns), its `meta` (source, languages and annotations present) and `locate` (row -> file:line)."""
+    columns), its `meta` (source, languages and annotations present) and `locate` (row -> file:line).
+
+    Random access (a batch's sentences) goes through the memory map; whole passes (`batches`: the tokenizer's
+    sample, the token counts) read the Arrow file sequentially instead, so that they do not map the whole corpus
+    into the process (mapped pages count in its resident memory)."""
 
     dataset: object
     meta: dict
     fingerprint: str
     built: bool = False
+    path: str | None = None  # the Arrow file (None: a view of a `datasets` dataset's own cache)
+    limit: int | None = None
 
     @property
     def locate(self) -> Locator:
@@ -457,18 +489,48 @@ class Rows:
     def head(self, n: int | None) -> "Rows":
         if not n or n >= len(self.dataset):
             return self
-        return Rows(self.dataset.select(range(n)), self.meta, f"{self.fingerprint}-head{n}", self.built)
+        return Rows(self.dataset.select(range(n)), self.meta, f"{self.fingerprint}-head{n}", self.built, self.path,
+                    n)
 
-    def texts(self, lang: str, rows: np.ndarray | None = None, block: int = 100_000) -> Iterator[str]:
-        """The `lang` sentences of `rows` (default: all), in order, read block by block ("" for a missing one)."""
-        col = self.dataset.select_columns([_text_col(lang)])
-        n = len(col)
-        if rows is None:
-            for i in range(0, n, block):
-                yield from (t if t is not None else "" for t in col[i:i + block][_text_col(lang)])
+    def batches(self, columns: Sequence[str], start: int = 0, stop: int | None = None):
+        """Record batches (`pyarrow.RecordBatch`, `columns` only) covering rows [start, stop), in order: read from
+        the Arrow file sequentially (no memory map), or sliced from the dataset's table."""
+        import pyarrow as pa
+
+        stop = len(self) if stop is None else min(stop, len(self))
+        if self.path is None:
+            ds = self.dataset if self.dataset._indices is None else self.dataset.flatten_indices()
+            yield from ds.data.table.select(list(columns)).slice(start, max(stop - start, 0)).to_batches()
             return
-        for i in range(0, len(rows), block):
-            yield from (t if t is not None else "" for t in col[rows[i:i + block].tolist()][_text_col(lang)])
+        offset = 0
+        with pa.OSFile(self.path) as f:
+            for batch in pa.ipc.open_stream(f):
+                end = offset + batch.num_rows
+                if end > start and offset < stop:
+                    lo, hi = max(start - offset, 0), min(stop, end) - offset
+                    yield batch.select(list(columns)).slice(lo, hi - lo)
+                offset = end
+                if offset >= stop:
+                    return
+
+    def texts(self, lang: str, rows: np.ndarray | None = None) -> Iterator[str]:
+        """The `lang` sentences of `rows` (sorted row numbers; default: all), in order, in one sequential pass
+        ("" for a missing one)."""
+        import pyarrow as pa
+
+        offset, k = 0, 0
+        for batch in self.batches([_text_col(lang)]):
+            col = batch.column(0)
+            end = offset + batch.num_rows
+            if rows is not None:
+                j = int(np.searchsorted(rows, end, side="left"))
+                if j == k:
+                    offset = end
+                    continue
+                col = col.take(pa.array(rows[k:j] - offset))
+                k = j
+            yield from (t if t is not None else "" for t in col.to_pylist())
+            offset = end
 
 
 def _hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows:
@@ -514,7 +576,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
     final = cache_dir / f"rows-{fp}"
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
-        return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp)
+        return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp, path=str(final / "data.arrow"))
     t0 = time.time()
     tmp = _new_tmp(cache_dir, f"rows-{fp}")
     try:
@@ -546,7 +608,8 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("Read %s: %d rows in %.1f s (cached in %s)", source.label, rows, time.time() - t0, final)
-    return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp, built=True)
+    return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp, built=True,
+                path=str(final / "data.arrow"))
 
 
 # ------------------------------------------------------------------------------------- stage 2: measured
@@ -629,18 +692,34 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
         features.update({f"state.{lang}": datasets.Value("int8") for lang in languages})
         features.update({f"check.{n}.{lang}": datasets.Value("int8") for n, lang in checks})
         needed = [_text_col(lang) for lang in languages] + [_ann_col(n, lang) for n, lang in checks]
-        source = rows.dataset.select_columns(needed)
-        with _quiet_datasets():
-            result = source.map(
-                _measure, batched=True, batch_size=MAP_BATCH_ROWS, num_proc=workers if workers > 1 else None,
-                remove_columns=needed, features=datasets.Features(features),
-                fn_kwargs={"tokenizer": tokenizer, "languages": list(languages), "checks": list(checks)},
-                cache_file_name=str(tmp / "measured.arrow"), new_fingerprint=fp, load_from_cache_file=False,
-                writer_batch_size=50_000, desc=None)
-        files = sorted(Path(f["filename"]).name for f in result.cache_files)
-        del result
-        meta = {"files": files, "rows": len(rows), "tokenizer": tok_fp, "languages": list(languages),
-                "checks": [list(c) for c in checks], "seconds": round(time.time() - t0, 2), "workers": workers}
+        bounds = np.linspace(0, len(rows), workers + 1).astype(int).tolist()
+        tasks = [(k, bounds[k], bounds[k + 1], str(tmp / f"measured-{k:05d}.arrow")) for k in range(workers)]
+        global _JOB
+        _JOB = dict(rows=rows, tokenizer=tokenizer, languages=list(languages), checks=list(checks), needed=needed,
+                    features=datasets.Features(features))
+        try:
+            if workers == 1:
+                files = [_measure_range(tasks[0])]
+            else:
+                import multiprocessing
+
+                # forked workers inherit the job (no pickling of the tokenizer); tokenizers' own thread pool is
+                # off in them (one process per core instead)
+                previous = os.environ.get("TOKENIZERS_PARALLELISM")
+                os.environ["TOKENIZERS_PARALLELISM"] = "false"
+                try:
+                    with multiprocessing.get_context("fork").Pool(workers) as pool:
+                        files = pool.map(_measure_range, tasks, chunksize=1)
+                finally:
+                    if previous is None:
+                        os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                    else:
+                        os.environ["TOKENIZERS_PARALLELISM"] = previous
+        finally:
+            _JOB = None
+        meta = {"files": [Path(f).name for f in files], "rows": len(rows), "tokenizer": tok_fp,
+                "languages": list(languages), "checks": [list(c) for c in checks],
+                "seconds": round(time.time() - t0, 2), "workers": workers}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         _publish(tmp, final)
     except BaseException:
@@ -656,20 +735,22 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
     return Measured(ds, fp, built=True)
 
 
-class _quiet_datasets:
-    """No progress bars from `datasets` while the cache is built (the log says what happens)."""
+_JOB: dict | None = None  # the stage-2 job, inherited by forked workers
 
-    def __enter__(self):
-        from datasets.utils.logging import disable_progress_bar, is_progress_bar_enabled
 
-        self.was = is_progress_bar_enabled()
-        disable_progress_bar()
+def _measure_range(task) -> str:
+    """Token counts of rows [start, stop) (read sequentially) into the Arrow file `path` (one worker's share)."""
+    from datasets.arrow_writer import ArrowWriter
 
-    def __exit__(self, *exc):
-        from datasets.utils.logging import enable_progress_bar
-
-        if self.was:
-            enable_progress_bar()
+    _, start, stop, path = task
+    job = _JOB
+    with ArrowWriter(features=job["features"], path=path) as writer:
+        for batch in job["rows"].batches(job["needed"], start, stop):
+            for lo in range(0, batch.num_rows, MAP_BATCH_ROWS):
+                block = batch.slice(lo, MAP_BATCH_ROWS).to_pydict()
+                writer.write_batch(_measure(block, job["tokenizer"], job["languages"], job["checks"]))
+        writer.finalize()
+    return path
 
 
 # ---------------------------------------------------------------------------------------- stage 3: pairs
@@ -829,53 +910,75 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
         return PairSet(row_index=arrays["rows"], dir_index=arrays["dirs"], src_len=arrays["src_len"],
                        tgt_len=arrays["tgt_len"], report=_report_from_dict(split, meta["report"]), **common)
     n = len(rows)
-    reason, src_len, tgt_len = pair_reasons(measured.column, n, list(dict.fromkeys(x for d in directions for x in d)),
-                                            directions, annotations, target_annotations, tag, max_length)
-    flat = reason.reshape(-1)
+    langs = list(dict.fromkeys(x for d in directions for x in d))
     D = len(directions)
     locate = rows.locate
+    row_dtype = np.int32 if n < 2 ** 31 else np.int64
 
     def checked(name, lang, row):
         return measured.column(f"check.{name}.{lang}")[row] > 0
 
-    if on_bad_pairs == "error":
-        bad = np.flatnonzero((flat != 0) & (flat != TOO_LONG))
-        if not len(bad):
-            bad = np.flatnonzero(flat == TOO_LONG)
-        if len(bad):
-            i = int(bad[0])
-            row, d = divmod(i, D)
-            s, t = directions[d]
-            why = REASONS[flat[i] - 1]
-            if why == "too_long":
-                where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate,
-                                  int(src_len[row, d]), int(tgt_len[row, d]), max_length)
-                raise DataError(f"{where}: pair longer than --max_length {max_length} tokens (source "
-                                f"{int(src_len[row, d])}, target {int(tgt_len[row, d])}).")
-            where, side = _fault(why, row, s, t, annotations, target_annotations, checked, locate)
-            detail = ""
-            if why in ANNOTATION_REASONS[1:]:
-                detail = _annotation_detail(rows, row, side, annotations, checked)
-            raise DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
-    report = DropReport(split)
-    counts = np.bincount(flat, minlength=len(REASONS) + 1)
-    for code in np.flatnonzero(counts[1:]) + 1:
+    # one direction at a time (memory: a few arrays of n entries, whatever the number of directions); the report's
+    # examples and the first error are then picked in row-major order over (row, direction), as build_pairs does
+    counts = np.zeros(len(REASONS) + 1, dtype=np.int64)
+    examples: list[tuple[int, int, int, int, int]] = []  # (row, direction, code, source length, target length)
+    first_bad, first_long = None, None
+    kept_rows, kept_dirs, kept_src, kept_tgt = [], [], [], []
+    for d, direction in enumerate(directions):
+        reason, src_len, tgt_len = pair_reasons(measured.column, n, langs, [direction], annotations,
+                                                target_annotations, tag, max_length)
+        r, sl, tl = reason[:, 0], src_len[:, 0], tgt_len[:, 0]
+        counts += np.bincount(r, minlength=len(REASONS) + 1)
+        for code in np.unique(r[r > 0]).tolist():
+            for row in np.flatnonzero(r == code)[:corpus.MAX_REPORTED_LOCATIONS].tolist():
+                examples.append((row, d, code, int(sl[row]), int(tl[row])))
+        bad = np.flatnonzero((r != 0) & (r != TOO_LONG))
+        if len(bad) and (first_bad is None or (int(bad[0]), d) < first_bad[:2]):
+            first_bad = (int(bad[0]), d)
+        long_ = np.flatnonzero(r == TOO_LONG)
+        if len(long_) and (first_long is None or (int(long_[0]), d) < first_long[:2]):
+            first_long = (int(long_[0]), d)
+        keep = np.flatnonzero(r == 0)
+        kept_rows.append(keep.astype(row_dtype))
+        kept_dirs.append(np.full(len(keep), d, dtype=np.int16))
+        kept_src.append(sl[keep])
+        kept_tgt.append(tl[keep])
+        del reason, src_len, tgt_len, r, sl, tl, keep
+    if on_bad_pairs == "error" and (first_bad or first_long):
+        row, d = first_bad or first_long
+        s, t = directions[d]
+        code = next(c for (r_, d_, c, _, _) in examples if (r_, d_) == (row, d))
+        ls, lt = next((a, b) for (r_, d_, _, a, b) in examples if (r_, d_) == (row, d))
         why = REASONS[code - 1]
-        report.counts[why] = int(counts[code])
-        for i in np.flatnonzero(flat == code)[:corpus.MAX_REPORTED_LOCATIONS].tolist():
-            row, d = divmod(i, D)
+        if why == "too_long":
+            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
+            raise DataError(f"{where}: pair longer than --max_length {max_length} tokens (source {ls}, target "
+                            f"{lt}).")
+        where, side = _fault(why, row, s, t, annotations, target_annotations, checked, locate)
+        detail = ""
+        if why in ANNOTATION_REASONS:
+            detail = _annotation_detail(rows, row, side, annotations, checked)
+        raise DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
+    report = DropReport(split)
+    for code in np.flatnonzero(counts[1:]) + 1:
+        report.counts[REASONS[code - 1]] = int(counts[code])
+    for row, d, code, ls, lt in sorted(examples):
+        why = REASONS[code - 1]
+        if len(report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
             s, t = directions[d]
-            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate,
-                              int(src_len[row, d]), int(tgt_len[row, d]), max_length)
+            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
             report.locations.setdefault(why, []).append(where)
-    kept = np.flatnonzero(flat == 0)
-    row_dtype = np.int32 if n < 2 ** 31 else np.int64
-    longest = int(max(src_len.max(initial=0), tgt_len.max(initial=0)))
+    rows_a, dirs_a = np.concatenate(kept_rows), np.concatenate(kept_dirs)
+    src_a, tgt_a = np.concatenate(kept_src), np.concatenate(kept_tgt)
+    del kept_rows, kept_dirs, kept_src, kept_tgt
+    if D > 1:  # row-major: row, then direction
+        order = np.lexsort((dirs_a, rows_a))
+        rows_a, dirs_a, src_a, tgt_a = rows_a[order], dirs_a[order], src_a[order], tgt_a[order]
+        del order
+    longest = int(max(src_a.max(initial=0), tgt_a.max(initial=0)))
     len_dtype = np.int16 if longest < 2 ** 15 else np.int32
-    arrays = {"rows": (kept // D).astype(row_dtype), "dirs": (kept % D).astype(np.int16),
-              "src_len": src_len.reshape(-1)[kept].astype(len_dtype),
-              "tgt_len": tgt_len.reshape(-1)[kept].astype(len_dtype)}
-    del reason, src_len, tgt_len, flat, kept
+    arrays = {"rows": rows_a, "dirs": dirs_a, "src_len": src_a.astype(len_dtype), "tgt_len": tgt_a.astype(len_dtype)}
+    del rows_a, dirs_a, src_a, tgt_a
     tmp = _new_tmp(cache_dir, f"pairs-{fp}")
     try:
         for k, v in arrays.items():
@@ -930,22 +1033,16 @@ def tokenizer_sample(rows: Rows, languages: Sequence[str], max_lines: int | None
 # ------------------------------------------------------------------------------------------------ streaming
 def _stream_examples(source: SplitSource, languages: tuple, annotations: tuple, start_row: int):
     """Rows of a split from `start_row` on, one dict a row (`row`, `text.<lang>`, `ann.<name>.<lang>`), with the
-    structural checks of the cached path (the generator of the streaming `IterableDataset`). Blocks before
-    `start_row` are read and skipped without building rows."""
-    info: dict = {}
-    row = 0
-    for block in iter_row_blocks(source, languages, annotations, info):
+    structural checks of the cached path (the generator of the streaming `IterableDataset`); the lines before
+    `start_row` are skipped unread."""
+    row = start_row
+    for block in iter_row_blocks(source, languages, annotations, {}, start_row):
         cols = list(block)
-        size = len(block[cols[0]])
-        if row + size <= start_row:
-            row += size
-            continue
-        first = max(0, start_row - row)
-        for j in range(first, size):
+        for j in range(len(block[cols[0]])):
             example = {c: block[c][j] for c in cols}
-            example["row"] = row + j
+            example["row"] = row
+            row += 1
             yield example
-        row += size
 
 
 def streaming_rows(source: SplitSource, languages: Sequence[str], annotations: Sequence[str], tokenizer,
