@@ -234,6 +234,28 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp")]  # failed builds leave nothing behind
 
 
+
+@pytest.mark.parametrize("line,message", [
+    ("", r"bad\.jsonl:2: empty line \(expected one JSON object a line\)"),
+    ("{not json", r"bad\.jsonl:2: invalid JSON"),
+    ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
+])
+def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message):
+    """One JSONL line parser (corpus.parse_jsonl_line) for the in-memory loader, the Arrow pipeline and
+    translate.py: each names the file and line with the same message."""
+    from training import translate
+
+    path = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "a", "de": "x"}}), line, "{}"])
+    errors = []
+    for read in (lambda: corpus.load_jsonl(path),
+                 lambda: data_pipeline.load_rows(data_pipeline.SplitSource.from_file(path), ["en", "de"],
+                                                 cache_dir=tmp_path / "cache"),
+                 lambda: translate.read_jsonl_input(str(path), "en", "de", [])):
+        with pytest.raises(DataError, match=message) as err:
+            read()
+        errors.append(str(err.value))
+    assert len(set(errors)) == 1, errors
+
 # ------------------------------------------------------------------------------------------- the cache
 def test_cache_is_reused_and_invalidated(tok, tmp_path, monkeypatch):
     """A second load tokenizes nothing and returns the same arrays; changing the data, the tokenizer or a

@@ -192,6 +192,20 @@ def load_tsv(path: str | os.PathLike, columns: Sequence[str] | None = None) -> P
     return ParallelCorpus(str(path), rows, locations, list(columns))
 
 
+def parse_jsonl_line(line: str, where: str) -> dict:
+    """One line of a JSONL file as its object; `where` ("file:line") names it in the `DataError` for an empty line,
+    invalid JSON or a value that is not an object. Shared by the training loaders and translate.py."""
+    if not line.strip():
+        raise DataError(f"{where}: empty line (expected one JSON object a line).")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: invalid JSON ({err.msg}).") from err
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}.")
+    return obj
+
+
 def _translation_row(obj, where: str) -> dict[str, str]:
     if isinstance(obj, dict) and "translation" in obj:
         obj = obj["translation"]
@@ -215,15 +229,10 @@ def load_jsonl(path: str | os.PathLike, annotations: Sequence[str] = ()) -> Para
     rows, locations, langs = [], [], {}
     found: dict[str, dict[str, dict[int, object]]] = {name: {} for name in annotations}
     for i, line in enumerate(read_lines(path)):
-        if not line.strip():
-            raise DataError(f"{path}:{i + 1}: empty line (expected one JSON object a line).")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{i + 1}: invalid JSON ({err.msg}).") from err
+        obj = parse_jsonl_line(line, f"{path}:{i + 1}")
         row = _translation_row(obj, f"{path}:{i + 1}")
         for name in annotations:
-            value = obj.get(name) if isinstance(obj, dict) and "translation" in obj else None
+            value = obj.get(name) if "translation" in obj else None
             if isinstance(value, dict):
                 for lang, v in value.items():
                     found[name].setdefault(lang, {})[len(rows)] = v

@@ -435,12 +435,7 @@ def _jsonl_blocks(path, languages, annotations, present, ann_present, start_row:
         for line in lines:
             line_no += 1
             where = f"{path}:{line_no}"
-            if not line.strip():
-                raise DataError(f"{where}: empty line (expected one JSON object a line).")
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: invalid JSON ({err.msg}).") from err
+            obj = corpus.parse_jsonl_line(line, where)
             row = corpus._translation_row(obj, where)
             for lang in row:
                 if lang not in present:
@@ -448,7 +443,7 @@ def _jsonl_blocks(path, languages, annotations, present, ann_present, start_row:
             for lang in languages:
                 out[_text_col(lang)].append(row.get(lang))
             for name in annotations:
-                value = obj.get(name) if isinstance(obj, dict) and "translation" in obj else None
+                value = obj.get(name) if "translation" in obj else None
                 value = value if isinstance(value, dict) else {}
                 for lang in languages:
                     v = value.get(lang)
