@@ -256,6 +256,43 @@ def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message)
         errors.append(str(err.value))
     assert len(set(errors)) == 1, errors
 
+
+def test_many_to_many_rows_without_a_language_are_no_pairs_of_its_directions(tok, tmp_path):
+    """OPUS-100 style (one language pair a row): with skip_absent (train.py: more than two languages) a row lacking
+    a direction's language is no pair of it, neither kept nor counted as bad; an empty sentence is still counted.
+    Without it, every absent side is a bad pair (two-language runs keep reporting a row's missing side). The
+    cached and the streamed pipeline agree."""
+    en, de, fr = (head(MULTI30K / f"val.{lang}.gz", 12) for lang in ("en", "de", "fr"))
+    rows = [{"translation": {"en": en[i], "de": de[i]}} for i in range(6)]
+    rows += [{"translation": {"fr": fr[i], "en": en[i]}} for i in range(6, 12)]
+    rows[2]["translation"]["de"] = ""  # an empty sentence: a bad pair of en-de and de-en
+    rows[8]["translation"]["fr"] = None  # null: no French side at all
+    path = write(tmp_path / "m.jsonl", [json.dumps(r, ensure_ascii=False) for r in rows])
+    languages = ["en", "de", "fr"]
+    directions = corpus.parse_directions("en-*,*-en", languages)
+    source = data_pipeline.SplitSource.from_file(path)
+    rows_, measured, _ = pipeline(source, tok, directions, tmp_path / "cache", languages=languages)
+    pair_set = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache",
+                                            skip_absent=True)
+    assert pair_set.pairs_per_direction == {"en-de": 5, "en-fr": 5, "de-en": 5, "fr-en": 5}
+    assert dict(pair_set.report.counts) == {"empty_target": 1, "empty_source": 1}
+    assert pair_set.report.locations["empty_target"] == [f"{path}:3"]
+    got = pair_set.to_pairs()
+    assert {(p.src_lang, p.tgt_lang, p.location) for p in got} == (
+        {(s, t, f"{path}:{i + 1}") for i in (0, 1, 3, 4, 5) for s, t in (("en", "de"), ("de", "en"))}
+        | {(s, t, f"{path}:{i + 1}") for i in (6, 7, 9, 10, 11) for s, t in (("en", "fr"), ("fr", "en"))})
+    cached_again = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache",
+                                                skip_absent=True)
+    assert not cached_again.built and cached_again.pairs_per_direction == pair_set.pairs_per_direction
+    every = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache")
+    assert len(every) == len(pair_set) and every.report.counts["missing_target"] == 12 + 1
+    stream = data_pipeline.StreamingPairs(source, languages, directions, tok, buffer_rows=5, max_tokens=400,
+                                          skip_absent=True)
+    streamed = [p for step, _ in stream.steps() for b in step for p in b]
+    assert sorted((p.src_lang, p.tgt_lang, p.location) for p in streamed) == sorted(
+        (p.src_lang, p.tgt_lang, p.location) for p in got)
+    assert dict(stream.report.counts) == dict(pair_set.report.counts)
+
 # ------------------------------------------------------------------------------------------- the cache
 def test_cache_is_reused_and_invalidated(tok, tmp_path, monkeypatch):
     """A second load tokenizes nothing and returns the same arrays; changing the data, the tokenizer or a

@@ -382,12 +382,26 @@ ANNOTATION_CHECKS = {"parses": check_parse}
 
 
 def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str]) -> list[tuple[str, str]]:
-    """`"en-de,de-en"` (or a list of such) → `[("en", "de"), ("de", "en")]`; None → every ordered pair."""
+    """`"en-de,de-en"` (or a list of such) → `[("en", "de"), ("de", "en")]`; None → every ordered pair. `*` stands
+    for every other language of the run: `"en-*,*-en"` are the English-centric directions (in `languages` order)."""
     if spec is None or spec == "" or spec == "all":
         return [(s, t) for s in languages for t in languages if s != t]
     items = spec.split(",") if isinstance(spec, str) else list(spec)
-    directions = []
+    expanded = []
     for item in items:
+        parts = [p.strip() for p in item.strip().split("-")]
+        if len(parts) == 2 and parts.count("*") == 1:
+            fixed = parts[1] if parts[0] == "*" else parts[0]
+            check_language_code(fixed, "--directions")
+            if fixed not in languages:
+                raise DataError(f"Direction {item!r} uses language {fixed!r}, which is not in the languages of the "
+                                f"run ({', '.join(languages)}).")
+            others = [lang for lang in languages if lang != fixed]
+            expanded += [f"{o}-{fixed}" if parts[0] == "*" else f"{fixed}-{o}" for o in others]
+        else:
+            expanded.append(item)
+    directions = []
+    for item in expanded:
         parts = item.strip().split("-")
         if len(parts) != 2:
             raise DataError(f"Invalid direction {item!r}: expected 'src-tgt', e.g. 'en-de'.")

@@ -62,6 +62,7 @@ ANNOTATION_REASONS = ("missing_annotation", "malformed_parse", "parse_mismatch")
 # reason code of a pair = 1 + index in REASONS (0: kept)
 REASONS = BASE_REASONS + ANNOTATION_REASONS + ("too_long",)
 TOO_LONG = len(REASONS)
+ABSENT = -1  # not a pair of the direction (skip_absent)
 
 
 def default_cache_dir() -> Path:
@@ -751,11 +752,13 @@ def _measure_range(task) -> str:
 # ---------------------------------------------------------------------------------------- stage 3: pairs
 def pair_reasons(columns: Callable[[str], np.ndarray], n: int, languages: Sequence[str],
                  directions: Sequence[tuple[str, str]], annotations: Sequence[str], target_annotations: bool,
-                 tag: int, max_length: int | None):
+                 tag: int, max_length: int | None, skip_absent: bool = False):
     """Reason codes [n, D] (0: kept), and source/target lengths [n, D], of every (row, direction), from the
     measured columns (`columns(name)`); the first reason in `corpus.build_pairs`' order applies (missing source,
     missing target, empty source, empty target, each annotation of the source then of the target side), then
-    too long (`corpus.filter_long_pairs`)."""
+    too long (`corpus.filter_long_pairs`). `skip_absent`: a row that lacks a direction's language (not an empty
+    sentence: no sentence at all) is no pair of that direction (code ABSENT, neither kept nor counted): a
+    many-to-many corpus such as OPUS-100 holds one language pair a row."""
     D = len(directions)
     reason = np.zeros((n, D), dtype=np.int8)
     src_len = np.zeros((n, D), dtype=np.int32)
@@ -775,6 +778,8 @@ def pair_reasons(columns: Callable[[str], np.ndarray], n: int, languages: Sequen
             m = mask & (r == 0)
             r[m] = code
 
+        if skip_absent:
+            r[(ss == STATE_MISSING) | (ts == STATE_MISSING)] = ABSENT
         assign(ss == STATE_MISSING, 1 + REASONS.index("missing_source"))
         assign(ts == STATE_MISSING, 1 + REASONS.index("missing_target"))
         assign(ss == STATE_EMPTY, 1 + REASONS.index("empty_source"))
@@ -826,6 +831,7 @@ class PairSet:
     target_annotations: bool
     fingerprint: str = ""
     built: bool = False
+    pairs_per_direction: dict | None = None
     _columns: object = None
 
     def __len__(self) -> int:
@@ -883,7 +889,7 @@ def check_languages(rows: Rows, directions: Sequence[tuple[str, str]], annotatio
 def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[str, str]], *,
                    annotations: Sequence[str] = (), target_annotations: bool = False, tag: int = 0,
                    max_length: int | None = None, on_bad_pairs: str = "skip", split: str = "train",
-                   cache_dir: str | os.PathLike | None = None) -> PairSet:
+                   cache_dir: str | os.PathLike | None = None, skip_absent: bool = False) -> PairSet:
     """Stage 3 from the cache, or computed (vectorized over the measured columns) and cached. With
     `on_bad_pairs="error"` the first bad pair (in `corpus.build_pairs` order; too long pairs after the others)
     raises a `DataError` naming the file and line of the side at fault; nothing is cached then."""
@@ -895,7 +901,7 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
     cache_dir = Path(cache_dir or default_cache_dir())
     fp = _digest({"version": PIPELINE_VERSION, "measured": measured.fingerprint, "directions": directions,
                   "annotations": annotations, "target_annotations": target_annotations, "tag": tag,
-                  "max_length": max_length, "on_bad_pairs": on_bad_pairs})
+                  "max_length": max_length, "on_bad_pairs": on_bad_pairs, "skip_absent": skip_absent})
     final = cache_dir / f"pairs-{fp}"
     common = dict(rows=rows, directions=list(directions), annotations=annotations,
                   target_annotations=target_annotations, fingerprint=fp)
@@ -903,7 +909,8 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
         meta = json.loads((final / "meta.json").read_text())
         arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
         return PairSet(row_index=arrays["rows"], dir_index=arrays["dirs"], src_len=arrays["src_len"],
-                       tgt_len=arrays["tgt_len"], report=_report_from_dict(split, meta["report"]), **common)
+                       tgt_len=arrays["tgt_len"], report=_report_from_dict(split, meta["report"]),
+                       pairs_per_direction=meta.get("pairs_per_direction"), **common)
     n = len(rows)
     langs = list(dict.fromkeys(x for d in directions for x in d))
     D = len(directions)
@@ -919,21 +926,23 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
     examples: list[tuple[int, int, int, int, int]] = []  # (row, direction, code, source length, target length)
     first_bad, first_long = None, None
     kept_rows, kept_dirs, kept_src, kept_tgt = [], [], [], []
+    per_direction: dict[str, int] = {}
     for d, direction in enumerate(directions):
         reason, src_len, tgt_len = pair_reasons(measured.column, n, langs, [direction], annotations,
-                                                target_annotations, tag, max_length)
+                                                target_annotations, tag, max_length, skip_absent)
         r, sl, tl = reason[:, 0], src_len[:, 0], tgt_len[:, 0]
-        counts += np.bincount(r, minlength=len(REASONS) + 1)
+        counts += np.bincount(r[r >= 0], minlength=len(REASONS) + 1)
         for code in np.unique(r[r > 0]).tolist():
             for row in np.flatnonzero(r == code)[:corpus.MAX_REPORTED_LOCATIONS].tolist():
                 examples.append((row, d, code, int(sl[row]), int(tl[row])))
-        bad = np.flatnonzero((r != 0) & (r != TOO_LONG))
+        bad = np.flatnonzero((r > 0) & (r != TOO_LONG))
         if len(bad) and (first_bad is None or (int(bad[0]), d) < first_bad[:2]):
             first_bad = (int(bad[0]), d)
         long_ = np.flatnonzero(r == TOO_LONG)
         if len(long_) and (first_long is None or (int(long_[0]), d) < first_long[:2]):
             first_long = (int(long_[0]), d)
         keep = np.flatnonzero(r == 0)
+        per_direction[f"{direction[0]}-{direction[1]}"] = len(keep)
         kept_rows.append(keep.astype(row_dtype))
         kept_dirs.append(np.full(len(keep), d, dtype=np.int16))
         kept_src.append(sl[keep])
@@ -979,7 +988,8 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
         for k, v in arrays.items():
             np.save(tmp / f"{k}.npy", v)
         (tmp / "meta.json").write_text(json.dumps({"pairs": len(arrays["rows"]), "rows": n, "report": {
-            "counts": dict(report.counts), "locations": report.locations}, "directions": directions}, indent=1))
+            "counts": dict(report.counts), "locations": report.locations}, "directions": directions,
+            "pairs_per_direction": per_direction}, indent=1))
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -987,7 +997,8 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
     del arrays
     arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
     return PairSet(row_index=arrays["rows"], dir_index=arrays["dirs"], src_len=arrays["src_len"],
-                   tgt_len=arrays["tgt_len"], report=report, built=True, **common)
+                   tgt_len=arrays["tgt_len"], report=report, built=True, pairs_per_direction=per_direction,
+                   **common)
 
 
 def _report_from_dict(split: str, data: dict) -> DropReport:
@@ -1092,8 +1103,10 @@ class StreamingPairs:
                  tokenizer, *, annotations: Sequence[str] = (), target_annotations: bool = False, tag: int = 0,
                  max_length: int | None = None, on_bad_pairs: str = "skip", buffer_rows: int = 100_000,
                  max_tokens: int = 4096, max_sentences: int | None = None, seed: int = 0,
-                 examples_per_item: int = 1, num_processes: int = 1, accumulation_steps: int = 1):
+                 examples_per_item: int = 1, num_processes: int = 1, accumulation_steps: int = 1,
+                 skip_absent: bool = False):
         self.source, self.languages = source, list(languages)
+        self.skip_absent = skip_absent
         self.directions = [tuple(d) for d in directions]
         self.tokenizer = tokenizer
         self.annotations, self.target_annotations = list(annotations), target_annotations
@@ -1132,11 +1145,11 @@ class StreamingPairs:
         rows = np.asarray(block["row"], dtype=np.int64)
         reason, src_len, tgt_len = pair_reasons(lambda name: np.asarray(block[name]), n, self.languages,
                                                 self.directions, self.annotations, self.target_annotations,
-                                                self.tag, self.max_length)
+                                                self.tag, self.max_length, self.skip_absent)
         flat = reason.reshape(-1)
         D = len(self.directions)
         first_time = epoch == 0 and int(rows[0]) >= self.reported_until
-        bad = np.flatnonzero(flat != 0)
+        bad = np.flatnonzero(flat > 0)
         if len(bad) and (self.on_bad_pairs == "error" or first_time):
             check_cols = {f"{n_}.{lang}": np.asarray(block[f"check.{n_}.{lang}"]) for n_, lang in self.checks}
 

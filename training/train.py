@@ -531,7 +531,8 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
         pair_set = data_pipeline.build_pair_set(
             r, measured, directions, annotations=args.source_annotations, target_annotations=args.bidirectional,
             tag=int(target_tags), max_length=None if split == "test" else args.max_length,
-            on_bad_pairs=args.on_bad_pairs, split=report.split, cache_dir=args.data_cache_dir)
+            on_bad_pairs=args.on_bad_pairs, split=report.split, cache_dir=args.data_cache_dir,
+            skip_absent=len(languages) > 2)
         for reason, count in pair_set.report.counts.items():
             report.counts[reason] += count
             where = report.locations.setdefault(reason, [])
@@ -746,7 +747,8 @@ def main(argv=None) -> dict | None:
             target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
             on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
             max_sentences=args.max_sentences, seed=args.seed, examples_per_item=per_item,
-            num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps)
+            num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps,
+            skip_absent=len(languages) > 2)
         train_report = stream.report
         logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
                     sets["stream"].label, args.stream_buffer_rows,
@@ -759,6 +761,9 @@ def main(argv=None) -> dict | None:
                     ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
                     len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
                     time.time() - t_data)
+    if train_set is not None and len(directions) > 1 and train_set.pairs_per_direction:
+        logger.info("Training pairs per direction: %s", ", ".join(
+            f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()))
     sampler = None
     if train_set is not None:
         sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
