@@ -17,14 +17,24 @@ For each corpus, `training/train.py` runs 3 steps of the tiny preset (the model 
 Each process is sampled every 0.5 s: peak RSS (the kernel's VmHWM), and the USS (unique set size: memory no other
 process shares) of the second rank. Time to the first step is when log.jsonl gets step 1.
 
-    python benchmarks/scale.py --sizes 450k 4.5M --work_dir /data/scale          # numbers -> results/scale.json
-    python benchmarks/scale.py --sizes 40M --runs first --work_dir /data/scale
-    python benchmarks/scale.py --report                                           # RESULTS.md section + plot
-    python benchmarks/scale.py --sizes 2k --work_dir /tmp/s --smoke                # a quick check of the script
+Run it on a quiet machine (nothing else running: the numbers are wall times and memory of a 2-core box). After
+(this code) and before (the code before the Arrow pipeline: main at 4652af5, exported once with `git archive`):
 
-`--before DIR` runs the same commands with a checkout of the code before the Arrow pipeline (e.g. `git archive
-29be557 | tar -x -C DIR`) and records them as "before". Never run it on corpora it cannot hold (4.5M distinct
-pairs: killed at 24 GB, issue #20).
+    git -C /work/main archive 4652af5 | (mkdir -p /tmp/hf_variants_before && tar -x -C /tmp/hf_variants_before)
+    python benchmarks/scale.py --sizes 450k 4.5M 40M --work_dir /data/scale                 # after
+    python benchmarks/scale.py --sizes 450k 4.5M --work_dir /data/scale --code_dir /tmp/hf_variants_before
+    python benchmarks/scale.py --report     # RESULTS.md section "scale", results/scale.md, results/scale.png
+
+Results go to benchmarks/results/scale.json (`--results`), one record per (size, run, version), replaced when
+rerun. `--code_dir DIR` runs the same commands with the code in DIR (PYTHONPATH=DIR, DIR/training/train.py) and
+records them as version "before" (`--version` to name it otherwise). A run whose processes together exceed
+`--rss_limit_gb` (default 20) is killed and recorded as such: the old code on 4.5M distinct pairs reached 24 GB
+(issue #20) and would otherwise take the machine down; 40M "before" is pointless for the same reason. The
+corpora need disk: about 0.12 / 1.2 / 11 GB for 450k / 4.5M / 40M pairs (266 bytes a pair), plus the cache
+(reported).
+
+    python benchmarks/scale.py --sizes 2k --work_dir /tmp/s --smoke   # a quick check of the script (tiny
+                                                                       # vocabulary; JSON, table, plot in /tmp/s)
 """
 
 from __future__ import annotations
@@ -43,7 +53,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
-PLOT = ROOT / "benchmarks" / "results" / "scale.png"
 SIZES = {"2k": 2_000, "450k": 450_000, "4.5M": 4_500_000, "40M": 40_000_000}
 
 
@@ -110,6 +119,16 @@ def rank_of(proc) -> int | None:
         return None
 
 
+def rss(pid: int) -> int:
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def vm_hwm(pid: int) -> int:
     try:
         for line in open(f"/proc/{pid}/status"):
@@ -120,8 +139,17 @@ def vm_hwm(pid: int) -> int:
     return 0
 
 
-def run(cmd: list[str], run_dir: Path, env: dict, timeout: float) -> dict:
-    """Run a train.py command; sample memory every 0.5 s; time to step 1 (log.jsonl) and to the end."""
+def kill_tree(proc) -> None:
+    for p in reversed(descendants(proc.pid)):
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: float) -> dict:
+    """Run a train.py command; sample memory every 0.5 s; time to step 1 (log.jsonl) and to the end. The whole
+    process tree is killed after `timeout` seconds or when its processes together hold more than `rss_limit_gb`."""
     import psutil
 
     t0 = time.time()
@@ -131,11 +159,18 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float) -> dict:
     ranks: dict[int, int] = {}  # pid -> rank (train.py processes)
     uss_rank1, uss_rank1_at_step, first_step = 0, None, None
     last_uss = 0.0
+    killed = None
     while proc.poll() is None:
         if time.time() - t0 > timeout:
-            proc.kill()
+            killed = f"timeout after {timeout:.0f} s"
+            kill_tree(proc)
             break
         procs = descendants(proc.pid)
+        total = sum(rss(p.pid) for p in procs)
+        if total > rss_limit_gb * 2 ** 30:
+            killed = f"killed at {total / 2 ** 30:.1f} GB resident (--rss_limit_gb {rss_limit_gb:g})"
+            kill_tree(proc)
+            break
         for p in procs:
             if p.pid not in ranks:
                 r = rank_of(p)
@@ -161,6 +196,7 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float) -> dict:
                             pass
         time.sleep(0.5)
     wall = time.time() - t0
+    proc.wait()
     log.close()
     out = (run_dir.parent / f"{run_dir.name}.out").read_text(errors="replace")
     train_procs = {pid: peak.get(pid, 0) for pid in ranks}
@@ -192,6 +228,8 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float) -> dict:
     m = re.search(r"ready in ([\d.]+) s\)", out)
     if m:
         result["data_ready_sec"] = float(m.group(1))
+    if killed:
+        result["killed"] = killed
     if proc.returncode != 0:
         result["error_tail"] = out[-3000:]
     return result
@@ -222,10 +260,13 @@ def train_cmd(code: Path, data: Path, out: Path, cache: Path, steps: int, proces
 
 
 def measure(args) -> None:
-    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() and not args.smoke else {"runs": []}
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {"runs": []}
     work = Path(args.work_dir)
-    code = Path(args.before) if args.before else ROOT
-    version = "before" if args.before else "after"
+    code = Path(args.code_dir).resolve() if args.code_dir else ROOT
+    if not (code / "training" / "train.py").is_file():
+        raise SystemExit(f"--code_dir {code}: no training/train.py there")
+    version = args.version or ("before" if args.code_dir else "after")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(code)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -248,8 +289,8 @@ def measure(args) -> None:
             cmd = train_cmd(code, data, out, cache, args.steps, processes,
                             None if name == "first" else tokenizer, args.smoke)
             print(f"[{size}] {name}: load average {load[0]:.2f} — {' '.join(cmd)}", flush=True)
-            result = run(cmd, out, env, args.timeout)
-            result.update(size=size, pairs=pairs, run=name, version=version, processes=processes,
+            result = run(cmd, out, env, args.timeout, args.rss_limit_gb)
+            result.update(size=size, pairs=pairs, run=name, version=version, code=str(code), processes=processes,
                           load_avg_1min_before=round(load[0], 2), command=" ".join(cmd),
                           cache_gb=round(du(cache) / 2 ** 30, 3),
                           date=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -259,9 +300,8 @@ def measure(args) -> None:
             print(json.dumps(result, indent=1), flush=True)
             results["runs"] = [r for r in results["runs"] if (r["size"], r["run"], r["version"]) !=
                                (size, name, version)] + [result]
-            if not args.smoke:
-                RESULTS.parent.mkdir(parents=True, exist_ok=True)
-                RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+            results_path.parent.mkdir(parents=True, exist_ok=True)
+            results_path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -272,7 +312,10 @@ ISSUE_BEFORE = [  # measured with the code before the pipeline (issue #20, 2026-
 ]
 
 
-def report() -> None:
+def report(results_path: Path) -> None:
+    """The table (results/scale.md next to the JSON and, for the standard results file, RESULTS.md's "scale"
+    section) and the plot (scale.png next to the JSON): peak RSS and time to the first step against corpus size,
+    before and after."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,7 +324,7 @@ def report() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from report import write_section
 
-    runs = json.loads(RESULTS.read_text())["runs"] + ISSUE_BEFORE
+    runs = json.loads(results_path.read_text())["runs"] + ISSUE_BEFORE
     order = {s: i for i, s in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["size"]], r["version"], ["first", "relaunch", "2proc"].index(r["run"])))
     lines = ["| corpus | code | run | first step (s) | wall, 3 steps (s) | peak RSS per process (GB) | rank 1 USS (GB) "
@@ -296,8 +339,16 @@ def report() -> None:
             f"{r.get('wall_sec') if r.get('returncode', 0) == 0 else 'failed'} | {rss} | "
             f"{r.get('uss_gb_rank1_at_first_step') or r.get('uss_gb_rank1') or '—'} | "
             f"{r.get('tokenized_sentences_per_sec', '—')} | {r.get('cache_gb', '—')} | "
-            f"{r.get('load_avg_1min_before', '—')} |" + (f" {r['note']}" if r.get("note") else ""))
-    write_section("scale", "\n".join(lines))
+            f"{r.get('load_avg_1min_before', '—')} |" + "".join(f" {r[k]}" for k in ("note", "killed") if r.get(k)))
+    table = "\n".join(lines)
+    results_path.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    if results_path.resolve() == RESULTS.resolve():
+        if not write_section("scale", table):
+            print("benchmarks/RESULTS.md has no <!-- scale:start --> / <!-- scale:end --> markers: table not "
+                  "written there", file=sys.stderr)
+        else:
+            print("wrote the scale section of benchmarks/RESULTS.md")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
     for version, marker in (("after", "o"), ("before", "s"), ("before (issue)", "x")):
         for run_name, style in (("first", "-"), ("relaunch", "--")):
@@ -309,6 +360,9 @@ def report() -> None:
                          linestyle=style, label=f"{version}, {run_name}")
             axes[1].plot(xs, [r.get("first_step_sec") or r.get("wall_sec") for r in pts], marker=marker,
                          linestyle=style, label=f"{version}, {run_name}")
+            for r in pts:  # a run killed (memory or time limit) before its first step: its wall time, marked x
+                if r.get("killed") and not r.get("first_step_sec"):
+                    axes[1].plot([r["pairs"]], [r["wall_sec"]], "kx", markersize=9)
     for ax, ylabel in zip(axes, ("peak RSS of the training process (GB)", "time to the first step (s)")):
         ax.set_xscale("log")
         ax.set_xlabel("distinct training pairs")
@@ -320,8 +374,9 @@ def report() -> None:
     fig.suptitle("training/train.py on synthetic WMT-like corpora, 2 CPU cores (x: killed before its first step)",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT)
-    print(f"wrote {PLOT}")
+    plot = results_path.with_suffix(".png")
+    fig.savefig(plot)
+    print(f"wrote {plot}")
 
 
 def main() -> None:
@@ -331,12 +386,22 @@ def main() -> None:
     p.add_argument("--work_dir", default="/tmp/hf_variants_scale")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=4 * 3600)
-    p.add_argument("--before", help="a checkout of the code before the Arrow pipeline (recorded as 'before')")
-    p.add_argument("--smoke", action="store_true", help="a tiny vocabulary, nothing written to results/")
-    p.add_argument("--report", action="store_true", help="write the RESULTS.md section and the plot")
+    p.add_argument("--code_dir", "--before", dest="code_dir",
+                   help="run the code in this folder (e.g. main at 4652af5, before the Arrow pipeline; see above) "
+                        "instead of this checkout; recorded as version 'before'")
+    p.add_argument("--version", help="the version label recorded (default: 'before' with --code_dir, else 'after')")
+    p.add_argument("--rss_limit_gb", type=float, default=20.0,
+                   help="kill a run whose processes together hold more than this (recorded as killed)")
+    p.add_argument("--results", help="the JSON file (default: benchmarks/results/scale.json; with --smoke: "
+                                     "WORK_DIR/scale.json)")
+    p.add_argument("--smoke", action="store_true", help="a tiny vocabulary; results in --work_dir, not results/")
+    p.add_argument("--report", action="store_true",
+                   help="write the table (RESULTS.md section 'scale' and results/scale.md) and the plot from --results")
     args = p.parse_args()
+    if args.results is None:
+        args.results = str(Path(args.work_dir) / "scale.json") if args.smoke else str(RESULTS)
     if args.report:
-        report()
+        report(Path(args.results))
     else:
         measure(args)
 
