@@ -144,6 +144,14 @@ def test_parse_directions():
         corpus.parse_directions("en-cs", ["en", "de"])
     with pytest.raises(DataError, match="Unknown or invalid language code"):
         corpus.parse_directions("en-DE!", ["en", "de"])
+    # `*`: every other language of the run (English-centric many-to-many)
+    assert corpus.parse_directions("en-*,*-en", ["en", "de", "fr"]) == [
+        ("en", "de"), ("en", "fr"), ("de", "en"), ("fr", "en")]
+    assert corpus.parse_directions("de-*", ["en", "de", "fr"]) == [("de", "en"), ("de", "fr")]
+    with pytest.raises(DataError, match="'cs', which is not in the languages"):
+        corpus.parse_directions("cs-*", ["en", "de", "fr"])
+    with pytest.raises(DataError, match=r"invalid language code '\*' in --directions"):
+        corpus.parse_directions("*-*", ["en", "de", "fr"])
 
 
 def test_token_batches_cover_epoch_within_budget():

@@ -192,6 +192,20 @@ def load_tsv(path: str | os.PathLike, columns: Sequence[str] | None = None) -> P
     return ParallelCorpus(str(path), rows, locations, list(columns))
 
 
+def parse_jsonl_line(line: str, where: str) -> dict:
+    """One line of a JSONL file as its object; `where` ("file:line") names it in the `DataError` for an empty line,
+    invalid JSON or a value that is not an object. Shared by the training loaders and translate.py."""
+    if not line.strip():
+        raise DataError(f"{where}: empty line (expected one JSON object a line).")
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: invalid JSON ({err.msg}).") from err
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}.")
+    return obj
+
+
 def _translation_row(obj, where: str) -> dict[str, str]:
     if isinstance(obj, dict) and "translation" in obj:
         obj = obj["translation"]
@@ -215,15 +229,10 @@ def load_jsonl(path: str | os.PathLike, annotations: Sequence[str] = ()) -> Para
     rows, locations, langs = [], [], {}
     found: dict[str, dict[str, dict[int, object]]] = {name: {} for name in annotations}
     for i, line in enumerate(read_lines(path)):
-        if not line.strip():
-            raise DataError(f"{path}:{i + 1}: empty line (expected one JSON object a line).")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{i + 1}: invalid JSON ({err.msg}).") from err
+        obj = parse_jsonl_line(line, f"{path}:{i + 1}")
         row = _translation_row(obj, f"{path}:{i + 1}")
         for name in annotations:
-            value = obj.get(name) if isinstance(obj, dict) and "translation" in obj else None
+            value = obj.get(name) if "translation" in obj else None
             if isinstance(value, dict):
                 for lang, v in value.items():
                     found[name].setdefault(lang, {})[len(rows)] = v
@@ -373,12 +382,26 @@ ANNOTATION_CHECKS = {"parses": check_parse}
 
 
 def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str]) -> list[tuple[str, str]]:
-    """`"en-de,de-en"` (or a list of such) → `[("en", "de"), ("de", "en")]`; None → every ordered pair."""
+    """`"en-de,de-en"` (or a list of such) → `[("en", "de"), ("de", "en")]`; None → every ordered pair. `*` stands
+    for every other language of the run: `"en-*,*-en"` are the English-centric directions (in `languages` order)."""
     if spec is None or spec == "" or spec == "all":
         return [(s, t) for s in languages for t in languages if s != t]
     items = spec.split(",") if isinstance(spec, str) else list(spec)
-    directions = []
+    expanded = []
     for item in items:
+        parts = [p.strip() for p in item.strip().split("-")]
+        if len(parts) == 2 and parts.count("*") == 1:
+            fixed = parts[1] if parts[0] == "*" else parts[0]
+            check_language_code(fixed, "--directions")
+            if fixed not in languages:
+                raise DataError(f"Direction {item!r} uses language {fixed!r}, which is not in the languages of the "
+                                f"run ({', '.join(languages)}).")
+            others = [lang for lang in languages if lang != fixed]
+            expanded += [f"{o}-{fixed}" if parts[0] == "*" else f"{fixed}-{o}" for o in others]
+        else:
+            expanded.append(item)
+    directions = []
+    for item in expanded:
         parts = item.strip().split("-")
         if len(parts) != 2:
             raise DataError(f"Invalid direction {item!r}: expected 'src-tgt', e.g. 'en-de'.")
@@ -483,72 +506,157 @@ def filter_long_pairs(pairs: list[Pair], src_lens: Sequence[int], tgt_lens: Sequ
 
 
 # --------------------------------------------------------------------------------------------------- batching
+class EpochBatches(Sequence):
+    """One epoch's batches as numpy arrays, never as Python lists of all examples: `order` lists the examples
+    sorted by length, batch j of the sorted cut is `order[offsets[j]:offsets[j + 1]]`, and batch k of the epoch
+    is sorted batch `perm[k]`. `batches[k]` is an int64 array of example indices."""
+
+    def __init__(self, order: np.ndarray, offsets: np.ndarray, perm: np.ndarray):
+        self.order, self.offsets, self.perm = order, offsets, perm
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        j = int(self.perm[k])
+        return self.order[self.offsets[j]:self.offsets[j + 1]]
+
+    def tolist(self) -> list[list[int]]:
+        return [b.tolist() for b in self]
+
+
+def _cut_sorted(sorted_lengths: np.ndarray, max_tokens: int, max_sentences: int | None,
+                examples_per_item: int) -> np.ndarray:
+    """Start offsets (plus the end) of the greedy cut of length-sorted (ascending) examples into batches of at most
+    `max_tokens` (n * examples_per_item * longest) and `max_sentences` examples: the batches of the loop
+    "add the next example unless the batch would then exceed a limit", computed per run of equal lengths (a few
+    hundred numpy operations, whatever the number of examples). Within a run of length L a batch holds at most
+    k(L) = min(max_tokens // (L * examples_per_item), max_sentences) examples, and since lengths only grow, a batch
+    started at s takes example j exactly when j - s < k(length of j)."""
+    n = len(sorted_lengths)
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    change = np.flatnonzero(sorted_lengths[1:] != sorted_lengths[:-1]) + 1
+    run_starts = np.concatenate(([0], change))
+    run_ends = np.concatenate((change, [n]))
+    starts = [np.zeros(1, dtype=np.int64)]
+    s = 0  # start of the open batch
+    for a, b in zip(run_starts.tolist(), run_ends.tolist()):
+        length = int(sorted_lengths[a]) * examples_per_item
+        k = max_tokens // length if length > 0 else n
+        if max_sentences is not None:
+            k = min(k, max_sentences)
+        if s < a:  # the open batch began in a shorter run: it takes this run's examples while it has room
+            if s + k <= a:
+                s = a
+                starts.append(np.array([a], dtype=np.int64))
+            elif s + k < b:
+                s = s + k
+                starts.append(np.array([s], dtype=np.int64))
+            else:
+                continue  # the whole run fits: the batch stays open into the next run
+        new = np.arange(s + k, b, k, dtype=np.int64)
+        if len(new):
+            starts.append(new)
+            s = int(new[-1])
+    return np.concatenate(starts + [np.array([n], dtype=np.int64)])
+
+
 class TokenBatchSampler:
     """Length-bucketed batches of at most `max_tokens` tokens, padding included.
 
     A batch of n examples costs `n * examples_per_item * max(longest source, longest target)`. Examples are sorted
     by length with a random tie-break, cut greedily into batches, and the batch order is shuffled; both random draws
     come from `seed + epoch`, so every process computes the same batches for an epoch, and a resumed run the same
-    batches as the original one.
+    batches as the original one. Everything is numpy (the lengths may come from a memory-mapped cache): an epoch of
+    40M examples costs a few arrays, never 40M Python objects (`epoch(e)`); `batches(e)` lists them for small data.
     """
 
     def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
                  max_sentences: int | None = None, seed: int = 0, shuffle: bool = True, examples_per_item: int = 1):
         if len(src_lens) != len(tgt_lens):
             raise ValueError("src_lens and tgt_lens differ in length.")
-        self.lengths = np.maximum(np.asarray(src_lens, dtype=np.int64), np.asarray(tgt_lens, dtype=np.int64))
+        src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
+        if src.dtype.kind not in "iu" and len(src):
+            src, tgt = src.astype(np.int64), tgt.astype(np.int64)
+        self.lengths = np.maximum(src, tgt)
+        longest = int(self.lengths.max()) if len(self.lengths) else 0
+        # small integer keys: numpy's stable argsort is then a radix sort
+        self.lengths = self.lengths.astype(np.int16 if longest < 2 ** 15 else np.int32)
         self.max_tokens = int(max_tokens)
         self.max_sentences = max_sentences
         self.seed = seed
         self.shuffle = shuffle
         self.examples_per_item = examples_per_item
-        if len(self.lengths) and self.lengths.max() * examples_per_item > self.max_tokens:
+        self._cached: tuple[int, EpochBatches] | None = None
+        if len(self.lengths) and longest * examples_per_item > self.max_tokens:
             raise ValueError(f"max_tokens={max_tokens} is smaller than the longest example "
-                             f"({int(self.lengths.max()) * examples_per_item} tokens): raise --max_tokens or lower "
-                             f"--max_length.")
+                             f"({longest * examples_per_item} tokens): raise --max_tokens or lower --max_length.")
 
     def __len__(self) -> int:
-        return len(self.batches(0))
+        return len(self.epoch(0))
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def epoch(self, epoch: int) -> EpochBatches:
+        """The batches of `epoch` (the last epoch asked for is kept)."""
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
         n = len(self.lengths)
-        if n == 0:
-            return []
-        rng = np.random.default_rng([self.seed, epoch])
-        tie = rng.permutation(n) if self.shuffle else np.arange(n)
-        order = np.lexsort((tie, self.lengths))
-        batches, current, longest = [], [], 0
-        for idx in order.tolist():
-            length = int(self.lengths[idx])
-            new_longest = max(longest, length)
-            too_many_tokens = (len(current) + 1) * new_longest * self.examples_per_item > self.max_tokens
-            too_many_sentences = self.max_sentences is not None and len(current) + 1 > self.max_sentences
-            if current and (too_many_tokens or too_many_sentences):
-                batches.append(current)
-                current, new_longest = [], length
-            current.append(idx)
-            longest = new_longest
-        if current:
-            batches.append(current)
+        seed = list(self.seed) if isinstance(self.seed, (tuple, list)) else [self.seed]
+        rng = np.random.default_rng([*seed, epoch])
         if self.shuffle:
-            perm = rng.permutation(len(batches))
-            batches = [batches[i] for i in perm]
+            # examples by length, ties in the order of a random permutation `tie` (np.lexsort((tie, lengths))):
+            # visit the examples by increasing tie value, then a stable sort by length
+            tie = rng.permutation(n)
+            by_tie = np.empty(n, dtype=np.int64)
+            by_tie[tie] = np.arange(n, dtype=np.int64)
+            del tie
+            order = by_tie[np.argsort(self.lengths[by_tie], kind="stable")]
+            del by_tie
+        else:
+            order = np.argsort(self.lengths, kind="stable").astype(np.int64)
+        offsets = _cut_sorted(self.lengths[order], self.max_tokens, self.max_sentences, self.examples_per_item)
+        num = len(offsets) - 1
+        perm = rng.permutation(num) if self.shuffle else np.arange(num)
+        batches = EpochBatches(order, offsets, perm)
+        self._cached = (epoch, batches)
         return batches
 
+    def batches(self, epoch: int) -> list[list[int]]:
+        """`epoch(epoch)` as lists of indices (for small data and tests)."""
+        return self.epoch(epoch).tolist()
 
-def plan_epoch(batches: list[list[int]], num_processes: int, accumulation_steps: int) -> list[list[list[int]]]:
+
+class StepPlan(Sequence):
+    """An epoch's batches grouped into optimizer steps of `num_processes * accumulation_steps` micro-batches,
+    lazily (`plan_epoch` for arrays of batches of any size): `plan[i]` is the list of step i's micro-batches."""
+
+    def __init__(self, batches: Sequence, num_processes: int, accumulation_steps: int):
+        self.batches = batches
+        self.per_step = num_processes * accumulation_steps
+        self.num_steps = math.ceil(len(batches) / self.per_step) if len(batches) else 0
+
+    def __len__(self) -> int:
+        return self.num_steps
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not 0 <= i < self.num_steps:
+            raise IndexError(i)
+        n = len(self.batches)
+        return [self.batches[(i * self.per_step + j) % n] for j in range(self.per_step)]
+
+
+def plan_epoch(batches: Sequence, num_processes: int, accumulation_steps: int) -> list[list]:
     """Group an epoch's batches into optimizer steps of `num_processes * accumulation_steps` micro-batches.
 
     The last step is filled by wrapping around to the epoch's first batches, so every process gets the same number
     of micro-batches (DDP needs it). Process r takes `step[r * accumulation_steps:(r + 1) * accumulation_steps]`,
     so one process with accumulation k sees the same global batches as k processes without accumulation.
     """
-    per_step = num_processes * accumulation_steps
-    if not batches:
-        return []
-    n_steps = math.ceil(len(batches) / per_step)
-    padded = [batches[i % len(batches)] for i in range(n_steps * per_step)]
-    return [padded[i * per_step:(i + 1) * per_step] for i in range(n_steps)]
+    return list(StepPlan(batches, num_processes, accumulation_steps))
 
 
 def iter_length_sorted(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:

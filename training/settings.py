@@ -31,12 +31,13 @@ FREE = frozenset({
     "average_last", "final_model",  # which checkpoints make the final model
     "test_prefix", "test_file", "test_split", "max_test_pairs", "num_examples", "eval_batch_size",  # final test
     "report_to", "push_to_hub", "hub_model_id", "variant_name", "run_name",  # output only
-    "num_threads",  # CPU threads: speed
+    "num_threads", "preprocessing_num_workers", "ddp_timeout",  # speed and waiting
+    "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)
 })
 
 FIXED = frozenset({
     "model_type", "preset", "config_overrides", "model_name_or_path",  # the architecture
-    "tokenizer", "tokenizer_model", "vocab_size", "tokenizer_min_frequency",  # the run's tokenizer
+    "tokenizer", "tokenizer_model", "vocab_size", "tokenizer_min_frequency", "tokenizer_sample_lines",  # tokenizer
     "source_lang", "target_lang", "languages", "bidirectional", "target_language_tags",  # config.languages/tags
 })
 

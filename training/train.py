@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, evaluation, external, settings  # noqa: E402
+from training import checkpointing, corpus, data_pipeline, evaluation, external, settings  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 
 logger = logging.getLogger("hf_variants.train")
@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N rows of the training data")
     g.add_argument("--max_valid_pairs", "--max_eval_samples", type=int, help="use only the first N validation rows")
     g.add_argument("--max_test_pairs", "--max_predict_samples", type=int, help="use only the first N test rows")
+    g.add_argument("--data_cache_dir", help="the tokenized Arrow cache, shared by runs, relaunches and ranks "
+                                            "(default: $HF_DATASETS_CACHE/hf_variants)")
+    g.add_argument("--streaming", action="store_true",
+                   help="read the training split as a stream (a datasets IterableDataset, tokenized on the fly in "
+                        "buffers of --stream_buffer_rows rows, length-bucketed within each) instead of caching it: "
+                        "for corpora larger than the disk cache should hold; needs --max_steps")
+    g.add_argument("--stream_buffer_rows", type=int, default=100_000,
+                   help="rows per streaming buffer (batches are length-bucketed and shuffled within a buffer)")
+    g.add_argument("--preprocessing_num_workers", type=int,
+                   help="processes tokenizing a split when its cache is built (default: the CPU cores available)")
 
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer", "--tokenizer_name",
@@ -124,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
     g.add_argument("--vocab_size", type=int, default=8000)
     g.add_argument("--tokenizer_min_frequency", type=int, default=2)
+    g.add_argument("--tokenizer_sample_lines", type=int, default=3_000_000,
+                   help="train the tokenizer on at most this many sentences (all languages together): a "
+                        "deterministic random sample of the training rows when the corpus has more (0: all)")
 
     g = p.add_argument_group("model")
     g.add_argument("--model_type", default="transformer_nmt")
@@ -163,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "would otherwise leave one)")
     g.add_argument("--cpu", action="store_true", help="train on CPU even when an accelerator is available (without "
                                                       "one, CPU and, under a multi-process launch, gloo are used)")
+    g.add_argument("--ddp_timeout", type=int, default=10800,
+                   help="seconds the other processes wait for the main one (e.g. while it builds the data cache "
+                        "of a large corpus at the first launch)")
 
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval_steps", type=int, default=100, help="validate every N steps (and at the end)")
@@ -271,6 +287,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--gradient_accumulation_steps and --max_tokens must be positive")
     if args.save_steps is None:
         args.save_steps = args.eval_steps
+    if args.streaming and args.num_epochs:
+        parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
+    if args.stream_buffer_rows < 1:
+        parser.error("--stream_buffer_rows must be positive")
     return args
 
 
@@ -291,6 +311,10 @@ class TrainState:
         self.evals: list[dict] = []
         # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
         self.settings_changes: list[dict] = []
+        # --streaming: the position after the last step ({"epoch", "buffer", "row", "step"}) and the stream's own
+        # state (the first epoch's drop report, rows per epoch)
+        self.stream: dict | None = None
+        self.stream_state: dict | None = None
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -334,16 +358,16 @@ def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
     return languages, directions
 
 
-def load_split(args, split: str, languages: list[str], hub_splits=None) -> corpus.ParallelCorpus | None:
-    """One split from the configured source; None when the split is not configured (or, for a `datasets`
-    dataset, when it has no such split and none was named). `hub_splits`: the dataset's `DatasetDict`."""
-    limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
+def split_source(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.SplitSource | None:
+    """Where one split comes from (the configured files, folder or `datasets` dataset); None when the split is not
+    configured (or, for a `datasets` dataset, when it has no such split and none was named). `hub_splits`: the
+    dataset's `DatasetDict`."""
     file_arg = getattr(args, f"{split}_file")
     if args.train_file or file_arg:
         if not file_arg:
             return None
-        data = corpus.load_corpus_file(file_arg, args.source_annotations)
-    elif args.dataset_name:
+        return data_pipeline.SplitSource.from_file(file_arg, args.source_annotations)
+    if args.dataset_name:
         if args.source_annotations:
             raise DataError("--source_annotations are read from per-language files or JSONL, not from "
                             "--dataset_name.")
@@ -355,14 +379,23 @@ def load_split(args, split: str, languages: list[str], hub_splits=None) -> corpu
             logger.info("%s has no %s split (splits: %s)", args.dataset_name, split, ", ".join(hub_splits))
             return None
         setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
-        data = corpus.load_hub_dataset(args.dataset_name, split_name, args.dataset_config_name,
-                                       dataset=hub_splits[split_name])
-    else:
-        prefix = getattr(args, f"{split}_prefix")
-        if not prefix:
-            return None
-        data = corpus.load_split_from_dir(args.data_dir, prefix, languages, args.source_annotations)
-    return data.head(limit) if limit else data
+        return data_pipeline.SplitSource.from_hub(hub_splits[split_name], args.dataset_name, split_name,
+                                                  args.dataset_config_name)
+    prefix = getattr(args, f"{split}_prefix")
+    if not prefix:
+        return None
+    return data_pipeline.SplitSource.from_dir(args.data_dir, prefix, languages, args.source_annotations)
+
+
+def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.Rows | None:
+    """One split's rows (stage 1 of training/data_pipeline.py: read once, then memory-mapped from the cache),
+    limited to the first --max_{split}_pairs rows."""
+    source = split_source(args, split, languages, hub_splits)
+    if source is None:
+        return None
+    limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
+    rows = data_pipeline.load_rows(source, languages, args.source_annotations, args.data_cache_dir)
+    return rows.head(limit)
 
 
 def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
@@ -392,8 +425,11 @@ def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) ->
                                                text_target=tgt, max_length=max_length + 2, **extra)
 
 
-def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.ParallelCorpus, languages: list[str],
-                    resuming: bool = False):
+def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: bool = False):
+    """The run's tokenizer: --tokenizer, the model's, the resumed run's, or a shared one trained (by the main
+    process, which calls this first; the others then load what it saved) on the training text, or on a
+    deterministic sample of it when it has more than --tokenizer_sample_lines sentences (`train_rows`: the cached
+    rows, or with --streaming the split's source, whose first rows are the sample)."""
     from transformers import AutoTokenizer
 
     saved = run_dir / "tokenizer"
@@ -401,22 +437,36 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_data: corpus.Paralle
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     elif args.model_name_or_path:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
-    elif resuming and (saved / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(saved)  # resumed run: the tokenizer it was trained with
+    elif (resuming or not accelerator.is_main_process) and (saved / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(saved)  # resumed run, or the main process trained it
     else:
         from hf_variants.tokenization import train_tokenizer
 
-        with accelerator.main_process_first():
-            if accelerator.is_main_process:
-                logger.info("Training a shared %s tokenizer (vocab %d) on %s", args.tokenizer_model, args.vocab_size,
-                            ", ".join(f"{train_data.name} [{lang}]" for lang in languages))
-                texts = [train_data.column(lang) for lang in languages]
-                tmp = run_dir / ".tmp_tokenizer"
-                shutil.rmtree(tmp, ignore_errors=True)
-                train_tokenizer(texts, vocab_size=args.vocab_size, model=args.tokenizer_model, languages=languages,
-                                min_frequency=args.tokenizer_min_frequency, output_dir=tmp)
-                shutil.rmtree(saved, ignore_errors=True)  # left by an earlier attempt that never checkpointed
-                os.replace(tmp, saved)
+        if isinstance(train_rows, data_pipeline.SplitSource):
+            texts, used, total = data_pipeline.stream_tokenizer_sample(train_rows, languages,
+                                                                       args.tokenizer_sample_lines)
+            label = train_rows.label
+        else:
+            texts, used, total = data_pipeline.tokenizer_sample(train_rows, languages, args.tokenizer_sample_lines)
+            label = train_rows.meta["label"]
+        if total is None:
+            what = (f"the first {used:,} rows of the streamed {label} ({used * len(languages):,} sentences; "
+                    f"--tokenizer_sample_lines {args.tokenizer_sample_lines})")
+        elif used < total:
+            what = (f"a deterministic sample of {used:,} of the {total:,} training rows of {label} "
+                    f"({used * len(languages):,} sentences; --tokenizer_sample_lines {args.tokenizer_sample_lines})")
+        else:
+            what = f"all {total:,} training rows of {label} ({total * len(languages):,} sentences)"
+        logger.info("Training a shared %s tokenizer (vocab %d) on %s [%s]", args.tokenizer_model, args.vocab_size,
+                    what, ", ".join(languages))
+        t0 = time.time()
+        tmp = run_dir / ".tmp_tokenizer"
+        shutil.rmtree(tmp, ignore_errors=True)
+        train_tokenizer(texts, vocab_size=args.vocab_size, model=args.tokenizer_model, languages=languages,
+                        min_frequency=args.tokenizer_min_frequency, output_dir=tmp)
+        shutil.rmtree(saved, ignore_errors=True)  # left by an earlier attempt that never checkpointed
+        os.replace(tmp, saved)
+        logger.info("Tokenizer trained in %.1f s", time.time() - t0)
         tokenizer = AutoTokenizer.from_pretrained(saved)
     if accelerator.is_main_process and not (saved / "tokenizer.json").is_file():
         tokenizer.save_pretrained(saved)
@@ -437,6 +487,70 @@ def resolve_target_language_tags(args, num_target_languages: int) -> bool:
     if config_class is None:  # --model_type marian and other comparisons
         return num_target_languages > 1
     return config_class.default_target_language_tags(num_target_languages)
+
+
+def main_process_first(accelerator, build):
+    """`build()` on the main process, then on the others (which then find its results in the cache and the run
+    folder). An error on the main process is raised on every process, instead of leaving the others waiting."""
+    if accelerator.num_processes == 1:
+        return build()
+    result, error = None, None
+    if accelerator.is_main_process:
+        try:
+            result = build()
+        except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other processes
+            error = err
+    accelerator.wait_for_everyone()
+    failed = accelerator_broadcast(accelerator, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if failed is not None:
+        raise DataError(f"The main process failed while preparing the data: {failed}")
+    if not accelerator.is_main_process:
+        result = build()
+    accelerator.wait_for_everyone()
+    return result
+
+
+def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: bool):
+    """Rows, tokenizer, token counts and pairs of every split (training/data_pipeline.py), built on the first
+    launch (main process first) and memory-mapped from the cache afterwards."""
+    workers = args.preprocessing_num_workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                 else (os.cpu_count() or 1))
+    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
+    stream_source = split_source(args, "train", languages, hub_splits) if args.streaming else None
+    rows = {split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
+            for split in ("train", "valid", "test")}
+    if rows["train"] is None and stream_source is None:
+        raise DataError("No training data.")
+    for split, r in rows.items():
+        if r is not None:
+            data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
+    tokenizer = build_tokenizer(args, accelerator, run_dir, stream_source or rows["train"], languages,
+                                resuming=resuming)
+    target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
+    checks = [(name, lang) for name in args.source_annotations
+              for lang in dict.fromkeys(x for d in directions for x in (d if args.bidirectional else d[:1]))]
+    tok_fp = data_pipeline.tokenizer_fingerprint(tokenizer)
+    sets, reports = {}, {"train": DropReport("train"), "eval": DropReport("eval")}
+    sets["stream"] = stream_source
+    for split, r in rows.items():
+        if r is None:
+            sets[split] = None
+            continue
+        measured = data_pipeline.measure(r, tokenizer, languages, checks, args.data_cache_dir, workers, tok_fp)
+        report = reports["train" if split == "train" else "eval"]
+        pair_set = data_pipeline.build_pair_set(
+            r, measured, directions, annotations=args.source_annotations, target_annotations=args.bidirectional,
+            tag=int(target_tags), max_length=None if split == "test" else args.max_length,
+            on_bad_pairs=args.on_bad_pairs, split=report.split, cache_dir=args.data_cache_dir,
+            skip_absent=len(languages) > 2)
+        for reason, count in pair_set.report.counts.items():
+            report.counts[reason] += count
+            where = report.locations.setdefault(reason, [])
+            where.extend(pair_set.report.locations.get(reason, [])[:corpus.MAX_REPORTED_LOCATIONS - len(where)])
+        sets[split] = pair_set
+    return tokenizer, target_tags, sets, reports
 
 
 def build_model(args, tokenizer, languages: list[str], target_tags: bool):
@@ -568,8 +682,10 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
+    import datetime
+
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import InitProcessGroupKwargs, set_seed
     from transformers import get_scheduler
 
     languages, directions = resolve_languages(args)
@@ -589,6 +705,8 @@ def main(argv=None) -> dict | None:
         log_with=trackers or None,
         project_dir=str(run_dir / "logs"),
         step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
+        # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
     )
     resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir)
     if accelerator.is_main_process:
@@ -621,54 +739,64 @@ def main(argv=None) -> dict | None:
     logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
                 accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
                 torch.get_num_threads())
-    set_seed(args.seed)
     session_start = time.time()
 
     # ---------------------------------------------------------------------------------------------------- data
-    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
-    train_data = load_split(args, "train", languages, hub_splits)
-    valid_data = load_split(args, "valid", languages, hub_splits)
-    test_data = load_split(args, "test", languages, hub_splits)
-    if train_data is None:
-        raise DataError("No training data.")
-    train_report = DropReport("train")
-    pair_args = dict(on_bad_pairs=args.on_bad_pairs, annotations=args.source_annotations,
-                     target_annotations=args.bidirectional)
-    train_pairs = corpus.build_pairs(train_data, directions, train_report, **pair_args)
-    eval_report = DropReport("eval")
-    valid_pairs = corpus.build_pairs(valid_data, directions, eval_report, **pair_args) if valid_data else []
-    test_pairs = corpus.build_pairs(test_data, directions, eval_report, **pair_args) if test_data else []
-
-    tokenizer = build_tokenizer(args, accelerator, run_dir, train_data, languages, resuming=resume is not None)
-    target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
-
-    def lengths(pairs):
-        texts = list(dict.fromkeys([p.src for p in pairs] + [p.tgt for p in pairs]))
-        ids = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
-        n = dict(zip(texts, map(len, ids)))
-        return [n[p.src] + int(target_tags) for p in pairs], [n[p.tgt] for p in pairs]
-
-    train_pairs, train_src_len, train_tgt_len = corpus.filter_long_pairs(
-        train_pairs, *lengths(train_pairs), args.max_length, train_report, args.on_bad_pairs)
-    valid_pairs, valid_src_len, valid_tgt_len = corpus.filter_long_pairs(
-        valid_pairs, *lengths(valid_pairs), args.max_length, eval_report, args.on_bad_pairs)
-    if not train_pairs:
-        raise DataError(f"No training pairs left ({train_report.summary()}).")
-    logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s", len(train_pairs),
-                ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
-                len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary())
-
+    t_data = time.time()
+    tokenizer, target_tags, sets, reports = main_process_first(
+        accelerator, lambda: prepare_data(args, accelerator, run_dir, languages, directions, eval_directions,
+                                          resuming=resume is not None))
+    train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
+    # seeded after the data: building a cache or finding it must not change the random states of the run
+    set_seed(args.seed)
+    valid_pairs = sets["valid"].to_pairs() if sets["valid"] is not None else []
+    test_pairs = sets["test"].to_pairs() if sets["test"] is not None else []
     per_item = 2 if args.bidirectional else 1
-    sampler = corpus.TokenBatchSampler(train_src_len, train_tgt_len, args.max_tokens, args.max_sentences,
-                                       seed=args.seed, shuffle=True, examples_per_item=per_item)
-    valid_batches = corpus.TokenBatchSampler(valid_src_len, valid_tgt_len, args.max_tokens, args.max_sentences,
-                                             shuffle=False, examples_per_item=per_item).batches(0)
-    steps_per_epoch = len(corpus.plan_epoch(sampler.batches(0), accelerator.num_processes,
-                                            args.gradient_accumulation_steps))
-    max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
-    logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
-                "accumulation)", max_steps, steps_per_epoch, len(sampler.batches(0)), args.max_tokens,
-                accelerator.num_processes, args.gradient_accumulation_steps)
+    stream = None
+    if args.streaming:
+        stream = data_pipeline.StreamingPairs(
+            sets["stream"], languages, directions, tokenizer, annotations=args.source_annotations,
+            target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
+            on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
+            max_sentences=args.max_sentences, seed=args.seed, examples_per_item=per_item,
+            num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps,
+            skip_absent=len(languages) > 2)
+        train_report = stream.report
+        logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
+                    sets["stream"].label, args.stream_buffer_rows,
+                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
+                    len(valid_pairs), len(test_pairs), eval_report.summary(), time.time() - t_data)
+    else:
+        if not len(train_set):
+            raise DataError(f"No training pairs left ({train_report.summary()}).")
+        logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
+                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
+                    len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
+                    time.time() - t_data)
+    if train_set is not None and len(directions) > 1 and train_set.pairs_per_direction:
+        logger.info("Training pairs per direction: %s", ", ".join(
+            f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()))
+    sampler = None
+    if train_set is not None:
+        sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
+                                           args.max_sentences, seed=args.seed, shuffle=True,
+                                           examples_per_item=per_item)
+    valid_set = sets["valid"]
+    valid_batches = corpus.TokenBatchSampler(
+        valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
+        args.max_tokens, args.max_sentences, shuffle=False, examples_per_item=per_item).batches(0)
+    steps_per_epoch = None
+    if sampler is not None:
+        steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
+                                              args.gradient_accumulation_steps))
+        max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
+        logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
+                    "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
+                    accelerator.num_processes, args.gradient_accumulation_steps)
+    else:
+        max_steps = args.max_steps
+        logger.info("%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
+                    max_steps, args.max_tokens, accelerator.num_processes, args.gradient_accumulation_steps)
 
     # --------------------------------------------------------------------------------------------------- model
     model = build_model(args, tokenizer, languages, target_tags)
@@ -764,13 +892,33 @@ def main(argv=None) -> dict | None:
                     desc="training", dynamic_ncols=True, mininterval=1.0)
     window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
     rank, acc = accelerator.process_index, args.gradient_accumulation_steps
+    if stream is not None and state.stream_state is not None:
+        stream.load_state_dict(state.stream_state)  # the first epoch's drop report so far
+
+    def epoch_progress() -> float:
+        if stream is None:
+            return state.epoch + state.step_in_epoch / max(steps_per_epoch, 1)
+        rows = stream.rows_per_epoch
+        return state.epoch + ((state.stream or {}).get("row", 0) / rows if rows else 0.0)
+
     while state.step < max_steps:
-        plan = corpus.plan_epoch(sampler.batches(state.epoch), accelerator.num_processes, acc)
-        while state.step_in_epoch < len(plan) and state.step < max_steps:
+        # the epoch's optimizer steps from the current position: (micro-batches, the stream position after it)
+        if stream is not None:
+            epoch_steps = stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
+        else:
+            plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
+            epoch_steps = ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
+        while state.step < max_steps:
             t0 = time.time()
-            micro = plan[state.step_in_epoch][rank * acc:(rank + 1) * acc]
-            batches = [make_batch(unwrapped, tokenizer, [train_pairs[i] for i in b], args.bidirectional,
-                                  args.max_length) for b in micro]
+            step_batches, position = next(epoch_steps, (None, None))
+            if step_batches is None:  # the end of the epoch
+                state.epoch += 1
+                state.step_in_epoch = 0
+                state.stream = None
+                break
+            micro = step_batches[rank * acc:(rank + 1) * acc]
+            batches = [make_batch(unwrapped, tokenizer, b if stream is not None else train_set.pairs(b),
+                                  args.bidirectional, args.max_length) for b in micro]
             # Token counts, losses and throughput stay on the device: no host sync in the step (the only ones are
             # at logging and evaluation steps), so a GPU can run ahead of Python.
             ntoks = [(b["labels"] != -100).sum() for b in batches]
@@ -800,6 +948,8 @@ def main(argv=None) -> dict | None:
             external.after_optimizer_step(unwrapped)
             state.step += 1
             state.step_in_epoch += 1
+            if stream is not None:
+                state.stream, state.stream_state = position, stream.state_dict()
             dt = time.time() - t0
             state.train_time += dt
             window["loss"] = window["loss"] + step_loss
@@ -819,7 +969,7 @@ def main(argv=None) -> dict | None:
                                                        [window["loss"], window["ntok"], window["tokens"],
                                                         *window["aux"].values()]]), "sum").tolist()
                 state.train_tokens += int(sums[2])
-                record = {"step": state.step, "epoch": state.epoch + state.step_in_epoch / len(plan),
+                record = {"step": state.step, "epoch": epoch_progress(),
                           "loss": float(sums[0] / sums[1]), "lr": lr,
                           "tokens_per_sec": sums[2] / max(window["time"], 1e-9)}
                 for j, name in enumerate(window["aux"]):
@@ -835,9 +985,6 @@ def main(argv=None) -> dict | None:
                 is_best = run_eval(state.step)
             if state.step % args.save_steps == 0 or last or is_best:
                 save(state.step)
-        if state.step_in_epoch >= len(plan):
-            state.epoch += 1
-            state.step_in_epoch = 0
     progress.close()
     accelerator.wait_for_everyone()
 
@@ -900,14 +1047,14 @@ def main(argv=None) -> dict | None:
             "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
             "wall_time_sec": wall_time,
             "train_time_sec": state.train_time,
-            "train_pairs": len(train_pairs),
+            "train_pairs": len(train_set) if stream is None else stream.kept_pairs,
             "dropped_pairs": train_report.total,
             "dropped_reasons": dict(sorted(train_report.counts.items())),
             "dropped_examples": train_report.to_dict()["examples"],
             "eval_dropped_pairs": eval_report.total,
             "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
             "steps": state.step,
-            "epochs": round(state.epoch + state.step_in_epoch / max(steps_per_epoch, 1), 3),
+            "epochs": round(epoch_progress(), 3),
             "final_model": final_source,
             "best_step": state.best_step,
             "validation": state.evals,
@@ -945,7 +1092,7 @@ def main(argv=None) -> dict | None:
             for e in scores["examples"][:args.num_examples]:
                 print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
                       f"         HYP: {e['translation']}")
-        print(f"\nTrain pairs {len(train_pairs)}, dropped {train_report.total} "
+        print(f"\nTrain pairs {results['train_pairs']}, dropped {train_report.total} "
               f"{dict(train_report.counts) if train_report.total else ''}; "
               f"{results['train_tokens_per_sec']:.0f} tokens/s")
         print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"

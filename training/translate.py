@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from training import checkpointing, evaluation, external  # noqa: E402
-from training.corpus import DataError, read_lines  # noqa: E402
+from training.corpus import DataError, parse_jsonl_line, read_lines  # noqa: E402
 
 logger = logging.getLogger("hf_variants.translate")
 
@@ -172,14 +172,7 @@ def read_jsonl_input(path: str, src_lang: str | None, tgt_lang: str | None, anno
     annotations: dict[str, list] = {name: [] for name in annotation_names}
     for i, line in enumerate(read_input_lines(path)):
         where = f"{label}:{i + 1}"
-        if not line.strip():
-            raise DataError(f"{where}: empty line (expected one JSON object a line).")
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: invalid JSON ({err.msg}).") from err
-        if not isinstance(obj, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}.")
+        obj = parse_jsonl_line(line, where)
         source, lang, reference = _row_source(obj, where, src_lang, tgt_lang)
         sources.append(source)
         references.append(reference)
