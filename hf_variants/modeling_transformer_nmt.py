@@ -227,7 +227,8 @@ def eager_attention_forward(
             probs = grouped.view_as(probs)
         else:
             weights = probs
-    probs = F.dropout(probs, p=dropout, training=module.training)
+    if module.training:
+        probs = F.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value)
     if value_term is not None:
         out = out + value_term(probs)
@@ -474,8 +475,11 @@ class TransformerNmtFeedForward(nn.Module):
         if self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
         hidden_states = self.activation_fn(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        hidden_states = F.dropout(self.fc2(hidden_states), p=self.dropout, training=self.training)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=True)
+        hidden_states = self.fc2(hidden_states)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
         hidden_states = residual + hidden_states
         if not self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
@@ -489,7 +493,9 @@ def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torc
     if pre_norm:
         hidden_states = layer_norm(hidden_states)
     hidden_states, extra = fn(hidden_states)
-    hidden_states = residual + F.dropout(hidden_states, p=dropout, training=module.training)
+    if module.training:
+        hidden_states = F.dropout(hidden_states, p=dropout, training=True)
+    hidden_states = residual + hidden_states
     if not pre_norm:
         hidden_states = layer_norm(hidden_states)
     return hidden_states, extra
@@ -670,12 +676,33 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
 
     # ---------------------------------------------------------------------------------------------- embedding
     def position_embeddings(self, length: int, offset, device, dtype) -> torch.Tensor | None:
-        if self.config.position_embedding_type == "none":
+        """[length, d] encodings of positions `offset ..` (`offset`: an int, or a 0-d tensor with a static cache)."""
+        kind = self.config.position_embedding_type
+        if kind == "none":
             return None
-        positions = torch.arange(length, device=device) + offset  # offset: an int or a 0-d tensor (static cache)
+        if kind == "sinusoidal" and not torch.compiler.is_compiling():
+            end = offset + length if isinstance(offset, int) else None
+            table = self._sinusoidal_table(end, device, dtype)
+            if table is not None:
+                return table[offset:end]
+        positions = torch.arange(length, device=device) + offset
         if self.embed_positions is not None:
             return self.embed_positions(positions)
         return sinusoidal_positions(positions, self.config.d_model).to(dtype)
+
+    def _sinusoidal_table(self, end: int | None, device, dtype) -> torch.Tensor | None:
+        """The sinusoidal encodings of positions 0 .. n-1 (n >= `end`, a power of two up to the model's limit),
+        built on first use and kept for the next calls on the same device and dtype: decoding reads one row per
+        step instead of computing it again. A plain attribute, never a buffer: not saved, not built in `__init__`
+        (which `from_pretrained` runs on the meta device). None (compute directly) for a tensor offset."""
+        if end is None:
+            return None
+        table = self.__dict__.get("_position_table")
+        if table is None or table.device != device or table.dtype != dtype or table.shape[0] < end:
+            size = min(max(64, 1 << (end - 1).bit_length()), max(end, self.config.max_position_embeddings))
+            table = sinusoidal_positions(torch.arange(size, device=device), self.config.d_model).to(dtype)
+            self.__dict__["_position_table"] = table
+        return table
 
     def input_embeddings(self, input_ids=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
         """Scaled token embeddings: `embed_tokens(input_ids)` or the given `inputs_embeds`, times `embed_scale`
@@ -698,7 +725,9 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         positions = self.position_embeddings(length, query_offset, hidden_states.device, hidden_states.dtype)
         if positions is not None:
             hidden_states = hidden_states + positions
-        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=True)
+        return hidden_states
 
     # ---------------------------------------------------------------------------------------- around the layers
     def layer_inputs(self, attention_mask: torch.Tensor | None, hidden_states: torch.Tensor, **kwargs) -> dict:
@@ -775,9 +804,40 @@ class TransformerNmtDecoder(TransformerNmtStack):
 
     def self_attention_mask(self, hidden_states, attention_mask, past_key_values):
         """The causal (+ padding) mask of the self-attention, in the implementation's format; None where SDPA's
-        `is_causal` does the job."""
+        `is_causal` does the job, and for one query after a growing cache without a padding mask (a decoding step):
+        it attends to every key, which is what the helper's mask would say (SDPA: None; eager: all zeros), without
+        building it at every step. A pre-allocated (static) cache holds empty slots and flex_attention takes a
+        BlockMask: the helper builds those."""
+        cache = self_attention_cache(past_key_values)
+        if (attention_mask is None and hidden_states.shape[1] == 1 and cache is not None
+                and not getattr(cache, "is_compileable", False)
+                and self.config._attn_implementation in ("sdpa", "eager")):
+            return None
         return create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                                  past_key_values=self_attention_cache(past_key_values))
+                                  past_key_values=cache)
+
+    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states,
+                             past_key_values=None):
+        """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
+        cross-attention keys and values, it is built once per generation: an `EncoderDecoderCache` keeps it for the
+        next steps, which reuse it for the same 2-D mask tensor (same object, not modified in place since), query
+        shape, dtype and attention implementation."""
+        def build():
+            return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                             attention_mask=encoder_attention_mask,
+                                             encoder_hidden_states=encoder_hidden_states)
+
+        if (torch.compiler.is_compiling() or not isinstance(past_key_values, EncoderDecoderCache)
+                or not isinstance(encoder_attention_mask, torch.Tensor)):
+            return build()
+        key = (encoder_attention_mask._version, hidden_states.shape[:2], hidden_states.dtype,
+               self.config._attn_implementation)
+        memo = getattr(past_key_values, "_hf_variants_cross_mask", None)
+        if memo is not None and memo[0] is encoder_attention_mask and memo[1] == key:
+            return memo[2]
+        mask = build()
+        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, mask)
+        return mask
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None,
@@ -798,9 +858,8 @@ class TransformerNmtDecoder(TransformerNmtStack):
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
         self_mask = self.self_attention_mask(hidden_states, attention_mask, past_key_values)
-        cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
-                                               attention_mask=encoder_attention_mask,
-                                               encoder_hidden_states=encoder_hidden_states)
+        cross_mask = self.cross_attention_mask(hidden_states, encoder_attention_mask, encoder_hidden_states,
+                                               past_key_values)
         hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:
@@ -1102,6 +1161,18 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             for module in self.modules():  # release the stacked copies
                 if isinstance(module, StackedLinear):
                     module._cache = None
+
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
+        cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
+        sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
+        encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
