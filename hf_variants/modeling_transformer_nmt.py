@@ -32,6 +32,7 @@ A variant overrides only what its paper changes:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -47,6 +48,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -563,6 +571,60 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         return self.ffn(hidden_states), self_weights, cross_weights
 
 
+# ------------------------------------------------------------------------------------------- token suppression
+class TokenSuppressionLogitsProcessor(LogitsProcessor):
+    """transformers' `MinLengthLogitsProcessor`, `MinNewTokensLengthLogitsProcessor` and
+    `SuppressTokensLogitsProcessor` (adjacent in a processor list) as ONE processor with the same output: the
+    scores of the tokens whose rule is active set to -inf. Those processors each build a vocabulary-sized mask
+    (`arange` + `isin`) and copy the scores twice (`clone` + `where`) at every step, active or not; this one copies
+    them once, with `index_fill` on the few token columns, and returns them untouched when no rule is active (a
+    min-length rule after the minimum length: most steps).
+
+    `rules`: (token ids, length) pairs: the tokens are suppressed while the sequence (prompt included) is shorter
+    than `length`; None: always. Ids outside the vocabulary are ignored, as `isin` over the vocabulary does."""
+
+    def __init__(self, rules: list[tuple[torch.Tensor, int | None]]):
+        self.rules = [(torch.as_tensor(ids).reshape(-1).long(), length) for ids, length in rules]
+        self._ids = {}  # (active rules, vocabulary size, device) -> the ids to suppress
+
+    @classmethod
+    def merge(cls, processors: LogitsProcessorList) -> LogitsProcessorList:
+        """`processors` with every run of adjacent min-length / min-new-tokens / suppress-tokens processors (exactly
+        those classes: a subclass may do more) replaced by one `TokenSuppressionLogitsProcessor`. Only adjacent ones
+        merge: moving a suppression across another processor (a top-k warper) could change what it sees."""
+        merged, run = LogitsProcessorList(), []
+        for processor in [*processors, None]:
+            rule = None
+            if type(processor) is MinLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.min_length)
+            elif type(processor) is MinNewTokensLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens)
+            elif type(processor) is SuppressTokensLogitsProcessor:
+                rule = (processor.suppress_tokens, None)
+            if rule is not None:
+                run.append(rule)
+                continue
+            if run:
+                merged.append(cls(run))
+                run = []
+            if processor is not None:
+                merged.append(processor)
+        return merged
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[-1]
+        active = tuple(i for i, (_, limit) in enumerate(self.rules) if limit is None or length < limit)
+        if not active:
+            return scores
+        key = (active, scores.shape[-1], scores.device)
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = torch.cat([self.rules[i][0] for i in active]).to(scores.device).unique()
+            ids = ids[(ids >= 0) & (ids < scores.shape[-1])]
+            self._ids[key] = ids
+        return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
+
+
 # --------------------------------------------------------------------------------------------------- model outputs
 @dataclass
 class TransformerNmtEncoderOutput(BaseModelOutput):
@@ -820,8 +882,9 @@ class TransformerNmtDecoder(TransformerNmtStack):
                              past_key_values=None):
         """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
         cross-attention keys and values, it is built once per generation: an `EncoderDecoderCache` keeps it for the
-        next steps, which reuse it for the same 2-D mask tensor (same object, not modified in place since), query
-        shape, dtype and attention implementation."""
+        next steps, which reuse it for the same 2-D mask tensor with the same values (the same object not modified
+        in place since: its version counter, or for an inference tensor, which has none, a copy of its values),
+        query shape, dtype and attention implementation."""
         def build():
             return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
                                              attention_mask=encoder_attention_mask,
@@ -830,13 +893,17 @@ class TransformerNmtDecoder(TransformerNmtStack):
         if (torch.compiler.is_compiling() or not isinstance(past_key_values, EncoderDecoderCache)
                 or not isinstance(encoder_attention_mask, torch.Tensor)):
             return build()
-        key = (encoder_attention_mask._version, hidden_states.shape[:2], hidden_states.dtype,
-               self.config._attn_implementation)
+        key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
         memo = getattr(past_key_values, "_hf_variants_cross_mask", None)
         if memo is not None and memo[0] is encoder_attention_mask and memo[1] == key:
-            return memo[2]
+            snapshot = memo[2]
+            if (torch.equal(snapshot, encoder_attention_mask) if isinstance(snapshot, torch.Tensor)
+                    else snapshot == encoder_attention_mask._version):
+                return memo[3]
         mask = build()
-        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, mask)
+        snapshot = (encoder_attention_mask.clone() if encoder_attention_mask.is_inference()
+                    else encoder_attention_mask._version)
+        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, snapshot, mask)
         return mask
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -1161,6 +1228,11 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             for module in self.modules():  # release the stacked copies
                 if isinstance(module, StackedLinear):
                     module._cache = None
+
+    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
+        """transformers' processor list, with its token-suppression processors merged into one that copies the
+        scores once, and not at all when inactive (`TokenSuppressionLogitsProcessor`: the same scores)."""
+        return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
 
     @staticmethod
     def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
