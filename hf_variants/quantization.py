@@ -151,16 +151,17 @@ class Int8Linear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int8Linear expects inputs with {self.in_features} features, got {x.shape[-1]}.")
         dtype = x.dtype
-        x = x.float()
+        if dtype != torch.float32:  # (a `.float()` / `.to(dtype)` of a float32 tensor still costs a dispatch)
+            return self.forward(x.float()).to(dtype)
         if x.numel() == 0:
             out = x.new_zeros(*x.shape[:-1], self.out_features)
-            return (out if self.bias is None else out + self.bias).to(dtype)
+            return out if self.bias is None else out + self.bias
         packed = self._packed if self._packed is not None else self._pack()
         if self.backend == "fbgemm":
-            return torch.ops.quantized.linear_dynamic(x, packed, self.reduce_range).to(dtype)
+            return torch.ops.quantized.linear_dynamic(x, packed, self.reduce_range)
         qmax = 127 if self.reduce_range else 255
         if self.activation_granularity == "per_token":
-            return self._per_token(x, qmax, packed).to(dtype)
+            return self._per_token(x, qmax, packed)
         # dynamic per-tensor activation quantization: uint8 with a zero point covering [min(x, 0), max(x, 0)]
         low, high = (v.item() for v in torch.aminmax(x))
         low, high = min(low, 0.0), max(high, 0.0)
@@ -171,10 +172,12 @@ class Int8Linear(nn.Module):
         # round(x / scale) + zero_point, clamped; values are >= 0 after the clamp, so truncation rounds half up
         shifted = x.mul(1.0 / scale).add_(zero_point + 0.5).clamp_(0, qmax + 0.49)
         qx = shifted.to(torch.int8).view(torch.uint8) if qmax <= 127 else shifted.to(torch.uint8)  # see _per_token
-        weight, zeros, _, _ = packed
-        out = torch.ops.onednn.qlinear_pointwise(qx, scale, zero_point, weight, self.weight_scale, zeros, self.bias,
-                                                 1.0, 0, torch.float32, "none", [], "")
-        return out.to(dtype)
+        weight, zeros, column_sums, _ = packed
+        # the zero point's term as a bias (see _pack): oneDNN's own zero-point compensation reads the weights again
+        shift = -scale * zero_point
+        bias = column_sums * shift if self.bias is None else torch.add(self.bias, column_sums, alpha=shift)
+        return torch.ops.onednn.qlinear_pointwise(qx, scale, 0, weight, self.weight_scale, zeros, bias, 1.0, 0,
+                                                  torch.float32, "none", [], "")
 
     def _per_token(self, x: torch.Tensor, qmax: int, packed) -> torch.Tensor:
         """Symmetric per-row (per-token) activation quantization, as CTranslate2 does: row i is scaled by
