@@ -23,6 +23,9 @@ profiler's own overhead inflates the operator times a little, so this is a lower
     python benchmarks/profile_decoding.py [--sizes small base] [--engines marian_fp32 ours_fp32 ours_int8]
         [--label before|after] [--reps 3]
 
+`HF_VARIANTS_ROOT=DIR` profiles the hf_variants of another checkout (the "before" run on main); this script and
+the benchmark helpers it imports stay this checkout's.
+
 `--label` names the run: the JSON goes to `benchmarks/results/profile_decoding_<label>.json`, and the `profile`
 section of benchmarks/RESULTS.md is rebuilt from every stored label (`before` and `after` side by side).
 """
@@ -33,6 +36,7 @@ import argparse
 import copy
 import functools
 import json
+import os
 import sys
 import time
 import warnings
@@ -42,7 +46,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# the hf_variants profiled: this checkout's, or another one's (`HF_VARIANTS_ROOT=/work/main` for the "before" run)
+sys.path.insert(0, os.environ.get("HF_VARIANTS_ROOT", str(ROOT)))
+import hf_variants  # noqa: E402,F401  (first: the helpers below put this checkout on sys.path too)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_inference import marian_and_ours  # noqa: E402
@@ -292,8 +298,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no_write", action="store_true", help="print only (smoke runs)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    import os
-
+    print(f"hf_variants from {Path(hf_variants.__file__).parent}", flush=True)
     load = os.getloadavg()[0]
     results = run(args)
     if args.no_write:
