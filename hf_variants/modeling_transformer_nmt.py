@@ -32,6 +32,7 @@ A variant overrides only what its paper changes:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -47,6 +48,13 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -227,7 +235,8 @@ def eager_attention_forward(
             probs = grouped.view_as(probs)
         else:
             weights = probs
-    probs = F.dropout(probs, p=dropout, training=module.training)
+    if module.training:
+        probs = F.dropout(probs, p=dropout, training=True)
     out = torch.matmul(probs, value)
     if value_term is not None:
         out = out + value_term(probs)
@@ -474,8 +483,11 @@ class TransformerNmtFeedForward(nn.Module):
         if self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
         hidden_states = self.activation_fn(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        hidden_states = F.dropout(self.fc2(hidden_states), p=self.dropout, training=self.training)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=True)
+        hidden_states = self.fc2(hidden_states)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
         hidden_states = residual + hidden_states
         if not self.normalize_before:
             hidden_states = self.final_layer_norm(hidden_states)
@@ -489,7 +501,9 @@ def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torc
     if pre_norm:
         hidden_states = layer_norm(hidden_states)
     hidden_states, extra = fn(hidden_states)
-    hidden_states = residual + F.dropout(hidden_states, p=dropout, training=module.training)
+    if module.training:
+        hidden_states = F.dropout(hidden_states, p=dropout, training=True)
+    hidden_states = residual + hidden_states
     if not pre_norm:
         hidden_states = layer_norm(hidden_states)
     return hidden_states, extra
@@ -555,6 +569,60 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
                                             key_value_states=encoder_hidden_states, past_key_values=past_key_values,
                                             output_attentions=output_attentions, **cross_kwargs), pre, p)
         return self.ffn(hidden_states), self_weights, cross_weights
+
+
+# ------------------------------------------------------------------------------------------- token suppression
+class TokenSuppressionLogitsProcessor(LogitsProcessor):
+    """transformers' `MinLengthLogitsProcessor`, `MinNewTokensLengthLogitsProcessor` and
+    `SuppressTokensLogitsProcessor` (adjacent in a processor list) as ONE processor with the same output: the
+    scores of the tokens whose rule is active set to -inf. Those processors each build a vocabulary-sized mask
+    (`arange` + `isin`) and copy the scores twice (`clone` + `where`) at every step, active or not; this one copies
+    them once, with `index_fill` on the few token columns, and returns them untouched when no rule is active (a
+    min-length rule after the minimum length: most steps).
+
+    `rules`: (token ids, length) pairs: the tokens are suppressed while the sequence (prompt included) is shorter
+    than `length`; None: always. Ids outside the vocabulary are ignored, as `isin` over the vocabulary does."""
+
+    def __init__(self, rules: list[tuple[torch.Tensor, int | None]]):
+        self.rules = [(torch.as_tensor(ids).reshape(-1).long(), length) for ids, length in rules]
+        self._ids = {}  # (active rules, vocabulary size, device) -> the ids to suppress
+
+    @classmethod
+    def merge(cls, processors: LogitsProcessorList) -> LogitsProcessorList:
+        """`processors` with every run of adjacent min-length / min-new-tokens / suppress-tokens processors (exactly
+        those classes: a subclass may do more) replaced by one `TokenSuppressionLogitsProcessor`. Only adjacent ones
+        merge: moving a suppression across another processor (a top-k warper) could change what it sees."""
+        merged, run = LogitsProcessorList(), []
+        for processor in [*processors, None]:
+            rule = None
+            if type(processor) is MinLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.min_length)
+            elif type(processor) is MinNewTokensLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens)
+            elif type(processor) is SuppressTokensLogitsProcessor:
+                rule = (processor.suppress_tokens, None)
+            if rule is not None:
+                run.append(rule)
+                continue
+            if run:
+                merged.append(cls(run))
+                run = []
+            if processor is not None:
+                merged.append(processor)
+        return merged
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[-1]
+        active = tuple(i for i, (_, limit) in enumerate(self.rules) if limit is None or length < limit)
+        if not active:
+            return scores
+        key = (active, scores.shape[-1], scores.device)
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = torch.cat([self.rules[i][0] for i in active]).to(scores.device).unique()
+            ids = ids[(ids >= 0) & (ids < scores.shape[-1])]
+            self._ids[key] = ids
+        return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
 
 
 # --------------------------------------------------------------------------------------------------- model outputs
@@ -670,12 +738,33 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
 
     # ---------------------------------------------------------------------------------------------- embedding
     def position_embeddings(self, length: int, offset, device, dtype) -> torch.Tensor | None:
-        if self.config.position_embedding_type == "none":
+        """[length, d] encodings of positions `offset ..` (`offset`: an int, or a 0-d tensor with a static cache)."""
+        kind = self.config.position_embedding_type
+        if kind == "none":
             return None
-        positions = torch.arange(length, device=device) + offset  # offset: an int or a 0-d tensor (static cache)
+        if kind == "sinusoidal" and not torch.compiler.is_compiling():
+            end = offset + length if isinstance(offset, int) else None
+            table = self._sinusoidal_table(end, device, dtype)
+            if table is not None:
+                return table[offset:end]
+        positions = torch.arange(length, device=device) + offset
         if self.embed_positions is not None:
             return self.embed_positions(positions)
         return sinusoidal_positions(positions, self.config.d_model).to(dtype)
+
+    def _sinusoidal_table(self, end: int | None, device, dtype) -> torch.Tensor | None:
+        """The sinusoidal encodings of positions 0 .. n-1 (n >= `end`, a power of two up to the model's limit),
+        built on first use and kept for the next calls on the same device and dtype: decoding reads one row per
+        step instead of computing it again. A plain attribute, never a buffer: not saved, not built in `__init__`
+        (which `from_pretrained` runs on the meta device). None (compute directly) for a tensor offset."""
+        if end is None:
+            return None
+        table = self.__dict__.get("_position_table")
+        if table is None or table.device != device or table.dtype != dtype or table.shape[0] < end:
+            size = min(max(64, 1 << (end - 1).bit_length()), max(end, self.config.max_position_embeddings))
+            table = sinusoidal_positions(torch.arange(size, device=device), self.config.d_model).to(dtype)
+            self.__dict__["_position_table"] = table
+        return table
 
     def input_embeddings(self, input_ids=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
         """Scaled token embeddings: `embed_tokens(input_ids)` or the given `inputs_embeds`, times `embed_scale`
@@ -698,7 +787,9 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         positions = self.position_embeddings(length, query_offset, hidden_states.device, hidden_states.dtype)
         if positions is not None:
             hidden_states = hidden_states + positions
-        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        if self.training:
+            hidden_states = F.dropout(hidden_states, p=self.config.dropout, training=True)
+        return hidden_states
 
     # ---------------------------------------------------------------------------------------- around the layers
     def layer_inputs(self, attention_mask: torch.Tensor | None, hidden_states: torch.Tensor, **kwargs) -> dict:
@@ -775,9 +866,45 @@ class TransformerNmtDecoder(TransformerNmtStack):
 
     def self_attention_mask(self, hidden_states, attention_mask, past_key_values):
         """The causal (+ padding) mask of the self-attention, in the implementation's format; None where SDPA's
-        `is_causal` does the job."""
+        `is_causal` does the job, and for one query after a growing cache without a padding mask (a decoding step):
+        it attends to every key, which is what the helper's mask would say (SDPA: None; eager: all zeros), without
+        building it at every step. A pre-allocated (static) cache holds empty slots and flex_attention takes a
+        BlockMask: the helper builds those."""
+        cache = self_attention_cache(past_key_values)
+        if (attention_mask is None and hidden_states.shape[1] == 1 and cache is not None
+                and not getattr(cache, "is_compileable", False)
+                and self.config._attn_implementation in ("sdpa", "eager")):
+            return None
         return create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                                  past_key_values=self_attention_cache(past_key_values))
+                                  past_key_values=cache)
+
+    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states,
+                             past_key_values=None):
+        """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
+        cross-attention keys and values, it is built once per generation: an `EncoderDecoderCache` keeps it for the
+        next steps, which reuse it for the same 2-D mask tensor with the same values (the same object not modified
+        in place since: its version counter, or for an inference tensor, which has none, a copy of its values),
+        query shape, dtype and attention implementation."""
+        def build():
+            return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
+                                             attention_mask=encoder_attention_mask,
+                                             encoder_hidden_states=encoder_hidden_states)
+
+        if (torch.compiler.is_compiling() or not isinstance(past_key_values, EncoderDecoderCache)
+                or not isinstance(encoder_attention_mask, torch.Tensor)):
+            return build()
+        key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
+        memo = getattr(past_key_values, "_hf_variants_cross_mask", None)
+        if memo is not None and memo[0] is encoder_attention_mask and memo[1] == key:
+            snapshot = memo[2]
+            if (torch.equal(snapshot, encoder_attention_mask) if isinstance(snapshot, torch.Tensor)
+                    else snapshot == encoder_attention_mask._version):
+                return memo[3]
+        mask = build()
+        snapshot = (encoder_attention_mask.clone() if encoder_attention_mask.is_inference()
+                    else encoder_attention_mask._version)
+        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, snapshot, mask)
+        return mask
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None,
@@ -798,9 +925,8 @@ class TransformerNmtDecoder(TransformerNmtStack):
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
         self_mask = self.self_attention_mask(hidden_states, attention_mask, past_key_values)
-        cross_mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
-                                               attention_mask=encoder_attention_mask,
-                                               encoder_hidden_states=encoder_hidden_states)
+        cross_mask = self.cross_attention_mask(hidden_states, encoder_attention_mask, encoder_hidden_states,
+                                               past_key_values)
         hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:
@@ -1102,6 +1228,23 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             for module in self.modules():  # release the stacked copies
                 if isinstance(module, StackedLinear):
                     module._cache = None
+
+    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
+        """transformers' processor list, with its token-suppression processors merged into one that copies the
+        scores once, and not at all when inactive (`TokenSuppressionLogitsProcessor`: the same scores)."""
+        return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
+
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
+        cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
+        sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
+        encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,

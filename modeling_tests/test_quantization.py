@@ -142,8 +142,10 @@ def test_stacked_units_become_int8(model_type):
 def test_trained_model_int8_decoding_stays_near_fp32(tokenizer):
     """A trained tiny baseline. Tiny models have small logit margins, so int8 greedy output drifts from fp32's after
     some tokens (on average after ~40% of a sentence here; even int8 weights with float activations drift); what
-    must hold: the first token is fp32's, and every token int8 picks is, under fp32 on the same prefix, within the
-    measured int8 logit error of fp32's best token. The pipeline gives int8 generate's output."""
+    must hold: the first token is fp32's wherever fp32's margin between its two best first tokens exceeds twice the
+    logit tolerance (one sentence here has a margin of 0.07 of 16), and every token int8 picks is, under fp32 on
+    the same prefix, within the measured int8 logit error of fp32's best token. The pipeline gives int8 generate's
+    output."""
     model = trained_baseline(tokenizer)
     quantized = quantize_for_cpu(copy.deepcopy(model))
     sentences = read_sentences("en", "val", n=16)
@@ -151,11 +153,13 @@ def test_trained_model_int8_decoding_stays_near_fp32(tokenizer):
     with torch.no_grad():
         fp32 = model.generate(**inputs, num_beams=1, max_new_tokens=30)
         int8 = quantized.generate(**inputs, num_beams=1, max_new_tokens=30)
-        assert torch.equal(int8[:, 1], fp32[:, 1])
         labels = int8[:, 1:].masked_fill(int8[:, 1:] == tokenizer.pad_token_id, -100)
         forced = {name: m(**inputs, decoder_input_ids=int8[:, :-1]).logits for name, m in
                   (("fp32", model), ("int8", quantized))}
     assert relative_error(forced["int8"], forced["fp32"]) <= TRAINED_LOGIT_TOL
+    first = forced["fp32"][:, 0].topk(2).values  # the first step reads only the start token: the same for both
+    decisive = (first[:, 0] - first[:, 1]) > 2 * TRAINED_LOGIT_TOL * forced["fp32"].abs().max()
+    assert decisive.sum() >= 5 and torch.equal(int8[decisive, 1], fp32[decisive, 1])
     with torch.no_grad():  # per-token scales (the default) resolve a trained model's activations better
         per_tensor = quantize_for_cpu(copy.deepcopy(model), activation_granularity="per_tensor")
         forced["per_tensor"] = per_tensor(**inputs, decoder_input_ids=int8[:, :-1]).logits
@@ -251,6 +255,14 @@ def test_int8_linear_module():
         assert ((onednn.weight - linear.weight).abs() <= step / 2 + 1e-7).all()
         assert torch.equal(onednn(x[:0]), F.linear(x[:0], linear.weight, linear.bias))
         with pytest.raises(FloatingPointError):
-            onednn(torch.full((2, 64), float("nan")))
+            per_tensor(torch.full((2, 64), float("nan")))
+        # per token, a non-finite row gives a non-finite output row (as the float linear), never finite garbage,
+        # and leaves the other rows as they were
+        bad = x[0, :3].clone()
+        bad[0, 5], bad[1, 9] = float("nan"), float("inf")
+        out = onednn(bad)
+        assert not torch.isfinite(out[0]).any() and not torch.isfinite(out[1]).any()
+        assert torch.equal(out[2], onednn(x[0, 2:3])[0])
     with pytest.raises(RuntimeError, match="inference-only"):
         onednn(x.requires_grad_())
+
