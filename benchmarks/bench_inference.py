@@ -240,12 +240,43 @@ def bleu_mode(args) -> dict:
                                                      max_decoding_length=256)
                 hyps[kind] = [tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip() for r in results]
     scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
-    result = {"model": args.bleu_model, "sentences": len(sources), "pair": f"{args.src}-{args.tgt}",
+    run = Path(args.bleu_model)
+    results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)
+    steps = json.loads(results_json.read_text()).get("steps") if results_json else None
+    result = {"model": args.bleu_model, "label": args.label, "model_type": model.config.model_type, "steps": steps,
+              "sentences": len(sources), "pair": f"{args.src}-{args.tgt}",
               **{f"bleu_{k}": round(s["bleu"], 2) for k, s in scores.items()},
               **{f"chrf_{k}": round(s["chrf"], 2) for k, s in scores.items()},
               "bleu_int8_minus_fp32": round(scores["int8"]["bleu"] - scores["fp32"]["bleu"], 2)}
     print(json.dumps(result, indent=2))
     return result
+
+
+def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> None:
+    """Add `result` to the BLEU records in `path` (one per checkpoint folder, replaced when rerun) and write their
+    table into RESULTS.md (section "inference_bleu") and next to the JSON (.md)."""
+    records = json.loads(path.read_text()) if path.is_file() else []
+    if isinstance(records, dict):  # one result (older layout)
+        records = [records]
+    records = [r for r in records if r.get("model") != result["model"]] + [result]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=2) + "\n")
+    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8") if any(f"bleu_{k}" in r for r in records)]
+    lines = ["test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
+             "activations, oneDNN); CTranslate2 for the baseline only.", "",
+             "| model | model type | steps | sentences | " + " | ".join(f"BLEU {k}" for k in kinds)
+             + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
+             "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
+    for r in records:
+        cells = " | ".join(f"{r[f'bleu_{k}']:.2f}" if f"bleu_{k}" in r else "—" for k in kinds)
+        folder = Path(r["model"])
+        name = r.get("label") or (folder.parent.name if folder.name == "model" else folder.name)  # RUN/model: RUN
+        lines.append(f"| {name} | {r.get('model_type', '?')} | "
+                     f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {r['bleu_int8_minus_fp32']:+.2f} | "
+                     f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |")
+    table = "\n".join(lines) + "\n"
+    path.with_suffix(".md").write_text(table)
+    write_section("inference_bleu", table, **({"path": results_md} if results_md else {}))
 
 
 def main(argv=None) -> dict:
@@ -265,15 +296,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--bleu_model", help="BLEU mode: fp32 vs int8 BLEU of this checkpoint on test_2016_flickr")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
-    parser.add_argument("--limit", type=int, help="BLEU mode: first N test sentences only (smoke runs)")
+    parser.add_argument("--limit", type=int, help="BLEU mode: first N test sentences only (smoke runs, not "
+                                                  "recorded)")
+    parser.add_argument("--label", help="BLEU mode: the checkpoint's name in the table (default: its folder's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.bleu_model:
         result = bleu_mode(args)
-        out = Path(args.output + "_bleu.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        if not args.limit:  # smoke runs (--limit) are not recorded
+            record_bleu(result, Path(args.output + "_bleu.json"))
         return result
     if ctranslate2_module() is None and not args.skip_ct2:
         print("ctranslate2 is not installed (pip install 'hf-variants[deploy]'): no CTranslate2 engines.")

@@ -110,3 +110,30 @@ def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_
     assert ("| 0.020 / 0.080 |" in line) == (kept == "plain")
     assert ("† p against \"Transformer baseline, the bar's budget, first run\" (29.50 BLEU)" in text) == \
         (kept == "dagger")
+
+
+def test_inference_bleu_records(tmp_path, monkeypatch):
+    """bench_inference's BLEU mode keeps one record per checkpoint (a rerun replaces it, others stay) and renders
+    every record, the int8 - fp32 difference included, into its RESULTS.md section."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    bench = importlib.import_module("bench_inference")
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("intro\n<!-- inference_bleu:start -->\nold\n<!-- inference_bleu:end -->\nrest\n")
+    path = tmp_path / "inference_bleu.json"
+
+    def result(model, fp32, int8, **extra):
+        return {"model": model, "label": None, "model_type": "transformer_nmt", "steps": 200, "sentences": 1000,
+                "pair": "en-de", "bleu_fp32": fp32, "bleu_int8": int8, "chrf_fp32": 50.0, "chrf_int8": 49.5,
+                "bleu_int8_minus_fp32": round(int8 - fp32, 2), **extra}
+
+    bench.record_bleu(result("runs/a/model", 30.0, 29.8), path, results_md)
+    bench.record_bleu(result("runs/b/model", 20.0, 20.1, bleu_ct2_int8=19.9), path, results_md)
+    bench.record_bleu(result("runs/a/model", 31.0, 30.5), path, results_md)  # a rerun of a
+    records = json.loads(path.read_text())
+    assert [(r["model"], r["bleu_fp32"]) for r in records] == [("runs/b/model", 20.0), ("runs/a/model", 31.0)]
+    text = results_md.read_text()
+    assert text.startswith("intro\n") and text.endswith("rest\n") and "\nold\n" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model ")]
+    assert rows == ["| b | transformer_nmt | 200 | 1000 | 20.00 | 20.10 | 19.90 | +0.10 | 50.00 | 49.50 |",
+                    "| a | transformer_nmt | 200 | 1000 | 31.00 | 30.50 | — | -0.50 | 50.00 | 49.50 |"]
+    sys.modules.pop("bench_inference", None)
