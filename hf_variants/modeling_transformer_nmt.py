@@ -294,14 +294,15 @@ def attend(
 
 
 # --------------------------------------------------------------------------------------- stacked per-unit linears
-_STACKED_WEIGHTS_SCOPE: ContextVar[object | None] = ContextVar("stacked_weights_scope", default=None)
+_STACKED_WEIGHTS_SCOPE: ContextVar[dict | None] = ContextVar("stacked_weights_scope", default=None)
 
 
 @contextmanager
 def stacked_weights_cached():
     """Within this scope (one `generate` call: the weights do not change) every `StackedLinear` stacks its units'
-    weights once and reuses them at every decoding step, instead of copying them at every forward."""
-    token = _STACKED_WEIGHTS_SCOPE.set(object())
+    weights once and reuses them at every decoding step, instead of copying them at every forward. The stacked
+    copies belong to the scope (a dict: module -> its stacked tensors) and are freed when it ends."""
+    token = _STACKED_WEIGHTS_SCOPE.set({})
     try:
         yield
     finally:
@@ -322,27 +323,25 @@ class StackedLinear(nn.Module):
         super().__init__()
         self.num_units, self.in_features, self.out_features = num_units, in_features, out_features
         self.units = nn.ModuleList([nn.Linear(in_features, out_features, bias=bias) for _ in range(num_units)])
-        self._cache = None  # (scope, weight [n, out, in], bias [n, out] or None)
 
     def _stacked(self, shared: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The units' weights and biases in the layout of the matmul: [n*out, in] and [n*out] for a shared input
-        (`F.linear`), [n, in, out] and [n, 1, out] for per-unit inputs (`baddbmm`); biases None without biases."""
+        (`F.linear`), [n, in, out] (a transposed view of the stacked [n, out, in]: a plain copy, which `bmm` reads
+        as fast as a contiguous [n, in, out], whose transposing copy costs 10-25x the stacking) and [n, 1, out] for
+        per-unit inputs (`baddbmm`); biases None without biases."""
         scope = None  # compiled graphs and autograd stack at every forward
         if not torch.compiler.is_compiling() and not torch.is_grad_enabled():
             scope = _STACKED_WEIGHTS_SCOPE.get()
-        if scope is not None and self._cache is not None and self._cache[0] is scope and shared in self._cache[1]:
-            return self._cache[1][shared]
+        cached = scope.setdefault(self, {}) if scope is not None else {}
+        if shared in cached:
+            return cached[shared]
         weights = [unit.weight for unit in self.units]
         biases = [unit.bias for unit in self.units] if self.units[0].bias is not None else None
         if shared:
             stacked = torch.cat(weights), None if biases is None else torch.cat(biases)
         else:
             stacked = torch.stack(weights).transpose(1, 2), None if biases is None else torch.stack(biases)[:, None]
-        if scope is not None:  # cached for the scope in the layout its bmm reads fastest
-            if self._cache is None or self._cache[0] is not scope:
-                self._cache = (scope, {})
-            stacked = (stacked[0].contiguous(), stacked[1])
-            self._cache[1][shared] = stacked
+        cached[shared] = stacked
         return stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -1221,13 +1220,8 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         if not lengths and source is not None:
             a, b, cap = self.default_length
             kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        try:
-            with stacked_weights_cached():  # per-unit weights (MUTE, MIMO) are stacked once per call
-                return super().generate(inputs, generation_config, **kwargs)
-        finally:
-            for module in self.modules():  # release the stacked copies
-                if isinstance(module, StackedLinear):
-                    module._cache = None
+        with stacked_weights_cached():  # per-unit weights (MUTE, MIMO) are stacked once per call
+            return super().generate(inputs, generation_config, **kwargs)
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
         """transformers' processor list, with its token-suppression processors merged into one that copies the
