@@ -328,18 +328,19 @@ def report(results_path: Path) -> None:
     order = {s: i for i, s in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["size"]], r["version"], ["first", "relaunch", "2proc"].index(r["run"])))
     lines = ["| corpus | code | run | first step (s) | wall, 3 steps (s) | peak RSS per process (GB) | rank 1 USS (GB) "
-             "| tokenization (sentences/s) | cache (GB) | load avg |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+             "| tokenization (sentences/s) | cache (GB) | load avg | note |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in runs:
         rss = ", ".join(f"{v:.2f}" for v in r.get("peak_rss_gb_per_rank", {}).values())
         if r.get("peak_rss_gb_other_processes"):
             rss += f" (workers {r['peak_rss_gb_other_processes']:.2f})"
         lines.append(
             f"| {r['size']} | {r['version']} | {r['run']} | {r.get('first_step_sec') or '—'} | "
-            f"{r.get('wall_sec') if r.get('returncode', 0) == 0 else 'failed'} | {rss} | "
+            f"{r.get('wall_sec') if r.get('returncode', 0) == 0 or r.get('killed') else 'failed'} | {rss} | "
             f"{r.get('uss_gb_rank1_at_first_step') or r.get('uss_gb_rank1') or '—'} | "
             f"{r.get('tokenized_sentences_per_sec', '—')} | {r.get('cache_gb', '—')} | "
-            f"{r.get('load_avg_1min_before', '—')} |" + "".join(f" {r[k]}" for k in ("note", "killed") if r.get(k)))
+            f"{r.get('load_avg_1min_before', '—')} | "
+            + "; ".join(str(r[k]) for k in ("note", "killed") if r.get(k)) + " |")
     table = "\n".join(lines)
     results_path.with_suffix(".md").write_text(table + "\n")
     print(table)
