@@ -320,6 +320,22 @@ def leaf_pieces(text: str, spans: Sequence[tuple[int, int]], start: int = 0) -> 
     return pieces
 
 
+def aligned_parses(texts: Sequence[str], parses: Sequence, starts: Sequence[int] | None = None):
+    """(sentence index, its parse as a tree, the character span of every leaf) for every sentence, the leaves
+    aligned from `starts[b]` (after a language-tag prefix); a parse count that differs from the sentences', or a
+    parse that does not spell its sentence, raises a `ValueError` naming the sentence."""
+    if len(parses) != len(texts):
+        raise ValueError(f"Got {len(parses)} parses for {len(texts)} sentences.")
+    starts = list(starts) if starts is not None else [0] * len(texts)
+    for b, (text, parse) in enumerate(zip(texts, parses)):
+        try:
+            tree = as_tree(parse)
+            spans = align_leaves(text, tree.leaves(), start=starts[b])
+        except ValueError as error:
+            raise ValueError(f"Sentence {b}: {error}") from None
+        yield b, tree, spans
+
+
 def encode_by_leaves(tokenizer, texts: Sequence[str], parses: Sequence, starts: Sequence[int] | None = None,
                      max_length: int | None = None) -> tuple[list[list[int]], list[list[int]], list]:
     """Token ids of every sentence (special tokens included, not padded) and the leaf of every token (-1: the
@@ -331,20 +347,14 @@ def encode_by_leaves(tokenizer, texts: Sequence[str], parses: Sequence, starts: 
 
     first, rest = _piece_tokenizers(tokenizer)
     starts = list(starts) if starts is not None else [0] * len(texts)
-    if len(parses) != len(texts):
-        raise ValueError(f"Got {len(parses)} parses for {len(texts)} sentences.")
     side = getattr(tokenizer, "truncation_side", "right")
     if max_length is not None:
         first.enable_truncation(max_length, direction=side)
     else:
         first.no_truncation()
     all_ids, all_leaves, trees = [], [], []
-    for b, (text, parse) in enumerate(zip(texts, parses)):
-        try:
-            tree = as_tree(parse)
-            spans = align_leaves(text, tree.leaves(), start=starts[b])
-        except ValueError as error:
-            raise ValueError(f"Sentence {b}: {error}") from None
+    for b, tree, spans in aligned_parses(texts, parses, starts):
+        text = texts[b]
         trees.append(tree)
         encodings, leaves = [], []
         prefix = text[: starts[b]].strip()
@@ -405,18 +415,11 @@ def syntactic_phrase_inputs(texts: Sequence[str], parses: Sequence, offsets: Seq
     (T tokens each); `starts[b]`: where sentence b begins in the tokenized string (after a language tag, which
     belongs to no phrase). A token spanning two leaves counts for the first, so a leaf can lose its phrase:
     `MgsaForConditionalGeneration.prepare_translation_inputs` tokenizes with `encode_by_leaves` instead."""
-    if len(parses) != len(texts):
-        raise ValueError(f"Got {len(parses)} parses for {len(texts)} sentences.")
     starts = list(starts) if starts is not None else [0] * len(texts)
     trees, leaves = [], []
-    for b, (text, parse) in enumerate(zip(texts, parses)):
-        try:
-            tree = as_tree(parse)
-            spans = align_leaves(text, tree.leaves(), start=starts[b])
-        except ValueError as error:
-            raise ValueError(f"Sentence {b}: {error}") from None
+    for b, tree, spans in aligned_parses(texts, parses, starts):
         trees.append(tree)
-        leaves.append(token_leaves(text, spans, offsets[b], special_tokens_mask[b], start=starts[b]))
+        leaves.append(token_leaves(texts[b], spans, offsets[b], special_tokens_mask[b], start=starts[b]))
     return phrase_inputs_from_leaves(trees, leaves, levels, tag_labels)
 
 
