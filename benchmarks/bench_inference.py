@@ -232,13 +232,21 @@ def bleu_mode(args) -> dict:
             path = export(model, tokenizer, Path(tmp) / "ct2")
             tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
             suppress = [[t] for t in tokenizer.convert_ids_to_tokens(model.generation_config.suppress_tokens or [])]
+            # the batches and length limit of `evaluation.translate`: length-sorted batches of --batch sources,
+            # at most max_len_a * (longest source) + max_len_b new tokens per batch
+            order = sorted(range(len(tokens)), key=lambda i: -len(tokens[i]))
             for kind, compute in (("ct2_fp32", "float32"), ("ct2_int8", "int8")):
                 translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
                                                     intra_threads=args.threads or 0)
-                results = translator.translate_batch(tokens, beam_size=4, length_penalty=0.6,
-                                                     max_batch_size=args.batch, suppress_sequences=suppress,
-                                                     max_decoding_length=256)
-                hyps[kind] = [tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip() for r in results]
+                out = [""] * len(tokens)
+                for start in range(0, len(order), args.batch):
+                    idx = order[start:start + args.batch]
+                    limit = max(1, int(evaluation.MAX_LEN_A * len(tokens[idx[0]]) + evaluation.MAX_LEN_B))
+                    results = translator.translate_batch([tokens[i] for i in idx], beam_size=4, length_penalty=0.6,
+                                                         suppress_sequences=suppress, max_decoding_length=limit)
+                    for i, r in zip(idx, results):
+                        out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
+                hyps[kind] = out
     scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
     run = Path(args.bleu_model)
     results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)

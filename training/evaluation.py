@@ -36,10 +36,13 @@ def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequen
     return load_metric().compute(predictions=list(hypotheses), references=refs)
 
 
+MAX_LEN_A, MAX_LEN_B = 1.2, 10  # fairseq's max_len_a / max_len_b: new tokens per batch = a * longest source + b
+
+
 @torch.no_grad()
 def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[str] | None = None,
               src_lang: str | None = None, batch_size: int = 64, num_beams: int = 4, length_penalty: float = 0.6,
-              max_len_a: float = 1.2, max_len_b: int = 10, max_length: int | None = None,
+              max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B, max_length: int | None = None,
               variant_inputs: dict[str, Sequence] | None = None, **generate_kwargs) -> list[str]:
     """Translate `texts` with beam search, in length-sorted batches; returns detokenized hypotheses in input order.
 
