@@ -142,6 +142,14 @@ class MgsaConfig(TransformerNmtConfig):
 
     # ----------------------------------------------------------------------------------------- derived values
     @property
+    def required_source_annotations(self) -> dict[str, str]:
+        """Source annotations every sentence needs (name -> how to do without), read by training scripts before
+        they train: the syntactic MG-SA needs a constituency parse of each source sentence."""
+        if self.phrase_type == "syntactic" and self.num_phrase_groups and self.mgsa_layers:
+            return {"parses": "or train the n-gram form, which needs none (phrase_type='ngram')"}
+        return {}
+
+    @property
     def num_phrase_groups(self) -> int:
         """G: one head group per n-gram size or parse level (0 = no phrase heads)."""
         return len(self.ngram_sizes) if self.phrase_type == "ngram" else self.syntactic_levels

@@ -309,6 +309,18 @@ def test_variant_tiny_run(model_type, data_dir, parsed_data_dir, tokenizer_dir, 
     assert results["model_type"] == model_type and results["steps"] == 24 and results["bleu"] is not None
 
 
+def test_syntactic_mgsa_without_parses_stops_before_training(data_dir, tokenizer_dir, tmp_path):
+    """The syntactic MG-SA on data without `--source_annotations parses` stops before its first step with a message
+    naming the flag and the n-gram alternative (not a model error inside the first batch)."""
+    with pytest.raises(DataError) as error:
+        train.main(tiny_args(data_dir, tmp_path / "run", "--model_type", "mgsa_nmt", tokenizer=tokenizer_dir))
+    assert "--source_annotations parses" in str(error.value) and "phrase_type='ngram'" in str(error.value)
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    results = train.main(tiny_args(data_dir, tmp_path / "ngram", "--model_type", "mgsa_nmt", "--config_overrides",
+                                   "phrase_type=ngram", tokenizer=tokenizer_dir))
+    assert results["steps"] == 24
+
+
 def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
     """`--model_type marian`: transformers' MarianMTModel trained, checkpointed and evaluated by the same script,
     with the script's label smoothing (Marian's own loss has none)."""

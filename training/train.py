@@ -800,6 +800,14 @@ def main(argv=None) -> dict | None:
 
     # --------------------------------------------------------------------------------------------------- model
     model = build_model(args, tokenizer, languages, target_tags)
+    required = dict(getattr(model.config, "required_source_annotations", None) or {})
+    missing = {name: hint for name, hint in required.items() if name not in args.source_annotations}
+    if missing:
+        name, hint = next(iter(missing.items()))
+        raise DataError(f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
+                        f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
+                        f"beside the text files, one a line, or a top-level {{\"{name}\": {{lang: value}}}} in JSONL "
+                        f"rows), {hint}.")
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
