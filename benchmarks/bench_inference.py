@@ -277,10 +277,11 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
              "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
     for r in records:
         cells = " | ".join(f"{r[f'bleu_{k}']:.2f}" if f"bleu_{k}" in r else "—" for k in kinds)
+        delta = r["bleu_int8_minus_fp32"] if abs(r["bleu_int8_minus_fp32"]) >= 0.005 else 0.0  # no "-0.00"
         folder = Path(r["model"])
         name = r.get("label") or (folder.parent.name if folder.name == "model" else folder.name)  # RUN/model: RUN
         lines.append(f"| {name} | {r.get('model_type', '?')} | "
-                     f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {r['bleu_int8_minus_fp32']:+.2f} | "
+                     f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | "
                      f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |")
     table = "\n".join(lines) + "\n"
     path.with_suffix(".md").write_text(table)

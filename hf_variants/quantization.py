@@ -20,9 +20,9 @@ Why this kernel (measured on this project's 2-core AVX2 machine, see `benchmarks
 runs on them in eager mode) are 15-80x SLOWER than the fp32 matmul on a CPU without VNNI; fbgemm's
 `quantized::linear_dynamic` (what `torch.ao.quantization.quantize_dynamic` uses) is the fastest, but its weights
 must be `torch.qint8` tensors, whose creation functions torch 2.13 deprecates for removal. oneDNN's int8 linear
-takes plain int8 tensors; per matmul it is 0.9-2.3x as fast as fp32 at decoding shapes (least at d_model 256 with
-32 rows, where fbgemm is 1.6x; most on the output projection), and 1.2-1.6x slower than fbgemm at 32 rows. `backend="fbgemm"` is kept as an
-opt-in for comparison while torch still ships it (it warns).
+takes plain int8 tensors; per matmul it is 0.9-2.3x as fast as fp32 at decoding shapes (least at d_model 256 with 32
+rows, where fbgemm is 1.6x; most on the output projection), and 1.2-1.6x slower than fbgemm at 32 rows.
+`backend="fbgemm"` is kept as an opt-in for comparison while torch still ships it (it warns).
 
 Numerics: without VNNI (AVX2, AVX-512 without VNNI), x86 int8 kernels multiply uint8 by int8 in pairs summed in
 int16, which saturates for full-range activations; activations then use 7 bits (`reduce_range=True`, as torch's

@@ -492,8 +492,8 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
                              tokenizer=tokenizer_dir, steps=12))
     train.main(tiny_args(data_dir, tmp_path / "one", "--gradient_accumulation_steps", "2", *resume,
                          tokenizer=tokenizer_dir, steps=12))
-    cmd = cmd[:cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps",
-                                                             "1", *resume, tokenizer=tokenizer_dir, steps=12)
+    cmd = cmd[:cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(
+        data_dir, tmp_path / "two", "--gradient_accumulation_steps", "1", *resume, tokenizer=tokenizer_dir, steps=12)
     cmd[cmd.index("--main_process_port") + 1] = str(free_port())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -276,8 +276,8 @@ def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
 
 def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None,
                      **kwargs) -> ParallelCorpus:
-    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path); `dataset`:
-    the split already loaded (e.g. from `load_hub_splits`)."""
+    """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path);
+    `dataset`: the split already loaded (e.g. from `load_hub_splits`)."""
     import datasets
 
     ds = dataset if dataset is not None else datasets.load_dataset(name, config_name, split=split, **kwargs)

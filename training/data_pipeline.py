@@ -877,7 +877,8 @@ def check_languages(rows: Rows, directions: Sequence[tuple[str, str]], annotatio
     for s, t in directions:
         for lang in (s, t):
             if lang not in present:
-                raise DataError(f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'}).")
+                raise DataError(f"Language {lang!r} is not in {label} "
+                                f"(it has: {', '.join(present) or 'no languages'}).")
         for name in annotations:
             for lang in ((s, t) if target_annotations else (s,)):
                 if lang not in rows.meta.get("annotations_present", {}).get(name, []):
