@@ -62,7 +62,9 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
     """Convert the saved model in `model_dir` (a 0.1 MUTE or MIMO folder) into `output_dir`; returns the model."""
     from transformers import AutoConfig
 
-    import hf_variants  # noqa: F401  (registers the model types)
+    from .registration import register_all
+
+    register_all()  # the model types, for AutoConfig
 
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     config = AutoConfig.from_pretrained(model_dir)

@@ -214,7 +214,9 @@ def export(model, tokenizer, output_dir: str | Path, quantization: str | None = 
 def main(argv=None) -> Path:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from . import CONFIG_CLASSES  # noqa: F401  (registers the model types)
+    from .registration import register_all
+
+    register_all()  # the model types, for the Auto classes
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved transformer_nmt model folder")

@@ -1,0 +1,61 @@
+"""Registration of every hf_variants model type with transformers' Auto classes (and `auto_map` on save), and the
+`translation` pipeline task transformers 5 removed. `import hf_variants` runs `register_all()`; the command-line
+tools (`python -m hf_variants.convert_legacy`, `.export_ctranslate2`) call it themselves."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_hysan import HysanConfig
+from .configuration_mgsa import MgsaConfig
+from .configuration_mimo import MimoConfig
+from .configuration_mute import MuteConfig
+from .configuration_tied import TiedTransformerConfig
+from .configuration_transformer_nmt import TransformerNmtConfig
+from .modeling_hysan import HysanForConditionalGeneration, HysanModel
+from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel
+from .modeling_mimo import MimoForConditionalGeneration, MimoModel
+from .modeling_mute import MuteForConditionalGeneration, MuteModel
+from .modeling_tied import TiedTransformerForConditionalGeneration, TiedTransformerModel
+from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration, TransformerNmtModel
+from .pipeline_translation import TranslationPipeline
+
+# model_type -> (config class, base model class, generation model class).
+MODEL_CLASSES = {
+    "transformer_nmt": (TransformerNmtConfig, TransformerNmtModel, TransformerNmtForConditionalGeneration),
+    "mute_nmt": (MuteConfig, MuteModel, MuteForConditionalGeneration),
+    "hysan_nmt": (HysanConfig, HysanModel, HysanForConditionalGeneration),
+    "mgsa_nmt": (MgsaConfig, MgsaModel, MgsaForConditionalGeneration),
+    "mimo_nmt": (MimoConfig, MimoModel, MimoForConditionalGeneration),
+    "tied_nmt": (TiedTransformerConfig, TiedTransformerModel, TiedTransformerForConditionalGeneration),
+}
+
+
+def _register(config_class, model_class, generation_class) -> None:
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModel.register(config_class, model_class, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(config_class, generation_class, exist_ok=True)
+    config_class.register_for_auto_class()
+    model_class.register_for_auto_class("AutoModel")
+    generation_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+
+def _restore_translation_task() -> None:
+    """transformers 5 lists `translation` in its removed tasks, checked before the pipeline registry: remove that
+    one entry and register our pipeline under the name, so that `pipeline("translation", model=obj,
+    tokenizer=tok)` works after `import hf_variants`. Nothing else of the registry changes."""
+    from transformers import pipelines
+
+    pipelines.REMOVED_TASKS.pop("translation", None)
+    pipelines.PIPELINE_REGISTRY.register_pipeline(
+        "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )
+
+
+CONFIG_CLASSES = {model_type: classes[0] for model_type, classes in MODEL_CLASSES.items()}
+
+
+def register_all() -> None:
+    """Register every model type (idempotent) and restore the `translation` pipeline task."""
+    for classes in MODEL_CLASSES.values():
+        _register(*classes)
+    _restore_translation_task()
+
