@@ -62,7 +62,7 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
     """Convert the saved model in `model_dir` (a 0.1 MUTE or MIMO folder) into `output_dir`; returns the model."""
     from transformers import AutoConfig
 
-    from .registration import register_all
+    from .registration import MODEL_CLASSES, register_all
 
     register_all()  # the model types, for AutoConfig
 
@@ -75,7 +75,7 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
     for file in files:
         state_dict.update(load_file(file))
     converted = convert_state_dict(config.model_type, state_dict)
-    model_class = hf_variants.MODEL_CLASSES[config.model_type][2]
+    model_class = MODEL_CLASSES[config.model_type][2]
     model = model_class(config)
     missing, unexpected = model.load_state_dict(converted, strict=False)
     tied = set(model.all_tied_weights_keys)
