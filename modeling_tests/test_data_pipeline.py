@@ -418,6 +418,7 @@ def test_numpy_batches_equal_the_greedy_loop():
         assert got.batches(epoch) == reference_batches(np.maximum(src, tgt), max_tokens, max_sentences, seed, epoch,
                                                        shuffle, per_item), trial
         assert isinstance(got.epoch(epoch)[0], np.ndarray)
+        assert got.epoch(epoch).order.dtype == np.int32  # 4-byte indices below 2**31 examples
 
 
 def test_ranks_take_disjoint_shares_of_every_step():

@@ -605,17 +605,21 @@ class TokenBatchSampler:
         n = len(self.lengths)
         seed = list(self.seed) if isinstance(self.seed, (tuple, list)) else [self.seed]
         rng = np.random.default_rng([*seed, epoch])
+        # 4-byte example indices below 2**31 examples: every rank holds the epoch's order (160 MB instead of 320 MB
+        # at 40M examples) and builds it with half the temporary memory
+        index = np.int32 if n < 2 ** 31 else np.int64
         if self.shuffle:
             # examples by length, ties in the order of a random permutation `tie` (np.lexsort((tie, lengths))):
             # visit the examples by increasing tie value, then a stable sort by length
-            tie = rng.permutation(n)
-            by_tie = np.empty(n, dtype=np.int64)
-            by_tie[tie] = np.arange(n, dtype=np.int64)
+            tie = np.arange(n, dtype=index)
+            rng.shuffle(tie)  # the permutation (and generator state) of rng.permutation(n), in `index` integers
+            by_tie = np.empty(n, dtype=index)
+            by_tie[tie] = np.arange(n, dtype=index)
             del tie
             order = by_tie[np.argsort(self.lengths[by_tie], kind="stable")]
             del by_tie
         else:
-            order = np.argsort(self.lengths, kind="stable").astype(np.int64)
+            order = np.argsort(self.lengths, kind="stable").astype(index)
         offsets = _cut_sorted(self.lengths[order], self.max_tokens, self.max_sentences, self.examples_per_item)
         num = len(offsets) - 1
         perm = rng.permutation(num) if self.shuffle else np.arange(num)
