@@ -14,8 +14,10 @@ For each corpus, `training/train.py` runs 3 steps of the tiny preset (the model 
 - `2proc`: `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) into a new run folder, same tokenizer
   and cache: the second rank memory-maps what the first built.
 
-Each process is sampled every 0.5 s: peak RSS (the kernel's VmHWM), and the USS (unique set size: memory no other
-process shares) of the second rank. Time to the first step is when log.jsonl gets step 1.
+Each process is sampled every 0.5 s: peak RSS (the kernel's VmHWM), split by the largest samples of its two parts
+(anonymous memory: heap, Python objects, tensors; mapped: pages of memory-mapped files such as the Arrow cache,
+which the kernel can drop and processes share), and the USS (unique set size: memory no other process shares) of
+the second rank. Time to the first step is when log.jsonl gets step 1.
 
 Run it on a quiet machine (nothing else running: the numbers are wall times and memory of a 2-core box). After
 (this code) and before (the code before the Arrow pipeline: main at 4652af5, exported once with `git archive`):
@@ -119,24 +121,23 @@ def rank_of(proc) -> int | None:
         return None
 
 
+def status(pid: int) -> dict[str, int]:
+    """Memory fields of /proc/PID/status in bytes: VmRSS, VmHWM (peak RSS), RssAnon (private and anonymous: the
+    heap, Python objects, tensors) and RssFile (pages of mapped files, e.g. a memory-mapped Arrow cache: page cache
+    the kernel can drop and other processes share)."""
+    out = {}
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            key = line.split(":", 1)[0]
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+                out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def rss(pid: int) -> int:
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def vm_hwm(pid: int) -> int:
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return status(pid).get("VmRSS", 0)
 
 
 def kill_tree(proc) -> None:
@@ -156,6 +157,8 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: 
     log = open(run_dir.parent / f"{run_dir.name}.out", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     peak: dict[int, int] = {}  # pid -> VmHWM
+    peak_anon: dict[int, int] = {}  # pid -> largest RssAnon sampled
+    peak_file: dict[int, int] = {}  # pid -> largest RssFile sampled
     ranks: dict[int, int] = {}  # pid -> rank (train.py processes)
     uss_rank1, uss_rank1_at_step, first_step = 0, None, None
     last_uss = 0.0
@@ -176,7 +179,10 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: 
                 r = rank_of(p)
                 if r is not None:
                     ranks[p.pid] = r
-            peak[p.pid] = max(peak.get(p.pid, 0), vm_hwm(p.pid))
+            mem = status(p.pid)
+            peak[p.pid] = max(peak.get(p.pid, 0), mem.get("VmHWM", 0))
+            peak_anon[p.pid] = max(peak_anon.get(p.pid, 0), mem.get("RssAnon", 0))
+            peak_file[p.pid] = max(peak_file.get(p.pid, 0), mem.get("RssFile", 0))
         if time.time() - last_uss > 1.0:
             last_uss = time.time()
             for p in procs:
@@ -207,6 +213,11 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: 
         "peak_rss_gb_per_rank": {str(ranks[p]): round(v / 2 ** 30, 3) for p, v in sorted(train_procs.items(),
                                                                                          key=lambda x: ranks[x[0]])},
         "peak_rss_gb_other_processes": round(max(workers.values(), default=0) / 2 ** 30, 3),
+        # sampled every 0.5 s (VmHWM is the kernel's exact peak of their sum at one moment)
+        "peak_anon_gb_per_rank": {str(ranks[p]): round(peak_anon.get(p, 0) / 2 ** 30, 3)
+                                  for p in sorted(train_procs, key=lambda q: ranks[q])},
+        "peak_file_gb_per_rank": {str(ranks[p]): round(peak_file.get(p, 0) / 2 ** 30, 3)
+                                  for p in sorted(train_procs, key=lambda q: ranks[q])},
         "uss_gb_rank1": round(uss_rank1 / 2 ** 30, 3) if uss_rank1 else None,
         "uss_gb_rank1_at_first_step": round(uss_rank1_at_step / 2 ** 30, 3) if uss_rank1_at_step else None,
     }
@@ -332,6 +343,9 @@ def report(results_path: Path) -> None:
              "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in runs:
         rss = ", ".join(f"{v:.2f}" for v in r.get("peak_rss_gb_per_rank", {}).values())
+        if r.get("peak_anon_gb_per_rank"):
+            rss += " [anon " + ", ".join(f"{v:.2f}" for v in r["peak_anon_gb_per_rank"].values()) + "; mapped " + \
+                ", ".join(f"{v:.2f}" for v in r["peak_file_gb_per_rank"].values()) + "]"
         if r.get("peak_rss_gb_other_processes"):
             rss += f" (workers {r['peak_rss_gb_other_processes']:.2f})"
         lines.append(
