@@ -39,6 +39,7 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
     residual_block,
     resolve_language_ids,
+    smoothed_cross_entropy,
 )
 
 
@@ -173,15 +174,13 @@ class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, Tr
         (the two-direction training of the paper); one direction gives the baseline's token mean."""
         if self.config.direction_loss == "mean" or tgt_lang_ids is None:
             return super().translation_loss(logits, labels, **kwargs)
-        token_losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                                       ignore_index=-100, label_smoothing=self.config.label_smoothing,
-                                       reduction="none").view(labels.shape)
         tokens = (labels != -100).sum(-1)
         tgt_lang_ids = tgt_lang_ids.to(labels.device).reshape(-1)
         tokens_per_direction = tokens.new_zeros(self.config.num_directions).index_add_(0, tgt_lang_ids, tokens)
         # Each token weighs 1 / (target tokens of its direction): sum of weights = number of directions present.
         row_weights = 1.0 / tokens_per_direction[tgt_lang_ids].clamp(min=1).float()
-        return (token_losses.sum(-1) * row_weights).sum()
+        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
+                                      weights=row_weights[:, None].expand(labels.shape))
 
 
 __all__ = [

@@ -618,6 +618,74 @@ class TokenSuppressionLogitsProcessor(LogitsProcessor):
         return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
 
 
+# ------------------------------------------------------------------------------------------------------------ loss
+LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * (label-smoothed cross-entropy of row i), gradient included: see `smoothed_cross_entropy`."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, weights, smoothing: float):
+        rows, vocab = logits.shape
+        need_grad = ctx.needs_input_grad[0]
+        grad = torch.empty_like(logits) if need_grad else None
+        compute = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 logits' own
+        total = torch.zeros((), dtype=compute, device=logits.device)
+        step = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        for start in range(0, rows, step):
+            z = logits[start:start + step].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
+            w = weights[start:start + step]
+            target = labels[start:start + step].clamp(min=0)[:, None]  # ignored rows have weight 0
+            lse = torch.logsumexp(z, dim=-1)
+            # -log p(y) = lse - z_y; the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy)
+            row_loss = lse - (1.0 - smoothing) * z.gather(1, target).squeeze(1) - smoothing * z.mean(dim=-1)
+            total += torch.where(w != 0, row_loss * w, 0.0).sum()
+            if need_grad:  # d/dz = w * (softmax(z) - (1 - smoothing) * onehot(y) - smoothing / V)
+                g = grad[start:start + step]
+                p = torch.sub(z, lse[:, None], out=g) if g.dtype == compute else z - lse[:, None]
+                p.exp_().sub_(smoothing / vocab).mul_(w[:, None])
+                p.scatter_add_(1, target, (-(1.0 - smoothing) * w)[:, None])
+                if p is not g:
+                    g.copy_(p)
+        if need_grad:
+            ctx.save_for_backward(grad)
+        ctx.backward_done = False
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if ctx.backward_done:  # the gradient buffer was scaled in place by the first backward
+            raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
+                               "not supported; compute the loss again.")
+        ctx.backward_done = True
+        (grad,) = ctx.saved_tensors
+        return grad.mul_(grad_output.to(grad.dtype)), None, None, None
+
+
+def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0,
+                           weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Label-smoothed cross-entropy of `logits` [..., V] against `labels` [...] (-100: ignored), as
+    `F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)`, with a fraction of its memory:
+    `weights` None gives the mean over the labelled tokens (0 when there is none); `weights` [...] (float) gives
+    sum_i weights_i * loss_i over the labelled tokens.
+
+    Memory: the rows are processed in chunks of `LOSS_CHUNK_ELEMENTS` logits, in float32 (float64 logits: in
+    float64), and the gradient with respect to the logits is computed in the same pass, into ONE buffer of the
+    logits' shape and dtype that the backward scales in place. F.cross_entropy keeps the log-probabilities for the
+    backward and allocates two more [N, V] tensors there (and a float32 copy of low-precision logits first): for a
+    2048-token batch and an 8000-word vocabulary, 62.5 MiB a tensor, the peak of the loss goes from ~4 to ~1 of
+    them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises)."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    labelled = flat_labels != -100
+    if weights is None:
+        flat_weights = labelled.float() / labelled.sum().clamp(min=1)
+    else:
+        flat_weights = torch.where(labelled, weights.reshape(-1).float(), 0.0)
+    return _SmoothedCrossEntropy.apply(flat_logits, flat_labels, flat_weights, float(smoothing))
+
+
 # --------------------------------------------------------------------------------------------------- model outputs
 @dataclass
 class TransformerNmtEncoderOutput(BaseModelOutput):
@@ -1102,8 +1170,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         """The main loss: label-smoothed cross-entropy averaged over the target tokens (labels -100 ignored).
         `kwargs` are the batch's variant inputs (e.g. `tgt_lang_ids`), for variants that weight tokens differently
         (the Tied Transformer sums per-direction means)."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100,
-                               label_smoothing=self.config.label_smoothing)
+        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing)
 
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""

@@ -164,3 +164,86 @@ def test_generation_never_emits_padding_or_start_token():
             ended = torch.cumsum(generated == 2, dim=1) > 0  # after </s> comes padding
             before_end = generated.masked_select(~ended | (generated == 2))
             assert not torch.isin(before_end, torch.tensor([0, 1])).any(), out
+
+
+# ------------------------------------------------------------------------------------------------------- the loss
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1 << 23, 97])  # one chunk, or chunks of 1-2 rows (97 // 50)
+def test_smoothed_cross_entropy_equals_f_cross_entropy(monkeypatch, dtype, chunk):
+    """Value and gradient of the chunked loss equal F.cross_entropy's (token mean over labelled tokens, label
+    smoothing), for float32 and bfloat16 logits, and with per-token weights the weighted sum of its per-token
+    losses."""
+    import torch.nn.functional as F
+
+    from hf_variants import modeling_transformer_nmt as backbone
+
+    monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    logits = (torch.randn(3, 7, 50) * 3).to(dtype).requires_grad_()
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0, 4:] = -100
+    labels[2, 6] = -100
+    weights = torch.rand(3, 7)
+    for smoothing in (0.0, 0.1):
+        flat = logits.reshape(-1, 50).float()
+        references = {
+            None: F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing),
+            "weights": (F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing,
+                                        reduction="none") * weights.reshape(-1)).sum(),
+        }
+        for kind, reference in references.items():
+            (expected_grad,) = torch.autograd.grad(reference * 1.7, logits)
+            ours = backbone.smoothed_cross_entropy(logits, labels, smoothing,
+                                                   weights=weights if kind else None)
+            (grad,) = torch.autograd.grad(ours * 1.7, logits)
+            assert grad.dtype == dtype
+            assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5), (kind, smoothing)
+            # bfloat16: the gradient is rounded to bfloat16, then scaled there by the backward (two roundings)
+            atol, rtol = (1e-6, 1e-5) if dtype == torch.float32 else (1e-4, 1e-2)
+            assert torch.allclose(grad.float(), expected_grad.float(), atol=atol, rtol=rtol), (kind, smoothing)
+
+
+def test_smoothed_cross_entropy_edge_cases():
+    """No labelled token: loss 0 and a zero gradient (F.cross_entropy gives NaN); without gradients no buffer is
+    needed and the value is the same; a second backward through the same graph raises instead of returning a
+    gradient scaled twice."""
+    from hf_variants.modeling_transformer_nmt import smoothed_cross_entropy
+
+    logits = torch.randn(2, 5, 11, requires_grad=True)
+    none = torch.full((2, 5), -100)
+    loss = smoothed_cross_entropy(logits, none, 0.1)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(logits.grad) == 0
+    labels = torch.randint(0, 11, (2, 5))
+    with torch.no_grad():
+        no_grad = smoothed_cross_entropy(logits, labels, 0.1)
+    loss = smoothed_cross_entropy(logits, labels, 0.1)
+    assert torch.equal(no_grad, loss.detach())
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()
+
+
+def test_model_loss_gradients_equal_f_cross_entropy():
+    """The model's training loss (chunked) gives every parameter the gradient F.cross_entropy on its logits gives."""
+    import torch.nn.functional as F
+
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=60, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                              decoder_start_token_id=1, label_smoothing=0.1, dropout=0.0,
+                                              attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = TransformerNmtForConditionalGeneration(config)
+    source = torch.randint(3, 60, (4, 9))
+    labels = torch.randint(3, 60, (4, 6))
+    labels[1, 4:] = -100
+    out = model(input_ids=source, labels=labels)
+    ours = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
+    out = model(input_ids=source, labels=labels)
+    reference = F.cross_entropy(out.logits.reshape(-1, 60), labels.reshape(-1), ignore_index=-100,
+                                label_smoothing=0.1)
+    expected = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    assert torch.allclose(out.loss, reference, atol=1e-6)
+    for (name, _), a, b in zip(model.named_parameters(), ours, expected):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), name

@@ -943,9 +943,11 @@ def main(argv=None) -> dict | None:
                 with sync:
                     out = model(**batch)
                     loss = external.translation_loss(unwrapped, out, batch["labels"], args.label_smoothing)
+                    aux = getattr(out, "aux_losses", None) or {}
+                    del out  # the logits ([tokens, vocabulary]): the loss's backward does not need them
                     accelerator.backward(loss * weight)
                 step_loss += loss.detach().double() * ntok
-                for name, value in (getattr(out, "aux_losses", None) or {}).items():
+                for name, value in aux.items():
                     step_aux[name] = step_aux.get(name, 0.0) + value.detach().double() * ntok
             grad_norm = None
             if args.max_grad_norm > 0:
