@@ -8,7 +8,8 @@ resident memory is read, one forward + backward runs, and the peak resident memo
 memory of the loss; then the median time of --reps forward + backward passes. Both take the same inputs.
 
     python benchmarks/loss_memory.py                      # 2048 x 8000 (train.py's default batch and vocabulary)
-    python benchmarks/loss_memory.py --shapes 2048x8000 4096x32000 --dtypes float32 bfloat16
+    python benchmarks/loss_memory.py --shapes 2048x8000 4096x32000 --dtypes float32 bfloat16 --write
+                                                          # --write: RESULTS.md section "loss_memory"
 """
 
 from __future__ import annotations
@@ -71,20 +72,41 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=["2048x8000"], help="tokens x vocabulary")
     p.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--write", action="store_true", help="write the table into RESULTS.md (section loss_memory)")
     args = p.parse_args()
-    print("| tokens x vocab | dtype | one [N, V] tensor (MB) | F.cross_entropy peak extra (MB) | ours peak extra (MB) "
-          "| memory ratio | F.cross_entropy (ms) | ours (ms) | time ratio | loss difference |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    import os
+    import torch
+
+    lines = [f"Forward + backward of the loss on logits that require a gradient, 5% of the labels -100, label smoothing "
+             f"0.1; {torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start; peak "
+             f"extra = the process's peak RSS above its memory with the logits allocated; time: median of "
+             f"{args.reps}. `python benchmarks/loss_memory.py {' '.join(sys.argv[1:])}`",
+             "",
+             "| tokens x vocab | dtype | one [N, V] tensor (MB) | F.cross_entropy peak extra (MB) | ours peak extra (MB) "
+             "| memory ratio | F.cross_entropy (ms) | ours (ms) | time ratio | loss difference |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for line in lines:
+        print(line)
     for shape in args.shapes:
         tokens, vocab = (int(x) for x in shape.lower().split("x"))
         for dtype in args.dtypes:
             ref = measure(tokens, vocab, dtype, "F.cross_entropy", args.reps)
             ours = measure(tokens, vocab, dtype, "smoothed_cross_entropy", args.reps)
             one = tokens * vocab * (2 if dtype == "bfloat16" else 4) / 2 ** 20
-            print(f"| {tokens} x {vocab} | {dtype} | {one:.1f} | {ref['peak_extra_mb']:.1f} | "
-                  f"{ours['peak_extra_mb']:.1f} | {ours['peak_extra_mb'] / ref['peak_extra_mb']:.2f} | "
-                  f"{ref['seconds'] * 1e3:.1f} | {ours['seconds'] * 1e3:.1f} | {ours['seconds'] / ref['seconds']:.2f} | "
-                  f"{abs(ours['loss'] - ref['loss']):.1e} |")
+            lines.append(
+                f"| {tokens} x {vocab} | {dtype} | {one:.1f} | {ref['peak_extra_mb']:.1f} | "
+                f"{ours['peak_extra_mb']:.1f} | {ours['peak_extra_mb'] / ref['peak_extra_mb']:.2f} | "
+                f"{ref['seconds'] * 1e3:.1f} | {ours['seconds'] * 1e3:.1f} | {ours['seconds'] / ref['seconds']:.2f} | "
+                f"{abs(ours['loss'] - ref['loss']):.1e} |")
+            print(lines[-1])
+    if args.write:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from report import write_section
+
+        if write_section("loss_memory", "\n".join(lines)):
+            print("wrote the loss_memory section of benchmarks/RESULTS.md")
+        else:
+            print("benchmarks/RESULTS.md has no loss_memory markers: not written", file=sys.stderr)
 
 
 if __name__ == "__main__":
