@@ -521,3 +521,29 @@ def test_streaming_counts_bad_pairs_once_and_stops_on_error(bad_dir, tok):
                                            buffer_rows=25, max_tokens=400, on_bad_pairs="error")
     with pytest.raises(DataError, match=r"t\.en:4: empty source \(en-de\)\."):
         list(failing.steps())
+
+
+def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, monkeypatch):
+    """`map_rows_file` (the rows' Arrow file mapped, the pages read while opening it released) gives the dataset
+    `Dataset.from_file` gives: the same features, rows, random reads and pickling (by path, as worker processes
+    receive it); load_rows returns it, fresh and cached."""
+    import pickle
+
+    import datasets
+
+    monkeypatch.setattr(data_pipeline, "WRITE_BATCH_ROWS", 7)  # many record batches
+    write(tmp_path / "t.en", head(MULTI30K / "train.en.gz", 300))
+    write(tmp_path / "t.de", head(MULTI30K / "train.de.gz", 300))
+    source = data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"])
+    built = data_pipeline.load_rows(source, ["en", "de"], cache_dir=tmp_path / "cache")
+    cached = data_pipeline.load_rows(source, ["en", "de"], cache_dir=tmp_path / "cache")
+    reference = datasets.Dataset.from_file(built.path)
+    for rows in (built, cached):
+        ds = rows.dataset
+        assert ds.features == reference.features and len(ds) == len(reference) == 300
+        assert ds.cache_files == reference.cache_files
+        assert ds[:] == reference[:]
+        picks = [299, 0, 150, 7, 8, 151]
+        assert ds.select_columns(["text.de"])[picks] == reference.select_columns(["text.de"])[picks]
+        assert pickle.loads(pickle.dumps(ds))[:] == reference[:]
+        assert ds[3]["text.en"] == head(MULTI30K / "train.en.gz", 4)[3]

@@ -454,6 +454,32 @@ def _jsonl_blocks(path, languages, annotations, present, ann_present, start_row:
         yield out
 
 
+def map_rows_file(path: str | os.PathLike):
+    """The rows' Arrow file as a memory-mapped `datasets.Dataset` (what `Dataset.from_file` gives), without the
+    mapped pages that opening it leaves resident. Opening reads every record batch's header through the map, and each
+    page fault maps up to 64 KiB of cached neighbours (the kernel's fault-around): 22% of the file then counts in the
+    process's resident memory (283 MB of a 1.24 GB file at 4.5M rows; 2.5 GB at 40M), in every process. The
+    headers are parsed once, so those pages are released (MADV_DONTNEED: a shared read-only file mapping only drops
+    its page-table entries; the data stays valid and comes back from the page cache when a batch reads it), and the
+    map is advised random (MADV_RANDOM: no read-ahead for a batch's scattered rows). Whole passes read the file
+    sequentially without the map (`Rows.batches`). Falls back to `Dataset.from_file` without `mmap.madvise`."""
+    import mmap
+
+    import datasets
+    import pyarrow as pa
+    from datasets.table import MemoryMappedTable
+
+    if not (hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap, "MADV_RANDOM")):
+        return datasets.Dataset.from_file(str(path))
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    table = pa.ipc.open_stream(pa.py_buffer(mapped)).read_all()  # zero-copy: the buffers keep the map open
+    mapped.madvise(mmap.MADV_DONTNEED)
+    mapped.madvise(mmap.MADV_RANDOM)
+    # pickled (worker processes), a MemoryMappedTable is mapped again from `path`, as from_file's is
+    return datasets.Dataset(MemoryMappedTable(table, str(path)))
+
+
 # ----------------------------------------------------------------------------------------- stage 1: rows
 @dataclass
 class Rows:
@@ -572,7 +598,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
     final = cache_dir / f"rows-{fp}"
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
-        return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp, path=str(final / "data.arrow"))
+        return Rows(map_rows_file(final / "data.arrow"), meta, fp, path=str(final / "data.arrow"))
     t0 = time.time()
     tmp = _new_tmp(cache_dir, f"rows-{fp}")
     try:
@@ -604,7 +630,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("Read %s: %d rows in %.1f s (cached in %s)", source.label, rows, time.time() - t0, final)
-    return Rows(datasets.Dataset.from_file(str(final / "data.arrow")), meta, fp, built=True,
+    return Rows(map_rows_file(final / "data.arrow"), meta, fp, built=True,
                 path=str(final / "data.arrow"))
 
 
