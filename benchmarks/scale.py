@@ -301,7 +301,10 @@ def measure(args) -> None:
                             None if name == "first" else tokenizer, args.smoke)
             print(f"[{size}] {name}: load average {load[0]:.2f} — {' '.join(cmd)}", flush=True)
             result = run(cmd, out, env, args.timeout, args.rss_limit_gb)
-            result.update(size=size, pairs=pairs, run=name, version=version, code=str(code), processes=processes,
+            commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip() or None  # None: an exported tree (git archive)
+            result.update(size=size, pairs=pairs, run=name, version=version, code=str(code), commit=commit,
+                          processes=processes,
                           load_avg_1min_before=round(load[0], 2), command=" ".join(cmd),
                           cache_gb=round(du(cache) / 2 ** 30, 3),
                           date=time.strftime("%Y-%m-%d %H:%M:%S"))
