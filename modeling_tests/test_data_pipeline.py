@@ -547,3 +547,37 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
         assert ds.select_columns(["text.de"])[picks] == reference.select_columns(["text.de"])[picks]
         assert pickle.loads(pickle.dumps(ds))[:] == reference[:]
         assert ds[3]["text.en"] == head(MULTI30K / "train.en.gz", 4)[3]
+
+
+def test_shared_epochs_one_copy_for_every_process(tmp_path):
+    """SharedEpochs: a waiting non-main process gets the batches the main process computed (equal to the plain
+    sampler's, for epochs 0 and 3) from memory-mapped files, without building the lengths array itself; another
+    seed or max_tokens names other files; forget_before removes earlier epochs; a missing main process times out."""
+    import threading
+
+    rng = np.random.default_rng(4)
+    src, tgt = rng.integers(1, 60, 3000).astype(np.int32), rng.integers(1, 60, 3000).astype(np.int32)
+
+    def sampler(**kw):
+        return corpus.TokenBatchSampler(src, tgt, kw.pop("max_tokens", 400), seed=kw.pop("seed", 2), **kw)
+
+    reference = sampler()
+    main = corpus.SharedEpochs(sampler(), tmp_path, is_main=True)
+    other = corpus.SharedEpochs(sampler(), tmp_path, is_main=False, timeout=60)
+    got = {}
+    waiting = threading.Thread(target=lambda: got.update(e3=other.epoch(3)))
+    waiting.start()  # waits for the main process's files
+    for epoch in (0, 3):
+        assert main.epoch(epoch).tolist() == reference.epoch(epoch).tolist()
+    waiting.join()
+    assert got["e3"].tolist() == reference.epoch(3).tolist()
+    assert isinstance(got["e3"].order, np.memmap) and other.sampler._lengths is None
+    assert other.epoch(0).tolist() == reference.epoch(0).tolist()
+    assert len(main) == len(reference)
+    assert sampler(seed=3).key() != main._key != sampler(max_tokens=500).key()
+    assert sampler().key() == main._key
+    main.forget_before(3)
+    assert sorted(p.name.rsplit("-", 1)[1] for p in tmp_path.iterdir()) == ["epoch3"]
+    lonely = corpus.SharedEpochs(sampler(seed=9), tmp_path, is_main=False, timeout=0.2)
+    with pytest.raises(TimeoutError, match="main process computes"):
+        lonely.epoch(0)

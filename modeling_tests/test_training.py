@@ -481,6 +481,8 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
     v2 = [r["valid_loss"] for r in read_log(tmp_path / "two") if "valid_loss" in r]
     assert v2 == pytest.approx(v1, rel=1e-3)
     assert "MULTI_CPU" in (tmp_path / "two" / "train.log").read_text()
+    # the epochs' batches were shared through files (corpus.SharedEpochs), removed when training ended
+    assert not (tmp_path / "two" / "epoch_batches").exists()
 
     # resuming: the 2-process checkpoint holds each process's random states (JSON), and the resumed 2-process run
     # continues as the resumed 1-process run does; resuming it with another number of processes is refused

@@ -509,7 +509,7 @@ def filter_long_pairs(pairs: list[Pair], src_lens: Sequence[int], tgt_lens: Sequ
 class EpochBatches(Sequence):
     """One epoch's batches as numpy arrays, never as Python lists of all examples: `order` lists the examples
     sorted by length, batch j of the sorted cut is `order[offsets[j]:offsets[j + 1]]`, and batch k of the epoch
-    is sorted batch `perm[k]`. `batches[k]` is an int64 array of example indices."""
+    is sorted batch `perm[k]`. `batches[k]` is an integer array of example indices."""
 
     def __init__(self, order: np.ndarray, offsets: np.ndarray, perm: np.ndarray):
         self.order, self.offsets, self.perm = order, offsets, perm
@@ -581,19 +581,45 @@ class TokenBatchSampler:
         src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
         if src.dtype.kind not in "iu" and len(src):
             src, tgt = src.astype(np.int64), tgt.astype(np.int64)
-        self.lengths = np.maximum(src, tgt)
-        longest = int(self.lengths.max()) if len(self.lengths) else 0
-        # small integer keys: numpy's stable argsort is then a radix sort
-        self.lengths = self.lengths.astype(np.int16 if longest < 2 ** 15 else np.int32)
+        self._src, self._tgt, self._lengths = src, tgt, None  # the lengths array is built by the first epoch
+        longest = max(int(src.max()), int(tgt.max())) if len(src) else 0
+        self._length_dtype = np.int16 if longest < 2 ** 15 else np.int32
         self.max_tokens = int(max_tokens)
         self.max_sentences = max_sentences
         self.seed = seed
         self.shuffle = shuffle
         self.examples_per_item = examples_per_item
         self._cached: tuple[int, EpochBatches] | None = None
-        if len(self.lengths) and longest * examples_per_item > self.max_tokens:
+        if len(src) and longest * examples_per_item > self.max_tokens:
             raise ValueError(f"max_tokens={max_tokens} is smaller than the longest example "
                              f"({longest * examples_per_item} tokens): raise --max_tokens or lower --max_length.")
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """max(source, target) length per example, as small integers (numpy's stable argsort is then a radix sort),
+        built block by block (no temporary of the inputs' width)."""
+        if self._lengths is None:
+            n = len(self._src)
+            lengths = np.empty(n, dtype=self._length_dtype)
+            block = 1 << 22
+            for a in range(0, n, block):
+                np.maximum(self._src[a:a + block], self._tgt[a:a + block], out=lengths[a:a + block],
+                           casting="unsafe")
+            self._lengths = lengths
+        return self._lengths
+
+    def key(self) -> str:
+        """A digest of everything an epoch's batches depend on (the lengths, the limits, the seed), for
+        `SharedEpochs`' file names."""
+        import hashlib
+
+        h = hashlib.sha256(json.dumps([len(self._src), self.max_tokens, self.max_sentences, self.seed, self.shuffle,
+                                       self.examples_per_item]).encode())
+        block = 1 << 22
+        for arr in (self._src, self._tgt):
+            for a in range(0, len(arr), block):
+                h.update(np.ascontiguousarray(arr[a:a + block]).tobytes())
+        return h.hexdigest()[:24]
 
     def __len__(self) -> int:
         return len(self.epoch(0))
@@ -630,6 +656,68 @@ class TokenBatchSampler:
     def batches(self, epoch: int) -> list[list[int]]:
         """`epoch(epoch)` as lists of indices (for small data and tests)."""
         return self.epoch(epoch).tolist()
+
+
+class SharedEpochs:
+    """The epochs of a `TokenBatchSampler` computed once for all processes of a run: the main process computes epoch
+    e's batches and writes them into `directory` (`order`, `offsets`, `perm` as .npy, in a folder renamed into
+    place when complete); every process, the main one included, memory-maps them, so the pages are shared instead of
+    every rank holding the epoch's order (160 MB at 40M examples) and building it (about 0.6 GB of temporary
+    arrays). The other processes wait for the folder, up to `timeout` seconds. Folders are named by the sampler's
+    `key()` (lengths, limits, seed) and the epoch, so a resume or another rank finds the same batches, and a
+    change of data or settings never reads stale ones. `forget_before(e)` removes the folders of epochs before e
+    (call it where every process is known to be past them)."""
+
+    def __init__(self, sampler: TokenBatchSampler, directory: str | os.PathLike, is_main: bool,
+                 timeout: float = 3 * 3600.0):
+        self.sampler, self.directory, self.is_main, self.timeout = sampler, Path(directory), is_main, timeout
+        self._key = sampler.key()
+        self._cached: tuple[int, EpochBatches] | None = None
+
+    def _folder(self, epoch: int) -> Path:
+        return self.directory / f"{self._key}-epoch{epoch}"
+
+    def __len__(self) -> int:
+        return len(self.epoch(0))
+
+    def epoch(self, epoch: int) -> EpochBatches:
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        import time
+
+        folder = self._folder(epoch)
+        if self.is_main and not (folder / "perm.npy").is_file():
+            batches = self.sampler.epoch(epoch)
+            tmp = self.directory / f".tmp-{folder.name}-{os.getpid()}"
+            tmp.mkdir(parents=True, exist_ok=True)
+            for name in ("order", "offsets", "perm"):
+                np.save(tmp / f"{name}.npy", getattr(batches, name))
+            try:
+                os.rename(tmp, folder)
+            except OSError:  # already there (written by an earlier run with the same key): the same batches
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.sampler._cached = self.sampler._lengths = None  # the memory-mapped copy replaces them
+        deadline = time.monotonic() + self.timeout
+        while not (folder / "perm.npy").is_file():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{folder} did not appear within {self.timeout:.0f} s (the main process computes "
+                                   "each epoch's batches for every process).")
+            time.sleep(0.05)
+        batches = EpochBatches(*(np.load(folder / f"{name}.npy", mmap_mode="r")
+                                 for name in ("order", "offsets", "perm")))
+        self._cached = (epoch, batches)
+        return batches
+
+    def forget_before(self, epoch: int) -> None:
+        if not self.is_main or not self.directory.is_dir():
+            return
+        import shutil
+
+        for folder in self.directory.glob(f"{self._key}-epoch*"):
+            if int(folder.name.rsplit("epoch", 1)[1]) < epoch:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class StepPlan(Sequence):

@@ -781,6 +781,9 @@ def main(argv=None) -> dict | None:
         sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
                                            args.max_sentences, seed=args.seed, shuffle=True,
                                            examples_per_item=per_item)
+        if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by the main process
+            sampler = corpus.SharedEpochs(sampler, run_dir / "epoch_batches", accelerator.is_main_process,
+                                          timeout=args.ddp_timeout)
     valid_set = sets["valid"]
     valid_batches = corpus.TokenBatchSampler(
         valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
@@ -915,6 +918,8 @@ def main(argv=None) -> dict | None:
             epoch_steps = stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
         else:
             plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
+            if isinstance(sampler, corpus.SharedEpochs):  # every process opened the earlier epochs before the
+                sampler.forget_before(state.epoch)          # collectives of the steps that led here
             epoch_steps = ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
         while state.step < max_steps:
             t0 = time.time()
@@ -997,6 +1002,8 @@ def main(argv=None) -> dict | None:
                 save(state.step)
     progress.close()
     accelerator.wait_for_everyone()
+    if isinstance(sampler, corpus.SharedEpochs) and accelerator.is_main_process:
+        shutil.rmtree(sampler.directory, ignore_errors=True)
 
     # --------------------------------------------------------------------------------------------- final model
     # The final model is built from checkpoint weights (the last step is always checkpointed), as a plain module on
