@@ -918,8 +918,10 @@ def main(argv=None) -> dict | None:
             epoch_steps = stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
         else:
             plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
-            if isinstance(sampler, corpus.SharedEpochs):  # every process opened the earlier epochs before the
-                sampler.forget_before(state.epoch)          # collectives of the steps that led here
+            if isinstance(sampler, corpus.SharedEpochs):
+                # epochs before the previous one: every process opened them before the collectives of the previous
+                # epoch's steps (the previous epoch itself may have had no step left, after a resume at its end)
+                sampler.forget_before(state.epoch - 1)
             epoch_steps = ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
         while state.step < max_steps:
             t0 = time.time()
