@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache
