@@ -574,6 +574,9 @@ def test_shared_epochs_one_copy_for_every_process(tmp_path):
     assert isinstance(got["e3"].order, np.memmap) and other.sampler._lengths is None
     assert other.epoch(0).tolist() == reference.epoch(0).tolist()
     assert len(main) == len(reference)
+    # another node's main process on the same (shared) folder: finds the files, writes nothing
+    second = corpus.SharedEpochs(sampler(), tmp_path, is_main=True)
+    assert second.epoch(3).tolist() == reference.epoch(3).tolist() and second.sampler._lengths is None
     assert sampler(seed=3).key() != main._key != sampler(max_tokens=500).key()
     assert sampler().key() == main._key
     main.forget_before(3)

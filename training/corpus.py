@@ -694,7 +694,8 @@ class SharedEpochs:
                 np.save(tmp / f"{name}.npy", getattr(batches, name))
             try:
                 os.rename(tmp, folder)
-            except OSError:  # already there (written by an earlier run with the same key): the same batches
+            except OSError:  # already there (an earlier run, or another node's main process on a shared folder,
+                # wrote it with the same key): the same batches
                 import shutil
 
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -781,8 +781,9 @@ def main(argv=None) -> dict | None:
         sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
                                            args.max_sentences, seed=args.seed, shuffle=True,
                                            examples_per_item=per_item)
-        if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by the main process
-            sampler = corpus.SharedEpochs(sampler, run_dir / "epoch_batches", accelerator.is_main_process,
+        if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by each node's main process
+            # (the local one: a run folder on a node's own disk works too; on a shared one they write the same files)
+            sampler = corpus.SharedEpochs(sampler, run_dir / "epoch_batches", accelerator.is_local_main_process,
                                           timeout=args.ddp_timeout)
     valid_set = sets["valid"]
     valid_batches = corpus.TokenBatchSampler(
@@ -1004,7 +1005,7 @@ def main(argv=None) -> dict | None:
                 save(state.step)
     progress.close()
     accelerator.wait_for_everyone()
-    if isinstance(sampler, corpus.SharedEpochs) and accelerator.is_main_process:
+    if isinstance(sampler, corpus.SharedEpochs) and accelerator.is_local_main_process:
         shutil.rmtree(sampler.directory, ignore_errors=True)
 
     # --------------------------------------------------------------------------------------------- final model
