@@ -38,7 +38,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
     residual_block,
     resolve_language_ids,
-    smoothed_cross_entropy,
 )
 
 
@@ -168,19 +167,17 @@ class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, Tr
                                               GenerationMixin):
     base_model_class = TiedTransformerModel
 
-    def translation_loss(self, logits, labels, tgt_lang_ids=None, **kwargs) -> torch.Tensor:
+    def token_loss_weights(self, labels, tgt_lang_ids=None, **kwargs) -> torch.Tensor | None:
         """`direction_loss="sum"`: the sum over the batch's directions of each direction's token-mean loss
         (the two-direction training of the paper); one direction gives the baseline's token mean."""
         if self.config.direction_loss == "mean" or tgt_lang_ids is None:
-            return super().translation_loss(logits, labels, **kwargs)
+            return None
         tokens = (labels != -100).sum(-1)
         tgt_lang_ids = tgt_lang_ids.to(labels.device).reshape(-1)
         tokens_per_direction = tokens.new_zeros(self.config.num_directions).index_add_(0, tgt_lang_ids, tokens)
         # Each token weighs 1 / (target tokens of its direction): sum of weights = number of directions present.
         row_weights = 1.0 / tokens_per_direction[tgt_lang_ids].clamp(min=1).float()
-        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
-                                      weights=row_weights[:, None].expand(labels.shape))
-
+        return row_weights[:, None].expand(labels.shape)
 
 __all__ = [
     "TiedTransformerPreTrainedModel",

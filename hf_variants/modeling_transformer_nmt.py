@@ -622,45 +622,129 @@ class TokenSuppressionLogitsProcessor(LogitsProcessor):
 LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
 
 
+def _smoothed_rows(z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float,
+                   grad: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V], in z's dtype); with
+    `grad` ([n, V], any float dtype, or z itself) the gradient with respect to z is written there:
+    weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V)."""
+    vocab = z.shape[-1]
+    target = labels.clamp(min=0)[:, None]  # ignored rows have weight 0
+    lse = torch.logsumexp(z, dim=-1)
+    # -log p(y) = lse - z_y; the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy)
+    row_loss = lse - (1.0 - smoothing) * z.gather(1, target).squeeze(1) - smoothing * z.mean(dim=-1)
+    total = torch.where(weights != 0, row_loss * weights, 0.0).sum()
+    if grad is not None:
+        p = torch.sub(z, lse[:, None], out=grad) if grad.dtype == z.dtype else z - lse[:, None]
+        p.exp_().sub_(smoothing / vocab).mul_(weights[:, None])
+        p.scatter_add_(1, target, (-(1.0 - smoothing) * weights)[:, None])
+        if p is not grad:
+            grad.copy_(p)
+    return total
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(1, LOSS_CHUNK_ELEMENTS // vocab)
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """sum_i w_i * (label-smoothed cross-entropy of row i), gradient included: see `smoothed_cross_entropy`."""
 
     @staticmethod
     def forward(ctx, logits, labels, weights, smoothing: float):
         rows, vocab = logits.shape
-        need_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(logits) if need_grad else None
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
         compute = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 logits' own
         total = torch.zeros((), dtype=compute, device=logits.device)
-        step = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        step = _chunk_rows(vocab)
         for start in range(0, rows, step):
-            z = logits[start:start + step].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
-            w = weights[start:start + step]
-            target = labels[start:start + step].clamp(min=0)[:, None]  # ignored rows have weight 0
-            lse = torch.logsumexp(z, dim=-1)
-            # -log p(y) = lse - z_y; the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy)
-            row_loss = lse - (1.0 - smoothing) * z.gather(1, target).squeeze(1) - smoothing * z.mean(dim=-1)
-            total += torch.where(w != 0, row_loss * w, 0.0).sum()
-            if need_grad:  # d/dz = w * (softmax(z) - (1 - smoothing) * onehot(y) - smoothing / V)
-                g = grad[start:start + step]
-                p = torch.sub(z, lse[:, None], out=g) if g.dtype == compute else z - lse[:, None]
-                p.exp_().sub_(smoothing / vocab).mul_(w[:, None])
-                p.scatter_add_(1, target, (-(1.0 - smoothing) * w)[:, None])
-                if p is not g:
-                    g.copy_(p)
-        if need_grad:
-            ctx.save_for_backward(grad)
+            rows_ = slice(start, start + step)
+            z = logits[rows_].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
+            total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing,
+                                    None if grad is None else grad[rows_])
+        ctx.save_for_backward(grad)
         ctx.backward_done = False
         return total
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.backward_done:  # the gradient buffer was scaled in place by the first backward
-            raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
-                               "not supported; compute the loss again.")
-        ctx.backward_done = True
+        _once(ctx)
         (grad,) = ctx.saved_tensors
         return grad.mul_(grad_output.to(grad.dtype)), None, None, None
+
+
+def _once(ctx) -> None:
+    if ctx.backward_done:  # the gradient buffers were scaled in place by the first backward
+        raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
+                           "not supported; compute the loss again.")
+    ctx.backward_done = True
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """`_SmoothedCrossEntropy` of `F.linear(hidden, weight, bias)`, one chunk of rows at a time: see
+    `projected_smoothed_cross_entropy`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, weights, smoothing: float):
+        rows, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device.type
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        need_bias = need_bias and bias is not None
+        # the products in autocast's dtype when it is on (as the output projection's F.linear would run), the
+        # loss in float32 (float64 inputs: float64); weight and bias gradients accumulate in float32 or wider
+        gemm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        compute = torch.promote_types(hidden.dtype, torch.float32)
+        with torch.autocast(device, enabled=False):
+            w = weight.to(gemm)
+            b = None if bias is None else bias.to(gemm)
+            grad_hidden = torch.empty_like(hidden) if need_hidden else None
+            grad_weight = (torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+                                       device=weight.device) if need_weight else None)
+            grad_bias = (torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32),
+                                     device=bias.device) if need_bias else None)
+            any_grad = need_hidden or need_weight or need_bias
+            total = torch.zeros((), dtype=compute, device=hidden.device)
+            step = _chunk_rows(vocab)
+            for start in range(0, rows, step):
+                rows_ = slice(start, start + step)
+                h = hidden[rows_].to(gemm)
+                z = F.linear(h, w, b).to(compute)  # this chunk's logits (the only [rows, V] tensor alive)
+                total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, z if any_grad else None)
+                if not any_grad:
+                    continue
+                g = z.to(gemm)  # d loss / d logits of the chunk
+                if need_hidden:
+                    grad_hidden[rows_] = g @ w
+                if need_weight:
+                    if grad_weight.dtype == gemm:
+                        grad_weight.addmm_(g.t(), h)
+                    else:
+                        grad_weight += g.t() @ h
+                if need_bias:
+                    grad_bias += g.sum(0, dtype=grad_bias.dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.backward_done = False
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        _once(ctx)
+        grads = []
+        for grad, dtype in zip(ctx.saved_tensors, (None, *ctx.dtypes)):
+            if grad is not None:
+                grad = grad.mul_(grad_output.to(grad.dtype))
+                grad = grad if dtype is None else grad.to(dtype)
+            grads.append(grad)
+        return (*grads, None, None, None)
+
+
+def _loss_weights(labels: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token weights of the flat labels: 1 / (labelled tokens) for the token mean, or `weights`, and 0 on
+    ignored (-100) tokens."""
+    labelled = labels != -100
+    if weights is None:
+        return labelled.float() / labelled.sum().clamp(min=1)
+    return torch.where(labelled, weights.reshape(-1).float(), 0.0)
 
 
 def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0,
@@ -675,15 +759,26 @@ def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing
     logits' shape and dtype that the backward scales in place. F.cross_entropy keeps the log-probabilities for the
     backward and allocates two more [N, V] tensors there (and a float32 copy of low-precision logits first): for a
     2048-token batch and an 8000-word vocabulary, 62.5 MiB a tensor, the peak of the loss goes from ~4 to ~1 of
-    them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises)."""
-    flat_logits = logits.reshape(-1, logits.shape[-1])
+    them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises). Without the logits,
+    `projected_smoothed_cross_entropy` needs none of them."""
     flat_labels = labels.reshape(-1)
-    labelled = flat_labels != -100
-    if weights is None:
-        flat_weights = labelled.float() / labelled.sum().clamp(min=1)
-    else:
-        flat_weights = torch.where(labelled, weights.reshape(-1).float(), 0.0)
-    return _SmoothedCrossEntropy.apply(flat_logits, flat_labels, flat_weights, float(smoothing))
+    return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), flat_labels,
+                                       _loss_weights(flat_labels, weights), float(smoothing))
+
+
+def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                     labels: torch.Tensor, smoothing: float = 0.0,
+                                     weights: torch.Tensor | None = None) -> torch.Tensor:
+    """`smoothed_cross_entropy(F.linear(hidden_states, weight, bias), labels, smoothing, weights)` without the
+    logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `LOSS_CHUNK_ELEMENTS`
+    logits at a time, and each chunk's gradients (hidden states, weight, bias) are computed in the same pass. The
+    training step never holds a [tokens, V] tensor: beside one chunk, it holds gradient buffers of the hidden
+    states' and the projection's sizes (for a 4096-token batch and a 32k vocabulary at d=512, 8 + 64 MB instead of
+    two 512 MB tensors). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
+    One backward per forward (retain_graph raises)."""
+    flat_labels = labels.reshape(-1)
+    return _ProjectedSmoothedCrossEntropy.apply(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, bias,
+                                                flat_labels, _loss_weights(flat_labels, weights), float(smoothing))
 
 
 # --------------------------------------------------------------------------------------------------- model outputs
@@ -1166,11 +1261,30 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         sums = getattr(model_outputs, "aux_losses", None) or {}
         return {name: value / num_target_tokens for name, value in sums.items()}
 
+    def token_loss_weights(self, labels: torch.Tensor, **kwargs) -> torch.Tensor | None:
+        """The weight of each target token's loss ([batch, length], float), or None for the mean over the
+        labelled tokens (the default). `kwargs` are the batch's variant inputs (e.g. `tgt_lang_ids`), for variants
+        that weight tokens differently (the Tied Transformer sums per-direction means)."""
+        return None
+
     def translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
-        """The main loss: label-smoothed cross-entropy averaged over the target tokens (labels -100 ignored).
-        `kwargs` are the batch's variant inputs (e.g. `tgt_lang_ids`), for variants that weight tokens differently
-        (the Tied Transformer sums per-direction means)."""
-        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing)
+        """The main loss: label-smoothed cross-entropy of `logits` (labels -100 ignored), each token weighted by
+        `token_loss_weights` (by default the mean over the target tokens)."""
+        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
+                                      weights=self.token_loss_weights(labels, **kwargs))
+
+    def _projected_translation_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
+                                    **kwargs) -> torch.Tensor | None:
+        """`translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
+        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook) and `translation_loss` is the
+        backbone's; None otherwise (the caller computes the logits)."""
+        head = self.lm_head
+        if (type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook")
+                or type(self).translation_loss is not TransformerNmtForConditionalGeneration.translation_loss):
+            return None
+        return projected_smoothed_cross_entropy(hidden_states, head.weight, head.bias, labels,
+                                                self.config.label_smoothing,
+                                                weights=self.token_loss_weights(labels, **kwargs))
 
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
@@ -1310,10 +1424,19 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
                 use_cache: bool | None = None, output_attentions: bool | None = None,
                 output_hidden_states: bool | None = None, return_dict: bool | None = None,
                 tgt_lang_ids: torch.LongTensor | None = None, logits_to_keep: int | torch.Tensor = 0,
+                skip_logits: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtSeq2SeqLMOutput:
         """`labels` (-100 = ignored) give `loss` (label-smoothed cross-entropy + the variant's auxiliary losses);
         `logits_to_keep` (an int k > 0: the last k positions; a tensor: those positions) limits the vocabulary
-        projection to the positions that are read (generation without cache)."""
+        projection to the positions that are read (generation without cache).
+
+        `skip_logits=True` (training, with `labels`): `logits` is None and the loss is computed from the decoder's
+        hidden states chunk by chunk (`projected_smoothed_cross_entropy`), so no [tokens, vocabulary] tensor is
+        ever held: the same loss and gradients, without the step's largest tensors. `training/train.py` passes
+        it; a `Trainer` user can pass it through `compute_loss`."""
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True computes the loss without the logits and needs `labels`; without "
+                             "labels there is nothing to return but the logits.")
         output_attentions, output_hidden_states, return_dict = self._output_flags(
             output_attentions, output_hidden_states, return_dict)
         if labels is not None:
@@ -1330,13 +1453,17 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         if labels is None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             hidden_states = hidden_states[:, keep]
-        logits = self.lm_head(hidden_states)
+        logits = None if skip_logits else self.lm_head(hidden_states)
         loss = aux_losses = None
         if labels is not None:
             pad = self.config.pad_token_id
             if pad is not None and pad not in (self.config.eos_token_id, self.config.bos_token_id):
                 labels = labels.masked_fill(labels == pad, -100)
-            loss = self.translation_loss(logits, labels, tgt_lang_ids=tgt_lang_ids)
+            if skip_logits:
+                loss = self._projected_translation_loss(hidden_states, labels, tgt_lang_ids=tgt_lang_ids)
+            if loss is None:  # the logits are needed (a quantized or adapted head; an overridden loss)
+                loss = self.translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
+                                             tgt_lang_ids=tgt_lang_ids)
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():
                 loss = loss + value

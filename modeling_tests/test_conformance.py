@@ -75,6 +75,33 @@ def test_multi_token_cached_forward_equals_full_forward(model_type):
     assert torch.allclose(rest, full[:, 3:], atol=1e-5), (rest - full[:, 3:]).abs().max()
 
 
+# ------------------------------------------------------------------------------------------ loss without logits
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_skip_logits_gives_the_same_loss_and_gradients(model_type):
+    """`skip_logits=True` (what train.py passes) computes the loss from the decoder's hidden states without the
+    logits: the same loss (auxiliary losses and the Tied Transformer's per-direction weights included) and the same
+    gradient for every parameter, `logits` None; without labels it raises."""
+    model = build(model_type, dropout=0.0, label_smoothing=0.1).train()
+    inputs = source_batch(model, batch=4)
+    labels = torch.randint(4, VOCAB, (4, 6), generator=torch.Generator().manual_seed(3))
+    labels[1, 4:] = -100
+    params = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for skip in (False, True):
+        torch.manual_seed(5)  # the same dropout masks (attention and variant-specific) in both passes
+        out = model(**inputs, labels=labels, skip_logits=skip)
+        assert (out.logits is None) == skip
+        results.append((out.loss.detach(), torch.autograd.grad(out.loss, params, allow_unused=True)))
+    (loss, expected), (skipped, grads) = results
+    assert torch.allclose(skipped, loss, atol=1e-6), (skipped, loss)
+    for (name, _), a, e in zip(model.named_parameters(), grads, expected):
+        assert (a is None) == (e is None), name
+        if a is not None:
+            assert torch.allclose(a, e, atol=1e-6, rtol=1e-5), (name, (a - e).abs().max())
+    with pytest.raises(ValueError, match="skip_logits=True .* needs `labels`"):
+        model(**inputs, decoder_input_ids=labels.clamp(min=4), skip_logits=True)
+
+
 # -------------------------------------------------------------------------------- assisted decoding, prompt lookup
 def train_copy_task(model, steps: int = 120):
     """A few Adam steps on a copy task (target = source), so that greedy outputs are input-dependent."""

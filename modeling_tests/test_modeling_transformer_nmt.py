@@ -224,6 +224,70 @@ def test_smoothed_cross_entropy_edge_cases():
         loss.backward()
 
 
+@pytest.mark.parametrize("chunk", [1 << 23, 97])  # one chunk, or chunks of 1-2 rows
+def test_projected_loss_equals_loss_of_the_logits(monkeypatch, chunk):
+    """projected_smoothed_cross_entropy(h, W, b) has the value and the gradients (hidden states, weight, bias) of
+    smoothed_cross_entropy(F.linear(h, W, b)), with and without per-token weights, label smoothing and a bias; the
+    chunk's logits are never larger than LOSS_CHUNK_ELEMENTS."""
+    import torch.nn.functional as F
+
+    from hf_variants import modeling_transformer_nmt as backbone
+
+    monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 7, 16, requires_grad=True)
+    weight = (torch.randn(50, 16) * 0.5).requires_grad_()
+    bias = torch.randn(50, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7))
+    labels[0, 4:] = -100
+    weights = torch.rand(3, 7)
+    for use_bias in (True, False):
+        b = bias if use_bias else None
+        params = [hidden, weight] + ([bias] if use_bias else [])
+        for smoothing in (0.0, 0.1):
+            for kind in (None, "weights"):
+                w = weights if kind else None
+                reference = backbone.smoothed_cross_entropy(F.linear(hidden, weight, b), labels, smoothing, weights=w)
+                expected = torch.autograd.grad(reference * 1.7, params)
+                ours = backbone.projected_smoothed_cross_entropy(hidden, weight, b, labels, smoothing, weights=w)
+                grads = torch.autograd.grad(ours * 1.7, params)
+                assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-6), (use_bias, smoothing, kind)
+                for name, a, e in zip(("hidden", "weight", "bias"), grads, expected):
+                    assert a.dtype == e.dtype and a.shape == e.shape, name
+                    assert torch.allclose(a, e, atol=1e-5, rtol=1e-5), (name, use_bias, smoothing, kind)
+    with torch.no_grad():  # no gradient wanted: the same value, no buffers
+        value = backbone.projected_smoothed_cross_entropy(hidden, weight, bias, labels, 0.1)
+    again = backbone.projected_smoothed_cross_entropy(hidden, weight, bias, labels, 0.1)
+    assert torch.equal(value, again.detach())
+    again.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward"):
+        again.backward()
+
+
+def test_projected_loss_under_bfloat16_autocast():
+    """Under autocast the chunked products run in bfloat16 as the output projection's F.linear would: the loss and
+    the gradients stay within bfloat16 rounding of the logits path, and the gradients keep the parameters'
+    float32 dtype."""
+    import torch.nn.functional as F
+
+    from hf_variants.modeling_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
+
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 9, 32, requires_grad=True)
+    weight = (torch.randn(70, 32) * 0.3).requires_grad_()
+    labels = torch.randint(0, 70, (4, 9))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = smoothed_cross_entropy(F.linear(hidden, weight), labels, 0.1)
+        expected = torch.autograd.grad(reference, [hidden, weight])
+        ours = projected_smoothed_cross_entropy(hidden, weight, None, labels, 0.1)
+        grads = torch.autograd.grad(ours, [hidden, weight])
+    assert ours.dtype == torch.float32
+    assert torch.allclose(ours, reference, rtol=1e-3)
+    for a, e in zip(grads, expected):
+        assert a.dtype == torch.float32
+        assert (a - e).abs().max() <= 1e-2 * e.abs().max()
+
+
 def test_model_loss_gradients_equal_f_cross_entropy():
     """The model's training loss (chunked) gives every parameter the gradient F.cross_entropy on its logits gives."""
     import torch.nn.functional as F

@@ -8,6 +8,8 @@ the same tokenizer, batches, optimizer, schedule, label smoothing and beam searc
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Sequence
 
 import torch
@@ -58,6 +60,17 @@ def prepare_translation_inputs(model, tokenizer, texts: Sequence[str], *, src_la
     if text_target is not None:
         inputs["labels"] = encoded["labels"].masked_fill(encoded["labels"] == tokenizer.pad_token_id, -100)
     return {key: value.to(model.device) for key, value in inputs.items()}
+
+
+def loss_only_kwargs(model) -> dict:
+    """Forward arguments for a forward whose logits nobody reads (training steps, the validation loss):
+    `skip_logits=True` for a model whose forward takes it (hf_variants: the loss is computed from the decoder's
+    hidden states chunk by chunk, and no [tokens, vocabulary] tensor is held); nothing for other models."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"skip_logits": True} if "skip_logits" in parameters else {}
 
 
 def translation_loss(model, outputs, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:

@@ -668,7 +668,7 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
     padded = batches + batches[:(-len(batches)) % world] if batches else []
     for j in range(accelerator.process_index, len(padded), world):
         batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
-        out = model(**batch)
+        out = model(**batch, **external.loss_only_kwargs(model))
         if j >= len(batches):
             continue
         aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
@@ -820,6 +820,7 @@ def main(argv=None) -> dict | None:
     model, optimizer = accelerator.prepare(model, optimizer)
     state = TrainState()
     unwrapped = accelerator.unwrap_model(model)
+    loss_kwargs = external.loss_only_kwargs(unwrapped)
 
     if resume is not None:
         changed = {c["setting"] for c in settings_changes}
@@ -949,10 +950,10 @@ def main(argv=None) -> dict | None:
                 weight = ntok * accelerator.num_processes / total_ntok
                 sync = accelerator.no_sync(model) if i < len(batches) - 1 else nullcontext()
                 with sync:
-                    out = model(**batch)
+                    out = model(**batch, **loss_kwargs)  # hf_variants: no logits, see external.loss_only_kwargs
                     loss = external.translation_loss(unwrapped, out, batch["labels"], args.label_smoothing)
                     aux = getattr(out, "aux_losses", None) or {}
-                    del out  # the logits ([tokens, vocabulary]): the loss's backward does not need them
+                    del out  # other models' logits ([tokens, vocabulary]): the loss's backward does not need them
                     accelerator.backward(loss * weight)
                 step_loss += loss.detach().double() * ntok
                 for name, value in aux.items():
