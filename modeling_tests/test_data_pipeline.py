@@ -523,8 +523,21 @@ def test_streaming_counts_bad_pairs_once_and_stops_on_error(bad_dir, tok):
         list(failing.steps())
 
 
+def mapped_resident_kb(path) -> int:
+    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, current = 0, None
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
+            current = fields[5] if len(fields) > 5 else None
+        elif fields[0] == "Rss:" and current == str(path):
+            total += int(fields[1])
+    return total
+
+
 def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, monkeypatch):
-    """`map_rows_file` (the rows' Arrow file mapped, the pages read while opening it released) gives the dataset
+    """`map_arrow_file` (the rows' Arrow file mapped, the pages read while opening it released as it goes: none
+    stays resident, where from_file leaves the whole small file resident) gives the dataset
     `Dataset.from_file` gives: the same features, rows, random reads and pickling (by path, as worker processes
     receive it); load_rows returns it, fresh and cached."""
     import pickle
@@ -532,12 +545,18 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
     import datasets
 
     monkeypatch.setattr(data_pipeline, "WRITE_BATCH_ROWS", 7)  # many record batches
+    monkeypatch.setattr(data_pipeline, "RELEASE_EVERY_BYTES", 4096)  # released page by page while parsing
     write(tmp_path / "t.en", head(MULTI30K / "train.en.gz", 300))
     write(tmp_path / "t.de", head(MULTI30K / "train.de.gz", 300))
     source = data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"])
     built = data_pipeline.load_rows(source, ["en", "de"], cache_dir=tmp_path / "cache")
     cached = data_pipeline.load_rows(source, ["en", "de"], cache_dir=tmp_path / "cache")
+    fresh = data_pipeline.map_arrow_file(built.path)
+    released = mapped_resident_kb(built.path)  # three maps of the file: built, cached and fresh
     reference = datasets.Dataset.from_file(built.path)
+    size_kb = Path(built.path).stat().st_size // 1024
+    assert released == 0 and mapped_resident_kb(built.path) >= size_kb // 2  # from_file's headers stay resident
+    assert fresh[:] == reference[:]
     for rows in (built, cached):
         ds = rows.dataset
         assert ds.features == reference.features and len(ds) == len(reference) == 300

@@ -454,15 +454,22 @@ def _jsonl_blocks(path, languages, annotations, present, ann_present, start_row:
         yield out
 
 
-def map_rows_file(path: str | os.PathLike):
-    """The rows' Arrow file as a memory-mapped `datasets.Dataset` (what `Dataset.from_file` gives), without the
-    mapped pages that opening it leaves resident. Opening reads every record batch's header through the map, and each
-    page fault maps up to 64 KiB of cached neighbours (the kernel's fault-around): 22% of the file then counts in the
-    process's resident memory (283 MB of a 1.24 GB file at 4.5M rows; 2.5 GB at 40M), in every process. The
+RELEASE_EVERY_BYTES = 64 << 20  # map_arrow_file: parsed pages are released every 64 MB of the file
+
+
+def map_arrow_file(path: str | os.PathLike, random_reads: bool = True):
+    """An Arrow file of the cache (the rows; the measured token counts) as a memory-mapped `datasets.Dataset` (what
+    `Dataset.from_file` gives), without the mapped pages that opening it leaves resident.
+
+    Opening reads every record batch's header through the map, and each page fault maps up to 64 KiB of cached
+    neighbours (the kernel's fault-around): 22% of the rows file then counts in the process's resident memory
+    (283 MB of a 1.24 GB file at 4.5M rows; 2.5 GB at 40M), and all of the measured files, in every process. The
     headers are parsed once, so those pages are released (MADV_DONTNEED: a shared read-only file mapping only drops
-    its page-table entries; the data stays valid and comes back from the page cache when a batch reads it), and the
-    map is advised random (MADV_RANDOM: no read-ahead for a batch's scattered rows). Whole passes read the file
-    sequentially without the map (`Rows.batches`). Falls back to `Dataset.from_file` without `mmap.madvise`."""
+    its page-table entries; the data stays valid and comes back from the page cache when a batch reads it), every
+    `RELEASE_EVERY_BYTES` as the parsing goes (released only at the end, the 40M rows file had 2.8 GB resident for a
+    moment). `random_reads`: the map is advised random (MADV_RANDOM: no read-ahead for a batch's scattered rows;
+    whole passes over the rows read the file sequentially without the map, `Rows.batches`). Falls back to
+    `Dataset.from_file` without `mmap.madvise`."""
     import mmap
 
     import datasets
@@ -473,9 +480,19 @@ def map_rows_file(path: str | os.PathLike):
         return datasets.Dataset.from_file(str(path))
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-    table = pa.ipc.open_stream(pa.py_buffer(mapped)).read_all()  # zero-copy: the buffers keep the map open
+    source = pa.BufferReader(pa.py_buffer(mapped))  # zero-copy: the batches' buffers keep the map open
+    reader = pa.ipc.open_stream(source)
+    batches, released = [], 0
+    for batch in reader:
+        batches.append(batch)
+        parsed = source.tell() // mmap.PAGESIZE * mmap.PAGESIZE
+        if parsed - released >= RELEASE_EVERY_BYTES:  # release while parsing: the transient stays one window
+            mapped.madvise(mmap.MADV_DONTNEED, released, parsed - released)
+            released = parsed
+    table = pa.Table.from_batches(batches, schema=reader.schema)
     mapped.madvise(mmap.MADV_DONTNEED)
-    mapped.madvise(mmap.MADV_RANDOM)
+    if random_reads:
+        mapped.madvise(mmap.MADV_RANDOM)
     # pickled (worker processes), a MemoryMappedTable is mapped again from `path`, as from_file's is
     return datasets.Dataset(MemoryMappedTable(table, str(path)))
 
@@ -598,7 +615,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
     final = cache_dir / f"rows-{fp}"
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
-        return Rows(map_rows_file(final / "data.arrow"), meta, fp, path=str(final / "data.arrow"))
+        return Rows(map_arrow_file(final / "data.arrow"), meta, fp, path=str(final / "data.arrow"))
     t0 = time.time()
     tmp = _new_tmp(cache_dir, f"rows-{fp}")
     try:
@@ -630,7 +647,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("Read %s: %d rows in %.1f s (cached in %s)", source.label, rows, time.time() - t0, final)
-    return Rows(map_rows_file(final / "data.arrow"), meta, fp, built=True,
+    return Rows(map_arrow_file(final / "data.arrow"), meta, fp, built=True,
                 path=str(final / "data.arrow"))
 
 
@@ -681,9 +698,22 @@ class Measured:
     """Stage 2: per row and language `len.<lang>` (tokens, special tokens included; int32), `state.<lang>`
     (STATE_*), and per checked annotation `check.<name>.<lang>` (0, or 1 + index in ANNOTATION_REASONS)."""
 
-    dataset: object
+    files: list[str]  # the Arrow files (one per worker), in row order
     fingerprint: str
     built: bool = False
+    _dataset: object = field(default=None, repr=False)
+
+    @property
+    def dataset(self):
+        """The memory-mapped counts (`datasets.Dataset`), opened on first use: only building the pairs reads them,
+        so a relaunch, a resume or another rank whose pairs are cached never opens them (opening costs every
+        process Arrow and Python objects per record batch: about 155 MB of heap at 40M rows)."""
+        if self._dataset is None:
+            import datasets
+
+            parts = [map_arrow_file(f, random_reads=False) for f in self.files]
+            self._dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        return self._dataset
 
     def column(self, name: str) -> np.ndarray:
         return self.dataset.data.table.column(name).to_numpy()
@@ -703,9 +733,7 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
     final = cache_dir / f"measured-{fp}"
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
-        parts = [datasets.Dataset.from_file(str(final / f)) for f in meta["files"]]
-        ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-        return Measured(ds, fp)
+        return Measured([str(final / f) for f in meta["files"]], fp)
     t0 = time.time()
     workers = max(1, min(num_workers, math.ceil(len(rows) / ROWS_PER_WORKER)))
     tmp = _new_tmp(cache_dir, f"measured-{fp}")
@@ -752,9 +780,7 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
     logger.info("Tokenized %s: %d rows x %d languages in %.1f s (%.0f sentences/s, %d worker(s)); cached in %s",
                 rows.meta["label"], len(rows), len(languages), elapsed, n_sent / max(elapsed, 1e-9), workers, final)
     meta = json.loads((final / "meta.json").read_text())
-    parts = [datasets.Dataset.from_file(str(final / f)) for f in meta["files"]]
-    ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    return Measured(ds, fp, built=True)
+    return Measured([str(final / f) for f in meta["files"]], fp, built=True)
 
 
 _JOB: dict | None = None  # the stage-2 job, inherited by forked workers

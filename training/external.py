@@ -9,11 +9,11 @@ the same tokenizer, batches, optimizer, schedule, label smoothing and beam searc
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
+
+from hf_variants.modeling_transformer_nmt import smoothed_cross_entropy
 
 EXTERNAL_MODEL_TYPES = ("marian",)
 
@@ -75,12 +75,11 @@ def loss_only_kwargs(model) -> dict:
 
 def translation_loss(model, outputs, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
     """`outputs.loss` of an hf_variants model (label smoothing and auxiliary losses included); for a plain model,
-    the token-mean label-smoothed cross-entropy of its logits (its own `.loss` has no smoothing)."""
+    the token-mean label-smoothed cross-entropy of its logits (its own `.loss` has no smoothing), computed by
+    the backbone's `smoothed_cross_entropy` (chunked: one [tokens, vocabulary] buffer, not F.cross_entropy's three)."""
     if has_training_interface(model):
         return outputs.loss
-    logits = outputs.logits
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1), ignore_index=-100,
-                           label_smoothing=label_smoothing)
+    return smoothed_cross_entropy(outputs.logits, labels, label_smoothing)
 
 
 def after_optimizer_step(model) -> None:
