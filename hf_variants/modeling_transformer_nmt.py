@@ -623,23 +623,28 @@ LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
 
 
 def _smoothed_rows(z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float,
-                   grad: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V], in z's dtype); with
-    `grad` ([n, V], any float dtype, or z itself) the gradient with respect to z is written there:
-    weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V)."""
+                   work: torch.Tensor) -> torch.Tensor:
+    """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V]); `work` ([n, V], z's
+    dtype, or z itself) ends up holding the gradient with respect to z:
+    weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V).
+    Every [n, V] step happens in `work`, so a chunk needs no other tensor of its size (torch.logsumexp would
+    allocate two)."""
     vocab = z.shape[-1]
     target = labels.clamp(min=0)[:, None]  # ignored rows have weight 0
-    lse = torch.logsumexp(z, dim=-1)
-    # -log p(y) = lse - z_y; the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy)
-    row_loss = lse - (1.0 - smoothing) * z.gather(1, target).squeeze(1) - smoothing * z.mean(dim=-1)
+    shifted = torch.sub(z, z.amax(dim=-1, keepdim=True), out=work)  # z - max: exp cannot overflow
+    # -log p(y) = lse - z_y and the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy); the
+    # shift cancels out of both
+    shifted_target = shifted.gather(1, target).squeeze(1)
+    shifted_mean = shifted.mean(dim=-1)
+    sum_exp = shifted.exp_().sum(dim=-1)
+    row_loss = sum_exp.log() - (1.0 - smoothing) * shifted_target - smoothing * shifted_mean
     total = torch.where(weights != 0, row_loss * weights, 0.0).sum()
-    if grad is not None:
-        p = torch.sub(z, lse[:, None], out=grad) if grad.dtype == z.dtype else z - lse[:, None]
-        p.exp_().sub_(smoothing / vocab).mul_(weights[:, None])
-        p.scatter_add_(1, target, (-(1.0 - smoothing) * weights)[:, None])
-        if p is not grad:
-            grad.copy_(p)
+    work.div_(sum_exp[:, None]).sub_(smoothing / vocab).mul_(weights[:, None])
+    work.scatter_add_(1, target, (-(1.0 - smoothing) * weights)[:, None])
     return total
+
+
+PROJECTED_CHUNK_ROWS = 512  # at most this many hidden states a chunk of projected_smoothed_cross_entropy
 
 
 def _chunk_rows(vocab: int) -> int:
@@ -659,8 +664,14 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, rows, step):
             rows_ = slice(start, start + step)
             z = logits[rows_].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
-            total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing,
-                                    None if grad is None else grad[rows_])
+            if grad is not None and grad.dtype == compute:
+                work = grad[rows_]
+            else:  # the float32 copy of low-precision logits is ours to overwrite; a view of the caller's is not
+                work = z if logits.dtype != compute else torch.empty_like(z)
+            total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, work)
+            if grad is not None and grad.dtype != compute:
+                grad[rows_].copy_(work)
+            del z, work  # before the next chunk's are allocated
         ctx.save_for_backward(grad)
         ctx.backward_done = False
         return total
@@ -703,15 +714,19 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
                                      device=bias.device) if need_bias else None)
             any_grad = need_hidden or need_weight or need_bias
             total = torch.zeros((), dtype=compute, device=hidden.device)
-            step = _chunk_rows(vocab)
+            # 512 rows: as fast as larger chunks (the weight gradient's update per chunk costs [V, d] of memory
+            # traffic; fewer rows make it dominate), and a 16 MB chunk at V = 8000 (benchmarks/loss_memory.py)
+            step = min(PROJECTED_CHUNK_ROWS, _chunk_rows(vocab))
             for start in range(0, rows, step):
                 rows_ = slice(start, start + step)
                 h = hidden[rows_].to(gemm)
                 z = F.linear(h, w, b).to(compute)  # this chunk's logits (the only [rows, V] tensor alive)
-                total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, z if any_grad else None)
+                total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, z)  # z becomes the gradient
                 if not any_grad:
+                    del z  # before the next chunk's is allocated: one chunk alive at a time
                     continue
                 g = z.to(gemm)  # d loss / d logits of the chunk
+                del z
                 if need_hidden:
                     grad_hidden[rows_] = g @ w
                 if need_weight:
@@ -721,6 +736,7 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
                         grad_weight += g.t() @ h
                 if need_bias:
                     grad_bias += g.sum(0, dtype=grad_bias.dtype)
+                del g
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         ctx.backward_done = False
@@ -770,10 +786,10 @@ def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.
                                      labels: torch.Tensor, smoothing: float = 0.0,
                                      weights: torch.Tensor | None = None) -> torch.Tensor:
     """`smoothed_cross_entropy(F.linear(hidden_states, weight, bias), labels, smoothing, weights)` without the
-    logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `LOSS_CHUNK_ELEMENTS`
-    logits at a time, and each chunk's gradients (hidden states, weight, bias) are computed in the same pass. The
-    training step never holds a [tokens, V] tensor: beside one chunk, it holds gradient buffers of the hidden
-    states' and the projection's sizes (for a 4096-token batch and a 32k vocabulary at d=512, 8 + 64 MB instead of
+    logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `PROJECTED_CHUNK_ROWS`
+    rows (at most `LOSS_CHUNK_ELEMENTS` logits) at a time, and each chunk's gradients (hidden states, weight, bias)
+    are computed in the same pass. The training step never holds a [tokens, V] tensor: beside one chunk, it holds
+    gradient buffers of the hidden states' and the projection's sizes (for a 4096-token batch and a 32k vocabulary at d=512, 8 + 64 MB instead of
     two 512 MB tensors). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
     One backward per forward (retain_graph raises)."""
     flat_labels = labels.reshape(-1)

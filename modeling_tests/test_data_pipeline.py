@@ -278,6 +278,7 @@ def test_many_to_many_rows_without_a_language_are_no_pairs_of_its_directions(tok
     assert dict(pair_set.report.counts) == {"empty_target": 1, "empty_source": 1}
     assert pair_set.report.locations["empty_target"] == [f"{path}:3"]
     got = pair_set.to_pairs()
+    assert mapped_resident_kb(rows_.path) == 0  # a batch's reads leave no page of the rows' map resident
     assert {(p.src_lang, p.tgt_lang, p.location) for p in got} == (
         {(s, t, f"{path}:{i + 1}") for i in (0, 1, 3, 4, 5) for s, t in (("en", "de"), ("de", "en"))}
         | {(s, t, f"{path}:{i + 1}") for i in (6, 7, 9, 10, 11) for s, t in (("en", "fr"), ("fr", "en"))})
@@ -566,6 +567,14 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
         assert ds.select_columns(["text.de"])[picks] == reference.select_columns(["text.de"])[picks]
         assert pickle.loads(pickle.dumps(ds))[:] == reference[:]
         assert ds[3]["text.en"] == head(MULTI30K / "train.en.gz", 4)[3]
+    data_pipeline.release_mapped_pages(fresh)  # fresh[:] above read the whole file through it
+    before = mapped_resident_kb(built.path)
+    assert fresh.select_columns(["text.en"])[[5, 280]] == {"text.en": [head(MULTI30K / "train.en.gz", 281)[i]
+                                                                       for i in (5, 280)]}
+    assert mapped_resident_kb(built.path) > before  # the random reads mapped pages of fresh's map...
+    data_pipeline.release_mapped_pages(fresh)
+    assert mapped_resident_kb(built.path) == before  # ...released, and the data is still read from the file
+    assert fresh[[5]]["text.de"] == [head(MULTI30K / "train.de.gz", 6)[5]]
 
 
 def test_shared_epochs_one_copy_for_every_process(tmp_path):
