@@ -648,7 +648,10 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
             for block in iter_row_blocks(source, languages, annotations, info):
                 if not block[cols[0]]:
                     continue
-                writer.write_table(pa.table({c: pa.array(block[c], type=pa.string()) for c in cols}))
+                # one record batch a block (datasets' default splits it into batches of 1000 rows: at 40M rows, 40k
+                # batches whose Arrow and Python objects cost every process that opens the file ~100 MB of heap)
+                writer.write_table(pa.table({c: pa.array(block[c], type=pa.string()) for c in cols}),
+                                   writer_batch_size=WRITE_BATCH_ROWS)
                 rows += len(block[cols[0]])
             writer.finalize()
         meta = {"kind": source.kind, "label": source.label, "files": source.files,
