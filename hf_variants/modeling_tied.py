@@ -179,6 +179,7 @@ class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, Tr
         row_weights = 1.0 / tokens_per_direction[tgt_lang_ids].clamp(min=1).float()
         return row_weights[:, None].expand(labels.shape)
 
+
 __all__ = [
     "TiedTransformerPreTrainedModel",
     "TiedTransformerModel",

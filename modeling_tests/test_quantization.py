@@ -32,8 +32,10 @@ from transformers import pipeline
 # model below (per-tensor activations, 7 bits: the AVX2 setting; per token is lower); a wrong scale, a lost bias or
 # a transposed weight gives ~1.
 LOGIT_TOL = 0.06
-# the same on the trained tiny model over its own greedy outputs: 0.054 measured per token, 0.103 per tensor
-TRAINED_LOGIT_TOL = 0.1
+# the same on the trained tiny model over its own greedy outputs (per-token activations): 0.064-0.100 measured over
+# five trainings (seeds 0-3; the loss computed two ways that agree to 1e-6, which is enough for 300 Adam steps to
+# reach different weights); a wrong scale, a lost bias or a transposed weight gives ~1
+TRAINED_LOGIT_TOL = 0.12
 
 CASES = {
     "transformer_nmt": lambda: TransformerNmtConfig.from_preset("tiny", vocab_size=60),
