@@ -789,8 +789,8 @@ def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.
     logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `PROJECTED_CHUNK_ROWS`
     rows (at most `LOSS_CHUNK_ELEMENTS` logits) at a time, and each chunk's gradients (hidden states, weight, bias)
     are computed in the same pass. The training step never holds a [tokens, V] tensor: beside one chunk, it holds
-    gradient buffers of the hidden states' and the projection's sizes (for a 4096-token batch and a 32k vocabulary at d=512, 8 + 64 MB instead of
-    two 512 MB tensors). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
+    gradient buffers of the hidden states' and the projection's sizes (4096 tokens, a 32k vocabulary, d = 512:
+    211 MB at the peak where F.linear + F.cross_entropy take 1517 MB, `benchmarks/loss_memory.py`). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
     One backward per forward (retain_graph raises)."""
     flat_labels = labels.reshape(-1)
     return _ProjectedSmoothedCrossEntropy.apply(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, bias,

@@ -98,6 +98,14 @@ def test_skip_logits_gives_the_same_loss_and_gradients(model_type):
         assert (a is None) == (e is None), name
         if a is not None:
             assert torch.allclose(a, e, atol=1e-6, rtol=1e-5), (name, (a - e).abs().max())
+    # a head the fused loss must not bypass (a hook here; a quantized or adapted head alike): the logits are
+    # computed for the loss, still not returned, and the loss is the same
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    torch.manual_seed(5)
+    hooked = model(**inputs, labels=labels, skip_logits=True)
+    handle.remove()
+    assert calls == [1] and hooked.logits is None and torch.allclose(hooked.loss, loss, atol=1e-6)
     with pytest.raises(ValueError, match="skip_logits=True .* needs `labels`"):
         model(**inputs, decoder_input_ids=labels.clamp(min=4), skip_logits=True)
 

@@ -666,9 +666,10 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
     # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
     # a batch and is not counted
     padded = batches + batches[:(-len(batches)) % world] if batches else []
+    loss_kwargs = external.loss_only_kwargs(model)
     for j in range(accelerator.process_index, len(padded), world):
         batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
-        out = model(**batch, **external.loss_only_kwargs(model))
+        out = model(**batch, **loss_kwargs)
         if j >= len(batches):
             continue
         aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
