@@ -185,7 +185,8 @@ def add_optimisation_args(g) -> None:
 
 
 def add_evaluation_args(g) -> None:
-    g.add_argument("--eval_steps", type=int, default=100, help="validate every N steps (and at the end)")
+    g.add_argument("--eval_steps", type=int, default=100,
+                   help="validate every N steps (and at the end; 0: only at the end)")
     g.add_argument("--eval_bleu_pairs", type=int, default=200,
                    help="validation pairs translated for BLEU/chrF during training (0: loss only)")
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
@@ -199,7 +200,8 @@ def add_evaluation_args(g) -> None:
 
 
 def add_checkpoints_args(g) -> None:
-    g.add_argument("--save_steps", type=int, help="checkpoint every N steps (default: --eval_steps)")
+    g.add_argument("--save_steps", type=int,
+                   help="checkpoint every N steps (default: --eval_steps; 0: only at the end and the best)")
     g.add_argument("--keep_checkpoints", "--save_total_limit", type=int, default=5,
                    help="newest checkpoints kept (plus the best; 0: all)")
     g.add_argument("--average_last", type=int, default=0,
@@ -301,15 +303,58 @@ def parse_args(argv=None) -> argparse.Namespace:
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
-    if args.gradient_accumulation_steps < 1 or args.max_tokens < 1:
-        parser.error("--gradient_accumulation_steps and --max_tokens must be positive")
     if args.save_steps is None:
         args.save_steps = args.eval_steps
+    for message in numeric_flag_errors(args):
+        parser.error(message)
     if args.streaming and args.num_epochs:
         parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
-    if args.stream_buffer_rows < 1:
-        parser.error("--stream_buffer_rows must be positive")
+    if args.resume_from_checkpoint and args.overwrite_output_dir:
+        parser.error("--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it: "
+                     "give one of them")
+    if args.max_len_a == 0 and args.max_len_b == 0:
+        parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
     return args
+
+
+# The numeric flags and their valid ranges (checked at parse time, before any data work): (flags, lowest, lowest
+# included, highest (excluded), what 0 means when 0 is allowed).
+POSITIVE_INTS = ("max_length", "max_train_pairs", "max_valid_pairs", "max_test_pairs", "stream_buffer_rows",
+                 "preprocessing_num_workers", "vocab_size", "max_tokens", "max_sentences",
+                 "gradient_accumulation_steps", "max_steps", "num_threads", "ddp_timeout", "num_beams",
+                 "eval_batch_size", "logging_steps")
+NON_NEGATIVE = {"tokenizer_sample_lines": "all", "tokenizer_min_frequency": None, "warmup_steps": "no warmup",
+                "eval_steps": "no periodic validation, only at the end",
+                "save_steps": "checkpoints only at the end (and at the best validation)",
+                "eval_bleu_pairs": "validation loss only", "max_len_b": None, "num_examples": None,
+                "keep_checkpoints": "keep all", "average_last": "no averaging", "weight_decay": None,
+                "max_grad_norm": "no clipping", "max_len_a": None, "adam_epsilon": None}
+FRACTIONS = ("dropout", "label_smoothing", "adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def numeric_flag_errors(args) -> list[str]:
+    """A message naming the flag for every numeric flag out of its range (or not finite)."""
+    errors = []
+    for name, value in sorted(vars(args).items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(f"--{name} must be a finite number, got {value}")
+    for name in POSITIVE_INTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            errors.append(f"--{name} must be a positive integer, got {value}")
+    for name, zero in NON_NEGATIVE.items():
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            errors.append(f"--{name} must be >= 0{f' (0: {zero})' if zero else ''}, got {value}")
+    for name in FRACTIONS:
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < 1:
+            errors.append(f"--{name} must be in [0, 1), got {value}")
+    if args.learning_rate <= 0:
+        errors.append(f"--learning_rate must be positive, got {args.learning_rate}")
+    if args.num_epochs is not None and args.num_epochs <= 0:
+        errors.append(f"--num_epochs must be positive, got {args.num_epochs}")
+    return errors
 
 
 # ----------------------------------------------------------------------------------------------------- the run

@@ -207,6 +207,11 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
     return float(total[0] / total[1].clamp(min=1))
 
 
+def every(step: int, interval: int) -> bool:
+    """Whether `step` is on the cadence `interval` (0: never)."""
+    return interval > 0 and step % interval == 0
+
+
 # ------------------------------------------------------------------------------------------------ the window
 class TrainStats:
     """Device-side sums of the steps since the last logging step (loss x tokens, target tokens, all tokens,
@@ -443,9 +448,9 @@ class Trainer:
         """Logging, validation and checkpoint at the steps that have them."""
         state, args = self.state, self.args
         last = state.step == self.data.max_steps
-        evaluating = state.step % args.eval_steps == 0 or last
-        saving = state.step % args.save_steps == 0 or last
-        if state.step % args.logging_steps == 0 or last or evaluating or saving:
+        evaluating = every(state.step, args.eval_steps) or last
+        saving = every(state.step, args.save_steps) or last
+        if every(state.step, args.logging_steps) or last or evaluating or saving:
             self.log_window(grad_norm)
         is_best = self.evaluate(state.step) if evaluating else False
         if saving or is_best:
