@@ -25,6 +25,9 @@ from training import checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
 
+# run_dir/model_config: the model's config.json and generation_config.json, written when the run starts, so that a
+# checkpoint loads (the config + its weights: training/translate.py) before the run has finished
+MODEL_CONFIG_DIR = "model_config"
 EXIT_NONFINITE = 3  # exit status of a run stopped by a non-finite loss (--on_nonfinite stop)
 
 
