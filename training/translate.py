@@ -114,13 +114,14 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
 
 # ------------------------------------------------------------------------------------------------------- input
 def read_input_lines(path: str) -> list[str]:
-    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line."""
+    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line; a
+    byte-order mark at the start is dropped."""
     if path != STDIO:
         return read_lines(path)
     lines = []
     for raw in sys.stdin.buffer:
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))  # a BOM is no text
         except UnicodeDecodeError as err:
             raise DataError(f"stdin: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
     return lines
