@@ -13,8 +13,8 @@ For each corpus, `training/train.py` runs 3 steps of the tiny preset (the model 
 - `relaunch`: a new run folder with the same cache and `--tokenizer` the first run's `model/` folder (what a user
   relaunching from a trained model passes: its tokenizer.json carries padding settings and `model_max_length`, which
   must not change the cache key);
-- `2proc`: `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) into a new run folder, the first run's `tokenizer/`
-  and cache: the second rank memory-maps what the first built.
+- `2proc`: `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) into a new run folder, the first run's
+  `tokenizer/` and the same cache: the second rank memory-maps what the first built.
 
 Each process is sampled every 0.5 s: peak RSS (the kernel's VmHWM), split by the largest samples of its two parts
 (anonymous memory: heap, Python objects, tensors; mapped: pages of memory-mapped files such as the Arrow cache,
