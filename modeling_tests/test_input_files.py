@@ -49,6 +49,20 @@ def tiny_run(data_dir, out, cache, *extra):
     return Path(out)
 
 
+@pytest.fixture(scope="module")
+def tiny_model_dir(tokenizer, tmp_path_factory):
+    import torch
+
+    from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de"])
+    path = tmp_path_factory.mktemp("tiny_model")
+    TransformerNmtForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 # ------------------------------------------------------------------------------------------------ byte-order mark
 def test_bom_is_dropped_by_every_reader(tmp_path):
     en, de = read_sentences("en", n=3), read_sentences("de", n=3)
@@ -119,17 +133,9 @@ def test_training_on_bom_files_and_relaunch_with_the_model_folder_reuses_the_cac
     assert sorted(p.name for p in cache.glob("measured-*")) == measured  # nothing tokenized again
 
 
-def test_translate_reads_bom_input(tmp_path, tokenizer):
-    """translate.py on a BOM'd text file, .gz file and stdin: the first line translates as without the BOM."""
-    import torch
-
-    from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de"])
-    model_dir = tmp_path / "model"
-    TransformerNmtForConditionalGeneration(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+def test_translate_reads_bom_input(tmp_path, tiny_model_dir):
+    """translate.py on a BOM'd text file, .gz file, JSONL file and stdin: read and translated as without the BOM."""
+    model_dir = tiny_model_dir
     sentences = read_sentences("en", "val", n=2)
     gen = ["--num_beams", "1", "--max_len_a", "0", "--max_len_b", "3", "--no_progress"]
     translate.main(["--model", str(model_dir), "--input", str(write(tmp_path / "plain.en", sentences, bom=False)),
@@ -150,3 +156,43 @@ def test_translate_reads_bom_input(tmp_path, tokenizer):
                           timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.decode("utf-8") == expected
+
+
+# ------------------------------------------------------------------------------------------ progress in log files
+def test_translate_prints_progress_lines_when_stderr_is_a_pipe(tiny_model_dir, tmp_path, capsys):
+    """stderr a pipe (nohup, SLURM, CI): no bar, but `progress:` lines with the right totals; 0 s: every batch."""
+    src = write(tmp_path / "src.en", read_sentences("en", "val", n=5) + [""], bom=False)
+    command = [sys.executable, str(ROOT / "training" / "translate.py"), "--model", str(tiny_model_dir), "--input",
+               str(src), "--output", str(tmp_path / "out"), "--num_beams", "1", "--max_len_a", "0", "--max_len_b",
+               "2", "--batch_size", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(command + ["--progress_interval", "0"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
+    assert [line.split()[1] for line in lines] == ["2/5", "4/5", "5/5"]  # the empty line is not translated
+    assert lines[-1].startswith("progress: 5/5 sentences (100%), ") and lines[-1].endswith("ETA 0:00:00")
+    assert all(" sentences/s, elapsed " in line for line in lines)
+    assert "translating" not in proc.stderr and "\r" not in proc.stderr  # no bar
+    translate.main(command[2:] + ["--progress_interval", "0", "--no_progress"])  # stderr: pytest's capture
+    assert "progress: " not in capsys.readouterr().err
+    translate.main(command[2:] + ["--progress_interval", "0"])
+    assert "progress: 5/5 sentences (100%)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        translate.build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o",
+                                             "--progress_interval", "-1"])
+
+
+def test_progress_lines_every_interval():
+    """A line once `interval` seconds have passed since the last one, and a last line at the end."""
+    import io
+
+    now = [0.0]
+    out = io.StringIO()
+    progress = translate.ProgressLines(10, interval=5.0, stream=out, clock=lambda: now[0])
+    for t, n in ((1, 2), (4, 2), (6, 2), (8, 2), (12, 2)):
+        now[0] = t
+        progress.update(n)
+    lines = out.getvalue().splitlines()
+    assert lines == ["progress: 6/10 sentences (60%), 1.0 sentences/s, elapsed 0:00:06, ETA 0:00:04",
+                     "progress: 10/10 sentences (100%), 0.8 sentences/s, elapsed 0:00:12, ETA 0:00:00"]
