@@ -196,3 +196,31 @@ def test_progress_lines_every_interval():
     lines = out.getvalue().splitlines()
     assert lines == ["progress: 6/10 sentences (60%), 1.0 sentences/s, elapsed 0:00:06, ETA 0:00:04",
                      "progress: 10/10 sentences (100%), 0.8 sentences/s, elapsed 0:00:12, ETA 0:00:00"]
+
+
+# ------------------------------------------------------------------------------------ tokenizer/model mismatch
+def test_tokenizer_larger_than_the_models_vocabulary_is_refused(tokenizer, tmp_path):
+    """A tokenizer from another run: the pipeline and translate.py refuse it naming both sizes (it was an
+    IndexError inside torch.nn.functional.embedding); a smaller tokenizer (a padded vocabulary) is fine."""
+    import torch
+    from transformers import pipeline
+
+    from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+
+    size = len(tokenizer)
+    torch.manual_seed(0)
+    small = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=size - 8))
+    small.save_pretrained(tmp_path / "small")
+    tokenizer.save_pretrained(tmp_path / "small")
+    message = rf"has {size} tokens \(len\(tokenizer\)\) but the model .* has a vocabulary of {size - 8} " \
+              rf"\(config.vocab_size\)"
+    with pytest.raises(ValueError, match=message):
+        pipeline("translation", model=small, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=message):
+        pipeline("translation", model=str(tmp_path / "small"), trust_remote_code=True)
+    src = write(tmp_path / "src.en", ["A man."], bom=False)
+    with pytest.raises(ValueError, match=message):
+        translate.main(["--model", str(tmp_path / "small"), "--input", str(src), "--output", str(tmp_path / "o")])
+    padded = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=size + 8))
+    out = pipeline("translation", model=padded.eval(), tokenizer=tokenizer)("A man.", max_new_tokens=2)
+    assert isinstance(out[0]["translation_text"], str)

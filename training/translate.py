@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None, trust_remote_code: bool = False):
     import hf_variants  # noqa: F401  (registers the model types)
+    from hf_variants.pipeline_translation import check_tokenizer_fits_model
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     path = Path(model_path)
@@ -122,6 +123,7 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
     else:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path, trust_remote_code=trust_remote_code)
+    check_tokenizer_fits_model(tokenizer, model.config, tokenizer_path or model_path, model_path)
     model.eval()
     return model, tokenizer
 
