@@ -10,9 +10,11 @@ pairs); no test set (the final evaluation translates the 50 validation pairs gre
 For each corpus, `training/train.py` runs 3 steps of the tiny preset (the model is not what is measured):
 
 - `first`: a first launch (empty cache, the tokenizer trained on --tokenizer_sample_lines sentences);
-- `relaunch`: a new run folder with the first run's --tokenizer and the same cache;
-- `2proc`: `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) into a new run folder, same tokenizer
-  and cache: the second rank memory-maps what the first built.
+- `relaunch`: a new run folder with the same cache and `--tokenizer` the first run's `model/` folder (what a user
+  relaunching from a trained model passes: its tokenizer.json carries padding settings and `model_max_length`, which
+  must not change the cache key);
+- `2proc`: `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU) into a new run folder, the first run's
+  `tokenizer/` and the same cache: the second rank memory-maps what the first built.
 
 Each process is sampled every 0.5 s: peak RSS (the kernel's VmHWM), split by the largest samples of its two parts
 (anonymous memory: heap, Python objects, tensors; mapped: pages of memory-mapped files such as the Arrow cache,
@@ -290,7 +292,7 @@ def measure(args) -> None:
         runs_dir = work / f"runs-{size}-{version}"
         if "first" in args.runs:
             shutil.rmtree(cache, ignore_errors=True)
-        tokenizer = runs_dir / "first" / "tokenizer"
+        tokenizers = {"relaunch": runs_dir / "first" / "model", "2proc": runs_dir / "first" / "tokenizer"}
         for name in args.runs:
             out = runs_dir / name
             shutil.rmtree(out, ignore_errors=True)
@@ -298,7 +300,7 @@ def measure(args) -> None:
             processes = 2 if name == "2proc" else 1
             load = os.getloadavg()
             cmd = train_cmd(code, data, out, cache, args.steps, processes,
-                            None if name == "first" else tokenizer, args.smoke)
+                            tokenizers.get(name), args.smoke)
             print(f"[{size}] {name}: load average {load[0]:.2f} — {' '.join(cmd)}", flush=True)
             result = run(cmd, out, env, args.timeout, args.rss_limit_gb)
             commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,

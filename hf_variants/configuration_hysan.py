@@ -13,7 +13,17 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from .configuration_transformer_nmt import TransformerNmtConfig, _check
+from .configuration_transformer_nmt import (
+    BOOL,
+    INT,
+    INT_LIST,
+    STR,
+    STR_LIST,
+    TransformerNmtConfig,
+    _as_list,
+    _check,
+    check_field_type,
+)
 
 
 ENCODER_BRANCH_KINDS = ("global", "forward", "backward", "local")
@@ -55,6 +65,10 @@ class HysanConfig(TransformerNmtConfig):
 
     model_type = "hysan_nmt"
     derived_fields: ClassVar[dict[str, str]] = {"use_positional_embeddings": "position_embedding_type"}
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {
+        "encoder_branches": (STR_LIST,), "decoder_branches": (STR_LIST,), "local_k": (INT, INT_LIST),
+        "fusion": (STR,), "gate_reduction": (INT,), "use_positional_embeddings": (BOOL,),
+    }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **{name: {**preset, **HYSAN_E1, **T2T_DROPOUT} for name, preset in TransformerNmtConfig.PRESETS.items()},
         # Unit tests only: no dropout anywhere.
@@ -78,14 +92,15 @@ class HysanConfig(TransformerNmtConfig):
         activation_dropout: float = 0.1,
         **kwargs,
     ):
+        check_field_type(type(self), "use_positional_embeddings", use_positional_embeddings)  # before it is read
         if not use_positional_embeddings:
             kwargs["position_embedding_type"] = "none"
         super().__init__(normalize_before=normalize_before, attention_dropout=attention_dropout,
                          activation_dropout=activation_dropout, **kwargs)
-        self.encoder_branches = list(encoder_branches if encoder_branches is not None
-                                     else HYSAN_E1["encoder_branches"])
-        self.decoder_branches = list(decoder_branches if decoder_branches is not None
-                                     else HYSAN_E1["decoder_branches"])
+        self.encoder_branches = _as_list(encoder_branches if encoder_branches is not None
+                                         else HYSAN_E1["encoder_branches"])
+        self.decoder_branches = _as_list(decoder_branches if decoder_branches is not None
+                                         else HYSAN_E1["decoder_branches"])
         self.local_k = list(local_k) if isinstance(local_k, (list, tuple)) else local_k
         self.fusion = fusion
         self.gate_reduction = gate_reduction
@@ -94,6 +109,7 @@ class HysanConfig(TransformerNmtConfig):
         self._validate_hysan()
 
     def _validate_hysan(self) -> None:
+        self._check_field_types()
         ks = self.local_k if isinstance(self.local_k, list) else [self.local_k]
         _check(len(ks) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in ks)
                and len(set(ks)) == len(ks), "local_k", "a positive integer or a list of distinct positive integers",

@@ -12,7 +12,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .configuration_transformer_nmt import TransformerNmtConfig, _check
+from .configuration_transformer_nmt import (
+    BOOL,
+    FLOAT,
+    INT,
+    INT_LIST,
+    NONE,
+    STR,
+    STR_LIST,
+    TransformerNmtConfig,
+    _as_list,
+    _check,
+)
 from .phrases import PTB_TAG_LABELS, TAG_LABEL_SETS
 
 
@@ -87,6 +98,13 @@ class MgsaConfig(TransformerNmtConfig):
     """
 
     model_type = "mgsa_nmt"
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {
+        "mgsa_layers": (INT_LIST,), "ngram_sizes": (INT_LIST,), "syntactic_levels": (INT,),
+        "mgsa_word_heads": (INT, NONE), "on_lstm_chunk_size": (INT,), "tag_loss_weight": (FLOAT,),
+        "phrase_tag_labels": (STR_LIST, STR), "ngram_skip_special_tokens": (BOOL,),
+        **dict.fromkeys(("phrase_type", "phrase_composition", "phrase_interaction", "mgsa_phrase_kv",
+                         "tag_classifier", "lstm_composition_size", "phrase_kv_rows"), (STR,)),
+    }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **{name: {**preset, **MGSA_PAPER} for name, preset in TransformerNmtConfig.PRESETS.items()},
         # Quick runs on corpora without a parser: n-gram phrases (Tab. 3 row 2 with ON-LSTM interaction).
@@ -113,9 +131,9 @@ class MgsaConfig(TransformerNmtConfig):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        self.mgsa_layers = list(mgsa_layers) if mgsa_layers is not None else [0]
+        self.mgsa_layers = _as_list(mgsa_layers) if mgsa_layers is not None else [0]
         self.phrase_type = phrase_type
-        self.ngram_sizes = list(ngram_sizes) if ngram_sizes is not None else [2, 3, 4]
+        self.ngram_sizes = _as_list(ngram_sizes) if ngram_sizes is not None else [2, 3, 4]
         self.syntactic_levels = syntactic_levels
         self.mgsa_word_heads = mgsa_word_heads
         self.phrase_composition = phrase_composition
@@ -125,7 +143,7 @@ class MgsaConfig(TransformerNmtConfig):
         self.tag_loss_weight = tag_loss_weight
         if phrase_tag_labels is None:
             phrase_tag_labels = PTB_TAG_LABELS
-        self.phrase_tag_labels = phrase_tag_labels if isinstance(phrase_tag_labels, str) else list(phrase_tag_labels)
+        self.phrase_tag_labels = _as_list(phrase_tag_labels)
         self.tag_classifier = tag_classifier
         self.ngram_skip_special_tokens = ngram_skip_special_tokens
         self.lstm_composition_size = lstm_composition_size
@@ -210,6 +228,7 @@ class MgsaConfig(TransformerNmtConfig):
 
     # ----------------------------------------------------------------------------------------------- validation
     def _validate_mgsa(self) -> None:
+        self._check_field_types()
         layers = self.mgsa_layers
         _check(all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.encoder_layers for i in layers)
                and len(set(layers)) == len(layers), "mgsa_layers",

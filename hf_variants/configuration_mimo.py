@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .configuration_transformer_nmt import TransformerNmtConfig, _check
+from .configuration_transformer_nmt import BOOL, FLOAT, INT, STR, TransformerNmtConfig, _check
 
 
 MIMO_MEMORY_MODES = ("mix", "merge")
@@ -46,6 +46,10 @@ class MimoConfig(TransformerNmtConfig):
     """
 
     model_type = "mimo_nmt"
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {
+        "num_transformations": (INT,), "mimo_memory": (STR,), "mixing_init_std": (FLOAT,),
+        **dict.fromkeys(("mimo", "task_attention", "lipschitz_init"), (BOOL,)),
+    }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **TransformerNmtConfig.PRESETS,
         "tiny": {**TransformerNmtConfig.PRESETS["tiny"], "num_transformations": 2},
@@ -81,6 +85,7 @@ class MimoConfig(TransformerNmtConfig):
         self._validate_mimo()
 
     def _validate_mimo(self) -> None:
+        self._check_field_types()
         n = self.num_transformations
         _check(isinstance(n, int) and not isinstance(n, bool) and n > 0, "num_transformations",
                "a positive integer", n)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .configuration_transformer_nmt import TransformerNmtConfig, _check
+from .configuration_transformer_nmt import BOOL, FLOAT, INT, STR, STR_LIST, TransformerNmtConfig, _as_list, _check
 
 
 UNIT_TYPES = ("identity", "swap", "mask", "disorder")
@@ -84,6 +84,14 @@ class MuteConfig(TransformerNmtConfig):
     """
 
     model_type = "mute_nmt"
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {
+        **dict.fromkeys(("num_units", "swap_range", "disorder_window", "shuffle_sinkhorn_iterations"), (INT,)),
+        **dict.fromkeys(("sample_rate", "mask_prob", "shuffle_eps", "shuffle_penalty_weight"), (FLOAT,)),
+        **dict.fromkeys(("merge", "swap_mode", "disorder_mode", "mask_mode", "shuffle_init",
+                         "penalty_normalization"), (STR,)),
+        "use_bias_module": (BOOL,),
+        "unit_types": (STR_LIST,),
+    }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         name: {**preset, **MUTE_BACKBONE} for name, preset in TransformerNmtConfig.PRESETS.items()
     }
@@ -117,7 +125,7 @@ class MuteConfig(TransformerNmtConfig):
         self.merge = merge
         self.use_bias_module = use_bias_module
         valid_units = isinstance(num_units, int) and not isinstance(num_units, bool) and num_units > 0
-        self.unit_types = list(unit_types) if unit_types is not None else (
+        self.unit_types = _as_list(unit_types) if unit_types is not None else (
             default_unit_types(num_units) if valid_units else [])
         self.sample_rate = sample_rate
         self.swap_range = swap_range
@@ -134,6 +142,7 @@ class MuteConfig(TransformerNmtConfig):
         self._validate_mute()
 
     def _validate_mute(self) -> None:
+        self._check_field_types()
         def positive_int(name: str, minimum: int = 1) -> None:
             value = getattr(self, name)
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name,

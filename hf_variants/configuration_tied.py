@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .configuration_transformer_nmt import TransformerNmtConfig, _check
+from .configuration_transformer_nmt import BOOL, INT, STR, TransformerNmtConfig, _check
 
 
 DIRECTION_LOSSES = ("sum", "mean")
@@ -39,6 +39,8 @@ class TiedTransformerConfig(TransformerNmtConfig):
     """
 
     model_type = "tied_nmt"
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {"direction_embedding": (BOOL,), "num_directions": (INT,),
+                                               "direction_loss": (STR,)}
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **TransformerNmtConfig.PRESETS,
         "tiny": {**TransformerNmtConfig.PRESETS["tiny"], "attention_dropout": 0.0, "activation_dropout": 0.0},

@@ -15,8 +15,8 @@ import dataclasses
 import difflib
 import inspect
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from transformers import GenerationConfig, PretrainedConfig
@@ -39,6 +39,51 @@ def language_tag(lang: str) -> str:
 def _check(condition: bool, field: str, allowed: str, value: Any) -> None:
     if not condition:
         raise ValueError(f"`{field}` must be {allowed}, got {value!r}.")
+
+
+# ------------------------------------------------------------------------------------------------ field types
+class FieldType(NamedTuple):
+    """A JSON-level type of a config field: what messages call it and the test of a value."""
+
+    description: str
+    accepts: Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # a bool is no integer (True == 1)
+
+
+BOOL = FieldType("a bool (true or false)", lambda v: isinstance(v, bool))
+INT = FieldType("an integer", _is_int)
+FLOAT = FieldType("a float", lambda v: _is_int(v) or isinstance(v, float))  # an integer is a float too (0 = 0.0)
+STR = FieldType("a string", lambda v: isinstance(v, str))
+NONE = FieldType("null (None)", lambda v: v is None)
+INT_LIST = FieldType("a list of integers", lambda v: isinstance(v, (list, tuple)) and all(_is_int(x) for x in v))
+STR_LIST = FieldType("a list of strings",
+                     lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+DICT = FieldType("an object (dict)", lambda v: isinstance(v, Mapping))
+_BOOL_WORDS = ("true", "false", "yes", "no", "0", "1", "on", "off")
+
+
+def check_field_type(config_class: type, name: str, value: Any) -> None:
+    """Raise a `ValueError` naming `name` and its expected type (`config_class.field_types()`) when `value` has
+    another type. Never coerces: `"false"` is no bool, `"1e-5"` no float, `True` no integer."""
+    expected = config_class.field_types().get(name)
+    if expected is None or any(kind.accepts(value) for kind in expected):
+        return
+    hint = ""
+    if BOOL in expected and isinstance(value, str) and value.strip().lower() in _BOOL_WORDS:
+        hint = " (in config.json write true or false without quotes)"
+    elif isinstance(value, str) and any(kind in expected for kind in (INT, FLOAT)):
+        hint = " (in config.json write numbers without quotes)"
+    raise ValueError(f"`{name}` must be {' or '.join(kind.description for kind in expected)}, got {value!r} "
+                     f"({type(value).__name__}){hint}.")
+
+
+def _as_list(value: Any) -> Any:
+    """A list or tuple as a list; anything else unchanged, for the type check to name (`list("de")` would be
+    ["d", "e"])."""
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 # ------------------------------------------------------------------------------------ field names and overrides
@@ -193,6 +238,23 @@ class TransformerNmtConfig(PretrainedConfig):
     # Fields a variant recomputes from another field (name -> source): `apply_config_overrides` re-derives them
     # when only the source is overridden.
     derived_fields: ClassVar[dict[str, str]] = {}
+    # The type of every field (a tuple: the types it may have), checked on construction and on load before any
+    # value check (`check_field_type`). Each variant declares its own fields; `field_types()` merges the MRO.
+    FIELD_TYPES: ClassVar[dict[str, tuple[FieldType, ...]]] = {
+        **dict.fromkeys(("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
+                         "max_relative_positions"), (INT,)),
+        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps", "init_std",
+                         "label_smoothing"), (FLOAT,)),
+        **dict.fromkeys(("relative_position_values", "normalize_before", "scale_embedding",
+                         "share_encoder_decoder_embeddings", "tie_word_embeddings", "output_bias",
+                         "target_language_tags", "use_cache", "is_encoder_decoder", "output_hidden_states",
+                         "return_dict"), (BOOL,)),
+        **dict.fromkeys(("activation_function", "position_embedding_type", "init_method"), (STR,)),
+        **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"), (INT, NONE)),
+        "languages": (STR_LIST,),
+        "custom_pipelines": (DICT,),
+    }
     # The generic names transformers' utilities read (Marian's mapping). The decoder's KV cache is still sized from
     # `decoder_layers`: `get_text_config(decoder=True)` maps `decoder_layers` onto `num_hidden_layers` for it.
     attribute_map = {
@@ -281,7 +343,7 @@ class TransformerNmtConfig(PretrainedConfig):
         self.init_method = init_method
         self.init_std = init_std
         self.label_smoothing = label_smoothing
-        self.languages = list(languages) if languages is not None else []
+        self.languages = _as_list(languages) if languages is not None else []
         self.target_language_tags = target_language_tags
         self.use_cache = use_cache
         self.pad_token_id = pad_token_id
@@ -291,12 +353,39 @@ class TransformerNmtConfig(PretrainedConfig):
         self.is_encoder_decoder = is_encoder_decoder
         # Every model ships the translation pipeline: transformers 5 removed the built-in task, and a config's
         # `custom_pipelines` is resolved before the removed-task check (see README, "translation pipeline").
-        self.custom_pipelines = copy.deepcopy(custom_pipelines if custom_pipelines else TRANSLATION_PIPELINE)
+        self.custom_pipelines = copy.deepcopy(TRANSLATION_PIPELINE if custom_pipelines is None or
+                                              custom_pipelines == {} else custom_pipelines)
         self._validate()
 
     # ------------------------------------------------------------------------------------------------ validation
+    @classmethod
+    def field_types(cls) -> dict[str, tuple[FieldType, ...]]:
+        """Every field's allowed types: the `FIELD_TYPES` of this class and its bases (a subclass's entry wins)."""
+        merged: dict[str, tuple[FieldType, ...]] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get("FIELD_TYPES", {}))
+        return merged
+
+    def _check_field_types(self) -> None:
+        """Type-check every field set so far (a variant's own fields are set after the base `__init__`, so each
+        variant's validation calls this again first)."""
+        values = vars(self)
+        for name in self.field_types():
+            if name in values:
+                check_field_type(type(self), name, values[name])
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        """`PretrainedConfig.from_dict`, whose keyword arguments (`from_pretrained(path, dropout=...)`) are set
+        after construction: their types are checked too."""
+        result = super().from_dict(config_dict, **kwargs)
+        (result[0] if isinstance(result, tuple) else result)._check_field_types()
+        return result
+
     def _validate(self) -> None:
-        """Raise a `ValueError` naming the field and the allowed range for every bad value."""
+        """Raise a `ValueError` naming the field and its expected type, or the allowed range, for every bad
+        value."""
+        self._check_field_types()
         for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                      "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
             value = getattr(self, name)
@@ -367,5 +456,5 @@ class TransformerNmtConfig(PretrainedConfig):
         return math.sqrt(self.d_model) if self.scale_embedding else 1.0
 
 
-__all__ = ["TransformerNmtConfig", "apply_config_overrides", "check_config_field_names", "config_field_names",
-           "language_tag"]
+__all__ = ["TransformerNmtConfig", "apply_config_overrides", "check_config_field_names", "check_field_type",
+           "config_field_names", "language_tag"]

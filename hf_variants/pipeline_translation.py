@@ -14,6 +14,22 @@ from __future__ import annotations
 from transformers import GenerationConfig, Pipeline
 
 
+def check_tokenizer_fits_model(tokenizer, config, tokenizer_name: str | None = None,
+                               model_name: str | None = None) -> None:
+    """Raise a `ValueError` naming both sizes when `tokenizer` can produce ids the model has no embedding for
+    (`len(tokenizer)` > `config.vocab_size`: a tokenizer from another run or model). A smaller tokenizer is fine
+    (a vocabulary padded to a multiple of 8, Marian's)."""
+    size, vocab_size = len(tokenizer), getattr(config, "vocab_size", None)
+    if vocab_size is None or size <= vocab_size:
+        return
+    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", None) or "the tokenizer"
+    model_name = model_name or getattr(config, "_name_or_path", None) or "the model"
+    raise ValueError(f"Tokenizer/model mismatch: the tokenizer ({tokenizer_name}) has {size} tokens "
+                     f"(len(tokenizer)) but the model ({model_name}) has a vocabulary of {vocab_size} "
+                     f"(config.vocab_size), so ids >= {vocab_size} have no embedding. Use the tokenizer saved with "
+                     f"this model (its folder), or the model trained with this tokenizer.")
+
+
 class TranslationPipeline(Pipeline):
     """Translate sentences with an hf_variants model.
 
@@ -26,7 +42,8 @@ class TranslationPipeline(Pipeline):
     As in the transformers 4 translation pipeline, `max_length` is the generation length limit, not a source
     truncation. A source longer than the model accepts (`config.max_position_embeddings` tokens, special tokens
     included) raises a `ValueError` naming its length and the limit, unless `truncation=True` cuts it to the limit.
-    An empty or whitespace-only input translates to `""` without running the model.
+    An empty or whitespace-only input translates to `""` without running the model. A tokenizer with more tokens
+    than the model's vocabulary (`len(tokenizer)` > `config.vocab_size`) is refused when the pipeline is built.
     """
 
     _pipeline_calls_generate = True
@@ -39,6 +56,11 @@ class TranslationPipeline(Pipeline):
     # and the length rule), so `pipeline(x)` decodes exactly like `model.generate(**inputs)`, and a user's
     # `max_length` / `max_new_tokens` reaches generate() untouched.
     _default_generation_config = None
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.tokenizer is not None:
+            check_tokenizer_fits_model(self.tokenizer, self.model.config)
 
     def _sanitize_parameters(self, src_lang=None, tgt_lang=None, truncation=None, clean_up_tokenization_spaces=None,
                              **kwargs):
@@ -133,4 +155,4 @@ class TranslationPipeline(Pipeline):
         return results
 
 
-__all__ = ["TranslationPipeline"]
+__all__ = ["TranslationPipeline", "check_tokenizer_fits_model"]

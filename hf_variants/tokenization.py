@@ -67,8 +67,8 @@ def language_tags(languages: Iterable[str]) -> list[str]:
 def _open_text(path: str | os.PathLike) -> io.TextIOBase:
     path = Path(path)
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="\n")  # utf-8-sig: a BOM is no text
+    return open(path, encoding="utf-8-sig", newline="\n")
 
 
 def read_lines(path: str | os.PathLike) -> Iterator[str]:

@@ -2,16 +2,82 @@
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import itertools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+
+# ----------------------------------------------------------------------------------------- the user's caches
+# The suite never writes to the user's Hugging Face caches (one run used to leave ~90 tokenized-data folders in
+# ~/.cache/huggingface/datasets/hf_variants): before any Hugging Face library is imported, HF_HOME points at a
+# temporary folder and the per-library cache variables are dropped, so datasets, transformers (remote-code
+# modules), huggingface_hub and evaluate all cache there; child processes (training runs, translate.py) inherit
+# the environment. An audit hook records any write this process makes under the user's cache folders, and the
+# session fails naming them (`pytest_sessionfinish`); `test_tests_use_temporary_caches` checks the redirection in a
+# child process.
+CACHE_VARIABLES = ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_MODULES_CACHE",
+                   "TRANSFORMERS_CACHE", "HF_METRICS_CACHE", "HF_EVALUATE_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE")
+_user_home = os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"))
+USER_CACHE_DIRS = tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(path)) for path in (
+    _user_home, *(os.environ[name] for name in CACHE_VARIABLES if os.environ.get(name)))))
+TEST_HF_HOME = tempfile.mkdtemp(prefix="hf_variants-tests-hf_home-")
+atexit.register(shutil.rmtree, TEST_HF_HOME, ignore_errors=True)
+for _name in CACHE_VARIABLES:
+    os.environ.pop(_name, None)
+os.environ["HF_HOME"] = TEST_HF_HOME
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+USER_CACHE_WRITES: list[str] = []
+
+
+def user_cache_write(event: str, args: tuple) -> str | None:
+    """`event: path` when an audit event writes under one of `USER_CACHE_DIRS`, else None."""
+    if event == "open":
+        path, mode, flags = (tuple(args) + (None, None))[:3]
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & _WRITE_FLAGS)
+        paths = (path,) if writes else ()
+    elif event in ("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "os.symlink", "os.link", "shutil.rmtree",
+                   "shutil.copyfile", "shutil.copytree", "shutil.move"):
+        paths = args[:1] if event not in ("os.symlink", "os.link", "shutil.copyfile", "shutil.copytree",
+                                          "shutil.move") else args[1:2]
+    elif event in ("os.rename", "os.replace"):
+        paths = args[:2]
+    else:
+        return None
+    for path in paths:
+        if isinstance(path, (str, bytes, os.PathLike)):
+            path = os.fsdecode(path)
+            full = os.path.abspath(path)
+            if any(full == d or full.startswith(d + os.sep) for d in USER_CACHE_DIRS):
+                return f"{event}: {full}"
+    return None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" or event.startswith(("os.", "shutil.")):
+        found = user_cache_write(event, args)
+        if found is not None and len(USER_CACHE_WRITES) < 20:
+            USER_CACHE_WRITES.append(found)
+
+
+sys.addaudithook(_audit)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if USER_CACHE_WRITES:
+        sys.stderr.write("\nTests wrote to the user's Hugging Face caches (they must use the temporary HF_HOME "
+                         f"{TEST_HF_HOME}):\n  " + "\n  ".join(USER_CACHE_WRITES) + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "training" / "data" / "multi30k"

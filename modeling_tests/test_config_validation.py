@@ -149,3 +149,88 @@ def test_train_config_overrides_on_a_saved_model(tokenizer, tmp_path):
     assert (loaded.config.dropout, loaded.config.attention_dropout, loaded.config.label_smoothing) == (0.3, 0.1, 0.2)
     for name, param in model.state_dict().items():  # the weights are the saved ones
         assert loaded.state_dict()[name].equal(param), name
+
+
+# ------------------------------------------------------------------------------------------------- field types
+# (field, a value of the wrong type, the expected type as the message names it): for every type of field of the
+# backbone, and each variant's own fields. Strings are never read as bools or numbers, bools never as integers.
+BOOL_, INT_, FLOAT_, STR_ = "a bool \\(true or false\\)", "an integer", "a float", "a string"
+BASE_BAD_TYPES = [
+    ("normalize_before", "false", BOOL_), ("normalize_before", 0, BOOL_), ("scale_embedding", None, BOOL_),
+    ("tie_word_embeddings", "true", BOOL_), ("use_cache", "no", BOOL_),
+    ("layer_norm_eps", "1e-5", FLOAT_), ("dropout", "0.1", FLOAT_), ("label_smoothing", True, FLOAT_),
+    ("d_model", True, INT_), ("d_model", 32.0, INT_), ("encoder_layers", "2", INT_),
+    ("max_relative_positions", False, INT_),
+    ("position_embedding_type", 1, STR_), ("activation_function", None, STR_), ("init_method", True, STR_),
+    ("pad_token_id", "0", "an integer or null \\(None\\)"), ("eos_token_id", 2.0, "an integer or null"),
+    ("languages", "de", "a list of strings"), ("languages", ["en", 1], "a list of strings"),
+]
+VARIANT_BAD_TYPES = {
+    "transformer_nmt": [],
+    "mute_nmt": [("use_bias_module", "true", BOOL_), ("sample_rate", "0.85", FLOAT_), ("num_units", 4.0, INT_),
+                 ("merge", 1, STR_), ("unit_types", "identity", "a list of strings")],
+    "hysan_nmt": [("use_positional_embeddings", "false", BOOL_), ("local_k", "5", "an integer or a list of "
+                  "integers"), ("gate_reduction", True, INT_), ("fusion", None, STR_),
+                  ("encoder_branches", "global", "a list of strings")],
+    "mgsa_nmt": [("ngram_skip_special_tokens", "false", BOOL_), ("tag_loss_weight", "0.001", FLOAT_),
+                 ("mgsa_layers", "0", "a list of integers"), ("mgsa_layers", [True], "a list of integers"),
+                 ("syntactic_levels", 3.0, INT_), ("phrase_type", 0, STR_),
+                 ("mgsa_word_heads", "1", "an integer or null")],
+    "mimo_nmt": [("mimo", "false", BOOL_), ("mixing_init_std", "0", FLOAT_), ("num_transformations", True, INT_),
+                 ("mimo_memory", 1, STR_)],
+    "tied_nmt": [("direction_embedding", "false", BOOL_), ("num_directions", "1", INT_),
+                 ("direction_loss", 1, STR_)],
+}
+
+
+def _bad_types(model_type):
+    return [(model_type, *case) for case in BASE_BAD_TYPES + VARIANT_BAD_TYPES[model_type]]
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_field_types_are_checked_on_construction_and_on_load(model_type, tmp_path):
+    """A wrong type raises a ValueError naming the field and its type, from the constructor, from a hand-edited
+    config.json (`"normalize_before": "false"` used to load as pre-norm, a wrong model without an error) and
+    from `from_pretrained`'s keyword arguments; never coerced."""
+    config = tiny(model_type)
+    config.save_pretrained(tmp_path / "good")
+    saved = json.loads((tmp_path / "good" / "config.json").read_text())
+    kwargs = {k: v for k, v in config.to_dict().items() if k in CONFIGS[model_type].field_types()}
+    for _, name, value, expected in _bad_types(model_type):
+        message = rf"`{name}` must be {expected}.*, got {value!r}".replace("[", "\\[").replace("]", "\\]")
+        with pytest.raises(ValueError, match=message):
+            CONFIGS[model_type](**{**kwargs, name: value})
+        (tmp_path / "bad").mkdir(exist_ok=True)
+        (tmp_path / "bad" / "config.json").write_text(json.dumps({**saved, name: value}))
+        with pytest.raises(ValueError, match=message):
+            AutoConfig.from_pretrained(tmp_path / "bad")
+        with pytest.raises(ValueError, match=message):
+            AutoConfig.from_pretrained(tmp_path / "good", **{name: value})
+    with pytest.raises(ValueError, match=r"`layer_norm_eps` must be a float, got '1e-5' \(str\) \(in config.json "
+                                         r"write numbers without quotes\)"):
+        CONFIGS[model_type](**{**kwargs, "layer_norm_eps": "1e-5"})
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_integers_for_floats_and_null_where_allowed(model_type, tmp_path):
+    config = tiny(model_type)
+    saved = json.loads(config.to_json_string())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "layer_norm_eps": 1, "dropout": 0, "init_std": 1,
+                                                      "pad_token_id": None}))
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert (loaded.layer_norm_eps, loaded.dropout, loaded.init_std, loaded.pad_token_id) == (1, 0, 1, None)
+    assert all(isinstance(getattr(loaded, name), bool) for name, types in type(loaded).field_types().items()
+               if types == (hf_variants.configuration_transformer_nmt.BOOL,) and hasattr(loaded, name))
+
+
+def test_every_field_has_a_declared_type():
+    """Each config's `__init__` parameters all have an entry in its type table (a new field cannot skip it)."""
+    import inspect
+
+    for model_type, config_class in CONFIGS.items():
+        types = config_class.field_types()
+        for klass in config_class.__mro__:
+            if "__init__" in vars(klass) and issubclass(klass, hf_variants.TransformerNmtConfig):
+                params = [n for n, p in inspect.signature(klass.__init__).parameters.items()
+                          if n != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+                assert not [n for n in params if n not in types], (model_type, klass.__name__)

@@ -49,22 +49,27 @@ def check_language_code(lang: str, where: str = "") -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- reading
+UTF8_BOM = b"\xef\xbb\xbf"  # the byte-order mark Windows editors (Notepad) write at the start of UTF-8 files
+
+
 def open_text(path: str | os.PathLike):
+    """A plain or gzip UTF-8 text file for reading; a byte-order mark at its start is dropped (utf-8-sig)."""
     path = Path(path)
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, encoding="utf-8", newline="\n")
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="\n")
+    return open(path, encoding="utf-8-sig", newline="\n")
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a plain or gzip text file (UTF-8), without line terminators. A bad encoding names the line."""
+    """All lines of a plain or gzip text file (UTF-8), without line terminators. A bad encoding names the line; a
+    byte-order mark at the start of the file is dropped (it is no part of the first line's text)."""
     path = Path(path)
     lines = []
     try:
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
             for raw in f:
                 try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                    lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))
                 except UnicodeDecodeError as err:
                     raise DataError(f"{path}: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
     except (OSError, EOFError) as err:

@@ -96,18 +96,43 @@ def file_identity(path: str | os.PathLike) -> dict:
         if st.st_size > 2 << 20:
             f.seek(-(1 << 20), os.SEEK_END)
             h.update(f.read(1 << 20))
-    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample_sha256": h.hexdigest()}
+    ident = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample_sha256": h.hexdigest()}
+    if starts_with_bom(path):  # rows cached before the reader dropped byte-order marks kept it: not reused
+        ident["utf8_bom"] = "dropped"
+    return ident
+
+
+def starts_with_bom(path: str | os.PathLike) -> bool:
+    """Whether a plain or gzip file's text starts with a UTF-8 byte-order mark."""
+    import gzip
+
+    path = Path(path)
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        try:
+            return f.read(len(corpus.UTF8_BOM)) == corpus.UTF8_BOM
+        except (OSError, EOFError):
+            return False  # a damaged .gz: the reader names it
+
+
+# The parts of a `tokenizers` definition (tokenizer.json) that decide the token ids. Padding and truncation do not
+# (the cache keeps unpadded, untruncated counts), nor does the decoder; a tokenizer saved with a model (padding
+# settings, `model_max_length`) or copied to another folder keeps its key.
+TOKENIZATION_PARTS = ("model", "normalizer", "pre_tokenizer", "post_processor", "added_tokens")
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash of everything that decides token counts: the backend's full definition (vocabulary, merges,
-    normalizer, pre-tokenizer, post-processor) for a fast tokenizer, else the vocabulary and init arguments."""
+    """A hash of what decides the token ids: for a fast tokenizer the backend's model (vocabulary, merges),
+    normalizer, pre-tokenizer, post-processor and added tokens (`TOKENIZATION_PARTS`), never its padding or
+    truncation state, the folder it was loaded from or its class's name; else the vocabulary and init arguments."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        text = backend.to_str()
-    else:
-        text = json.dumps([sorted(tokenizer.get_vocab().items()), repr(getattr(tokenizer, "init_kwargs", {}))],
-                          default=str)
+        definition = json.loads(backend.to_str())
+        text = json.dumps({part: definition.get(part) for part in TOKENIZATION_PARTS}, sort_keys=True)
+        return hashlib.sha256(f"tokenizers\n{text}".encode()).hexdigest()[:24]
+    init_kwargs = {k: v for k, v in getattr(tokenizer, "init_kwargs", {}).items()
+                   if k not in ("name_or_path", "model_max_length", "padding_side", "truncation_side")}
+    text = json.dumps([sorted(tokenizer.get_vocab().items()), repr(sorted(init_kwargs.items(), key=str))],
+                      default=str)
     return hashlib.sha256(f"{type(tokenizer).__name__}\n{text}".encode()).hexdigest()[:24]
 
 
@@ -226,12 +251,14 @@ class Locator:
 def iter_line_blocks(path: str | os.PathLike, skip: int = 0) -> Iterator[list[str]]:
     """The lines of a plain or gzip UTF-8 file in blocks (lists of lines without terminators, split on "\\n" only,
     trailing "\\r" removed: `corpus.read_lines` block by block). A bad encoding names the line. The first `skip`
-    lines are passed over at the byte level (neither decoded nor checked)."""
+    lines are passed over at the byte level (neither decoded nor checked). A byte-order mark at the start of the
+    file is dropped."""
     import gzip
 
     path = Path(path)
     seen = skip
     carry = b""
+    first = True
     try:
         f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
         with f:
@@ -239,6 +266,9 @@ def iter_line_blocks(path: str | os.PathLike, skip: int = 0) -> Iterator[list[st
                 chunk = f.read(READ_BLOCK_BYTES)
                 if not chunk:
                     break
+                if first:
+                    first = False
+                    chunk = chunk.removeprefix(corpus.UTF8_BOM)
                 data = carry + chunk
                 if skip:
                     newlines = data.count(b"\n")

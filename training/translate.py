@@ -18,7 +18,9 @@ Output (`--output`, `-` for stdout): one translation a line, line-aligned with t
 an empty output line; so does a source longer than the model accepts (`config.max_position_embeddings` tokens,
 special tokens included), with a warning naming its line. With references, BLEU and chrF (sacreBLEU, signatures
 included) are printed as JSON (to stderr when the translations go to stdout) and written to `--results_json`.
-A progress bar goes to stderr when it is a terminal (`--no_progress` turns it off).
+A progress bar goes to stderr when it is a terminal; elsewhere (nohup, a SLURM log, CI) a line
+`progress: D/T sentences (P%), R sentences/s, elapsed H:MM:SS, ETA H:MM:SS` every `--progress_interval` seconds
+(`--no_progress` turns both off).
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ TARGET_KEY = "target"  # ... and an optional reference next to it
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults in the option help; the epilog (the docstring's input/output paragraphs) as written."""
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,8 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "longer than the model accepts: an empty line and a warning)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--results_json", help="write the scores here")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar (it is off when stderr is no "
-                                                              "terminal)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
+    p.add_argument("--progress_interval", type=_non_negative_float, default=10.0, metavar="SECONDS",
+                   help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
+                        "total, rate, ETA) every SECONDS seconds, in place of the bar (0: after every batch)")
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
     p.add_argument("--int8", action="store_true",
                    help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
@@ -93,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None, trust_remote_code: bool = False):
     import hf_variants  # noqa: F401  (registers the model types)
+    from hf_variants.pipeline_translation import check_tokenizer_fits_model
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     path = Path(model_path)
@@ -117,19 +132,21 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
     else:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path, trust_remote_code=trust_remote_code)
+    check_tokenizer_fits_model(tokenizer, model.config, tokenizer_path or model_path, model_path)
     model.eval()
     return model, tokenizer
 
 
 # ------------------------------------------------------------------------------------------------------- input
 def read_input_lines(path: str) -> list[str]:
-    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line."""
+    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line; a
+    byte-order mark at the start is dropped."""
     if path != STDIO:
         return read_lines(path)
     lines = []
     for raw in sys.stdin.buffer:
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))  # a BOM is no text
         except UnicodeDecodeError as err:
             raise DataError(f"stdin: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
     return lines
@@ -236,11 +253,52 @@ def model_input_lengths(model, tokenizer, texts: list[str], batch_size: int, **k
     return lengths
 
 
-def progress_bar(total: int, disable: bool):
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressLines:
+    """The progress bar of a log file: a line `progress: D/T sentences (P%), R sentences/s, ETA H:MM:SS` on stderr
+    at most every `interval` seconds (nohup, SLURM, CI: where a bar's carriage returns would be lost), and a last
+    line when done if any was written. Same interface as the tqdm bar (`update`, context manager)."""
+
+    def __init__(self, total: int, interval: float, stream=None, clock=time.monotonic):
+        self.total, self.interval, self.stream, self.clock = total, interval, stream or sys.stderr, clock
+        self.done = 0
+        self.start = self.last = clock()
+        self.lines = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last >= self.interval or (self.lines and self.done >= self.total):
+            self.last = now
+            self.write(now)
+
+    def write(self, now: float) -> None:
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.done / elapsed
+        eta = _duration((self.total - self.done) / rate) if rate > 0 else "?"
+        percent = 100.0 * self.done / self.total if self.total else 100.0
+        print(f"progress: {self.done}/{self.total} sentences ({percent:.0f}%), {rate:.1f} sentences/s, "
+              f"elapsed {_duration(elapsed)}, ETA {eta}", file=self.stream, flush=True)
+        self.lines += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def progress_bar(total: int, disable: bool, interval: float = 10.0):
+    """A tqdm bar when stderr is a terminal, else `ProgressLines` every `interval` seconds (none with `disable`)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="sent", desc="translating", file=sys.stderr,
-                disable=disable or not sys.stderr.isatty(), dynamic_ncols=True)
+    if not disable and not sys.stderr.isatty():
+        return ProgressLines(total, interval)
+    return tqdm(total=total, unit="sent", desc="translating", file=sys.stderr, disable=disable, dynamic_ncols=True)
 
 
 def write_output(path: str, lines: list[str]) -> None:
@@ -320,7 +378,7 @@ def main(argv=None) -> dict:
     order = [todo[j] for j in sorted(range(len(todo)), key=lambda j: -len(token_counts[j]))]
     outputs = [""] * len(sources)
     start = time.time()
-    with progress_bar(len(order), args.no_progress) as bar:
+    with progress_bar(len(order), args.no_progress, args.progress_interval) as bar:
         for first in range(0, len(order), args.batch_size):
             idx = order[first:first + args.batch_size]
             # fairseq's max_len_a/b over the batch's longest source, within the model's positions
