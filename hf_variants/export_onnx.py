@@ -169,7 +169,7 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
     if "tgt_lang_ids" in source_names:
         inputs["tgt_lang_ids"] = torch.zeros(batch, dtype=torch.long)
     if "phrase_index" in source_names:
-        levels = len(config.syntactic_levels)
+        levels = config.syntactic_levels
         inputs["phrase_index"] = (torch.arange(length)[None, None, :] // 2).expand(batch, levels, length).clone()
     return inputs
 

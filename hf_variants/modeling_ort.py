@@ -28,6 +28,9 @@ from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+# what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
+_IGNORED_LOADING_KWARGS = {"_from_pipeline", "_from_auto", "revision", "token", "trust_remote_code", "code_revision",
+                           "cache_dir", "local_files_only", "device_map", "_commit_hash", "subfolder"}
 _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
 
 
@@ -141,17 +144,24 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, precision: str | None = None,
                         num_threads: int | None = None, session_options=None, providers=None, **kwargs):
-        """Load a folder written by `python -m hf_variants.export_onnx`."""
-        try:
-            import onnxruntime
-        except ImportError as error:
-            raise ImportError("OrtModelForSeq2SeqLM needs onnxruntime: pip install 'hf-variants[onnx]'.") from error
-        if kwargs:
-            raise TypeError(f"OrtModelForSeq2SeqLM.from_pretrained got unexpected arguments {sorted(kwargs)}.")
+        """Load a folder written by `python -m hf_variants.export_onnx`. Loading arguments of torch models that
+        `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
+        mean nothing here; any other argument raises a TypeError naming it."""
+        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+        if dtype not in (None, "auto", torch.float32, "float32"):
+            raise TypeError(f"OrtModelForSeq2SeqLM computes in float32 (precision='int8' for int8 weights), not "
+                            f"dtype={dtype}.")
+        unknown = sorted(set(kwargs) - _IGNORED_LOADING_KWARGS)
+        if unknown:
+            raise TypeError(f"OrtModelForSeq2SeqLM.from_pretrained got unexpected arguments {unknown}.")
         folder = Path(pretrained_model_name_or_path)
         if not (folder / MANIFEST).is_file():
             raise FileNotFoundError(f"{folder} has no {MANIFEST}: export the model first with `python -m "
                                     f"hf_variants.export_onnx --model MODEL --output_dir {folder}`.")
+        try:
+            import onnxruntime
+        except ImportError as error:
+            raise ImportError("OrtModelForSeq2SeqLM needs onnxruntime: pip install 'hf-variants[onnx]'.") from error
         manifest = json.loads((folder / MANIFEST).read_text())
         graphs = manifest["graphs"]
         precision = precision or ("int8" if "int8" in graphs else "fp32")
