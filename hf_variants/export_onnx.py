@@ -7,7 +7,7 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
 (`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position table):
 
 - `encoder_model.onnx` (source graph): `input_ids`, `attention_mask` and the variant's source inputs (MIMO/Tied
-  `tgt_lang_ids`, syntactic MG-SA `phrase_index`) -> the encoder output tensors (`encoder_last_hidden_state`, MIMO's
+  `tgt_lang_ids`) -> the encoder output tensors (`encoder_last_hidden_state`, MIMO's
   `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`, `cross_value.{i}`),
   computed once per source by running the decoder one step on a start token;
 - `decoder_model.onnx` (step graph): `decoder_input_ids` [batch, 1], `encoder_attention_mask`, the encoder output
@@ -15,7 +15,9 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
 
-Batch, source and past lengths are dynamic. The tokenizer, config, generation config and `onnx_manifest.json`
+Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
+without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
+exporter says so, naming the config fields. The tokenizer, config, generation config and `onnx_manifest.json`
 (graph files, input/output names and dtypes, exporter versions, int8 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
 weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
@@ -49,6 +51,7 @@ GRAPH_FILES = {"fp32": ("encoder_model.onnx", "decoder_model.onnx"),
 INT8_SETTINGS = {"weight_type": "QUInt8", "per_channel": True, "reduce_range": False,
                  "op_types_to_quantize": ["MatMul", "Gemm"]}
 MIN_OPSET = 18  # the dynamo exporter's lowest
+SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
 
 
 def _language_field(model) -> str | None:
@@ -56,15 +59,9 @@ def _language_field(model) -> str | None:
 
 
 def source_input_names(model) -> list[str]:
-    """The variant inputs of the source graph, beside `input_ids` and `attention_mask`."""
-    names = []
-    if _language_field(model) is not None:
-        names.append("tgt_lang_ids")
-    config = model.config
-    if (config.model_type == "mgsa_nmt" and getattr(config, "phrase_type", None) == "syntactic"
-            and config.num_phrase_groups and config.mgsa_layers):
-        names.append("phrase_index")
-    return names
+    """The variant inputs of the source graph, beside `input_ids` and `attention_mask`: MIMO's and Tied's target
+    language (MG-SA's phrase inputs are refused by `check_exportable`)."""
+    return ["tgt_lang_ids"] if _language_field(model) is not None else []
 
 
 def step_input_names(model) -> list[str]:
@@ -83,6 +80,13 @@ def check_exportable(model, opset: int | None = None) -> None:
     if opset is not None and opset < MIN_OPSET:
         raise ValueError(f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= "
                          f"{MIN_OPSET}.")
+    if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
+        raise ValueError(
+            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
+            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: the phrase partition "
+            "sizes its phrase axis from the source (syntactic: the values of `phrase_index`; n-gram: a Python "
+            "function of the length), which torch.export fixes to the sample's size. An MG-SA model without phrase "
+            "heads (mgsa_layers=[]) exports.")
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
 
@@ -103,6 +107,7 @@ class SourceGraph(nn.Module):
     def __init__(self, model, source_names: list[str], step_names: list[str], field_names: list[str]):
         super().__init__()
         self.model, self.source_names, self.step_names, self.field_names = model, source_names, step_names, field_names
+        self.eval()
 
     def forward(self, input_ids, attention_mask, *extra):
         kwargs = dict(zip(self.source_names, extra))
@@ -126,6 +131,7 @@ class StepGraph(nn.Module):
         super().__init__()
         self.model, self.step_names, self.field_names = model, step_names, field_names
         self.output_class, self.num_layers = output_class, num_layers
+        self.eval()
 
     def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
         n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
@@ -168,9 +174,6 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if "tgt_lang_ids" in source_names:
         inputs["tgt_lang_ids"] = torch.zeros(batch, dtype=torch.long)
-    if "phrase_index" in source_names:
-        levels = config.syntactic_levels
-        inputs["phrase_index"] = (torch.arange(length)[None, None, :] // 2).expand(batch, levels, length).clone()
     return inputs
 
 
@@ -192,6 +195,20 @@ def _io(path: Path) -> dict:
                  "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
 
     return {"inputs": describe(graph.input), "outputs": describe(graph.output)}
+
+
+def _check_dynamic(path: Path, config_name: str) -> None:
+    """Raise a ValueError when torch.export fixed an axis meant to be dynamic (batch, source, past) to the size of
+    the export's sample: the graph would refuse every other shape."""
+    io = _io(path)
+    expected = {"input_ids": (0, 1), "attention_mask": (0, 1), "decoder_input_ids": (0,),
+                "encoder_attention_mask": (0, 1), "past_key.0": (0, 2)}
+    for value in io["inputs"]:
+        for axis in expected.get(value["name"], ()):
+            if not isinstance(value["shape"][axis], str):
+                raise ValueError(f"export_onnx: {config_name} is not supported: torch.export fixed axis {axis} of "
+                                 f"`{value['name']}` in {path.name} to {value['shape'][axis]} (the sample's size); "
+                                 "the model computes a shape from that length in Python.")
 
 
 def quantize(source: Path, target: Path) -> None:
@@ -220,7 +237,7 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     if model.config._attn_implementation not in ("eager", "sdpa"):
         model.set_attn_implementation("sdpa")
     source_names, step_names = source_input_names(model), step_input_names(model)
-    sample = _sample_inputs(model, source_names, batch=2, length=6)
+    sample = _sample_inputs(model, source_names, batch=2, length=SAMPLE_SOURCE_LENGTH)
     started = time.perf_counter()
     with torch.no_grad():
         # an eager run fixes the encoder fields and the cache layout (layers, heads, head size)
@@ -244,8 +261,7 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
 
     # source graph
     source_args = (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in source_names])
-    shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch},
-              "phrase_index": {0: batch, 2: src}}
+    shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch}}
     source_in = ["input_ids", "attention_mask", *source_names]
     source_out = [f"encoder_{name}" for name in field_names] + [f"cross_{name}" for name in kv_names]
     files = GRAPH_FILES["fp32"]
@@ -259,7 +275,8 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     past_kv = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in self_kv for t in kv]
     cross = [t for kv in cross_kv for t in kv]
     step_args = (start, sample["attention_mask"], *field_values, *[sample[k] for k in step_names], *past_kv, *cross)
-    field_shapes = tuple({0: batch, 1: src} for _ in field_names)
+    field_shapes = tuple({0: batch, **{axis: src for axis, size in enumerate(value.shape)
+                                       if axis and size == SAMPLE_SOURCE_LENGTH}} for value in field_values)
     step_shapes = (({0: batch}, {0: batch, 1: src}, (*field_shapes, *[{0: batch} for _ in step_names],
                     *[{0: batch, 2: past} for _ in past_kv], *[{0: batch, 2: src} for _ in cross])))
     step_in = (["decoder_input_ids", "encoder_attention_mask", *[f"encoder_{n}" for n in field_names], *step_names,
@@ -268,6 +285,8 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     _torch_export(StepGraph(model, step_names, field_names, type(encoder_outputs), num_layers), step_args,
                   step_shapes, step_in, step_out, staging / files[1], opset)
     export_seconds = time.perf_counter() - started
+    for name in files:
+        _check_dynamic(staging / name, config_name=original_config.model_type)
 
     graphs = {"fp32": {"encoder": files[0], "decoder": files[1]}}
     quantize_seconds = None
