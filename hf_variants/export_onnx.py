@@ -81,12 +81,17 @@ def check_exportable(model, opset: int | None = None) -> None:
         raise ValueError(f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= "
                          f"{MIN_OPSET}.")
     if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
+        if config.phrase_type == "syntactic":
+            why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
+        elif config.phrase_interaction != "none":
+            why = (f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
+                   "phrases, which the trace unrolls to the sample's phrase count")
+        else:
+            why = "the phrase count ceil(length / n) is a shape torch.export specializes for sources of 1-2 tokens"
         raise ValueError(
             f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
-            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: the phrase partition "
-            "sizes its phrase axis from the source (syntactic: the values of `phrase_index`; n-gram: a Python "
-            "function of the length), which torch.export fixes to the sample's size. An MG-SA model without phrase "
-            "heads (mgsa_layers=[]) exports.")
+            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: {why}. An MG-SA "
+            "model without phrase heads (mgsa_layers=[]) exports.")
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
 
