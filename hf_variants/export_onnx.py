@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -216,14 +217,41 @@ def _check_dynamic(path: Path, config_name: str) -> None:
                                  "the model computes a shape from that length in Python.")
 
 
-def quantize(source: Path, target: Path) -> None:
-    """int8 weights for every MatMul/Gemm of `source` (`INT8_SETTINGS`), written to `target`."""
+def quantize(source: Path, target: Path) -> list[str]:
+    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_SETTINGS`), written to `target`.
+    MatMuls whose weight is not 2-D (MUTE's and MIMO's stacked unit weights [units, in, out], whose per-channel zero
+    points ORT's MatMulInteger rejects) get one scale per tensor in a second pass; their names are returned."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
+    # exporter's graphs (dynamic shapes from torch.export) do not need
+    logging.getLogger().addFilter(_PREPROCESS_HINT)
+    try:
+        return _quantize(source, target, QuantType, quantize_dynamic)
+    finally:
+        logging.getLogger().removeFilter(_PREPROCESS_HINT)
+
+
+def _PREPROCESS_HINT(record) -> bool:
+    return "pre-processing before quantization" not in record.getMessage()
+
+
+def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[str]:
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    ranks = {init.name: len(init.dims) for init in graph.initializer}
+    kept = [node.name for node in graph.node
+            if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2]
     quantize_dynamic(str(source), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
                      per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
-                     op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"],
+                     op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"], nodes_to_exclude=kept,
                      extra_options={"DefaultTensorType": 1})  # FLOAT, for outputs of ops without shape inference
+    if kept and INT8_SETTINGS["per_channel"]:
+        quantize_dynamic(str(target), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+                         per_channel=False, reduce_range=INT8_SETTINGS["reduce_range"], op_types_to_quantize=["MatMul"],
+                         nodes_to_quantize=kept, extra_options={"DefaultTensorType": 1})
+    return kept
 
 
 def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None,
@@ -294,11 +322,11 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
         _check_dynamic(staging / name, config_name=original_config.model_type)
 
     graphs = {"fp32": {"encoder": files[0], "decoder": files[1]}}
-    quantize_seconds = None
+    quantize_seconds, per_tensor = None, []
     if int8:
         started = time.perf_counter()
         for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
-            quantize(staging / fp32_name, staging / int8_name)
+            per_tensor += quantize(staging / fp32_name, staging / int8_name)
         quantize_seconds = time.perf_counter() - started
         graphs["int8"] = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
 
@@ -319,7 +347,8 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
         "source_inputs": source_names,
         "step_inputs": step_names,
         "tgt_lang_ids_required": _language_ids_required(model, sample) if step_names else False,
-        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}") if int8 else None,
+        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}",
+                     per_tensor_matmuls=per_tensor) if int8 else None,
         "exporter": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
                      "dynamo": True, "opset": opset_used},
         "export_seconds": round(export_seconds, 2),

@@ -8,9 +8,9 @@ Each model type is exported once per module (fp32 + int8: the export is the slow
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
-import time
 
 import pytest
 import torch
@@ -58,18 +58,24 @@ BUILDERS = {
     "tied_nmt": (lambda tok: _random(TiedTransformerForConditionalGeneration, TiedTransformerConfig, tok,
                                      languages=list(LANGUAGES)), ["de", "fr"]),
 }
-EXPORT_SECONDS: dict[str, float] = {}
+_EXPORTS: dict = {}
+
+
+def _export_once(model_type, tokenizer, tmp_path_factory):
+    """(torch model, export folder with fp32 and int8 graphs), exported once per model type in this module."""
+    if model_type not in _EXPORTS:
+        model = BUILDERS[model_type][0](tokenizer)
+        folder = tmp_path_factory.mktemp(model_type) / "onnx"
+        export(model, tokenizer, folder, int8=True)
+        _EXPORTS[model_type] = model, folder
+    return _EXPORTS[model_type]
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def exported(request, tokenizer, tmp_path_factory):
     """(torch model, export folder, ORT fp32 model, ORT int8 model, per-sentence target languages)."""
-    build, langs = BUILDERS[request.param]
-    model = build(tokenizer)
-    folder = tmp_path_factory.mktemp(request.param) / "onnx"
-    started = time.perf_counter()
-    export(model, tokenizer, folder, int8=True)
-    EXPORT_SECONDS[request.param] = time.perf_counter() - started
+    model, folder = _export_once(request.param, tokenizer, tmp_path_factory)
+    langs = BUILDERS[request.param][1]
     fp32 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
     int8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
     return model, folder, fp32, int8, langs
@@ -97,6 +103,14 @@ def test_fp32_generate_equals_torch(exported, tokenizer):
         got = ort.generate(**ort_inputs, max_new_tokens=16, **settings)
         assert torch.equal(got, expected), settings
     assert expected.shape[1] > 8  # decoded past a few steps
+    for settings in (dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
+                     dict(num_beams=3, max_length=7)):
+        torch.manual_seed(1)
+        with torch.no_grad():
+            expected = model.generate(**inputs, **settings)
+        torch.manual_seed(1)
+        assert torch.equal(ort.generate(**ort_inputs, **settings), expected), settings
+    assert expected.shape[1] == 7
 
 
 def test_cached_steps_equal_full_recompute(exported, tokenizer):
@@ -169,10 +183,7 @@ def test_export_seconds_recorded(exported):
 # ------------------------------------------------------------------------------------- one model type suffices
 @pytest.fixture(scope="module")
 def baseline_export(tokenizer, tmp_path_factory):
-    model = trained_baseline(tokenizer)
-    folder = tmp_path_factory.mktemp("baseline") / "onnx"
-    export(model, tokenizer, folder)
-    return model, folder
+    return _export_once("transformer_nmt", tokenizer, tmp_path_factory)
 
 
 def test_graphs_run_without_hf_variants(baseline_export, tokenizer):
@@ -224,6 +235,7 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
     from training import translate
 
     model, folder = baseline_export
+    model = copy.deepcopy(model)
     model_dir = tmp_path / "model"
     model.generation_config.num_beams, model.generation_config.length_penalty = 4, 0.6  # a trained model's
     model.save_pretrained(model_dir)
@@ -251,8 +263,8 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         export(mgsa, tokenizer, tmp_path / "b")
     with pytest.raises(FileExistsError, match="--force"):
         export(model, tokenizer, folder)
-    with pytest.raises(ValueError, match=r"precision='int8'.*\['fp32'\]"):
-        OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8")
+    with pytest.raises(ValueError, match=r"precision='fp16'.*\['fp32', 'int8'\]"):
+        OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp16")
     with pytest.raises(FileNotFoundError, match="onnx_manifest.json"):
         OrtModelForSeq2SeqLM.from_pretrained(tmp_path)
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder)
