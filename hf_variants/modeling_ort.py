@@ -1,6 +1,6 @@
 """ONNX Runtime inference for every hf_variants model type: `OrtModelForSeq2SeqLM` (optimum's name).
 
-    model = OrtModelForSeq2SeqLM.from_pretrained(OUT)          # a folder written by `python -m hf_variants.export_onnx`
+    model = OrtModelForSeq2SeqLM.from_pretrained(OUT)          # written by `python -m hf_variants.export_onnx`
     inputs = model.prepare_translation_inputs(tokenizer, ["A man is riding a horse."])
     outputs = model.generate(**inputs, num_beams=4)            # transformers' generate(): every decoding mode
     pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`

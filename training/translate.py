@@ -339,7 +339,8 @@ def main(argv=None) -> dict:
             bar.update(len(idx))
     elapsed = time.time() - start
     write_output(args.output, outputs)
-    result = {"model": args.model or args.onnx, "onnx": bool(args.onnx), "input": input_label, "output": "stdout" if args.output == STDIO else args.output,
+    result = {"model": args.model or args.onnx, "onnx": bool(args.onnx), "input": input_label,
+              "output": "stdout" if args.output == STDIO else args.output,
               "sentences": len(sources), "empty_inputs": len(sources) - len(keep), "too_long_inputs": len(too_long),
               "too_long_lines": [i + 1 for i in too_long], "max_source_tokens": limit, "tgt_lang": tgt_lang,
               "num_beams": args.num_beams, "length_penalty": args.length_penalty, "int8": args.int8,
