@@ -27,7 +27,8 @@ per engine and the ratios the issue's goals are stated in (ours / Marian, ours /
 
 BLEU mode (`--bleu_model DIR`): fp32 against int8 BLEU of a checkpoint (a saved model folder or a training checkpoint
 folder, as translate.py takes) on test_2016_flickr (training/data/multi30k), beam 4, length penalty 0.6; for a
-transformer_nmt model also CTranslate2 fp32 / int8 when installed. `--limit N` translates the first N sentences
+transformer_nmt model also CTranslate2 fp32 / int8 when installed; ONNX Runtime fp32 / int8 for every exportable
+model type when onnxruntime is installed. `--limit N` translates the first N sentences
 only (smoke runs).
 
 Numbers from a busy machine are worthless: run on a quiet one.
@@ -289,8 +290,9 @@ def bench_size(size: str, args, workdir: Path) -> dict:
 
 
 def ratios(row: dict) -> dict:
-    """The issue's goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
-    (>= 0.7), and ours against CTranslate2 fp32."""
+    """The issues' goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
+    (>= 0.7; ORT int8 >= 1), ours against CTranslate2 fp32, and ORT int8 / the model's torch fp32 (baseline >= 2,
+    variants >= 1.5)."""
     out = {}
 
     def ratio(a, b):
@@ -304,6 +306,8 @@ def ratios(row: dict) -> dict:
             continue
         ratio(name, "marian_int8")
         ratio(name, "ct2_int8")
+    for name in [n for n in row if n.startswith("ort_") and n.endswith("_int8")]:
+        ratio(name, f"{name[4:-5]}_fp32")  # ONNX Runtime int8 / the same model's torch fp32 (issue 32's goals)
     return out
 
 
@@ -365,6 +369,20 @@ def bleu_mode(args) -> dict:
                     for i, r in zip(idx, results):
                         out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
                 hyps[kind] = out
+    if ort_module() is not None and not args.skip_ort:  # ONNX Runtime fp32 / int8 of the same weights
+        from hf_variants import OrtModelForSeq2SeqLM
+        from hf_variants.export_onnx import export as export_onnx
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                folder = export_onnx(model, tokenizer, Path(tmp) / "onnx", int8=True)
+            except ValueError as error:
+                print(f"no ORT rows: {error}")
+            else:
+                for precision in ("fp32", "int8"):
+                    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision,
+                                                               num_threads=args.threads or None)
+                    hyps[f"ort_{precision}"] = evaluation.translate(ort, tokenizer, sources, tgt_lang, **gen)
     scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
     run = Path(args.bleu_model)
     results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)
@@ -387,9 +405,11 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
     records = [r for r in records if r.get("model") != result["model"]] + [result]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(records, indent=2) + "\n")
-    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8") if any(f"bleu_{k}" in r for r in records)]
+    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8")
+             if any(f"bleu_{k}" in r for r in records)]
     lines = ["test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
-             "activations, oneDNN); CTranslate2 for the baseline only.", "",
+             "activations, oneDNN); CTranslate2 for the baseline only; ort = ONNX Runtime (`export_onnx`, int8: "
+             "u8 weights per channel, dynamic activations).", "",
              "| model | model type | steps | sentences | " + " | ".join(f"BLEU {k}" for k in kinds)
              + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
              "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
