@@ -9,7 +9,14 @@ every variant of the efficiency table (benchmarks/efficiency.py: its configurati
 - `ours_fp32`, `ours_int8` (`quantize_for_cpu`: oneDNN, per-token activations), `ours_int8_per_tensor`,
   `ours_int8_fbgemm` (`quantize_for_cpu(backend="fbgemm")`, per tensor);
 - `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
-- `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo.
+- `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo;
+- `ort_<model>_fp32`, `ort_<model>_int8` (ONNX Runtime: `python -m hf_variants.export_onnx` of the same weights,
+  `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the exporter takes (not MG-SA's
+  phrase heads), unless `--skip_ort` or onnxruntime is missing.
+
+Every engine runs in its own process (`--worker`; in one process, torch's OpenMP pool and ORT's threads spin against
+each other: torch fp32 measured ~25% slower beside ORT), built from the same seeded weights; the parent sends the
+calls round-robin (A, B, C, ..., A, B, C, ...), one process at a time, with a short pause between calls.
 
 The same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, padded rows from half to full length) for all;
 exactly `--new_tokens` 20 new tokens per sentence (min = max), greedy and beam 4 (length penalty 0.6); `--threads` 2
@@ -20,7 +27,8 @@ per engine and the ratios the issue's goals are stated in (ours / Marian, ours /
 
 BLEU mode (`--bleu_model DIR`): fp32 against int8 BLEU of a checkpoint (a saved model folder or a training checkpoint
 folder, as translate.py takes) on test_2016_flickr (training/data/multi30k), beam 4, length penalty 0.6; for a
-transformer_nmt model also CTranslate2 fp32 / int8 when installed. `--limit N` translates the first N sentences
+transformer_nmt model also CTranslate2 fp32 / int8 when installed; ONNX Runtime fp32 / int8 for every exportable
+model type when onnxruntime is installed. `--limit N` translates the first N sentences
 only (smoke runs).
 
 Numbers from a busy machine are worthless: run on a quiet one.
@@ -34,8 +42,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -47,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
 from hf_variants.convert_marian import convert_marian  # noqa: E402
 from report import write_section  # noqa: E402
-from timing import CLOCKS, interleaved, random_batch  # noqa: E402
+from timing import CLOCKS, random_batch  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DATA_DIR = ROOT / "training" / "data" / "multi30k"
@@ -95,23 +106,29 @@ def marian_and_ours(size: str, vocab: int):
     return marian, ours
 
 
-def torch_engines(size: str, args) -> dict:
-    """name -> (model, extra inputs) for every torch engine of this dims class."""
+def torch_engines(size: str, args, only: str | None = None) -> dict:
+    """name -> (model, extra inputs) for every torch engine of this dims class (`only`: that one)."""
     from efficiency import build, language_inputs
 
+    def wanted(name):
+        return only is None or only == name
+
     marian, ours = marian_and_ours(size, args.vocab)
-    engines = {"marian_fp32": (marian, {}), "ours_fp32": (ours, {})}
+    engines = {name: (model, {}) for name, model in (("marian_fp32", marian), ("ours_fp32", ours)) if wanted(name)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantize_dynamic's and fbgemm's deprecation warnings
-        engines["marian_int8"] = (torch.ao.quantization.quantize_dynamic(copy.deepcopy(marian), {torch.nn.Linear},
-                                                                         dtype=torch.qint8), {})
-        engines["ours_int8"] = (quantize_for_cpu(copy.deepcopy(ours)), {})
-        engines["ours_int8_per_tensor"] = (quantize_for_cpu(copy.deepcopy(ours), activation_granularity="per_tensor"),
-                                           {})
-        if not args.skip_fbgemm:
+        if wanted("marian_int8"):
+            engines["marian_int8"] = (torch.ao.quantization.quantize_dynamic(
+                copy.deepcopy(marian), {torch.nn.Linear}, dtype=torch.qint8), {})
+        if wanted("ours_int8"):
+            engines["ours_int8"] = (quantize_for_cpu(copy.deepcopy(ours)), {})
+        if wanted("ours_int8_per_tensor"):
+            engines["ours_int8_per_tensor"] = (quantize_for_cpu(copy.deepcopy(ours),
+                                                                activation_granularity="per_tensor"), {})
+        if not args.skip_fbgemm and wanted("ours_int8_fbgemm"):
             engines["ours_int8_fbgemm"] = (quantize_for_cpu(copy.deepcopy(ours), backend="fbgemm"), {})
     for name in args.models:
-        if name == "baseline":
+        if name == "baseline" or not (wanted(f"{name}_fp32") or wanted(f"{name}_int8")):
             continue
         model = build(name, size, args.vocab).eval()
         extra = language_inputs(model, args.batch)
@@ -132,47 +149,150 @@ def ct2_engines(ours, args, workdir: Path) -> dict:
             for kind, compute in (("fp32", "float32"), ("int8", "int8"))}
 
 
-def bench_size(size: str, args, workdir: Path) -> dict:
-    engines, ours = torch_engines(size, args)
-    translators = ct2_engines(ours, args, workdir / size)
+def ort_module():
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return onnxruntime
+
+
+def ort_exports(size: str, args, workdir: Path) -> dict:
+    """Export the baseline (`ours`) and every variant of `args.models` the exporter takes: name -> folder."""
+    if args.skip_ort or ort_module() is None:
+        return {}
+    from efficiency import build
+
+    from hf_variants.export_onnx import export
+
+    _, ours = marian_and_ours(size, args.vocab)
+    models = {"ours": ours}
+    models.update({name: build(name, size, args.vocab).eval() for name in args.models if name != "baseline"})
+    folders = {}
+    for name, model in models.items():
+        try:
+            started = time.perf_counter()
+            folders[name] = export(model, _Vocabulary(args.vocab), workdir / f"ort_{name}", int8=True, force=True)
+            print(f"[{size}] exported {name} to ONNX in {time.perf_counter() - started:.1f} s", flush=True)
+        except ValueError as error:
+            print(f"[{size}] no ORT rows for {name}: {error}", flush=True)
+    return folders
+
+
+def engine_names(size: str, args, workdir: Path) -> list[str]:
+    names = ["marian_fp32", "ours_fp32", "marian_int8", "ours_int8", "ours_int8_per_tensor"]
+    if not args.skip_fbgemm:
+        names.append("ours_int8_fbgemm")
+    names += [f"{name}_{kind}" for name in args.models if name != "baseline" for kind in ("fp32", "int8")]
+    if ctranslate2_module() is not None and not args.skip_ct2:
+        names += ["ct2_fp32", "ct2_int8"]
+    names += [f"ort_{name}_{kind}" for name in ort_exports(size, args, workdir) for kind in ("fp32", "int8")]
+    return names
+
+
+def worker(args) -> None:
+    """One engine in this process: build it, then answer each stdin line ("1" or "4": beams) with the seconds of
+    one generate call and the number of new tokens, as a JSON line."""
+    name, size, workdir = args.worker, args.worker_size, Path(args.workdir)
     inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
-    vocabulary = _Vocabulary(args.vocab)
-    source_tokens = [vocabulary.convert_ids_to_tokens(row[mask.bool()].tolist())
-                     for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
-    rows = {}
-    for beams in (1, 4):
-        lengths = {}
+    if name.startswith("ort_"):
+        from efficiency import language_inputs
+
+        from hf_variants import OrtModelForSeq2SeqLM
+
+        model_name, precision = name[4:].rsplit("_", 1)
+        model = OrtModelForSeq2SeqLM.from_pretrained(workdir / size / f"ort_{model_name}", precision=precision,
+                                                     num_threads=args.threads or None)
+        extra = language_inputs(model, args.batch)
+        run = lambda gen: model.generate(**inputs, **extra, **gen).shape[1] - 1  # noqa: E731
+    elif name.startswith("ct2_"):
+        _, ours = marian_and_ours(size, args.vocab)
+        translator = ct2_engines(ours, args, workdir / size / name)[name]
+        vocabulary = _Vocabulary(args.vocab)
+        source_tokens = [vocabulary.convert_ids_to_tokens(row[mask.bool()].tolist())
+                         for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+
+        def run(gen):
+            results = translator.translate_batch(
+                source_tokens, beam_size=gen["num_beams"], length_penalty=gen.get("length_penalty", 1.0),
+                min_decoding_length=args.new_tokens, max_decoding_length=args.new_tokens)
+            return min(len(r.hypotheses[0]) for r in results)
+    else:
+        engines, _ = torch_engines(size, args, only=name)
+        model, extra = engines[name]
+
+        def run(gen):
+            with torch.inference_mode():
+                return model.generate(**inputs, **extra, **gen).shape[1] - 1
+    timer = CLOCKS[args.clock]
+    print(json.dumps({"ready": name}), flush=True)
+    for line in sys.stdin:
+        beams = int(line)
         gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                    **({"length_penalty": 0.6} if beams > 1 else {}))
+        start = timer()
+        length = run(gen)
+        print(json.dumps({"seconds": timer() - start, "length": length}), flush=True)
 
-        def run_torch(name, gen=gen):
-            model, extra = engines[name]
-            with torch.inference_mode():
-                lengths[name] = model.generate(**inputs, **extra, **gen).shape[1] - 1
 
-        def run_ct2(name, beams=beams):
-            results = translators[name].translate_batch(
-                source_tokens, beam_size=beams, length_penalty=0.6 if beams > 1 else 1.0,
-                min_decoding_length=args.new_tokens, max_decoding_length=args.new_tokens)
-            lengths[name] = min(len(r.hypotheses[0]) for r in results)
+def bench_size(size: str, args, workdir: Path) -> dict:
+    (workdir / size).mkdir(parents=True, exist_ok=True)
+    names = engine_names(size, args, workdir / size)
+    forwarded = [a for a in sys.argv[1:] if a not in ("--sizes", *args.sizes)] if args._forward is None \
+        else args._forward
+    procs = {}
 
-        fns = {name: (lambda name=name: run_torch(name)) for name in engines}
-        fns.update({name: (lambda name=name: run_ct2(name)) for name in translators})
-        seconds = interleaved(fns, args.reps, args.clock)
-        if set(lengths.values()) != {args.new_tokens}:  # equal work, or the tok/s do not compare
-            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens: {lengths}")
-        key = "greedy" if beams == 1 else f"beam{beams}"
-        tokens = args.batch * args.new_tokens
-        rows[key] = {name: round(tokens / s, 1) for name, s in seconds.items()}
-        print(f"[{size} {key}] " + " | ".join(f"{n} {v:8.1f}" for n, v in rows[key].items()) + " tok/s", flush=True)
-        print(f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
-              flush=True)
+    def reply(name):
+        line = procs[name].stdout.readline()
+        if not line:
+            raise RuntimeError(f"The worker process of engine {name} exited (its error is printed above).")
+        return json.loads(line)
+
+    def call(name, beams):
+        procs[name].stdin.write(f"{beams}\n")
+        procs[name].stdin.flush()
+        answer = reply(name)
+        time.sleep(args.pause)  # let the process's idle threads stop spinning before the next engine runs
+        return answer
+
+    rows = {}
+    try:
+        for name in names:
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), *forwarded, "--worker", name, "--worker_size", size,
+                 "--workdir", str(workdir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            reply(name)  # built (one process at a time: no build beside a timing)
+        for beams in (1, 4):
+            lengths, times = {}, {name: [] for name in names}
+            for name in names:
+                lengths[name] = call(name, beams)["length"]  # warm-up
+            for _ in range(args.reps):
+                for name in names:
+                    times[name].append(call(name, beams)["seconds"])
+            seconds = {name: statistics.median(t) for name, t in times.items()}
+            if set(lengths.values()) != {args.new_tokens}:  # equal work, or the tok/s do not compare
+                raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens: {lengths}")
+            key = "greedy" if beams == 1 else f"beam{beams}"
+            tokens = args.batch * args.new_tokens
+            rows[key] = {name: round(tokens / s, 1) for name, s in seconds.items()}
+            print(f"[{size} {key}] " + " | ".join(f"{n} {v:8.1f}" for n, v in rows[key].items()) + " tok/s",
+                  flush=True)
+            print(f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
+                  flush=True)
+    finally:
+        for proc in procs.values():
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
     return rows
 
 
 def ratios(row: dict) -> dict:
-    """The issue's goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
-    (>= 0.7), and ours against CTranslate2 fp32."""
+    """The issues' goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
+    (>= 0.7; ORT int8 >= 1), ours against CTranslate2 fp32, and ORT int8 / the model's torch fp32 (baseline >= 2,
+    variants >= 1.5)."""
     out = {}
 
     def ratio(a, b):
@@ -186,6 +306,8 @@ def ratios(row: dict) -> dict:
             continue
         ratio(name, "marian_int8")
         ratio(name, "ct2_int8")
+    for name in [n for n in row if n.startswith("ort_") and n.endswith("_int8")]:
+        ratio(name, f"{name[4:-5]}_fp32")  # ONNX Runtime int8 / the same model's torch fp32 (issue 32's goals)
     return out
 
 
@@ -247,6 +369,20 @@ def bleu_mode(args) -> dict:
                     for i, r in zip(idx, results):
                         out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
                 hyps[kind] = out
+    if ort_module() is not None and not args.skip_ort:  # ONNX Runtime fp32 / int8 of the same weights
+        from hf_variants import OrtModelForSeq2SeqLM
+        from hf_variants.export_onnx import export as export_onnx
+
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                folder = export_onnx(model, tokenizer, Path(tmp) / "onnx", int8=True)
+            except ValueError as error:
+                print(f"no ORT rows: {error}")
+            else:
+                for precision in ("fp32", "int8"):
+                    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision,
+                                                               num_threads=args.threads or None)
+                    hyps[f"ort_{precision}"] = evaluation.translate(ort, tokenizer, sources, tgt_lang, **gen)
     scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
     run = Path(args.bleu_model)
     results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)
@@ -269,9 +405,11 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
     records = [r for r in records if r.get("model") != result["model"]] + [result]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(records, indent=2) + "\n")
-    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8") if any(f"bleu_{k}" in r for r in records)]
+    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8")
+             if any(f"bleu_{k}" in r for r in records)]
     lines = ["test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
-             "activations, oneDNN); CTranslate2 for the baseline only.", "",
+             "activations, oneDNN); CTranslate2 for the baseline only; ort = ONNX Runtime (`export_onnx`, int8: "
+             "u8 weights per channel, dynamic activations).", "",
              "| model | model type | steps | sentences | " + " | ".join(f"BLEU {k}" for k in kinds)
              + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
              "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
@@ -300,6 +438,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads (0 = default)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--skip_ct2", action="store_true")
+    parser.add_argument("--skip_ort", action="store_true", help="no ONNX Runtime engines")
+    parser.add_argument("--pause", type=float, default=0.3, help="seconds between two timed calls (idle thread "
+                                                                  "pools of the other processes stop spinning)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine (see `worker`)
+    parser.add_argument("--worker_size", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     parser.add_argument("--skip_fbgemm", action="store_true", help="no ours_int8_fbgemm engine")
     parser.add_argument("--output", default=str(RESULTS_DIR / "inference"), help="path prefix of .json/.md")
     parser.add_argument("--bleu_model", help="BLEU mode: fp32 vs int8 BLEU of this checkpoint on test_2016_flickr")
@@ -309,8 +453,12 @@ def main(argv=None) -> dict:
                                                   "recorded)")
     parser.add_argument("--label", help="BLEU mode: the checkpoint's name in the table (default: its folder's)")
     args = parser.parse_args(argv)
+    args._forward = None if argv is None else [a for a in argv if a != "--sizes" and a not in args.sizes]
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.worker:
+        worker(args)
+        return {}
     if args.bleu_model:
         result = bleu_mode(args)
         if not args.limit:  # smoke runs (--limit) are not recorded
@@ -322,7 +470,8 @@ def main(argv=None) -> dict:
         results = {size: bench_size(size, args, Path(tmp)) for size in args.sizes}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"settings": vars(args), "results": results,
+    settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and not k.startswith("worker")}
+    out.with_suffix(".json").write_text(json.dumps({"settings": settings, "results": results,
                                                     "ratios": {s: {k: ratios(r) for k, r in rows.items()}
                                                                for s, rows in results.items()}}, indent=2) + "\n")
     table = markdown(results, args)

@@ -28,6 +28,16 @@ from .registration import CONFIG_CLASSES, MODEL_CLASSES, register_all
 
 __version__ = "0.2.0"
 
+
+def __getattr__(name):
+    # ONNX Runtime classes load on first use: `import hf_variants` does not need onnxruntime
+    if name in ("OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache"):
+        from . import modeling_ort
+
+        return getattr(modeling_ort, name)
+    raise AttributeError(f"module 'hf_variants' has no attribute {name!r}")
+
+
 register_all()
 
 __all__ = [
@@ -56,4 +66,5 @@ __all__ = [
     "Int8Linear",
     "quantize_for_cpu",
     "language_tag",
+    "OrtModelForSeq2SeqLM",
 ]

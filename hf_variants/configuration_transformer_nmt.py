@@ -28,6 +28,21 @@ TRANSLATION_PIPELINE = {
 }
 
 
+def _translation_task_registered() -> bool:
+    """Whether this process has the `translation` pipeline task registered with hf_variants' pipeline
+    (`hf_variants.registration.register_all`, run by `import hf_variants`)."""
+    import sys
+
+    pipelines = sys.modules.get("transformers.pipelines")  # not imported: nothing registered
+    if pipelines is None or "translation" in getattr(pipelines, "REMOVED_TASKS", {}):
+        return False
+    try:
+        impl = pipelines.PIPELINE_REGISTRY.check_task("translation")[1]["impl"]
+    except KeyError:
+        return False
+    return getattr(impl, "__name__", None) == "TranslationPipeline"
+
+
 def language_tag(lang: str) -> str:
     """The target-language tag prepended to source sentences by multilingual models: `language_tag("de") == "<2de>"`."""
     lang = str(lang).strip()
@@ -262,6 +277,21 @@ class TransformerNmtConfig(PretrainedConfig):
         "num_attention_heads": "encoder_attention_heads",
         "num_hidden_layers": "encoder_layers",
     }
+    # ---------------------------------------------------------------------------------- translation pipeline
+    @property
+    def custom_pipelines(self) -> dict:
+        """The `translation` pipeline shipped as remote code (`pipeline_translation.TranslationPipeline`), saved in
+        every config.json. It reads as `{}` in a process where the package registered the task itself (`import
+        hf_variants`): transformers' `pipeline()` checks a config's custom pipelines first and would ask for
+        `trust_remote_code=True`, while the registered task loads the folder like `AutoModelForSeq2SeqLM` does."""
+        if _translation_task_registered():
+            return {}
+        return self.__dict__.get("custom_pipelines", {})
+
+    @custom_pipelines.setter
+    def custom_pipelines(self, value: dict) -> None:
+        self.__dict__["custom_pipelines"] = value
+
     # Named presets. Variants extend this dict (their keys add variant fields).
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Unit tests only.

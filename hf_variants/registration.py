@@ -41,12 +41,17 @@ def _register(config_class, model_class, generation_class) -> None:
 def _restore_translation_task() -> None:
     """transformers 5 lists `translation` in its removed tasks, checked before the pipeline registry: remove that
     one entry and register our pipeline under the name, so that `pipeline("translation", model=obj,
-    tokenizer=tok)` works after `import hf_variants`. Nothing else of the registry changes."""
+    tokenizer=tok)` works after `import hf_variants`, and with a folder: a saved model (`AutoModelForSeq2SeqLM`) or an
+    ONNX export (`OrtModelForSeq2SeqLM`, tried first: a folder without its manifest fails at once). Nothing else of
+    the registry changes."""
     from transformers import pipelines
+
+    from .modeling_ort import OrtModelForSeq2SeqLM  # a folder from export_onnx (onnxruntime loads on use)
 
     pipelines.REMOVED_TASKS.pop("translation", None)
     pipelines.PIPELINE_REGISTRY.register_pipeline(
-        "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+        "translation", pipeline_class=TranslationPipeline, pt_model=(OrtModelForSeq2SeqLM, AutoModelForSeq2SeqLM),
+        type="text"
     )
 
 

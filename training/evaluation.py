@@ -60,6 +60,8 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
     tgt_langs = [tgt_lang] * len(texts) if tgt_lang is None or isinstance(tgt_lang, str) else list(tgt_lang)
     if len(tgt_langs) != len(texts):
         raise ValueError(f"{len(tgt_langs)} target languages for {len(texts)} texts.")
+    # greedy search has no length penalty: passing it (or a saved beam setting) only makes generate() warn
+    beam_settings = {"length_penalty": length_penalty} if num_beams > 1 else {}
     was_training = model.training
     model.eval()
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
@@ -75,7 +77,7 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
                 kwargs["tgt_lang"] = langs
             inputs = external.prepare_translation_inputs(model, tokenizer, [texts[i] for i in idx], **kwargs)
             src_len = int(inputs["attention_mask"].sum(-1).max())
-            generated = model.generate(**inputs, num_beams=num_beams, length_penalty=length_penalty,
+            generated = model.generate(**inputs, num_beams=num_beams, **beam_settings,
                                        max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),
                                        **generate_kwargs)
             for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):

@@ -65,7 +65,9 @@ def _non_negative_float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[3:]),
                                 formatter_class=_HelpFormatter)
-    p.add_argument("--model", required=True, help="saved model folder, Hub id, or a training checkpoint folder")
+    p.add_argument("--model", help="saved model folder, Hub id, or a training checkpoint folder (or --onnx)")
+    p.add_argument("--onnx", metavar="DIR", help="translate with ONNX Runtime: a folder written by `python -m "
+                   "hf_variants.export_onnx` (instead of --model; with --int8: its int8 graphs)")
     p.add_argument("--tokenizer", help="default: the model folder (or the run's tokenizer for a checkpoint)")
     p.add_argument("--input", required=True,
                    help="source sentences: a text file, one a line (plain or .gz), or JSONL (see --input_format); "
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
     p.add_argument("--int8", action="store_true",
                    help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
-                        "activations (hf_variants.quantize_for_cpu)")
+                        "activations (hf_variants.quantize_for_cpu); with --onnx, the export's int8 graphs")
     return p
 
 
@@ -318,8 +320,17 @@ def main(argv=None) -> dict:
         raise SystemExit("--references cannot be stdin ('-'); give a file.")
     jsonl = is_jsonl(args.input, args.input_format)
     annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
-    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
-    if args.int8:
+    if (args.model is None) == (args.onnx is None):
+        raise SystemExit("Pass exactly one of --model and --onnx.")
+    if args.onnx:
+        from hf_variants import OrtModelForSeq2SeqLM
+        from transformers import AutoTokenizer
+
+        model = OrtModelForSeq2SeqLM.from_pretrained(args.onnx, precision="int8" if args.int8 else "fp32")
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.onnx)
+    else:
+        model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
+    if args.int8 and not args.onnx:
         from hf_variants import quantize_for_cpu
 
         quantize_for_cpu(model)
@@ -395,7 +406,8 @@ def main(argv=None) -> dict:
             bar.update(len(idx))
     elapsed = time.time() - start
     write_output(args.output, outputs)
-    result = {"model": args.model, "input": input_label, "output": "stdout" if args.output == STDIO else args.output,
+    result = {"model": args.model or args.onnx, "onnx": bool(args.onnx), "input": input_label,
+              "output": "stdout" if args.output == STDIO else args.output,
               "sentences": len(sources), "empty_inputs": len(sources) - len(keep), "too_long_inputs": len(too_long),
               "too_long_lines": [i + 1 for i in too_long], "max_source_tokens": limit, "tgt_lang": tgt_lang,
               "num_beams": args.num_beams, "length_penalty": args.length_penalty, "int8": args.int8,

@@ -1,0 +1,419 @@
+"""Export any hf_variants model to ONNX (two graphs) for ONNX Runtime, in float32 and optionally int8.
+
+    python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8] [--opset N] [--force]
+
+Two graphs, both traced through the model's public forward (`get_encoder()`, then the model with
+`encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the dynamo exporter
+(`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position table):
+
+- `encoder_model.onnx` (source graph): `input_ids`, `attention_mask` and the variant's source inputs (MIMO/Tied
+  `tgt_lang_ids`) -> the encoder output tensors (`encoder_last_hidden_state`, MIMO's
+  `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`, `cross_value.{i}`),
+  computed once per source by running the decoder one step on a start token;
+- `decoder_model.onnx` (step graph): `decoder_input_ids` [batch, 1], `encoder_attention_mask`, the encoder output
+  tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
+  `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
+  `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
+
+Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
+without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
+exporter says so, naming the config fields. The tokenizer, config, generation config and `onnx_manifest.json`
+(graph files, input/output names and dtypes, exporter versions, int8 settings) are written beside the graphs.
+`--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
+weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
+
+Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (generate, pipeline). The graphs run on plain
+onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python code). Needs
+`pip install "hf-variants[onnx]"`. (Tooling: not shipped with saved models.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+MANIFEST = "onnx_manifest.json"
+GRAPH_FILES = {"fp32": ("encoder_model.onnx", "decoder_model.onnx"),
+               "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx")}
+
+# onnxruntime.quantization.quantize_dynamic settings, chosen by measurement: unsigned 8-bit weights, one scale per
+# output channel, full range. Relative logit error against fp32 (`small` baseline, random weights, 32 x 20 teacher-
+# forced steps, an AVX512-VNNI CPU): u8 per channel 0.0097, s8 per channel 0.0102, s8 per channel with reduce_range
+# 0.0168, u8 / s8 per tensor 0.0137 / 0.0139; speeds equal within the noise of a shared machine. On AVX2 without VNNI
+# MLAS multiplies u8 activations by s8 weights with saturating 16-bit sums: full-range s8 weights saturate there
+# (issue 32: relative error 0.12-0.19), and reduce_range gives up a bit (twice the error above); u8 weights take the
+# u8u8 kernel, which does not saturate, at full range, on every CPU.
+INT8_SETTINGS = {"weight_type": "QUInt8", "per_channel": True, "reduce_range": False,
+                 "op_types_to_quantize": ["MatMul", "Gemm"]}
+MIN_OPSET = 18  # the dynamo exporter's lowest
+SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
+
+
+def _language_field(model) -> str | None:
+    return getattr(model.model, "language_ids_field", None)
+
+
+def source_input_names(model) -> list[str]:
+    """The variant inputs of the source graph, beside `input_ids` and `attention_mask`: MIMO's and Tied's target
+    language (MG-SA's phrase inputs are refused by `check_exportable`)."""
+    return ["tgt_lang_ids"] if _language_field(model) is not None else []
+
+
+def step_input_names(model) -> list[str]:
+    """The variant inputs of the step graph (what the decoder reads per step): MIMO's and Tied's target language."""
+    return ["tgt_lang_ids"] if _language_field(model) is not None else []
+
+
+def check_exportable(model, opset: int | None = None) -> None:
+    """Raise a ValueError naming the model type, config field or option the exporter cannot express."""
+    from .registration import MODEL_CLASSES
+
+    config = model.config
+    if config.model_type not in MODEL_CLASSES:
+        raise ValueError(f"export_onnx: unsupported model type {config.model_type!r} (supported: "
+                         f"{sorted(MODEL_CLASSES)}).")
+    if opset is not None and opset < MIN_OPSET:
+        raise ValueError(f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= "
+                         f"{MIN_OPSET}.")
+    if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
+        if config.phrase_type == "syntactic":
+            why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
+        elif config.phrase_interaction != "none":
+            why = (f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
+                   "phrases, which the trace unrolls to the sample's phrase count")
+        else:
+            why = "the phrase count ceil(length / n) is a shape torch.export specializes for sources of 1-2 tokens"
+        raise ValueError(
+            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
+            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: {why}. An MG-SA "
+            "model without phrase heads (mgsa_layers=[]) exports.")
+    if not config.is_encoder_decoder:
+        raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
+
+
+def _encoder_fields(encoder_outputs) -> dict[str, torch.Tensor]:
+    """The tensor fields of an encoder output (ModelOutput), in order; auxiliary losses are training-only."""
+    return {name: value for name, value in encoder_outputs.items()
+            if isinstance(value, torch.Tensor) and name != "aux_losses"}
+
+
+def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class SourceGraph(nn.Module):
+    """Source inputs -> encoder output tensors + cross-attention keys/values of every decoder layer."""
+
+    def __init__(self, model, source_names: list[str], step_names: list[str], field_names: list[str]):
+        super().__init__()
+        self.model, self.source_names, self.step_names, self.field_names = model, source_names, step_names, field_names
+        self.eval()
+
+    def forward(self, input_ids, attention_mask, *extra):
+        kwargs = dict(zip(self.source_names, extra))
+        encoder_outputs = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                                   return_dict=True, **kwargs)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        start = input_ids.new_full((input_ids.shape[0], 1), self.model.config.decoder_start_token_id)
+        self.model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=start,
+                   past_key_values=cache, use_cache=True, return_dict=True,
+                   **{name: kwargs[name] for name in self.step_names})
+        fields = _encoder_fields(encoder_outputs)
+        cross = [t for kv in _layer_kv(cache.cross_attention_cache) for t in kv]
+        return (*[fields[name] for name in self.field_names], *cross)
+
+
+class StepGraph(nn.Module):
+    """One decoder step on explicit tensors: the cache is rebuilt as an `EncoderDecoderCache` from the past
+    self-attention and the cross-attention keys/values (cross-attention marked computed by the cache)."""
+
+    def __init__(self, model, step_names: list[str], field_names: list[str], output_class, num_layers: int):
+        super().__init__()
+        self.model, self.step_names, self.field_names = model, step_names, field_names
+        self.output_class, self.num_layers = output_class, num_layers
+        self.eval()
+
+    def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
+        n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
+        fields = dict(zip(self.field_names, flat[:n_fields]))
+        kwargs = dict(zip(self.step_names, flat[n_fields:n_fields + n_step]))
+        kv = flat[n_fields + n_step:]
+        past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
+        cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
+        cache = EncoderDecoderCache(DynamicCache(past), DynamicCache(cross))
+        out = self.model(encoder_outputs=self.output_class(**fields), attention_mask=encoder_attention_mask,
+                         decoder_input_ids=decoder_input_ids, past_key_values=cache, use_cache=True,
+                         return_dict=True, **kwargs)
+        present = [t for pair in _layer_kv(out.past_key_values.self_attention_cache) for t in pair]
+        return (out.logits, *present)
+
+
+def _untie_output_projection(model) -> None:
+    """Give the output projection its own weight (a copy of the tied embedding): exported, a tied projection is
+    `Transpose(embedding)`, which the quantizer skips and ORT transposes at every step."""
+    head = model.get_output_embeddings()
+    untied = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    with torch.no_grad():
+        untied.weight.copy_(head.weight)
+        if head.bias is not None:
+            untied.bias.copy_(head.bias)
+    model.set_output_embeddings(untied)
+
+
+def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> dict[str, torch.Tensor]:
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    special = {config.pad_token_id, config.eos_token_id, config.bos_token_id, config.decoder_start_token_id}
+    low = max(i for i in special if i is not None) + 1
+    input_ids = torch.randint(low, config.vocab_size, (batch, length), generator=generator)
+    input_ids[:, -1] = config.eos_token_id
+    attention_mask = torch.ones(batch, length, dtype=torch.long)
+    input_ids[-1, -2:] = config.pad_token_id  # one padded row: the mask is a real input
+    input_ids[-1, -3] = config.eos_token_id
+    attention_mask[-1, -2:] = 0
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if "tgt_lang_ids" in source_names:
+        inputs["tgt_lang_ids"] = torch.zeros(batch, dtype=torch.long)
+    return inputs
+
+
+def _torch_export(module, args, dynamic_shapes, input_names, output_names, path: Path, opset: int | None):
+    kwargs = {"opset_version": opset} if opset is not None else {}
+    program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes, input_names=input_names,
+                                output_names=output_names, optimize=True, verbose=False, **kwargs)
+    program.save(str(path))
+    return program
+
+
+def _io(path: Path) -> dict:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def describe(values):
+        return [{"name": v.name, "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
+                 "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
+
+    return {"inputs": describe(graph.input), "outputs": describe(graph.output)}
+
+
+def _check_dynamic(path: Path, config_name: str) -> None:
+    """Raise a ValueError when torch.export fixed an axis meant to be dynamic (batch, source, past) to the size of
+    the export's sample: the graph would refuse every other shape."""
+    io = _io(path)
+    expected = {"input_ids": (0, 1), "attention_mask": (0, 1), "decoder_input_ids": (0,),
+                "encoder_attention_mask": (0, 1), "past_key.0": (0, 2)}
+    for value in io["inputs"]:
+        for axis in expected.get(value["name"], ()):
+            if not isinstance(value["shape"][axis], str):
+                raise ValueError(f"export_onnx: {config_name} is not supported: torch.export fixed axis {axis} of "
+                                 f"`{value['name']}` in {path.name} to {value['shape'][axis]} (the sample's size); "
+                                 "the model computes a shape from that length in Python.")
+
+
+def quantize(source: Path, target: Path) -> list[str]:
+    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_SETTINGS`), written to `target`.
+    MatMuls whose weight is not 2-D (MUTE's and MIMO's stacked unit weights [units, in, out], whose per-channel zero
+    points ORT's MatMulInteger rejects) get one scale per tensor in a second pass; their names are returned."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
+    # exporter's graphs (dynamic shapes from torch.export) do not need
+    logging.getLogger().addFilter(_PREPROCESS_HINT)
+    try:
+        return _quantize(source, target, QuantType, quantize_dynamic)
+    finally:
+        logging.getLogger().removeFilter(_PREPROCESS_HINT)
+
+
+def _PREPROCESS_HINT(record) -> bool:
+    return "pre-processing before quantization" not in record.getMessage()
+
+
+def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[str]:
+    import onnx
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    ranks = {init.name: len(init.dims) for init in graph.initializer}
+    kept = [node.name for node in graph.node
+            if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2]
+    quantize_dynamic(str(source), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+                     per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
+                     op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"], nodes_to_exclude=kept,
+                     extra_options={"DefaultTensorType": 1})  # FLOAT, for outputs of ops without shape inference
+    if kept and INT8_SETTINGS["per_channel"]:
+        quantize_dynamic(str(target), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+                         per_channel=False, reduce_range=INT8_SETTINGS["reduce_range"],
+                         op_types_to_quantize=["MatMul"],
+                         nodes_to_quantize=kept, extra_options={"DefaultTensorType": 1})
+    return kept
+
+
+def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None,
+           force: bool = False) -> Path:
+    """Write `model` as an ONNX folder (see the module docstring). Returns the folder."""
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    check_exportable(model, opset)
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not force:
+        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
+    original_config = model.config
+    model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
+    if model.config._attn_implementation not in ("eager", "sdpa"):
+        model.set_attn_implementation("sdpa")
+    source_names, step_names = source_input_names(model), step_input_names(model)
+    sample = _sample_inputs(model, source_names, batch=2, length=SAMPLE_SOURCE_LENGTH)
+    started = time.perf_counter()
+    with torch.no_grad():
+        # an eager run fixes the encoder fields and the cache layout (layers, heads, head size)
+        encoder_outputs = model.get_encoder()(**{k: v for k, v in sample.items()}, return_dict=True)
+        field_names = list(_encoder_fields(encoder_outputs))
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        start = torch.full((2, 1), model.config.decoder_start_token_id, dtype=torch.long)
+        model(encoder_outputs=encoder_outputs, attention_mask=sample["attention_mask"], decoder_input_ids=start,
+              past_key_values=cache, use_cache=True, **{k: sample[k] for k in step_names})
+        num_layers = len(cache.cross_attention_cache.layers)
+        self_kv, cross_kv = _layer_kv(cache.self_attention_cache), _layer_kv(cache.cross_attention_cache)
+    _untie_output_projection(model)
+
+    staging = output_dir.with_name(output_dir.name + ".tmp-export")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    batch, src, past = (torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("source", min=1, max=4096),
+                        torch.export.Dim("past", min=0, max=4096))
+    kv_names = [f"{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+
+    # source graph
+    source_args = (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in source_names])
+    shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch}}
+    source_in = ["input_ids", "attention_mask", *source_names]
+    source_out = [f"encoder_{name}" for name in field_names] + [f"cross_{name}" for name in kv_names]
+    files = GRAPH_FILES["fp32"]
+    _torch_export(SourceGraph(model, source_names, step_names, field_names), source_args,
+                  (shapes["input_ids"], shapes["attention_mask"],
+                   *([tuple(shapes[k] for k in source_names)] if source_names else [])),
+                  source_in, source_out, staging / files[0], opset)
+
+    # step graph (sample: past length 3)
+    field_values = [encoder_outputs[name] for name in field_names]
+    past_kv = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in self_kv for t in kv]
+    cross = [t for kv in cross_kv for t in kv]
+    step_args = (start, sample["attention_mask"], *field_values, *[sample[k] for k in step_names], *past_kv, *cross)
+    field_shapes = tuple({0: batch, **{axis: src for axis, size in enumerate(value.shape)
+                                       if axis and size == SAMPLE_SOURCE_LENGTH}} for value in field_values)
+    step_shapes = (({0: batch}, {0: batch, 1: src}, (*field_shapes, *[{0: batch} for _ in step_names],
+                    *[{0: batch, 2: past} for _ in past_kv], *[{0: batch, 2: src} for _ in cross])))
+    step_in = (["decoder_input_ids", "encoder_attention_mask", *[f"encoder_{n}" for n in field_names], *step_names,
+                *[f"past_{n}" for n in kv_names], *[f"cross_{n}" for n in kv_names]])
+    step_out = ["logits", *[f"present_{n}" for n in kv_names]]
+    _torch_export(StepGraph(model, step_names, field_names, type(encoder_outputs), num_layers), step_args,
+                  step_shapes, step_in, step_out, staging / files[1], opset)
+    export_seconds = time.perf_counter() - started
+    for name in files:
+        _check_dynamic(staging / name, config_name=original_config.model_type)
+
+    graphs = {"fp32": {"encoder": files[0], "decoder": files[1]}}
+    quantize_seconds, per_tensor = None, []
+    if int8:
+        started = time.perf_counter()
+        for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
+            per_tensor += quantize(staging / fp32_name, staging / int8_name)
+        quantize_seconds = time.perf_counter() - started
+        graphs["int8"] = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
+
+    original_config.save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    opset_used = next(o.version for o in onnx.load(str(staging / files[1]), load_external_data=False).opset_import
+                      if o.domain in ("", "ai.onnx"))
+    manifest = {
+        "format": "hf_variants-onnx-seq2seq",
+        "format_version": 1,
+        "model_type": original_config.model_type,
+        "graphs": graphs,
+        "encoder": _io(staging / files[0]),
+        "decoder": _io(staging / files[1]),
+        "num_layers": num_layers,
+        "encoder_fields": field_names,
+        "source_inputs": source_names,
+        "step_inputs": step_names,
+        "tgt_lang_ids_required": _language_ids_required(model, sample) if step_names else False,
+        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}",
+                     per_tensor_matmuls=per_tensor) if int8 else None,
+        "exporter": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
+                     "dynamo": True, "opset": opset_used},
+        "export_seconds": round(export_seconds, 2),
+        "quantize_seconds": round(quantize_seconds, 2) if quantize_seconds is not None else None,
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    staging.rename(output_dir)  # the folder appears complete or not at all
+    return output_dir
+
+
+def _language_ids_required(model, sample) -> bool:
+    """Whether the model refuses to run without `tgt_lang_ids` (several languages with task-dependent weights)."""
+    try:
+        with torch.no_grad():
+            model.get_encoder()(input_ids=sample["input_ids"], attention_mask=sample["attention_mask"])
+            start = torch.full((sample["input_ids"].shape[0], 1), model.config.decoder_start_token_id)
+            model(input_ids=sample["input_ids"], attention_mask=sample["attention_mask"], decoder_input_ids=start)
+    except ValueError as error:
+        if "tgt_lang_ids" in str(error):
+            return True
+        raise
+    return False
+
+
+def main(argv=None) -> Path:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .registration import register_all
+
+    register_all()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="saved hf_variants model folder")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
+    parser.add_argument("--opset", type=int, help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)")
+    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
+    args = parser.parse_args(argv)
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as error:
+        raise SystemExit(f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' "
+                         f"({error}).") from error
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"No tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).") from error
+    try:
+        out = export(model, tokenizer, args.output_dir, int8=args.int8, opset=args.opset, force=args.force)
+    except (ValueError, FileExistsError) as error:
+        raise SystemExit(str(error)) from error
+    manifest = json.loads((out / MANIFEST).read_text())
+    print(f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
+          + (f", int8 {manifest['quantize_seconds']} s" if args.int8 else "") + ")")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,392 @@
+"""ONNX Runtime inference for every hf_variants model type: `OrtModelForSeq2SeqLM` (optimum's name).
+
+    model = OrtModelForSeq2SeqLM.from_pretrained(OUT)          # written by `python -m hf_variants.export_onnx`
+    inputs = model.prepare_translation_inputs(tokenizer, ["A man is riding a horse."])
+    outputs = model.generate(**inputs, num_beams=4)            # transformers' generate(): every decoding mode
+    pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`
+
+The object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()`
+drives the two ONNX graphs (the source graph once per batch, the step graph once per new token), so greedy and beam
+search (length penalty, early stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits
+processors, streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
+`prepare_translation_inputs`) behave as on the torch model. The self-attention cache is a list of tensors that ONNX
+Runtime writes in place (IO binding on torch buffers: no copy per step); beam search reorders it like the torch
+cache. CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
+
+MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
+_NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+# what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
+_IGNORED_LOADING_KWARGS = {"_from_pipeline", "_from_auto", "revision", "token", "trust_remote_code", "code_revision",
+                           "cache_dir", "local_files_only", "device_map", "_commit_hash", "subfolder"}
+_TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
+
+
+@dataclass
+class OrtEncoderOutput(ModelOutput):
+    """What the source graph returns: the encoder output tensors (`encoder_last_hidden_state`, ...) and the
+    cross-attention keys/values of every decoder layer, under the graph's output names. `generate()` repeats every
+    tensor for beams and returned sequences, as it does with a torch encoder output."""
+
+    last_hidden_state: torch.Tensor | None = None
+
+
+class OrtCache:
+    """The self-attention cache of the step graph: per layer, keys and values [batch, heads, past, head_dim]."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.tensors[0].shape[2] if self.tensors else 0
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.tensors = [t.index_select(0, beam_idx) for t in self.tensors]
+
+    is_compileable = False
+
+
+def _session(path: Path, options, providers):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
+
+
+class _Graph:
+    """One InferenceSession run through IO binding on torch tensors: inputs are read where they are, outputs are
+    written into torch buffers allocated here (shapes given by the caller)."""
+
+    def __init__(self, session, io: dict):
+        self.session = session
+        self.inputs = {v["name"]: v["dtype"] for v in io["inputs"]}
+        self.outputs = [v["name"] for v in io["outputs"]]
+        self.output_dtypes = {v["name"]: v["dtype"] for v in io["outputs"]}
+
+    def run(self, feeds: dict[str, torch.Tensor], output_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+        binding = self.session.io_binding()
+        keep = []
+        for name, dtype in self.inputs.items():
+            tensor = feeds[name]
+            if tensor.dtype != _TORCH[dtype] or not tensor.is_contiguous():
+                tensor = tensor.to(_TORCH[dtype]).contiguous()
+            keep.append(tensor)
+            binding.bind_input(name, "cpu", 0, _NUMPY[dtype], list(tensor.shape), tensor.data_ptr())
+        results = {}
+        for name in self.outputs:
+            dtype = self.output_dtypes[name]
+            tensor = torch.empty(output_shapes[name], dtype=_TORCH[dtype])
+            results[name] = tensor
+            binding.bind_output(name, "cpu", 0, _NUMPY[dtype], list(tensor.shape), tensor.data_ptr())
+        self.session.run_with_iobinding(binding)
+        return results
+
+
+class _OrtEncoder:
+    """`get_encoder()` of the ORT model: runs the source graph (what `generate()` calls once per batch)."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, owner: OrtModelForSeq2SeqLM):
+        self.owner = owner
+
+    def __call__(self, input_ids=None, attention_mask=None, tgt_lang_ids=None, phrase_index=None, phrase_tags=None,
+                 inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                 **kwargs) -> OrtEncoderOutput:
+        return self.owner.encode(input_ids, attention_mask, tgt_lang_ids=tgt_lang_ids, phrase_index=phrase_index,
+                                 inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                                 output_hidden_states=output_hidden_states, **kwargs)
+
+    forward = __call__
+
+
+class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
+    """An exported hf_variants model on ONNX Runtime, used like the torch model (see the module docstring).
+
+    `from_pretrained(folder, precision=None, num_threads=None, session_options=None, providers=None)` returns an
+    instance of the model type's class (e.g. `OrtTransformerNmtForConditionalGeneration`, a subclass of this one
+    and of the torch generation class, without its weights): `precision` "fp32" or "int8" (default: int8 when the
+    folder has int8 graphs)."""
+
+    _auto_class = None
+    _ort_classes: dict[str, type] = {}
+
+    def __init__(self, config, folder: Path, manifest: dict, precision: str, session_options=None,
+                 providers=None, generation_config: GenerationConfig | None = None):
+        PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
+        if generation_config is not None:
+            self.generation_config = generation_config
+        self.folder, self.manifest, self.precision = folder, manifest, precision
+        files = manifest["graphs"][precision]
+        providers = providers or ["CPUExecutionProvider"]
+        self.source_graph = _Graph(_session(folder / files["encoder"], session_options, providers),
+                                   manifest["encoder"])
+        self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers),
+                                 manifest["decoder"])
+        self.num_layers = manifest["num_layers"]
+        self._encoder = _OrtEncoder(self)
+        from .registration import MODEL_CLASSES
+
+        self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
+
+    # ---------------------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, precision: str | None = None,
+                        num_threads: int | None = None, session_options=None, providers=None, **kwargs):
+        """Load a folder written by `python -m hf_variants.export_onnx`. Loading arguments of torch models that
+        `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
+        mean nothing here; any other argument raises a TypeError naming it."""
+        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+        if dtype not in (None, "auto", torch.float32, "float32"):
+            raise TypeError(f"OrtModelForSeq2SeqLM computes in float32 (precision='int8' for int8 weights), not "
+                            f"dtype={dtype}.")
+        unknown = sorted(set(kwargs) - _IGNORED_LOADING_KWARGS)
+        if unknown:
+            raise TypeError(f"OrtModelForSeq2SeqLM.from_pretrained got unexpected arguments {unknown}.")
+        folder = Path(pretrained_model_name_or_path)
+        if not (folder / MANIFEST).is_file():
+            raise FileNotFoundError(f"{folder} has no {MANIFEST}: export the model first with `python -m "
+                                    f"hf_variants.export_onnx --model MODEL --output_dir {folder}`.")
+        try:
+            import onnxruntime
+        except ImportError as error:
+            raise ImportError("OrtModelForSeq2SeqLM needs onnxruntime: pip install 'hf-variants[onnx]'.") from error
+        manifest = json.loads((folder / MANIFEST).read_text())
+        graphs = manifest["graphs"]
+        precision = precision or ("int8" if "int8" in graphs else "fp32")
+        if precision not in graphs:
+            raise ValueError(f"precision={precision!r}: {folder} has graphs for {sorted(graphs)} (export with "
+                             "--int8 for int8).")
+        from .registration import MODEL_CLASSES
+
+        if manifest.get("model_type") not in MODEL_CLASSES:
+            raise ValueError(f"{folder}/{MANIFEST}: unsupported model_type {manifest.get('model_type')!r} "
+                             f"(supported: {sorted(MODEL_CLASSES)}).")
+        config = MODEL_CLASSES[manifest["model_type"]][0].from_pretrained(folder)
+        torch_class = MODEL_CLASSES[config.model_type][2]
+        ort_class = cls._ort_classes.get(config.model_type)
+        if ort_class is None:
+            ort_class = type(f"Ort{torch_class.__name__}", (OrtModelForSeq2SeqLM, torch_class),
+                             {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__})
+            cls._ort_classes[config.model_type] = ort_class
+        if session_options is None:
+            session_options = onnxruntime.SessionOptions()
+            session_options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+            threads = num_threads if num_threads is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+            session_options.intra_op_num_threads = threads
+            session_options.inter_op_num_threads = 1
+        try:
+            generation_config = GenerationConfig.from_pretrained(folder)
+        except OSError:
+            generation_config = None
+        return ort_class(config, folder, manifest, precision, session_options, providers, generation_config)
+
+    # -------------------------------------------------------------------------------------- torch-model API
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def get_encoder(self, modality=None):
+        return self._encoder
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the cache is an OrtCache, made by the first step
+
+    @classmethod
+    def can_generate(cls) -> bool:
+        return True
+
+    def to(self, *args, **kwargs):
+        """CPU only: moving to another device raises; `.to("cpu")` / dtype float32 are no-ops."""
+        for arg in list(args) + list(kwargs.values()):
+            if isinstance(arg, (str, torch.device)) and torch.device(arg).type != "cpu":
+                raise ValueError(f"OrtModelForSeq2SeqLM runs on onnxruntime's CPU provider; cannot move to {arg}.")
+            if isinstance(arg, torch.dtype) and arg != torch.float32:
+                raise ValueError(f"OrtModelForSeq2SeqLM computes in float32 (int8 weights with precision='int8'); "
+                                 f"cannot convert to {arg}.")
+        return self
+
+    def eval(self):
+        return self
+
+    def save_pretrained(self, *args, **kwargs):
+        raise NotImplementedError("An ORT model is saved by the exporter: copy its folder "
+                                  f"({self.folder}) or export again with `python -m hf_variants.export_onnx`.")
+
+    # ----------------------------------------------------------------------------------------------- graphs
+    def encode(self, input_ids, attention_mask=None, tgt_lang_ids=None, phrase_index=None, inputs_embeds=None,
+               output_attentions=None, output_hidden_states=None, **kwargs) -> OrtEncoderOutput:
+        """Run the source graph: the encoder output tensors and every layer's cross-attention keys/values."""
+        if inputs_embeds is not None or input_ids is None:
+            raise ValueError("OrtModelForSeq2SeqLM takes `input_ids` (the exported graphs embed the tokens "
+                             "themselves); `inputs_embeds` is not supported.")
+        if output_attentions or output_hidden_states:
+            raise ValueError("OrtModelForSeq2SeqLM does not return attentions or hidden states (the exported "
+                             "graphs do not compute them): use the torch model.")
+        unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in ("return_dict",))
+        if unknown:
+            raise ValueError(f"OrtModelForSeq2SeqLM ({self.config.model_type}) takes no input {unknown}.")
+        batch, length = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
+        for name in self.manifest["source_inputs"]:
+            value = {"tgt_lang_ids": tgt_lang_ids, "phrase_index": phrase_index}[name]
+            if value is None:
+                value = self._default_input(name, batch)
+            feeds[name] = value
+        if phrase_index is not None and "phrase_index" not in feeds:
+            raise ValueError(f"`phrase_index` is only used by the syntactic MG-SA; this is {self.config.model_type}.")
+        if tgt_lang_ids is not None and "tgt_lang_ids" not in feeds:
+            raise ValueError(f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
+                             "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source).")
+        shapes = self._shapes(self.source_graph, batch=batch, source=length)
+        out = self.source_graph.run(feeds, shapes)
+        result = OrtEncoderOutput(last_hidden_state=out["encoder_last_hidden_state"])
+        for name, value in out.items():
+            if name != "encoder_last_hidden_state":
+                result[name] = value
+        return result
+
+    def _default_input(self, name: str, batch: int) -> torch.Tensor:
+        if name == "tgt_lang_ids":
+            if self.manifest.get("tgt_lang_ids_required"):
+                raise ValueError(
+                    f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the "
+                    f"index in config.languages={self.config.languages}), or `tgt_lang=` to `generate`, the "
+                    f"pipeline or `prepare_translation_inputs`.")
+            return torch.zeros(batch, dtype=torch.long)
+        raise ValueError(f"The syntactic MG-SA needs `{name}` (from `prepare_translation_inputs(..., parses=...)`).")
+
+    def _shapes(self, graph: _Graph, **dims) -> dict[str, tuple]:
+        """Output shapes of `graph` from the manifest's symbolic shapes and the given dimension values."""
+        shapes = {}
+        io = self.manifest["encoder" if graph is self.source_graph else "decoder"]
+        for value in io["outputs"]:
+            shape = []
+            for d in value["shape"]:
+                if isinstance(d, int):
+                    shape.append(d)
+                elif d == "past + 1":
+                    shape.append(dims["past"] + 1)
+                else:
+                    shape.append(dims[d])
+            shapes[value["name"]] = tuple(shape)
+        return shapes
+
+    def _step(self, token_ids: torch.Tensor, encoder_outputs: OrtEncoderOutput, attention_mask: torch.Tensor,
+              cache: OrtCache | None, tgt_lang_ids: torch.Tensor | None) -> tuple[torch.Tensor, OrtCache]:
+        """One step of the step graph: token_ids [batch, 1] -> logits [batch, 1, vocab], the grown cache."""
+        batch = token_ids.shape[0]
+        n = self.num_layers
+        kinds = [f"{kind}.{i}" for i in range(n) for kind in ("key", "value")]
+        feeds = {"decoder_input_ids": token_ids, "encoder_attention_mask": attention_mask}
+        for name in self.manifest["encoder_fields"]:
+            feeds[f"encoder_{name}"] = encoder_outputs[f"encoder_{name}" if name != "last_hidden_state"
+                                                       else "last_hidden_state"]
+        for name in self.manifest["step_inputs"]:
+            feeds[name] = tgt_lang_ids if tgt_lang_ids is not None else self._default_input(name, batch)
+        if cache is None:
+            past = []
+            for i in range(n):
+                k, v = encoder_outputs[f"cross_key.{i}"], encoder_outputs[f"cross_value.{i}"]
+                past += [k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]),
+                         v.new_empty(v.shape[0], v.shape[1], 0, v.shape[3])]
+        else:
+            past = cache.tensors
+        for name, tensor in zip(kinds, past):
+            feeds[f"past_{name}"] = tensor
+        for name in kinds:
+            feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
+        shapes = self._shapes(self.step_graph, batch=batch, source=attention_mask.shape[1],
+                              past=past[0].shape[2])
+        for name, tensor in zip(kinds, past):  # per-layer head counts of the cache (MUTE/MIMO units)
+            shapes[f"present_{name}"] = (batch, tensor.shape[1], tensor.shape[2] + 1, tensor.shape[3])
+        out = self.step_graph.run(feeds, shapes)
+        return out["logits"], OrtCache([out[f"present_{name}"] for name in kinds])
+
+    # --------------------------------------------------------------------------------------------- forward
+    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
+                past_key_values=None, use_cache=None, tgt_lang_ids=None, phrase_index=None, phrase_tags=None,
+                decoder_attention_mask=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None,
+                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs) -> Seq2SeqLMOutput:
+        """Logits of `decoder_input_ids` after the source: with a cache (`past_key_values`, an `OrtCache`) the
+        tokens after its length, one step per token; without one, every token from the start (a full
+        recompute: `use_cache=False`). `phrase_tags` only feed MG-SA's training loss and are not read."""
+        if labels is not None or decoder_inputs_embeds is not None or decoder_attention_mask is not None:
+            raise ValueError("OrtModelForSeq2SeqLM decodes (generate); it takes no `labels`, "
+                             "`decoder_inputs_embeds` or `decoder_attention_mask`: use the torch model.")
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("cache_position",) and v is not None}
+        if encoder_outputs is None:
+            encoder_outputs = self.encode(input_ids, attention_mask, tgt_lang_ids=tgt_lang_ids,
+                                          phrase_index=phrase_index, inputs_embeds=inputs_embeds,
+                                          output_attentions=output_attentions,
+                                          output_hidden_states=output_hidden_states, **kwargs)
+        elif not isinstance(encoder_outputs, OrtEncoderOutput):
+            raise TypeError("`encoder_outputs` must be the OrtEncoderOutput of this model's `get_encoder()`.")
+        if attention_mask is None:
+            attention_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long)
+        if decoder_input_ids is None:
+            decoder_input_ids = torch.full((attention_mask.shape[0], 1), self.config.decoder_start_token_id)
+        cache = past_key_values if isinstance(past_key_values, OrtCache) else None
+        if past_key_values is not None and cache is None and past_key_values.get_seq_length() > 0:
+            raise TypeError("OrtModelForSeq2SeqLM keeps its own cache (OrtCache); a torch cache cannot be read.")
+        start = cache.get_seq_length() if cache is not None else 0
+        if use_cache is False:
+            cache, start = None, 0
+        steps = []
+        for position in range(start, decoder_input_ids.shape[1]):
+            logits, cache = self._step(decoder_input_ids[:, position:position + 1], encoder_outputs,
+                                       attention_mask, cache, tgt_lang_ids)
+            steps.append(logits)
+        if not steps:
+            raise ValueError(f"No new decoder token: the cache holds {start} and `decoder_input_ids` has "
+                             f"{decoder_input_ids.shape[1]}.")
+        logits = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
+        return Seq2SeqLMOutput(logits=logits, past_key_values=cache if use_cache is not False else None,
+                               encoder_last_hidden_state=encoder_outputs.last_hidden_state)
+
+    def prepare_inputs_for_generation(self, decoder_input_ids, past_key_values=None, attention_mask=None,
+                                      encoder_outputs=None, use_cache=None, tgt_lang_ids=None, **kwargs):
+        """The step's inputs: the whole `decoder_input_ids` (forward feeds the tokens after the cache)."""
+        return {"decoder_input_ids": decoder_input_ids, "past_key_values": past_key_values,
+                "attention_mask": attention_mask, "encoder_outputs": encoder_outputs, "use_cache": use_cache,
+                "tgt_lang_ids": tgt_lang_ids}
+
+    @staticmethod
+    def _reorder_cache(past_key_values: OrtCache, beam_idx: torch.LongTensor) -> OrtCache:
+        """Beam search's reordering of the self-attention cache (the cross-attention keys/values are equal within
+        a sentence's beams, as in the torch model)."""
+        past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(folder={str(self.folder)!r}, precision={self.precision!r}, "
+                f"model_type={self.config.model_type!r})")
+
+
+class _LanguageIds(torch.nn.Module):
+    """What the torch class's `generate` / `_language_inputs` read from `self.model`: `language_ids_field`."""
+
+    def __init__(self, language_ids_field):
+        super().__init__()
+        self.language_ids_field = language_ids_field
+
+
+__all__ = ["OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache"]
