@@ -29,19 +29,20 @@ adds is initialised so that the variant starts as close to the pretrained functi
   distance is measured in `modeling_tests/test_warm_start.py` and README ("Warm start").
 - **MG-SA** (`mgsa_nmt`): in the MG-SA layers the word heads are the base's first `word_heads` heads (queries, keys,
   values); the phrase heads keep the base's queries; the phrase memory (composition, ON-LSTM / LSTM interaction) and
-  the tag classifiers are new (their paper init). The phrase heads' columns of W^o are **zeroed**: at step 0 the
-  layer is the base layer with only its word heads' contribution, and the phrase heads enter as W^o learns (their
-  gradient is non-zero from step 1). Copying those columns instead adds the output of random phrase memories through
-  W^o; `phrase_heads_output="copy"` keeps them (the step-0 losses of both are in the README). Other encoder layers
-  and the decoder: exact copies. Not exact; step-0 loss reported.
+  the tag classifiers are new (their paper init). The phrase heads' columns of W^o are **zeroed** by default: at step
+  0 the layer is the base layer with only its word heads' contribution, independent of the random phrase memory
+  (and of the seed), and the phrase heads enter as W^o learns (their gradient is non-zero from step 1).
+  `phrase_heads_output="copy"` keeps the base's columns instead (the phrase heads then add the output of random
+  memories through W^o; about the same step-0 loss, README "Warm start"). Other encoder layers and the decoder:
+  exact copies. Not exact.
 - **MIMO** (`mimo_nmt`): every transformation of every block is a copy of the pretrained sub-layer (its LayerNorm
   included). Any softmax mixture of identical streams is that stream, so the model is **exact** whatever the mixing
   logits (zeros by default: uniform 1/n). With a multilingual base (`languages`, `<2xx>` tags) the task-attention
   tables get one row per target language; with a bilingual one they have a single row (the links are learned but
   task-independent: MIMO's cardinality without its task awareness) and the start is exact all the same. MIMO's
   "Trans" units are post-norm without relative positions: a pre-norm base, or one with relative positions, cannot
-  be warm-started as MIMO (ValueError). `task_attention=False` (plain-sum links, eq. 1) sums n identical streams:
-  n times the input; not exact.
+  be warm-started as MIMO (ValueError). With `task_attention=False` (the ablation's plain-sum links, eq. 1) every
+  transformation's LayerNorm is scaled by 1/n, so that each sum of n streams is the base's value: exact too.
 - **Tied** (`tied_nmt`): one stack from two pretrained stacks has no exact start. Default `tied_init="decoder"`: every
   block (self-attention, cross-attention, FFN, LayerNorms) and the final LayerNorm come from the base's decoder, so
   the decoder path is the pretrained decoder exactly and the encoder path runs the decoder blocks without their
@@ -86,7 +87,6 @@ from .modeling_mute import project_doubly_stochastic
 from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration
 from .registration import MODEL_CLASSES, register_all
 
-
 # Fields of the base that define the function it computes (or its vocabulary): the variant keeps them; an override
 # with another value is an error naming both values.
 BASE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
@@ -122,8 +122,8 @@ class WarmStartReport:
     unused: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        lines = [f"{self.model_type} warm-started from {self.base}: {len(self.copied)} tensors copied, "
-                 f"{len(self.derived)} derived from base tensors, {len(self.initialised)} new"]
+        lines = [(f"{self.model_type} warm-started from {self.base}: {len(self.copied)} tensors copied, "
+                  f"{len(self.derived)} derived from base tensors, {len(self.initialised)} new")]
         lines += [f"  derived  {k}: {v}" for k, v in self.derived.items()]
         lines += [f"  new      {k}: {v}" for k, v in self.initialised.items()]
         if self.unused:
@@ -257,7 +257,7 @@ def _generic(mapper: _Mapper, key: str) -> bool:
 
 def _map_mute(mapper: _Mapper, key: str) -> bool:
     config = mapper.config
-    if key.endswith(".ffn.layer_norm_weight") or key.endswith(".ffn.layer_norm_bias"):
+    if key.endswith((".ffn.layer_norm_weight", ".ffn.layer_norm_bias")):
         mapper.copy(key, key.replace(".ffn.layer_norm_", ".ffn.final_layer_norm."))
     elif key.endswith(".self_attn.relative_embeddings"):
         mapper.copy(key, key.replace(".relative_embeddings", ".relative_positions.embeddings.weight"))
@@ -322,8 +322,9 @@ def _map_mgsa(mapper: _Mapper, key: str, phrase_heads_output: str) -> bool:
             mapper.copy(key, key)
         else:  # queries of every head, keys and values of the word heads only
             rows = torch.cat([torch.arange(d + word), 2 * d + torch.arange(word)])
-            mapper.derive(key, source[rows].clone(), f"{key} rows [0, {d + word}) and [{2 * d}, {2 * d + word}): "
-                                                     f"queries of all heads, K/V of the {config.word_heads} word heads")
+            how = (f"{key} rows [0, {d + word}) and [{2 * d}, {2 * d + word}): queries of all heads, K/V of the "
+                   f"{config.word_heads} word heads")
+            mapper.derive(key, source[rows].clone(), how)
         return True
     if key.endswith(".self_attn.out_proj.weight") and phrase_heads_output == "zero":
         w_o = mapper.take(key, key).clone()

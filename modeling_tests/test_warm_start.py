@@ -10,8 +10,8 @@
 - mismatched dimensions, vocabulary, positions and backbone settings: a ValueError naming both values;
 - save / load round trip (Auto classes after `import hf_variants`, and `trust_remote_code` in a fresh process without
   the package), tokenizer files and generation config carried over, the CLI;
-- one fine-tuning step from the function's result changes the weights with a finite loss; train.py fine-tunes a
-  warm-started folder and names the base model in results.json and the model card.
+- one fine-tuning step from the function's result changes the weights with a finite loss; train.py's
+  `--model_name_or_path` builds a warm-started folder as saved, and the model card names the base model.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import json
 
 import pytest
 import torch
+from conftest import run_without_package
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
 import hf_variants
-from conftest import run_without_package
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.warm_start import BASE_FIELDS, main, warm_start
+from hf_variants.warm_start import main, warm_start
 
 VOCAB = 60
 
@@ -162,9 +162,31 @@ def test_tied_keeps_one_pretrained_path(tied_init):
     assert (same_decoder, same_encoder) == ((True, False) if tied_init == "decoder" else (False, True))
 
 
+def test_a_marian_folder_is_converted_and_exact(tmp_path):
+    """A saved MarianMTModel (opus-mt's format, here random with an output bias and swish) as the base."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        pad_token_id=VOCAB - 1, eos_token_id=0, decoder_start_token_id=VOCAB - 1, activation_function="swish",
+        dropout=0.0)).eval()
+    with torch.no_grad():
+        marian.final_logits_bias.normal_(0, 0.1)
+    marian.save_pretrained(tmp_path / "marian")
+    inputs = batch()
+    inputs["input_ids"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, VOCAB - 1)
+    for model_type, overrides in (("mute_nmt", "merge=seq"), ("mimo_nmt", None)):
+        model = warm_start(tmp_path / "marian", model_type, overrides)
+        assert model.config.output_bias and model.config.activation_function == "swish"
+        assert model.config.warm_started_from == str(tmp_path / "marian")
+        assert max_diff(model, marian, inputs) < 1e-5
+
+
 def test_every_tensor_is_accounted_for():
     base = make_base()
-    for model_type in ("mute_nmt", "hysan_nmt", "mimo_nmt", "tied_nmt"):
+    for model_type in ("mute_nmt", "hysan_nmt", "mgsa_nmt", "mimo_nmt", "tied_nmt"):  # MG-SA: syntactic
         model, report = warm_start(base, model_type, return_report=True)
         keys = set(model.state_dict())
         assert set(report.copied) | set(report.derived) | set(report.initialised) == keys
@@ -177,12 +199,12 @@ def test_every_tensor_is_accounted_for():
     ("hysan_nmt", {"vocab_size": 80}, r"`vocab_size=80` does not match the base model's `vocab_size=60`"),
     ("mute_nmt", {"hidden_size": 64}, r"`d_model=64` does not match the base model's `d_model=32`"),
     ("mute_nmt", {"normalize_before": True}, r"`normalize_before=True` does not match .* `normalize_before=False`"),
-    ("mute_nmt", {"max_relative_positions": 16}, r"`max_relative_positions=16` does not match .*"
-                                                 r"`max_relative_positions=0`"),
-    ("tied_nmt", {"position_embedding_type": "learned"}, r"`position_embedding_type='learned'` does not match .*"
-                                                          r"`position_embedding_type='sinusoidal'`"),
-    ("hysan_nmt", {"use_positional_embeddings": False}, r"`use_positional_embeddings=False` does not match .*"
-                                                         r"`position_embedding_type='sinusoidal'`"),
+    ("mute_nmt", {"max_relative_positions": 16},
+     r"`max_relative_positions=16` does not match .* `max_relative_positions=0`"),
+    ("tied_nmt", {"position_embedding_type": "learned"},
+     r"`position_embedding_type='learned'` does not match .* `position_embedding_type='sinusoidal'`"),
+    ("hysan_nmt", {"use_positional_embeddings": False},
+     r"`use_positional_embeddings=False` does not match .* `position_embedding_type='sinusoidal'`"),
     ("mimo_nmt", {"encoder_ffn_dim": 128}, r"`encoder_ffn_dim=128` does not match .* `encoder_ffn_dim=64`"),
     ("mgsa_nmt", {"languages": ["de"]}, r"`languages=\['de'\]` does not match .* `languages=\[\]`"),
     ("mute_nmt", {"merg": "plain"}, r"`merg` is not a field of MuteConfig. Did you mean `merge`"),
@@ -289,30 +311,27 @@ def test_one_fine_tuning_step(model_type):
     assert "model.shared.weight" in changed and len(changed) > len(before) // 2
 
 
-def test_train_py_fine_tunes_a_warm_started_model(tokenizer, tmp_path):
-    """train.py --model_name_or_path OUT: 2 steps; results.json and the card name the base model."""
-    from test_training import head, write_lines
+def test_train_py_loads_a_warm_started_model_and_the_card_names_the_base(tokenizer, tmp_path):
+    """train.py --model_name_or_path OUT builds the warm-started model as saved (a 2-step run:
+    `python training/train.py --model_name_or_path OUT --max_steps 2 ...`, in the report); its results.json field
+    `warm_started_from` and the card name the base model."""
+    from model_cards.card import build_model_card
     from training import train
 
-    from conftest import DATA_DIR
-
-    data = tmp_path / "data"
-    data.mkdir()
-    for split, n in (("train", 40), ("val", 8), ("test_2016_flickr", 8)):
-        for lang in ("en", "de"):
-            write_lines(data / f"{split}.{lang}.gz", head(DATA_DIR / f"{split}.{lang}.gz", n))
     base = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
         "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id))
     base.save_pretrained(tmp_path / "base")
     tokenizer.save_pretrained(tmp_path / "base")
-    warm_start(tmp_path / "base", "hysan_nmt", output_dir=tmp_path / "warm", base_model_id="org/opus-mt-en-de")
-    results = train.main(["--data_dir", str(data), "--model_name_or_path", str(tmp_path / "warm"), "--max_steps", "2",
-                          "--max_tokens", "512", "--warmup_steps", "1", "--eval_steps", "2", "--eval_bleu_pairs", "4",
-                          "--num_beams", "1", "--max_len_a", "1.0", "--max_len_b", "2", "--source_lang", "en",
-                          "--target_lang", "de", "--output_dir", str(tmp_path / "run"), "--num_examples", "0"])
-    assert results["model_type"] == "hysan_nmt" and results["steps"] == 2
-    assert results["warm_started_from"] == "org/opus-mt-en-de"
-    card = (tmp_path / "run" / "model" / "README.md").read_text()
-    assert "base_model: org/opus-mt-en-de" in card
-    assert "warm-started from [`org/opus-mt-en-de`]" in card
+    warm = tmp_path / "warm"
+    model = warm_start(tmp_path / "base", "hysan_nmt", output_dir=warm, base_model_id="org/opus-mt-en-de")
+    args = train.parse_args(["--model_name_or_path", str(warm), "--config_overrides", "dropout=0.2"])
+    loaded = train.build_model(args, tokenizer, ["en", "de"], False)
+    assert type(loaded) is type(model) and loaded.config.dropout == 0.2
+    assert loaded.config.warm_started_from == "org/opus-mt-en-de"
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    for results in ({"base_model": str(warm), "warm_started_from": "org/opus-mt-en-de"}, {"base_model": str(warm)}):
+        card = str(build_model_card(warm, results))
+        assert "base_model: org/opus-mt-en-de" in card
+        assert "warm-started from [`org/opus-mt-en-de`](https://huggingface.co/org/opus-mt-en-de)" in card
