@@ -79,6 +79,7 @@ import torch
 from .configuration_transformer_nmt import (
     TransformerNmtConfig,
     _check_overrides_applied,
+    _plain,
     _resolve_aliases,
     check_config_field_names,
     parse_config_overrides,
@@ -178,7 +179,7 @@ def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides
     resolved = _resolve_aliases(config_class, overrides)
     base_values = _base_field_values(base_config)
     for name in BASE_FIELDS:
-        if name in resolved and resolved[name] != base_values[name]:
+        if name in resolved and _plain(resolved[name]) != _plain(base_values[name]):
             raise ValueError(f"`{name}={resolved[name]!r}` does not match the base model's `{name}="
                              f"{base_values[name]!r}`: a warm-started {model_type} keeps the base's dimensions, "
                              f"vocabulary and backbone settings ({', '.join(BASE_FIELDS[:4])}, ...).")
