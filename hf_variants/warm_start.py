@@ -55,8 +55,8 @@ adds is initialised so that the variant starts as close to the pretrained functi
 Mismatches between `config_overrides` and the base in dimensions, vocabulary, special tokens, languages or backbone
 settings raise a ValueError naming both values. The output folder holds the model (config with
 `warm_started_from`, generation config copied from the base, weights, code for `trust_remote_code`) and the base
-folder's tokenizer files; `training/train.py --model_name_or_path OUT` fine-tunes it and names the base model in
-results.json and the model card.
+folder's tokenizer files; `training/train.py --model_name_or_path OUT` fine-tunes it, and the model card of the run names the base
+model (from the saved config's `warm_started_from`).
 
 (Tooling: not shipped with saved models.)
 """
@@ -64,6 +64,7 @@ results.json and the model card.
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import inspect
 import json
@@ -82,7 +83,6 @@ from .configuration_transformer_nmt import (
     _plain,
     _resolve_aliases,
     check_config_field_names,
-    parse_config_overrides,
 )
 from .modeling_mute import project_doubly_stochastic
 from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration
@@ -194,6 +194,29 @@ def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides
         raise ValueError(f"A {model_type} with the base model's settings is not valid: {error}") from error
     _check_overrides_applied(config, resolved)
     return config
+
+
+def parse_config_overrides(spec: str | None) -> dict[str, Any]:
+    """`"merge=plain,unit_types=['identity','swap']"` -> dict: the `--config_overrides` syntax of
+    `training/train.py` (values parsed as JSON/Python literals, else kept as strings)."""
+    if not spec:
+        return {}
+    out = {}
+    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
+        key, value = (x.strip() for x in item.split("=", 1))
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            out[key] = None
+        else:
+            try:
+                out[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                out[key] = value
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the mapping

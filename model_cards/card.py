@@ -58,7 +58,7 @@ RESULTS_KEYS = (
     "model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "dataset_id", "eval_split",
     "bleu", "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
     "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters", "base_model",
-    "per_direction", "license", "settings_changes", "warm_started_from",
+    "per_direction", "license", "settings_changes",
 )
 
 
@@ -412,7 +412,7 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
     base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
     # a variant warm-started from a pretrained baseline (hf_variants.warm_start) names that model when it was
     # fine-tuned from a local folder
-    warm_started_from = results.get("warm_started_from") or config.get("warm_started_from") or None
+    warm_started_from = config.get("warm_started_from") or None
     if base_model_hub is None and _is_hub_id(warm_started_from):
         base_model_hub = warm_started_from
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])

@@ -315,8 +315,8 @@ def test_one_fine_tuning_step(model_type):
 
 def test_train_py_loads_a_warm_started_model_and_the_card_names_the_base(tokenizer, tmp_path):
     """train.py --model_name_or_path OUT builds the warm-started model as saved (a 2-step run:
-    `python training/train.py --model_name_or_path OUT --max_steps 2 ...`, in the report); its results.json field
-    `warm_started_from` and the card name the base model."""
+    `python training/train.py --model_name_or_path OUT --max_steps 2 ...`, in the report); the card of the run names
+    the base model (the config's `warm_started_from`), a Hub id as its `base_model`."""
     from model_cards.card import build_model_card
     from training import train
 
@@ -333,7 +333,10 @@ def test_train_py_loads_a_warm_started_model_and_the_card_names_the_base(tokeniz
     assert loaded.config.warm_started_from == "org/opus-mt-en-de"
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
-    for results in ({"base_model": str(warm), "warm_started_from": "org/opus-mt-en-de"}, {"base_model": str(warm)}):
-        card = str(build_model_card(warm, results))
-        assert "base_model: org/opus-mt-en-de" in card
-        assert "warm-started from [`org/opus-mt-en-de`](https://huggingface.co/org/opus-mt-en-de)" in card
+    card = str(build_model_card(warm, {"base_model": str(warm)}))  # what train.py's results.json holds
+    assert "base_model: org/opus-mt-en-de" in card
+    assert "warm-started from [`org/opus-mt-en-de`](https://huggingface.co/org/opus-mt-en-de)" in card
+    local = warm_start(tmp_path / "base", "mute_nmt", output_dir=tmp_path / "local")  # base recorded as its path
+    card = str(build_model_card(tmp_path / "local", {"base_model": str(tmp_path / "local")}))
+    assert "base_model:" not in card and "warm-started from the pretrained Transformer `base`" in card
+    assert local.config.warm_started_from == str(tmp_path / "base")

@@ -18,10 +18,12 @@ through the same loop (training/external.py) for side-by-side comparisons. See t
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -54,9 +56,24 @@ def str2bool(value: str) -> bool:
 def parse_overrides(spec: str | None) -> dict:
     """`"d_model=128,languages=['en','de'],normalize_before=true"` → dict (values parsed as JSON/Python
     literals, else kept as strings)."""
-    from hf_variants.configuration_transformer_nmt import parse_config_overrides
-
-    return parse_config_overrides(spec)
+    if not spec:
+        return {}
+    out = {}
+    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
+        key, value = (x.strip() for x in item.split("=", 1))
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            out[key] = None
+        else:
+            try:
+                out[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                out[key] = value
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1065,8 +1082,6 @@ def main(argv=None) -> dict | None:
             "validation": state.evals,
             "hyperparameters": hyperparameters,
             "base_model": args.model_name_or_path,
-            # the pretrained model a warm-started variant was built from (hf_variants.warm_start)
-            "warm_started_from": getattr(final_model.config, "warm_started_from", None),
             "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
             "num_processes": accelerator.num_processes,
             # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
