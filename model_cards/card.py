@@ -415,6 +415,11 @@ def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping 
     eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
     base_model = results.base_model or None
     base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
+    # a variant warm-started from a pretrained baseline (hf_variants.warm_start) names that model when it was
+    # fine-tuned from a local folder
+    warm_started_from = config.get("warm_started_from") or None
+    if base_model_hub is None and _is_hub_id(warm_started_from):
+        base_model_hub = warm_started_from
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
 
     card_data = ModelCardData(
@@ -463,6 +468,9 @@ def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping 
         directions=directions,
         base_model_hub=base_model_hub,
         fine_tuned=base_model is not None,
+        warm_started_from=(None if not warm_started_from else warm_started_from if _is_hub_id(warm_started_from)
+                           else _short_name(str(warm_started_from))),
+        warm_started_hub=_is_hub_id(warm_started_from),
         model_id=repo_id or PLACEHOLDER_REPO_ID,
         has_repo_id=repo_id is not None,
         model_name=model_name,
