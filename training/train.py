@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, data_pipeline, evaluation, external, settings  # noqa: E402
+from training import checkpointing, corpus, data_pipeline, evaluation, external, run_lock, settings  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 
 logger = logging.getLogger("hf_variants.train")
@@ -682,6 +682,16 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
 
 
 def main(argv=None) -> dict | None:
+    held = []  # the run folder's lock, released however the run ends
+    try:
+        return _main(argv, held)
+    finally:
+        for lock in held:
+            if lock is not None:
+                lock.release()
+
+
+def _main(argv, held: list) -> dict | None:
     args = parse_args(argv)
     import datetime
 
@@ -709,16 +719,20 @@ def main(argv=None) -> dict | None:
         # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
     )
-    resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir)
-    if accelerator.is_main_process:
-        if run_dir.exists() and resume is None and any(run_dir.iterdir()):
+    found = {}
+
+    def prepare_run_dir():  # the main process, holding the run folder's lock
+        found["resume"] = resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir)
+        if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
             if args.overwrite_output_dir:
-                shutil.rmtree(run_dir)
+                run_lock.clear_run_dir(run_dir)
             elif checkpointing.list_checkpoints(checkpoint_dir) or (run_dir / "results.json").exists():
                 raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
                                       f"continue it or --overwrite_output_dir to start over.")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+
+    # one run per folder (training/run_lock.py); every process stops when the main one does
+    held.append(run_lock.lock_run(accelerator, run_dir, then=prepare_run_dir))
+    resume = accelerator_broadcast(accelerator, found.get("resume"))
     setup_logging(accelerator, run_dir)
     # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
     run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
