@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from test_training import TRAIN_SCRIPT, data_dir, free_port, subprocess_env, tiny_args, tokenizer_dir  # noqa: E402,F401
+from test_training import (TRAIN_SCRIPT, data_dir, free_port, subprocess_env, tiny_args,  # noqa: E402,F401
+                           tokenizer_dir)
 from training import run_lock  # noqa: E402
 from training.run_lock import HOLDER_NAME, RunLock, RunLockedError  # noqa: E402
 
@@ -92,10 +93,9 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
         holder.kill()
         holder.wait()
     assert json.loads((run / HOLDER_NAME).read_text())["pid"] == holder.pid  # left behind by the killed process
-    with caplog.at_level(logging.WARNING, logger="training.run_lock"):
-        with RunLock(run) as lock:
-            assert lock.took_over["pid"] == holder.pid
-            assert json.loads((run / HOLDER_NAME).read_text())["pid"] == os.getpid()
+    with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run) as lock:
+        assert lock.took_over["pid"] == holder.pid
+        assert json.loads((run / HOLDER_NAME).read_text())["pid"] == os.getpid()
     assert f"Taking over the lock of {run}: the run that held it is no longer running (PID {holder.pid} no longer " \
            f"exists; it ended without releasing it): host " in caplog.text
     assert not (run / HOLDER_NAME).exists()

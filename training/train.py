@@ -722,7 +722,8 @@ def _main(argv, held: list) -> dict | None:
     found = {}
 
     def prepare_run_dir():  # the main process, holding the run folder's lock
-        found["resume"] = resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir)
+        found["resume"] = resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir,
+                                                                skipped=found.setdefault("damaged", []))
         if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
             if args.overwrite_output_dir:
                 run_lock.clear_run_dir(run_dir)
@@ -734,6 +735,8 @@ def _main(argv, held: list) -> dict | None:
     held.append(run_lock.lock_run(accelerator, run_dir, then=prepare_run_dir))
     resume = accelerator_broadcast(accelerator, found.get("resume"))
     setup_logging(accelerator, run_dir)
+    for message in found.get("damaged", []):  # checkpoints `latest` skipped
+        logger.warning(message)
     # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
     run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
                                          mixed_precision=str(accelerator.mixed_precision),
