@@ -122,7 +122,6 @@ def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike,
             except CheckpointError as err:  # an unreadable checkpoint.json
                 damaged.append(str(err))
                 continue
-            check_resumable(path)  # an old pickled format or planted pickles are refused, never skipped
             problems = damaged_files(path)
             if problems:
                 damaged.append(f"Checkpoint {path} is damaged: " + "; ".join(problems))
