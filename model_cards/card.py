@@ -11,8 +11,8 @@ Inputs:
 - `model_dir`: a `save_pretrained` folder (config.json, model.safetensors, tokenizer files, code files);
   the architecture numbers are read from its config.json (defensively: only the fields present are shown)
   and the parameter count, when `results` has none, from the safetensors headers.
-- `results`: the run's `results.json` (see `RESULTS_KEYS`); every key is optional, sections without data
-  are left out.
+- `results`: the run's record (`model_cards.run_record.RunRecord`, or `results.json`'s object, read with
+  `RunRecord.from_dict`); every field is optional, sections without data are left out.
 
 This module imports neither torch nor hf_variants: cards can be written from a run folder alone
 (`python -m model_cards.card RUN_DIR`).
@@ -34,6 +34,8 @@ from typing import Any
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .run_record import RunRecord
+
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # benchmarks/quality.py and benchmarks/efficiency.py write here (in a checkout of the repository)
@@ -54,11 +56,12 @@ DEFAULT_LICENSE = "apache-2.0"
 PACKAGE_TAG = "hf-variants"
 
 # Keys of results.json that the card reads (all optional).
+# the run record's fields the card reads
 RESULTS_KEYS = (
     "model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "dataset_id", "eval_split",
     "bleu", "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
     "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters", "base_model",
-    "per_direction", "license", "settings_changes",
+    "per_direction", "license", "settings_changes", "directions",
 )
 
 
@@ -235,9 +238,9 @@ def redact_secrets(mapping: Mapping) -> dict:
     return out
 
 
-def _languages(results: Mapping, config: Mapping) -> tuple[str | None, str | None, list[str]]:
-    src, tgt = results.get("source_lang"), results.get("target_lang")
-    langs = [lang for lang in (results.get("languages") or config.get("languages") or []) if lang]
+def _languages(results: RunRecord, config: Mapping) -> tuple[str | None, str | None, list[str]]:
+    src, tgt = results.source_lang, results.target_lang
+    langs = [lang for lang in (results.languages or config.get("languages") or []) if lang]
     if src and tgt:
         return src, tgt, list(dict.fromkeys([src, tgt] + ([] if len(langs) <= 2 else langs)))
     return None, None, list(dict.fromkeys(langs))
@@ -259,14 +262,14 @@ def _short_name(value: str) -> str:
     return re.sub(r"(\.(gz|txt|tsv|jsonl?|csv|parquet))+$", "", value) or value
 
 
-def _dataset(results: Mapping, languages: list[str]) -> tuple[str | None, str | None, bool]:
+def _dataset(results: RunRecord, languages: list[str]) -> tuple[str | None, str | None, bool]:
     """(dataset id for the model-index, pretty name, whether the id names a Hub dataset)."""
-    name = results.get("dataset")
+    name = results.dataset
     if not name:
         return None, None, False
     name = str(name)
-    if results.get("dataset_id"):
-        return str(results["dataset_id"]), DATASET_NAMES.get(_short_name(name).lower(), _short_name(name)), True
+    if results.dataset_id:
+        return str(results.dataset_id), DATASET_NAMES.get(_short_name(name).lower(), _short_name(name)), True
     if _is_hub_id(name):
         return name, DATASET_NAMES.get(name.split("/")[-1].lower(), name), True
     key = _short_name(name)
@@ -277,12 +280,13 @@ def _dataset(results: Mapping, languages: list[str]) -> tuple[str | None, str | 
     return key, pretty, False
 
 
-def _eval_results(results: Mapping, dataset_id: str | None, dataset_pretty: str | None,
+def _eval_results(results: RunRecord, dataset_id: str | None, dataset_pretty: str | None,
                   src: str | None, tgt: str | None) -> list[EvalResult]:
     if dataset_id is None:
         return []
-    split = _short_name(str(results["eval_split"])) if results.get("eval_split") else None
+    split = _short_name(str(results.eval_split)) if results.eval_split else None
     out: list[EvalResult] = []
+    overall = {"bleu": results.bleu, "chrf": results.chrf}
 
     def add(config: str | None, scores: Mapping, label: str) -> None:
         common = dict(task_type="translation", task_name="Translation", dataset_type=dataset_id,
@@ -292,16 +296,16 @@ def _eval_results(results: Mapping, dataset_id: str | None, dataset_pretty: str 
             value = scores.get(metric)
             if value is None:
                 continue
-            signature = scores.get(sig_key) or results.get(sig_key)
+            signature = scores.get(sig_key) or getattr(results, sig_key)
             out.append(EvalResult(**common, metric_type=metric, metric_name=metric_name,
                                   metric_value=round(float(value), 2),
                                   metric_args={"signature": signature} if signature else None))
 
     if src and tgt:
-        add(f"{src}-{tgt}", results, f"{src}-{tgt}")
+        add(f"{src}-{tgt}", overall, f"{src}-{tgt}")
     else:
-        add(None, results, "all directions")
-    for direction, scores in (results.get("per_direction") or {}).items():
+        add(None, overall, "all directions")
+    for direction, scores in (results.per_direction or {}).items():
         if isinstance(scores, Mapping) and direction != (f"{src}-{tgt}" if src and tgt else None):
             add(direction, scores, direction)
     return out
@@ -380,20 +384,21 @@ def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs
 
 
 # --------------------------------------------------------------------------------------------------- building
-def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo_id: str | None = None, *,
+def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping | None, repo_id: str | None = None, *,
                      license: str | None = None,  # noqa: A002 - the Hub's metadata key
                      benchmark_dir: str | os.PathLike | None = BENCHMARK_RESULTS) -> ModelCard:
-    """Build the `ModelCard` of the model saved in `model_dir` from the run's `results` (results.json).
+    """Build the `ModelCard` of the model saved in `model_dir` from the run's record (a `RunRecord`, or
+    results.json's object).
 
     `repo_id` ("ORG/NAME") goes into the usage snippet and the model-index name; without it the snippet shows a
-    placeholder. The model type comes from `results["model_type"]` or config.json. Raises `ValueError` for a
+    placeholder. The model type comes from the record's `model_type` or config.json. Raises `ValueError` for a
     model type without a template. The family's rows of the repository's side-by-side benchmark
     (`benchmark_dir`, see `benchmark_summary`) are cited when present.
     """
     model_dir = Path(model_dir)
-    results = dict(results or {})
+    results = RunRecord.from_dict(results)
     config = _load_config(model_dir)
-    model_type = results.get("model_type") or config.get("model_type")
+    model_type = results.model_type or config.get("model_type")
     if not model_type:
         raise ValueError(f"Unknown model type: neither results nor {model_dir / 'config.json'} name one.")
     family = FAMILIES.get(model_type)
@@ -403,18 +408,18 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
     src, tgt, languages = _languages(results, config)
     multilingual = not (src and tgt) and len(languages) > 2
     dataset_id, dataset_pretty, dataset_on_hub = _dataset(results, languages)
-    params = results.get("params")
+    params = results.params
     if params is None:
         params = count_parameters(model_dir)
-    model_name = _model_name(repo_id, model_type, results.get("dataset"), languages, src, tgt)
+    model_name = _model_name(repo_id, model_type, results.dataset, languages, src, tgt)
     eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
-    base_model = results.get("base_model") or None
+    base_model = results.base_model or None
     base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
 
     card_data = ModelCardData(
         language=languages or None,
-        license=license or results.get("license") or DEFAULT_LICENSE,
+        license=license or results.license or DEFAULT_LICENSE,
         library_name="transformers",
         pipeline_tag="translation",
         tags=tags,
@@ -425,36 +430,36 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
         eval_results=eval_results or None,
     )
 
-    hyperparameters = {k: v for k, v in redact_secrets(results.get("hyperparameters") or {}).items()
+    hyperparameters = {k: v for k, v in redact_secrets(results.hyperparameters or {}).items()
                        if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS}
     training_rows = [(label, value) for label, value in (
-        ("Optimizer steps", _fmt(results["steps"]) if results.get("steps") is not None else None),
-        ("Epochs", f"{float(results['epochs']):.2f}" if results.get("epochs") is not None else None),
-        ("Wall time", _duration(results.get("wall_time_sec"))),
-        ("Training throughput", f"{float(results['train_tokens_per_sec']):,.0f} tokens/s"
-         if results.get("train_tokens_per_sec") is not None else None),
+        ("Optimizer steps", _fmt(results.steps) if results.steps is not None else None),
+        ("Epochs", f"{float(results.epochs):.2f}" if results.epochs is not None else None),
+        ("Wall time", _duration(results.wall_time_sec)),
+        ("Training throughput", f"{float(results.train_tokens_per_sec):,.0f} tokens/s"
+         if results.train_tokens_per_sec is not None else None),
     ) if value is not None]
     # settings changed when the run was resumed (train.py --allow_changed_settings, or max_steps and the like)
     by_step: dict[int, list[str]] = {}
-    for change in results.get("settings_changes") or []:
+    for change in results.settings_changes or []:
         if isinstance(change, Mapping) and "setting" in change:
             by_step.setdefault(change.get("step"), []).append(
                 f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}")
     training_rows += [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
-    per_direction = [(direction, scores) for direction, scores in (results.get("per_direction") or {}).items()
+    per_direction = [(direction, scores) for direction, scores in (results.per_direction or {}).items()
                      if isinstance(scores, Mapping)]
     example_src = src or (languages[0] if languages else "en")
     example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
     # Models that know their languages take (and multilingual ones need) `tgt_lang`; others reject it.
     needs_tgt_lang = example_tgt is not None and example_tgt in (config.get("languages") or [])
 
-    directions = [str(d) for d in results.get("directions") or []]
+    directions = [str(d) for d in results.directions or []]
     if not directions and src and tgt:
         directions = [f"{src}-{tgt}"]
     template_vars = dict(
         family=family,
         model_type=model_type,
-        variant=results.get("variant"),
+        variant=results.variant,
         directions=directions,
         base_model_hub=base_model_hub,
         fine_tuned=base_model is not None,
@@ -463,18 +468,18 @@ def build_model_card(model_dir: str | os.PathLike, results: Mapping | None, repo
         model_name=model_name,
         src=src, tgt=tgt, languages=languages, multilingual=multilingual,
         direction=f"{src}→{tgt}" if src and tgt else None,
-        dataset=results.get("dataset"), dataset_id=dataset_id if dataset_on_hub else None,
+        dataset=results.dataset, dataset_id=dataset_id if dataset_on_hub else None,
         dataset_pretty=dataset_pretty, multi30k=(dataset_pretty == "Multi30k"),
-        eval_split=_short_name(str(results["eval_split"])) if results.get("eval_split") else None,
-        train_pairs=results.get("train_pairs"), dropped_pairs=results.get("dropped_pairs"),
-        dropped_reasons={k: v for k, v in (results.get("dropped_reasons") or {}).items() if v},
+        eval_split=_short_name(str(results.eval_split)) if results.eval_split else None,
+        train_pairs=results.train_pairs, dropped_pairs=results.dropped_pairs,
+        dropped_reasons={k: v for k, v in (results.dropped_reasons or {}).items() if v},
         architecture=_architecture_rows(config, family, params),
         params=params,
         config=config,
         hyperparameters=[(k, _fmt(v)) for k, v in hyperparameters.items()],
         training=training_rows,
-        bleu=results.get("bleu"), chrf=results.get("chrf"),
-        bleu_signature=results.get("sacrebleu_signature"), chrf_signature=results.get("chrf_signature"),
+        bleu=results.bleu, chrf=results.chrf,
+        bleu_signature=results.sacrebleu_signature, chrf_signature=results.chrf_signature,
         per_direction=per_direction,
         example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
         example_tgt=example_tgt if needs_tgt_lang else None,

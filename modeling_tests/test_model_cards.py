@@ -306,3 +306,45 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
     assert "1100 steps of <= 4096 tokens" in text and "reached 34.0 BLEU" in text
     plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
     assert "Side-by-side benchmark" not in plain
+
+
+# ------------------------------------------------------------------------------------------------ the run record
+def test_run_record_reads_old_and_new_results_files():
+    """results.json of another version loads: missing keys take defaults, unknown keys are kept and written back;
+    the keys train.py writes are the record's fields, in order."""
+    from model_cards.run_record import RunRecord
+
+    old = {"model_type": "mute_nmt", "bleu": 1.5, "steps": 7, "an_old_key": {"x": 1}, "per_direction": None}
+    record = RunRecord.from_dict(old)
+    assert (record.model_type, record.bleu, record.steps) == ("mute_nmt", 1.5, 7)
+    assert record.languages == [] and record.params is None and record.per_direction is None
+    assert record.extra == {"an_old_key": {"x": 1}}
+    written = record.to_dict()
+    assert written["an_old_key"] == {"x": 1} and "license" not in written and "dataset_id" not in written
+    assert RunRecord.from_dict(written) == record
+    full = make_results("transformer_nmt", license="mit", dataset_id="org/data")
+    assert RunRecord.from_dict(full).to_dict() == {**RunRecord().to_dict(), **full}
+    with pytest.raises(TypeError, match="JSON object"):
+        RunRecord.from_dict(["not", "an", "object"])
+
+
+def test_card_reads_every_record_field_it_shows(tmp_path):
+    """Each field the card reads (card.RESULTS_KEYS) is a RunRecord field, and a distinct value given to it shows
+    up in the card: a field renamed on one side fails here instead of silently emptying a card field."""
+    from model_cards.run_record import RunRecord
+
+    assert set(card_module.RESULTS_KEYS) <= set(RunRecord.field_names())
+    record = RunRecord.from_dict(make_results(
+        "transformer_nmt", variant="Variant-XYZ", params=987_654, train_pairs=31_337, dropped_pairs=4_242,
+        steps=2_718, epochs=3.14159, wall_time_sec=7_265.0, train_tokens_per_sec=6_543.0, license="apache-2.0",
+        base_model="org/parent-model", directions=["en-de"], dataset="wmt16", dataset_id="org/wmt16-copy",
+        settings_changes=[{"step": 99, "setting": "learning_rate", "from": 0.1, "to": 0.2, "free": False}]))
+    run = make_run(tmp_path, "transformer_nmt", results=record.to_dict())
+    card = build_model_card(run / "model", record)
+    text, data = card.text, ModelCard(str(card)).data
+    for shown in ("Variant-XYZ", "987,654", "31,337", "4,242", "2,718", "3.14", "6,543 tokens/s", "12.35", "40.99",
+                  record.sacrebleu_signature, "Resumed at step 99", "`learning_rate`"):
+        assert shown in text, shown
+    assert data.license == "apache-2.0" and data.base_model == "org/parent-model"
+    assert data.datasets == ["org/wmt16-copy"] and data.language == ["en", "de"]
+    assert build_model_card(run / "model", record.to_dict()).text == text  # a dict and the record agree

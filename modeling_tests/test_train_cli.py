@@ -108,3 +108,65 @@ def test_dataset_with_valid_split_and_no_test_split(data_dir, tokenizer_dir, tmp
     assert results["hyperparameters"]["valid_split"] == "valid" and results["hyperparameters"]["test_split"] is None
     with pytest.raises(DataError, match=r"has no split 'test' \(its splits: train, valid\)"):
         train.main(args + ["--output_dir", str(tmp_path / "run2"), "--test_split", "test"])
+
+
+BAD_FLAGS = [
+    (["--eval_steps", "-1"], "--eval_steps must be >= 0 (0: no periodic validation, only at the end), got -1"),
+    (["--save_steps", "-5"], "--save_steps must be >= 0"),
+    (["--logging_steps", "0"], "--logging_steps must be a positive integer, got 0"),
+    (["--max_steps", "0"], "--max_steps must be a positive integer, got 0"),
+    (["--max_tokens", "-3"], "--max_tokens must be a positive integer, got -3"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be a positive integer"),
+    (["--max_sentences", "0"], "--max_sentences must be a positive integer"),
+    (["--max_length", "0"], "--max_length must be a positive integer"),
+    (["--max_train_pairs", "0"], "--max_train_pairs must be a positive integer"),
+    (["--num_beams", "0"], "--num_beams must be a positive integer"),
+    (["--eval_batch_size", "0"], "--eval_batch_size must be a positive integer"),
+    (["--vocab_size", "-8000"], "--vocab_size must be a positive integer"),
+    (["--stream_buffer_rows", "0"], "--stream_buffer_rows must be a positive integer"),
+    (["--ddp_timeout", "0"], "--ddp_timeout must be a positive integer"),
+    (["--warmup_steps", "-1"], "--warmup_steps must be >= 0 (0: no warmup), got -1"),
+    (["--keep_checkpoints", "-1"], "--keep_checkpoints must be >= 0 (0: keep all)"),
+    (["--average_last", "-2"], "--average_last must be >= 0"),
+    (["--eval_bleu_pairs", "-1"], "--eval_bleu_pairs must be >= 0"),
+    (["--max_grad_norm", "-1"], "--max_grad_norm must be >= 0 (0: no clipping)"),
+    (["--weight_decay", "-0.1"], "--weight_decay must be >= 0"),
+    (["--learning_rate", "0"], "--learning_rate must be positive, got 0.0"),
+    (["--learning_rate", "nan"], "--learning_rate must be a finite number, got nan"),
+    (["--length_penalty", "inf"], "--length_penalty must be a finite number, got inf"),
+    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+    (["--label_smoothing", "-0.1"], "--label_smoothing must be in [0, 1)"),
+    (["--adam_beta2", "1"], "--adam_beta2 must be in [0, 1), got 1.0"),
+    (["--num_epochs", "0"], "--num_epochs must be positive, got 0.0"),
+    (["--max_len_a", "0", "--max_len_b", "0"], "--max_len_a 0 --max_len_b 0 leaves no tokens to generate"),
+    (["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
+     "--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it"),
+    (["--streaming", "--num_epochs", "1"], "--streaming reads a corpus of unknown length"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_bad_numeric_flags_are_refused_at_parse_time(flags, message, capsys):
+    """Every numeric flag is range-checked when parsed (exit status 2, the message names the flag), before any
+    data is read."""
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_zero_cadences_mean_only_at_the_end():
+    args = train.parse_args(["--eval_steps", "0"])
+    assert (args.eval_steps, args.save_steps) == (0, 0)  # --save_steps follows --eval_steps
+    from training.trainer import every
+
+    assert [s for s in range(1, 10) if every(s, 0)] == [] and [s for s in range(1, 10) if every(s, 4)] == [4, 8]
+
+
+def test_eval_steps_zero_validates_only_at_the_end(data_dir, tokenizer_dir, tmp_path):
+    """`--eval_steps 0` (documented: no periodic validation) trains, validates and checkpoints at the last step
+    only (it used to stop with ZeroDivisionError after the first step)."""
+    results = train.main(tiny_args(data_dir, tmp_path / "run", "--eval_steps", "0", "--logging_steps", "1",
+                                   tokenizer=tokenizer_dir, steps=3))
+    assert [r["step"] for r in results["validation"]] == [3]
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_3"]

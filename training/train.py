@@ -27,7 +27,6 @@ import re
 import shutil
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,8 +35,12 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, data_pipeline, evaluation, external, run_lock, settings  # noqa: E402
+from training import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
+from model_cards.run_record import RunRecord  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
+from training.trainer import (  # noqa: E402,F401 (batch helpers re-exported)
+    Job, RunContext, RunData, Trainer, TrainState, accelerator_broadcast, batch_texts, evaluate_pairs, make_batch,
+    validation_loss)
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -76,10 +79,7 @@ def parse_overrides(spec: str | None) -> dict:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g = p.add_argument_group("data")
+def add_data_args(g) -> None:
     g.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR),
                    help="folder of per-language text files {prefix}.{lang}[.gz] (multi-way parallel)")
     g.add_argument("--train_prefix", default="train")
@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preprocessing_num_workers", type=int,
                    help="processes tokenizing a split when its cache is built (default: the CPU cores available)")
 
-    g = p.add_argument_group("tokenizer")
+
+def add_tokenizer_args(g) -> None:
     g.add_argument("--tokenizer", "--tokenizer_name",
                    help="a saved tokenizer; default: train the shared one and save it with the run")
     g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the tokenizer on at most this many sentences (all languages together): a "
                         "deterministic random sample of the training rows when the corpus has more (0: all)")
 
-    g = p.add_argument_group("model")
+
+def add_model_args(g) -> None:
     g.add_argument("--model_type", default="transformer_nmt")
     g.add_argument("--preset", default="small", help="a preset of the model's config (tiny, small, base, big)")
     g.add_argument("--config_overrides", help="key=value,... applied to the config")
@@ -149,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prepend <2xx> to sources; auto = when the run has more than one target language "
                         "(never for tied_nmt: its direction embedding is the signal)")
 
-    g = p.add_argument_group("optimisation")
+
+def add_optimisation_args(g) -> None:
     g.add_argument("--learning_rate", type=float, default=1e-3, help="peak learning rate (after warmup)")
     g.add_argument("--adam_beta1", type=float, default=0.9)
     g.add_argument("--adam_beta2", type=float, default=0.98)
@@ -180,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds the other processes wait for the main one (e.g. while it builds the data cache "
                         "of a large corpus at the first launch)")
 
-    g = p.add_argument_group("evaluation")
-    g.add_argument("--eval_steps", type=int, default=100, help="validate every N steps (and at the end)")
+
+def add_evaluation_args(g) -> None:
+    g.add_argument("--eval_steps", type=int, default=100,
+                   help="validate every N steps (and at the end; 0: only at the end)")
     g.add_argument("--eval_bleu_pairs", type=int, default=200,
                    help="validation pairs translated for BLEU/chrF during training (0: loss only)")
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
@@ -193,8 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sentences per translation batch and process")
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
 
-    g = p.add_argument_group("checkpoints")
-    g.add_argument("--save_steps", type=int, help="checkpoint every N steps (default: --eval_steps)")
+
+def add_checkpoints_args(g) -> None:
+    g.add_argument("--save_steps", type=int,
+                   help="checkpoint every N steps (default: --eval_steps; 0: only at the end and the best)")
     g.add_argument("--keep_checkpoints", "--save_total_limit", type=int, default=5,
                    help="newest checkpoints kept (plus the best; 0: all)")
     g.add_argument("--average_last", type=int, default=0,
@@ -210,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
                         "final test, output)")
 
-    g = p.add_argument_group("output")
+
+def add_output_args(g) -> None:
     g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
     g.add_argument("--variant_name", help="a display name for the model card (default: the model family's name)")
     g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
@@ -223,6 +231,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--push_to_hub", action="store_true")
     g.add_argument("--hub_model_id", help="ORG/NAME")
     g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_data_args(p.add_argument_group("data"))
+    add_tokenizer_args(p.add_argument_group("tokenizer"))
+    add_model_args(p.add_argument_group("model"))
+    add_optimisation_args(p.add_argument_group("optimisation"))
+    add_evaluation_args(p.add_argument_group("evaluation"))
+    add_checkpoints_args(p.add_argument_group("checkpoints"))
+    add_output_args(p.add_argument_group("output"))
     return p
 
 
@@ -283,46 +303,61 @@ def parse_args(argv=None) -> argparse.Namespace:
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
-    if args.gradient_accumulation_steps < 1 or args.max_tokens < 1:
-        parser.error("--gradient_accumulation_steps and --max_tokens must be positive")
     if args.save_steps is None:
         args.save_steps = args.eval_steps
+    for message in numeric_flag_errors(args):
+        parser.error(message)
     if args.streaming and args.num_epochs:
         parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
-    if args.stream_buffer_rows < 1:
-        parser.error("--stream_buffer_rows must be positive")
+    if args.resume_from_checkpoint and args.overwrite_output_dir:
+        parser.error("--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it: "
+                     "give one of them")
+    if args.max_len_a == 0 and args.max_len_b == 0:
+        parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
     return args
 
 
+# The numeric flags and their valid ranges (checked at parse time, before any data work): (flags, lowest, lowest
+# included, highest (excluded), what 0 means when 0 is allowed).
+POSITIVE_INTS = ("max_length", "max_train_pairs", "max_valid_pairs", "max_test_pairs", "stream_buffer_rows",
+                 "preprocessing_num_workers", "vocab_size", "max_tokens", "max_sentences",
+                 "gradient_accumulation_steps", "max_steps", "num_threads", "ddp_timeout", "num_beams",
+                 "eval_batch_size", "logging_steps")
+NON_NEGATIVE = {"tokenizer_sample_lines": "all", "tokenizer_min_frequency": None, "warmup_steps": "no warmup",
+                "eval_steps": "no periodic validation, only at the end",
+                "save_steps": "checkpoints only at the end (and at the best validation)",
+                "eval_bleu_pairs": "validation loss only", "max_len_b": None, "num_examples": None,
+                "keep_checkpoints": "keep all", "average_last": "no averaging", "weight_decay": None,
+                "max_grad_norm": "no clipping", "max_len_a": None, "adam_epsilon": None}
+FRACTIONS = ("dropout", "label_smoothing", "adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def numeric_flag_errors(args) -> list[str]:
+    """A message naming the flag for every numeric flag out of its range (or not finite)."""
+    errors = []
+    for name, value in sorted(vars(args).items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            errors.append(f"--{name} must be a finite number, got {value}")
+    for name in POSITIVE_INTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            errors.append(f"--{name} must be a positive integer, got {value}")
+    for name, zero in NON_NEGATIVE.items():
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            errors.append(f"--{name} must be >= 0{f' (0: {zero})' if zero else ''}, got {value}")
+    for name in FRACTIONS:
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < 1:
+            errors.append(f"--{name} must be in [0, 1), got {value}")
+    if args.learning_rate <= 0:
+        errors.append(f"--learning_rate must be positive, got {args.learning_rate}")
+    if args.num_epochs is not None and args.num_epochs <= 0:
+        errors.append(f"--num_epochs must be positive, got {args.num_epochs}")
+    return errors
+
+
 # ----------------------------------------------------------------------------------------------------- the run
-class TrainState:
-    """Everything about the run's progress that a checkpoint must restore besides the model, optimizer and random
-    states (saved as JSON in the checkpoint's trainer_state.json)."""
-
-    def __init__(self):
-        self.step = 0
-        self.epoch = 0
-        self.step_in_epoch = 0
-        self.train_tokens = 0
-        self.train_time = 0.0
-        self.wall_time = 0.0
-        self.best_metric = None
-        self.best_step = None
-        self.evals: list[dict] = []
-        # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
-        self.settings_changes: list[dict] = []
-        # --streaming: the position after the last step ({"epoch", "buffer", "row", "step"}) and the stream's own
-        # state (the first epoch's drop report, rows per epoch)
-        self.stream: dict | None = None
-        self.stream_state: dict | None = None
-
-    def state_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
-
-
 def setup_logging(accelerator, run_dir: Path) -> None:
     level = logging.INFO if accelerator.is_main_process else logging.WARNING
     handlers = [logging.StreamHandler(sys.stdout)]
@@ -401,28 +436,6 @@ def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_p
 def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
     """Directions evaluated: with --bidirectional, each listed pair in both directions."""
     return directions + [(t, s) for s, t in directions] if bidirectional else list(directions)
-
-
-def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
-    """Sources, targets, target languages, the common source language (or None) and the variant inputs of a
-    batch; with `bidirectional`, every pair also appears reversed."""
-    src = [p.src for p in pairs]
-    tgt = [p.tgt for p in pairs]
-    tgt_langs = [p.tgt_lang for p in pairs]
-    src_langs = [p.src_lang for p in pairs]
-    extra = {name: [p.src_extra[name] for p in pairs] for name in (pairs[0].src_extra if pairs else {})}
-    if bidirectional:
-        src, tgt, tgt_langs, src_langs = src + tgt, tgt + src, tgt_langs + src_langs, src_langs + tgt_langs
-        extra = {name: values + [p.tgt_extra[name] for p in pairs] for name, values in extra.items()}
-    src_lang = src_langs[0] if len(set(src_langs)) == 1 else None
-    return src, tgt, tgt_langs, src_lang, extra
-
-
-def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
-    src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
-    # length filtering already dropped longer pairs; the margin leaves room for a language tag
-    return external.prepare_translation_inputs(model, tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs,
-                                               text_target=tgt, max_length=max_length + 2, **extra)
 
 
 def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: bool = False):
@@ -618,532 +631,6 @@ def atomic_write_json(path: Path, data) -> None:
     checkpointing.atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
-def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool,
-                   args) -> dict | None:
-    """Translate `pairs` (each evaluated direction) and score them: overall and per direction. Main process only
-    gets the scores (others get None)."""
-    rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt, p.src_extra) for p in pairs]  # (direction, src, ref, extra)
-    if bidirectional:
-        rows += [((p.tgt_lang, p.src_lang), p.tgt, p.src, p.tgt_extra) for p in pairs]
-    hyps_all: dict[int, str] = {}
-    for direction in directions:
-        idx = [i for i, r in enumerate(rows) if r[0] == direction]
-        if not idx:
-            continue
-        hyps = evaluation.translate_distributed(
-            accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
-            src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
-            length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-            max_length=None,  # evaluation sources are never truncated
-            variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations})
-        if hyps is not None:
-            hyps_all.update(zip(idx, hyps))
-    if not accelerator.is_main_process:
-        return None
-    order = sorted(hyps_all)
-    result = evaluation.score([hyps_all[i] for i in order], [rows[i][2] for i in order])
-    result["per_direction"] = {}
-    if len(directions) > 1:
-        for direction in directions:
-            idx = [i for i in order if rows[i][0] == direction]
-            if idx:
-                s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx])
-                result["per_direction"][f"{direction[0]}-{direction[1]}"] = {
-                    "bleu": s["bleu"], "chrf": s["chrf"], "pairs": len(idx)}
-    result["examples"] = [{"direction": f"{rows[i][0][0]}-{rows[i][0][1]}", "source": rows[i][1],
-                           "reference": rows[i][2], "translation": hyps_all[i]} for i in order]
-    return result
-
-
-@torch.no_grad()
-def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length,
-                    label_smoothing) -> float:
-    """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
-    was_training = model.training
-    model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
-    world = accelerator.num_processes
-    # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
-    # a batch and is not counted
-    padded = batches + batches[:(-len(batches)) % world] if batches else []
-    loss_kwargs = external.loss_only_kwargs(model)
-    for j in range(accelerator.process_index, len(padded), world):
-        batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
-        out = model(**batch, **loss_kwargs)
-        if j >= len(batches):
-            continue
-        aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
-        loss = external.translation_loss(model, out, batch["labels"], label_smoothing)
-        ntok = int((batch["labels"] != -100).sum())
-        total += torch.tensor([(float(loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
-    model.train(was_training)
-    total = accelerator.reduce(total, "sum")
-    return float(total[0] / total[1].clamp(min=1))
-
-
-def main(argv=None) -> dict | None:
-    held = []  # the run folder's lock, released however the run ends
-    try:
-        return _main(argv, held)
-    finally:
-        for lock in held:
-            if lock is not None:
-                lock.release()
-
-
-def _main(argv, held: list) -> dict | None:
-    args = parse_args(argv)
-    import datetime
-
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, set_seed
-    from transformers import get_scheduler
-
-    languages, directions = resolve_languages(args)
-    eval_directions = pair_directions(directions, args.bidirectional)
-    trackers = [t for t in args.report_to if t != "none"]
-    dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
-    preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
-    run_name = args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
-    run_dir = Path(args.output_dir) if args.output_dir else ROOT / "runs" / run_name
-    checkpoint_dir = run_dir / "checkpoints"
-
-    accelerator = Accelerator(
-        # Without cpu=True, accelerate 1.15 leaves a multi-process launch on a machine without accelerators as
-        # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
-        cpu=use_cpu(args),
-        mixed_precision=args.mixed_precision,
-        log_with=trackers or None,
-        project_dir=str(run_dir / "logs"),
-        step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
-        # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
-    )
-    found = {}
-
-    def prepare_run_dir():  # the main process, holding the run folder's lock
-        found["resume"] = resume = checkpointing.resolve_resume(args.resume_from_checkpoint, checkpoint_dir,
-                                                                skipped=found.setdefault("damaged", []))
-        if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
-            if args.overwrite_output_dir:
-                run_lock.clear_run_dir(run_dir)
-            elif checkpointing.list_checkpoints(checkpoint_dir) or (run_dir / "results.json").exists():
-                raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
-                                      f"continue it or --overwrite_output_dir to start over.")
-
-    # one run per folder (training/run_lock.py); every process stops when the main one does
-    held.append(run_lock.lock_run(accelerator, run_dir, then=prepare_run_dir))
-    resume = accelerator_broadcast(accelerator, found.get("resume"))
-    setup_logging(accelerator, run_dir)
-    for message in found.get("damaged", []):  # checkpoints `latest` skipped
-        logger.warning(message)
-    # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
-    run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
-                                         mixed_precision=str(accelerator.mixed_precision),
-                                         device=accelerator.device.type)
-    settings_changes = []
-    if resume is not None:
-        saved = checkpointing.check_resumable(resume)
-        settings_changes = settings.resume_changes(saved.get("settings", {}), run_settings,
-                                                   set(args.allow_changed_settings or ()), where=str(resume))
-        for change in settings_changes:
-            logger.log(logging.INFO if change["free"] else logging.WARNING, "Resuming %s with %s changed: %s -> %s%s",
-                       resume.name, change["setting"], json.dumps(change["from"]), json.dumps(change["to"]),
-                       "" if change["free"] else " (allowed by --allow_changed_settings; recorded)")
-    if accelerator.device.type == "cpu":
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(args.num_threads or max(1, cores // max(local_processes, 1)))
-    logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
-                accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
-                torch.get_num_threads())
-    session_start = time.time()
-
-    # ---------------------------------------------------------------------------------------------------- data
-    t_data = time.time()
-    tokenizer, target_tags, sets, reports = main_process_first(
-        accelerator, lambda: prepare_data(args, accelerator, run_dir, languages, directions, eval_directions,
-                                          resuming=resume is not None))
-    train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
-    # seeded after the data: building a cache or finding it must not change the random states of the run
-    set_seed(args.seed)
-    valid_pairs = sets["valid"].to_pairs() if sets["valid"] is not None else []
-    test_pairs = sets["test"].to_pairs() if sets["test"] is not None else []
-    per_item = 2 if args.bidirectional else 1
-    stream = None
-    if args.streaming:
-        stream = data_pipeline.StreamingPairs(
-            sets["stream"], languages, directions, tokenizer, annotations=args.source_annotations,
-            target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
-            on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
-            max_sentences=args.max_sentences, seed=args.seed, examples_per_item=per_item,
-            num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps,
-            skip_absent=len(languages) > 2)
-        train_report = stream.report
-        logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
-                    sets["stream"].label, args.stream_buffer_rows,
-                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
-                    len(valid_pairs), len(test_pairs), eval_report.summary(), time.time() - t_data)
-    else:
-        if not len(train_set):
-            raise DataError(f"No training pairs left ({train_report.summary()}).")
-        logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
-                    ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if args.bidirectional else ""),
-                    len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
-                    time.time() - t_data)
-    if train_set is not None and len(directions) > 1 and train_set.pairs_per_direction:
-        logger.info("Training pairs per direction: %s", ", ".join(
-            f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()))
-    sampler = None
-    if train_set is not None:
-        sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens,
-                                           args.max_sentences, seed=args.seed, shuffle=True,
-                                           examples_per_item=per_item)
-        if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by each node's main process
-            # (the local one: a run folder on a node's own disk works too; on a shared one they write the same files)
-            sampler = corpus.SharedEpochs(sampler, run_dir / "epoch_batches", accelerator.is_local_main_process,
-                                          timeout=args.ddp_timeout)
-    valid_set = sets["valid"]
-    valid_batches = corpus.TokenBatchSampler(
-        valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
-        args.max_tokens, args.max_sentences, shuffle=False, examples_per_item=per_item).batches(0)
-    steps_per_epoch = None
-    if sampler is not None:
-        steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
-                                              args.gradient_accumulation_steps))
-        max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
-        logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
-                    "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
-                    accelerator.num_processes, args.gradient_accumulation_steps)
-    else:
-        max_steps = args.max_steps
-        logger.info("%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
-                    max_steps, args.max_tokens, accelerator.num_processes, args.gradient_accumulation_steps)
-
-    # --------------------------------------------------------------------------------------------------- model
-    model = build_model(args, tokenizer, languages, target_tags)
-    required = dict(getattr(model.config, "required_source_annotations", None) or {})
-    missing = {name: hint for name, hint in required.items() if name not in args.source_annotations}
-    if missing:
-        name, hint = next(iter(missing.items()))
-        raise DataError(f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
-                        f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
-                        f"beside the text files, one a line, or a top-level {{\"{name}\": {{lang: value}}}} in JSONL "
-                        f"rows), {hint}.")
-    params = count_parameters(model)
-    logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                 eps=args.adam_epsilon, weight_decay=args.weight_decay)
-    scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    state = TrainState()
-    unwrapped = accelerator.unwrap_model(model)
-    loss_kwargs = external.loss_only_kwargs(unwrapped)
-
-    if resume is not None:
-        changed = {c["setting"] for c in settings_changes}
-        saved_state = checkpointing.load_checkpoint(accelerator, resume, missing_rng_ok="num_processes" in changed)
-        try:
-            state.load_state_dict(saved_state["train_state"])
-            scheduler.load_state_dict(saved_state["scheduler"])
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise checkpointing.CheckpointError(
-                f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err}).") from None
-        if changed & settings.OPTIMIZER_SETTINGS:
-            apply_optimizer_settings(optimizer, scheduler, args)
-        state.settings_changes += [{"step": state.step, **c} for c in settings_changes]
-        logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, state.step, state.epoch,
-                    state.step_in_epoch)
-    elif args.resume_from_checkpoint:
-        logger.info("No checkpoint to resume from in %s: starting from scratch", checkpoint_dir)
-
-    hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
-    hyperparameters.update(max_steps=max_steps, steps_per_epoch=steps_per_epoch,
-                           num_processes=accelerator.num_processes, target_language_tags=target_tags,
-                           languages=languages, directions=[f"{s}-{t}" for s, t in directions])
-    if trackers:
-        project, init_kwargs = tracker_init_kwargs(trackers, run_name, run_dir)
-        accelerator.init_trackers(project, config={k: v for k, v in hyperparameters.items()
-                                                   if isinstance(v, (int, float, str, bool))},
-                                  init_kwargs=init_kwargs)
-    log_path = run_dir / "log.jsonl"
-    if accelerator.is_main_process and log_path.exists():  # drop entries past the resumed step
-        kept = [line for line in log_path.read_text().splitlines() if line and json.loads(line)["step"] <= state.step]
-        log_path.write_text("".join(line + "\n" for line in kept))
-
-    def log(record: dict) -> None:
-        if accelerator.is_main_process:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-        if trackers:
-            accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
-
-    def save(step: int) -> None:
-        state.wall_time = wall_time_base + time.time() - session_start
-        checkpointing.save_checkpoint(
-            accelerator, checkpoint_dir, step,
-            {"epoch": state.epoch, "best_step": state.best_step, "settings": run_settings},
-            {"train_state": state.state_dict(), "scheduler": scheduler.state_dict()})
-        if accelerator.is_main_process:
-            keep = max(args.keep_checkpoints, args.average_last)
-            protect = {state.best_step} if state.best_step is not None else set()
-            checkpointing.rotate_checkpoints(checkpoint_dir, keep, protect)
-        accelerator.wait_for_everyone()
-
-    def run_eval(step: int) -> bool:
-        """Validation loss and BLEU/chrF; returns True when this step is the best so far."""
-        if not valid_pairs:
-            return False
-        record = {"step": step, "valid_loss": validation_loss(accelerator, unwrapped, tokenizer, valid_pairs,
-                                                              valid_batches, args.bidirectional, args.max_length,
-                                                              args.label_smoothing)}
-        if args.eval_bleu_pairs:
-            scores = evaluate_pairs(accelerator, unwrapped, tokenizer, valid_pairs[:args.eval_bleu_pairs],
-                                    eval_directions, args.bidirectional, args)
-            if scores is not None:
-                record.update(valid_bleu=scores["bleu"], valid_chrf=scores["chrf"])
-        record = accelerator_broadcast(accelerator, record)
-        # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
-        value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
-        best = state.best_metric is None or value > list(state.best_metric)
-        if best:
-            state.best_metric, state.best_step = value, step
-        state.evals.append(record)
-        log(record)
-        logger.info("step %d: %s%s", step, ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
-                    " (best)" if best else "")
-        return best
-
-    # ------------------------------------------------------------------------------------------------ training
-    wall_time_base = state.wall_time
-    model.train()
-    from tqdm.auto import tqdm
-
-    progress = tqdm(total=max_steps, initial=state.step, disable=not accelerator.is_main_process,
-                    desc="training", dynamic_ncols=True, mininterval=1.0)
-    window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
-    rank, acc = accelerator.process_index, args.gradient_accumulation_steps
-    if stream is not None and state.stream_state is not None:
-        stream.load_state_dict(state.stream_state)  # the first epoch's drop report so far
-
-    def epoch_progress() -> float:
-        if stream is None:
-            return state.epoch + state.step_in_epoch / max(steps_per_epoch, 1)
-        rows = stream.rows_per_epoch
-        return state.epoch + ((state.stream or {}).get("row", 0) / rows if rows else 0.0)
-
-    while state.step < max_steps:
-        # the epoch's optimizer steps from the current position: (micro-batches, the stream position after it)
-        if stream is not None:
-            epoch_steps = stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
-        else:
-            plan = corpus.StepPlan(sampler.epoch(state.epoch), accelerator.num_processes, acc)
-            if isinstance(sampler, corpus.SharedEpochs):
-                # epochs before the previous one: every process opened them before the collectives of the previous
-                # epoch's steps (the previous epoch itself may have had no step left, after a resume at its end)
-                sampler.forget_before(state.epoch - 1)
-            epoch_steps = ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
-        while state.step < max_steps:
-            t0 = time.time()
-            step_batches, position = next(epoch_steps, (None, None))
-            if step_batches is None:  # the end of the epoch
-                state.epoch += 1
-                state.step_in_epoch = 0
-                state.stream = None
-                break
-            micro = step_batches[rank * acc:(rank + 1) * acc]
-            batches = [make_batch(unwrapped, tokenizer, b if stream is not None else train_set.pairs(b),
-                                  args.bidirectional, args.max_length) for b in micro]
-            # Token counts, losses and throughput stay on the device: no host sync in the step (the only ones are
-            # at logging and evaluation steps), so a GPU can run ahead of Python.
-            ntoks = [(b["labels"] != -100).sum() for b in batches]
-            local_ntok = torch.stack(ntoks).sum()
-            local_tokens = local_ntok + sum(b["attention_mask"].sum() for b in batches)
-            total_ntok = accelerator.reduce(local_ntok.clone(), "sum")
-            step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-            step_aux: dict[str, torch.Tensor] = {}
-            for i, (batch, ntok) in enumerate(zip(batches, ntoks)):
-                # token-weighted over the global batch: sum(loss_i * ntok_i) / total tokens, with DDP's gradient
-                # mean over processes undone by the world-size factor
-                weight = ntok * accelerator.num_processes / total_ntok
-                sync = accelerator.no_sync(model) if i < len(batches) - 1 else nullcontext()
-                with sync:
-                    out = model(**batch, **loss_kwargs)  # hf_variants: no logits, see external.loss_only_kwargs
-                    loss = external.translation_loss(unwrapped, out, batch["labels"], args.label_smoothing)
-                    aux = getattr(out, "aux_losses", None) or {}
-                    del out  # other models' logits ([tokens, vocabulary]): the loss's backward does not need them
-                    accelerator.backward(loss * weight)
-                step_loss += loss.detach().double() * ntok
-                for name, value in aux.items():
-                    step_aux[name] = step_aux.get(name, 0.0) + value.detach().double() * ntok
-            grad_norm = None
-            if args.max_grad_norm > 0:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            external.after_optimizer_step(unwrapped)
-            state.step += 1
-            state.step_in_epoch += 1
-            if stream is not None:
-                state.stream, state.stream_state = position, stream.state_dict()
-            dt = time.time() - t0
-            state.train_time += dt
-            window["loss"] = window["loss"] + step_loss
-            window["ntok"] = window["ntok"] + local_ntok
-            window["tokens"] = window["tokens"] + local_tokens
-            window["time"] += dt
-            for name, value in step_aux.items():
-                window["aux"][name] = window["aux"].get(name, 0.0) + value
-            lr = scheduler.get_last_lr()[0]
-            progress.update(1)
-            last = state.step == max_steps
-            evaluating = state.step % args.eval_steps == 0 or last
-            if state.step % args.logging_steps == 0 or last or evaluating or state.step % args.save_steps == 0:
-                # one reduce of the window's device sums (and the host sync) per logging step; also before every
-                # evaluation and checkpoint, so the saved token count is exact
-                sums = accelerator.reduce(torch.stack([torch.as_tensor(v, device=accelerator.device).double() for v in
-                                                       [window["loss"], window["ntok"], window["tokens"],
-                                                        *window["aux"].values()]]), "sum").tolist()
-                state.train_tokens += int(sums[2])
-                record = {"step": state.step, "epoch": epoch_progress(),
-                          "loss": float(sums[0] / sums[1]), "lr": lr,
-                          "tokens_per_sec": sums[2] / max(window["time"], 1e-9)}
-                for j, name in enumerate(window["aux"]):
-                    record[f"aux/{name}"] = float(sums[3 + j] / sums[1])
-                if grad_norm is not None:
-                    record["grad_norm"] = float(grad_norm)
-                log(record)
-                progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
-                                     lr=f"{lr:.2e}", refresh=False)
-                window = {"loss": 0.0, "tokens": 0, "ntok": 0, "time": 0.0, "aux": {}}
-            is_best = False
-            if evaluating:
-                is_best = run_eval(state.step)
-            if state.step % args.save_steps == 0 or last or is_best:
-                save(state.step)
-    progress.close()
-    accelerator.wait_for_everyone()
-    if isinstance(sampler, corpus.SharedEpochs) and accelerator.is_local_main_process:
-        shutil.rmtree(sampler.directory, ignore_errors=True)
-
-    # --------------------------------------------------------------------------------------------- final model
-    # The final model is built from checkpoint weights (the last step is always checkpointed), as a plain module on
-    # every process: the same code path for DDP, FSDP (full state dict checkpoints) and single-process runs.
-    checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
-    if args.average_last and args.average_last > 1:
-        chosen = [p for _, p in checkpoints[-args.average_last:]]
-        if len(chosen) < args.average_last:
-            logger.warning("--average_last %d: only %d checkpoints exist; averaging those", args.average_last,
-                           len(chosen))
-        weights = checkpointing.average_checkpoints(chosen)
-        final_source = f"average of {', '.join(p.name for p in chosen)}"
-    elif args.final_model == "best" and state.best_step is not None:
-        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.best_step}")
-        final_source = f"best validated checkpoint step_{state.best_step}"
-    else:
-        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
-        final_source = f"last step {state.step}"
-    logger.info("Final model: %s", final_source)
-    final_model = build_model_like(unwrapped)
-    checkpointing.load_model_weights(final_model, weights)
-    final_model.to(accelerator.device).eval()
-
-    eval_split, eval_pairs = "test", test_pairs
-    if not eval_pairs:
-        eval_split, eval_pairs = "valid", valid_pairs
-    scores = None
-    if eval_pairs:
-        scores = evaluate_pairs(accelerator, final_model, tokenizer, eval_pairs, eval_directions, args.bidirectional,
-                                args)
-    wall_time = wall_time_base + time.time() - session_start
-
-    results = None
-    if accelerator.is_main_process:
-        model_dir = run_dir / "model"
-        split_label = {"test": args.test_file or args.test_prefix or args.test_split,
-                       "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
-        if args.dataset_name:
-            split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
-        dataset = (args.dataset_name or args.train_file or Path(args.data_dir).name)
-        results = {
-            "model_type": final_model.config.model_type,
-            "variant": args.variant_name,  # the card falls back to the model family's name
-            "preset": None if args.model_name_or_path else args.preset,
-            "source_lang": directions[0][0] if len(directions) == 1 else None,
-            "target_lang": directions[0][1] if len(directions) == 1 else None,
-            "languages": languages,
-            "directions": [f"{s}-{t}" for s, t in eval_directions],
-            "bidirectional": args.bidirectional,
-            "dataset": dataset,
-            "eval_split": str(split_label),
-            "eval_pairs": len(eval_pairs),
-            "bleu": scores["bleu"] if scores else None,
-            "chrf": scores["chrf"] if scores else None,
-            "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
-            "chrf_signature": scores["chrf_signature"] if scores else None,
-            "params": params,
-            "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
-            "wall_time_sec": wall_time,
-            "train_time_sec": state.train_time,
-            "train_pairs": len(train_set) if stream is None else stream.kept_pairs,
-            "dropped_pairs": train_report.total,
-            "dropped_reasons": dict(sorted(train_report.counts.items())),
-            "dropped_examples": train_report.to_dict()["examples"],
-            "eval_dropped_pairs": eval_report.total,
-            "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
-            "steps": state.step,
-            "epochs": round(epoch_progress(), 3),
-            "final_model": final_source,
-            "best_step": state.best_step,
-            "validation": state.evals,
-            "hyperparameters": hyperparameters,
-            "base_model": args.model_name_or_path,
-            "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
-            "num_processes": accelerator.num_processes,
-            # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
-            # the values of the last part of the run
-            "settings_changes": state.settings_changes,
-        }
-        # the model folder, complete with its card, replaces the previous one in one rename
-        tmp = run_dir / ".tmp_model"
-        shutil.rmtree(tmp, ignore_errors=True)
-        # the decoding the run evaluated with (the papers': beam 4, length penalty 0.6) becomes the model's default
-        final_model.generation_config.num_beams = args.num_beams
-        if args.num_beams > 1:  # a length penalty only applies to beam search
-            final_model.generation_config.length_penalty = args.length_penalty
-        final_model.save_pretrained(tmp)
-        tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
-        tokenizer.save_pretrained(tmp)
-        write_model_card(tmp, results, args.hub_model_id)
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(tmp, model_dir)
-        if scores:
-            (run_dir / f"translations.{eval_split}.txt").write_text(
-                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
-        atomic_write_json(run_dir / "results.json", results)
-        print(f"\n{'=' * 80}\n{final_model.config.model_type} on {dataset} "
-              f"({', '.join(results['directions'])}), {state.step} steps, {wall_time / 60:.1f} min")
-        if scores:
-            print(f"{eval_split} ({split_label}, {len(eval_pairs)} pairs): BLEU {scores['bleu']:.2f}  "
-                  f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}")
-            for e in scores["examples"][:args.num_examples]:
-                print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
-                      f"         HYP: {e['translation']}")
-        print(f"\nTrain pairs {results['train_pairs']}, dropped {train_report.total} "
-              f"{dict(train_report.counts) if train_report.total else ''}; "
-              f"{results['train_tokens_per_sec']:.0f} tokens/s")
-        print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
-              f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
-        if args.push_to_hub:
-            push(run_dir, args)
-    if trackers:
-        accelerator.end_training()
-    accelerator.wait_for_everyone()
-    return results
-
-
 def use_cpu(args) -> bool:
     """CPU when asked (`--cpu`, `accelerate launch --cpu`) or when no accelerator device exists."""
     from accelerate.utils import is_mlu_available, is_mps_available, is_npu_available, is_xpu_available
@@ -1154,25 +641,14 @@ def use_cpu(args) -> bool:
                 or is_mlu_available())
 
 
-def accelerator_broadcast(accelerator, obj):
-    """The main process's `obj` on every process."""
-    if accelerator.num_processes == 1:
-        return obj
-    from accelerate.utils import broadcast_object_list
-
-    box = [obj if accelerator.is_main_process else None]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
-
-
-def write_model_card(model_dir: Path, results: dict, repo_id: str | None) -> None:
+def write_model_card(model_dir: Path, results: RunRecord, repo_id: str | None) -> None:
     """The model card (model_cards.card) as `model_dir/README.md`, so the saved model carries it however it is
     uploaded later (`hf upload`, `push_to_hub`). Models from outside hf_variants (`--model_type marian`) have no
     card template: none is written. A failure is logged, never fatal: the trained model is saved regardless."""
     from model_cards.card import FAMILIES, build_model_card
 
-    if results["model_type"] not in FAMILIES:
-        logger.info("No model card for %s (not an hf_variants model type)", results["model_type"])
+    if results.model_type not in FAMILIES:
+        logger.info("No model card for %s (not an hf_variants model type)", results.model_type)
         return
     try:
         build_model_card(model_dir, results, repo_id=repo_id).save(model_dir / "README.md")
@@ -1189,6 +665,419 @@ def push(run_dir: Path, args) -> None:
     url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
     logger.info("Pushed to %s", url)
 
+
+# ------------------------------------------------------------------------------------------------------ stages
+def run_name_for(args, directions) -> str:
+    """--run_name, or <model_type>-<directions>[-bi][-<preset> unless small]."""
+    dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
+    preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
+    return args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
+
+
+def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list[str], run_lock.RunLock | None]:
+    """Lock the run folder (training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
+    earlier run in the folder unless resumed or overwritten, on the main process; every process stops when it
+    refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped (logged once
+    logging is set up) and the lock (None on the other processes)."""
+    found = {"skipped": []}
+
+    def prepare():  # the main process, holding the lock
+        found["resume"] = resume = checkpointing.resolve_resume(
+            args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"])
+        if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
+            if args.overwrite_output_dir:
+                run_lock.clear_run_dir(run_dir)
+            elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
+                raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
+                                      f"continue it or --overwrite_output_dir to start over.")
+
+    lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
+    return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
+
+
+def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> list[dict]:
+    """The settings this invocation changes against the checkpoint to resume (refused unless allowed)."""
+    if resume is None:
+        return []
+    saved = checkpointing.check_resumable(resume)
+    changes = settings.resume_changes(saved.get("settings", {}), run_settings,
+                                      set(args.allow_changed_settings or ()), where=str(resume))
+    for change in changes:
+        logger.log(logging.INFO if change["free"] else logging.WARNING, "Resuming %s with %s changed: %s -> %s%s",
+                   resume.name, change["setting"], json.dumps(change["from"]), json.dumps(change["to"]),
+                   "" if change["free"] else " (allowed by --allow_changed_settings; recorded)")
+    return changes
+
+
+def set_cpu_threads(args, accelerator) -> None:
+    if accelerator.device.type == "cpu":
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(args.num_threads or max(1, cores // max(local_processes, 1)))
+
+
+def setup_run(args) -> RunContext:
+    """Stage 1: languages and directions, the Accelerator, the run folder, logging, the checkpoint to resume and
+    the settings it changes (checked before anything is loaded)."""
+    import datetime
+
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    languages, directions = resolve_languages(args)
+    trackers = [t for t in args.report_to if t != "none"]
+    run_name = run_name_for(args, directions)
+    run_dir = Path(args.output_dir) if args.output_dir else ROOT / "runs" / run_name
+    accelerator = Accelerator(
+        # Without cpu=True, accelerate 1.15 leaves a multi-process launch on a machine without accelerators as
+        # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
+        cpu=use_cpu(args),
+        mixed_precision=args.mixed_precision,
+        log_with=trackers or None,
+        project_dir=str(run_dir / "logs"),
+        step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
+        # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
+    )
+    resume, skipped, lock = prepare_run_dir(accelerator, run_dir, args)
+    try:
+        setup_logging(accelerator, run_dir)
+        for message in skipped:  # damaged checkpoints `latest` passed over
+            logger.warning(message)
+        # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
+        run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
+                                             mixed_precision=str(accelerator.mixed_precision),
+                                             device=accelerator.device.type)
+        settings_changes = resume_settings_changes(args, resume, run_settings)
+    except BaseException:  # a refused resume: the run folder is free again
+        if lock is not None:
+            lock.release()
+        raise
+    set_cpu_threads(args, accelerator)
+    logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
+                accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
+                torch.get_num_threads())
+    return RunContext(args=args, accelerator=accelerator, run_name=run_name, run_dir=run_dir, languages=languages,
+                      directions=directions, eval_directions=pair_directions(directions, args.bidirectional),
+                      trackers=trackers, resume=resume, run_settings=run_settings, settings_changes=settings_changes,
+                      session_start=time.time(), lock=lock)
+
+
+def direction_label(directions, bidirectional: bool) -> str:
+    return ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if bidirectional else "")
+
+
+def build_stream(run: RunContext, sets: dict, tokenizer, target_tags: bool):
+    """--streaming: the training split read as a stream, tokenized and length-bucketed in buffers."""
+    args, accelerator = run.args, run.accelerator
+    return data_pipeline.StreamingPairs(
+        sets["stream"], run.languages, run.directions, tokenizer, annotations=args.source_annotations,
+        target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
+        on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
+        max_sentences=args.max_sentences, seed=args.seed, examples_per_item=2 if args.bidirectional else 1,
+        num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps,
+        skip_absent=len(run.languages) > 2)
+
+
+def build_sampler(run: RunContext, train_set):
+    """The token-batch sampler of the cached training pairs (one copy of each epoch's batches per node in a
+    multi-process run)."""
+    args, accelerator = run.args, run.accelerator
+    sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens, args.max_sentences,
+                                       seed=args.seed, shuffle=True,
+                                       examples_per_item=2 if args.bidirectional else 1)
+    if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by each node's main process
+        # (the local one: a run folder on a node's own disk works too; on a shared one they write the same files)
+        sampler = corpus.SharedEpochs(sampler, run.run_dir / "epoch_batches", accelerator.is_local_main_process,
+                                      timeout=args.ddp_timeout)
+    return sampler
+
+
+def count_steps(run: RunContext, sampler) -> tuple[int | None, int]:
+    """(optimizer steps per epoch or None for a stream, the run's optimizer steps), logged."""
+    args, accelerator = run.args, run.accelerator
+    if sampler is None:
+        logger.info("%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
+                    args.max_steps, args.max_tokens, accelerator.num_processes, args.gradient_accumulation_steps)
+        return None, args.max_steps
+    steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
+                                          args.gradient_accumulation_steps))
+    max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
+    logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
+                "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
+                accelerator.num_processes, args.gradient_accumulation_steps)
+    return steps_per_epoch, max_steps
+
+
+def load_data(run: RunContext) -> RunData:
+    """Stage 2: rows, tokenizer and pairs of every split (built by the main process first, memory-mapped from the
+    cache afterwards), the training batches and the run's length in optimizer steps. Seeds the run afterwards."""
+    from accelerate.utils import set_seed
+
+    args, accelerator = run.args, run.accelerator
+    t_data = time.time()
+    tokenizer, target_tags, sets, reports = main_process_first(
+        accelerator, lambda: prepare_data(args, accelerator, run.run_dir, run.languages, run.directions,
+                                          run.eval_directions, resuming=run.resume is not None))
+    train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
+    # seeded after the data: building a cache or finding it must not change the random states of the run
+    set_seed(args.seed)
+    valid_pairs = sets["valid"].to_pairs() if sets["valid"] is not None else []
+    test_pairs = sets["test"].to_pairs() if sets["test"] is not None else []
+    stream = build_stream(run, sets, tokenizer, target_tags) if args.streaming else None
+    label = direction_label(run.directions, args.bidirectional)
+    if stream is not None:
+        train_report = stream.report
+        logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
+                    sets["stream"].label, args.stream_buffer_rows, label, len(valid_pairs), len(test_pairs),
+                    eval_report.summary(), time.time() - t_data)
+    else:
+        if not len(train_set):
+            raise DataError(f"No training pairs left ({train_report.summary()}).")
+        logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
+                    label, len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
+                    time.time() - t_data)
+    if train_set is not None and len(run.directions) > 1 and train_set.pairs_per_direction:
+        logger.info("Training pairs per direction: %s", ", ".join(
+            f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()))
+    sampler = build_sampler(run, train_set) if train_set is not None else None
+    valid_set = sets["valid"]
+    valid_batches = corpus.TokenBatchSampler(
+        valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
+        args.max_tokens, args.max_sentences, shuffle=False,
+        examples_per_item=2 if args.bidirectional else 1).batches(0)
+    steps_per_epoch, max_steps = count_steps(run, sampler)
+    return RunData(tokenizer=tokenizer, target_tags=target_tags, train_set=train_set, stream=stream, sampler=sampler,
+                   valid_pairs=valid_pairs, valid_batches=valid_batches, test_pairs=test_pairs,
+                   train_report=train_report, eval_report=eval_report, steps_per_epoch=steps_per_epoch,
+                   max_steps=max_steps)
+
+
+def check_source_annotations(model, args) -> None:
+    """A model that reads per-sentence source annotations (e.g. the syntactic MG-SA's parses) needs them passed."""
+    required = dict(getattr(model.config, "required_source_annotations", None) or {})
+    missing = {name: hint for name, hint in required.items() if name not in args.source_annotations}
+    if missing:
+        name, hint = next(iter(missing.items()))
+        raise DataError(f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
+                        f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
+                        f"beside the text files, one a line, or a top-level {{\"{name}\": {{lang: value}}}} in JSONL "
+                        f"rows), {hint}.")
+
+
+def resume_job(run: RunContext, job: Job) -> None:
+    """Load the checkpoint to resume into the prepared job: model, optimizer, random states, progress and the
+    scheduler; settings allowed to change take their new values."""
+    args, resume = run.args, run.resume
+    changed = {c["setting"] for c in run.settings_changes}
+    saved_state = checkpointing.load_checkpoint(run.accelerator, resume, missing_rng_ok="num_processes" in changed)
+    try:
+        job.state.load_state_dict(saved_state["train_state"])
+        job.scheduler.load_state_dict(saved_state["scheduler"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise checkpointing.CheckpointError(
+            f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err}).") from None
+    if changed & settings.OPTIMIZER_SETTINGS:
+        apply_optimizer_settings(job.optimizer, job.scheduler, args)
+    job.state.settings_changes += [{"step": job.state.step, **c} for c in run.settings_changes]
+    logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, job.state.step, job.state.epoch,
+                job.state.step_in_epoch)
+
+
+def build_job(run: RunContext, data: RunData) -> Job:
+    """Stage 3: model, optimizer and schedule, prepared by the Accelerator; the checkpoint to resume loaded into
+    them; the trackers started with the run's hyperparameters."""
+    from transformers import get_scheduler
+
+    args, accelerator = run.args, run.accelerator
+    model = build_model(args, data.tokenizer, run.languages, data.target_tags)
+    check_source_annotations(model, args)
+    params = count_parameters(model)
+    logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                 eps=args.adam_epsilon, weight_decay=args.weight_decay)
+    scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    job = Job(model=model, unwrapped=accelerator.unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
+              state=TrainState(), params=params)
+    if run.resume is not None:
+        resume_job(run, job)
+    elif args.resume_from_checkpoint:
+        logger.info("No checkpoint to resume from in %s: starting from scratch", run.checkpoint_dir)
+    job.hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
+    job.hyperparameters.update(max_steps=data.max_steps, steps_per_epoch=data.steps_per_epoch,
+                               num_processes=accelerator.num_processes, target_language_tags=data.target_tags,
+                               languages=run.languages, directions=[f"{s}-{t}" for s, t in run.directions])
+    if run.trackers:
+        project, init_kwargs = tracker_init_kwargs(run.trackers, run.run_name, run.run_dir)
+        accelerator.init_trackers(project, config={k: v for k, v in job.hyperparameters.items()
+                                                   if isinstance(v, (int, float, str, bool))},
+                                  init_kwargs=init_kwargs)
+    return job
+
+
+def load_final_model(trainer: Trainer):
+    """The final model, built from checkpoint weights (the last step is always checkpointed) as a plain module on
+    every process: the same code path for DDP, FSDP (full state dict checkpoints) and single-process runs. Returns
+    (model, where its weights came from)."""
+    args, state, checkpoint_dir = trainer.args, trainer.state, trainer.run.checkpoint_dir
+    checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
+    if args.average_last and args.average_last > 1:
+        chosen = [p for _, p in checkpoints[-args.average_last:]]
+        if len(chosen) < args.average_last:
+            logger.warning("--average_last %d: only %d checkpoints exist; averaging those", args.average_last,
+                           len(chosen))
+        weights = checkpointing.average_checkpoints(chosen)
+        final_source = f"average of {', '.join(p.name for p in chosen)}"
+    elif args.final_model == "best" and state.best_step is not None:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.best_step}")
+        final_source = f"best validated checkpoint step_{state.best_step}"
+    else:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
+        final_source = f"last step {state.step}"
+    logger.info("Final model: %s", final_source)
+    final_model = build_model_like(trainer.job.unwrapped)
+    checkpointing.load_model_weights(final_model, weights)
+    final_model.to(trainer.accelerator.device).eval()
+    return final_model, final_source
+
+
+def final_eval_split(args, data: RunData) -> tuple[str, list, str]:
+    """(split name, pairs, label) of the final evaluation: the test split, else the validation split."""
+    eval_split, eval_pairs = "test", data.test_pairs
+    if not eval_pairs:
+        eval_split, eval_pairs = "valid", data.valid_pairs
+    split_label = {"test": args.test_file or args.test_prefix or args.test_split,
+                   "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
+    if args.dataset_name:
+        split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
+    return eval_split, eval_pairs, str(split_label)
+
+
+def build_results(trainer: Trainer, final_model, final_source: str, scores: dict | None, eval_split_label: str,
+                  eval_pairs: list, wall_time: float) -> RunRecord:
+    """The run record written as results.json (and read by the model card)."""
+    args, run, data, state = trainer.args, trainer.run, trainer.data, trainer.state
+    directions, train_report, eval_report = run.directions, data.train_report, data.eval_report
+    return RunRecord(**{
+        "model_type": final_model.config.model_type,
+        "variant": args.variant_name,  # the card falls back to the model family's name
+        "preset": None if args.model_name_or_path else args.preset,
+        "source_lang": directions[0][0] if len(directions) == 1 else None,
+        "target_lang": directions[0][1] if len(directions) == 1 else None,
+        "languages": run.languages,
+        "directions": [f"{s}-{t}" for s, t in run.eval_directions],
+        "bidirectional": args.bidirectional,
+        "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
+        "eval_split": eval_split_label,
+        "eval_pairs": len(eval_pairs),
+        "bleu": scores["bleu"] if scores else None,
+        "chrf": scores["chrf"] if scores else None,
+        "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
+        "chrf_signature": scores["chrf_signature"] if scores else None,
+        "params": trainer.job.params,
+        "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
+        "wall_time_sec": wall_time,
+        "train_time_sec": state.train_time,
+        "train_pairs": len(data.train_set) if data.stream is None else data.stream.kept_pairs,
+        "dropped_pairs": train_report.total,
+        "dropped_reasons": dict(sorted(train_report.counts.items())),
+        "dropped_examples": train_report.to_dict()["examples"],
+        "eval_dropped_pairs": eval_report.total,
+        "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
+        "steps": state.step,
+        "epochs": round(trainer.epoch_progress(), 3),
+        "final_model": final_source,
+        "best_step": state.best_step,
+        "validation": state.evals,
+        "hyperparameters": trainer.job.hyperparameters,
+        "base_model": args.model_name_or_path,
+        "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
+        "num_processes": trainer.accelerator.num_processes,
+        # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
+        # the values of the last part of the run
+        "settings_changes": state.settings_changes,
+    })
+
+
+def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRecord) -> Path:
+    """run_dir/model, complete with its card, replacing the previous one in one rename."""
+    model_dir = run_dir / "model"
+    tmp = run_dir / ".tmp_model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # the decoding the run evaluated with (the papers': beam 4, length penalty 0.6) becomes the model's default
+    final_model.generation_config.num_beams = args.num_beams
+    if args.num_beams > 1:  # a length penalty only applies to beam search
+        final_model.generation_config.length_penalty = args.length_penalty
+    final_model.save_pretrained(tmp)
+    tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
+    tokenizer.save_pretrained(tmp)
+    write_model_card(tmp, results, args.hub_model_id)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    os.replace(tmp, model_dir)
+    return model_dir
+
+
+def print_summary(run_dir: Path, args, results: RunRecord, scores: dict | None, eval_split: str, model_dir: Path,
+                  train_report) -> None:
+    print(f"\n{'=' * 80}\n{results.model_type} on {results.dataset} "
+          f"({', '.join(results.directions)}), {results.steps} steps, {results.wall_time_sec / 60:.1f} min")
+    if scores:
+        print(f"{eval_split} ({results.eval_split}, {results.eval_pairs} pairs): BLEU {scores['bleu']:.2f}  "
+              f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}")
+        for e in scores["examples"][:args.num_examples]:
+            print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
+                  f"         HYP: {e['translation']}")
+    print(f"\nTrain pairs {results.train_pairs}, dropped {train_report.total} "
+          f"{dict(train_report.counts) if train_report.total else ''}; "
+          f"{results.train_tokens_per_sec:.0f} tokens/s")
+    print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
+          f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
+
+
+def finish(trainer: Trainer) -> dict | None:
+    """Stage 5: the final model (best, last or averaged checkpoint), its evaluation on the test split (else the
+    validation split), results.json, run_dir/model with its card, the summary, and the upload. Returns the results
+    on the main process (None on the others)."""
+    args, run, data, accelerator = trainer.args, trainer.run, trainer.data, trainer.accelerator
+    final_model, final_source = load_final_model(trainer)
+    eval_split, eval_pairs, split_label = final_eval_split(args, data)
+    scores = None
+    if eval_pairs:
+        scores = evaluate_pairs(accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions,
+                                args.bidirectional, args)
+    wall_time = trainer.wall_time()
+    results = None
+    if accelerator.is_main_process:
+        results = build_results(trainer, final_model, final_source, scores, split_label, eval_pairs, wall_time)
+        model_dir = save_final_model(run.run_dir, args, final_model, data.tokenizer, results)
+        if scores:
+            (run.run_dir / f"translations.{eval_split}.txt").write_text(
+                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
+        atomic_write_json(run.run_dir / "results.json", results.to_dict())
+        print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
+        if args.push_to_hub:
+            push(run.run_dir, args)
+    if run.trackers:
+        accelerator.end_training()
+    accelerator.wait_for_everyone()
+    return results.to_dict() if results is not None else None
+
+
+def main(argv=None) -> dict | None:
+    """setup_run → load_data → build_job → Trainer.train → finish."""
+    args = parse_args(argv)
+    run = setup_run(args)
+    try:
+        data = load_data(run)
+        job = build_job(run, data)
+        trainer = Trainer(run, data, job)
+        trainer.train()
+        return finish(trainer)
+    finally:
+        if run.lock is not None:  # the run folder's lock, released however the run ends
+            run.lock.release()
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,100 @@
+"""The typed record of a training run: what training/train.py writes as `results.json` and the model card reads.
+
+`RunRecord` holds one field per `results.json` key (the JSON keys are the field names). `RunRecord.from_dict`
+reads any version of the file: missing keys take their defaults, keys this version does not know are kept in
+`extra` and written back by `to_dict`, so nothing is lost. A field renamed here breaks its writer
+(`RunRecord(name=...)` raises `TypeError`) and its reader (`record.name` raises `AttributeError`), never silently
+empties a card field.
+
+This module imports nothing beyond the standard library (cards are written from a run folder alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# fields written only when set (the card reads them when a user adds them to results.json by hand)
+_OPTIONAL = {"omit_if_none": True}
+
+
+@dataclass
+class RunRecord:
+    model_type: str | None = None
+    variant: str | None = None  # display name for the card (default: the model family's name)
+    preset: str | None = None
+    source_lang: str | None = None  # set for single-direction runs
+    target_lang: str | None = None
+    languages: list[str] = field(default_factory=list)
+    directions: list[str] = field(default_factory=list)  # evaluated directions, "src-tgt"
+    bidirectional: bool = False
+    dataset: str | None = None  # Hub name, file, or folder name
+    eval_split: str | None = None
+    eval_pairs: int | None = None
+    bleu: float | None = None
+    chrf: float | None = None
+    sacrebleu_signature: str | None = None
+    chrf_signature: str | None = None
+    params: int | None = None
+    train_tokens_per_sec: float | None = None
+    wall_time_sec: float | None = None
+    train_time_sec: float | None = None
+    train_pairs: int | None = None
+    dropped_pairs: int | None = None
+    dropped_reasons: dict[str, int] = field(default_factory=dict)
+    dropped_examples: dict = field(default_factory=dict)
+    eval_dropped_pairs: int | None = None
+    eval_dropped_reasons: dict[str, int] = field(default_factory=dict)
+    steps: int | None = None
+    epochs: float | None = None
+    final_model: str | None = None  # where the final weights came from
+    best_step: int | None = None
+    validation: list[dict] = field(default_factory=list)  # {"step", "valid_loss", "valid_bleu", "valid_chrf"}
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
+    base_model: str | None = None
+    per_direction: dict[str, dict] | None = None  # {"src-tgt": {"bleu", "chrf", "pairs"}}
+    num_processes: int | None = None
+    # settings changed on resumes ({"step", "setting", "from", "to", "free"}); "hyperparameters" holds the values
+    # of the last part of the run
+    settings_changes: list[dict] = field(default_factory=list)
+    license: str | None = field(default=None, metadata=_OPTIONAL)
+    dataset_id: str | None = field(default=None, metadata=_OPTIONAL)  # the Hub dataset, when `dataset` is not one
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("extra")]
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> RunRecord:
+        """A record from `results.json`'s object: missing keys take their defaults (None, empty), unknown keys
+        go to `extra`; a key whose value is null takes the field's default."""
+        if data is None:
+            return cls()
+        if isinstance(data, RunRecord):
+            return data
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a run record must be a JSON object, got {type(data).__name__}")
+        names = set(cls.field_names())
+        known = {k: v for k, v in data.items() if k in names and v is not None}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in names})
+
+    def to_dict(self) -> dict:
+        """`results.json`'s object: every field in order (optional ones only when set), then `extra`."""
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.metadata.get("extra"):
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_if_none"):
+                continue
+            out[f.name] = value
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    def get(self, key: str, default=None):
+        """Mapping-style access for callers of the untyped dict (a known field, else an extra key)."""
+        value = getattr(self, key) if key in self.field_names() else self.extra.get(key)
+        return default if value is None else value

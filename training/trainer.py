@@ -1,0 +1,458 @@
+"""The training loop of training/train.py as a `Trainer` over the run's named stages.
+
+`train.py` runs `setup_run` → `load_data` → `build_job` → `Trainer.train` → `finish`; the stages hand each other
+the plain records defined here (`RunContext`, `RunData`, `Job`), so each can be built and tested on its own. The
+`Trainer` owns one step (`train_step`), the logging window (`TrainStats`), validation (`evaluate`), checkpoints
+(`save`) and the step loop (`train`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training import checkpointing, corpus, evaluation, external
+
+logger = logging.getLogger("hf_variants.train")
+
+
+# ------------------------------------------------------------------------------------------------ run records
+class TrainState:
+    """Everything about the run's progress that a checkpoint must restore besides the model, optimizer and random
+    states (saved as JSON in the checkpoint's trainer_state.json)."""
+
+    def __init__(self):
+        self.step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.train_tokens = 0
+        self.train_time = 0.0
+        self.wall_time = 0.0
+        self.best_metric = None
+        self.best_step = None
+        self.evals: list[dict] = []
+        # settings changed on a resume, in order: {"step", "setting", "from", "to", "free"}
+        self.settings_changes: list[dict] = []
+        # --streaming: the position after the last step ({"epoch", "buffer", "row", "step"}) and the stream's own
+        # state (the first epoch's drop report, rows per epoch)
+        self.stream: dict | None = None
+        self.stream_state: dict | None = None
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+@dataclass
+class RunContext:
+    """`setup_run`'s result: the parsed options, the Accelerator, the run folder, languages and directions, the
+    checkpoint to resume (if any) with the settings it changes."""
+
+    args: argparse.Namespace
+    accelerator: Any
+    run_name: str
+    run_dir: Path
+    languages: list[str]
+    directions: list[tuple[str, str]]
+    eval_directions: list[tuple[str, str]]
+    trackers: list[str]
+    resume: Path | None
+    run_settings: dict
+    settings_changes: list[dict]
+    session_start: float
+    lock: Any = None  # training/run_lock.RunLock on the main process: released when the run ends
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
+@dataclass
+class RunData:
+    """`load_data`'s result: the tokenizer, the training batches (a cached pair set and its sampler, or a stream),
+    validation and test pairs, the drop reports and the length of the run in optimizer steps."""
+
+    tokenizer: Any
+    target_tags: bool
+    train_set: Any
+    stream: Any
+    sampler: Any
+    valid_pairs: list
+    valid_batches: list
+    test_pairs: list
+    train_report: corpus.DropReport
+    eval_report: corpus.DropReport
+    steps_per_epoch: int | None
+    max_steps: int
+
+
+@dataclass
+class Job:
+    """`build_job`'s result: the prepared model (and its unwrapped module), optimizer, scheduler and the progress
+    state (restored on a resume), with the hyperparameters recorded in results.json."""
+
+    model: Any
+    unwrapped: Any
+    optimizer: Any
+    scheduler: Any
+    state: TrainState
+    params: int
+    hyperparameters: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------ batches, eval
+def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
+    """Sources, targets, target languages, the common source language (or None) and the variant inputs of a
+    batch; with `bidirectional`, every pair also appears reversed."""
+    src = [p.src for p in pairs]
+    tgt = [p.tgt for p in pairs]
+    tgt_langs = [p.tgt_lang for p in pairs]
+    src_langs = [p.src_lang for p in pairs]
+    extra = {name: [p.src_extra[name] for p in pairs] for name in (pairs[0].src_extra if pairs else {})}
+    if bidirectional:
+        src, tgt, tgt_langs, src_langs = src + tgt, tgt + src, tgt_langs + src_langs, src_langs + tgt_langs
+        extra = {name: values + [p.tgt_extra[name] for p in pairs] for name, values in extra.items()}
+    src_lang = src_langs[0] if len(set(src_langs)) == 1 else None
+    return src, tgt, tgt_langs, src_lang, extra
+
+
+def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
+    src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
+    # length filtering already dropped longer pairs; the margin leaves room for a language tag
+    return external.prepare_translation_inputs(model, tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs,
+                                               text_target=tgt, max_length=max_length + 2, **extra)
+
+
+def accelerator_broadcast(accelerator, obj):
+    """The main process's `obj` on every process."""
+    if accelerator.num_processes == 1:
+        return obj
+    from accelerate.utils import broadcast_object_list
+
+    box = [obj if accelerator.is_main_process else None]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool,
+                   args) -> dict | None:
+    """Translate `pairs` (each evaluated direction) and score them: overall and per direction. Main process only
+    gets the scores (others get None)."""
+    rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt, p.src_extra) for p in pairs]  # (direction, src, ref, extra)
+    if bidirectional:
+        rows += [((p.tgt_lang, p.src_lang), p.tgt, p.src, p.tgt_extra) for p in pairs]
+    hyps_all: dict[int, str] = {}
+    for direction in directions:
+        idx = [i for i, r in enumerate(rows) if r[0] == direction]
+        if not idx:
+            continue
+        hyps = evaluation.translate_distributed(
+            accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
+            src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
+            length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+            max_length=None,  # evaluation sources are never truncated
+            variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations})
+        if hyps is not None:
+            hyps_all.update(zip(idx, hyps))
+    if not accelerator.is_main_process:
+        return None
+    order = sorted(hyps_all)
+    result = evaluation.score([hyps_all[i] for i in order], [rows[i][2] for i in order])
+    result["per_direction"] = {}
+    if len(directions) > 1:
+        for direction in directions:
+            idx = [i for i in order if rows[i][0] == direction]
+            if idx:
+                s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx])
+                result["per_direction"][f"{direction[0]}-{direction[1]}"] = {
+                    "bleu": s["bleu"], "chrf": s["chrf"], "pairs": len(idx)}
+    result["examples"] = [{"direction": f"{rows[i][0][0]}-{rows[i][0][1]}", "source": rows[i][1],
+                           "reference": rows[i][2], "translation": hyps_all[i]} for i in order]
+    return result
+
+
+@torch.no_grad()
+def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length,
+                    label_smoothing) -> float:
+    """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
+    world = accelerator.num_processes
+    # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
+    # a batch and is not counted
+    padded = batches + batches[:(-len(batches)) % world] if batches else []
+    loss_kwargs = external.loss_only_kwargs(model)
+    for j in range(accelerator.process_index, len(padded), world):
+        batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
+        out = model(**batch, **loss_kwargs)
+        if j >= len(batches):
+            continue
+        aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
+        loss = external.translation_loss(model, out, batch["labels"], label_smoothing)
+        ntok = int((batch["labels"] != -100).sum())
+        total += torch.tensor([(float(loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
+    model.train(was_training)
+    total = accelerator.reduce(total, "sum")
+    return float(total[0] / total[1].clamp(min=1))
+
+
+def every(step: int, interval: int) -> bool:
+    """Whether `step` is on the cadence `interval` (0: never)."""
+    return interval > 0 and step % interval == 0
+
+
+# ------------------------------------------------------------------------------------------------ the window
+class TrainStats:
+    """Device-side sums of the steps since the last logging step (loss x tokens, target tokens, all tokens,
+    auxiliary losses x tokens) and their host time. Nothing here reads a device value: `reduce` does, once per
+    logging step, with one all-reduce over the processes."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = 0.0
+        self.ntok = 0
+        self.tokens = 0
+        self.time = 0.0
+        self.aux: dict = {}
+
+    def add(self, loss, ntok, tokens, seconds: float, aux: dict) -> None:
+        self.loss = self.loss + loss
+        self.ntok = self.ntok + ntok
+        self.tokens = self.tokens + tokens
+        self.time += seconds
+        for name, value in aux.items():
+            self.aux[name] = self.aux.get(name, 0.0) + value
+
+    def reduce(self, accelerator) -> dict:
+        """The window summed over the processes (the host sync): {"loss" (per target token), "ntok", "tokens",
+        "tokens_per_sec", "aux": {name: per target token}}."""
+        device = accelerator.device
+        sums = accelerator.reduce(torch.stack([torch.as_tensor(v, device=device).double() for v in
+                                               [self.loss, self.ntok, self.tokens, *self.aux.values()]]),
+                                  "sum").tolist()
+        return {"loss": float(sums[0] / sums[1]), "ntok": sums[1], "tokens": sums[2],
+                "tokens_per_sec": sums[2] / max(self.time, 1e-9),
+                "aux": {name: float(sums[3 + j] / sums[1]) for j, name in enumerate(self.aux)}}
+
+
+# ------------------------------------------------------------------------------------------------ the trainer
+class Trainer:
+    """The step loop over a prepared `Job`: one optimizer step (`train_step`), logging (`log_window`), validation
+    (`evaluate`) and checkpoints (`save`) at their cadences."""
+
+    def __init__(self, run: RunContext, data: RunData, job: Job):
+        self.run, self.data, self.job = run, data, job
+        self.args = run.args
+        self.accelerator = run.accelerator
+        self.state = job.state
+        self.stats = TrainStats()
+        self.loss_kwargs = external.loss_only_kwargs(job.unwrapped)
+        self.log_path = run.run_dir / "log.jsonl"
+        self.wall_time_base = self.state.wall_time
+        if self.accelerator.is_main_process and self.log_path.exists():  # drop entries past the resumed step
+            kept = [line for line in self.log_path.read_text().splitlines()
+                    if line and json.loads(line)["step"] <= self.state.step]
+            self.log_path.write_text("".join(line + "\n" for line in kept))
+
+    # ---- records
+    def log(self, record: dict) -> None:
+        if self.accelerator.is_main_process:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.run.trackers:
+            self.accelerator.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def wall_time(self) -> float:
+        return self.wall_time_base + time.time() - self.run.session_start
+
+    def epoch_progress(self) -> float:
+        state, stream = self.state, self.data.stream
+        if stream is None:
+            return state.epoch + state.step_in_epoch / max(self.data.steps_per_epoch, 1)
+        rows = stream.rows_per_epoch
+        return state.epoch + ((state.stream or {}).get("row", 0) / rows if rows else 0.0)
+
+    # ---- checkpoints and validation
+    def save(self, step: int) -> None:
+        state, args = self.state, self.args
+        state.wall_time = self.wall_time()
+        checkpointing.save_checkpoint(
+            self.accelerator, self.run.checkpoint_dir, step,
+            {"epoch": state.epoch, "best_step": state.best_step, "settings": self.run.run_settings},
+            {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()})
+        if self.accelerator.is_main_process:
+            keep = max(args.keep_checkpoints, args.average_last)
+            protect = {state.best_step} if state.best_step is not None else set()
+            checkpointing.rotate_checkpoints(self.run.checkpoint_dir, keep, protect)
+        self.accelerator.wait_for_everyone()
+
+    def evaluate(self, step: int) -> bool:
+        """Validation loss and BLEU/chrF; returns True when this step is the best so far."""
+        args, data, state, accelerator = self.args, self.data, self.state, self.accelerator
+        if not data.valid_pairs:
+            return False
+        record = {"step": step, "valid_loss": validation_loss(accelerator, self.job.unwrapped, data.tokenizer,
+                                                              data.valid_pairs, data.valid_batches,
+                                                              args.bidirectional, args.max_length,
+                                                              args.label_smoothing)}
+        if args.eval_bleu_pairs:
+            scores = evaluate_pairs(accelerator, self.job.unwrapped, data.tokenizer,
+                                    data.valid_pairs[:args.eval_bleu_pairs], self.run.eval_directions,
+                                    args.bidirectional, args)
+            if scores is not None:
+                record.update(valid_bleu=scores["bleu"], valid_chrf=scores["chrf"])
+        record = accelerator_broadcast(accelerator, record)
+        # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
+        value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
+        best = state.best_metric is None or value > list(state.best_metric)
+        if best:
+            state.best_metric, state.best_step = value, step
+        state.evals.append(record)
+        self.log(record)
+        logger.info("step %d: %s%s", step, ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
+                    " (best)" if best else "")
+        return best
+
+    # ---- one step
+    def epoch_steps(self):
+        """The current epoch's optimizer steps from the current position: (micro-batches, the stream position
+        after the step)."""
+        data, state = self.data, self.state
+        if data.stream is not None:
+            return data.stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
+        plan = corpus.StepPlan(data.sampler.epoch(state.epoch), self.accelerator.num_processes,
+                               self.args.gradient_accumulation_steps)
+        if isinstance(data.sampler, corpus.SharedEpochs):
+            # epochs before the previous one: every process opened them before the collectives of the previous
+            # epoch's steps (the previous epoch itself may have had no step left, after a resume at its end)
+            data.sampler.forget_before(state.epoch - 1)
+        return ((plan[i], None) for i in range(state.step_in_epoch, len(plan)))
+
+    def micro_batches(self, step_batches) -> list[dict]:
+        """This process's micro-batches of one optimizer step, tokenized."""
+        acc, rank = self.args.gradient_accumulation_steps, self.accelerator.process_index
+        data = self.data
+        return [make_batch(self.job.unwrapped, data.tokenizer,
+                           b if data.stream is not None else data.train_set.pairs(b), self.args.bidirectional,
+                           self.args.max_length)
+                for b in step_batches[rank * acc:(rank + 1) * acc]]
+
+    def train_step(self, batches: list[dict]):
+        """Forward/backward over this process's micro-batches and one optimizer step. Token counts and losses stay
+        on the device: no host sync in the step (the only ones are at logging and evaluation steps), so a GPU can
+        run ahead of Python. Returns (loss x tokens, target tokens, all tokens, {aux: loss x tokens}, grad norm)."""
+        accelerator, args, job = self.accelerator, self.args, self.job
+        ntoks = [(b["labels"] != -100).sum() for b in batches]
+        local_ntok = torch.stack(ntoks).sum()
+        local_tokens = local_ntok + sum(b["attention_mask"].sum() for b in batches)
+        total_ntok = accelerator.reduce(local_ntok.clone(), "sum")
+        step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+        step_aux: dict[str, torch.Tensor] = {}
+        for i, (batch, ntok) in enumerate(zip(batches, ntoks)):
+            # token-weighted over the global batch: sum(loss_i * ntok_i) / total tokens, with DDP's gradient
+            # mean over processes undone by the world-size factor
+            weight = ntok * accelerator.num_processes / total_ntok
+            sync = accelerator.no_sync(job.model) if i < len(batches) - 1 else nullcontext()
+            with sync:
+                out = job.model(**batch, **self.loss_kwargs)  # hf_variants: no logits, see external.loss_only_kwargs
+                loss = external.translation_loss(job.unwrapped, out, batch["labels"], args.label_smoothing)
+                aux = getattr(out, "aux_losses", None) or {}
+                del out  # other models' logits ([tokens, vocabulary]): the loss's backward does not need them
+                accelerator.backward(loss * weight)
+            step_loss += loss.detach().double() * ntok
+            for name, value in aux.items():
+                step_aux[name] = step_aux.get(name, 0.0) + value.detach().double() * ntok
+        grad_norm = None
+        if args.max_grad_norm > 0:
+            grad_norm = accelerator.clip_grad_norm_(job.model.parameters(), args.max_grad_norm)
+        job.optimizer.step()
+        job.scheduler.step()
+        job.optimizer.zero_grad(set_to_none=True)
+        external.after_optimizer_step(job.unwrapped)
+        return step_loss, local_ntok, local_tokens, step_aux, grad_norm
+
+    def log_window(self, grad_norm) -> dict:
+        """Reduce the window (one host sync), log it and start a new one; also before every evaluation and
+        checkpoint, so the saved token count is exact."""
+        sums = self.stats.reduce(self.accelerator)
+        self.state.train_tokens += int(sums["tokens"])
+        lr = self.job.scheduler.get_last_lr()[0]
+        record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": sums["loss"], "lr": lr,
+                  "tokens_per_sec": sums["tokens_per_sec"]}
+        record.update({f"aux/{name}": value for name, value in sums["aux"].items()})
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        self.log(record)
+        self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
+                                  lr=f"{lr:.2e}", refresh=False)
+        self.stats.reset()
+        return record
+
+    # ---- the loop
+    def train(self) -> None:
+        """Optimizer steps until `max_steps`, validating, logging and checkpointing at their cadences (and at the
+        last step, which is always checkpointed)."""
+        from tqdm.auto import tqdm
+
+        self.job.model.train()
+        self.progress = tqdm(total=self.data.max_steps, initial=self.state.step,
+                             disable=not self.accelerator.is_main_process, desc="training", dynamic_ncols=True,
+                             mininterval=1.0)
+        if self.data.stream is not None and self.state.stream_state is not None:
+            self.data.stream.load_state_dict(self.state.stream_state)  # the first epoch's drop report so far
+        while self.state.step < self.data.max_steps:
+            self.train_epoch()
+        self.progress.close()
+        self.accelerator.wait_for_everyone()
+        sampler = self.data.sampler
+        if isinstance(sampler, corpus.SharedEpochs) and self.accelerator.is_local_main_process:
+            shutil.rmtree(sampler.directory, ignore_errors=True)
+
+    def train_epoch(self) -> None:
+        """The steps left in the current epoch (or up to `max_steps`)."""
+        state, max_steps = self.state, self.data.max_steps
+        epoch_steps = self.epoch_steps()
+        while state.step < max_steps:
+            t0 = time.time()
+            step_batches, position = next(epoch_steps, (None, None))
+            if step_batches is None:  # the end of the epoch
+                state.epoch += 1
+                state.step_in_epoch = 0
+                state.stream = None
+                return
+            step_loss, ntok, tokens, aux, grad_norm = self.train_step(self.micro_batches(step_batches))
+            state.step += 1
+            state.step_in_epoch += 1
+            if self.data.stream is not None:
+                state.stream, state.stream_state = position, self.data.stream.state_dict()
+            dt = time.time() - t0
+            state.train_time += dt
+            self.stats.add(step_loss, ntok, tokens, dt, aux)
+            self.progress.update(1)
+            self.after_step(grad_norm)
+
+    def after_step(self, grad_norm) -> None:
+        """Logging, validation and checkpoint at the steps that have them."""
+        state, args = self.state, self.args
+        last = state.step == self.data.max_steps
+        evaluating = every(state.step, args.eval_steps) or last
+        saving = every(state.step, args.save_steps) or last
+        if every(state.step, args.logging_steps) or last or evaluating or saving:
+            self.log_window(grad_norm)
+        is_best = self.evaluate(state.step) if evaluating else False
+        if saving or is_best:
+            self.save(state.step)
