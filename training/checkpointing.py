@@ -164,6 +164,8 @@ def _structure_problem(path: Path) -> str | None:
         try:
             with open(path, "rb") as f:
                 (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    return f"{path}: its header is cut off ({size} bytes, header {n} bytes: truncated?)"
                 header = json.loads(f.read(n))
             end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
         except (struct.error, ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError) as err:
