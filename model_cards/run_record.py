@@ -59,6 +59,10 @@ class RunRecord:
     # settings changed on resumes ({"step", "setting", "from", "to", "free"}); "hyperparameters" holds the values
     # of the last part of the run
     settings_changes: list[dict] = field(default_factory=list)
+    # why the run stopped before its last step ({"reason", "step", "message", "exit_code", ...}); None: it finished
+    stopped: dict | None = None
+    # optimizer steps skipped for a non-finite loss or gradient (--on_nonfinite skip)
+    nonfinite_skipped: int = 0
     license: str | None = field(default=None, metadata=_OPTIONAL)
     dataset_id: str | None = field(default=None, metadata=_OPTIONAL)  # the Hub dataset, when `dataset` is not one
     extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions

@@ -33,6 +33,9 @@ FREE = frozenset({
     "report_to", "push_to_hub", "hub_model_id", "variant_name", "run_name",  # output only
     "num_threads", "preprocessing_num_workers", "ddp_timeout",  # speed and waiting
     "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)
+    "requeue_exit_code",  # how a preempted invocation exits
+    # what happens to a step whose loss is not finite, which a run with `stop` (the default) never trains through
+    "on_nonfinite",
 })
 
 FIXED = frozenset({

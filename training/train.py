@@ -39,8 +39,8 @@ from training import checkpointing, corpus, data_pipeline, external, run_lock, s
 from model_cards.run_record import RunRecord  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 from training.trainer import (  # noqa: E402,F401 (batch helpers re-exported)
-    Job, RunContext, RunData, Trainer, TrainState, accelerator_broadcast, batch_texts, evaluate_pairs, make_batch,
-    validation_loss)
+    EXIT_NONFINITE, Job, RunContext, RunData, Trainer, TrainingStopped, TrainState,
+    accelerator_broadcast, batch_texts, evaluate_pairs, make_batch, validation_loss)
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -179,6 +179,10 @@ def add_optimisation_args(g) -> None:
                                                    "would otherwise leave one)")
     g.add_argument("--cpu", action="store_true", help="train on CPU even when an accelerator is available (without "
                                                       "one, CPU and, under a multi-process launch, gloo are used)")
+    g.add_argument("--on_nonfinite", choices=["stop", "skip"], default="stop",
+                   help="a non-finite training loss or gradient: stop (exit status 3, naming the step, the last "
+                        "losses and the last checkpoint; results.json says why; no final model), or skip the update "
+                        "and count it (log, results.json)")
     g.add_argument("--ddp_timeout", type=int, default=10800,
                    help="seconds the other processes wait for the main one (e.g. while it builds the data cache "
                         "of a large corpus at the first launch)")
@@ -210,6 +214,10 @@ def add_checkpoints_args(g) -> None:
                    help="final model without --average_last: the best validated checkpoint or the last one")
     g.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (the run's newest; starts "
                                                     "fresh when there is none)")
+    g.add_argument("--requeue_exit_code", type=int, default=143,
+                   help="exit status after SIGTERM or SIGUSR1 (preemption: `sbatch --signal=USR1@120`, Kubernetes): "
+                        "every process checkpoints at the next step boundary and exits with it; continue with "
+                        "--resume_from_checkpoint latest")
     g.add_argument("--allow_changed_settings", metavar="NAME[,NAME...]", nargs="+", action="extend",
                    help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
                         "the new values apply from the resumed step on and are recorded in results.json and the "
@@ -354,6 +362,8 @@ def numeric_flag_errors(args) -> list[str]:
         errors.append(f"--learning_rate must be positive, got {args.learning_rate}")
     if args.num_epochs is not None and args.num_epochs <= 0:
         errors.append(f"--num_epochs must be positive, got {args.num_epochs}")
+    if not 1 <= args.requeue_exit_code <= 255:
+        errors.append(f"--requeue_exit_code must be in 1..255 (an exit status), got {args.requeue_exit_code}")
     return errors
 
 
@@ -936,6 +946,11 @@ def load_final_model(trainer: Trainer):
         weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
         final_source = f"last step {state.step}"
     logger.info("Final model: %s", final_source)
+    bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise TrainingStopped(f"The final model ({final_source}) holds non-finite values in {len(bad)} tensor(s) "
+                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): not saved.", EXIT_NONFINITE,
+                              {"reason": "nonfinite_final_model", "step": state.step, "final_model": final_source})
     final_model = build_model_like(trainer.job.unwrapped)
     checkpointing.load_model_weights(final_model, weights)
     final_model.to(trainer.accelerator.device).eval()
@@ -954,8 +969,8 @@ def final_eval_split(args, data: RunData) -> tuple[str, list, str]:
     return eval_split, eval_pairs, str(split_label)
 
 
-def build_results(trainer: Trainer, final_model, final_source: str, scores: dict | None, eval_split_label: str,
-                  eval_pairs: list, wall_time: float) -> RunRecord:
+def build_results(trainer: Trainer, final_model, final_source: str | None, scores: dict | None,
+                  eval_split_label: str | None, eval_pairs: list, wall_time: float) -> RunRecord:
     """The run record written as results.json (and read by the model card)."""
     args, run, data, state = trainer.args, trainer.run, trainer.data, trainer.state
     directions, train_report, eval_report = run.directions, data.train_report, data.eval_report
@@ -997,6 +1012,7 @@ def build_results(trainer: Trainer, final_model, final_source: str, scores: dict
         # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
         # the values of the last part of the run
         "settings_changes": state.settings_changes,
+        "nonfinite_skipped": state.nonfinite_skipped,
     })
 
 
@@ -1065,19 +1081,42 @@ def finish(trainer: Trainer) -> dict | None:
     return results.to_dict() if results is not None else None
 
 
+def record_stop(trainer: Trainer, stop: TrainingStopped) -> None:
+    """A run stopped before its end: a non-finite loss or model writes results.json with `stopped` (why, the step,
+    the last losses and the last finite checkpoint) and no final model; a preempted one writes nothing more (its
+    checkpoint is the record)."""
+    run, accelerator = trainer.run, trainer.accelerator
+    if accelerator.is_main_process and stop.details["reason"] != "preempted":
+        record = build_results(trainer, trainer.job.unwrapped, None, None, None, [], trainer.wall_time())
+        record.stopped = stop.details
+        atomic_write_json(run.run_dir / "results.json", record.to_dict())
+    logger.error("%s", stop)
+    if run.trackers:
+        accelerator.end_training()
+
+
 def main(argv=None) -> dict | None:
-    """setup_run → load_data → build_job → Trainer.train → finish."""
+    """setup_run → load_data → build_job → Trainer.train → finish. A run stopped early (a non-finite loss, a
+    preemption signal) raises `TrainingStopped`, whose `exit_code` the command line exits with."""
     args = parse_args(argv)
     run = setup_run(args)
     try:
         data = load_data(run)
         job = build_job(run, data)
         trainer = Trainer(run, data, job)
-        trainer.train()
-        return finish(trainer)
+        try:
+            trainer.train()
+            return finish(trainer)
+        except TrainingStopped as stop:
+            record_stop(trainer, stop)
+            raise
     finally:
         if run.lock is not None:  # the run folder's lock, released however the run ends
             run.lock.release()
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except TrainingStopped as stopped:
+        print(f"train.py: {stopped}", file=sys.stderr)
+        sys.exit(stopped.exit_code)

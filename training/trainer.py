@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import time
 from contextlib import nullcontext
@@ -23,6 +24,18 @@ import torch
 from training import checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
+
+EXIT_NONFINITE = 3  # exit status of a run stopped by a non-finite loss (--on_nonfinite stop)
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped before its last step: `details` ({"reason", "step", ...}) go into results.json, the process
+    exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int, details: dict):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.details = {**details, "message": message, "exit_code": exit_code}
 
 
 # ------------------------------------------------------------------------------------------------ run records
@@ -46,6 +59,10 @@ class TrainState:
         # state (the first epoch's drop report, rows per epoch)
         self.stream: dict | None = None
         self.stream_state: dict | None = None
+        # optimizer steps skipped for a non-finite loss or gradient (--on_nonfinite skip)
+        self.nonfinite_skipped = 0
+        # the logging window not yet logged when a preempted run saved its checkpoint (TrainStats.state_dict)
+        self.window: dict | None = None
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -216,8 +233,9 @@ def every(step: int, interval: int) -> bool:
 # ------------------------------------------------------------------------------------------------ the window
 class TrainStats:
     """Device-side sums of the steps since the last logging step (loss x tokens, target tokens, all tokens,
-    auxiliary losses x tokens) and their host time. Nothing here reads a device value: `reduce` does, once per
-    logging step, with one all-reduce over the processes."""
+    non-finite steps, auxiliary losses x tokens) and their host time. Nothing here reads a device value: `reduce`
+    does, once per logging step, with one all-reduce over the processes. Each step's loss sum and non-finite flag
+    are kept (device scalars) for the message of a run stopped by a non-finite loss (`step_losses`)."""
 
     def __init__(self):
         self.reset()
@@ -226,27 +244,148 @@ class TrainStats:
         self.loss = 0.0
         self.ntok = 0
         self.tokens = 0
+        self.nonfinite = 0
         self.time = 0.0
         self.aux: dict = {}
+        self.skipped = 0  # host count (--on_nonfinite skip)
+        self.steps: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, loss x tokens, tokens)
 
-    def add(self, loss, ntok, tokens, seconds: float, aux: dict) -> None:
+    def add(self, loss, ntok, tokens, seconds: float, aux: dict, nonfinite=None, step: int | None = None) -> None:
         self.loss = self.loss + loss
         self.ntok = self.ntok + ntok
         self.tokens = self.tokens + tokens
+        if nonfinite is not None:
+            self.nonfinite = self.nonfinite + nonfinite
         self.time += seconds
         for name, value in aux.items():
             self.aux[name] = self.aux.get(name, 0.0) + value
+        if step is not None:
+            self.steps.append((step, loss, ntok))
+
+    def skip(self, tokens, seconds: float) -> None:
+        """A step whose update was skipped (non-finite): its tokens and time count, its loss does not."""
+        self.tokens = self.tokens + tokens
+        self.time += seconds
+        self.skipped += 1
+
+    def _sums(self, accelerator) -> list[float]:
+        device = accelerator.device
+        return accelerator.reduce(torch.stack([torch.as_tensor(v, device=device).double() for v in
+                                               [self.loss, self.ntok, self.tokens, self.nonfinite,
+                                                *self.aux.values()]]), "sum").tolist()
 
     def reduce(self, accelerator) -> dict:
         """The window summed over the processes (the host sync): {"loss" (per target token), "ntok", "tokens",
-        "tokens_per_sec", "aux": {name: per target token}}."""
+        "tokens_per_sec", "nonfinite" (steps with a non-finite loss or gradient norm), "aux": {name: per target
+        token}}."""
+        sums = self._sums(accelerator)
+        per_token = (lambda x: float(x / sums[1])) if sums[1] else (lambda x: math.nan)
+        return {"loss": per_token(sums[0]), "ntok": sums[1], "tokens": sums[2],
+                "tokens_per_sec": sums[2] / max(self.time, 1e-9), "nonfinite": int(sums[3]),
+                "aux": {name: per_token(sums[4 + j]) for j, name in enumerate(self.aux)}}
+
+    def step_losses(self, accelerator) -> dict[int, float]:
+        """{step: loss per target token} of the window's steps, over all processes (a host sync: for messages)."""
+        if not self.steps:
+            return {}
         device = accelerator.device
-        sums = accelerator.reduce(torch.stack([torch.as_tensor(v, device=device).double() for v in
-                                               [self.loss, self.ntok, self.tokens, *self.aux.values()]]),
+        sums = accelerator.reduce(torch.stack([torch.stack([torch.as_tensor(x, device=device).double()
+                                                            for x in (loss, ntok)]) for _, loss, ntok in self.steps]),
                                   "sum").tolist()
-        return {"loss": float(sums[0] / sums[1]), "ntok": sums[1], "tokens": sums[2],
-                "tokens_per_sec": sums[2] / max(self.time, 1e-9),
-                "aux": {name: float(sums[3 + j] / sums[1]) for j, name in enumerate(self.aux)}}
+        return {step: (a / b if b else math.nan) for (step, _, _), (a, b) in zip(self.steps, sums)}
+
+    def state_dict(self, accelerator) -> dict:
+        """The window summed over the processes, to carry it through a checkpoint taken between logging steps."""
+        return {"sums": self._sums(accelerator), "aux": list(self.aux), "time": self.time, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict, device, main_process: bool) -> None:
+        """Continue a carried window: its sums on the main process (they are already summed over the processes)."""
+        self.reset()
+        sums = [x if main_process else 0.0 for x in state["sums"]]
+        self.loss, self.ntok, self.tokens, self.nonfinite = (torch.tensor(x, dtype=torch.float64, device=device)
+                                                             for x in sums[:4])
+        self.aux = {name: torch.tensor(x, dtype=torch.float64, device=device) for name, x in
+                    zip(state["aux"], sums[4:])}
+        self.time, self.skipped = state["time"], state["skipped"]
+
+
+class AgreedFlag:
+    """A flag all processes agree on without a host sync in the step: its value rides along an all-reduce the
+    step already does, and is read one step later on a GPU (from a pinned copy, waiting only for that step's
+    reduce, not for the work queued since) or at once on CPU, where reads cost nothing. Every process reads the
+    same reduced value at the same step."""
+
+    def __init__(self, device):
+        self.device = device
+        self.lag = 1 if device.type == "cuda" else 0
+        self.pending: list = []
+        self.values = torch.tensor([0, 1], dtype=torch.int64, device=device)  # indexed, never copied per step
+
+    def local(self, raised: bool) -> torch.Tensor:
+        return self.values[int(raised)]
+
+    def push(self, reduced: torch.Tensor) -> None:
+        if self.lag == 0:
+            self.pending.append(reduced)
+            return
+        host = torch.empty((), dtype=reduced.dtype, pin_memory=True)
+        host.copy_(reduced, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((host, event))
+
+    def pop(self) -> int:
+        """The reduced value pushed `lag` steps ago (0 before that)."""
+        if len(self.pending) <= self.lag:
+            return 0
+        item = self.pending.pop(0)
+        if self.lag == 0:
+            return int(item)
+        host, event = item
+        event.synchronize()
+        return int(host)
+
+
+class StopSignals:
+    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption; `sbatch --signal=USR1@120`) set a
+    flag instead of ending the process; the trainer checkpoints and exits at the next step boundary. A second
+    signal while that happens changes nothing."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous: dict = {}
+
+    def install(self) -> None:
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        import os
+        import signal
+
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            note = f"{name} received: saving a checkpoint at the next step boundary, then exiting\n"
+        else:
+            note = f"{name} received while stopping (after {self.received}): ignored, the checkpoint is on its way\n"
+        os.write(2, note.encode())
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
@@ -263,6 +402,13 @@ class Trainer:
         self.loss_kwargs = external.loss_only_kwargs(job.unwrapped)
         self.log_path = run.run_dir / "log.jsonl"
         self.wall_time_base = self.state.wall_time
+        self.signals = StopSignals()
+        self.stop_flag = AgreedFlag(self.accelerator.device)
+        self.saved_step: int | None = None
+        self.last_losses: list[tuple[int, float]] = []  # (step, loss) of the last logging steps
+        if self.state.window is not None:  # a preempted run's window, logged at its next logging step
+            self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
+            self.state.window = None
         if self.accelerator.is_main_process and self.log_path.exists():  # drop entries past the resumed step
             kept = [line for line in self.log_path.read_text().splitlines()
                     if line and json.loads(line)["step"] <= self.state.step]
@@ -287,8 +433,17 @@ class Trainer:
         return state.epoch + ((state.stream or {}).get("row", 0) / rows if rows else 0.0)
 
     # ---- checkpoints and validation
+    def nonfinite_weights(self) -> int:
+        """Parameters holding a non-finite value, over all processes (a host sync: at checkpoints only)."""
+        params = [p for p in self.job.model.parameters() if p.numel()]
+        bad = torch.stack([~torch.isfinite(p).all() for p in params]).sum() if params else torch.zeros(())
+        return int(self.accelerator.reduce(bad.to(self.accelerator.device, torch.int64), "sum"))
+
     def save(self, step: int) -> None:
         state, args = self.state, self.args
+        bad = self.nonfinite_weights()
+        if bad:
+            self.stop_nonfinite(f"{bad} parameter tensor(s) hold non-finite values after step {step}", step)
         state.wall_time = self.wall_time()
         checkpointing.save_checkpoint(
             self.accelerator, self.run.checkpoint_dir, step,
@@ -299,6 +454,7 @@ class Trainer:
             protect = {state.best_step} if state.best_step is not None else set()
             checkpointing.rotate_checkpoints(self.run.checkpoint_dir, keep, protect)
         self.accelerator.wait_for_everyone()
+        self.saved_step = step
 
     def evaluate(self, step: int) -> bool:
         """Validation loss and BLEU/chrF; returns True when this step is the best so far."""
@@ -318,7 +474,16 @@ class Trainer:
         record = accelerator_broadcast(accelerator, record)
         # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
         value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
-        best = state.best_metric is None or value > list(state.best_metric)
+        finite = math.isfinite(record["valid_loss"])  # a non-finite validation loss is never the best
+        if not finite:
+            state.evals.append(record)
+            self.log(record)
+            if args.on_nonfinite == "stop":  # before this step's checkpoint: the weights overflow
+                self.stop_nonfinite(f"the validation loss is not finite ({record['valid_loss']})", step)
+            logger.warning("step %d: the validation loss is not finite (%s): never the best", step,
+                           record["valid_loss"])
+            return False
+        best = finite and (state.best_metric is None or value > list(state.best_metric))
         if best:
             state.best_metric, state.best_step = value, step
         state.evals.append(record)
@@ -354,12 +519,18 @@ class Trainer:
     def train_step(self, batches: list[dict]):
         """Forward/backward over this process's micro-batches and one optimizer step. Token counts and losses stay
         on the device: no host sync in the step (the only ones are at logging and evaluation steps), so a GPU can
-        run ahead of Python. Returns (loss x tokens, target tokens, all tokens, {aux: loss x tokens}, grad norm)."""
+        run ahead of Python (with --on_nonfinite skip, reading whether the gradient is finite is one). Returns (loss x
+        tokens, target tokens, all tokens, {aux: loss x tokens}, grad norm, non-finite flag (a device scalar), whether
+        the update was skipped)."""
         accelerator, args, job = self.accelerator, self.args, self.job
         ntoks = [(b["labels"] != -100).sum() for b in batches]
         local_ntok = torch.stack(ntoks).sum()
         local_tokens = local_ntok + sum(b["attention_mask"].sum() for b in batches)
-        total_ntok = accelerator.reduce(local_ntok.clone(), "sum")
+        # the global token count, with the stop flag (a signal received by any process) riding along
+        counts = accelerator.reduce(torch.stack([local_ntok, self.stop_flag.local(self.signals.received is not None)]),
+                                    "sum")
+        total_ntok = counts[0]
+        self.stop_flag.push(counts[1])
         step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
         step_aux: dict[str, torch.Tensor] = {}
         for i, (batch, ntok) in enumerate(zip(batches, ntoks)):
@@ -377,30 +548,83 @@ class Trainer:
             for name, value in aux.items():
                 step_aux[name] = step_aux.get(name, 0.0) + value.detach().double() * ntok
         grad_norm = None
-        if args.max_grad_norm > 0:
-            grad_norm = accelerator.clip_grad_norm_(job.model.parameters(), args.max_grad_norm)
-        job.optimizer.step()
-        job.scheduler.step()
+        if args.max_grad_norm > 0 or args.on_nonfinite == "skip":  # skip: the norm (of all processes) decides
+            grad_norm = accelerator.clip_grad_norm_(job.model.parameters(), args.max_grad_norm or math.inf)
+        nonfinite = ~torch.isfinite(step_loss)
+        if grad_norm is not None:
+            nonfinite = nonfinite | ~torch.isfinite(grad_norm)
+        skipped = args.on_nonfinite == "skip" and not bool(torch.isfinite(grad_norm))
+        if not skipped:
+            job.optimizer.step()
+        job.scheduler.step()  # the schedule follows the step count, skipped steps included
         job.optimizer.zero_grad(set_to_none=True)
-        external.after_optimizer_step(job.unwrapped)
-        return step_loss, local_ntok, local_tokens, step_aux, grad_norm
+        if not skipped:
+            external.after_optimizer_step(job.unwrapped)
+        return step_loss, local_ntok, local_tokens, step_aux, grad_norm, nonfinite.long(), skipped
 
     def log_window(self, grad_norm) -> dict:
         """Reduce the window (one host sync), log it and start a new one; also before every evaluation and
         checkpoint, so the saved token count is exact."""
         sums = self.stats.reduce(self.accelerator)
+        if sums["nonfinite"] and self.args.on_nonfinite == "stop":
+            self.stop_nonfinite("the training loss is not finite")
         self.state.train_tokens += int(sums["tokens"])
         lr = self.job.scheduler.get_last_lr()[0]
         record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": sums["loss"], "lr": lr,
                   "tokens_per_sec": sums["tokens_per_sec"]}
         record.update({f"aux/{name}": value for name, value in sums["aux"].items()})
-        if grad_norm is not None:
+        if grad_norm is not None and (self.args.max_grad_norm > 0 or math.isfinite(grad_norm)):
             record["grad_norm"] = float(grad_norm)
+        if self.stats.skipped:
+            record["nonfinite_skipped"] = self.stats.skipped
         self.log(record)
         self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
                                   lr=f"{lr:.2e}", refresh=False)
+        self.last_losses = (self.last_losses + [(record["step"], record["loss"])])[-5:]
         self.stats.reset()
         return record
+
+    # ---- stopping
+    def last_checkpoint(self) -> str | None:
+        found = checkpointing.list_checkpoints(self.run.checkpoint_dir)
+        return str(found[-1][1]) if found else None
+
+    def stop_nonfinite(self, what: str, step: int | None = None) -> None:
+        """--on_nonfinite stop: raise `TrainingStopped` naming the first non-finite step, the last losses and the
+        last checkpoint (every checkpoint holds finite weights: each save is checked first)."""
+        losses = self.stats.step_losses(self.accelerator)
+        bad = [s for s, loss in losses.items() if not math.isfinite(loss)]
+        step = bad[0] if bad else (step or self.state.step)
+        recent = dict(self.last_losses)
+        recent.update(losses)
+        shown = ", ".join(f"step {s} {loss:.4g}" for s, loss in sorted(recent.items())[-8:])
+        checkpoint = self.last_checkpoint()
+        message = (f"Stopped at step {step}: {what} (--on_nonfinite stop). Last losses: {shown or 'none logged'}. "
+                   + (f"The last checkpoint, with finite weights, is {checkpoint}: resume from it with e.g. a lower "
+                      f"--learning_rate (--resume_from_checkpoint {checkpoint} --allow_changed_settings "
+                      f"learning_rate)" if checkpoint else "No checkpoint was saved before it")
+                   + ", or pass --on_nonfinite skip to skip such steps. No final model was saved.")
+        raise TrainingStopped(message, EXIT_NONFINITE, {
+            "reason": "nonfinite", "step": step, "detected_at_step": self.state.step,
+            "last_losses": {str(s): loss for s, loss in sorted(recent.items())[-8:]},
+            "last_finite_checkpoint": checkpoint})
+
+    def stop_preempted(self) -> None:
+        """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step (with the logging window
+        not yet logged, so the resumed run logs what an uninterrupted one would) and raise `TrainingStopped`."""
+        state = self.state
+        if self.saved_step != state.step:
+            state.window = self.stats.state_dict(self.accelerator)
+            self.save(state.step)
+            state.window = None
+        checkpoint = self.run.checkpoint_dir / f"step_{state.step}"
+        received = self.signals.received or "a stop signal in another process"
+        message = (f"Preempted ({received}): checkpoint {checkpoint} saved at step {state.step}; exiting with "
+                   f"status {self.args.requeue_exit_code}. Continue with --resume_from_checkpoint latest.")
+        logger.warning("%s", message)
+        raise TrainingStopped(message, self.args.requeue_exit_code, {
+            "reason": "preempted", "signal": self.signals.received, "step": state.step,
+            "checkpoint": str(checkpoint)})
 
     # ---- the loop
     def train(self) -> None:
@@ -414,9 +638,13 @@ class Trainer:
                              mininterval=1.0)
         if self.data.stream is not None and self.state.stream_state is not None:
             self.data.stream.load_state_dict(self.state.stream_state)  # the first epoch's drop report so far
-        while self.state.step < self.data.max_steps:
-            self.train_epoch()
-        self.progress.close()
+        self.signals.install()
+        try:
+            while self.state.step < self.data.max_steps:
+                self.train_epoch()
+        finally:
+            self.signals.restore()
+            self.progress.close()
         self.accelerator.wait_for_everyone()
         sampler = self.data.sampler
         if isinstance(sampler, corpus.SharedEpochs) and self.accelerator.is_local_main_process:
@@ -434,16 +662,25 @@ class Trainer:
                 state.step_in_epoch = 0
                 state.stream = None
                 return
-            step_loss, ntok, tokens, aux, grad_norm = self.train_step(self.micro_batches(step_batches))
+            step_loss, ntok, tokens, aux, grad_norm, nonfinite, skipped = self.train_step(
+                self.micro_batches(step_batches))
             state.step += 1
             state.step_in_epoch += 1
             if self.data.stream is not None:
                 state.stream, state.stream_state = position, self.data.stream.state_dict()
             dt = time.time() - t0
             state.train_time += dt
-            self.stats.add(step_loss, ntok, tokens, dt, aux)
+            if skipped:
+                state.nonfinite_skipped += 1
+                self.stats.skip(tokens, dt)
+                logger.warning("step %d: non-finite loss or gradient: update skipped (%d so far; --on_nonfinite "
+                               "skip)", state.step, state.nonfinite_skipped)
+            else:
+                self.stats.add(step_loss, ntok, tokens, dt, aux, nonfinite, state.step)
             self.progress.update(1)
             self.after_step(grad_norm)
+            if self.stop_flag.pop():
+                self.stop_preempted()
 
     def after_step(self, grad_norm) -> None:
         """Logging, validation and checkpoint at the steps that have them."""
