@@ -1,6 +1,7 @@
 """training/train.py's stages on their own: setup_run → load_data → build_job → Trainer → finish, each called
 directly (no full run), and the TrainStats window."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -34,10 +35,10 @@ def test_stages_one_by_one(data_dir, tokenizer_dir, tmp_path):
     with torch.no_grad():
         expected = float(external.translation_loss(job.unwrapped, job.model(**batches[0]), batches[0]["labels"],
                                                    args.label_smoothing))
-    loss, ntok, tokens, aux, grad_norm = trainer.train_step(batches)
+    loss, ntok, tokens, aux, grad_norm, nonfinite, skipped = trainer.train_step(batches)
     assert abs(float(loss) / float(ntok) - expected) < 1e-5
     assert int(ntok) == int((batches[0]["labels"] != -100).sum()) and int(tokens) > int(ntok)
-    assert aux == {} and grad_norm is not None
+    assert aux == {} and grad_norm is not None and int(nonfinite) == 0 and not skipped
     # one optimizer step taken (the warmup's first learning rate is 0: Adam's moments hold the gradient)
     assert job.scheduler.last_epoch == 1
     assert all(float(s["step"]) == 1 for s in job.optimizer.state.values())
@@ -49,10 +50,20 @@ def test_train_stats_window_sums_and_resets():
 
     stats = TrainStats()
     stats.add(torch.tensor(6.0, dtype=torch.float64), torch.tensor(3), torch.tensor(5), 0.5,
-              {"x": torch.tensor(3.0, dtype=torch.float64)})
-    stats.add(torch.tensor(2.0, dtype=torch.float64), torch.tensor(1), torch.tensor(3), 1.5,
-              {"x": torch.tensor(1.0, dtype=torch.float64)})
-    sums = stats.reduce(Accelerator(cpu=True))
-    assert sums == {"loss": 2.0, "ntok": 4.0, "tokens": 8.0, "tokens_per_sec": 4.0, "aux": {"x": 1.0}}
+              {"x": torch.tensor(3.0, dtype=torch.float64)}, torch.tensor(0), step=1)
+    stats.add(torch.tensor(float("nan"), dtype=torch.float64), torch.tensor(1), torch.tensor(3), 1.5,
+              {"x": torch.tensor(1.0, dtype=torch.float64)}, torch.tensor(1), step=2)
+    accelerator = Accelerator(cpu=True)
+    sums = stats.reduce(accelerator)
+    assert sums["nonfinite"] == 1 and math.isnan(sums["loss"])
+    assert {k: sums[k] for k in ("ntok", "tokens", "tokens_per_sec", "aux")} == {
+        "ntok": 4.0, "tokens": 8.0, "tokens_per_sec": 4.0, "aux": {"x": 1.0}}
+    losses = stats.step_losses(accelerator)
+    assert losses[1] == 2.0 and math.isnan(losses[2])
+    # a window carried through a checkpoint continues where it stopped
+    carried = TrainStats()
+    carried.load_state_dict(stats.state_dict(accelerator), torch.device("cpu"), main_process=True)
+    carried.add(torch.tensor(4.0, dtype=torch.float64), torch.tensor(2), torch.tensor(2), 1.0, {"x": torch.tensor(0.0)})
+    assert carried.reduce(accelerator)["tokens"] == 10.0 and carried.time == 3.0
     stats.reset()
-    assert (stats.loss, stats.ntok, stats.tokens, stats.time, stats.aux) == (0.0, 0, 0, 0.0, {})
+    assert (stats.loss, stats.ntok, stats.tokens, stats.time, stats.aux, stats.steps) == (0.0, 0, 0, 0.0, {}, [])

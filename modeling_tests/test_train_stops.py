@@ -150,6 +150,17 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     assert (f"train.py: Preempted (SIGTERM): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
             f"exiting with status 143. Continue with --resume_from_checkpoint latest.") in stderr
     assert not (out / "results.json").exists() and not list((out / "checkpoints").glob(".tmp_*"))
+    # the unfinished run's checkpoint translates (run_dir/model_config + tokenizer/, written when the run started)
+    assert not (out / "model").exists()
+    source = tmp_path / "src.en"
+    source.write_text("A man is riding a bike.\nTwo dogs play.\n", encoding="utf-8")
+    translated = subprocess.run(
+        [sys.executable, str(ROOT / "training" / "translate.py"), "--model", str(checkpoints[-1][1]), "--input",
+         str(source), "--output", str(tmp_path / "hyp.de"), "--num_beams", "1", "--max_len_b", "3"],
+        capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert len((tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines()) == 2
+    assert json.loads((out / "model_config" / "generation_config.json").read_text())["num_beams"] == 2
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()

@@ -39,7 +39,7 @@ from training import checkpointing, corpus, data_pipeline, external, run_lock, s
 from model_cards.run_record import RunRecord  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 from training.trainer import (  # noqa: E402,F401 (batch helpers re-exported)
-    EXIT_NONFINITE, Job, RunContext, RunData, Trainer, TrainingStopped, TrainState,
+    EXIT_NONFINITE, MODEL_CONFIG_DIR, Job, RunContext, RunData, Trainer, TrainingStopped, TrainState,
     accelerator_broadcast, batch_texts, evaluate_pairs, make_batch, validation_loss)
 
 logger = logging.getLogger("hf_variants.train")
@@ -894,6 +894,28 @@ def resume_job(run: RunContext, job: Job) -> None:
                 job.state.step_in_epoch)
 
 
+def generation_defaults(generation_config, args):
+    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6), as the model's default."""
+    generation_config.num_beams = args.num_beams
+    if args.num_beams > 1:  # a length penalty only applies to beam search
+        generation_config.length_penalty = args.length_penalty
+    return generation_config
+
+
+def save_model_config(run_dir: Path, model, args) -> None:
+    """run_dir/model_config (config.json, generation_config.json), written when the run starts: with the run's
+    tokenizer/ it lets `translate.py --model RUN/checkpoints/step_N` load a checkpoint of a run still training."""
+    import copy
+
+    target = run_dir / MODEL_CONFIG_DIR
+    tmp = run_dir / f".tmp_{MODEL_CONFIG_DIR}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.config.save_pretrained(tmp)
+    generation_defaults(copy.deepcopy(model.generation_config), args).save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
 def build_job(run: RunContext, data: RunData) -> Job:
     """Stage 3: model, optimizer and schedule, prepared by the Accelerator; the checkpoint to resume loaded into
     them; the trackers started with the run's hyperparameters."""
@@ -910,6 +932,8 @@ def build_job(run: RunContext, data: RunData) -> Job:
     model, optimizer = accelerator.prepare(model, optimizer)
     job = Job(model=model, unwrapped=accelerator.unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
               state=TrainState(), params=params)
+    if accelerator.is_main_process:
+        save_model_config(run.run_dir, job.unwrapped, args)
     if run.resume is not None:
         resume_job(run, job)
     elif args.resume_from_checkpoint:
@@ -1021,10 +1045,7 @@ def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRe
     model_dir = run_dir / "model"
     tmp = run_dir / ".tmp_model"
     shutil.rmtree(tmp, ignore_errors=True)
-    # the decoding the run evaluated with (the papers': beam 4, length penalty 0.6) becomes the model's default
-    final_model.generation_config.num_beams = args.num_beams
-    if args.num_beams > 1:  # a length penalty only applies to beam search
-        final_model.generation_config.length_penalty = args.length_penalty
+    generation_defaults(final_model.generation_config, args)
     final_model.save_pretrained(tmp)
     tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
     tokenizer.save_pretrained(tmp)

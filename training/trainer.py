@@ -25,6 +25,9 @@ from training import checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
 
+# run_dir/model_config: the model's config.json and generation_config.json, written when the run starts, so that a
+# checkpoint loads (the config + its weights: training/translate.py) before the run has finished
+MODEL_CONFIG_DIR = "model_config"
 EXIT_NONFINITE = 3  # exit status of a run stopped by a non-finite loss (--on_nonfinite stop)
 
 
@@ -472,10 +475,7 @@ class Trainer:
             if scores is not None:
                 record.update(valid_bleu=scores["bleu"], valid_chrf=scores["chrf"])
         record = accelerator_broadcast(accelerator, record)
-        # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
-        value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
-        finite = math.isfinite(record["valid_loss"])  # a non-finite validation loss is never the best
-        if not finite:
+        if not math.isfinite(record["valid_loss"]):  # never the best
             state.evals.append(record)
             self.log(record)
             if args.on_nonfinite == "stop":  # before this step's checkpoint: the weights overflow
@@ -483,7 +483,9 @@ class Trainer:
             logger.warning("step %d: the validation loss is not finite (%s): never the best", step,
                            record["valid_loss"])
             return False
-        best = finite and (state.best_metric is None or value > list(state.best_metric))
+        # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
+        value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
+        best = state.best_metric is None or value > list(state.best_metric)
         if best:
             state.best_metric, state.best_step = value, step
         state.evals.append(record)

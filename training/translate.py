@@ -97,12 +97,21 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
 
     path = Path(model_path)
     if (path / checkpointing.MARKER).is_file():  # run_dir/checkpoints/step_N: the run's config + these weights
+        from training.trainer import MODEL_CONFIG_DIR
+
         run_dir = path.parent.parent
-        config_dir = run_dir / "model" if (run_dir / "model" / "config.json").is_file() else None
+        # written when the run starts (a run still training has it), else the finished run's model folder
+        candidates = [run_dir / MODEL_CONFIG_DIR, run_dir / "model"]
+        config_dir = next((d for d in candidates if (d / "config.json").is_file()), None)
         if config_dir is None:
-            raise FileNotFoundError(f"{path} is a checkpoint, but {run_dir}/model/config.json (the run's config) "
-                                    f"is missing; pass the run's model folder instead.")
+            raise FileNotFoundError(f"{path} is a checkpoint, but neither {candidates[0]}/config.json nor "
+                                    f"{candidates[1]}/config.json (the run's config) exists; pass the run's model "
+                                    f"folder instead.")
         model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(config_dir))
+        if (config_dir / "generation_config.json").is_file():
+            from transformers import GenerationConfig
+
+            model.generation_config = GenerationConfig.from_pretrained(config_dir)
         checkpointing.load_model_weights(model, checkpointing.load_weights(path))
         tokenizer_path = tokenizer_path or str(run_dir / "tokenizer")
     else:
