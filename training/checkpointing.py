@@ -9,7 +9,8 @@ A checkpoint is `run_dir/checkpoints/step_N/`:
   the learning-rate scheduler's state, as JSON;
 - `rng_state_{rank}.json`: every process's random states (Python, NumPy, torch CPU and accelerator devices), as
   JSON;
-- `checkpoint.json`: the step, the format version and the run's settings (`training/settings.py`), written last.
+- `checkpoint.json`: the step, the format version, the run's settings (`training/settings.py`) and the manifest
+  `files`: the size and SHA-256 of every other file of the checkpoint, written last.
 
 Accelerate's own pickles (`random_states_*.pkl`, and `custom_checkpoint_*.pkl` of objects registered for
 checkpointing, which it unpickles with `weights_only=False`) are never written or read: the RNG files are deleted
@@ -17,13 +18,32 @@ before the checkpoint is published and nothing is registered. A checkpoint that 
 older train.py), or one where such files appear, is refused with a `CheckpointError` before anything is loaded.
 
 A checkpoint is written into `checkpoints/.tmp_step_N/` and renamed when complete, so a run killed at any moment
-leaves either a complete checkpoint or a temporary folder that is ignored (and removed on the next save).
+leaves either a complete checkpoint or a temporary folder that is ignored (and removed on the next save). Every file
+and folder of it is fsync'ed before that rename (and `checkpoints/` after it), so a machine crash does not publish a
+checkpoint whose files are not on disk either.
+
+A resume checks the manifest first (`verify_checkpoint`: sizes, then digests) and names the damaged file;
+`--resume_from_checkpoint latest` falls back to the newest intact checkpoint (`resolve_resume`). Checkpoints written
+before the manifest existed still resume: their weights (safetensors header) and torch archives (zip directory) are
+checked for truncation instead. Measured on a `small`-preset checkpoint (86.8 MB: weights and Adam state) on a
+busy 2-core machine: `save_checkpoint` 0.57 s, of which the SHA-256 of every file 0.22 s (the files are read back
+from the page cache; SHA-256 runs at ~1.7 GB/s on an idle core with SHA-NI, CRC32 was only 1.6x faster here, the
+read dominating); the same again at resume. Every file is digested, weights and optimizer state included: a flipped
+bit there would otherwise resume silently.
+
+A save that runs out of disk space (ENOSPC, or the `RuntimeError` torch's zip writer raises then) raises
+`DiskFullError` naming the file being written, the checkpoint's size and the free space; the partial checkpoint is
+removed and the previous ones are untouched. A save also warns beforehand when the free space is smaller than the
+last checkpoint.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
+import hashlib
 import json
+import logging
 import os
 import pickle
 import random
@@ -41,10 +61,18 @@ RNG_STATE = "rng_state_{}.json"
 FORMAT_VERSION = 2  # 1 (no "format" key): Accelerate's pickled RNG and registered-object states
 PICKLED_STATE = ("random_states_*.pkl", "custom_checkpoint_*.pkl")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model_fsdp.bin")
+MANIFEST = "files"  # checkpoint.json: {relative path: {"size": bytes, "sha256": hex}}
+MB = 1024 * 1024
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be resumed safely: incomplete, damaged, tampered with or of an unsafe format."""
+
+
+class DiskFullError(CheckpointError):
+    """A checkpoint could not be written: no space left on the device (or the disk quota is exhausted)."""
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
@@ -77,20 +105,136 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike) -> Path | None:
-    """`--resume_from_checkpoint`: None → no resume; "latest" → the newest complete checkpoint of the run (None when
-    there is none yet, so a restart loop can always pass it); a path → that checkpoint, which must be complete."""
+def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike,
+                   skipped: list[str] | None = None) -> Path | None:
+    """`--resume_from_checkpoint`: None → no resume; "latest" → the newest intact checkpoint of the run (None when
+    there is none yet, so a restart loop can always pass it), skipping damaged ones with a warning that names the
+    damaged file (appended to `skipped` instead of logged when a list is given); a path → that checkpoint, which
+    must be complete and intact (else a `CheckpointError` naming the file). train.py calls it on the main process
+    only (it reads every file of the checkpoint)."""
     if not value:
         return None
     if value == "latest":
-        return latest_checkpoint(checkpoint_dir)
+        damaged = []
+        for _, path in reversed(list_checkpoints(checkpoint_dir)):
+            try:
+                checkpoint_info(path)
+            except CheckpointError as err:  # an unreadable checkpoint.json
+                damaged.append(str(err))
+                continue
+            problems = damaged_files(path)
+            if problems:
+                damaged.append(f"Checkpoint {path} is damaged: " + "; ".join(problems))
+                continue
+            for message in damaged:
+                message = f"{message}; resuming from the newest intact checkpoint, {path.name}, instead."
+                logger.warning(message) if skipped is None else skipped.append(message)
+            return path
+        if damaged:
+            raise CheckpointError("No intact checkpoint to resume from:\n" + "\n".join(damaged))
+        return None
     path = Path(value)
     if not path.is_dir() and (Path(checkpoint_dir) / value).is_dir():
         path = Path(checkpoint_dir) / value
     if not (path / MARKER).is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {MARKER}); complete ones: "
                                 f"{[p.name for _, p in list_checkpoints(checkpoint_dir)]}")
+    verify_checkpoint(path)
     return path
+
+
+# ------------------------------------------------------------------------------------------- integrity checks
+def file_digest(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * MB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _structure_problem(path: Path) -> str | None:
+    """A cheap check of a state file that has no manifest entry: a safetensors file must be as long as its header
+    says, a torch archive (zip) must have its central directory. None when it looks whole (or is of another
+    kind)."""
+    import struct
+    import zipfile
+
+    size = path.stat().st_size
+    if path.suffix == ".safetensors":
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                if n > size - 8:
+                    return f"{path}: its header is cut off ({size} bytes, header {n} bytes: truncated?)"
+                header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (struct.error, ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError) as err:
+            return f"{path}: not a valid safetensors file ({type(err).__name__}: {err}; {size} bytes: truncated?)"
+        if size != 8 + n + end:
+            return (f"{path}: size {size} bytes, expected {8 + n + end} from its header"
+                    f"{' (truncated?)' if size < 8 + n + end else ''}")
+    elif path.suffix in (".bin", ".pt"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                archive.infolist()
+        except (zipfile.BadZipFile, OSError, ValueError) as err:
+            return f"{path}: not a complete torch archive ({err}; {size} bytes: truncated?)"
+    return None
+
+
+def damaged_files(path: str | os.PathLike) -> list[str]:
+    """What is wrong with the files of a complete checkpoint, one line per file naming it ([] when intact): each
+    file of the manifest must exist with its recorded size and SHA-256; a checkpoint written before manifests
+    existed gets `_structure_problem`'s checks."""
+    path = Path(path)
+    files = checkpoint_info(path).get(MANIFEST)
+    if files is None:
+        return [problem for file in sorted(path.rglob("*")) if file.is_file() and file.name != MARKER
+                for problem in [_structure_problem(file)] if problem]
+    if not isinstance(files, dict):
+        return [f"{path / MARKER}: '{MANIFEST}' must be an object, got {type(files).__name__}"]
+    problems = []
+    for name, meta in files.items():
+        file = path / name
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{file}: missing (listed in {MARKER})")
+            continue
+        expected = meta.get("size") if isinstance(meta, dict) else None
+        if size != expected:
+            problems.append(f"{file}: size {size} bytes, expected {expected}"
+                            f"{' (truncated?)' if isinstance(expected, int) and size < expected else ''}")
+        elif isinstance(meta, dict) and meta.get("sha256") and file_digest(file) != meta["sha256"]:
+            problems.append(f"{file}: SHA-256 differs from the one recorded at save (the content changed: "
+                            f"damaged on disk or in a copy)")
+    return problems
+
+
+def verify_checkpoint(path: str | os.PathLike) -> dict:
+    """`check_resumable(path)`, then `damaged_files(path)`: a `CheckpointError` naming every damaged file."""
+    info = check_resumable(path)
+    problems = damaged_files(path)
+    if problems:
+        raise CheckpointError(f"Checkpoint {path} is damaged: " + "; ".join(problems))
+    return info
+
+
+def _manifest_and_flush(folder: Path) -> dict:
+    """The manifest of every file under `folder` (sizes and SHA-256), each file fsync'ed, then every folder (the
+    deepest first): nothing of it is published before it is on disk."""
+    files = {}
+    for file in sorted(folder.rglob("*")):
+        if file.is_file():
+            h = hashlib.sha256()
+            with open(file, "rb") as f:
+                while chunk := f.read(8 * MB):
+                    h.update(chunk)
+                os.fsync(f.fileno())
+            files[file.relative_to(folder).as_posix()] = {"size": file.stat().st_size, "sha256": h.hexdigest()}
+    for sub in sorted((d for d in folder.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        _fsync_dir(sub)
+    return files
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -201,45 +345,145 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_size(path: str | os.PathLike) -> int:
+    """Bytes of a checkpoint's files (its manifest, else what is on disk)."""
+    path = Path(path)
+    try:
+        files = checkpoint_info(path).get(MANIFEST)
+    except CheckpointError:
+        files = None
+    if isinstance(files, dict):
+        return sum(int(meta.get("size", 0)) for meta in files.values() if isinstance(meta, dict))
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _estimated_size(accelerator, checkpoint_dir: Path) -> int:
+    """Bytes the next checkpoint will take: the last one's size, else this process's model and optimizer tensors."""
+    last = latest_checkpoint(checkpoint_dir)
+    if last is not None:
+        return checkpoint_size(last)
+    total = 0
+    for model in accelerator._models:
+        total += sum(t.numel() * t.element_size() for t in model.parameters())
+    for optimizer in accelerator._optimizers:
+        for state in optimizer.state.values():
+            total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+    return total
+
+
+def _is_disk_full(err: BaseException, folder: Path, needed: int) -> bool:
+    """ENOSPC/EDQUOT, or an error of a writer that hides the errno (torch's zip writer: "[enforce fail at
+    inline_container.cc] unexpected pos", safetensors' "IoError(Os { code: 28 ... })") on a file system that now
+    has less free space than the checkpoint needs."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    if "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text:
+        return True
+    if isinstance(err, RuntimeError) and any(s in text for s in ("unexpected pos", "enforce fail", "failed writing")):
+        try:
+            return shutil.disk_usage(folder if folder.exists() else folder.parent).free < needed
+        except OSError:
+            return False
+    return False
+
+
+def _file_being_written(err: BaseException, folder: Path) -> Path:
+    name = getattr(err, "filename", None)
+    if name:
+        return Path(name)
+    files = [f for f in folder.rglob("*") if f.is_file()] if folder.is_dir() else []
+    return max(files, key=lambda f: f.stat().st_mtime_ns) if files else folder
+
+
+def _any_failed(accelerator, failed: bool) -> bool:
+    """Whether any process failed (a collective every process must reach)."""
+    if accelerator.num_processes == 1:
+        return failed
+    flag = torch.tensor([1.0 if failed else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(flag, "sum").item() > 0)
+
+
 def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, info: dict | None = None,
                     trainer_state: dict | None = None) -> Path:
     """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
-    (JSON) into a temporary folder, then an atomic rename to `step_{step}`. Accelerate's pickled RNG files are
-    removed before the rename. Collective: every process calls it."""
+    (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
+    folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
+    before the rename. Collective: every process calls it; when any process fails to write its part (e.g. a full
+    disk: `DiskFullError`), the temporary folder is removed and every process raises."""
     checkpoint_dir = Path(checkpoint_dir)
     final = checkpoint_dir / f"step_{step}"
     tmp = checkpoint_dir / f".tmp_step_{step}"
+    needed = _estimated_size(accelerator, checkpoint_dir)
     if accelerator.is_main_process:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         for stale in checkpoint_dir.glob(".tmp_step_*"):
             shutil.rmtree(stale, ignore_errors=True)
+        free = shutil.disk_usage(checkpoint_dir).free
+        if free < needed:
+            logger.warning("Only %.1f MB free on the file system of %s, and a checkpoint takes about %.1f MB: saving "
+                           "step %d will probably fail. Free some space (or lower --keep_checkpoints).", free / MB,
+                           checkpoint_dir, needed / MB, step)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    (tmp / RNG_STATE.format(accelerator.process_index)).write_text(json.dumps(rng_state()), encoding="utf-8")
+    error = None
+    try:
+        accelerator.save_state(str(tmp))
+        (tmp / RNG_STATE.format(accelerator.process_index)).write_text(json.dumps(rng_state()), encoding="utf-8")
+    except Exception as err:  # noqa: BLE001 - every process learns below that the save failed
+        error = err
+        import traceback
+
+        seen = err
+        while seen is not None:  # drop the writers' frames: their files close (and their space is freed below)
+            traceback.clear_frames(seen.__traceback__)
+            seen = seen.__context__
+    if not _any_failed(accelerator, error is not None) and accelerator.is_main_process:
+        try:
+            for pattern in PICKLED_STATE:
+                for file in tmp.glob(pattern):
+                    file.unlink()
+            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
+            files = _manifest_and_flush(tmp)
+            marker = tmp / MARKER
+            marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files},
+                                         indent=2))
+            with open(marker, "rb") as f:
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+        except Exception as err:  # noqa: BLE001 - as above
+            error = err
+        else:
+            if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
+                old = checkpoint_dir / f".old_step_{step}"
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(checkpoint_dir)
+    if not _any_failed(accelerator, error is not None):
+        return final
+    full = error is not None and _is_disk_full(error, tmp if tmp.exists() else checkpoint_dir, needed)
+    file = _file_being_written(error, tmp) if full else None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        for pattern in PICKLED_STATE:
-            for file in tmp.glob(pattern):
-                file.unlink()
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
-        for file in tmp.rglob("*"):  # flush the state files before the rename makes the checkpoint visible
-            if file.is_file():
-                with open(file, "rb") as f:
-                    os.fsync(f.fileno())
-        marker = tmp / MARKER
-        marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {})}, indent=2))
-        with open(marker, "rb") as f:
-            os.fsync(f.fileno())
-        if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
-            old = checkpoint_dir / f".old_step_{step}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _fsync_dir(checkpoint_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    return final
+    previous = latest_checkpoint(checkpoint_dir)
+    kept = (f"the previous checkpoint, {previous.name}, is intact: free some space (or lower --keep_checkpoints, "
+            f"or move the run to a larger disk) and resume with --resume_from_checkpoint latest"
+            if previous is not None else "there is no earlier checkpoint")
+    if error is None:
+        raise CheckpointError(f"Checkpoint step_{step} was not saved: another process failed to write its part (see "
+                              f"its error); the partial checkpoint was removed and {kept}.")
+    if full:
+        free = shutil.disk_usage(checkpoint_dir).free
+        what = "disk quota exceeded" if getattr(error, "errno", None) == errno.EDQUOT else "no space left on device"
+        raise DiskFullError(f"Checkpoint step_{step} not saved: {what} while writing {file} (needed ≈ "
+                            f"{needed / MB:.1f} MB, free {free / MB:.1f} MB). The partial checkpoint was removed; "
+                            f"{kept}.") from error
+    raise CheckpointError(f"Checkpoint step_{step} not saved ({type(error).__name__}: {error}); the partial "
+                          f"checkpoint was removed and {kept}.") from error
 
 
 def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool = False) -> dict:
@@ -265,7 +509,8 @@ def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool =
         raise CheckpointError(f"{path}: a state file was refused by torch.load(weights_only=True) ({err}); the "
                               f"checkpoint is damaged or was tampered with. Nothing in it was executed.") from None
     except Exception as err:  # noqa: BLE001 - any failure of a needed state file stops the resume, naming it
-        raise CheckpointError(f"{path}: loading the model/optimizer state failed ({type(err).__name__}: "
+        culprit = _failing_state_file(path)
+        raise CheckpointError(f"{culprit or path}: loading the model/optimizer state failed ({type(err).__name__}: "
                               f"{err}).") from err
     if rng is not None:
         set_rng_state(rng, str(rng_file))
@@ -273,6 +518,24 @@ def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool =
         logging.getLogger(__name__).warning("%s has no random states of process %d; it keeps its own.", path,
                                             accelerator.process_index)
     return trainer_state
+
+
+def _failing_state_file(path: Path) -> Path | None:
+    """After `load_state` failed: the first state file that does not load on its own (safetensors, or torch.load
+    with weights_only=True), to name it."""
+    from safetensors.torch import load_file
+
+    for file in sorted(path.rglob("*")):
+        if file.suffix not in (".safetensors", ".bin", ".pt") or not file.is_file():
+            continue
+        try:
+            if file.suffix == ".safetensors":
+                load_file(str(file))
+            else:
+                torch.load(file, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - this is the file that fails
+            return file
+    return None
 
 
 def rotate_checkpoints(checkpoint_dir: str | os.PathLike, keep_last: int,

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, data_pipeline, external, settings  # noqa: E402
+from training import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
 from model_cards.run_record import RunRecord  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 from training.trainer import (  # noqa: E402,F401 (batch helpers re-exported)
@@ -684,17 +684,25 @@ def run_name_for(args, directions) -> str:
     return args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
 
 
-def prepare_run_dir(accelerator, run_dir: Path, resume: Path | None, overwrite: bool) -> None:
-    """Create the run folder (main process); an earlier run in it is refused unless resumed or overwritten."""
-    if accelerator.is_main_process:
-        if run_dir.exists() and resume is None and any(run_dir.iterdir()):
-            if overwrite:
-                shutil.rmtree(run_dir)
+def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list[str], run_lock.RunLock | None]:
+    """Lock the run folder (training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
+    earlier run in the folder unless resumed or overwritten, on the main process; every process stops when it
+    refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped (logged once
+    logging is set up) and the lock (None on the other processes)."""
+    found = {"skipped": []}
+
+    def prepare():  # the main process, holding the lock
+        found["resume"] = resume = checkpointing.resolve_resume(
+            args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"])
+        if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
+            if args.overwrite_output_dir:
+                run_lock.clear_run_dir(run_dir)
             elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
                 raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
                                       f"continue it or --overwrite_output_dir to start over.")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+
+    lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
+    return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
 
 
 def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> list[dict]:
@@ -741,14 +749,20 @@ def setup_run(args) -> RunContext:
         # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
     )
-    resume = checkpointing.resolve_resume(args.resume_from_checkpoint, run_dir / "checkpoints")
-    prepare_run_dir(accelerator, run_dir, resume, args.overwrite_output_dir)
-    setup_logging(accelerator, run_dir)
-    # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
-    run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
-                                         mixed_precision=str(accelerator.mixed_precision),
-                                         device=accelerator.device.type)
-    settings_changes = resume_settings_changes(args, resume, run_settings)
+    resume, skipped, lock = prepare_run_dir(accelerator, run_dir, args)
+    try:
+        setup_logging(accelerator, run_dir)
+        for message in skipped:  # damaged checkpoints `latest` passed over
+            logger.warning(message)
+        # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
+        run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
+                                             mixed_precision=str(accelerator.mixed_precision),
+                                             device=accelerator.device.type)
+        settings_changes = resume_settings_changes(args, resume, run_settings)
+    except BaseException:  # a refused resume: the run folder is free again
+        if lock is not None:
+            lock.release()
+        raise
     set_cpu_threads(args, accelerator)
     logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
                 accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
@@ -756,7 +770,7 @@ def setup_run(args) -> RunContext:
     return RunContext(args=args, accelerator=accelerator, run_name=run_name, run_dir=run_dir, languages=languages,
                       directions=directions, eval_directions=pair_directions(directions, args.bidirectional),
                       trackers=trackers, resume=resume, run_settings=run_settings, settings_changes=settings_changes,
-                      session_start=time.time())
+                      session_start=time.time(), lock=lock)
 
 
 def direction_label(directions, bidirectional: bool) -> str:
@@ -1107,15 +1121,19 @@ def main(argv=None) -> dict | None:
     preemption signal) raises `TrainingStopped`, whose `exit_code` the command line exits with."""
     args = parse_args(argv)
     run = setup_run(args)
-    data = load_data(run)
-    job = build_job(run, data)
-    trainer = Trainer(run, data, job)
     try:
-        trainer.train()
-        return finish(trainer)
-    except TrainingStopped as stop:
-        record_stop(trainer, stop)
-        raise
+        data = load_data(run)
+        job = build_job(run, data)
+        trainer = Trainer(run, data, job)
+        try:
+            trainer.train()
+            return finish(trainer)
+        except TrainingStopped as stop:
+            record_stop(trainer, stop)
+            raise
+    finally:
+        if run.lock is not None:  # the run folder's lock, released however the run ends
+            run.lock.release()
 
 if __name__ == "__main__":
     try:

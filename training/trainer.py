@@ -91,6 +91,7 @@ class RunContext:
     run_settings: dict
     settings_changes: list[dict]
     session_start: float
+    lock: Any = None  # training/run_lock.RunLock on the main process: released when the run ends
 
     @property
     def checkpoint_dir(self) -> Path:
