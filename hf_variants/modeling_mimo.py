@@ -33,17 +33,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_mimo import MimoConfig
 from .modeling_transformer_nmt import (
-    StackedLinear,
     TransformerNmtAttention,
     TransformerNmtDecoder,
     TransformerNmtEncoder,
@@ -53,27 +50,13 @@ from .modeling_transformer_nmt import (
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
     attach_summary,
+    build_layer_norm,
     residual_block,
     resolve_language_ids,
 )
 
 
-# ----------------------------------------------------------------------------------------------- stacked modules
-class MimoLayerNorm(nn.Module):
-    """n LayerNorms over [n, ..., d] streams (stream k uses weight[k], bias[k])."""
-
-    def __init__(self, num_transformations: int, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(num_transformations, dim))
-        self.bias = nn.Parameter(torch.zeros(num_transformations, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (self.weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        return torch.addcmul(self.bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=self.eps),
-                             self.weight.view(shape))
-
-
+# ------------------------------------------------------------------------------------------------------- links
 class MimoMix(nn.Module):
     """A task-aware link between two blocks (eq. 2-4): output k = sum_m softmax(V[task, k, :])_m * stream m.
 
@@ -108,23 +91,6 @@ class MimoMix(nn.Module):
 
 
 
-# ----------------------------------------------------------------------------------------------- transformations
-class MimoFeedForward(TransformerNmtFeedForward):
-    """The n FFN transformations of a block (post-norm, own LayerNorms); the backbone's forward runs unchanged on
-    the stacked modules."""
-
-    def __init__(self, config: MimoConfig, ffn_dim: int):
-        nn.Module.__init__(self)
-        n, d = config.num_transformations, config.d_model
-        self.fc1 = StackedLinear(n, d, ffn_dim)
-        self.fc2 = StackedLinear(n, ffn_dim, d)
-        self.final_layer_norm = MimoLayerNorm(n, d, config.layer_norm_eps)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = False
-
-
 # -------------------------------------------------------------------------------------------------------- layers
 class MimoEncoderLayer(GradientCheckpointingLayer):
     """Self-attention block, link, FFN block. Layer 0's self-attention is one-to-many (no link before it)."""
@@ -135,9 +101,9 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
         self.config = config
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
         self.self_attn = TransformerNmtAttention(config, config.encoder_attention_heads, layer_idx, num_units=n)
-        self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.self_attn_layer_norm = build_layer_norm(config, n)
         self.ffn_mix = MimoMix(config, outputs)
-        self.ffn = MimoFeedForward(config, config.encoder_ffn_dim)
+        self.ffn = TransformerNmtFeedForward(config, config.encoder_ffn_dim, num_units=n)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 task_ids: torch.Tensor | None = None, **kwargs):
@@ -164,14 +130,14 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         self.layer_idx = layer_idx
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
         self.self_attn = TransformerNmtAttention(config, heads, layer_idx, is_decoder=True, num_units=n)
-        self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.self_attn_layer_norm = build_layer_norm(config, n)
         self.encoder_attn_mix = MimoMix(config, outputs)
         self.memory_mix = MimoMix(config, outputs) if config.mimo_memory == "mix" else None
         self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True,
                                                     num_units=n)
-        self.encoder_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.encoder_attn_layer_norm = build_layer_norm(config, n)
         self.ffn_mix = MimoMix(config, outputs)
-        self.ffn = MimoFeedForward(config, config.decoder_ffn_dim)
+        self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim, num_units=n)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
@@ -227,26 +193,19 @@ class MimoPreTrainedModel(TransformerNmtPreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
-        if not config.lipschitz_init:
-            super()._init_weights(module)  # the units' nn.Linear maps as the backbone's linears
         # Lipschitz-constrained init (Neutron's init_model_params_lipschitz): matrices U(+-1/sqrt(fan_in)),
-        # embeddings Xavier-uniform with gain sqrt(1/3), biases 0, LayerNorms 1/0.
-        elif isinstance(module, nn.Linear):
+        # embeddings Xavier-uniform with gain sqrt(1/3), biases 0; LayerNorms (and without it everything) as the
+        # backbone's
+        if config.lipschitz_init and isinstance(module, nn.Linear):
             bound = 1.0 / math.sqrt(module.in_features)
             init.uniform_(module.weight, -bound, bound)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.xavier_uniform_(module.weight, gain=math.sqrt(1.0 / 3.0))
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        if isinstance(module, MimoLayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, MimoMix) and module.task_logits is not None:
+        elif config.lipschitz_init and isinstance(module, nn.Embedding):
+            self._init_embedding(module, init.xavier_uniform_, gain=math.sqrt(1.0 / 3.0))
+        else:
+            super()._init_weights(module)
+        if isinstance(module, MimoMix) and module.task_logits is not None:
             if config.mixing_init_std > 0:
                 init.normal_(module.task_logits, mean=0.0, std=config.mixing_init_std)
             else:
@@ -337,7 +296,6 @@ __all__ = [
     "MimoPreTrainedModel",
     "MimoModel",
     "MimoForConditionalGeneration",
-    "MimoLayerNorm",
     "MimoMix",
     "MimoEncoderLayer",
     "MimoDecoderLayer",

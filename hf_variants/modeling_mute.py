@@ -44,28 +44,22 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_mute import MuteConfig
 from .modeling_transformer_nmt import (
-    StackedLinear,
     TransformerNmtAttention,
     TransformerNmtEncoder,
+    TransformerNmtFeedForward,
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
     real_tokens,
+    stacked_layer_norm,
 )
 
 
-# ----------------------------------------------------------------------------------------------------- unit helpers
-def unit_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm of [I, B, T, d] with one affine per unit (`weight`, `bias`: [I, d])."""
-    x = F.layer_norm(x, x.shape[-1:], eps=eps)
-    return x * weight[:, None, None, :] + bias[:, None, None, :]
-
-
+# ------------------------------------------------------------------------------------------------- AutoShuffle
 def shuffle_penalty(matrix: torch.Tensor) -> torch.Tensor:
     """Lipschitz penalty of AutoShuffle (eq. 19), in fp32: sum over rows and columns of ||.||_1 - ||.||_2.
     0 exactly for permutation matrices; 2 I (1 - 1/sqrt(I)) for the uniform 1/I matrix."""
@@ -195,34 +189,22 @@ class MuteBiasModule(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------ the units
-class MuteUnitFeedForward(nn.Module):
-    """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals, stacked."""
+class MuteUnitFeedForward(TransformerNmtFeedForward):
+    """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals: the backbone's FFN
+    with I units, F_i = S_i + Dropout(W2_i Dropout(act(W1_i LN_i(S_i)))) (pre-norm; post-norm: LN_i(S_i + ...)).
+    The units' LayerNorms keep MUTE's parameter names, `layer_norm_weight` / `layer_norm_bias` [I, d]."""
 
     def __init__(self, config: MuteConfig):
-        super().__init__()
-        units, d, ffn = config.num_units, config.d_model, config.encoder_ffn_dim
-        self.layer_norm_weight = nn.Parameter(torch.empty(units, d))
-        self.layer_norm_bias = nn.Parameter(torch.empty(units, d))
-        self.fc1 = StackedLinear(units, d, ffn)
-        self.fc2 = StackedLinear(units, ffn, d)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.eps = config.layer_norm_eps
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
+        super().__init__(config, config.encoder_ffn_dim, num_units=config.num_units)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """F_i = S_i + Dropout(W2_i Dropout(act(W1_i LN_i(S_i)))) (pre-norm; post-norm: LN_i(S_i + ...))."""
-        residual = hidden_states
-        if self.normalize_before:
-            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        hidden_states = self.activation_fn(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        hidden_states = self.fc2(hidden_states)
-        hidden_states = residual + F.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.normalize_before:
-            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        return hidden_states
+    def build_layer_norm(self, config: MuteConfig, num_units: int) -> None:
+        self.layer_norm_weight = nn.Parameter(torch.empty(num_units, config.d_model))
+        self.layer_norm_bias = nn.Parameter(torch.empty(num_units, config.d_model))
+        self.eps = config.layer_norm_eps
+        return None
+
+    def layer_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return stacked_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
 
 
 # ----------------------------------------------------------------------------------------- AutoShuffle step hook

@@ -387,17 +387,12 @@ class TransformerNmtAttention(nn.Module):
         self.is_causal = is_decoder and not is_cross_attention
         self.num_key_value_groups = 1
 
-        def linear(in_features, out_features):
-            if num_units is None:
-                return nn.Linear(in_features, out_features)
-            return StackedLinear(num_units, in_features, out_features)
-
         if is_cross_attention:
-            self.q_proj = linear(d, d)
-            self.kv_proj = linear(d, 2 * d)
+            self.q_proj = build_linear(d, d, num_units)
+            self.kv_proj = build_linear(d, 2 * d, num_units)
         else:
-            self.qkv_proj = linear(d, 3 * d)
-        self.out_proj = linear(d, d)
+            self.qkv_proj = build_linear(d, 3 * d, num_units)
+        self.out_proj = build_linear(d, d, num_units)
         self.relative_positions = self.relative_embeddings = None
         if config.max_relative_positions > 0 and not is_cross_attention:
             buckets = 2 * config.max_relative_positions + 1
@@ -458,23 +453,68 @@ class TransformerNmtAttention(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ layers
-class TransformerNmtFeedForward(nn.Module):
-    """Position-wise FFN sub-layer with its residual connection and LayerNorm (pre- or post-norm)."""
+def stacked_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """n LayerNorms of [n, ..., d] units at once: unit k normalised with `weight[k]`, `bias[k]` ([n, d])."""
+    shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    return torch.addcmul(bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.view(shape))
 
-    def __init__(self, config: TransformerNmtConfig, ffn_dim: int):
+
+class StackedLayerNorm(nn.Module):
+    """n LayerNorms over [n, ..., d] units (unit k uses weight[k], bias[k]): MUTE's units, MIMO's streams."""
+
+    def __init__(self, num_units: int, dim: int, eps: float):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_units, dim))
+        self.bias = nn.Parameter(torch.zeros(num_units, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return stacked_layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def build_linear(in_features: int, out_features: int, num_units: int | None = None, bias: bool = True) -> nn.Module:
+    """An `nn.Linear`, or with `num_units` a `StackedLinear` of that many (inputs and outputs [n|1, ..., features])."""
+    if num_units is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return StackedLinear(num_units, in_features, out_features, bias=bias)
+
+
+def build_layer_norm(config: TransformerNmtConfig, num_units: int | None = None) -> nn.Module:
+    """The model's LayerNorm over d_model, or with `num_units` a `StackedLayerNorm` (one affine per unit)."""
+    if num_units is None:
+        return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+    return StackedLayerNorm(num_units, config.d_model, config.layer_norm_eps)
+
+
+class TransformerNmtFeedForward(nn.Module):
+    """Position-wise FFN sub-layer with its residual connection and LayerNorm (pre- or post-norm).
+
+    With `num_units` = n the sub-layer holds n independent FFNs (MUTE's units, MIMO's transformations): its linears
+    are `StackedLinear`s, its LayerNorm a `StackedLayerNorm`, and its input and output carry the unit axis first
+    ([n, B, T, d]). `normalize_before` defaults to the config's. Builders: `build_layer_norm` (a variant keeping
+    its own LayerNorm parameters overrides it and `layer_norm`)."""
+
+    def __init__(self, config: TransformerNmtConfig, ffn_dim: int, num_units: int | None = None,
+                 normalize_before: bool | None = None):
+        super().__init__()
+        self.fc1 = build_linear(config.d_model, ffn_dim, num_units)
+        self.fc2 = build_linear(ffn_dim, config.d_model, num_units)
+        self.final_layer_norm = self.build_layer_norm(config, num_units)
         self.activation_fn = ACT2FN[config.activation_function]
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
+        self.normalize_before = config.normalize_before if normalize_before is None else normalize_before
+
+    def build_layer_norm(self, config: TransformerNmtConfig, num_units: int | None) -> nn.Module | None:
+        return build_layer_norm(config, num_units)
+
+    def layer_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.final_layer_norm(hidden_states)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         residual = hidden_states
         if self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
+            hidden_states = self.layer_norm(hidden_states)
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         if self.training:
             hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=True)
@@ -483,7 +523,7 @@ class TransformerNmtFeedForward(nn.Module):
             hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
         hidden_states = residual + hidden_states
         if not self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
+            hidden_states = self.layer_norm(hidden_states)
         return hidden_states
 
 
@@ -842,15 +882,21 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
+            std = config.d_model**-0.5 if xavier else config.init_std
+            self._init_embedding(module, init.normal_, mean=0.0, std=std)
+        elif isinstance(module, (nn.LayerNorm, StackedLayerNorm)):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, TransformerNmtAttention) and module.relative_embeddings is not None:
             # per-unit relative tables, as the nn.Embedding tables of one-unit attentions
             init.normal_(module.relative_embeddings, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
+
+    @staticmethod
+    def _init_embedding(module: nn.Embedding, fn, **kwargs) -> None:
+        """`fn(module.weight, **kwargs)`, then the padding row zeroed (unless the row was loaded)."""
+        fn(module.weight, **kwargs)
+        if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+            module.weight[module.padding_idx].zero_()
 
     # Tensor names of an older layout of this model type (hf_variants 0.1's stacked MUTE/MIMO units), which
     # `python -m hf_variants.convert_legacy` converts; found among a checkpoint's unexpected keys, they stop the load.
