@@ -145,14 +145,14 @@ class HysanAttention(TransformerNmtAttention):
         return branch_outputs.flatten(2)
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, query_offset=0, **kwargs):
-        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None), H' = nb*H
+        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None, None), H' = nb*H
         for concat fusion, H otherwise."""
         if not self.hybrid:
             return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions,
                                    query_offset=query_offset, **kwargs)
         out, weights = self.branch_attention(query, key, value, attention_mask, query_offset, output_attentions)
         fused = self.fuse(out)
-        return fused.view(*fused.shape[:2], -1, self.head_dim), weights
+        return fused.view(*fused.shape[:2], -1, self.head_dim), weights, None
 
 
 class HysanEncoderLayer(TransformerNmtEncoderLayer):

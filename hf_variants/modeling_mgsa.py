@@ -46,7 +46,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
     attend,
     real_tokens,
-    residual_block,
 )
 from .phrases import encode_by_leaves, ngram_phrase_index, phrase_inputs_from_leaves
 
@@ -340,27 +339,35 @@ class MgsaSelfAttention(TransformerNmtAttention):
 
         return heads(key), heads(value)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                mgsa_phrases: PhrasePartition | None = None, **kwargs):
+    def _project(self, hidden_states, key_value_states=None, past_key_values=None,
+                 mgsa_phrases: PhrasePartition | None = None, **kwargs):
+        """Queries of every head; keys and values of the word heads, then of the phrase heads, each token's those of
+        its phrase (the phrase memory F_h, eq. 4-5); the composed phrases go to `_attend` (the tag loss)."""
         if self.phrase_memory is None:
-            out, weights = super().forward(hidden_states, attention_mask=attention_mask,
-                                           output_attentions=output_attentions, **kwargs)
-            return out, weights, {}
+            return super()._project(hidden_states, key_value_states, past_key_values, **kwargs)
         if mgsa_phrases is None:
             raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
-        b, t, _ = hidden_states.shape
         query, key, value = self._queries_and_word_keys_values(hidden_states)  # key, value: the w word heads
-        w = self.word_heads
         memory, composed = self.phrase_memory(hidden_states, mgsa_phrases)
         phrase_key, phrase_value = self._phrase_keys_values(memory)  # [B, P, M, D], P = G * h_g phrase heads
         # Every head in ONE kernel call over the T tokens: a phrase head sees token j through its phrase m(j), with
-        # key k_m(j), value v_m(j) and the score bias -log |m(j)|, so that its softmax over tokens is
-        # p(m | t) / |m| (eq. 6) on each of m's tokens and its output sum_m p(m | t) v_m: the attention of eq. 6-7
-        # over the phrase slots, returned as token-level weights [B, H, T, T] (a phrase's weight spread evenly).
+        # key k_m(j), value v_m(j) (and in `_attend` the score bias -log |m(j)|)
         ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
         index = ids.clamp(min=0)[..., None].expand(-1, -1, -1, self.head_dim)
         key = torch.cat([key, phrase_key.gather(2, index)], dim=1)
         value = torch.cat([value, phrase_value.gather(2, index)], dim=1)
+        return query, key, value, {"composed": composed}
+
+    def _attend(self, query, key, value, attention_mask, output_attentions=False,
+                mgsa_phrases: PhrasePartition | None = None, composed: torch.Tensor | None = None, **kwargs):
+        """The word and phrase heads in one kernel call: a phrase head's score of token j gets the bias
+        -log |m(j)|, so that its softmax over tokens is p(m | t) / |m| (eq. 6) on each of m's tokens and its output
+        sum_m p(m | t) v_m: the attention of eq. 6-7 over the phrase slots, returned as token-level weights
+        [B, H, T, T] (a phrase's weight spread evenly). Aux: the tag loss SUM (eq. 12)."""
+        if self.phrase_memory is None:
+            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+        b, t, w = query.shape[0], query.shape[2], self.word_heads
+        ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
         # The phrase heads' own key mask (tokens without a phrase: padding, special tokens) goes into the bias as the
         # dtype's minimum, so the stack's padding mask serves every head in any implementation's format.
         sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
@@ -376,7 +383,6 @@ class MgsaSelfAttention(TransformerNmtAttention):
                               max_relative_positions=self.config.max_relative_positions,
                               relative_values=self.config.relative_position_values, is_causal=False,
                               output_attentions=output_attentions)
-        out = self.out_proj(out.reshape(b, t, self.embed_dim))
         aux = {}
         if self.tag_classifiers is not None and mgsa_phrases.tags is not None:
             logits = self.tag_logits(composed)
@@ -385,23 +391,12 @@ class MgsaSelfAttention(TransformerNmtAttention):
             aux["tag_loss"] = self.tag_loss_weight * tag_loss
         return out, weights, aux
 
+
 # ------------------------------------------------------------------------------------------------------ layers
 class MgsaEncoderLayer(TransformerNmtEncoderLayer):
-    """An encoder layer whose self-attention is MG-SA; returns its tag loss as a third element (a loss SUM)."""
+    """An encoder layer whose self-attention is MG-SA (its tag loss leaves the layer as the backbone's aux)."""
 
     attention_class = MgsaSelfAttention
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                mgsa_phrases: PhrasePartition | None = None, **kwargs):
-        def self_attention(x):
-            out, weights, aux = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                               mgsa_phrases=mgsa_phrases, **kwargs)
-            return out, (weights, aux)
-
-        hidden_states, (weights, aux) = residual_block(self, self.self_attn_layer_norm, hidden_states,
-                                                       self_attention, self.config.normalize_before,
-                                                       self.config.dropout)
-        return self.ffn(hidden_states), weights, aux
 
 
 # ------------------------------------------------------------------------------------------------------ models

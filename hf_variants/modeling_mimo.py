@@ -107,15 +107,15 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 task_ids: torch.Tensor | None = None, **kwargs):
-        """[n|1, B, T, d] -> ([n, B, T, d], attention weights); `task_ids` [B] (the stack's `layer_inputs`)."""
+        """[n|1, B, T, d] -> ([n, B, T, d], attention weights, None); `task_ids` [B] (the stack's `layer_inputs`)."""
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
-        hidden_states, weights = residual_block(
+        hidden_states, weights, aux = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
                                      **kwargs),
             False, self.config.dropout)
-        return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights
+        return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights, aux
 
 
 class MimoDecoderLayer(GradientCheckpointingLayer):
@@ -147,7 +147,7 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         p = self.config.dropout
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
-        hidden_states, self_weights = residual_block(
+        hidden_states, self_weights, _ = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
                                      output_attentions=output_attentions, **kwargs), False, p)
@@ -163,7 +163,7 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
                 if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
                     memory = self.memory_mix(memory, task_ids)
             cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
-            hidden_states, cross_weights = residual_block(
+            hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
                 lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask, key_value_states=memory,
                                             past_key_values=past_key_values, output_attentions=output_attentions,

@@ -312,7 +312,7 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
 
     # ---------------------------------------------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
         # M must be projected before its use in every training step (docs/variants-spec.md §1.4): optimizer steps
         # are seen by the step hook; an in-place change outside torch.optim is seen here by its version counter.
@@ -321,15 +321,16 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
         noisy = self.bias_module(unit_input, token_mask)  # [I, B, T, d] or None (clean input for all units)
-        attn, weights = self.self_attn(unit_input[None] if noisy is None else noisy, attention_mask=attention_mask,
-                                       output_attentions=output_attentions, **kwargs)
+        attn, weights, aux = self.self_attn(unit_input[None] if noisy is None else noisy,
+                                            attention_mask=attention_mask, output_attentions=output_attentions,
+                                            **kwargs)
         # S_i = X + Dropout(A_i): the residual is the clean layer input.
         states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
         if not pre:
             states = self.self_attn_layer_norm(states)
         outputs = self.ffn(states)  # [I, B, T, d]
         merged = torch.tensordot(self.merge_weights().to(outputs.dtype), outputs, dims=1)
-        return merged, weights
+        return merged, weights, aux
 
 
 # ----------------------------------------------------------------------------------------------------- the models

@@ -56,12 +56,12 @@ class TiedTransformerBlock(TransformerNmtDecoderLayer):
             return super().forward(hidden_states, attention_mask, encoder_hidden_states,
                                    encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values,
                                    output_attentions=output_attentions, use_cache=use_cache, **kwargs)
-        hidden_states, weights = residual_block(
+        hidden_states, weights, aux = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
                                      is_causal=False, **kwargs),
             self.config.normalize_before, self.config.dropout)
-        return self.ffn(hidden_states), weights
+        return self.ffn(hidden_states), weights, aux
 
 
 # ------------------------------------------------------------------------------------------------------------ models

@@ -410,46 +410,57 @@ class TransformerNmtAttention(nn.Module):
         x = x.reshape(n, b, t, parts, self.heads_per_unit, self.head_dim)
         return x.permute(3, 1, 0, 4, 2, 5).reshape(parts, b, self.num_heads, t, self.head_dim).unbind(0)
 
-    def _project_qkv(self, hidden_states, key_value_states, past_key_values):
-        """Queries, keys, values as [B, heads, T, D], with the cache read and updated."""
+    def _project(self, hidden_states, key_value_states=None, past_key_values=None, **kwargs):
+        """Step 1: queries, keys, values as [B, heads, T, D], with the cache read and updated, and a dict of extra
+        keyword arguments for `_attend` (nothing here; MG-SA's composed phrases). A cross-attention's
+        `key_value_states` may be a zero-argument callable giving the memory: it is called only when the keys and
+        values are computed, not over a filled cross-attention cache (MIMO mixes its memory per unit)."""
         if not self.is_cross_attention:
             query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
             cache = self_attention_cache(past_key_values)
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
-            return query, key, value
+            return query, key, value, {}
         (query,) = self._heads(self.q_proj(hidden_states), 1)
         if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
             layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
-            return query, layer.keys, layer.values
-        key, value = self._heads(self.kv_proj(key_value_states), 2)
+            return query, layer.keys, layer.values, {}
+        memory = key_value_states() if callable(key_value_states) else key_value_states
+        key, value = self._heads(self.kv_proj(memory), 2)
         if past_key_values is not None:  # cross-attention keys/values are computed once per generation
             key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
             past_key_values.is_updated[self.layer_idx] = True
-        return query, key, value
+        return query, key, value, {}
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        """The kernel call: [B, heads, Q, D] queries -> ([B, Q, heads, D], weights or None)."""
+        """Step 2, the kernel call: [B, heads, Q, D] queries -> ([B, Q, heads, D], weights or None, aux: a dict of
+        auxiliary loss SUMS or None)."""
         table = self.relative_embeddings
         if self.relative_positions is not None:
             table = self.relative_positions.embeddings.weight
-        return attend(self, query, key, value, attention_mask, relative_table=table,
-                      max_relative_positions=self.config.max_relative_positions,
-                      relative_values=self.config.relative_position_values, head_groups=self.num_units or 1,
-                      output_attentions=output_attentions, **kwargs)
+        out, weights = attend(self, query, key, value, attention_mask, relative_table=table,
+                              max_relative_positions=self.config.max_relative_positions,
+                              relative_values=self.config.relative_position_values,
+                              head_groups=self.num_units or 1, output_attentions=output_attentions, **kwargs)
+        return out, weights, None
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states: torch.Tensor | None = None,
-                past_key_values: Cache | None = None, output_attentions: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
-        ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None)."""
-        query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
-        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+    def _project_out(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Step 3: [B, Q, heads, D] -> [B, Q, d] (or [n, B, Q, d] with units) through `out_proj`."""
         if self.num_units is None:
-            return self.out_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+            return self.out_proj(out.reshape(*out.shape[:2], -1))
         b, q = out.shape[:2]
-        out = out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3)  # [n, B, Q, d]
-        return self.out_proj(out), weights
+        return self.out_proj(out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states=None,
+                past_key_values: Cache | None = None, output_attentions: bool = False,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+        """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
+        ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None, auxiliary loss sums or None):
+        `_project` -> `_attend` -> `_project_out`."""
+        query, key, value, extra = self._project(hidden_states, key_value_states, past_key_values, **kwargs)
+        out, weights, aux = self._attend(query, key, value, attention_mask, output_attentions=output_attentions,
+                                         **extra, **kwargs)
+        return self._project_out(out, hidden_states), weights, aux
 
 
 # ------------------------------------------------------------------------------------------------------------ layers
@@ -528,23 +539,24 @@ class TransformerNmtFeedForward(nn.Module):
 
 
 def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torch.Tensor, fn, pre_norm: bool,
-                   dropout: float):
-    """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, extra)."""
+                   dropout: float) -> tuple:
+    """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, *extra) (an
+    attention: (out, weights, aux)); returns (the block's output, *extra)."""
     residual = hidden_states
     if pre_norm:
         hidden_states = layer_norm(hidden_states)
-    hidden_states, extra = fn(hidden_states)
+    hidden_states, *extra = fn(hidden_states)
     if module.training:
         hidden_states = F.dropout(hidden_states, p=dropout, training=True)
     hidden_states = residual + hidden_states
     if not pre_norm:
         hidden_states = layer_norm(hidden_states)
-    return hidden_states, extra
+    return hidden_states, *extra
 
 
 class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
-    """Self-attention and FFN sub-layers. Returns (hidden_states, attention weights); a variant layer may add a
-    third element, a dict of auxiliary loss SUMS (MG-SA's tag loss)."""
+    """Self-attention and FFN sub-layers. Returns (hidden_states, attention weights or None, auxiliary loss SUMS
+    from the attention (a dict: MG-SA's tag loss) or None)."""
 
     attention_class = TransformerNmtAttention
 
@@ -557,12 +569,12 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]):
-        hidden_states, weights = residual_block(
+        hidden_states, weights, aux = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
                                      **kwargs),
             self.config.normalize_before, self.config.dropout)
-        return self.ffn(hidden_states), weights
+        return self.ffn(hidden_states), weights, aux
 
 
 class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
@@ -589,14 +601,14 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
                 past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]):
         pre, p = self.config.normalize_before, self.config.dropout
-        hidden_states, self_weights = residual_block(
+        hidden_states, self_weights, _ = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
                                      output_attentions=output_attentions, **kwargs), pre, p)
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
             cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
-            hidden_states, cross_weights = residual_block(
+            hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
                 lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
                                             key_value_states=encoder_hidden_states, past_key_values=past_key_values,
@@ -1056,9 +1068,9 @@ class TransformerNmtEncoder(TransformerNmtStack):
             if output_hidden_states:
                 hidden_states, view = self.layer_output_view(hidden_states)
                 all_hidden.append(view)
-            hidden_states, weights, *extra = layer(hidden_states, mask, output_attentions=output_attentions,
-                                                   **layer_inputs, **kwargs)
-            for name, value in (extra[0] if extra and extra[0] else {}).items():
+            hidden_states, weights, aux = layer(hidden_states, mask, output_attentions=output_attentions,
+                                                **layer_inputs, **kwargs)
+            for name, value in (aux or {}).items():
                 aux_losses[name] = aux_losses[name] + value if name in aux_losses else value
             if output_attentions:
                 all_attn.append(weights)

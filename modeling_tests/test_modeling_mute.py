@@ -168,7 +168,7 @@ def test_each_unit_is_a_baseline_encoder_layer():
     x = torch.randn(3, 9, mute.config.d_model)
     mask = inputs["attention_mask"][:, None, None, :].bool()  # a ready-made boolean padding mask [B, 1, 1, K]
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], mask)
+        attn, _, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], mask)
         unit_outputs = layer.ffn(x + attn)  # [I, B, T, d]
         for unit in range(3):
             baseline.load_state_dict(baseline_state(mute, unit), strict=True)
@@ -236,7 +236,7 @@ def test_seq_merge_equals_equations_13_to_16():
         layer.alpha.copy_(torch.tensor([0.1, -0.3, 0.7, 0.45]))
     x = torch.randn(2, 5, mute.config.d_model)
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], None)
+        attn, _, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], None)
         f = layer.ffn(x + attn)  # [I, B, T, d]
         g = torch.einsum("ij,ibtd->jbtd", layer.shuffle, f)  # eq. 16: [..G_j..] = M^T [..F_i..]
         g_hat = g.cumsum(0)  # eq. 14
