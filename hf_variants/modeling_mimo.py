@@ -139,6 +139,18 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         self.ffn_mix = MimoMix(config, outputs)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim, num_units=n)
 
+    def memory(self, encoder_hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        """The memory of the n cross-attention units, [n|1, B, S, d]: each unit's task-aware mixture of the encoder
+        streams [B, S, n, d], or one memory for every unit ([B, S, d] or [B, S, 1, d]). The attention calls this
+        only when it computes its keys and values (not over a filled cache: once per generation)."""
+        memory = encoder_hidden_states
+        if memory.dim() == 3:  # [B, S, d]: one memory for every stream (the standard interface)
+            memory = memory.unsqueeze(2)
+        memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
+        if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
+            memory = self.memory_mix(memory, task_ids)
+        return memory
+
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
                 past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
@@ -154,20 +166,12 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
             hidden_states = self.encoder_attn_mix(hidden_states, task_ids)
-            memory = None  # cross-attention keys/values are computed once per generation: mix only when needed
-            if past_key_values is None or not getattr(past_key_values, "is_updated", {}).get(self.layer_idx):
-                memory = encoder_hidden_states
-                if memory.dim() == 3:  # [B, S, d]: one memory for every stream (the standard interface)
-                    memory = memory.unsqueeze(2)
-                memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
-                if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
-                    memory = self.memory_mix(memory, task_ids)
-            cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
             hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
-                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask, key_value_states=memory,
+                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
+                                            key_value_states=lambda: self.memory(encoder_hidden_states, task_ids),
                                             past_key_values=past_key_values, output_attentions=output_attentions,
-                                            **cross_kwargs),
+                                            **kwargs),
                 False, p)
         hidden_states = self.ffn(self.ffn_mix(hidden_states, task_ids))
         return hidden_states, self_weights, cross_weights

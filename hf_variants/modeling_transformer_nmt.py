@@ -195,6 +195,16 @@ class RelativePositionEmbedding(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------- the kernel
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last axis of `scores` where `allowed` (booleans broadcasting to `scores`; None: all), in
+    float32, returned in the scores' dtype; a row with no allowed key gives 0, never NaN."""
+    if allowed is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    return probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -222,11 +232,7 @@ def eager_attention_forward(
     allowed = as_boolean_mask(attention_mask, query_length, key_length)
     if allowed is None and is_causal and query_length > 1:
         allowed = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril()
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if allowed is not None:
-        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    probs = masked_softmax(scores, allowed)
     weights = None
     if output_attentions:
         if head_groups > 1:
@@ -294,19 +300,24 @@ def attend(
 
 
 # --------------------------------------------------------------------------------------- stacked per-unit linears
-_STACKED_WEIGHTS_SCOPE: ContextVar[dict | None] = ContextVar("stacked_weights_scope", default=None)
+_GENERATION_SCOPE: ContextVar[dict | None] = ContextVar("hf_variants_generation_scope", default=None)
 
 
 @contextmanager
-def stacked_weights_cached():
-    """Within this scope (one `generate` call: the weights do not change) every `StackedLinear` stacks its units'
-    weights once and reuses them at every decoding step, instead of copying them at every forward. The stacked
-    copies belong to the scope (a dict: module -> its stacked tensors) and are freed when it ends."""
-    token = _STACKED_WEIGHTS_SCOPE.set({})
+def generation_scope():
+    """The scope of one `generate` call, where the weights and the source do not change: what is computed once per
+    call lives in it (a dict, freed when the scope ends) instead of at every decoding step: every `StackedLinear`'s
+    stacked weights (keyed by the module), the decoder's cross-attention mask (keyed by the decoder)."""
+    token = _GENERATION_SCOPE.set({})
     try:
         yield
     finally:
-        _STACKED_WEIGHTS_SCOPE.reset(token)
+        _GENERATION_SCOPE.reset(token)
+
+
+def current_generation_scope() -> dict | None:
+    """The dict of the enclosing `generation_scope()`, or None (outside one, or while compiling)."""
+    return None if torch.compiler.is_compiling() else _GENERATION_SCOPE.get()
 
 
 class StackedLinear(nn.Module):
@@ -317,7 +328,7 @@ class StackedLinear(nn.Module):
     concatenated weights); output [n, ..., out]. When a unit is replaced (a LoRA wrapper, an int8 linear), every unit
     is called as a module instead, so the replacement takes effect. The stacked weights are copied from the units at
     every forward (each unit keeps its own parameter, gradient and storage), except inside
-    `stacked_weights_cached()`: the scope of one `generate` call, where they are stacked once."""
+    `generation_scope()`: the scope of one `generate` call, where they are stacked once."""
 
     def __init__(self, num_units: int, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -331,7 +342,7 @@ class StackedLinear(nn.Module):
         slower on [1024 -> 256]), which measured cheaper per `generate` call than copying once."""
         scope = None  # compiled graphs and autograd stack at every forward
         if not torch.compiler.is_compiling() and not torch.is_grad_enabled():
-            scope = _STACKED_WEIGHTS_SCOPE.get()
+            scope = current_generation_scope()
         if scope is not None and self in scope:
             return scope[self]
         weight = torch.stack([unit.weight for unit in self.units]).transpose(1, 2)
@@ -457,6 +468,8 @@ class TransformerNmtAttention(nn.Module):
         """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
         ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None, auxiliary loss sums or None):
         `_project` -> `_attend` -> `_project_out`."""
+        if self.is_cross_attention:  # no causality, positions or relative distances between target and source
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
         query, key, value, extra = self._project(hidden_states, key_value_states, past_key_values, **kwargs)
         out, weights, aux = self._attend(query, key, value, attention_mask, output_attentions=output_attentions,
                                          **extra, **kwargs)
@@ -579,7 +592,12 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
 
 class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
     """Causal self-attention, cross-attention and FFN sub-layers. The hidden states, the self-attention mask and
-    the encoder states come positionally (gradient checkpointing passes only positional tensors through)."""
+    the encoder states come positionally (gradient checkpointing passes only positional tensors through). Returns
+    (hidden_states, self-attention weights, cross-attention weights).
+
+    Encoder path: called with `is_causal=False` and without encoder states and cache, the layer is an encoder
+    layer (padding-masked self-attention, then the FFN) and returns (hidden_states, weights, None), an encoder
+    layer's output (the Tied Transformer's encoder runs its shared blocks so)."""
 
     self_attention_class = TransformerNmtAttention
     cross_attention_class = TransformerNmtAttention
@@ -607,12 +625,11 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
                                      output_attentions=output_attentions, **kwargs), pre, p)
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
-            cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
             hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
                 lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
                                             key_value_states=encoder_hidden_states, past_key_values=past_key_values,
-                                            output_attentions=output_attentions, **cross_kwargs), pre, p)
+                                            output_attentions=output_attentions, **kwargs), pre, p)
         return self.ffn(hidden_states), self_weights, cross_weights
 
 
@@ -955,6 +972,7 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([self._make_layer(config, i) for i in range(num_layers)])
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self._position_table = None  # a plain tensor attribute (never a buffer): `_sinusoidal_table`
         self.post_init()
 
     def _make_layer(self, config: TransformerNmtConfig, layer_idx: int) -> nn.Module:
@@ -989,11 +1007,11 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         (which `from_pretrained` runs on the meta device). None (compute directly) for a tensor offset."""
         if end is None:
             return None
-        table = self.__dict__.get("_position_table")
+        table = self._position_table
         if table is None or table.device != device or table.dtype != dtype or table.shape[0] < end:
             size = min(max(64, 1 << (end - 1).bit_length()), max(end, self.config.max_position_embeddings))
             table = sinusoidal_positions(torch.arange(size, device=device), self.config.d_model).to(dtype)
-            self.__dict__["_position_table"] = table
+            self._position_table = table
         return table
 
     def input_embeddings(self, input_ids=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
@@ -1111,29 +1129,30 @@ class TransformerNmtDecoder(TransformerNmtStack):
     def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states,
                              past_key_values=None):
         """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
-        cross-attention keys and values, it is built once per generation: an `EncoderDecoderCache` keeps it for the
-        next steps, which reuse it for the same 2-D mask tensor with the same values (the same object not modified
+        cross-attention keys and values, it is built once per `generate` call (`generation_scope`): the next steps
+        of the same cache reuse it for the same 2-D mask tensor with the same values (the same object not modified
         in place since: its version counter, or for an inference tensor, which has none, a copy of its values),
-        query shape, dtype and attention implementation."""
+        query shape, dtype and attention implementation. Outside `generate` it is built at every call."""
         def build():
             return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
                                              attention_mask=encoder_attention_mask,
                                              encoder_hidden_states=encoder_hidden_states)
 
-        if (torch.compiler.is_compiling() or not isinstance(past_key_values, EncoderDecoderCache)
-                or not isinstance(encoder_attention_mask, torch.Tensor)):
+        scope = current_generation_scope()
+        if scope is None or past_key_values is None or not isinstance(encoder_attention_mask, torch.Tensor):
             return build()
         key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
-        memo = getattr(past_key_values, "_hf_variants_cross_mask", None)
-        if memo is not None and memo[0] is encoder_attention_mask and memo[1] == key:
-            snapshot = memo[2]
+        memo = scope.get(self)
+        if (memo is not None and memo[0] is past_key_values and memo[1] is encoder_attention_mask
+                and memo[2] == key):
+            snapshot = memo[3]
             if (torch.equal(snapshot, encoder_attention_mask) if isinstance(snapshot, torch.Tensor)
                     else snapshot == encoder_attention_mask._version):
-                return memo[3]
+                return memo[4]
         mask = build()
         snapshot = (encoder_attention_mask.clone() if encoder_attention_mask.is_inference()
                     else encoder_attention_mask._version)
-        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, snapshot, mask)
+        scope[self] = (past_key_values, encoder_attention_mask, key, snapshot, mask)
         return mask
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -1469,7 +1488,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         if not lengths and source is not None:
             a, b, cap = self.default_length
             kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        with stacked_weights_cached():  # per-unit weights (MUTE, MIMO) are stacked once per call
+        with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
             return super().generate(inputs, generation_config, **kwargs)
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
