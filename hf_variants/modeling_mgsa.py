@@ -422,15 +422,11 @@ class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
             bound = math.sqrt(6.0 / (d + 3 * d))
             init.uniform_(module.qkv_proj.weight, -bound, bound)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """Loads as every transformers model; a checkpoint saved with K/V rows for phrase heads that never use them
-        (`phrase_kv_rows="all"`, hf_variants <= 0.2) loads as saved and then has those rows sliced away (a
-        load-time slice: same outputs, fewer parameters; `save_pretrained` then writes the new layout)."""
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        model.drop_unused_kv_rows()
-        return loaded
+    def _after_load(self) -> None:
+        """A checkpoint saved with K/V rows for phrase heads that never use them (`phrase_kv_rows="all"`,
+        hf_variants <= 0.2) loads as saved and then has those rows sliced away (a load-time slice: same outputs,
+        fewer parameters; `save_pretrained` then writes the new layout)."""
+        self.drop_unused_kv_rows()
 
     def drop_unused_kv_rows(self) -> None:
         """Slice away the K/V rows of the fused QKV that no head reads (`phrase_kv_rows="all"` -> `"used"`)."""

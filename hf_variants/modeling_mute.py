@@ -380,14 +380,10 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
                 module.project_shuffle_if_changed()
         return super().save_pretrained(*args, **kwargs)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        for module in model.modules():  # a saved M was projected before it was saved
+    def _after_load(self) -> None:
+        for module in self.modules():  # a saved M was projected before it was saved
             if isinstance(module, MuteEncoderLayer):
                 module.mark_shuffle_projected()
-        return loaded
 
 
 class MuteEncoder(MutePreTrainedModel, TransformerNmtEncoder):

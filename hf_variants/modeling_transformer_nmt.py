@@ -933,19 +933,31 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        if cls._legacy_keys_pattern is None:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        """transformers' `from_pretrained`, then: a checkpoint in hf_variants 0.1's stacked layout
+        (`_legacy_keys_pattern`) raises a ValueError naming the conversion command, and `_after_load` runs.
+
+        Not transformers 5's checkpoint-conversion mapping (`conversion_mapping.register_checkpoint_conversion_mapping`
+        / `WeightConverter`): `save_pretrained` reverts the conversions a model was loaded with
+        (`revert_weight_conversion`), so a mapping from the 0.1 layout would write every model back in that
+        layout, and neither MUTE's "a loaded M counts as projected" nor MG-SA's row slice (which changes the
+        config) is a conversion of tensor names and values."""
         output_loading_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
                                               **kwargs)
-        legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
-        if legacy:
-            raise ValueError(
-                f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
-                f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder once "
-                f"with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} --output_dir "
-                f"NEW_DIR` (the same values, renamed).")
+        if cls._legacy_keys_pattern is not None:
+            legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
+            if legacy:
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
+                    f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder "
+                    f"once with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} "
+                    f"--output_dir NEW_DIR` (the same values, renamed).")
+        model._after_load()
         return (model, info) if output_loading_info else model
+
+    def _after_load(self) -> None:
+        """Called by `from_pretrained` on the loaded model (MUTE: a stored M counts as projected; MG-SA: unused
+        K/V rows of an older layout are sliced away)."""
 
     def _output_flags(self, output_attentions, output_hidden_states, return_dict=None) -> tuple[bool, bool, bool]:
         """The forward's output flags, each falling back to the config when not given."""
