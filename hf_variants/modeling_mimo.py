@@ -52,8 +52,8 @@ from .modeling_transformer_nmt import (
     attach_summary,
     build_layer_norm,
     residual_block,
-    resolve_language_ids,
 )
+from .generation_transformer_nmt import resolve_language_ids
 
 
 # ------------------------------------------------------------------------------------------------------- links

@@ -35,8 +35,8 @@ from .modeling_transformer_nmt import (
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    resolve_language_ids,
 )
+from .generation_transformer_nmt import resolve_language_ids
 
 
 # ------------------------------------------------------------------------------------------------------------- block

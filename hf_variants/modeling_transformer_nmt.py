@@ -32,14 +32,12 @@ A variant overrides only what its paper changes:
 
 from __future__ import annotations
 
-import math
+import os
 import re
-from collections.abc import Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_mask
@@ -48,13 +46,6 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation.logits_process import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -67,7 +58,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
-from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+from .configuration_transformer_nmt import TransformerNmtConfig
+from .generation_transformer_nmt import TransformerNmtGenerationMixin, current_generation_scope
+from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 from .pipeline_translation import TranslationPipeline  # noqa: F401  (shipped with every model: custom_pipelines)
 
 
@@ -300,26 +293,6 @@ def attend(
 
 
 # --------------------------------------------------------------------------------------- stacked per-unit linears
-_GENERATION_SCOPE: ContextVar[dict | None] = ContextVar("hf_variants_generation_scope", default=None)
-
-
-@contextmanager
-def generation_scope():
-    """The scope of one `generate` call, where the weights and the source do not change: what is computed once per
-    call lives in it (a dict, freed when the scope ends) instead of at every decoding step: every `StackedLinear`'s
-    stacked weights (keyed by the module), the decoder's cross-attention mask (keyed by the decoder)."""
-    token = _GENERATION_SCOPE.set({})
-    try:
-        yield
-    finally:
-        _GENERATION_SCOPE.reset(token)
-
-
-def current_generation_scope() -> dict | None:
-    """The dict of the enclosing `generation_scope()`, or None (outside one, or while compiling)."""
-    return None if torch.compiler.is_compiling() else _GENERATION_SCOPE.get()
-
-
 class StackedLinear(nn.Module):
     """n independent linear maps ("units": MUTE's units, MIMO's transformations), each an `nn.Linear` that PEFT
     (LoRA), quantization and pruning tools can target, run as ONE batched matmul while they are plain `nn.Linear`s.
@@ -633,239 +606,6 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         return self.ffn(hidden_states), self_weights, cross_weights
 
 
-# ------------------------------------------------------------------------------------------- token suppression
-class TokenSuppressionLogitsProcessor(LogitsProcessor):
-    """transformers' `MinLengthLogitsProcessor`, `MinNewTokensLengthLogitsProcessor` and
-    `SuppressTokensLogitsProcessor` (adjacent in a processor list) as ONE processor with the same output: the
-    scores of the tokens whose rule is active set to -inf. Those processors each build a vocabulary-sized mask
-    (`arange` + `isin`) and copy the scores twice (`clone` + `where`) at every step, active or not; this one copies
-    them once, with `index_fill` on the few token columns, and returns them untouched when no rule is active (a
-    min-length rule after the minimum length: most steps).
-
-    `rules`: (token ids, length) pairs: the tokens are suppressed while the sequence (prompt included) is shorter
-    than `length`; None: always. Ids outside the vocabulary are ignored, as `isin` over the vocabulary does."""
-
-    def __init__(self, rules: list[tuple[torch.Tensor, int | None]]):
-        self.rules = [(torch.as_tensor(ids).reshape(-1).long(), length) for ids, length in rules]
-        self._ids = {}  # (active rules, vocabulary size, device) -> the ids to suppress
-
-    @classmethod
-    def merge(cls, processors: LogitsProcessorList) -> LogitsProcessorList:
-        """`processors` with every run of adjacent min-length / min-new-tokens / suppress-tokens processors (exactly
-        those classes: a subclass may do more) replaced by one `TokenSuppressionLogitsProcessor`. Only adjacent ones
-        merge: moving a suppression across another processor (a top-k warper) could change what it sees."""
-        merged, run = LogitsProcessorList(), []
-        for processor in [*processors, None]:
-            rule = None
-            if type(processor) is MinLengthLogitsProcessor:
-                rule = (processor.eos_token_id, processor.min_length)
-            elif type(processor) is MinNewTokensLengthLogitsProcessor:
-                rule = (processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens)
-            elif type(processor) is SuppressTokensLogitsProcessor:
-                rule = (processor.suppress_tokens, None)
-            if rule is not None:
-                run.append(rule)
-                continue
-            if run:
-                merged.append(cls(run))
-                run = []
-            if processor is not None:
-                merged.append(processor)
-        return merged
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        length = input_ids.shape[-1]
-        active = tuple(i for i, (_, limit) in enumerate(self.rules) if limit is None or length < limit)
-        if not active:
-            return scores
-        key = (active, scores.shape[-1], scores.device)
-        ids = self._ids.get(key)
-        if ids is None:
-            ids = torch.cat([self.rules[i][0] for i in active]).to(scores.device).unique()
-            ids = ids[(ids >= 0) & (ids < scores.shape[-1])]
-            self._ids[key] = ids
-        return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
-
-
-# ------------------------------------------------------------------------------------------------------------ loss
-LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
-
-
-def _smoothed_rows(z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float,
-                   work: torch.Tensor) -> torch.Tensor:
-    """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V]); `work` ([n, V], z's
-    dtype, or z itself) ends up holding the gradient with respect to z:
-    weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V).
-    Every [n, V] step happens in `work`, so a chunk needs no other tensor of its size (torch.logsumexp would
-    allocate two)."""
-    vocab = z.shape[-1]
-    target = labels.clamp(min=0)[:, None]  # ignored rows have weight 0
-    shifted = torch.sub(z, z.amax(dim=-1, keepdim=True), out=work)  # z - max: exp cannot overflow
-    # -log p(y) = lse - z_y and the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy); the
-    # shift cancels out of both
-    shifted_target = shifted.gather(1, target).squeeze(1)
-    shifted_mean = shifted.mean(dim=-1)
-    sum_exp = shifted.exp_().sum(dim=-1)
-    row_loss = sum_exp.log() - (1.0 - smoothing) * shifted_target - smoothing * shifted_mean
-    total = torch.where(weights != 0, row_loss * weights, 0.0).sum()
-    work.div_(sum_exp[:, None]).sub_(smoothing / vocab).mul_(weights[:, None])
-    work.scatter_add_(1, target, (-(1.0 - smoothing) * weights)[:, None])
-    return total
-
-
-PROJECTED_CHUNK_ROWS = 512  # at most this many hidden states a chunk of projected_smoothed_cross_entropy
-
-
-def _chunk_rows(vocab: int) -> int:
-    return max(1, LOSS_CHUNK_ELEMENTS // vocab)
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """sum_i w_i * (label-smoothed cross-entropy of row i), gradient included: see `smoothed_cross_entropy`."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, weights, smoothing: float):
-        rows, vocab = logits.shape
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        compute = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 logits' own
-        total = torch.zeros((), dtype=compute, device=logits.device)
-        step = _chunk_rows(vocab)
-        for start in range(0, rows, step):
-            rows_ = slice(start, start + step)
-            z = logits[rows_].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
-            if grad is not None and grad.dtype == compute:
-                work = grad[rows_]
-            else:  # the float32 copy of low-precision logits is ours to overwrite; a view of the caller's is not
-                work = z if logits.dtype != compute else torch.empty_like(z)
-            total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, work)
-            if grad is not None and grad.dtype != compute:
-                grad[rows_].copy_(work)
-            del z, work  # before the next chunk's are allocated
-        ctx.save_for_backward(grad)
-        ctx.backward_done = False
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        _once(ctx)
-        (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_output.to(grad.dtype)), None, None, None
-
-
-def _once(ctx) -> None:
-    if ctx.backward_done:  # the gradient buffers were scaled in place by the first backward
-        raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
-                           "not supported; compute the loss again.")
-    ctx.backward_done = True
-
-
-class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
-    """`_SmoothedCrossEntropy` of `F.linear(hidden, weight, bias)`, one chunk of rows at a time: see
-    `projected_smoothed_cross_entropy`."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, weights, smoothing: float):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        device = hidden.device.type
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        need_bias = need_bias and bias is not None
-        # the products in autocast's dtype when it is on (as the output projection's F.linear would run), the
-        # loss in float32 (float64 inputs: float64); weight and bias gradients accumulate in float32 or wider
-        gemm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        compute = torch.promote_types(hidden.dtype, torch.float32)
-        with torch.autocast(device, enabled=False):
-            w = weight.to(gemm)
-            b = None if bias is None else bias.to(gemm)
-            grad_hidden = torch.empty_like(hidden) if need_hidden else None
-            grad_weight = (torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                       device=weight.device) if need_weight else None)
-            grad_bias = (torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32),
-                                     device=bias.device) if need_bias else None)
-            any_grad = need_hidden or need_weight or need_bias
-            total = torch.zeros((), dtype=compute, device=hidden.device)
-            # 512 rows: as fast as larger chunks (the weight gradient's update per chunk costs [V, d] of memory
-            # traffic; fewer rows make it dominate), and a 16 MB chunk at V = 8000 (benchmarks/loss_memory.py)
-            step = min(PROJECTED_CHUNK_ROWS, _chunk_rows(vocab))
-            for start in range(0, rows, step):
-                rows_ = slice(start, start + step)
-                h = hidden[rows_].to(gemm)
-                z = F.linear(h, w, b).to(compute)  # this chunk's logits (the only [rows, V] tensor alive)
-                total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, z)  # z becomes the gradient
-                if not any_grad:
-                    del z  # before the next chunk's is allocated: one chunk alive at a time
-                    continue
-                g = z.to(gemm)  # d loss / d logits of the chunk
-                del z
-                if need_hidden:
-                    grad_hidden[rows_] = g @ w
-                if need_weight:
-                    if grad_weight.dtype == gemm:
-                        grad_weight.addmm_(g.t(), h)
-                    else:
-                        grad_weight += g.t() @ h
-                if need_bias:
-                    grad_bias += g.sum(0, dtype=grad_bias.dtype)
-                del g
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        ctx.backward_done = False
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        _once(ctx)
-        grads = []
-        for grad, dtype in zip(ctx.saved_tensors, (None, *ctx.dtypes)):
-            if grad is not None:
-                grad = grad.mul_(grad_output.to(grad.dtype))
-                grad = grad if dtype is None else grad.to(dtype)
-            grads.append(grad)
-        return (*grads, None, None, None)
-
-
-def _loss_weights(labels: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """Per-token weights of the flat labels: 1 / (labelled tokens) for the token mean, or `weights`, and 0 on
-    ignored (-100) tokens."""
-    labelled = labels != -100
-    if weights is None:
-        return labelled.float() / labelled.sum().clamp(min=1)
-    return torch.where(labelled, weights.reshape(-1).float(), 0.0)
-
-
-def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0,
-                           weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Label-smoothed cross-entropy of `logits` [..., V] against `labels` [...] (-100: ignored), as
-    `F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)`, with a fraction of its memory:
-    `weights` None gives the mean over the labelled tokens (0 when there is none); `weights` [...] (float) gives
-    sum_i weights_i * loss_i over the labelled tokens.
-
-    Memory: the rows are processed in chunks of `LOSS_CHUNK_ELEMENTS` logits, in float32 (float64 logits: in
-    float64), and the gradient with respect to the logits is computed in the same pass, into ONE buffer of the
-    logits' shape and dtype that the backward scales in place. F.cross_entropy keeps the log-probabilities for the
-    backward and allocates two more [N, V] tensors there (and a float32 copy of low-precision logits first): for a
-    2048-token batch and an 8000-word vocabulary, 62.5 MiB a tensor, the peak of the loss goes from ~4 to ~1 of
-    them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises). Without the logits,
-    `projected_smoothed_cross_entropy` needs none of them."""
-    flat_labels = labels.reshape(-1)
-    return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), flat_labels,
-                                       _loss_weights(flat_labels, weights), float(smoothing))
-
-
-def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                     labels: torch.Tensor, smoothing: float = 0.0,
-                                     weights: torch.Tensor | None = None) -> torch.Tensor:
-    """`smoothed_cross_entropy(F.linear(hidden_states, weight, bias), labels, smoothing, weights)` without the
-    logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `PROJECTED_CHUNK_ROWS`
-    rows (at most `LOSS_CHUNK_ELEMENTS` logits) at a time, and each chunk's gradients (hidden states, weight, bias)
-    are computed in the same pass. The training step never holds a [tokens, V] tensor: beside one chunk, it holds
-    gradient buffers of the hidden states' and the projection's sizes (4096 tokens, a 32k vocabulary, d = 512:
-    211 MB at the peak where F.linear + F.cross_entropy take 1517 MB, `benchmarks/loss_memory.py`). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
-    One backward per forward (retain_graph raises)."""
-    flat_labels = labels.reshape(-1)
-    return _ProjectedSmoothedCrossEntropy.apply(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, bias,
-                                                flat_labels, _loss_weights(flat_labels, weights), float(smoothing))
-
-
 # --------------------------------------------------------------------------------------------------- model outputs
 @dataclass
 class TransformerNmtEncoderOutput(BaseModelOutput):
@@ -887,6 +627,23 @@ class TransformerNmtSeq2SeqLMOutput(Seq2SeqLMOutput):
 
 
 # ----------------------------------------------------------------------------------------------------- pretrained
+def damaged_weight_files(path, subfolder: str = "") -> list[str]:
+    """The `.safetensors` files of a local model folder whose header cannot be read (empty for a Hub id: its files
+    are in the cache, under names of their own)."""
+    folder = os.path.join(str(path), subfolder)
+    if not os.path.isdir(folder):
+        return []
+    damaged = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(os.path.join(folder, name), "pt"):
+                    pass
+            except (SafetensorError, OSError):
+                damaged.append(os.path.join(folder, name))
+    return damaged
+
+
 class TransformerNmtPreTrainedModel(PreTrainedModel):
     config_class = TransformerNmtConfig
     base_model_prefix = "model"
@@ -942,8 +699,15 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
         layout, and neither MUTE's "a loaded M counts as projected" nor MG-SA's row slice (which changes the
         config) is a conversion of tensor names and values."""
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
-                                              **kwargs)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
+                                                  output_loading_info=True, **kwargs)
+        except SafetensorError as error:  # names no file: the same error type, naming the damaged file(s)
+            damaged = damaged_weight_files(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+            where = ", ".join(damaged) if damaged else f"a weights file of {pretrained_model_name_or_path}"
+            raise SafetensorError(f"{where}: the weights file cannot be read ({error}): it is damaged or "
+                                  f"incomplete (a truncated copy, a full disk?). Copy or download it "
+                                  f"again.") from error
         if cls._legacy_keys_pattern is not None:
             legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
             if legacy:
@@ -1035,10 +799,31 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         return inputs_embeds * self.embed_scale
 
+    def check_input_ids(self, input_ids: torch.Tensor) -> None:
+        """A ValueError naming the id and `config.vocab_size` for an id outside [0, vocab_size) (a tokenizer larger
+        than the model's vocabulary), where `nn.Embedding` would raise an IndexError (CPU) or a device-side assert
+        (CUDA). Reading the extremes is one host sync on an accelerator, so the check runs only where it costs
+        nothing per token: every encoder forward and the decoder's first position (a training step's teacher-forced
+        forward, the first decoding step of `generate`), never a later decoding step over a cache; in training on an
+        accelerator (the ids come from the run's own tokenizer) and while tracing or compiling, never."""
+        if (input_ids.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or (self.training and input_ids.device.type != "cpu")):
+            return
+        low, high = torch.stack(torch.aminmax(input_ids)).tolist()
+        vocab_size = self.config.vocab_size
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
+            raise ValueError(f"{type(self).__name__}: input id {bad} is outside the model's vocabulary "
+                             f"(config.vocab_size={vocab_size}): the ids come from another tokenizer than the "
+                             f"model's (a larger vocabulary?).")
+
     def embed(self, input_ids=None, inputs_embeds=None, query_offset: int | torch.Tensor = 0,
               **kwargs) -> torch.Tensor:
         """Input embeddings + positions `query_offset ..` + dropout. A sequence beyond `max_position_embeddings`
-        raises a ValueError naming the length and the limit."""
+        raises a ValueError naming the length and the limit; ids outside the vocabulary, one naming the id and the
+        vocabulary size (`check_input_ids`)."""
+        if input_ids is not None and isinstance(query_offset, int) and query_offset == 0:
+            self.check_input_ids(input_ids)
         hidden_states = self.input_embeddings(input_ids, inputs_embeds, **kwargs)
         length, limit = hidden_states.shape[1], self.config.max_position_embeddings
         if isinstance(query_offset, int) and query_offset + length > limit:
@@ -1215,29 +1000,6 @@ class TransformerNmtDecoder(TransformerNmtStack):
         return output if return_dict else output.to_tuple()
 
 
-# ------------------------------------------------------------------------------------------------ language inputs
-def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int,
-                         device, required: bool | None = None) -> torch.Tensor:
-    """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
-    rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
-    example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
-    their inputs' values opaque)."""
-    if tgt_lang_ids is None:
-        if num_ids > 1 if required is None else required:
-            raise ValueError(
-                f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
-                f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
-                f"`prepare_translation_inputs`.")
-        return torch.zeros(batch_size, dtype=torch.long, device=device)
-    ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
-    if ids.shape[0] != batch_size:
-        raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
-    if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
-        raise ValueError(f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), "
-                         f"got {ids.tolist()}.")
-    return ids
-
-
 # ------------------------------------------------------------------------------------------------------------ models
 class TransformerNmtModel(TransformerNmtPreTrainedModel):
     encoder_class = TransformerNmtEncoder
@@ -1319,17 +1081,10 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, GenerationMixin):
+class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, TransformerNmtGenerationMixin,
+                                             GenerationMixin):
     base_model_class = TransformerNmtModel
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-    # Without a length from the user (`max_length` / `max_new_tokens` in the call, a passed or the saved generation
-    # config), `generate` stops at min(a * source length + b, cap, max_position_embeddings) new tokens: a rule of the
-    # source length (Marian's max-length-factor), never stored as `max_new_tokens`, which would win over a user's
-    # `max_length`. A fresh model otherwise decodes with transformers' defaults (greedy); the papers' decoding
-    # (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
-    # training/train.py saves, as published checkpoints carry theirs.
-    default_length = (2.0, 10, 256)
-    paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
 
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config)
@@ -1393,132 +1148,6 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
 
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
-
-    def _language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
-        """`tgt_lang_ids` (index of each target language in `config.languages`) for the models that condition on
-        the target language (`language_ids_field`); nothing for the others, nor for a model with one row."""
-        field = self.model.language_ids_field
-        if field is None:
-            return {}
-        if tgt_langs is None:
-            if getattr(self.config, field) > 1:
-                raise ValueError(f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
-                                 "sentence, to pick the target language.")
-            return {}
-        if not self.config.languages:  # a single-direction model without a language list: like the baseline
-            return {}
-        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs],
-                                             dtype=torch.long)}
-
-    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
-                                   tgt_lang: str | Sequence[str] | None = None,
-                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
-                                   **variant_kwargs) -> dict[str, torch.Tensor]:
-        """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
-        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`).
-        `tgt_lang` is one code or one per sentence. Used by the pipeline, the training and the evaluation code."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if isinstance(text_target, str):
-            text_target = [text_target]
-        if variant_kwargs:
-            raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
-        tgt_langs = self._target_languages(tgt_lang, len(texts))
-        if self.config.languages:
-            for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
-                self.config.language_id(lang)  # raises on unknown languages
-        if self.config.target_language_tags:
-            if tgt_langs is None:
-                raise ValueError(f"This multilingual model needs `tgt_lang` (one of {self.config.languages}).")
-            unk = tokenizer.unk_token_id
-            for lang in set(tgt_langs):
-                if tokenizer.convert_tokens_to_ids(language_tag(lang)) in (None, unk):
-                    raise ValueError(f"The tokenizer has no language tag {language_tag(lang)!r}.")
-            texts = [f"{language_tag(lang)} {text}" for lang, text in zip(tgt_langs, texts)]
-        encoded = tokenizer(texts, text_target=text_target, padding=True, truncation=max_length is not None,
-                            max_length=max_length, return_tensors="pt")
-        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-        if text_target is not None:
-            labels = encoded["labels"]
-            inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
-        inputs.update(self._language_inputs(tgt_langs, len(texts)))
-        return {key: value.to(self.device) for key, value in inputs.items()}
-
-    @staticmethod
-    def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:
-        if tgt_lang is None:
-            return None
-        if isinstance(tgt_lang, str):
-            return [tgt_lang] * batch_size
-        langs = list(tgt_lang)
-        if len(langs) != batch_size:
-            raise ValueError(f"`tgt_lang` has {len(langs)} entries for {batch_size} sentences.")
-        return langs
-
-    # --------------------------------------------------------------------------------------------- generate
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *,
-                 tgt_lang: str | Sequence[str] | None = None, **kwargs):
-        """`GenerationMixin.generate` with the package's conveniences:
-        - `tgt_lang="de"` (or one code per sentence) sets `tgt_lang_ids` for the models that condition on the target
-          language (MIMO, Tied); the source must already carry its `<2xx>` tag where the model uses tags
-          (`prepare_translation_inputs` adds it);
-        - a `streamer` without an explicit `num_beams` decodes greedily (streamers take one hypothesis; the saved
-          default is beam 4);
-        - without a length from the user, the output is limited by a rule of the source length (`default_length`);
-        - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
-          length and the limit."""
-        source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None),
-                      None)
-        if tgt_lang is not None:
-            if kwargs.get("tgt_lang_ids") is not None:
-                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
-            if self.model.language_ids_field is None:
-                raise ValueError(f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
-                                 "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate.")
-            if source is None:
-                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
-            langs = self._target_languages(tgt_lang, source.shape[0])
-            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
-        if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
-            logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
-            kwargs["num_beams"] = 1
-        limit = self.config.max_position_embeddings
-        if source is not None and source.shape[1] > limit:
-            raise ValueError(f"The source has {source.shape[1]} tokens; this model's limit is "
-                             f"max_position_embeddings={limit}.")
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
-        lengths = {}
-        for name in ("max_length", "max_new_tokens"):
-            for config in (kwargs, vars(generation_config) if generation_config is not None else {},
-                           vars(self.generation_config)):
-                if config.get(name) is not None:
-                    lengths.setdefault(name, config[name])
-        for name, value in lengths.items():
-            if value > limit:
-                raise ValueError(f"`{name}={value}` asks for more target positions than this model has "
-                                 f"(max_position_embeddings={limit}).")
-        if not lengths and source is not None:
-            a, b, cap = self.default_length
-            kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
-            return super().generate(inputs, generation_config, **kwargs)
-
-    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
-        """transformers' processor list, with its token-suppression processors merged into one that copies the
-        scores once, and not at all when inactive (`TokenSuppressionLogitsProcessor`: the same scores)."""
-        return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
-
-    @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
-        cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
-        sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
-        encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
