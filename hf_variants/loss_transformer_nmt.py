@@ -1,7 +1,7 @@
 """The training losses of hf_variants' models: label-smoothed cross-entropy computed a chunk of rows at a time,
 with its gradient in the same pass (`smoothed_cross_entropy`), and the same loss straight from the hidden states and
 the output projection, without the logits (`projected_smoothed_cross_entropy`). Used by
-`TransformerNmtForConditionalGeneration` (`translation_loss`, `forward(skip_logits=True)`) and the training code."""
+`TransformerNmtForConditionalGeneration` (its forward; `skip_logits=True` without the logits) and the training code."""
 
 from __future__ import annotations
 

@@ -1,14 +1,17 @@
 """The Transformer backbone of hf_variants: the baseline NMT model and the extension points the variants use.
 
-Read top to bottom: helpers (positions, masks, relative positions, the attention kernel, stacked per-unit linears),
-the attention module, encoder and decoder layers, the pretrained base, the two stacks (each a `PreTrainedModel`, as in
-Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`.
+Read top to bottom: helpers (positions, masks, relative positions, the attention kernel, stacked per-unit linears
+and the builders), the attention module, encoder and decoder layers, the pretrained base, the two stacks (each a
+`PreTrainedModel`, as in Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`. Sibling files
+by concern: `loss_transformer_nmt` (the chunked losses), `generation_transformer_nmt` (the generation mixin:
+language inputs, `prepare_translation_inputs`, `generate`, logits processors, cache reordering).
 
 Conventions (transformers 5):
 - Masks come from transformers' mask helpers (`create_bidirectional_mask`, `create_causal_mask`) in the format of
   `config._attn_implementation` ("sdpa": booleans or None, "eager": additive floats, "flex_attention": a BlockMask);
   a variant with per-branch or per-head patterns adds them to the scores (HySAN's branches in its own kernel,
-  MG-SA's phrase heads as a score bias). Every kernel gives rows with no allowed key 0, never NaN.
+  MG-SA's phrase heads as a score bias). Every kernel gives rows with no allowed key 0, never NaN
+  (`masked_softmax`).
 - One attention kernel, `attend`: relative-position biases, SDPA / flex_attention / eager through
   `ALL_ATTENTION_FUNCTIONS`, the eager path whenever probabilities are needed (attention outputs, Shaw relative
   values), and head groups (MUTE's units, MIMO's streams folded into the head axis) summarised for the outputs.
@@ -17,17 +20,28 @@ Conventions (transformers 5):
   (`utils.generic`, `utils.output_capturing`) and record module outputs by class, which cannot express the
   per-layer summaries over branches, units and streams the variants return.
 - Queries on a cache are placed at the cache length (`query_offset`), for masks, positions and relative distances.
+- Attentions return (output, weights, aux), encoder layers (hidden states, weights, aux), decoder layers (hidden
+  states, self-attention weights, cross-attention weights); aux: a dict of auxiliary loss SUMS, or None.
 
 A variant overrides only what its paper changes:
+- units: `num_units=n` on the attention (`TransformerNmtAttention`) and the feed-forward (`TransformerNmtFeedForward`)
+  makes n independent units of them (`StackedLinear`, `StackedLayerNorm`, `build_linear`, `build_layer_norm`;
+  MUTE's units, MIMO's transformations); the feed-forward's `build_layer_norm` / `layer_norm` for its own LayerNorm;
 - the attention class of a layer (`TransformerNmtEncoderLayer.attention_class`, `TransformerNmtDecoderLayer.
-  self_attention_class`) or its kernel call `_attend`;
+  self_attention_class`) and its steps: `_project` (queries, keys, values, extra kernel inputs) -> `_attend` (the
+  kernel call: output, weights, aux) -> `_project_out` (HySAN: `_attend`; MG-SA: `_project` and `_attend`). A
+  cross-attention's memory may be a callable, run only when its keys and values are computed (MIMO's mixed memory);
+  the decoder layer called with `is_causal=False` and no encoder states is an encoder layer (Tied's shared blocks);
 - the layers a stack builds (`_make_layer`), how it embeds its input (`input_embeddings`), per-forward inputs of its
   layers (`layer_inputs`), and what happens before and after the layers (`enter_stack`, `exit_stack`,
   `layer_output_view`: MIMO's streams);
 - the stacks of the model (`encoder_class`, `decoder_class`, `_make_stacks`) and what the decoder reads from the
   encoder (`encoder_memory`);
-- losses and hooks of the generation model (`translation_loss`, `auxiliary_losses`, `after_optimizer_step`,
-  `_language_inputs`, `language_ids_field`).
+- the generation model's losses and hooks: `token_loss_weights` (per-token weights of the translation loss: Tied's
+  per-direction sum), `auxiliary_losses` (MUTE's penalty; the stacks' aux sums), `after_optimizer_step`,
+  `_after_load` (state fixed after `from_pretrained`), `_language_inputs` and `language_ids_field`. The translation
+  loss itself is not a hook: both of its paths (`_translation_loss` from the logits, `_projected_translation_loss`
+  without them) must stay the same loss, so variants change it through `token_loss_weights` only.
 """
 
 from __future__ import annotations
@@ -292,7 +306,7 @@ def attend(
     return out, None
 
 
-# --------------------------------------------------------------------------------------- stacked per-unit linears
+# ------------------------------------------------------------------------------ units: stacked modules and builders
 class StackedLinear(nn.Module):
     """n independent linear maps ("units": MUTE's units, MIMO's transformations), each an `nn.Linear` that PEFT
     (LoRA), quantization and pruning tools can target, run as ONE batched matmul while they are plain `nn.Linear`s.
@@ -337,6 +351,39 @@ class StackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"units={self.num_units}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def stacked_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """n LayerNorms of [n, ..., d] units at once: unit k normalised with `weight[k]`, `bias[k]` ([n, d])."""
+    shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    return torch.addcmul(bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.view(shape))
+
+
+class StackedLayerNorm(nn.Module):
+    """n LayerNorms over [n, ..., d] units (unit k uses weight[k], bias[k]): MUTE's units, MIMO's streams."""
+
+    def __init__(self, num_units: int, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_units, dim))
+        self.bias = nn.Parameter(torch.zeros(num_units, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return stacked_layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def build_linear(in_features: int, out_features: int, num_units: int | None = None, bias: bool = True) -> nn.Module:
+    """An `nn.Linear`, or with `num_units` a `StackedLinear` of that many (inputs and outputs [n|1, ..., features])."""
+    if num_units is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return StackedLinear(num_units, in_features, out_features, bias=bias)
+
+
+def build_layer_norm(config: TransformerNmtConfig, num_units: int | None = None) -> nn.Module:
+    """The model's LayerNorm over d_model, or with `num_units` a `StackedLayerNorm` (one affine per unit)."""
+    if num_units is None:
+        return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+    return StackedLayerNorm(num_units, config.d_model, config.layer_norm_eps)
 
 
 # --------------------------------------------------------------------------------------------------------- attention
@@ -450,39 +497,6 @@ class TransformerNmtAttention(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------ layers
-def stacked_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """n LayerNorms of [n, ..., d] units at once: unit k normalised with `weight[k]`, `bias[k]` ([n, d])."""
-    shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-    return torch.addcmul(bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.view(shape))
-
-
-class StackedLayerNorm(nn.Module):
-    """n LayerNorms over [n, ..., d] units (unit k uses weight[k], bias[k]): MUTE's units, MIMO's streams."""
-
-    def __init__(self, num_units: int, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(num_units, dim))
-        self.bias = nn.Parameter(torch.zeros(num_units, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return stacked_layer_norm(x, self.weight, self.bias, self.eps)
-
-
-def build_linear(in_features: int, out_features: int, num_units: int | None = None, bias: bool = True) -> nn.Module:
-    """An `nn.Linear`, or with `num_units` a `StackedLinear` of that many (inputs and outputs [n|1, ..., features])."""
-    if num_units is None:
-        return nn.Linear(in_features, out_features, bias=bias)
-    return StackedLinear(num_units, in_features, out_features, bias=bias)
-
-
-def build_layer_norm(config: TransformerNmtConfig, num_units: int | None = None) -> nn.Module:
-    """The model's LayerNorm over d_model, or with `num_units` a `StackedLayerNorm` (one affine per unit)."""
-    if num_units is None:
-        return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-    return StackedLayerNorm(num_units, config.d_model, config.layer_norm_eps)
-
-
 class TransformerNmtFeedForward(nn.Module):
     """Position-wise FFN sub-layer with its residual connection and LayerNorm (pre- or post-norm).
 
@@ -573,7 +587,6 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
     layer's output (the Tied Transformer's encoder runs its shared blocks so)."""
 
     self_attention_class = TransformerNmtAttention
-    cross_attention_class = TransformerNmtAttention
 
     def __init__(self, config: TransformerNmtConfig, layer_idx: int):
         super().__init__()
@@ -582,8 +595,7 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         heads = config.decoder_attention_heads
         self.self_attn = self.self_attention_class(config, heads, layer_idx, is_decoder=True)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.encoder_attn = self.cross_attention_class(config, heads, layer_idx, is_cross_attention=True,
-                                                       is_decoder=True)
+        self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim)
 
@@ -1127,7 +1139,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
         that weight tokens differently (the Tied Transformer sums per-direction means)."""
         return None
 
-    def translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+    def _translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         """The main loss: label-smoothed cross-entropy of `logits` (labels -100 ignored), each token weighted by
         `token_loss_weights` (by default the mean over the target tokens)."""
         return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
@@ -1135,12 +1147,11 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
 
     def _projected_translation_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
                                     **kwargs) -> torch.Tensor | None:
-        """`translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
-        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook) and `translation_loss` is the
-        backbone's; None otherwise (the caller computes the logits)."""
+        """`_translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
+        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook); None otherwise (the caller computes
+        the logits)."""
         head = self.lm_head
-        if (type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook")
-                or type(self).translation_loss is not TransformerNmtForConditionalGeneration.translation_loss):
+        if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"):
             return None
         return projected_smoothed_cross_entropy(hidden_states, head.weight, head.bias, labels,
                                                 self.config.label_smoothing,
@@ -1196,7 +1207,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
             if skip_logits:
                 loss = self._projected_translation_loss(hidden_states, labels, tgt_lang_ids=tgt_lang_ids)
             if loss is None:  # the logits are needed (a quantized or adapted head; an overridden loss)
-                loss = self.translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
+                loss = self._translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
                                              tgt_lang_ids=tgt_lang_ids)
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():
