@@ -163,13 +163,12 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                                    text_target: str | Sequence[str] | None = None, max_length: int | None = None,
                                    **variant_kwargs) -> dict[str, torch.Tensor]:
         """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
-        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`).
-        `tgt_lang` is one code or one per sentence. Used by the pipeline, the training and the evaluation code."""
+        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`;
+        `variant_kwargs` go to `_encode_sources`, e.g. MG-SA's `parses`). `tgt_lang` is one code or one per
+        sentence. Used by the pipeline, the training and the evaluation code."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if isinstance(text_target, str):
             text_target = [text_target]
-        if variant_kwargs:
-            raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
         vocab_size = self.config.vocab_size
         if len(tokenizer) > vocab_size:
             raise ValueError(
@@ -187,15 +186,30 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             for lang in set(tgt_langs):
                 if tokenizer.convert_tokens_to_ids(language_tag(lang)) in (None, unk):
                     raise ValueError(f"The tokenizer has no language tag {language_tag(lang)!r}.")
-            texts = [f"{language_tag(lang)} {text}" for lang, text in zip(tgt_langs, texts)]
-        encoded = tokenizer(texts, text_target=text_target, padding=True, truncation=max_length is not None,
-                            max_length=max_length, return_tensors="pt")
-        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        prefixes = [""] * len(texts)
+        if self.config.target_language_tags:
+            prefixes = [f"{language_tag(lang)} " for lang in tgt_langs]
+        inputs = self._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
         if text_target is not None:
-            labels = encoded["labels"]
+            labels = inputs["labels"]
             inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
         inputs.update(self._language_inputs(tgt_langs, len(texts)))
         return {key: value.to(self.device) for key, value in inputs.items()}
+
+    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
+                        max_length: int | None, **variant_kwargs) -> dict[str, torch.Tensor]:
+        """The tokenized batch: `input_ids` and `attention_mask` of `prefix + text` per sentence (the prefix: its
+        `<2xx> ` tag, or ""), `labels` of `text_target` (padding not yet -100) when given, and a variant's own
+        inputs from `variant_kwargs` (MG-SA's phrases from `parses`); none here."""
+        if variant_kwargs:
+            raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
+        sources = [prefix + text for prefix, text in zip(prefixes, texts)]
+        encoded = tokenizer(sources, text_target=text_target, padding=True, truncation=max_length is not None,
+                            max_length=max_length, return_tensors="pt")
+        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        if text_target is not None:
+            inputs["labels"] = encoded["labels"]
+        return inputs
 
     @staticmethod
     def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:

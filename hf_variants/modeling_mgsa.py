@@ -36,7 +36,6 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 
 from .configuration_mgsa import MgsaConfig
-from .configuration_transformer_nmt import language_tag
 from .modeling_transformer_nmt import (
     TransformerNmtAttention,
     TransformerNmtEncoder,
@@ -536,26 +535,24 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                                return_dict=return_dict, **kwargs)
 
-    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
-                                   tgt_lang: str | Sequence[str] | None = None,
-                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
-                                   parses: Sequence | Mapping[str, object] | None = None,
-                                   **variant_kwargs) -> dict[str, torch.Tensor]:
-        """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`:
-        one bracketed parse (or `nltk.Tree`) per sentence, as a list aligned with `texts` or a mapping from
-        sentence to parse. The source is tokenized leaf by leaf (`phrases.encode_by_leaves`): a token never spans
-        two leaves, so every leaf of the parse keeps tokens, its phrases and their tags (the ids equal
-        `tokenizer(text)` where no subword crosses a leaf boundary); subword pieces share their word's phrase; the
-        `<2xx>` tag and special tokens belong to no phrase. A parse whose leaves do not spell its sentence raises a
-        `ValueError`."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        inputs = super().prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=tgt_lang,
-                                                    text_target=text_target, max_length=max_length, **variant_kwargs)
+    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
+                        max_length: int | None, parses: Sequence | Mapping[str, object] | None = None,
+                        **variant_kwargs) -> dict[str, torch.Tensor]:
+        """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`
+        (`prepare_translation_inputs(..., parses=...)`): one bracketed parse (or `nltk.Tree`) per sentence, as a
+        list aligned with `texts` or a mapping from sentence to parse. The source is tokenized leaf by leaf
+        (`phrases.encode_by_leaves`), once: a token never spans two leaves, so every leaf of the parse keeps tokens,
+        its phrases and their tags (the ids equal `tokenizer(text)` where no subword crosses a leaf boundary);
+        subword pieces share their word's phrase; the `<2xx>` tag and special tokens belong to no phrase. A parse
+        whose leaves do not spell its sentence raises a `ValueError`."""
         config = self.config
         if not (config.phrase_type == "syntactic" and config.num_phrase_groups and config.mgsa_layers):
             if parses is not None:
                 raise ValueError("`parses` are only used by the syntactic MG-SA (phrase_type='syntactic').")
-            return inputs
+            return super()._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
+        if variant_kwargs:
+            raise ValueError(f"{type(self).__name__} takes no extra inputs but `parses`, got "
+                             f"{sorted(variant_kwargs)}.")
         if parses is None:
             raise ValueError("The syntactic MG-SA needs one constituency parse per source sentence: pass "
                              "`parses=[...]` (bracketed strings or nltk.Tree), aligned with the sentences.")
@@ -566,23 +563,20 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
             parses = [parses[text] for text in texts]
         elif isinstance(parses, str):
             parses = [parses]
-        prefixes = [""] * len(texts)
-        if config.target_language_tags:  # the backbone prepends "<2xx> " to the source
-            langs = [tgt_lang] * len(texts) if isinstance(tgt_lang, str) else list(tgt_lang)
-            prefixes = [f"{language_tag(lang)} " for lang in langs]
-        source = [prefix + text for prefix, text in zip(prefixes, texts)]
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (its `tokenizers` backend).")
+        source = [prefix + text for prefix, text in zip(prefixes, texts)]
         ids, leaves, trees = encode_by_leaves(tokenizer, source, parses, starts=[len(p) for p in prefixes],
                                               max_length=max_length)
         padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         length = padded["input_ids"].shape[1]
         left = getattr(tokenizer, "padding_side", "right") == "left"
         leaves = [[-1] * (length - len(row)) + row if left else row + [-1] * (length - len(row)) for row in leaves]
-        inputs["input_ids"] = padded["input_ids"].to(self.device)
-        inputs["attention_mask"] = padded["attention_mask"].to(self.device)
-        phrase_inputs = phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels)
-        inputs.update({key: value.to(self.device) for key, value in phrase_inputs.items()})
+        inputs = {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}
+        if text_target is not None:  # the labels alone: what `tokenizer(sources, text_target=...)` gives as labels
+            inputs["labels"] = tokenizer(text_target=text_target, padding=True, truncation=max_length is not None,
+                                         max_length=max_length, return_tensors="pt")["input_ids"]
+        inputs.update(phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels))
         return inputs
 
 
