@@ -175,7 +175,7 @@ def test_smoothed_cross_entropy_equals_f_cross_entropy(monkeypatch, dtype, chunk
     losses."""
     import torch.nn.functional as F
 
-    from hf_variants import modeling_transformer_nmt as backbone
+    from hf_variants import loss_transformer_nmt as backbone
 
     monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
@@ -231,7 +231,7 @@ def test_projected_loss_equals_loss_of_the_logits(monkeypatch, chunk):
     chunk's logits are never larger than LOSS_CHUNK_ELEMENTS."""
     import torch.nn.functional as F
 
-    from hf_variants import modeling_transformer_nmt as backbone
+    from hf_variants import loss_transformer_nmt as backbone
 
     monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
