@@ -30,7 +30,7 @@ import json, statistics, sys, time
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, {root!r})
-from hf_variants.modeling_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
+from hf_variants.loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 
 def status(key):
     for line in open("/proc/self/status"):

@@ -125,8 +125,9 @@ def instrument(model) -> None:
     for cls in (cache_utils.Cache, cache_utils.EncoderDecoderCache):
         if "reorder_cache" in vars(cls):
             _wrap(cls, "reorder_cache", "beam: cache reorder")
-    if "_reorder_cache" in vars(type(model)):
-        _wrap(type(model), "_reorder_cache", "beam: cache reorder")
+    owner = next((c for c in type(model).__mro__ if "_reorder_cache" in vars(c)), None)  # ours: the mixin's
+    if owner is not None and not owner.__module__.startswith("transformers."):
+        _wrap(owner, "_reorder_cache", "beam: cache reorder")
     _wrap(generation.logits_process.LogitsProcessorList, "__call__", "logits processors")
     _wrap_module(model.get_encoder(), "encoder")
     decoder = model.model.decoder

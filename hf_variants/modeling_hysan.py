@@ -29,6 +29,7 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
     as_boolean_mask,
     attach_summary,
+    masked_softmax,
     relative_key_bias,
     relative_position_index,
     relative_value_term,
@@ -114,9 +115,7 @@ class HysanAttention(TransformerNmtAttention):
         padding = as_boolean_mask(attention_mask, q_len, k_len)
         if padding is not None:  # [B, 1|H, Q|1, K] padding (and decoder causal) mask
             allowed = allowed & padding[:, :, None]  # [B, 1|H, nb, Q, K]
-        scores = scores[:, :, None].masked_fill(~allowed, torch.finfo(scores.dtype).min)  # one additive bias
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # all branches at once
-        return probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0), index
+        return masked_softmax(scores[:, :, None], allowed), index  # all branches at once
 
     def branch_attention(self, query, key, value, attention_mask, query_offset=0, output_attentions=False):
         """The branches before fusion: ([B, Q, nb, d] outputs with heads concatenated, [B, H, Q, K] mean of the
@@ -145,14 +144,14 @@ class HysanAttention(TransformerNmtAttention):
         return branch_outputs.flatten(2)
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, query_offset=0, **kwargs):
-        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None), H' = nb*H
+        """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None, None), H' = nb*H
         for concat fusion, H otherwise."""
         if not self.hybrid:
             return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions,
                                    query_offset=query_offset, **kwargs)
         out, weights = self.branch_attention(query, key, value, attention_mask, query_offset, output_attentions)
         fused = self.fuse(out)
-        return fused.view(*fused.shape[:2], -1, self.head_dim), weights
+        return fused.view(*fused.shape[:2], -1, self.head_dim), weights, None
 
 
 class HysanEncoderLayer(TransformerNmtEncoderLayer):

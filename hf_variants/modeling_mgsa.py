@@ -36,7 +36,6 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 
 from .configuration_mgsa import MgsaConfig
-from .configuration_transformer_nmt import language_tag
 from .modeling_transformer_nmt import (
     TransformerNmtAttention,
     TransformerNmtEncoder,
@@ -46,7 +45,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
     attend,
     real_tokens,
-    residual_block,
 )
 from .phrases import encode_by_leaves, ngram_phrase_index, phrase_inputs_from_leaves
 
@@ -340,27 +338,35 @@ class MgsaSelfAttention(TransformerNmtAttention):
 
         return heads(key), heads(value)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                mgsa_phrases: PhrasePartition | None = None, **kwargs):
+    def _project(self, hidden_states, key_value_states=None, past_key_values=None,
+                 mgsa_phrases: PhrasePartition | None = None, **kwargs):
+        """Queries of every head; keys and values of the word heads, then of the phrase heads, each token's those of
+        its phrase (the phrase memory F_h, eq. 4-5); the composed phrases go to `_attend` (the tag loss)."""
         if self.phrase_memory is None:
-            out, weights = super().forward(hidden_states, attention_mask=attention_mask,
-                                           output_attentions=output_attentions, **kwargs)
-            return out, weights, {}
+            return super()._project(hidden_states, key_value_states, past_key_values, **kwargs)
         if mgsa_phrases is None:
             raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
-        b, t, _ = hidden_states.shape
         query, key, value = self._queries_and_word_keys_values(hidden_states)  # key, value: the w word heads
-        w = self.word_heads
         memory, composed = self.phrase_memory(hidden_states, mgsa_phrases)
         phrase_key, phrase_value = self._phrase_keys_values(memory)  # [B, P, M, D], P = G * h_g phrase heads
         # Every head in ONE kernel call over the T tokens: a phrase head sees token j through its phrase m(j), with
-        # key k_m(j), value v_m(j) and the score bias -log |m(j)|, so that its softmax over tokens is
-        # p(m | t) / |m| (eq. 6) on each of m's tokens and its output sum_m p(m | t) v_m: the attention of eq. 6-7
-        # over the phrase slots, returned as token-level weights [B, H, T, T] (a phrase's weight spread evenly).
+        # key k_m(j), value v_m(j) (and in `_attend` the score bias -log |m(j)|)
         ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
         index = ids.clamp(min=0)[..., None].expand(-1, -1, -1, self.head_dim)
         key = torch.cat([key, phrase_key.gather(2, index)], dim=1)
         value = torch.cat([value, phrase_value.gather(2, index)], dim=1)
+        return query, key, value, {"composed": composed}
+
+    def _attend(self, query, key, value, attention_mask, output_attentions=False,
+                mgsa_phrases: PhrasePartition | None = None, composed: torch.Tensor | None = None, **kwargs):
+        """The word and phrase heads in one kernel call: a phrase head's score of token j gets the bias
+        -log |m(j)|, so that its softmax over tokens is p(m | t) / |m| (eq. 6) on each of m's tokens and its output
+        sum_m p(m | t) v_m: the attention of eq. 6-7 over the phrase slots, returned as token-level weights
+        [B, H, T, T] (a phrase's weight spread evenly). Aux: the tag loss SUM (eq. 12)."""
+        if self.phrase_memory is None:
+            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+        b, t, w = query.shape[0], query.shape[2], self.word_heads
+        ids = mgsa_phrases.ids.repeat_interleave(self.heads_per_group, dim=1)  # [B, P, T]
         # The phrase heads' own key mask (tokens without a phrase: padding, special tokens) goes into the bias as the
         # dtype's minimum, so the stack's padding mask serves every head in any implementation's format.
         sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
@@ -376,7 +382,6 @@ class MgsaSelfAttention(TransformerNmtAttention):
                               max_relative_positions=self.config.max_relative_positions,
                               relative_values=self.config.relative_position_values, is_causal=False,
                               output_attentions=output_attentions)
-        out = self.out_proj(out.reshape(b, t, self.embed_dim))
         aux = {}
         if self.tag_classifiers is not None and mgsa_phrases.tags is not None:
             logits = self.tag_logits(composed)
@@ -385,23 +390,12 @@ class MgsaSelfAttention(TransformerNmtAttention):
             aux["tag_loss"] = self.tag_loss_weight * tag_loss
         return out, weights, aux
 
+
 # ------------------------------------------------------------------------------------------------------ layers
 class MgsaEncoderLayer(TransformerNmtEncoderLayer):
-    """An encoder layer whose self-attention is MG-SA; returns its tag loss as a third element (a loss SUM)."""
+    """An encoder layer whose self-attention is MG-SA (its tag loss leaves the layer as the backbone's aux)."""
 
     attention_class = MgsaSelfAttention
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                mgsa_phrases: PhrasePartition | None = None, **kwargs):
-        def self_attention(x):
-            out, weights, aux = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                               mgsa_phrases=mgsa_phrases, **kwargs)
-            return out, (weights, aux)
-
-        hidden_states, (weights, aux) = residual_block(self, self.self_attn_layer_norm, hidden_states,
-                                                       self_attention, self.config.normalize_before,
-                                                       self.config.dropout)
-        return self.ffn(hidden_states), weights, aux
 
 
 # ------------------------------------------------------------------------------------------------------ models
@@ -427,15 +421,11 @@ class MgsaPreTrainedModel(TransformerNmtPreTrainedModel):
             bound = math.sqrt(6.0 / (d + 3 * d))
             init.uniform_(module.qkv_proj.weight, -bound, bound)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """Loads as every transformers model; a checkpoint saved with K/V rows for phrase heads that never use them
-        (`phrase_kv_rows="all"`, hf_variants <= 0.2) loads as saved and then has those rows sliced away (a
-        load-time slice: same outputs, fewer parameters; `save_pretrained` then writes the new layout)."""
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        model.drop_unused_kv_rows()
-        return loaded
+    def _after_load(self) -> None:
+        """A checkpoint saved with K/V rows for phrase heads that never use them (`phrase_kv_rows="all"`,
+        hf_variants <= 0.2) loads as saved and then has those rows sliced away (a load-time slice: same outputs,
+        fewer parameters; `save_pretrained` then writes the new layout)."""
+        self.drop_unused_kv_rows()
 
     def drop_unused_kv_rows(self) -> None:
         """Slice away the K/V rows of the fused QKV that no head reads (`phrase_kv_rows="all"` -> `"used"`)."""
@@ -545,26 +535,24 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
                                return_dict=return_dict, **kwargs)
 
-    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
-                                   tgt_lang: str | Sequence[str] | None = None,
-                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
-                                   parses: Sequence | Mapping[str, object] | None = None,
-                                   **variant_kwargs) -> dict[str, torch.Tensor]:
-        """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`:
-        one bracketed parse (or `nltk.Tree`) per sentence, as a list aligned with `texts` or a mapping from
-        sentence to parse. The source is tokenized leaf by leaf (`phrases.encode_by_leaves`): a token never spans
-        two leaves, so every leaf of the parse keeps tokens, its phrases and their tags (the ids equal
-        `tokenizer(text)` where no subword crosses a leaf boundary); subword pieces share their word's phrase; the
-        `<2xx>` tag and special tokens belong to no phrase. A parse whose leaves do not spell its sentence raises a
-        `ValueError`."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        inputs = super().prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=tgt_lang,
-                                                    text_target=text_target, max_length=max_length, **variant_kwargs)
+    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
+                        max_length: int | None, parses: Sequence | Mapping[str, object] | None = None,
+                        **variant_kwargs) -> dict[str, torch.Tensor]:
+        """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`
+        (`prepare_translation_inputs(..., parses=...)`): one bracketed parse (or `nltk.Tree`) per sentence, as a
+        list aligned with `texts` or a mapping from sentence to parse. The source is tokenized leaf by leaf
+        (`phrases.encode_by_leaves`), once: a token never spans two leaves, so every leaf of the parse keeps tokens,
+        its phrases and their tags (the ids equal `tokenizer(text)` where no subword crosses a leaf boundary);
+        subword pieces share their word's phrase; the `<2xx>` tag and special tokens belong to no phrase. A parse
+        whose leaves do not spell its sentence raises a `ValueError`."""
         config = self.config
         if not (config.phrase_type == "syntactic" and config.num_phrase_groups and config.mgsa_layers):
             if parses is not None:
                 raise ValueError("`parses` are only used by the syntactic MG-SA (phrase_type='syntactic').")
-            return inputs
+            return super()._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
+        if variant_kwargs:
+            raise ValueError(f"{type(self).__name__} takes no extra inputs but `parses`, got "
+                             f"{sorted(variant_kwargs)}.")
         if parses is None:
             raise ValueError("The syntactic MG-SA needs one constituency parse per source sentence: pass "
                              "`parses=[...]` (bracketed strings or nltk.Tree), aligned with the sentences.")
@@ -575,23 +563,20 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
             parses = [parses[text] for text in texts]
         elif isinstance(parses, str):
             parses = [parses]
-        prefixes = [""] * len(texts)
-        if config.target_language_tags:  # the backbone prepends "<2xx> " to the source
-            langs = [tgt_lang] * len(texts) if isinstance(tgt_lang, str) else list(tgt_lang)
-            prefixes = [f"{language_tag(lang)} " for lang in langs]
-        source = [prefix + text for prefix, text in zip(prefixes, texts)]
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (its `tokenizers` backend).")
+        source = [prefix + text for prefix, text in zip(prefixes, texts)]
         ids, leaves, trees = encode_by_leaves(tokenizer, source, parses, starts=[len(p) for p in prefixes],
                                               max_length=max_length)
         padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         length = padded["input_ids"].shape[1]
         left = getattr(tokenizer, "padding_side", "right") == "left"
         leaves = [[-1] * (length - len(row)) + row if left else row + [-1] * (length - len(row)) for row in leaves]
-        inputs["input_ids"] = padded["input_ids"].to(self.device)
-        inputs["attention_mask"] = padded["attention_mask"].to(self.device)
-        phrase_inputs = phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels)
-        inputs.update({key: value.to(self.device) for key, value in phrase_inputs.items()})
+        inputs = {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}
+        if text_target is not None:  # the labels alone: what `tokenizer(sources, text_target=...)` gives as labels
+            inputs["labels"] = tokenizer(text_target=text_target, padding=True, truncation=max_length is not None,
+                                         max_length=max_length, return_tensors="pt")["input_ids"]
+        inputs.update(phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels))
         return inputs
 
 

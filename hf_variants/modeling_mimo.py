@@ -33,17 +33,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_mimo import MimoConfig
 from .modeling_transformer_nmt import (
-    StackedLinear,
     TransformerNmtAttention,
     TransformerNmtDecoder,
     TransformerNmtEncoder,
@@ -53,27 +50,13 @@ from .modeling_transformer_nmt import (
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
     attach_summary,
+    build_layer_norm,
     residual_block,
-    resolve_language_ids,
 )
+from .generation_transformer_nmt import resolve_language_ids
 
 
-# ----------------------------------------------------------------------------------------------- stacked modules
-class MimoLayerNorm(nn.Module):
-    """n LayerNorms over [n, ..., d] streams (stream k uses weight[k], bias[k])."""
-
-    def __init__(self, num_transformations: int, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(num_transformations, dim))
-        self.bias = nn.Parameter(torch.zeros(num_transformations, dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = (self.weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-        return torch.addcmul(self.bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=self.eps),
-                             self.weight.view(shape))
-
-
+# ------------------------------------------------------------------------------------------------------- links
 class MimoMix(nn.Module):
     """A task-aware link between two blocks (eq. 2-4): output k = sum_m softmax(V[task, k, :])_m * stream m.
 
@@ -108,23 +91,6 @@ class MimoMix(nn.Module):
 
 
 
-# ----------------------------------------------------------------------------------------------- transformations
-class MimoFeedForward(TransformerNmtFeedForward):
-    """The n FFN transformations of a block (post-norm, own LayerNorms); the backbone's forward runs unchanged on
-    the stacked modules."""
-
-    def __init__(self, config: MimoConfig, ffn_dim: int):
-        nn.Module.__init__(self)
-        n, d = config.num_transformations, config.d_model
-        self.fc1 = StackedLinear(n, d, ffn_dim)
-        self.fc2 = StackedLinear(n, ffn_dim, d)
-        self.final_layer_norm = MimoLayerNorm(n, d, config.layer_norm_eps)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = False
-
-
 # -------------------------------------------------------------------------------------------------------- layers
 class MimoEncoderLayer(GradientCheckpointingLayer):
     """Self-attention block, link, FFN block. Layer 0's self-attention is one-to-many (no link before it)."""
@@ -135,21 +101,21 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
         self.config = config
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
         self.self_attn = TransformerNmtAttention(config, config.encoder_attention_heads, layer_idx, num_units=n)
-        self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.self_attn_layer_norm = build_layer_norm(config, n)
         self.ffn_mix = MimoMix(config, outputs)
-        self.ffn = MimoFeedForward(config, config.encoder_ffn_dim)
+        self.ffn = TransformerNmtFeedForward(config, config.encoder_ffn_dim, num_units=n)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 task_ids: torch.Tensor | None = None, **kwargs):
-        """[n|1, B, T, d] -> ([n, B, T, d], attention weights); `task_ids` [B] (the stack's `layer_inputs`)."""
+        """[n|1, B, T, d] -> ([n, B, T, d], attention weights, None); `task_ids` [B] (the stack's `layer_inputs`)."""
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
-        hidden_states, weights = residual_block(
+        hidden_states, weights, aux = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
                                      **kwargs),
             False, self.config.dropout)
-        return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights
+        return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights, aux
 
 
 class MimoDecoderLayer(GradientCheckpointingLayer):
@@ -164,14 +130,26 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         self.layer_idx = layer_idx
         self.self_attn_mix = MimoMix(config, outputs) if layer_idx > 0 else None
         self.self_attn = TransformerNmtAttention(config, heads, layer_idx, is_decoder=True, num_units=n)
-        self.self_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.self_attn_layer_norm = build_layer_norm(config, n)
         self.encoder_attn_mix = MimoMix(config, outputs)
         self.memory_mix = MimoMix(config, outputs) if config.mimo_memory == "mix" else None
         self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True,
                                                     num_units=n)
-        self.encoder_attn_layer_norm = MimoLayerNorm(n, config.d_model, config.layer_norm_eps)
+        self.encoder_attn_layer_norm = build_layer_norm(config, n)
         self.ffn_mix = MimoMix(config, outputs)
-        self.ffn = MimoFeedForward(config, config.decoder_ffn_dim)
+        self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim, num_units=n)
+
+    def memory(self, encoder_hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        """The memory of the n cross-attention units, [n|1, B, S, d]: each unit's task-aware mixture of the encoder
+        streams [B, S, n, d], or one memory for every unit ([B, S, d] or [B, S, 1, d]). The attention calls this
+        only when it computes its keys and values (not over a filled cache: once per generation)."""
+        memory = encoder_hidden_states
+        if memory.dim() == 3:  # [B, S, d]: one memory for every stream (the standard interface)
+            memory = memory.unsqueeze(2)
+        memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
+        if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
+            memory = self.memory_mix(memory, task_ids)
+        return memory
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
@@ -181,27 +159,19 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         p = self.config.dropout
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
-        hidden_states, self_weights = residual_block(
+        hidden_states, self_weights, _ = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
                                      output_attentions=output_attentions, **kwargs), False, p)
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
             hidden_states = self.encoder_attn_mix(hidden_states, task_ids)
-            memory = None  # cross-attention keys/values are computed once per generation: mix only when needed
-            if past_key_values is None or not getattr(past_key_values, "is_updated", {}).get(self.layer_idx):
-                memory = encoder_hidden_states
-                if memory.dim() == 3:  # [B, S, d]: one memory for every stream (the standard interface)
-                    memory = memory.unsqueeze(2)
-                memory = memory.permute(2, 0, 1, 3)  # [n|1, B, S, d]
-                if self.memory_mix is not None and memory.shape[0] > 1:  # a mixture of one stream is that stream
-                    memory = self.memory_mix(memory, task_ids)
-            cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
-            hidden_states, cross_weights = residual_block(
+            hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
-                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask, key_value_states=memory,
+                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
+                                            key_value_states=lambda: self.memory(encoder_hidden_states, task_ids),
                                             past_key_values=past_key_values, output_attentions=output_attentions,
-                                            **cross_kwargs),
+                                            **kwargs),
                 False, p)
         hidden_states = self.ffn(self.ffn_mix(hidden_states, task_ids))
         return hidden_states, self_weights, cross_weights
@@ -227,26 +197,19 @@ class MimoPreTrainedModel(TransformerNmtPreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         config = self.config
-        if not config.lipschitz_init:
-            super()._init_weights(module)  # the units' nn.Linear maps as the backbone's linears
         # Lipschitz-constrained init (Neutron's init_model_params_lipschitz): matrices U(+-1/sqrt(fan_in)),
-        # embeddings Xavier-uniform with gain sqrt(1/3), biases 0, LayerNorms 1/0.
-        elif isinstance(module, nn.Linear):
+        # embeddings Xavier-uniform with gain sqrt(1/3), biases 0; LayerNorms (and without it everything) as the
+        # backbone's
+        if config.lipschitz_init and isinstance(module, nn.Linear):
             bound = 1.0 / math.sqrt(module.in_features)
             init.uniform_(module.weight, -bound, bound)
             if module.bias is not None:
                 init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.xavier_uniform_(module.weight, gain=math.sqrt(1.0 / 3.0))
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        if isinstance(module, MimoLayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, MimoMix) and module.task_logits is not None:
+        elif config.lipschitz_init and isinstance(module, nn.Embedding):
+            self._init_embedding(module, init.xavier_uniform_, gain=math.sqrt(1.0 / 3.0))
+        else:
+            super()._init_weights(module)
+        if isinstance(module, MimoMix) and module.task_logits is not None:
             if config.mixing_init_std > 0:
                 init.normal_(module.task_logits, mean=0.0, std=config.mixing_init_std)
             else:
@@ -337,7 +300,6 @@ __all__ = [
     "MimoPreTrainedModel",
     "MimoModel",
     "MimoForConditionalGeneration",
-    "MimoLayerNorm",
     "MimoMix",
     "MimoEncoderLayer",
     "MimoDecoderLayer",

@@ -44,28 +44,22 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from transformers import GenerationMixin
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_mute import MuteConfig
 from .modeling_transformer_nmt import (
-    StackedLinear,
     TransformerNmtAttention,
     TransformerNmtEncoder,
+    TransformerNmtFeedForward,
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
     real_tokens,
+    stacked_layer_norm,
 )
 
 
-# ----------------------------------------------------------------------------------------------------- unit helpers
-def unit_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm of [I, B, T, d] with one affine per unit (`weight`, `bias`: [I, d])."""
-    x = F.layer_norm(x, x.shape[-1:], eps=eps)
-    return x * weight[:, None, None, :] + bias[:, None, None, :]
-
-
+# ------------------------------------------------------------------------------------------------- AutoShuffle
 def shuffle_penalty(matrix: torch.Tensor) -> torch.Tensor:
     """Lipschitz penalty of AutoShuffle (eq. 19), in fp32: sum over rows and columns of ||.||_1 - ||.||_2.
     0 exactly for permutation matrices; 2 I (1 - 1/sqrt(I)) for the uniform 1/I matrix."""
@@ -195,34 +189,22 @@ class MuteBiasModule(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------ the units
-class MuteUnitFeedForward(nn.Module):
-    """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals, stacked."""
+class MuteUnitFeedForward(TransformerNmtFeedForward):
+    """The FFN sub-layers of the I units (own LayerNorm, W1, W2 per unit), with their residuals: the backbone's FFN
+    with I units, F_i = S_i + Dropout(W2_i Dropout(act(W1_i LN_i(S_i)))) (pre-norm; post-norm: LN_i(S_i + ...)).
+    The units' LayerNorms keep MUTE's parameter names, `layer_norm_weight` / `layer_norm_bias` [I, d]."""
 
     def __init__(self, config: MuteConfig):
-        super().__init__()
-        units, d, ffn = config.num_units, config.d_model, config.encoder_ffn_dim
-        self.layer_norm_weight = nn.Parameter(torch.empty(units, d))
-        self.layer_norm_bias = nn.Parameter(torch.empty(units, d))
-        self.fc1 = StackedLinear(units, d, ffn)
-        self.fc2 = StackedLinear(units, ffn, d)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.eps = config.layer_norm_eps
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
+        super().__init__(config, config.encoder_ffn_dim, num_units=config.num_units)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """F_i = S_i + Dropout(W2_i Dropout(act(W1_i LN_i(S_i)))) (pre-norm; post-norm: LN_i(S_i + ...))."""
-        residual = hidden_states
-        if self.normalize_before:
-            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        hidden_states = self.activation_fn(self.fc1(hidden_states))
-        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        hidden_states = self.fc2(hidden_states)
-        hidden_states = residual + F.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.normalize_before:
-            hidden_states = unit_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
-        return hidden_states
+    def build_layer_norm(self, config: MuteConfig, num_units: int) -> None:
+        self.layer_norm_weight = nn.Parameter(torch.empty(num_units, config.d_model))
+        self.layer_norm_bias = nn.Parameter(torch.empty(num_units, config.d_model))
+        self.eps = config.layer_norm_eps
+        return None
+
+    def layer_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return stacked_layer_norm(hidden_states, self.layer_norm_weight, self.layer_norm_bias, self.eps)
 
 
 # ----------------------------------------------------------------------------------------- AutoShuffle step hook
@@ -330,7 +312,7 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
 
     # ---------------------------------------------------------------------------------------------------- forward
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
         # M must be projected before its use in every training step (docs/variants-spec.md §1.4): optimizer steps
         # are seen by the step hook; an in-place change outside torch.optim is seen here by its version counter.
@@ -339,15 +321,16 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
         noisy = self.bias_module(unit_input, token_mask)  # [I, B, T, d] or None (clean input for all units)
-        attn, weights = self.self_attn(unit_input[None] if noisy is None else noisy, attention_mask=attention_mask,
-                                       output_attentions=output_attentions, **kwargs)
+        attn, weights, aux = self.self_attn(unit_input[None] if noisy is None else noisy,
+                                            attention_mask=attention_mask, output_attentions=output_attentions,
+                                            **kwargs)
         # S_i = X + Dropout(A_i): the residual is the clean layer input.
         states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
         if not pre:
             states = self.self_attn_layer_norm(states)
         outputs = self.ffn(states)  # [I, B, T, d]
         merged = torch.tensordot(self.merge_weights().to(outputs.dtype), outputs, dims=1)
-        return merged, weights
+        return merged, weights, aux
 
 
 # ----------------------------------------------------------------------------------------------------- the models
@@ -397,14 +380,10 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
                 module.project_shuffle_if_changed()
         return super().save_pretrained(*args, **kwargs)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        for module in model.modules():  # a saved M was projected before it was saved
+    def _after_load(self) -> None:
+        for module in self.modules():  # a saved M was projected before it was saved
             if isinstance(module, MuteEncoderLayer):
                 module.mark_shuffle_projected()
-        return loaded
 
 
 class MuteEncoder(MutePreTrainedModel, TransformerNmtEncoder):

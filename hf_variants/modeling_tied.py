@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from transformers import GenerationMixin
-from transformers.cache_utils import Cache
 
 from .configuration_tied import TiedTransformerConfig
 from .modeling_transformer_nmt import (
@@ -36,32 +35,16 @@ from .modeling_transformer_nmt import (
     TransformerNmtForConditionalGeneration,
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
-    residual_block,
-    resolve_language_ids,
 )
+from .generation_transformer_nmt import resolve_language_ids
 
 
 # ------------------------------------------------------------------------------------------------------------- block
 class TiedTransformerBlock(TransformerNmtDecoderLayer):
-    """Block l of the tied stack: self_attn (+ LN), encoder_attn (+ LN), ffn (+ LN).
+    """Block l of the tied stack: self_attn (+ LN), encoder_attn (+ LN), ffn (+ LN): the backbone's decoder layer.
 
-    `forward(..., encoder_path=True)` is the encoder's use (eq. 2): non-causal self-attention with the padding mask,
-    then the FFN; no cross-attention, no cache. Otherwise it is the backbone's decoder layer (eq. 3)."""
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
-                encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
-                past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
-                encoder_path: bool = False, **kwargs):
-        if not encoder_path:
-            return super().forward(hidden_states, attention_mask, encoder_hidden_states,
-                                   encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values,
-                                   output_attentions=output_attentions, use_cache=use_cache, **kwargs)
-        hidden_states, weights = residual_block(
-            self, self.self_attn_layer_norm, hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                     is_causal=False, **kwargs),
-            self.config.normalize_before, self.config.dropout)
-        return self.ffn(hidden_states), weights
+    The encoder runs it on its encoder path (eq. 2: `is_causal=False`, no encoder states, no cache: non-causal
+    self-attention with the padding mask, then the FFN), the decoder as a decoder layer (eq. 3)."""
 
 
 # ------------------------------------------------------------------------------------------------------------ models
@@ -137,7 +120,7 @@ class TiedTransformerEncoder(TiedBlocks, TiedTransformerPreTrainedModel, Transfo
         input here so that `generate` passes it to the encoder and expands it over beams."""
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
                                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, tgt_lang_ids=tgt_lang_ids, encoder_path=True, **kwargs)
+                               return_dict=return_dict, tgt_lang_ids=tgt_lang_ids, is_causal=False, **kwargs)
 
 
 class TiedTransformerDecoder(TiedBlocks, TiedTransformerPreTrainedModel, TransformerNmtDecoder):

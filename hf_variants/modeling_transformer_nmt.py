@@ -1,14 +1,17 @@
 """The Transformer backbone of hf_variants: the baseline NMT model and the extension points the variants use.
 
-Read top to bottom: helpers (positions, masks, relative positions, the attention kernel, stacked per-unit linears),
-the attention module, encoder and decoder layers, the pretrained base, the two stacks (each a `PreTrainedModel`, as in
-Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`.
+Read top to bottom: helpers (positions, masks, relative positions, the attention kernel, stacked per-unit linears
+and the builders), the attention module, encoder and decoder layers, the pretrained base, the two stacks (each a
+`PreTrainedModel`, as in Marian), `TransformerNmtModel` and `TransformerNmtForConditionalGeneration`. Sibling files
+by concern: `loss_transformer_nmt` (the chunked losses), `generation_transformer_nmt` (the generation mixin:
+language inputs, `prepare_translation_inputs`, `generate`, logits processors, cache reordering).
 
 Conventions (transformers 5):
 - Masks come from transformers' mask helpers (`create_bidirectional_mask`, `create_causal_mask`) in the format of
   `config._attn_implementation` ("sdpa": booleans or None, "eager": additive floats, "flex_attention": a BlockMask);
   a variant with per-branch or per-head patterns adds them to the scores (HySAN's branches in its own kernel,
-  MG-SA's phrase heads as a score bias). Every kernel gives rows with no allowed key 0, never NaN.
+  MG-SA's phrase heads as a score bias). Every kernel gives rows with no allowed key 0, never NaN
+  (`masked_softmax`).
 - One attention kernel, `attend`: relative-position biases, SDPA / flex_attention / eager through
   `ALL_ATTENTION_FUNCTIONS`, the eager path whenever probabilities are needed (attention outputs, Shaw relative
   values), and head groups (MUTE's units, MIMO's streams folded into the head axis) summarised for the outputs.
@@ -17,29 +20,38 @@ Conventions (transformers 5):
   (`utils.generic`, `utils.output_capturing`) and record module outputs by class, which cannot express the
   per-layer summaries over branches, units and streams the variants return.
 - Queries on a cache are placed at the cache length (`query_offset`), for masks, positions and relative distances.
+- Attentions return (output, weights, aux), encoder layers (hidden states, weights, aux), decoder layers (hidden
+  states, self-attention weights, cross-attention weights); aux: a dict of auxiliary loss SUMS, or None.
 
 A variant overrides only what its paper changes:
+- units: `num_units=n` on the attention (`TransformerNmtAttention`) and the feed-forward (`TransformerNmtFeedForward`)
+  makes n independent units of them (`StackedLinear`, `StackedLayerNorm`, `build_linear`, `build_layer_norm`;
+  MUTE's units, MIMO's transformations); the feed-forward's `build_layer_norm` / `layer_norm` for its own LayerNorm;
 - the attention class of a layer (`TransformerNmtEncoderLayer.attention_class`, `TransformerNmtDecoderLayer.
-  self_attention_class`) or its kernel call `_attend`;
+  self_attention_class`) and its steps: `_project` (queries, keys, values, extra kernel inputs) -> `_attend` (the
+  kernel call: output, weights, aux) -> `_project_out` (HySAN: `_attend`; MG-SA: `_project` and `_attend`). A
+  cross-attention's memory may be a callable, run only when its keys and values are computed (MIMO's mixed memory);
+  the decoder layer called with `is_causal=False` and no encoder states is an encoder layer (Tied's shared blocks);
 - the layers a stack builds (`_make_layer`), how it embeds its input (`input_embeddings`), per-forward inputs of its
   layers (`layer_inputs`), and what happens before and after the layers (`enter_stack`, `exit_stack`,
   `layer_output_view`: MIMO's streams);
 - the stacks of the model (`encoder_class`, `decoder_class`, `_make_stacks`) and what the decoder reads from the
   encoder (`encoder_memory`);
-- losses and hooks of the generation model (`translation_loss`, `auxiliary_losses`, `after_optimizer_step`,
-  `_language_inputs`, `language_ids_field`).
+- the generation model's losses and hooks: `token_loss_weights` (per-token weights of the translation loss: Tied's
+  per-direction sum), `auxiliary_losses` (MUTE's penalty; the stacks' aux sums), `after_optimizer_step`,
+  `_after_load` (state fixed after `from_pretrained`), `_language_inputs` and `language_ids_field`. The translation
+  loss itself is not a hook: both of its paths (`_translation_loss` from the logits, `_projected_translation_loss`
+  without them) must stay the same loss, so variants change it through `token_loss_weights` only.
 """
 
 from __future__ import annotations
 
-import math
+import os
 import re
-from collections.abc import Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_mask
@@ -48,13 +60,6 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation.logits_process import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -67,7 +72,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
-from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+from .configuration_transformer_nmt import TransformerNmtConfig
+from .generation_transformer_nmt import TransformerNmtGenerationMixin, current_generation_scope
+from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 from .pipeline_translation import TranslationPipeline  # noqa: F401  (shipped with every model: custom_pipelines)
 
 
@@ -195,6 +202,16 @@ class RelativePositionEmbedding(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------- the kernel
+def masked_softmax(scores: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last axis of `scores` where `allowed` (booleans broadcasting to `scores`; None: all), in
+    float32, returned in the scores' dtype; a row with no allowed key gives 0, never NaN."""
+    if allowed is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    return probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+
+
 def eager_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -222,11 +239,7 @@ def eager_attention_forward(
     allowed = as_boolean_mask(attention_mask, query_length, key_length)
     if allowed is None and is_causal and query_length > 1:
         allowed = torch.ones(query_length, key_length, dtype=torch.bool, device=query.device).tril()
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if allowed is not None:
-        probs = probs.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    probs = masked_softmax(scores, allowed)
     weights = None
     if output_attentions:
         if head_groups > 1:
@@ -293,22 +306,7 @@ def attend(
     return out, None
 
 
-# --------------------------------------------------------------------------------------- stacked per-unit linears
-_STACKED_WEIGHTS_SCOPE: ContextVar[dict | None] = ContextVar("stacked_weights_scope", default=None)
-
-
-@contextmanager
-def stacked_weights_cached():
-    """Within this scope (one `generate` call: the weights do not change) every `StackedLinear` stacks its units'
-    weights once and reuses them at every decoding step, instead of copying them at every forward. The stacked
-    copies belong to the scope (a dict: module -> its stacked tensors) and are freed when it ends."""
-    token = _STACKED_WEIGHTS_SCOPE.set({})
-    try:
-        yield
-    finally:
-        _STACKED_WEIGHTS_SCOPE.reset(token)
-
-
+# ------------------------------------------------------------------------------ units: stacked modules and builders
 class StackedLinear(nn.Module):
     """n independent linear maps ("units": MUTE's units, MIMO's transformations), each an `nn.Linear` that PEFT
     (LoRA), quantization and pruning tools can target, run as ONE batched matmul while they are plain `nn.Linear`s.
@@ -317,7 +315,7 @@ class StackedLinear(nn.Module):
     concatenated weights); output [n, ..., out]. When a unit is replaced (a LoRA wrapper, an int8 linear), every unit
     is called as a module instead, so the replacement takes effect. The stacked weights are copied from the units at
     every forward (each unit keeps its own parameter, gradient and storage), except inside
-    `stacked_weights_cached()`: the scope of one `generate` call, where they are stacked once."""
+    `generation_scope()`: the scope of one `generate` call, where they are stacked once."""
 
     def __init__(self, num_units: int, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -331,7 +329,7 @@ class StackedLinear(nn.Module):
         slower on [1024 -> 256]), which measured cheaper per `generate` call than copying once."""
         scope = None  # compiled graphs and autograd stack at every forward
         if not torch.compiler.is_compiling() and not torch.is_grad_enabled():
-            scope = _STACKED_WEIGHTS_SCOPE.get()
+            scope = current_generation_scope()
         if scope is not None and self in scope:
             return scope[self]
         weight = torch.stack([unit.weight for unit in self.units]).transpose(1, 2)
@@ -353,6 +351,39 @@ class StackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"units={self.num_units}, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def stacked_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """n LayerNorms of [n, ..., d] units at once: unit k normalised with `weight[k]`, `bias[k]` ([n, d])."""
+    shape = (weight.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    return torch.addcmul(bias.view(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.view(shape))
+
+
+class StackedLayerNorm(nn.Module):
+    """n LayerNorms over [n, ..., d] units (unit k uses weight[k], bias[k]): MUTE's units, MIMO's streams."""
+
+    def __init__(self, num_units: int, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_units, dim))
+        self.bias = nn.Parameter(torch.zeros(num_units, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return stacked_layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def build_linear(in_features: int, out_features: int, num_units: int | None = None, bias: bool = True) -> nn.Module:
+    """An `nn.Linear`, or with `num_units` a `StackedLinear` of that many (inputs and outputs [n|1, ..., features])."""
+    if num_units is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return StackedLinear(num_units, in_features, out_features, bias=bias)
+
+
+def build_layer_norm(config: TransformerNmtConfig, num_units: int | None = None) -> nn.Module:
+    """The model's LayerNorm over d_model, or with `num_units` a `StackedLayerNorm` (one affine per unit)."""
+    if num_units is None:
+        return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+    return StackedLayerNorm(num_units, config.d_model, config.layer_norm_eps)
 
 
 # --------------------------------------------------------------------------------------------------------- attention
@@ -387,17 +418,12 @@ class TransformerNmtAttention(nn.Module):
         self.is_causal = is_decoder and not is_cross_attention
         self.num_key_value_groups = 1
 
-        def linear(in_features, out_features):
-            if num_units is None:
-                return nn.Linear(in_features, out_features)
-            return StackedLinear(num_units, in_features, out_features)
-
         if is_cross_attention:
-            self.q_proj = linear(d, d)
-            self.kv_proj = linear(d, 2 * d)
+            self.q_proj = build_linear(d, d, num_units)
+            self.kv_proj = build_linear(d, 2 * d, num_units)
         else:
-            self.qkv_proj = linear(d, 3 * d)
-        self.out_proj = linear(d, d)
+            self.qkv_proj = build_linear(d, 3 * d, num_units)
+        self.out_proj = build_linear(d, d, num_units)
         self.relative_positions = self.relative_embeddings = None
         if config.max_relative_positions > 0 and not is_cross_attention:
             buckets = 2 * config.max_relative_positions + 1
@@ -415,66 +441,91 @@ class TransformerNmtAttention(nn.Module):
         x = x.reshape(n, b, t, parts, self.heads_per_unit, self.head_dim)
         return x.permute(3, 1, 0, 4, 2, 5).reshape(parts, b, self.num_heads, t, self.head_dim).unbind(0)
 
-    def _project_qkv(self, hidden_states, key_value_states, past_key_values):
-        """Queries, keys, values as [B, heads, T, D], with the cache read and updated."""
+    def _project(self, hidden_states, key_value_states=None, past_key_values=None, **kwargs):
+        """Step 1: queries, keys, values as [B, heads, T, D], with the cache read and updated, and a dict of extra
+        keyword arguments for `_attend` (nothing here; MG-SA's composed phrases). A cross-attention's
+        `key_value_states` may be a zero-argument callable giving the memory: it is called only when the keys and
+        values are computed, not over a filled cross-attention cache (MIMO mixes its memory per unit)."""
         if not self.is_cross_attention:
             query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
             cache = self_attention_cache(past_key_values)
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
-            return query, key, value
+            return query, key, value, {}
         (query,) = self._heads(self.q_proj(hidden_states), 1)
         if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
             layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
-            return query, layer.keys, layer.values
-        key, value = self._heads(self.kv_proj(key_value_states), 2)
+            return query, layer.keys, layer.values, {}
+        memory = key_value_states() if callable(key_value_states) else key_value_states
+        key, value = self._heads(self.kv_proj(memory), 2)
         if past_key_values is not None:  # cross-attention keys/values are computed once per generation
             key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
             past_key_values.is_updated[self.layer_idx] = True
-        return query, key, value
+        return query, key, value, {}
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
-        """The kernel call: [B, heads, Q, D] queries -> ([B, Q, heads, D], weights or None)."""
+        """Step 2, the kernel call: [B, heads, Q, D] queries -> ([B, Q, heads, D], weights or None, aux: a dict of
+        auxiliary loss SUMS or None)."""
         table = self.relative_embeddings
         if self.relative_positions is not None:
             table = self.relative_positions.embeddings.weight
-        return attend(self, query, key, value, attention_mask, relative_table=table,
-                      max_relative_positions=self.config.max_relative_positions,
-                      relative_values=self.config.relative_position_values, head_groups=self.num_units or 1,
-                      output_attentions=output_attentions, **kwargs)
+        out, weights = attend(self, query, key, value, attention_mask, relative_table=table,
+                              max_relative_positions=self.config.max_relative_positions,
+                              relative_values=self.config.relative_position_values,
+                              head_groups=self.num_units or 1, output_attentions=output_attentions, **kwargs)
+        return out, weights, None
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states: torch.Tensor | None = None,
-                past_key_values: Cache | None = None, output_attentions: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
-        ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None)."""
-        query, key, value = self._project_qkv(hidden_states, key_value_states, past_key_values)
-        out, weights = self._attend(query, key, value, attention_mask, output_attentions=output_attentions, **kwargs)
+    def _project_out(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Step 3: [B, Q, heads, D] -> [B, Q, d] (or [n, B, Q, d] with units) through `out_proj`."""
         if self.num_units is None:
-            return self.out_proj(out.reshape(*hidden_states.shape[:-1], -1)), weights
+            return self.out_proj(out.reshape(*out.shape[:2], -1))
         b, q = out.shape[:2]
-        out = out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3)  # [n, B, Q, d]
-        return self.out_proj(out), weights
+        return self.out_proj(out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3))
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states=None,
+                past_key_values: Cache | None = None, output_attentions: bool = False,
+                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+        """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
+        ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None, auxiliary loss sums or None):
+        `_project` -> `_attend` -> `_project_out`."""
+        if self.is_cross_attention:  # no causality, positions or relative distances between target and source
+            kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
+        query, key, value, extra = self._project(hidden_states, key_value_states, past_key_values, **kwargs)
+        out, weights, aux = self._attend(query, key, value, attention_mask, output_attentions=output_attentions,
+                                         **extra, **kwargs)
+        return self._project_out(out, hidden_states), weights, aux
 
 
 # ------------------------------------------------------------------------------------------------------------ layers
 class TransformerNmtFeedForward(nn.Module):
-    """Position-wise FFN sub-layer with its residual connection and LayerNorm (pre- or post-norm)."""
+    """Position-wise FFN sub-layer with its residual connection and LayerNorm (pre- or post-norm).
 
-    def __init__(self, config: TransformerNmtConfig, ffn_dim: int):
+    With `num_units` = n the sub-layer holds n independent FFNs (MUTE's units, MIMO's transformations): its linears
+    are `StackedLinear`s, its LayerNorm a `StackedLayerNorm`, and its input and output carry the unit axis first
+    ([n, B, T, d]). `normalize_before` defaults to the config's. Builders: `build_layer_norm` (a variant keeping
+    its own LayerNorm parameters overrides it and `layer_norm`)."""
+
+    def __init__(self, config: TransformerNmtConfig, ffn_dim: int, num_units: int | None = None,
+                 normalize_before: bool | None = None):
         super().__init__()
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.fc1 = build_linear(config.d_model, ffn_dim, num_units)
+        self.fc2 = build_linear(ffn_dim, config.d_model, num_units)
+        self.final_layer_norm = self.build_layer_norm(config, num_units)
         self.activation_fn = ACT2FN[config.activation_function]
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
-        self.normalize_before = config.normalize_before
+        self.normalize_before = config.normalize_before if normalize_before is None else normalize_before
+
+    def build_layer_norm(self, config: TransformerNmtConfig, num_units: int | None) -> nn.Module | None:
+        return build_layer_norm(config, num_units)
+
+    def layer_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.final_layer_norm(hidden_states)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         residual = hidden_states
         if self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
+            hidden_states = self.layer_norm(hidden_states)
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         if self.training:
             hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=True)
@@ -483,28 +534,29 @@ class TransformerNmtFeedForward(nn.Module):
             hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
         hidden_states = residual + hidden_states
         if not self.normalize_before:
-            hidden_states = self.final_layer_norm(hidden_states)
+            hidden_states = self.layer_norm(hidden_states)
         return hidden_states
 
 
 def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torch.Tensor, fn, pre_norm: bool,
-                   dropout: float):
-    """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, extra)."""
+                   dropout: float) -> tuple:
+    """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, *extra) (an
+    attention: (out, weights, aux)); returns (the block's output, *extra)."""
     residual = hidden_states
     if pre_norm:
         hidden_states = layer_norm(hidden_states)
-    hidden_states, extra = fn(hidden_states)
+    hidden_states, *extra = fn(hidden_states)
     if module.training:
         hidden_states = F.dropout(hidden_states, p=dropout, training=True)
     hidden_states = residual + hidden_states
     if not pre_norm:
         hidden_states = layer_norm(hidden_states)
-    return hidden_states, extra
+    return hidden_states, *extra
 
 
 class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
-    """Self-attention and FFN sub-layers. Returns (hidden_states, attention weights); a variant layer may add a
-    third element, a dict of auxiliary loss SUMS (MG-SA's tag loss)."""
+    """Self-attention and FFN sub-layers. Returns (hidden_states, attention weights or None, auxiliary loss SUMS
+    from the attention (a dict: MG-SA's tag loss) or None)."""
 
     attention_class = TransformerNmtAttention
 
@@ -517,20 +569,24 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]):
-        hidden_states, weights = residual_block(
+        hidden_states, weights, aux = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
                                      **kwargs),
             self.config.normalize_before, self.config.dropout)
-        return self.ffn(hidden_states), weights
+        return self.ffn(hidden_states), weights, aux
 
 
 class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
     """Causal self-attention, cross-attention and FFN sub-layers. The hidden states, the self-attention mask and
-    the encoder states come positionally (gradient checkpointing passes only positional tensors through)."""
+    the encoder states come positionally (gradient checkpointing passes only positional tensors through). Returns
+    (hidden_states, self-attention weights, cross-attention weights).
+
+    Encoder path: called with `is_causal=False` and without encoder states and cache, the layer is an encoder
+    layer (padding-masked self-attention, then the FFN) and returns (hidden_states, weights, None), an encoder
+    layer's output (the Tied Transformer's encoder runs its shared blocks so)."""
 
     self_attention_class = TransformerNmtAttention
-    cross_attention_class = TransformerNmtAttention
 
     def __init__(self, config: TransformerNmtConfig, layer_idx: int):
         super().__init__()
@@ -539,8 +595,7 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         heads = config.decoder_attention_heads
         self.self_attn = self.self_attention_class(config, heads, layer_idx, is_decoder=True)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.encoder_attn = self.cross_attention_class(config, heads, layer_idx, is_cross_attention=True,
-                                                       is_decoder=True)
+        self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim)
 
@@ -549,252 +604,18 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
                 past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
                 **kwargs: Unpack[TransformerNmtKwargs]):
         pre, p = self.config.normalize_before, self.config.dropout
-        hidden_states, self_weights = residual_block(
+        hidden_states, self_weights, _ = residual_block(
             self, self.self_attn_layer_norm, hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
                                      output_attentions=output_attentions, **kwargs), pre, p)
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
-            cross_kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
-            hidden_states, cross_weights = residual_block(
+            hidden_states, cross_weights, _ = residual_block(
                 self, self.encoder_attn_layer_norm, hidden_states,
                 lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
                                             key_value_states=encoder_hidden_states, past_key_values=past_key_values,
-                                            output_attentions=output_attentions, **cross_kwargs), pre, p)
+                                            output_attentions=output_attentions, **kwargs), pre, p)
         return self.ffn(hidden_states), self_weights, cross_weights
-
-
-# ------------------------------------------------------------------------------------------- token suppression
-class TokenSuppressionLogitsProcessor(LogitsProcessor):
-    """transformers' `MinLengthLogitsProcessor`, `MinNewTokensLengthLogitsProcessor` and
-    `SuppressTokensLogitsProcessor` (adjacent in a processor list) as ONE processor with the same output: the
-    scores of the tokens whose rule is active set to -inf. Those processors each build a vocabulary-sized mask
-    (`arange` + `isin`) and copy the scores twice (`clone` + `where`) at every step, active or not; this one copies
-    them once, with `index_fill` on the few token columns, and returns them untouched when no rule is active (a
-    min-length rule after the minimum length: most steps).
-
-    `rules`: (token ids, length) pairs: the tokens are suppressed while the sequence (prompt included) is shorter
-    than `length`; None: always. Ids outside the vocabulary are ignored, as `isin` over the vocabulary does."""
-
-    def __init__(self, rules: list[tuple[torch.Tensor, int | None]]):
-        self.rules = [(torch.as_tensor(ids).reshape(-1).long(), length) for ids, length in rules]
-        self._ids = {}  # (active rules, vocabulary size, device) -> the ids to suppress
-
-    @classmethod
-    def merge(cls, processors: LogitsProcessorList) -> LogitsProcessorList:
-        """`processors` with every run of adjacent min-length / min-new-tokens / suppress-tokens processors (exactly
-        those classes: a subclass may do more) replaced by one `TokenSuppressionLogitsProcessor`. Only adjacent ones
-        merge: moving a suppression across another processor (a top-k warper) could change what it sees."""
-        merged, run = LogitsProcessorList(), []
-        for processor in [*processors, None]:
-            rule = None
-            if type(processor) is MinLengthLogitsProcessor:
-                rule = (processor.eos_token_id, processor.min_length)
-            elif type(processor) is MinNewTokensLengthLogitsProcessor:
-                rule = (processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens)
-            elif type(processor) is SuppressTokensLogitsProcessor:
-                rule = (processor.suppress_tokens, None)
-            if rule is not None:
-                run.append(rule)
-                continue
-            if run:
-                merged.append(cls(run))
-                run = []
-            if processor is not None:
-                merged.append(processor)
-        return merged
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        length = input_ids.shape[-1]
-        active = tuple(i for i, (_, limit) in enumerate(self.rules) if limit is None or length < limit)
-        if not active:
-            return scores
-        key = (active, scores.shape[-1], scores.device)
-        ids = self._ids.get(key)
-        if ids is None:
-            ids = torch.cat([self.rules[i][0] for i in active]).to(scores.device).unique()
-            ids = ids[(ids >= 0) & (ids < scores.shape[-1])]
-            self._ids[key] = ids
-        return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
-
-
-# ------------------------------------------------------------------------------------------------------------ loss
-LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
-
-
-def _smoothed_rows(z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float,
-                   work: torch.Tensor) -> torch.Tensor:
-    """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V]); `work` ([n, V], z's
-    dtype, or z itself) ends up holding the gradient with respect to z:
-    weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V).
-    Every [n, V] step happens in `work`, so a chunk needs no other tensor of its size (torch.logsumexp would
-    allocate two)."""
-    vocab = z.shape[-1]
-    target = labels.clamp(min=0)[:, None]  # ignored rows have weight 0
-    shifted = torch.sub(z, z.amax(dim=-1, keepdim=True), out=work)  # z - max: exp cannot overflow
-    # -log p(y) = lse - z_y and the smoothing term -mean_v log p(v) = lse - mean_v z_v (as F.cross_entropy); the
-    # shift cancels out of both
-    shifted_target = shifted.gather(1, target).squeeze(1)
-    shifted_mean = shifted.mean(dim=-1)
-    sum_exp = shifted.exp_().sum(dim=-1)
-    row_loss = sum_exp.log() - (1.0 - smoothing) * shifted_target - smoothing * shifted_mean
-    total = torch.where(weights != 0, row_loss * weights, 0.0).sum()
-    work.div_(sum_exp[:, None]).sub_(smoothing / vocab).mul_(weights[:, None])
-    work.scatter_add_(1, target, (-(1.0 - smoothing) * weights)[:, None])
-    return total
-
-
-PROJECTED_CHUNK_ROWS = 512  # at most this many hidden states a chunk of projected_smoothed_cross_entropy
-
-
-def _chunk_rows(vocab: int) -> int:
-    return max(1, LOSS_CHUNK_ELEMENTS // vocab)
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """sum_i w_i * (label-smoothed cross-entropy of row i), gradient included: see `smoothed_cross_entropy`."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, weights, smoothing: float):
-        rows, vocab = logits.shape
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        compute = torch.promote_types(logits.dtype, torch.float32)  # float32, or float64 logits' own
-        total = torch.zeros((), dtype=compute, device=logits.device)
-        step = _chunk_rows(vocab)
-        for start in range(0, rows, step):
-            rows_ = slice(start, start + step)
-            z = logits[rows_].to(compute)  # a view, or a float32 copy of low-precision logits' chunk
-            if grad is not None and grad.dtype == compute:
-                work = grad[rows_]
-            else:  # the float32 copy of low-precision logits is ours to overwrite; a view of the caller's is not
-                work = z if logits.dtype != compute else torch.empty_like(z)
-            total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, work)
-            if grad is not None and grad.dtype != compute:
-                grad[rows_].copy_(work)
-            del z, work  # before the next chunk's are allocated
-        ctx.save_for_backward(grad)
-        ctx.backward_done = False
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        _once(ctx)
-        (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_output.to(grad.dtype)), None, None, None
-
-
-def _once(ctx) -> None:
-    if ctx.backward_done:  # the gradient buffers were scaled in place by the first backward
-        raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
-                           "not supported; compute the loss again.")
-    ctx.backward_done = True
-
-
-class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
-    """`_SmoothedCrossEntropy` of `F.linear(hidden, weight, bias)`, one chunk of rows at a time: see
-    `projected_smoothed_cross_entropy`."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, weights, smoothing: float):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        device = hidden.device.type
-        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        need_bias = need_bias and bias is not None
-        # the products in autocast's dtype when it is on (as the output projection's F.linear would run), the
-        # loss in float32 (float64 inputs: float64); weight and bias gradients accumulate in float32 or wider
-        gemm = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        compute = torch.promote_types(hidden.dtype, torch.float32)
-        with torch.autocast(device, enabled=False):
-            w = weight.to(gemm)
-            b = None if bias is None else bias.to(gemm)
-            grad_hidden = torch.empty_like(hidden) if need_hidden else None
-            grad_weight = (torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                       device=weight.device) if need_weight else None)
-            grad_bias = (torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32),
-                                     device=bias.device) if need_bias else None)
-            any_grad = need_hidden or need_weight or need_bias
-            total = torch.zeros((), dtype=compute, device=hidden.device)
-            # 512 rows: as fast as larger chunks (the weight gradient's update per chunk costs [V, d] of memory
-            # traffic; fewer rows make it dominate), and a 16 MB chunk at V = 8000 (benchmarks/loss_memory.py)
-            step = min(PROJECTED_CHUNK_ROWS, _chunk_rows(vocab))
-            for start in range(0, rows, step):
-                rows_ = slice(start, start + step)
-                h = hidden[rows_].to(gemm)
-                z = F.linear(h, w, b).to(compute)  # this chunk's logits (the only [rows, V] tensor alive)
-                total += _smoothed_rows(z, labels[rows_], weights[rows_], smoothing, z)  # z becomes the gradient
-                if not any_grad:
-                    del z  # before the next chunk's is allocated: one chunk alive at a time
-                    continue
-                g = z.to(gemm)  # d loss / d logits of the chunk
-                del z
-                if need_hidden:
-                    grad_hidden[rows_] = g @ w
-                if need_weight:
-                    if grad_weight.dtype == gemm:
-                        grad_weight.addmm_(g.t(), h)
-                    else:
-                        grad_weight += g.t() @ h
-                if need_bias:
-                    grad_bias += g.sum(0, dtype=grad_bias.dtype)
-                del g
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        ctx.backward_done = False
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        _once(ctx)
-        grads = []
-        for grad, dtype in zip(ctx.saved_tensors, (None, *ctx.dtypes)):
-            if grad is not None:
-                grad = grad.mul_(grad_output.to(grad.dtype))
-                grad = grad if dtype is None else grad.to(dtype)
-            grads.append(grad)
-        return (*grads, None, None, None)
-
-
-def _loss_weights(labels: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """Per-token weights of the flat labels: 1 / (labelled tokens) for the token mean, or `weights`, and 0 on
-    ignored (-100) tokens."""
-    labelled = labels != -100
-    if weights is None:
-        return labelled.float() / labelled.sum().clamp(min=1)
-    return torch.where(labelled, weights.reshape(-1).float(), 0.0)
-
-
-def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0,
-                           weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Label-smoothed cross-entropy of `logits` [..., V] against `labels` [...] (-100: ignored), as
-    `F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)`, with a fraction of its memory:
-    `weights` None gives the mean over the labelled tokens (0 when there is none); `weights` [...] (float) gives
-    sum_i weights_i * loss_i over the labelled tokens.
-
-    Memory: the rows are processed in chunks of `LOSS_CHUNK_ELEMENTS` logits, in float32 (float64 logits: in
-    float64), and the gradient with respect to the logits is computed in the same pass, into ONE buffer of the
-    logits' shape and dtype that the backward scales in place. F.cross_entropy keeps the log-probabilities for the
-    backward and allocates two more [N, V] tensors there (and a float32 copy of low-precision logits first): for a
-    2048-token batch and an 8000-word vocabulary, 62.5 MiB a tensor, the peak of the loss goes from ~4 to ~1 of
-    them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises). Without the logits,
-    `projected_smoothed_cross_entropy` needs none of them."""
-    flat_labels = labels.reshape(-1)
-    return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), flat_labels,
-                                       _loss_weights(flat_labels, weights), float(smoothing))
-
-
-def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                     labels: torch.Tensor, smoothing: float = 0.0,
-                                     weights: torch.Tensor | None = None) -> torch.Tensor:
-    """`smoothed_cross_entropy(F.linear(hidden_states, weight, bias), labels, smoothing, weights)` without the
-    logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `PROJECTED_CHUNK_ROWS`
-    rows (at most `LOSS_CHUNK_ELEMENTS` logits) at a time, and each chunk's gradients (hidden states, weight, bias)
-    are computed in the same pass. The training step never holds a [tokens, V] tensor: beside one chunk, it holds
-    gradient buffers of the hidden states' and the projection's sizes (4096 tokens, a 32k vocabulary, d = 512:
-    211 MB at the peak where F.linear + F.cross_entropy take 1517 MB, `benchmarks/loss_memory.py`). Under autocast the products run in its dtype, as `F.linear` would; the loss in float32.
-    One backward per forward (retain_graph raises)."""
-    flat_labels = labels.reshape(-1)
-    return _ProjectedSmoothedCrossEntropy.apply(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, bias,
-                                                flat_labels, _loss_weights(flat_labels, weights), float(smoothing))
 
 
 # --------------------------------------------------------------------------------------------------- model outputs
@@ -818,6 +639,23 @@ class TransformerNmtSeq2SeqLMOutput(Seq2SeqLMOutput):
 
 
 # ----------------------------------------------------------------------------------------------------- pretrained
+def damaged_weight_files(path, subfolder: str = "") -> list[str]:
+    """The `.safetensors` files of a local model folder whose header cannot be read (empty for a Hub id: its files
+    are in the cache, under names of their own)."""
+    folder = os.path.join(str(path), subfolder)
+    if not os.path.isdir(folder):
+        return []
+    damaged = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(os.path.join(folder, name), "pt"):
+                    pass
+            except (SafetensorError, OSError):
+                damaged.append(os.path.join(folder, name))
+    return damaged
+
+
 class TransformerNmtPreTrainedModel(PreTrainedModel):
     config_class = TransformerNmtConfig
     base_model_prefix = "model"
@@ -842,15 +680,21 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
+            std = config.d_model**-0.5 if xavier else config.init_std
+            self._init_embedding(module, init.normal_, mean=0.0, std=std)
+        elif isinstance(module, (nn.LayerNorm, StackedLayerNorm)):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, TransformerNmtAttention) and module.relative_embeddings is not None:
             # per-unit relative tables, as the nn.Embedding tables of one-unit attentions
             init.normal_(module.relative_embeddings, mean=0.0, std=config.d_model**-0.5 if xavier else config.init_std)
+
+    @staticmethod
+    def _init_embedding(module: nn.Embedding, fn, **kwargs) -> None:
+        """`fn(module.weight, **kwargs)`, then the padding row zeroed (unless the row was loaded)."""
+        fn(module.weight, **kwargs)
+        if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+            module.weight[module.padding_idx].zero_()
 
     # Tensor names of an older layout of this model type (hf_variants 0.1's stacked MUTE/MIMO units), which
     # `python -m hf_variants.convert_legacy` converts; found among a checkpoint's unexpected keys, they stop the load.
@@ -858,19 +702,38 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        if cls._legacy_keys_pattern is None:
-            return super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        """transformers' `from_pretrained`, then: a checkpoint in hf_variants 0.1's stacked layout
+        (`_legacy_keys_pattern`) raises a ValueError naming the conversion command, and `_after_load` runs.
+
+        Not transformers 5's checkpoint-conversion mapping (`conversion_mapping.register_checkpoint_conversion_mapping`
+        / `WeightConverter`): `save_pretrained` reverts the conversions a model was loaded with
+        (`revert_weight_conversion`), so a mapping from the 0.1 layout would write every model back in that
+        layout, and neither MUTE's "a loaded M counts as projected" nor MG-SA's row slice (which changes the
+        config) is a conversion of tensor names and values."""
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args, output_loading_info=True,
-                                              **kwargs)
-        legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
-        if legacy:
-            raise ValueError(
-                f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
-                f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder once "
-                f"with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} --output_dir "
-                f"NEW_DIR` (the same values, renamed).")
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
+                                                  output_loading_info=True, **kwargs)
+        except SafetensorError as error:  # names no file: the same error type, naming the damaged file(s)
+            damaged = damaged_weight_files(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+            where = ", ".join(damaged) if damaged else f"a weights file of {pretrained_model_name_or_path}"
+            raise SafetensorError(f"{where}: the weights file cannot be read ({error}): it is damaged or "
+                                  f"incomplete (a truncated copy, a full disk?). Copy or download it "
+                                  f"again.") from error
+        if cls._legacy_keys_pattern is not None:
+            legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
+            if legacy:
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
+                    f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder "
+                    f"once with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} "
+                    f"--output_dir NEW_DIR` (the same values, renamed).")
+        model._after_load()
         return (model, info) if output_loading_info else model
+
+    def _after_load(self) -> None:
+        """Called by `from_pretrained` on the loaded model (MUTE: a stored M counts as projected; MG-SA: unused
+        K/V rows of an older layout are sliced away)."""
 
     def _output_flags(self, output_attentions, output_hidden_states, return_dict=None) -> tuple[bool, bool, bool]:
         """The forward's output flags, each falling back to the config when not given."""
@@ -897,6 +760,7 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.layers = nn.ModuleList([self._make_layer(config, i) for i in range(num_layers)])
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self._position_table = None  # a plain tensor attribute (never a buffer): `_sinusoidal_table`
         self.post_init()
 
     def _make_layer(self, config: TransformerNmtConfig, layer_idx: int) -> nn.Module:
@@ -931,11 +795,11 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         (which `from_pretrained` runs on the meta device). None (compute directly) for a tensor offset."""
         if end is None:
             return None
-        table = self.__dict__.get("_position_table")
+        table = self._position_table
         if table is None or table.device != device or table.dtype != dtype or table.shape[0] < end:
             size = min(max(64, 1 << (end - 1).bit_length()), max(end, self.config.max_position_embeddings))
             table = sinusoidal_positions(torch.arange(size, device=device), self.config.d_model).to(dtype)
-            self.__dict__["_position_table"] = table
+            self._position_table = table
         return table
 
     def input_embeddings(self, input_ids=None, inputs_embeds=None, **kwargs) -> torch.Tensor:
@@ -947,10 +811,31 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         return inputs_embeds * self.embed_scale
 
+    def check_input_ids(self, input_ids: torch.Tensor) -> None:
+        """A ValueError naming the id and `config.vocab_size` for an id outside [0, vocab_size) (a tokenizer larger
+        than the model's vocabulary), where `nn.Embedding` would raise an IndexError (CPU) or a device-side assert
+        (CUDA). Reading the extremes is one host sync on an accelerator, so the check runs only where it costs
+        nothing per token: every encoder forward and the decoder's first position (a training step's teacher-forced
+        forward, the first decoding step of `generate`), never a later decoding step over a cache; in training on an
+        accelerator (the ids come from the run's own tokenizer) and while tracing or compiling, never."""
+        if (input_ids.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or (self.training and input_ids.device.type != "cpu")):
+            return
+        low, high = torch.stack(torch.aminmax(input_ids)).tolist()
+        vocab_size = self.config.vocab_size
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
+            raise ValueError(f"{type(self).__name__}: input id {bad} is outside the model's vocabulary "
+                             f"(config.vocab_size={vocab_size}): the ids come from another tokenizer than the "
+                             f"model's (a larger vocabulary?).")
+
     def embed(self, input_ids=None, inputs_embeds=None, query_offset: int | torch.Tensor = 0,
               **kwargs) -> torch.Tensor:
         """Input embeddings + positions `query_offset ..` + dropout. A sequence beyond `max_position_embeddings`
-        raises a ValueError naming the length and the limit."""
+        raises a ValueError naming the length and the limit; ids outside the vocabulary, one naming the id and the
+        vocabulary size (`check_input_ids`)."""
+        if input_ids is not None and isinstance(query_offset, int) and query_offset == 0:
+            self.check_input_ids(input_ids)
         hidden_states = self.input_embeddings(input_ids, inputs_embeds, **kwargs)
         length, limit = hidden_states.shape[1], self.config.max_position_embeddings
         if isinstance(query_offset, int) and query_offset + length > limit:
@@ -1010,9 +895,9 @@ class TransformerNmtEncoder(TransformerNmtStack):
             if output_hidden_states:
                 hidden_states, view = self.layer_output_view(hidden_states)
                 all_hidden.append(view)
-            hidden_states, weights, *extra = layer(hidden_states, mask, output_attentions=output_attentions,
-                                                   **layer_inputs, **kwargs)
-            for name, value in (extra[0] if extra and extra[0] else {}).items():
+            hidden_states, weights, aux = layer(hidden_states, mask, output_attentions=output_attentions,
+                                                **layer_inputs, **kwargs)
+            for name, value in (aux or {}).items():
                 aux_losses[name] = aux_losses[name] + value if name in aux_losses else value
             if output_attentions:
                 all_attn.append(weights)
@@ -1053,29 +938,30 @@ class TransformerNmtDecoder(TransformerNmtStack):
     def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states,
                              past_key_values=None):
         """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
-        cross-attention keys and values, it is built once per generation: an `EncoderDecoderCache` keeps it for the
-        next steps, which reuse it for the same 2-D mask tensor with the same values (the same object not modified
+        cross-attention keys and values, it is built once per `generate` call (`generation_scope`): the next steps
+        of the same cache reuse it for the same 2-D mask tensor with the same values (the same object not modified
         in place since: its version counter, or for an inference tensor, which has none, a copy of its values),
-        query shape, dtype and attention implementation."""
+        query shape, dtype and attention implementation. Outside `generate` it is built at every call."""
         def build():
             return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
                                              attention_mask=encoder_attention_mask,
                                              encoder_hidden_states=encoder_hidden_states)
 
-        if (torch.compiler.is_compiling() or not isinstance(past_key_values, EncoderDecoderCache)
-                or not isinstance(encoder_attention_mask, torch.Tensor)):
+        scope = current_generation_scope()
+        if scope is None or past_key_values is None or not isinstance(encoder_attention_mask, torch.Tensor):
             return build()
         key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
-        memo = getattr(past_key_values, "_hf_variants_cross_mask", None)
-        if memo is not None and memo[0] is encoder_attention_mask and memo[1] == key:
-            snapshot = memo[2]
+        memo = scope.get(self)
+        if (memo is not None and memo[0] is past_key_values and memo[1] is encoder_attention_mask
+                and memo[2] == key):
+            snapshot = memo[3]
             if (torch.equal(snapshot, encoder_attention_mask) if isinstance(snapshot, torch.Tensor)
                     else snapshot == encoder_attention_mask._version):
-                return memo[3]
+                return memo[4]
         mask = build()
         snapshot = (encoder_attention_mask.clone() if encoder_attention_mask.is_inference()
                     else encoder_attention_mask._version)
-        past_key_values._hf_variants_cross_mask = (encoder_attention_mask, key, snapshot, mask)
+        scope[self] = (past_key_values, encoder_attention_mask, key, snapshot, mask)
         return mask
 
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -1124,29 +1010,6 @@ class TransformerNmtDecoder(TransformerNmtStack):
             cross_attentions=tuple(all_cross) if output_attentions else None,
         )
         return output if return_dict else output.to_tuple()
-
-
-# ------------------------------------------------------------------------------------------------ language inputs
-def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int,
-                         device, required: bool | None = None) -> torch.Tensor:
-    """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
-    rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
-    example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
-    their inputs' values opaque)."""
-    if tgt_lang_ids is None:
-        if num_ids > 1 if required is None else required:
-            raise ValueError(
-                f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
-                f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
-                f"`prepare_translation_inputs`.")
-        return torch.zeros(batch_size, dtype=torch.long, device=device)
-    ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
-    if ids.shape[0] != batch_size:
-        raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
-    if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
-        raise ValueError(f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), "
-                         f"got {ids.tolist()}.")
-    return ids
 
 
 # ------------------------------------------------------------------------------------------------------------ models
@@ -1230,17 +1093,10 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, GenerationMixin):
+class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, TransformerNmtGenerationMixin,
+                                             GenerationMixin):
     base_model_class = TransformerNmtModel
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-    # Without a length from the user (`max_length` / `max_new_tokens` in the call, a passed or the saved generation
-    # config), `generate` stops at min(a * source length + b, cap, max_position_embeddings) new tokens: a rule of the
-    # source length (Marian's max-length-factor), never stored as `max_new_tokens`, which would win over a user's
-    # `max_length`. A fresh model otherwise decodes with transformers' defaults (greedy); the papers' decoding
-    # (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
-    # training/train.py saves, as published checkpoints carry theirs.
-    default_length = (2.0, 10, 256)
-    paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
 
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config)
@@ -1283,7 +1139,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
         that weight tokens differently (the Tied Transformer sums per-direction means)."""
         return None
 
-    def translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+    def _translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         """The main loss: label-smoothed cross-entropy of `logits` (labels -100 ignored), each token weighted by
         `token_loss_weights` (by default the mean over the target tokens)."""
         return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
@@ -1291,12 +1147,11 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
 
     def _projected_translation_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
                                     **kwargs) -> torch.Tensor | None:
-        """`translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
-        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook) and `translation_loss` is the
-        backbone's; None otherwise (the caller computes the logits)."""
+        """`_translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
+        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook); None otherwise (the caller computes
+        the logits)."""
         head = self.lm_head
-        if (type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook")
-                or type(self).translation_loss is not TransformerNmtForConditionalGeneration.translation_loss):
+        if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"):
             return None
         return projected_smoothed_cross_entropy(hidden_states, head.weight, head.bias, labels,
                                                 self.config.label_smoothing,
@@ -1304,132 +1159,6 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
 
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
-
-    def _language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
-        """`tgt_lang_ids` (index of each target language in `config.languages`) for the models that condition on
-        the target language (`language_ids_field`); nothing for the others, nor for a model with one row."""
-        field = self.model.language_ids_field
-        if field is None:
-            return {}
-        if tgt_langs is None:
-            if getattr(self.config, field) > 1:
-                raise ValueError(f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
-                                 "sentence, to pick the target language.")
-            return {}
-        if not self.config.languages:  # a single-direction model without a language list: like the baseline
-            return {}
-        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs],
-                                             dtype=torch.long)}
-
-    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
-                                   tgt_lang: str | Sequence[str] | None = None,
-                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
-                                   **variant_kwargs) -> dict[str, torch.Tensor]:
-        """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
-        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`).
-        `tgt_lang` is one code or one per sentence. Used by the pipeline, the training and the evaluation code."""
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        if isinstance(text_target, str):
-            text_target = [text_target]
-        if variant_kwargs:
-            raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
-        tgt_langs = self._target_languages(tgt_lang, len(texts))
-        if self.config.languages:
-            for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
-                self.config.language_id(lang)  # raises on unknown languages
-        if self.config.target_language_tags:
-            if tgt_langs is None:
-                raise ValueError(f"This multilingual model needs `tgt_lang` (one of {self.config.languages}).")
-            unk = tokenizer.unk_token_id
-            for lang in set(tgt_langs):
-                if tokenizer.convert_tokens_to_ids(language_tag(lang)) in (None, unk):
-                    raise ValueError(f"The tokenizer has no language tag {language_tag(lang)!r}.")
-            texts = [f"{language_tag(lang)} {text}" for lang, text in zip(tgt_langs, texts)]
-        encoded = tokenizer(texts, text_target=text_target, padding=True, truncation=max_length is not None,
-                            max_length=max_length, return_tensors="pt")
-        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-        if text_target is not None:
-            labels = encoded["labels"]
-            inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
-        inputs.update(self._language_inputs(tgt_langs, len(texts)))
-        return {key: value.to(self.device) for key, value in inputs.items()}
-
-    @staticmethod
-    def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:
-        if tgt_lang is None:
-            return None
-        if isinstance(tgt_lang, str):
-            return [tgt_lang] * batch_size
-        langs = list(tgt_lang)
-        if len(langs) != batch_size:
-            raise ValueError(f"`tgt_lang` has {len(langs)} entries for {batch_size} sentences.")
-        return langs
-
-    # --------------------------------------------------------------------------------------------- generate
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *,
-                 tgt_lang: str | Sequence[str] | None = None, **kwargs):
-        """`GenerationMixin.generate` with the package's conveniences:
-        - `tgt_lang="de"` (or one code per sentence) sets `tgt_lang_ids` for the models that condition on the target
-          language (MIMO, Tied); the source must already carry its `<2xx>` tag where the model uses tags
-          (`prepare_translation_inputs` adds it);
-        - a `streamer` without an explicit `num_beams` decodes greedily (streamers take one hypothesis; the saved
-          default is beam 4);
-        - without a length from the user, the output is limited by a rule of the source length (`default_length`);
-        - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
-          length and the limit."""
-        source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None),
-                      None)
-        if tgt_lang is not None:
-            if kwargs.get("tgt_lang_ids") is not None:
-                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
-            if self.model.language_ids_field is None:
-                raise ValueError(f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
-                                 "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate.")
-            if source is None:
-                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
-            langs = self._target_languages(tgt_lang, source.shape[0])
-            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
-        if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
-            logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
-            kwargs["num_beams"] = 1
-        limit = self.config.max_position_embeddings
-        if source is not None and source.shape[1] > limit:
-            raise ValueError(f"The source has {source.shape[1]} tokens; this model's limit is "
-                             f"max_position_embeddings={limit}.")
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
-        lengths = {}
-        for name in ("max_length", "max_new_tokens"):
-            for config in (kwargs, vars(generation_config) if generation_config is not None else {},
-                           vars(self.generation_config)):
-                if config.get(name) is not None:
-                    lengths.setdefault(name, config[name])
-        for name, value in lengths.items():
-            if value > limit:
-                raise ValueError(f"`{name}={value}` asks for more target positions than this model has "
-                                 f"(max_position_embeddings={limit}).")
-        if not lengths and source is not None:
-            a, b, cap = self.default_length
-            kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        with stacked_weights_cached():  # per-unit weights (MUTE, MIMO) are stacked once per call
-            return super().generate(inputs, generation_config, **kwargs)
-
-    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
-        """transformers' processor list, with its token-suppression processors merged into one that copies the
-        scores once, and not at all when inactive (`TokenSuppressionLogitsProcessor`: the same scores)."""
-        return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
-
-    @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
-        cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
-        sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
-        encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
 
     # ------------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
@@ -1478,7 +1207,7 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Gene
             if skip_logits:
                 loss = self._projected_translation_loss(hidden_states, labels, tgt_lang_ids=tgt_lang_ids)
             if loss is None:  # the logits are needed (a quantized or adapted head; an overridden loss)
-                loss = self.translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
+                loss = self._translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
                                              tgt_lang_ids=tgt_lang_ids)
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,11 +82,30 @@ def _check_model_dir(model_dir: Path) -> dict:
     references += [p.get("impl") for p in (config.get("custom_pipelines") or {}).values() if isinstance(p, dict)]
     needed = {ref.rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str) and "." in ref
               and "--" not in ref}
-    missing = sorted(needed - {p.name for p in model_dir.glob("*.py")})
+    present = {p.name for p in model_dir.glob("*.py")}
+    queue = sorted(needed & present)
+    while queue:  # and every sibling module they import (`from .module import Name`), transitively
+        for module in _relative_imports(model_dir / queue.pop()):
+            name = module + ".py"
+            if name not in needed:
+                needed.add(name)
+                if name in present:
+                    queue.append(name)
+    missing = sorted(needed - present)
     if missing:
-        raise ValueError(f"{str(model_dir)!r} lacks the code files {missing} named in config.json; save the model "
+        raise ValueError(f"{str(model_dir)!r} lacks the code files {missing} named in config.json (or imported by "
+                         "its code files); save the model "
                          "with model.save_pretrained so that they are copied.")
     return config
+
+
+def _relative_imports(path: Path) -> list[str]:
+    """The sibling modules a code file imports (`from .module import ...`, `import .module`), as transformers'
+    `dynamic_module_utils.get_relative_imports` reads them when it loads remote code."""
+    text = path.read_text(encoding="utf-8")
+    names = re.findall(r"^\s*import\s+\.(\S+)\s*$", text, flags=re.MULTILINE)
+    names += re.findall(r"^\s*from\s+\.(\S+)\s+import", text, flags=re.MULTILINE)
+    return sorted(set(names))
 
 
 def _find_results(model_dir: Path) -> dict | None:

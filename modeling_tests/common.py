@@ -260,6 +260,9 @@ class NmtModelTester:
         model = self.build(tokenizer)
         model.save_pretrained(tmp_path)
         tokenizer.save_pretrained(tmp_path)
+        code = {path.name for path in tmp_path.glob("*.py")}  # the model's module and its siblings, by split concern
+        assert {"modeling_transformer_nmt.py", "generation_transformer_nmt.py", "loss_transformer_nmt.py",
+                type(model).__module__.rsplit(".", 1)[-1] + ".py"} <= code, code
         sentences = read_sentences("en", "val", n=2)
         gen = dict(num_beams=3, max_new_tokens=6)
         inputs = model.prepare_translation_inputs(tokenizer, sentences, **self.translation_kwargs)

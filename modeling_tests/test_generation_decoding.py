@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common import assert_same_generation
-from hf_variants.modeling_transformer_nmt import TokenSuppressionLogitsProcessor
+from hf_variants.generation_transformer_nmt import TokenSuppressionLogitsProcessor
 from test_conformance import MODEL_TYPES, build, source_batch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.logits_process import (

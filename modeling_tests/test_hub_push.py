@@ -226,6 +226,13 @@ def test_push_of_an_incomplete_folder_names_what_is_missing(hub, tmp_path):
     (model_dir / "pipeline_translation.py").unlink()
     with pytest.raises(ValueError, match="pipeline_translation.py"):
         push_to_hub(model_dir, "org/x", token=TOKEN)
+    (model_dir / "pipeline_translation.py").write_text("# pipeline_translation\n")
+    (model_dir / "modeling_transformer_nmt.py").write_text("from .generation_transformer_nmt import Mixin\n")
+    with pytest.raises(ValueError, match="generation_transformer_nmt.py"):  # a sibling the modeling code imports
+        push_to_hub(model_dir, "org/x", token=TOKEN)
+    (model_dir / "generation_transformer_nmt.py").write_text("from .loss_transformer_nmt import loss\n")
+    with pytest.raises(ValueError, match="loss_transformer_nmt.py"):  # transitively
+        push_to_hub(model_dir, "org/x", token=TOKEN)
     (model_dir / "model.safetensors").unlink()
     with pytest.raises(ValueError, match="no weights"):
         push_to_hub(model_dir, "org/x", token=TOKEN)

@@ -186,7 +186,7 @@ def test_batched_kernel_equals_branch_by_branch_reference(fusion, decoder):
     x = torch.randn(2, 6, 32)
     pad = torch.ones(2, 1, 1, 6, dtype=torch.bool)
     pad[1, ..., :2] = False  # left padding: forward/local rows of the pads are empty
-    out, _ = attention(x, attention_mask=pad)
+    out, _, _ = attention(x, attention_mask=pad)
     q, k, v = attention._heads(attention.qkv_proj(x), 3)
     expected = reference_attention(attention, q, k, v, pad)
     assert out.shape == (2, 6, 32)

@@ -337,7 +337,7 @@ def test_stacked_units_equal_separate_modules():
     mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     mask[1, ..., 3:] = False
     with torch.no_grad():
-        attended, _ = layer.self_attn(x, attention_mask=mask)
+        attended, _, _ = layer.self_attn(x, attention_mask=mask)
         ffn = layer.ffn(x)
         for k in range(N):
             prefix = "model.encoder.layers.1."

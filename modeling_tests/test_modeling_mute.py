@@ -168,13 +168,13 @@ def test_each_unit_is_a_baseline_encoder_layer():
     x = torch.randn(3, 9, mute.config.d_model)
     mask = inputs["attention_mask"][:, None, None, :].bool()  # a ready-made boolean padding mask [B, 1, 1, K]
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], mask)
+        attn, _, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], mask)
         unit_outputs = layer.ffn(x + attn)  # [I, B, T, d]
         for unit in range(3):
             baseline.load_state_dict(baseline_state(mute, unit), strict=True)
             ref_layer = baseline.model.encoder.layers[1]
             assert isinstance(ref_layer, TransformerNmtEncoderLayer)
-            expected, _ = ref_layer(x, attention_mask=mask)
+            expected, _, _ = ref_layer(x, attention_mask=mask)
             assert torch.allclose(unit_outputs[unit], expected, atol=1e-5), unit
 
 
@@ -236,15 +236,15 @@ def test_seq_merge_equals_equations_13_to_16():
         layer.alpha.copy_(torch.tensor([0.1, -0.3, 0.7, 0.45]))
     x = torch.randn(2, 5, mute.config.d_model)
     with torch.no_grad():
-        attn, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], None)
+        attn, _, _ = layer.self_attn(layer.self_attn_layer_norm(x)[None], None)
         f = layer.ffn(x + attn)  # [I, B, T, d]
         g = torch.einsum("ij,ibtd->jbtd", layer.shuffle, f)  # eq. 16: [..G_j..] = M^T [..F_i..]
         g_hat = g.cumsum(0)  # eq. 14
         expected = sum(layer.alpha[j] * g_hat[j] / (j + 1) for j in range(4))  # eq. 15
-        got, _ = layer(x)
+        got, _, _ = layer(x)
         plain = MuteForConditionalGeneration(tiny(num_units=4, merge="plain")).eval().model.encoder.layers[0]
         plain.load_state_dict({k: v for k, v in layer.state_dict().items() if k != "shuffle"})
-        got_plain, _ = plain(x)
+        got_plain, _, _ = plain(x)
     assert torch.allclose(got, expected, atol=1e-5)
     assert torch.allclose(got_plain, torch.einsum("i,ibtd->btd", layer.alpha, f), atol=1e-5)  # eq. 10
 

@@ -175,7 +175,7 @@ def test_smoothed_cross_entropy_equals_f_cross_entropy(monkeypatch, dtype, chunk
     losses."""
     import torch.nn.functional as F
 
-    from hf_variants import modeling_transformer_nmt as backbone
+    from hf_variants import loss_transformer_nmt as backbone
 
     monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
@@ -207,7 +207,7 @@ def test_smoothed_cross_entropy_edge_cases():
     """No labelled token: loss 0 and a zero gradient (F.cross_entropy gives NaN); without gradients no buffer is
     needed and the value is the same; a second backward through the same graph raises instead of returning a
     gradient scaled twice."""
-    from hf_variants.modeling_transformer_nmt import smoothed_cross_entropy
+    from hf_variants.loss_transformer_nmt import smoothed_cross_entropy
 
     logits = torch.randn(2, 5, 11, requires_grad=True)
     none = torch.full((2, 5), -100)
@@ -231,7 +231,7 @@ def test_projected_loss_equals_loss_of_the_logits(monkeypatch, chunk):
     chunk's logits are never larger than LOSS_CHUNK_ELEMENTS."""
     import torch.nn.functional as F
 
-    from hf_variants import modeling_transformer_nmt as backbone
+    from hf_variants import loss_transformer_nmt as backbone
 
     monkeypatch.setattr(backbone, "LOSS_CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
@@ -270,7 +270,7 @@ def test_projected_loss_under_bfloat16_autocast():
     float32 dtype."""
     import torch.nn.functional as F
 
-    from hf_variants.modeling_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
+    from hf_variants.loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 
     torch.manual_seed(0)
     hidden = torch.randn(4, 9, 32, requires_grad=True)
@@ -311,3 +311,43 @@ def test_model_loss_gradients_equal_f_cross_entropy():
         assert (a is None) == (b is None), name
         if a is not None:
             assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), name
+
+
+# ------------------------------------------------------------------------------------ vocabulary and damaged weights
+def _tiny_model(vocab_size):
+    torch.manual_seed(0)
+    return TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny",
+                                                                                   vocab_size=vocab_size)).eval()
+
+
+def test_tokenizer_larger_than_the_vocabulary_names_both_sizes(tokenizer):
+    model = _tiny_model(len(tokenizer) - 5)
+    with pytest.raises(ValueError, match=rf"tokenizer has {len(tokenizer)} tokens.*vocab_size={len(tokenizer) - 5}"):
+        model.prepare_translation_inputs(tokenizer, ["A man is walking."])
+    _tiny_model(len(tokenizer)).prepare_translation_inputs(tokenizer, ["A man is walking."])  # equal sizes: fine
+
+
+def test_input_ids_outside_the_vocabulary_raise_a_value_error():
+    model = _tiny_model(50)
+    good = torch.tensor([[5, 6, 7, 2]])
+    with pytest.raises(ValueError, match=r"TransformerNmtEncoder: input id 50 .*vocab_size=50"):
+        model.generate(input_ids=torch.tensor([[5, 50, 7, 2]]), max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"TransformerNmtDecoder: input id 64 .*vocab_size=50"):
+        model(input_ids=good, decoder_input_ids=torch.tensor([[1, 64]]))
+    with pytest.raises(ValueError, match=r"input id -3 "):
+        model(input_ids=torch.tensor([[5, -3, 2]]), decoder_input_ids=torch.tensor([[1]]))
+    model.train()  # training on the CPU checks too (no host sync to save)
+    with pytest.raises(ValueError, match=r"input id 50 "):
+        model(input_ids=torch.tensor([[5, 50, 2]]), labels=torch.tensor([[4, 2]]))
+
+
+def test_damaged_weights_file_is_named(tmp_path):
+    from safetensors import SafetensorError
+
+    _tiny_model(50).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    for damaged in (data[: len(data) // 2], data[:5]):  # truncated: mid-tensors, inside the header length
+        weights.write_bytes(damaged)
+        with pytest.raises(SafetensorError, match=rf"{weights}: the weights file cannot be read .*damaged"):
+            TransformerNmtForConditionalGeneration.from_pretrained(tmp_path)

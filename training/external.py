@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hf_variants.modeling_transformer_nmt import smoothed_cross_entropy
+from hf_variants.loss_transformer_nmt import smoothed_cross_entropy
 
 EXTERNAL_MODEL_TYPES = ("marian",)
 

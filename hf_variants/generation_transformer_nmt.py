@@ -1,0 +1,293 @@
+"""Translation and generation for hf_variants' models: the mixin `TransformerNmtForConditionalGeneration` inherits
+(language inputs, `prepare_translation_inputs`, `generate` with its length rule, the merged token-suppression
+logits processor, beam search's cache reordering), the per-call `generation_scope`, and `resolve_language_ids`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+
+from transformers import GenerationMixin
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.utils import logging
+
+from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+
+
+logger = logging.get_logger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------ generation scope
+_GENERATION_SCOPE: ContextVar[dict | None] = ContextVar("hf_variants_generation_scope", default=None)
+
+
+@contextmanager
+def generation_scope():
+    """The scope of one `generate` call, where the weights and the source do not change: what is computed once per
+    call lives in it (a dict, freed when the scope ends) instead of at every decoding step: every `StackedLinear`'s
+    stacked weights (keyed by the module), the decoder's cross-attention mask (keyed by the decoder)."""
+    token = _GENERATION_SCOPE.set({})
+    try:
+        yield
+    finally:
+        _GENERATION_SCOPE.reset(token)
+
+
+def current_generation_scope() -> dict | None:
+    """The dict of the enclosing `generation_scope()`, or None (outside one, or while compiling)."""
+    return None if torch.compiler.is_compiling() else _GENERATION_SCOPE.get()
+
+
+# ------------------------------------------------------------------------------------------- token suppression
+class TokenSuppressionLogitsProcessor(LogitsProcessor):
+    """transformers' `MinLengthLogitsProcessor`, `MinNewTokensLengthLogitsProcessor` and
+    `SuppressTokensLogitsProcessor` (adjacent in a processor list) as ONE processor with the same output: the
+    scores of the tokens whose rule is active set to -inf. Those processors each build a vocabulary-sized mask
+    (`arange` + `isin`) and copy the scores twice (`clone` + `where`) at every step, active or not; this one copies
+    them once, with `index_fill` on the few token columns, and returns them untouched when no rule is active (a
+    min-length rule after the minimum length: most steps).
+
+    `rules`: (token ids, length) pairs: the tokens are suppressed while the sequence (prompt included) is shorter
+    than `length`; None: always. Ids outside the vocabulary are ignored, as `isin` over the vocabulary does."""
+
+    def __init__(self, rules: list[tuple[torch.Tensor, int | None]]):
+        self.rules = [(torch.as_tensor(ids).reshape(-1).long(), length) for ids, length in rules]
+        self._ids = {}  # (active rules, vocabulary size, device) -> the ids to suppress
+
+    @classmethod
+    def merge(cls, processors: LogitsProcessorList) -> LogitsProcessorList:
+        """`processors` with every run of adjacent min-length / min-new-tokens / suppress-tokens processors (exactly
+        those classes: a subclass may do more) replaced by one `TokenSuppressionLogitsProcessor`. Only adjacent ones
+        merge: moving a suppression across another processor (a top-k warper) could change what it sees."""
+        merged, run = LogitsProcessorList(), []
+        for processor in [*processors, None]:
+            rule = None
+            if type(processor) is MinLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.min_length)
+            elif type(processor) is MinNewTokensLengthLogitsProcessor:
+                rule = (processor.eos_token_id, processor.prompt_length_to_skip + processor.min_new_tokens)
+            elif type(processor) is SuppressTokensLogitsProcessor:
+                rule = (processor.suppress_tokens, None)
+            if rule is not None:
+                run.append(rule)
+                continue
+            if run:
+                merged.append(cls(run))
+                run = []
+            if processor is not None:
+                merged.append(processor)
+        return merged
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[-1]
+        active = tuple(i for i, (_, limit) in enumerate(self.rules) if limit is None or length < limit)
+        if not active:
+            return scores
+        key = (active, scores.shape[-1], scores.device)
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = torch.cat([self.rules[i][0] for i in active]).to(scores.device).unique()
+            ids = ids[(ids >= 0) & (ids < scores.shape[-1])]
+            self._ids[key] = ids
+        return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
+
+
+# ------------------------------------------------------------------------------------------------ language inputs
+def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int,
+                         device, required: bool | None = None) -> torch.Tensor:
+    """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
+    rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
+    example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
+    their inputs' values opaque)."""
+    if tgt_lang_ids is None:
+        if num_ids > 1 if required is None else required:
+            raise ValueError(
+                f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
+                f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
+                f"`prepare_translation_inputs`.")
+        return torch.zeros(batch_size, dtype=torch.long, device=device)
+    ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
+    if ids.shape[0] != batch_size:
+        raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
+    if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
+        raise ValueError(f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), "
+                         f"got {ids.tolist()}.")
+    return ids
+
+
+# ------------------------------------------------------------------------------------------------------------ mixin
+class TransformerNmtGenerationMixin(GenerationMixin):
+    """Translation and generation of `TransformerNmtForConditionalGeneration` (and so of every variant): target
+    languages (`_language_inputs`, `tgt_lang=`), `prepare_translation_inputs`, `generate` (length rule, limits,
+    one `generation_scope` per call), the merged token suppression and beam search's cache reordering. The model
+    provides `config`, `device`, `generation_config` and `model.language_ids_field`."""
+
+    # Without a length from the user (`max_length` / `max_new_tokens` in the call, a passed or the saved generation
+    # config), `generate` stops at min(a * source length + b, cap, max_position_embeddings) new tokens: a rule of the
+    # source length (Marian's max-length-factor), never stored as `max_new_tokens`, which would win over a user's
+    # `max_length`. A fresh model otherwise decodes with transformers' defaults (greedy); the papers' decoding
+    # (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
+    # training/train.py saves, as published checkpoints carry theirs.
+    default_length = (2.0, 10, 256)
+    paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
+
+    def _language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
+        """`tgt_lang_ids` (index of each target language in `config.languages`) for the models that condition on
+        the target language (`language_ids_field`); nothing for the others, nor for a model with one row."""
+        field = self.model.language_ids_field
+        if field is None:
+            return {}
+        if tgt_langs is None:
+            if getattr(self.config, field) > 1:
+                raise ValueError(f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
+                                 "sentence, to pick the target language.")
+            return {}
+        if not self.config.languages:  # a single-direction model without a language list: like the baseline
+            return {}
+        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs],
+                                             dtype=torch.long)}
+
+    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
+                                   tgt_lang: str | Sequence[str] | None = None,
+                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
+                                   **variant_kwargs) -> dict[str, torch.Tensor]:
+        """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
+        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`;
+        `variant_kwargs` go to `_encode_sources`, e.g. MG-SA's `parses`). `tgt_lang` is one code or one per
+        sentence. Used by the pipeline, the training and the evaluation code."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        if isinstance(text_target, str):
+            text_target = [text_target]
+        vocab_size = self.config.vocab_size
+        if len(tokenizer) > vocab_size:
+            raise ValueError(
+                f"The tokenizer has {len(tokenizer)} tokens, more than this model's vocabulary "
+                f"(config.vocab_size={vocab_size}): its ids from {vocab_size} on have no embedding. Use the tokenizer "
+                f"the model was trained with (saved beside it).")
+        tgt_langs = self._target_languages(tgt_lang, len(texts))
+        if self.config.languages:
+            for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
+                self.config.language_id(lang)  # raises on unknown languages
+        if self.config.target_language_tags:
+            if tgt_langs is None:
+                raise ValueError(f"This multilingual model needs `tgt_lang` (one of {self.config.languages}).")
+            unk = tokenizer.unk_token_id
+            for lang in set(tgt_langs):
+                if tokenizer.convert_tokens_to_ids(language_tag(lang)) in (None, unk):
+                    raise ValueError(f"The tokenizer has no language tag {language_tag(lang)!r}.")
+        prefixes = [""] * len(texts)
+        if self.config.target_language_tags:
+            prefixes = [f"{language_tag(lang)} " for lang in tgt_langs]
+        inputs = self._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
+        if text_target is not None:
+            labels = inputs["labels"]
+            inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
+        inputs.update(self._language_inputs(tgt_langs, len(texts)))
+        return {key: value.to(self.device) for key, value in inputs.items()}
+
+    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
+                        max_length: int | None, **variant_kwargs) -> dict[str, torch.Tensor]:
+        """The tokenized batch: `input_ids` and `attention_mask` of `prefix + text` per sentence (the prefix: its
+        `<2xx> ` tag, or ""), `labels` of `text_target` (padding not yet -100) when given, and a variant's own
+        inputs from `variant_kwargs` (MG-SA's phrases from `parses`); none here."""
+        if variant_kwargs:
+            raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
+        sources = [prefix + text for prefix, text in zip(prefixes, texts)]
+        encoded = tokenizer(sources, text_target=text_target, padding=True, truncation=max_length is not None,
+                            max_length=max_length, return_tensors="pt")
+        inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+        if text_target is not None:
+            inputs["labels"] = encoded["labels"]
+        return inputs
+
+    @staticmethod
+    def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:
+        if tgt_lang is None:
+            return None
+        if isinstance(tgt_lang, str):
+            return [tgt_lang] * batch_size
+        langs = list(tgt_lang)
+        if len(langs) != batch_size:
+            raise ValueError(f"`tgt_lang` has {len(langs)} entries for {batch_size} sentences.")
+        return langs
+
+    # --------------------------------------------------------------------------------------------- generate
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *,
+                 tgt_lang: str | Sequence[str] | None = None, **kwargs):
+        """`GenerationMixin.generate` with the package's conveniences:
+        - `tgt_lang="de"` (or one code per sentence) sets `tgt_lang_ids` for the models that condition on the target
+          language (MIMO, Tied); the source must already carry its `<2xx>` tag where the model uses tags
+          (`prepare_translation_inputs` adds it);
+        - a `streamer` without an explicit `num_beams` decodes greedily (streamers take one hypothesis; the saved
+          default is beam 4);
+        - without a length from the user, the output is limited by a rule of the source length (`default_length`);
+        - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
+          length and the limit."""
+        source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None),
+                      None)
+        if tgt_lang is not None:
+            if kwargs.get("tgt_lang_ids") is not None:
+                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
+            if self.model.language_ids_field is None:
+                raise ValueError(f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
+                                 "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate.")
+            if source is None:
+                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
+            langs = self._target_languages(tgt_lang, source.shape[0])
+            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
+        if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
+            logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
+            kwargs["num_beams"] = 1
+        limit = self.config.max_position_embeddings
+        if source is not None and source.shape[1] > limit:
+            raise ValueError(f"The source has {source.shape[1]} tokens; this model's limit is "
+                             f"max_position_embeddings={limit}.")
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
+        lengths = {}
+        for name in ("max_length", "max_new_tokens"):
+            for config in (kwargs, vars(generation_config) if generation_config is not None else {},
+                           vars(self.generation_config)):
+                if config.get(name) is not None:
+                    lengths.setdefault(name, config[name])
+        for name, value in lengths.items():
+            if value > limit:
+                raise ValueError(f"`{name}={value}` asks for more target positions than this model has "
+                                 f"(max_position_embeddings={limit}).")
+        if not lengths and source is not None:
+            a, b, cap = self.default_length
+            kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
+        with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
+            return super().generate(inputs, generation_config, **kwargs)
+
+    def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
+        """transformers' processor list, with its token-suppression processors merged into one that copies the
+        scores once, and not at all when inactive (`TokenSuppressionLogitsProcessor`: the same scores)."""
+        return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
+
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
+        cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
+        sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
+        encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+
+__all__ = ["TransformerNmtGenerationMixin", "TokenSuppressionLogitsProcessor", "generation_scope",
+           "resolve_language_ids"]
