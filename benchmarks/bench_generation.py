@@ -21,10 +21,24 @@ from transformers import MarianConfig, MarianMTModel
 from hf_variants.convert_marian import convert_marian
 
 SIZES = {
-    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-                  encoder_ffn_dim=1024, decoder_ffn_dim=1024),
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
-                 encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+    "small": dict(
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+    ),
+    "base": dict(
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+    ),
 }
 
 
@@ -44,20 +58,34 @@ def main(argv=None) -> dict:
     results = {}
     for size in args.sizes:
         torch.manual_seed(0)
-        config = MarianConfig(vocab_size=args.vocab, max_position_embeddings=512, scale_embedding=True,
-                              pad_token_id=0, eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None,
-                              activation_function="relu", dropout=0.0, **SIZES[size])
+        config = MarianConfig(
+            vocab_size=args.vocab,
+            max_position_embeddings=512,
+            scale_embedding=True,
+            pad_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+            forced_eos_token_id=None,
+            activation_function="relu",
+            dropout=0.0,
+            **SIZES[size],
+        )
         marian = MarianMTModel(config).eval()
         ours = convert_marian(marian).eval()
         g = torch.Generator().manual_seed(1)
         input_ids = torch.randint(3, args.vocab, (args.batch, args.src_len), generator=g)
         attention_mask = torch.ones_like(input_ids)
         for row in range(args.batch):  # realistic padding: lengths from half to full
-            attention_mask[row, args.src_len // 2 + row % (args.src_len // 2):] = 0
+            attention_mask[row, args.src_len // 2 + row % (args.src_len // 2) :] = 0
         inputs = {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
         for beams in (1, 4):
-            gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                       length_penalty=0.6, do_sample=False)
+            gen = dict(
+                num_beams=beams,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                length_penalty=0.6,
+                do_sample=False,
+            )
             models = {"marian": marian, "ours": ours}
 
             def generate(name, gen=gen):
@@ -69,15 +97,22 @@ def main(argv=None) -> dict:
             tokens = args.batch * args.new_tokens
             tps_m, tps_o = tokens / t["marian"], tokens / t["ours"]
             key = f"{size}_beam{beams}"
-            results[key] = {"marian_tok_s": round(tps_m, 1), "ours_tok_s": round(tps_o, 1),
-                            "speedup": round(tps_o / tps_m, 3), "identical_outputs": same}
+            results[key] = {
+                "marian_tok_s": round(tps_m, 1),
+                "ours_tok_s": round(tps_o, 1),
+                "speedup": round(tps_o / tps_m, 3),
+                "identical_outputs": same,
+            }
             memory = ""
             if beams == 4:
                 mem = {name: peak_memory_mb(lambda name=name: generate(name)) for name in models}
                 results[key].update(marian_peak_mb=round(mem["marian"], 1), ours_peak_mb=round(mem["ours"], 1))
                 memory = f" | peak MiB Marian {mem['marian']:.0f}, ours {mem['ours']:.0f}"
-            print(f"{key:12s} Marian {tps_m:8.1f} tok/s | transformer_nmt {tps_o:8.1f} tok/s | "
-                  f"ratio {tps_o / tps_m:5.2f}x | identical outputs: {same}{memory}", flush=True)
+            print(
+                f"{key:12s} Marian {tps_m:8.1f} tok/s | transformer_nmt {tps_o:8.1f} tok/s | "
+                f"ratio {tps_o / tps_m:5.2f}x | identical outputs: {same}{memory}",
+                flush=True,
+            )
         del marian, ours
     results["torch_threads"] = torch.get_num_threads()
     results["clock"] = args.clock

@@ -20,10 +20,9 @@ import argparse
 import json
 
 import torch
-
-from hf_variants import HysanConfig, HysanForConditionalGeneration
-from hf_variants import TransformerNmtForConditionalGeneration
 from timing import baseline_config, random_batch, speed_vs_baseline
+
+from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtForConditionalGeneration
 
 SIZES = {  # HySAN's presets (the baseline gets the same dims)
     "small": "small",
@@ -66,14 +65,29 @@ def main(argv=None) -> dict:
             hysan = HysanForConditionalGeneration(config)
             key = f"{size}_{fusion}"
             p_base, p_hysan = baseline.num_parameters(), hysan.num_parameters()
-            row = {"params_baseline": p_base, "params_hysan": p_hysan, "params_delta": p_hysan - p_base,
-                   "params_delta_formula": expected_delta(config)}
-            print(f"{key:16s} params: baseline {p_base:,} | HySAN {p_hysan:,} | delta {p_hysan - p_base:,} "
-                  f"(formula {expected_delta(config):,})", flush=True)
+            row = {
+                "params_baseline": p_base,
+                "params_hysan": p_hysan,
+                "params_delta": p_hysan - p_base,
+                "params_delta_formula": expected_delta(config),
+            }
+            print(
+                f"{key:16s} params: baseline {p_base:,} | HySAN {p_hysan:,} | delta {p_hysan - p_base:,} "
+                f"(formula {expected_delta(config):,})",
+                flush=True,
+            )
 
             inputs, labels = random_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
-            row.update(speed_vs_baseline({"baseline": (baseline, inputs), "hysan": (hysan, inputs)}, labels,
-                                         args.new_tokens, args.reps, args.clock, key))
+            row.update(
+                speed_vs_baseline(
+                    {"baseline": (baseline, inputs), "hysan": (hysan, inputs)},
+                    labels,
+                    args.new_tokens,
+                    args.reps,
+                    args.clock,
+                    key,
+                )
+            )
             results[key] = row
             del baseline, hysan
     print(json.dumps({"benchmark": "hysan_vs_baseline", **results}))

@@ -55,10 +55,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
-from hf_variants.convert_marian import convert_marian  # noqa: E402
 from report import write_section  # noqa: E402
 from timing import CLOCKS, random_batch  # noqa: E402
+
+from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
+from hf_variants.convert_marian import convert_marian  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DATA_DIR = ROOT / "training" / "data" / "multi30k"
@@ -97,9 +98,18 @@ def marian_and_ours(size: str, vocab: int):
 
     dims = {k: v for k, v in TransformerNmtConfig.PRESETS[size].items() if k not in ("dropout",)}
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, scale_embedding=True, pad_token_id=0,
-                          eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None,
-                          activation_function="relu", dropout=0.0, **{"max_position_embeddings": 512, **dims})
+    config = MarianConfig(
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        scale_embedding=True,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=None,
+        activation_function="relu",
+        dropout=0.0,
+        **{"max_position_embeddings": 512, **dims},
+    )
     marian = MarianMTModel(config).eval()
     ours = convert_marian(marian).eval()
     ours.generation_config = copy.deepcopy(marian.generation_config)  # the same decoding rules for both
@@ -118,13 +128,17 @@ def torch_engines(size: str, args, only: str | None = None) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # quantize_dynamic's and fbgemm's deprecation warnings
         if wanted("marian_int8"):
-            engines["marian_int8"] = (torch.ao.quantization.quantize_dynamic(
-                copy.deepcopy(marian), {torch.nn.Linear}, dtype=torch.qint8), {})
+            engines["marian_int8"] = (
+                torch.ao.quantization.quantize_dynamic(copy.deepcopy(marian), {torch.nn.Linear}, dtype=torch.qint8),
+                {},
+            )
         if wanted("ours_int8"):
             engines["ours_int8"] = (quantize_for_cpu(copy.deepcopy(ours)), {})
         if wanted("ours_int8_per_tensor"):
-            engines["ours_int8_per_tensor"] = (quantize_for_cpu(copy.deepcopy(ours),
-                                                                activation_granularity="per_tensor"), {})
+            engines["ours_int8_per_tensor"] = (
+                quantize_for_cpu(copy.deepcopy(ours), activation_granularity="per_tensor"),
+                {},
+            )
         if not args.skip_fbgemm and wanted("ours_int8_fbgemm"):
             engines["ours_int8_fbgemm"] = (quantize_for_cpu(copy.deepcopy(ours), backend="fbgemm"), {})
     for name in args.models:
@@ -144,9 +158,12 @@ def ct2_engines(ours, args, workdir: Path) -> dict:
     from hf_variants.export_ctranslate2 import export
 
     path = export(ours, _Vocabulary(args.vocab), workdir / "ct2", force=True)
-    return {f"ct2_{kind}": ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
-                                                  intra_threads=args.threads or 0, inter_threads=1)
-            for kind, compute in (("fp32", "float32"), ("int8", "int8"))}
+    return {
+        f"ct2_{kind}": ctranslate2.Translator(
+            str(path), device="cpu", compute_type=compute, intra_threads=args.threads or 0, inter_threads=1
+        )
+        for kind, compute in (("fp32", "float32"), ("int8", "int8"))
+    }
 
 
 def ort_module():
@@ -201,21 +218,28 @@ def worker(args) -> None:
         from hf_variants import OrtModelForSeq2SeqLM
 
         model_name, precision = name[4:].rsplit("_", 1)
-        model = OrtModelForSeq2SeqLM.from_pretrained(workdir / size / f"ort_{model_name}", precision=precision,
-                                                     num_threads=args.threads or None)
+        model = OrtModelForSeq2SeqLM.from_pretrained(
+            workdir / size / f"ort_{model_name}", precision=precision, num_threads=args.threads or None
+        )
         extra = language_inputs(model, args.batch)
         run = lambda gen: model.generate(**inputs, **extra, **gen).shape[1] - 1  # noqa: E731
     elif name.startswith("ct2_"):
         _, ours = marian_and_ours(size, args.vocab)
         translator = ct2_engines(ours, args, workdir / size / name)[name]
         vocabulary = _Vocabulary(args.vocab)
-        source_tokens = [vocabulary.convert_ids_to_tokens(row[mask.bool()].tolist())
-                         for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])]
+        source_tokens = [
+            vocabulary.convert_ids_to_tokens(row[mask.bool()].tolist())
+            for row, mask in zip(inputs["input_ids"], inputs["attention_mask"])
+        ]
 
         def run(gen):
             results = translator.translate_batch(
-                source_tokens, beam_size=gen["num_beams"], length_penalty=gen.get("length_penalty", 1.0),
-                min_decoding_length=args.new_tokens, max_decoding_length=args.new_tokens)
+                source_tokens,
+                beam_size=gen["num_beams"],
+                length_penalty=gen.get("length_penalty", 1.0),
+                min_decoding_length=args.new_tokens,
+                max_decoding_length=args.new_tokens,
+            )
             return min(len(r.hypotheses[0]) for r in results)
     else:
         engines, _ = torch_engines(size, args, only=name)
@@ -224,12 +248,18 @@ def worker(args) -> None:
         def run(gen):
             with torch.inference_mode():
                 return model.generate(**inputs, **extra, **gen).shape[1] - 1
+
     timer = CLOCKS[args.clock]
     print(json.dumps({"ready": name}), flush=True)
     for line in sys.stdin:
         beams = int(line)
-        gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                   **({"length_penalty": 0.6} if beams > 1 else {}))
+        gen = dict(
+            num_beams=beams,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            **({"length_penalty": 0.6} if beams > 1 else {}),
+        )
         start = timer()
         length = run(gen)
         print(json.dumps({"seconds": timer() - start, "length": length}), flush=True)
@@ -238,8 +268,9 @@ def worker(args) -> None:
 def bench_size(size: str, args, workdir: Path) -> dict:
     (workdir / size).mkdir(parents=True, exist_ok=True)
     names = engine_names(size, args, workdir / size)
-    forwarded = [a for a in sys.argv[1:] if a not in ("--sizes", *args.sizes)] if args._forward is None \
-        else args._forward
+    forwarded = (
+        [a for a in sys.argv[1:] if a not in ("--sizes", *args.sizes)] if args._forward is None else args._forward
+    )
     procs = {}
 
     def reply(name):
@@ -259,8 +290,21 @@ def bench_size(size: str, args, workdir: Path) -> dict:
     try:
         for name in names:
             procs[name] = subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), *forwarded, "--worker", name, "--worker_size", size,
-                 "--workdir", str(workdir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    *forwarded,
+                    "--worker",
+                    name,
+                    "--worker_size",
+                    size,
+                    "--workdir",
+                    str(workdir),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             reply(name)  # built (one process at a time: no build beside a timing)
         for beams in (1, 4):
             lengths, times = {}, {name: [] for name in names}
@@ -275,10 +319,13 @@ def bench_size(size: str, args, workdir: Path) -> dict:
             key = "greedy" if beams == 1 else f"beam{beams}"
             tokens = args.batch * args.new_tokens
             rows[key] = {name: round(tokens / s, 1) for name, s in seconds.items()}
-            print(f"[{size} {key}] " + " | ".join(f"{n} {v:8.1f}" for n, v in rows[key].items()) + " tok/s",
-                  flush=True)
-            print(f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
-                  flush=True)
+            print(
+                f"[{size} {key}] " + " | ".join(f"{n} {v:8.1f}" for n, v in rows[key].items()) + " tok/s", flush=True
+            )
+            print(
+                f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
+                flush=True,
+            )
     finally:
         for proc in procs.values():
             try:
@@ -312,18 +359,23 @@ def ratios(row: dict) -> dict:
 
 
 def markdown(results: dict, args) -> str:
-    lines = [f"Batch {args.batch} x up to {args.src_len} source tokens, exactly {args.new_tokens} new tokens, "
-             f"{args.threads or 'default'} thread(s) (torch and CTranslate2), median of {args.reps} interleaved runs, "
-             f"clock: {args.clock}; tok/s (generated tokens per second). Same random weights for Marian, ours and "
-             "CTranslate2; the variants have their own random weights.", ""]
+    lines = [
+        f"Batch {args.batch} x up to {args.src_len} source tokens, exactly {args.new_tokens} new tokens, "
+        f"{args.threads or 'default'} thread(s) (torch and CTranslate2), median of {args.reps} interleaved runs, "
+        f"clock: {args.clock}; tok/s (generated tokens per second). Same random weights for Marian, ours and "
+        "CTranslate2; the variants have their own random weights.",
+        "",
+    ]
     for size, rows in results.items():
         engines = list(next(iter(rows.values())))
-        lines += [f"**{size}**", "", "| decoding | " + " | ".join(engines) + " |",
-                  "|---|" + "---:|" * len(engines)]
+        lines += [f"**{size}**", "", "| decoding | " + " | ".join(engines) + " |", "|---|" + "---:|" * len(engines)]
         for key, row in rows.items():
             lines.append(f"| {key} | " + " | ".join(f"{row[e]:.0f}" for e in engines) + " |")
-        lines += ["", "| decoding | " + " | ".join(ratios(next(iter(rows.values())))) + " |",
-                  "|---|" + "---:|" * len(ratios(next(iter(rows.values()))))]
+        lines += [
+            "",
+            "| decoding | " + " | ".join(ratios(next(iter(rows.values())))) + " |",
+            "|---|" + "---:|" * len(ratios(next(iter(rows.values())))),
+        ]
         for key, row in rows.items():
             lines.append(f"| {key} | " + " | ".join(f"{v:.2f}x" for v in ratios(row).values()) + " |")
         lines.append("")
@@ -358,14 +410,20 @@ def bleu_mode(args) -> dict:
             # at most max_len_a * (longest source) + max_len_b new tokens per batch
             order = sorted(range(len(tokens)), key=lambda i: -len(tokens[i]))
             for kind, compute in (("ct2_fp32", "float32"), ("ct2_int8", "int8")):
-                translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute,
-                                                    intra_threads=args.threads or 0)
+                translator = ctranslate2.Translator(
+                    str(path), device="cpu", compute_type=compute, intra_threads=args.threads or 0
+                )
                 out = [""] * len(tokens)
                 for start in range(0, len(order), args.batch):
-                    idx = order[start:start + args.batch]
+                    idx = order[start : start + args.batch]
                     limit = max(1, int(evaluation.MAX_LEN_A * len(tokens[idx[0]]) + evaluation.MAX_LEN_B))
-                    results = translator.translate_batch([tokens[i] for i in idx], beam_size=4, length_penalty=0.6,
-                                                         suppress_sequences=suppress, max_decoding_length=limit)
+                    results = translator.translate_batch(
+                        [tokens[i] for i in idx],
+                        beam_size=4,
+                        length_penalty=0.6,
+                        suppress_sequences=suppress,
+                        max_decoding_length=limit,
+                    )
                     for i, r in zip(idx, results):
                         out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
                 hyps[kind] = out
@@ -380,18 +438,25 @@ def bleu_mode(args) -> dict:
                 print(f"no ORT rows: {error}")
             else:
                 for precision in ("fp32", "int8"):
-                    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision,
-                                                               num_threads=args.threads or None)
+                    ort = OrtModelForSeq2SeqLM.from_pretrained(
+                        folder, precision=precision, num_threads=args.threads or None
+                    )
                     hyps[f"ort_{precision}"] = evaluation.translate(ort, tokenizer, sources, tgt_lang, **gen)
     scores = {kind: evaluation.score(h, references) for kind, h in hyps.items()}
     run = Path(args.bleu_model)
     results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)
     steps = json.loads(results_json.read_text()).get("steps") if results_json else None
-    result = {"model": args.bleu_model, "label": args.label, "model_type": model.config.model_type, "steps": steps,
-              "sentences": len(sources), "pair": f"{args.src}-{args.tgt}",
-              **{f"bleu_{k}": round(s["bleu"], 2) for k, s in scores.items()},
-              **{f"chrf_{k}": round(s["chrf"], 2) for k, s in scores.items()},
-              "bleu_int8_minus_fp32": round(scores["int8"]["bleu"] - scores["fp32"]["bleu"], 2)}
+    result = {
+        "model": args.bleu_model,
+        "label": args.label,
+        "model_type": model.config.model_type,
+        "steps": steps,
+        "sentences": len(sources),
+        "pair": f"{args.src}-{args.tgt}",
+        **{f"bleu_{k}": round(s["bleu"], 2) for k, s in scores.items()},
+        **{f"chrf_{k}": round(s["chrf"], 2) for k, s in scores.items()},
+        "bleu_int8_minus_fp32": round(scores["int8"]["bleu"] - scores["fp32"]["bleu"], 2),
+    }
     print(json.dumps(result, indent=2))
     return result
 
@@ -405,22 +470,31 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
     records = [r for r in records if r.get("model") != result["model"]] + [result]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(records, indent=2) + "\n")
-    kinds = [k for k in ("fp32", "int8", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8")
-             if any(f"bleu_{k}" in r for r in records)]
-    lines = ["test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
-             "activations, oneDNN); CTranslate2 for the baseline only; ort = ONNX Runtime (`export_onnx`, int8: "
-             "u8 weights per channel, dynamic activations).", "",
-             "| model | model type | steps | sentences | " + " | ".join(f"BLEU {k}" for k in kinds)
-             + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
-             "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
+    kinds = [
+        k
+        for k in ("fp32", "int8", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8")
+        if any(f"bleu_{k}" in r for r in records)
+    ]
+    lines = [
+        "test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
+        "activations, oneDNN); CTranslate2 for the baseline only; ort = ONNX Runtime (`export_onnx`, int8: "
+        "u8 weights per channel, dynamic activations).",
+        "",
+        "| model | model type | steps | sentences | "
+        + " | ".join(f"BLEU {k}" for k in kinds)
+        + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
+        "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|",
+    ]
     for r in records:
         cells = " | ".join(f"{r[f'bleu_{k}']:.2f}" if f"bleu_{k}" in r else "—" for k in kinds)
         delta = r["bleu_int8_minus_fp32"] if abs(r["bleu_int8_minus_fp32"]) >= 0.005 else 0.0  # no "-0.00"
         folder = Path(r["model"])
         name = r.get("label") or (folder.parent.name if folder.name == "model" else folder.name)  # RUN/model: RUN
-        lines.append(f"| {name} | {r.get('model_type', '?')} | "
-                     f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | "
-                     f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |")
+        lines.append(
+            f"| {name} | {r.get('model_type', '?')} | "
+            f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | "
+            f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |"
+        )
     table = "\n".join(lines) + "\n"
     path.with_suffix(".md").write_text(table)
     write_section("inference_bleu", table, **({"path": results_md} if results_md else {}))
@@ -439,8 +513,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--skip_ct2", action="store_true")
     parser.add_argument("--skip_ort", action="store_true", help="no ONNX Runtime engines")
-    parser.add_argument("--pause", type=float, default=0.3, help="seconds between two timed calls (idle thread "
-                                                                  "pools of the other processes stop spinning)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.3,
+        help="seconds between two timed calls (idle thread pools of the other processes stop spinning)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine (see `worker`)
     parser.add_argument("--worker_size", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -449,8 +527,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--bleu_model", help="BLEU mode: fp32 vs int8 BLEU of this checkpoint on test_2016_flickr")
     parser.add_argument("--src", default="en")
     parser.add_argument("--tgt", default="de")
-    parser.add_argument("--limit", type=int, help="BLEU mode: first N test sentences only (smoke runs, not "
-                                                  "recorded)")
+    parser.add_argument("--limit", type=int, help="BLEU mode: first N test sentences only (smoke runs, not recorded)")
     parser.add_argument("--label", help="BLEU mode: the checkpoint's name in the table (default: its folder's)")
     args = parser.parse_args(argv)
     args._forward = None if argv is None else [a for a in argv if a != "--sizes" and a not in args.sizes]
@@ -471,9 +548,17 @@ def main(argv=None) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and not k.startswith("worker")}
-    out.with_suffix(".json").write_text(json.dumps({"settings": settings, "results": results,
-                                                    "ratios": {s: {k: ratios(r) for k, r in rows.items()}
-                                                               for s, rows in results.items()}}, indent=2) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "results": results,
+                "ratios": {s: {k: ratios(r) for k, r in rows.items()} for s, rows in results.items()},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     table = markdown(results, args)
     out.with_suffix(".md").write_text(table)
     write_section(out.name, table)

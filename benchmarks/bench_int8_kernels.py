@@ -34,9 +34,10 @@ from torch.nn import functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from timing import CLOCKS, interleaved, random_batch  # noqa: E402
+
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration  # noqa: E402
 from hf_variants.quantization import quantize_for_cpu, quantize_weight  # noqa: E402
-from timing import CLOCKS, interleaved, random_batch  # noqa: E402
 
 # (in, out) of the baseline's linears at small and base dims: qkv, ffn in/out, output projection (vocab 8000)
 SHAPES = [(256, 768), (256, 1024), (1024, 256), (256, 8000), (512, 1536), (512, 2048), (2048, 512), (512, 8000)]
@@ -101,15 +102,26 @@ def matmul_bench(args) -> list[dict]:
             with torch.inference_mode():
                 ref = F.linear(x, weight, bias)
                 err = {name: ((fn(x) - ref).abs().max() / ref.abs().max()).item() for name, fn in candidates.items()}
-                fns = {"fp32": lambda x=x: F.linear(x, weight, bias),
-                       **{name: (lambda fn=fn, x=x: fn(x)) for name, fn in candidates.items()}}
+                fns = {
+                    "fp32": lambda x=x: F.linear(x, weight, bias),
+                    **{name: (lambda fn=fn, x=x: fn(x)) for name, fn in candidates.items()},
+                }
                 seconds = interleaved(fns, args.reps, args.clock)
-            row = {"in": k, "out": n, "rows": m, **{f"{name}_us": round(s * 1e6, 1) for name, s in seconds.items()},
-                   **{f"{name}_rel_err": round(e, 4) for name, e in err.items()}}
+            row = {
+                "in": k,
+                "out": n,
+                "rows": m,
+                **{f"{name}_us": round(s * 1e6, 1) for name, s in seconds.items()},
+                **{f"{name}_rel_err": round(e, 4) for name, e in err.items()},
+            }
             rows.append(row)
-            print(f"in {k:5d} out {n:5d} rows {m:4d} | " + " ".join(
-                f"{name} {s * 1e6:8.0f} us ({seconds['fp32'] / s:4.2f}x)" for name, s in seconds.items())
-                + " | rel err " + " ".join(f"{name} {e:.3f}" for name, e in err.items()), flush=True)
+            print(
+                f"in {k:5d} out {n:5d} rows {m:4d} | "
+                + " ".join(f"{name} {s * 1e6:8.0f} us ({seconds['fp32'] / s:4.2f}x)" for name, s in seconds.items())
+                + " | rel err "
+                + " ".join(f"{name} {e:.3f}" for name, e in err.items()),
+                flush=True,
+            )
     return rows
 
 
@@ -123,15 +135,21 @@ def generate_bench(args) -> dict:
         models["ours_onednn"] = quantize_for_cpu(copy.deepcopy(fp32))
         models["ours_onednn_per_tensor"] = quantize_for_cpu(copy.deepcopy(fp32), activation_granularity="per_tensor")
         models["ours_fbgemm"] = quantize_for_cpu(copy.deepcopy(fp32), backend="fbgemm")
-        models["quantize_dynamic"] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(fp32), {torch.nn.Linear},
-                                                                            dtype=torch.qint8)
+        models["quantize_dynamic"] = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(fp32), {torch.nn.Linear}, dtype=torch.qint8
+        )
         if torchao_available():
             models["torchao"] = torchao_quantize(copy.deepcopy(fp32))
     inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
     result = {}
     for beams in (1, 4):
-        gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                   do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
+        gen = dict(
+            num_beams=beams,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            **({"length_penalty": 0.6} if beams > 1 else {}),
+        )
 
         def run(model, gen=gen):
             with torch.inference_mode():
@@ -142,18 +160,34 @@ def generate_bench(args) -> dict:
         seconds = interleaved({name: (lambda m=m: run(m)) for name, m in models.items()}, args.gen_reps, args.clock)
         key = "greedy" if beams == 1 else f"beam{beams}"
         tokens = args.batch * args.new_tokens
-        result[key] = {name: {"tok_s": round(tokens / s, 1), "vs_fp32": round(seconds["fp32"] / s, 3),
-                              "tokens_equal_to_fp32": round(agree[name], 3)} for name, s in seconds.items()}
-        print(f"generate {args.size} {key}: " + " | ".join(
-            f"{name} {tokens / s:7.1f} tok/s ({seconds['fp32'] / s:4.2f}x, {agree[name]:.0%} tokens = fp32)"
-            for name, s in seconds.items()), flush=True)
+        result[key] = {
+            name: {
+                "tok_s": round(tokens / s, 1),
+                "vs_fp32": round(seconds["fp32"] / s, 3),
+                "tokens_equal_to_fp32": round(agree[name], 3),
+            }
+            for name, s in seconds.items()
+        }
+        print(
+            f"generate {args.size} {key}: "
+            + " | ".join(
+                f"{name} {tokens / s:7.1f} tok/s ({seconds['fp32'] / s:4.2f}x, {agree[name]:.0%} tokens = fp32)"
+                for name, s in seconds.items()
+            ),
+            flush=True,
+        )
     return result
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[32, 128, 480],
-                        help="matmul rows: 32 = greedy batch, 128 = beam 4, 480 = 32 sources x 15 tokens")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        default=[32, 128, 480],
+        help="matmul rows: 32 = greedy batch, 128 = beam 4, 480 = 32 sources x 15 tokens",
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--size", default="small", choices=["tiny", "small", "base"])
     parser.add_argument("--batch", type=int, default=32)
@@ -169,8 +203,11 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = {"settings": vars(args), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-               "torchao": torchao_available()}
+    results = {
+        "settings": vars(args),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torchao": torchao_available(),
+    }
     if not args.skip_matmul:
         results["matmul"] = matmul_bench(args)
     if not args.skip_generate:

@@ -23,16 +23,15 @@ import argparse
 import json
 
 import torch
-
-from hf_variants import MgsaConfig, MgsaForConditionalGeneration
-from hf_variants import TransformerNmtForConditionalGeneration
-from hf_variants.phrases import ngram_phrase_index
 from timing import baseline_config, random_batch, speed_vs_baseline
+
+from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtForConditionalGeneration
+from hf_variants.phrases import ngram_phrase_index
 
 
 def expected_delta(config: MgsaConfig) -> int:
-    """docs/variants-spec.md §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA layer,
-    minus the phrase heads' K/V rows of the fused QKV (they read slices of the ON-LSTM state: 2 (d + 1) d_g per
+    """docs/variants-spec.md §3.2: SAN composition 2*d*d_g and an ON-LSTM (d -> d_g, chunk C) per group and MG-SA
+    layer, minus the phrase heads' K/V rows of the fused QKV (they read slices of the ON-LSTM state: 2 (d + 1) d_g per
     group), plus the tag classifiers (d + 1) * labels per level (training-only)."""
     d, groups, d_g, c = config.d_model, config.num_phrase_groups, config.group_dim, config.on_lstm_chunk_size
     gates = 4 * d_g + 2 * d_g // c
@@ -62,8 +61,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0 = torch default)")
-    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                        help="cpu: process CPU time (default; stable when other jobs share the cores), wall: elapsed")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: process CPU time (default; stable when other jobs share the cores), wall: elapsed",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -77,15 +80,30 @@ def main(argv=None) -> dict:
             mgsa = MgsaForConditionalGeneration(config)
             key = f"{size}_{mode}"
             p_base, p_mgsa = baseline.num_parameters(), mgsa.num_parameters()
-            row = {"params_baseline": p_base, "params_mgsa": p_mgsa, "params_delta": p_mgsa - p_base,
-                   "params_delta_formula": expected_delta(config)}
-            print(f"{key:16s} params: baseline {p_base:,} | MG-SA {p_mgsa:,} | delta {p_mgsa - p_base:,} "
-                  f"(formula {expected_delta(config):,})", flush=True)
+            row = {
+                "params_baseline": p_base,
+                "params_mgsa": p_mgsa,
+                "params_delta": p_mgsa - p_base,
+                "params_delta_formula": expected_delta(config),
+            }
+            print(
+                f"{key:16s} params: baseline {p_base:,} | MG-SA {p_mgsa:,} | delta {p_mgsa - p_base:,} "
+                f"(formula {expected_delta(config):,})",
+                flush=True,
+            )
 
             inputs, labels = random_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
             mgsa_inputs = {**inputs, **phrase_inputs(config, inputs)}
-            row.update(speed_vs_baseline({"baseline": (baseline, inputs), "mgsa": (mgsa, mgsa_inputs)}, labels,
-                                         args.new_tokens, args.reps, args.clock, key))
+            row.update(
+                speed_vs_baseline(
+                    {"baseline": (baseline, inputs), "mgsa": (mgsa, mgsa_inputs)},
+                    labels,
+                    args.new_tokens,
+                    args.reps,
+                    args.clock,
+                    key,
+                )
+            )
             results[key] = row
             del baseline, mgsa
     print(json.dumps({"benchmark": "mgsa_vs_baseline", **results}))

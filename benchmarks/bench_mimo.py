@@ -27,10 +27,14 @@ import json
 import time
 
 import torch
-
-from hf_variants import MimoConfig, MimoForConditionalGeneration, TransformerNmtConfig
-from hf_variants import TransformerNmtForConditionalGeneration
 from timing import interleaved
+
+from hf_variants import (
+    MimoConfig,
+    MimoForConditionalGeneration,
+    TransformerNmtConfig,
+    TransformerNmtForConditionalGeneration,
+)
 
 LANGUAGES = ["en", "de", "fr", "cs"]
 
@@ -55,48 +59,65 @@ def main(argv=None) -> dict:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--train_reps", type=int, default=1, help="timed training steps per model (0 = skip)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall time, or this process's CPU time (stable on a shared machine with --threads 1)")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall time, or this process's CPU time (stable on a shared machine with --threads 1)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     n, layers = args.transformations, args.layers
     clock = time.perf_counter if args.clock == "wall" else time.process_time
-    results = {"torch_threads": torch.get_num_threads(), "clock": args.clock, "layers": layers,
-               "transformations": n}
+    results = {"torch_threads": torch.get_num_threads(), "clock": args.clock, "layers": layers, "transformations": n}
     for size in args.sizes:
         common = dict(vocab_size=args.vocab, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
         torch.manual_seed(0)
-        mimo_config = MimoConfig.from_preset(size, num_transformations=n, encoder_layers=layers,
-                                             decoder_layers=layers, languages=LANGUAGES, **common)
+        mimo_config = MimoConfig.from_preset(
+            size, num_transformations=n, encoder_layers=layers, decoder_layers=layers, languages=LANGUAGES, **common
+        )
         models = {
             "mimo": MimoForConditionalGeneration(mimo_config).eval(),
-            "deep": TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
-                size, encoder_layers=layers * n, decoder_layers=layers * n, **common)).eval(),
-            "shallow": TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
-                size, encoder_layers=layers, decoder_layers=layers, **common)).eval(),
+            "deep": TransformerNmtForConditionalGeneration(
+                TransformerNmtConfig.from_preset(size, encoder_layers=layers * n, decoder_layers=layers * n, **common)
+            ).eval(),
+            "shallow": TransformerNmtForConditionalGeneration(
+                TransformerNmtConfig.from_preset(size, encoder_layers=layers, decoder_layers=layers, **common)
+            ).eval(),
         }
         params = {name: model.num_parameters() for name, model in models.items()}
         formula = params["deep"] + mixing_parameters(mimo_config)
-        row = {"params": params, "mixing_params": mixing_parameters(mimo_config),
-               "mimo_params_match_formula": params["mimo"] == formula}
-        print(f"[{size}] d={mimo_config.d_model} params: MIMO {layers}x{n} {params['mimo'] / 1e6:.2f}M | "
-              f"baseline {layers * n} layers {params['deep'] / 1e6:.2f}M | baseline {layers} layers "
-              f"{params['shallow'] / 1e6:.2f}M | MIMO == deep + mixing ({row['mixing_params']}): "
-              f"{row['mimo_params_match_formula']}", flush=True)
+        row = {
+            "params": params,
+            "mixing_params": mixing_parameters(mimo_config),
+            "mimo_params_match_formula": params["mimo"] == formula,
+        }
+        print(
+            f"[{size}] d={mimo_config.d_model} params: MIMO {layers}x{n} {params['mimo'] / 1e6:.2f}M | "
+            f"baseline {layers * n} layers {params['deep'] / 1e6:.2f}M | baseline {layers} layers "
+            f"{params['shallow'] / 1e6:.2f}M | MIMO == deep + mixing ({row['mixing_params']}): "
+            f"{row['mimo_params_match_formula']}",
+            flush=True,
+        )
 
         g = torch.Generator().manual_seed(1)
         input_ids = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g)
         attention_mask = torch.ones_like(input_ids)
         for r in range(args.batch):  # lengths from half to full
-            attention_mask[r, args.src_len // 2 + r % (args.src_len // 2):] = 0
+            attention_mask[r, args.src_len // 2 + r % (args.src_len // 2) :] = 0
         source = {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}
         tgt_lang_ids = torch.arange(args.batch) % len(LANGUAGES)
         extra = {"mimo": {"tgt_lang_ids": tgt_lang_ids}, "deep": {}, "shallow": {}}
 
         for beams in (1, 4):
-            gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                       do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
+            gen = dict(
+                num_beams=beams,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                **({"length_penalty": 0.6} if beams > 1 else {}),
+            )
 
             def decode(name, gen=gen):
                 with torch.inference_mode():
@@ -109,9 +130,12 @@ def main(argv=None) -> dict:
             row[f"{key}_tok_s"] = {k: round(v, 1) for k, v in tps.items()}
             row[f"{key}_speedup_vs_deep"] = round(tps["mimo"] / tps["deep"], 3)
             row[f"{key}_speedup_vs_shallow"] = round(tps["mimo"] / tps["shallow"], 3)
-            print(f"[{size}] {key:6s} decoding tok/s: MIMO {tps['mimo']:7.1f} | deep {tps['deep']:7.1f} | "
-                  f"shallow {tps['shallow']:7.1f} | MIMO/deep {tps['mimo'] / tps['deep']:.2f}x | "
-                  f"MIMO/shallow {tps['mimo'] / tps['shallow']:.2f}x", flush=True)
+            print(
+                f"[{size}] {key:6s} decoding tok/s: MIMO {tps['mimo']:7.1f} | deep {tps['deep']:7.1f} | "
+                f"shallow {tps['shallow']:7.1f} | MIMO/deep {tps['mimo'] / tps['deep']:.2f}x | "
+                f"MIMO/shallow {tps['mimo'] / tps['shallow']:.2f}x",
+                flush=True,
+            )
 
         if args.train_reps:
             labels = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g)
@@ -122,15 +146,19 @@ def main(argv=None) -> dict:
                 model.zero_grad(set_to_none=True)
                 model.eval()
 
-            seconds = interleaved({name: (lambda name=name: train_step(name)) for name in models}, args.train_reps,
-                                 clock)
+            seconds = interleaved(
+                {name: (lambda name=name: train_step(name)) for name in models}, args.train_reps, clock
+            )
             tps = {name: labels.numel() / s for name, s in seconds.items()}
             row["train_tok_s"] = {k: round(v, 1) for k, v in tps.items()}
             row["train_speedup_vs_deep"] = round(tps["mimo"] / tps["deep"], 3)
-            print(f"[{size}] training tok/s (fwd+bwd): MIMO {tps['mimo']:7.1f} | deep {tps['deep']:7.1f} | "
-                  f"shallow {tps['shallow']:7.1f} | MIMO/deep {tps['mimo'] / tps['deep']:.2f}x", flush=True)
+            print(
+                f"[{size}] training tok/s (fwd+bwd): MIMO {tps['mimo']:7.1f} | deep {tps['deep']:7.1f} | "
+                f"shallow {tps['shallow']:7.1f} | MIMO/deep {tps['mimo'] / tps['deep']:.2f}x",
+                flush=True,
+            )
         results[size] = row
-        del models
+        models = None  # free them before the next size
     print(json.dumps({"benchmark": "mimo", **results}))
     return results
 

@@ -18,27 +18,37 @@ import argparse
 import json
 
 import torch
-
-from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration
-from hf_variants import TransformerNmtForConditionalGeneration
-from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
 from timing import CLOCKS, baseline_config, interleaved, train_step
+
+from hf_variants import (
+    TiedTransformerConfig,
+    TiedTransformerForConditionalGeneration,
+    TransformerNmtForConditionalGeneration,
+)
+from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
 
 SIZES = {"small": dict(preset="small", blocks=8), "base": dict(preset="base", blocks=6)}
 
 
 def configs(size: str, vocab_size: int):
     spec = SIZES[size]
-    tied = TiedTransformerConfig.from_preset(spec["preset"], vocab_size=vocab_size, encoder_layers=spec["blocks"],
-                                             decoder_layers=spec["blocks"], languages=["en", "de"])
+    tied = TiedTransformerConfig.from_preset(
+        spec["preset"],
+        vocab_size=vocab_size,
+        encoder_layers=spec["blocks"],
+        decoder_layers=spec["blocks"],
+        languages=["en", "de"],
+    )
     return tied, baseline_config(tied)  # same dims, norms, dropout, vocabulary
 
 
 def bench_size(size: str, args) -> dict:
     tied_config, base_config = configs(size, args.vocab_size)
     torch.manual_seed(0)
-    models = {"tied": TiedTransformerForConditionalGeneration(tied_config),
-              "baseline": TransformerNmtForConditionalGeneration(base_config)}
+    models = {
+        "tied": TiedTransformerForConditionalGeneration(tied_config),
+        "baseline": TransformerNmtForConditionalGeneration(base_config),
+    }
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     assert params["tied"] == tied_parameter_count(tied_config), (params["tied"], tied_parameter_count(tied_config))
     assert params["baseline"] == untied_parameter_count(base_config)
@@ -46,7 +56,7 @@ def bench_size(size: str, args) -> dict:
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab_size, (args.batch, args.src_len), generator=g)
     mask = torch.ones_like(src)
-    mask[1::2, args.src_len * 3 // 4:] = 0  # half of the rows padded
+    mask[1::2, args.src_len * 3 // 4 :] = 0  # half of the rows padded
     src = src.masked_fill(mask == 0, 0)
     direction = {"tgt_lang_ids": torch.ones(args.batch, dtype=torch.long)}
     labels = torch.randint(4, args.vocab_size, (args.batch, args.tgt_len), generator=g)
@@ -73,20 +83,29 @@ def bench_size(size: str, args) -> dict:
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-        steps[name] = lambda model=model, name=name, optimizer=optimizer: train_step(model, optimizer, inputs(name),
-                                                                                    labels)
+        steps[name] = lambda model=model, name=name, optimizer=optimizer: train_step(
+            model, optimizer, inputs(name), labels
+        )
     target_tokens = int((labels != -100).sum())
     for name, t in interleaved(steps, args.reps, args.clock).items():  # the warm-up run creates Adam's state
         results[name]["train_step_s"] = round(t, 4)
         results[name]["train_target_tokens_per_s"] = round(target_tokens / t, 1)
 
-    record = {"size": size, "d_model": tied_config.d_model, "ffn_dim": tied_config.encoder_ffn_dim,
-              "heads": tied_config.encoder_attention_heads, "blocks": tied_config.num_blocks,
-              "vocab_size": args.vocab_size, "params": params,
-              "param_ratio_tied_over_baseline": round(params["tied"] / params["baseline"], 4), **results,
-              "speed_ratio_tied_over_baseline": {
-                  key: round(results["baseline"][key] / results["tied"][key], 3)  # > 1: tied faster
-                  for key in ("greedy_s", "beam4_s", "train_step_s")}}
+    record = {
+        "size": size,
+        "d_model": tied_config.d_model,
+        "ffn_dim": tied_config.encoder_ffn_dim,
+        "heads": tied_config.encoder_attention_heads,
+        "blocks": tied_config.num_blocks,
+        "vocab_size": args.vocab_size,
+        "params": params,
+        "param_ratio_tied_over_baseline": round(params["tied"] / params["baseline"], 4),
+        **results,
+        "speed_ratio_tied_over_baseline": {
+            key: round(results["baseline"][key] / results["tied"][key], 3)  # > 1: tied faster
+            for key in ("greedy_s", "beam4_s", "train_step_s")
+        },
+    }
     return record
 
 
@@ -100,8 +119,12 @@ def main():
     parser.add_argument("--tgt_len", type=int, default=24)
     parser.add_argument("--gen_len", type=int, default=24)
     parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="1 by default: on a shared 2-core machine, 2 threads were ~10x slower (contention)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="1 by default: on a shared 2-core machine, 2 threads were ~10x slower (contention)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -110,25 +133,49 @@ def main():
         record = bench_size(size, args)
         records.append(record)
         p = record["params"]
-        print(f"\n== {size}: d={record['d_model']} ff={record['ffn_dim']} heads={record['heads']} "
-              f"L={record['blocks']} V={record['vocab_size']}")
-        print(f"params   tied {p['tied']:>12,}  baseline {p['baseline']:>12,}  ratio "
-              f"{record['param_ratio_tied_over_baseline']:.3f}")
+        print(
+            f"\n== {size}: d={record['d_model']} ff={record['ffn_dim']} heads={record['heads']} "
+            f"L={record['blocks']} V={record['vocab_size']}"
+        )
+        print(
+            f"params   tied {p['tied']:>12,}  baseline {p['baseline']:>12,}  ratio "
+            f"{record['param_ratio_tied_over_baseline']:.3f}"
+        )
         for key, label in (("greedy_s", "greedy"), ("beam4_s", "beam 4"), ("train_step_s", "train step")):
-            print(f"{label:<10} tied {record['tied'][key]:8.3f}s  baseline {record['baseline'][key]:8.3f}s  "
-                  f"baseline/tied {record['speed_ratio_tied_over_baseline'][key]:.3f}")
+            print(
+                f"{label:<10} tied {record['tied'][key]:8.3f}s  baseline {record['baseline'][key]:8.3f}s  "
+                f"baseline/tied {record['speed_ratio_tied_over_baseline'][key]:.3f}"
+            )
 
     # The paper's comparison at its WMT (big) dims, from the formulas (checked against real models above).
     big6 = TiedTransformerConfig.from_preset("big", vocab_size=32000, languages=["en", "de"])
-    big12 = TiedTransformerConfig.from_preset("big", vocab_size=32000, languages=["en", "de"], encoder_layers=12,
-                                              decoder_layers=12)
-    paper = {"tied_6": tied_parameter_count(big6), "tied_12": tied_parameter_count(big12),
-             "baseline_6": untied_parameter_count(big6)}
-    print(f"\nbig dims (V=32000): tied 6 blocks {paper['tied_6'] / 1e6:.1f}M, tied 12 blocks "
-          f"{paper['tied_12'] / 1e6:.1f}M, baseline 6+6 layers {paper['baseline_6'] / 1e6:.1f}M")
-    print(json.dumps({"benchmark": "tied", "threads": args.threads, "batch": args.batch, "src_len": args.src_len,
-                      "gen_len": args.gen_len, "reps": args.reps, "clock": args.clock, "results": records,
-                      "big_formula": paper}))
+    big12 = TiedTransformerConfig.from_preset(
+        "big", vocab_size=32000, languages=["en", "de"], encoder_layers=12, decoder_layers=12
+    )
+    paper = {
+        "tied_6": tied_parameter_count(big6),
+        "tied_12": tied_parameter_count(big12),
+        "baseline_6": untied_parameter_count(big6),
+    }
+    print(
+        f"\nbig dims (V=32000): tied 6 blocks {paper['tied_6'] / 1e6:.1f}M, tied 12 blocks "
+        f"{paper['tied_12'] / 1e6:.1f}M, baseline 6+6 layers {paper['baseline_6'] / 1e6:.1f}M"
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "tied",
+                "threads": args.threads,
+                "batch": args.batch,
+                "src_len": args.src_len,
+                "gen_len": args.gen_len,
+                "reps": args.reps,
+                "clock": args.clock,
+                "results": records,
+                "big_formula": paper,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

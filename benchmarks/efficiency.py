@@ -36,10 +36,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import hf_variants  # noqa: E402
-from hf_variants import TransformerNmtConfig  # noqa: E402
 from report import write_section  # noqa: E402
 from timing import CLOCKS, interleaved, peak_memory_mb  # noqa: E402
+
+import hf_variants  # noqa: E402
+from hf_variants import TransformerNmtConfig  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 LANGUAGES = ["en", "de", "fr", "cs"]
@@ -70,8 +71,10 @@ def build(name: str, size: str, vocab: int):
     fields = {**dims, **ids}
     extra = dict(extra)
     if extra.pop("tied_blocks", False):
-        fields.update(encoder_layers=dims["encoder_layers"] + dims["decoder_layers"],
-                      decoder_layers=dims["encoder_layers"] + dims["decoder_layers"])
+        fields.update(
+            encoder_layers=dims["encoder_layers"] + dims["decoder_layers"],
+            decoder_layers=dims["encoder_layers"] + dims["decoder_layers"],
+        )
     fields.update(extra)
     config = hf_variants.CONFIG_CLASSES[model_type].from_preset(size, **fields)
     return AutoModelForSeq2SeqLM.from_config(config)
@@ -90,7 +93,7 @@ def bench_size(size: str, args) -> dict:
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g)
     mask = torch.ones_like(src)
-    mask[1::2, args.src_len * 3 // 4:] = 0  # half of the rows padded
+    mask[1::2, args.src_len * 3 // 4 :] = 0  # half of the rows padded
     src = src.masked_fill(mask == 0, 0)
     labels = torch.randint(4, args.vocab, (args.batch, args.tgt_len), generator=g)
     train_tokens = int(mask.sum()) + labels.numel()
@@ -110,11 +113,17 @@ def bench_size(size: str, args) -> dict:
         model.eval()
         with torch.no_grad():
             beam = {"num_beams": beams, "length_penalty": 0.6} if beams > 1 else {"num_beams": 1}
-            model.generate(input_ids=src, attention_mask=mask, do_sample=False, max_new_tokens=args.new_tokens,
-                           min_new_tokens=args.new_tokens, **beam, **extra[name])
+            model.generate(
+                input_ids=src,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                **beam,
+                **extra[name],
+            )
 
-    rows = {name: {"label": MODELS[name][0], "params": m.num_parameters()}
-            for name, m in models.items()}
+    rows = {name: {"label": MODELS[name][0], "params": m.num_parameters()} for name, m in models.items()}
     t = interleaved({n: (lambda n=n: train_step(n)) for n in names}, args.reps, args.clock)
     for n in names:
         rows[n]["train_tokens_per_sec"] = train_tokens / t[n]
@@ -129,30 +138,50 @@ def bench_size(size: str, args) -> dict:
     base = rows["baseline"]
     for n, row in rows.items():
         row["ratios_vs_baseline"] = {
-            key: row[key] / base[key] for key in ("params", "train_tokens_per_sec", "greedy_tokens_per_sec",
-                                                  "beam4_tokens_per_sec", "train_peak_mb", "beam4_peak_mb")
-            if key in row and base.get(key)}
+            key: row[key] / base[key]
+            for key in (
+                "params",
+                "train_tokens_per_sec",
+                "greedy_tokens_per_sec",
+                "beam4_tokens_per_sec",
+                "train_peak_mb",
+                "beam4_peak_mb",
+            )
+            if key in row and base.get(key)
+        }
     for n, row in rows.items():
         r = row["ratios_vs_baseline"]
-        print(f"[{size}] {row['label']:32s} params {row['params'] / 1e6:7.2f}M ({r['params']:.2f}x)  "
-              f"train {row['train_tokens_per_sec']:7.0f} tok/s ({r['train_tokens_per_sec']:.2f}x)  "
-              f"greedy {row['greedy_tokens_per_sec']:6.0f} ({r['greedy_tokens_per_sec']:.2f}x)  "
-              f"beam4 {row['beam4_tokens_per_sec']:6.0f} ({r['beam4_tokens_per_sec']:.2f}x)"
-              + (f"  mem train {row['train_peak_mb']:.0f} MiB ({r.get('train_peak_mb', float('nan')):.2f}x) "
-                 f"beam4 {row['beam4_peak_mb']:.0f} MiB ({r.get('beam4_peak_mb', float('nan')):.2f}x)"
-                 if "train_peak_mb" in row else ""), flush=True)
+        print(
+            f"[{size}] {row['label']:32s} params {row['params'] / 1e6:7.2f}M ({r['params']:.2f}x)  "
+            f"train {row['train_tokens_per_sec']:7.0f} tok/s ({r['train_tokens_per_sec']:.2f}x)  "
+            f"greedy {row['greedy_tokens_per_sec']:6.0f} ({r['greedy_tokens_per_sec']:.2f}x)  "
+            f"beam4 {row['beam4_tokens_per_sec']:6.0f} ({r['beam4_tokens_per_sec']:.2f}x)"
+            + (
+                f"  mem train {row['train_peak_mb']:.0f} MiB ({r.get('train_peak_mb', float('nan')):.2f}x) "
+                f"beam4 {row['beam4_peak_mb']:.0f} MiB ({r.get('beam4_peak_mb', float('nan')):.2f}x)"
+                if "train_peak_mb" in row
+                else ""
+            ),
+            flush=True,
+        )
     return rows
 
 
 def markdown(results: dict, args) -> str:
-    lines = [f"Batch {args.batch} sentences (source {args.src_len} tokens, half padded to 3/4; target {args.tgt_len}); "
-             f"decoding {args.new_tokens} new tokens; median of {args.reps} interleaved runs; clock: {args.clock}, "
-             f"{args.threads or 'default'} torch thread(s). Ratios are against the baseline of the same dims "
-             "(speed: > 1 faster; params/memory: > 1 more).", ""]
+    lines = [
+        f"Batch {args.batch} sentences (source {args.src_len} tokens, half padded to 3/4; target {args.tgt_len}); "
+        f"decoding {args.new_tokens} new tokens; median of {args.reps} interleaved runs; clock: {args.clock}, "
+        f"{args.threads or 'default'} torch thread(s). Ratios are against the baseline of the same dims "
+        "(speed: > 1 faster; params/memory: > 1 more).",
+        "",
+    ]
     for size, rows in results.items():
-        lines += [f"**{size}**", "",
-                  "| model | params | train tok/s | greedy tok/s | beam-4 tok/s | train peak MiB | beam-4 peak MiB |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"**{size}**",
+            "",
+            "| model | params | train tok/s | greedy tok/s | beam-4 tok/s | train peak MiB | beam-4 peak MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for row in rows.values():
             r = row["ratios_vs_baseline"]
 
@@ -160,10 +189,13 @@ def markdown(results: dict, args) -> str:
                 if key not in row:
                     return "—"
                 return f"{format(row[key], fmt)} ({r[key]:.2f}x)" if key in r else format(row[key], fmt)
-            lines.append(f"| {row['label']} | {row['params'] / 1e6:.2f}M ({r['params']:.2f}x) | "
-                         f"{cell('train_tokens_per_sec', '.0f')} | {cell('greedy_tokens_per_sec', '.0f')} | "
-                         f"{cell('beam4_tokens_per_sec', '.0f')} | {cell('train_peak_mb', '.0f')} | "
-                         f"{cell('beam4_peak_mb', '.0f')} |")
+
+            lines.append(
+                f"| {row['label']} | {row['params'] / 1e6:.2f}M ({r['params']:.2f}x) | "
+                f"{cell('train_tokens_per_sec', '.0f')} | {cell('greedy_tokens_per_sec', '.0f')} | "
+                f"{cell('beam4_tokens_per_sec', '.0f')} | {cell('train_peak_mb', '.0f')} | "
+                f"{cell('beam4_peak_mb', '.0f')} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -194,8 +226,9 @@ def main(argv=None) -> dict:
     table = markdown(results, args)
     out.with_suffix(".md").write_text(table)
     write_section(out.name, table)  # its section of benchmarks/RESULTS.md, when there is one
-    print(json.dumps({size: {n: row["ratios_vs_baseline"] for n, row in rows.items()}
-                      for size, rows in results.items()}))
+    print(
+        json.dumps({size: {n: row["ratios_vs_baseline"] for n, row in rows.items()} for size, rows in results.items()})
+    )
     return results
 
 

@@ -83,32 +83,36 @@ def main() -> None:
     p.add_argument("--write", action="store_true", help="write the table into RESULTS.md (section loss_memory)")
     args = p.parse_args()
     import os
+
     import torch
 
     methods = ("F.cross_entropy", "smoothed_cross_entropy", "projected")
-    lines = [f"Forward + backward of the output projection ([V, {args.d}], no bias) and the loss from hidden states that "
-             f"require a gradient, 5% of the labels -100, label smoothing 0.1; {torch.get_num_threads()} thread(s), "
-             f"load average {os.getloadavg()[0]:.2f} at the start; peak extra = the process's peak RSS above its "
-             f"memory with the inputs allocated; time: median of {args.reps}; ratios against F.linear + "
-             f"F.cross_entropy. `python benchmarks/loss_memory.py {' '.join(sys.argv[1:])}`",
-             "",
-             "| tokens x vocab | dtype | one [N, V] tensor (MB) | peak extra (MB): F.linear + F.cross_entropy "
-             "| F.linear + smoothed_cross_entropy | projected (skip_logits) | memory ratios | time (ms): F.cross_entropy "
-             "| smoothed | projected | time ratios | loss difference (projected) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Forward + backward of the output projection ([V, {args.d}], no bias) and the loss from hidden states that "
+        f"require a gradient, 5% of the labels -100, label smoothing 0.1; {torch.get_num_threads()} thread(s), "
+        f"load average {os.getloadavg()[0]:.2f} at the start; peak extra = the process's peak RSS above its "
+        f"memory with the inputs allocated; time: median of {args.reps}; ratios against F.linear + "
+        f"F.cross_entropy. `python benchmarks/loss_memory.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| tokens x vocab | dtype | one [N, V] tensor (MB) | peak extra (MB): F.linear + F.cross_entropy "
+        "| F.linear + smoothed_cross_entropy | projected (skip_logits) | memory ratios | time (ms): F.cross_entropy "
+        "| smoothed | projected | time ratios | loss difference (projected) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for line in lines:
         print(line)
     for shape in args.shapes:
         tokens, vocab = (int(x) for x in shape.lower().split("x"))
         for dtype in args.dtypes:
             ref, chunked, projected = (measure(tokens, vocab, args.d, dtype, m, args.reps) for m in methods)
-            one = tokens * vocab * (2 if dtype == "bfloat16" else 4) / 2 ** 20
+            one = tokens * vocab * (2 if dtype == "bfloat16" else 4) / 2**20
             mem = [r["peak_extra_mb"] for r in (ref, chunked, projected)]
             sec = [r["seconds"] * 1e3 for r in (ref, chunked, projected)]
             lines.append(
                 f"| {tokens} x {vocab} | {dtype} | {one:.1f} | {mem[0]:.1f} | {mem[1]:.1f} | {mem[2]:.1f} | "
                 f"{mem[1] / mem[0]:.2f} / {mem[2] / mem[0]:.2f} | {sec[0]:.1f} | {sec[1]:.1f} | {sec[2]:.1f} | "
-                f"{sec[1] / sec[0]:.2f} / {sec[2] / sec[0]:.2f} | {abs(projected['loss'] - ref['loss']):.1e} |")
+                f"{sec[1] / sec[0]:.2f} / {sec[2] / sec[0]:.2f} | {abs(projected['loss'] - ref['loss']):.1e} |"
+            )
             print(lines[-1])
     if args.write:
         sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -22,15 +22,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # quality.py run name -> efficiency.py model name (the same configuration at the same dims; the MUTE ablations
 # without the sequential merge were not timed, so only MUTE + bias + seq has a speed point)
-SPEED_OF = {"baseline": "baseline", "marian": "marian", "hysan_e1": "hysan", "mgsa_ngram": "mgsa", "tied": "tied",
-            "mute_bias_seq": "mute"}
+SPEED_OF = {
+    "baseline": "baseline",
+    "marian": "marian",
+    "hysan_e1": "hysan",
+    "mgsa_ngram": "mgsa",
+    "tied": "tied",
+    "mute_bias_seq": "mute",
+}
 
 
-SHORT = {"baseline": "baseline (post-norm)", "marian": "MarianMTModel", "baseline_rel": "pre-norm + relative",
-         "hysan_e1": "HySAN e1", "mgsa_ngram": "MG-SA n-gram", "tied": "Tied (6 shared)", "mute": "MUTE",
-         "mute_bias": "MUTE + bias", "mute_bias_seq": "MUTE + bias + seq",
-         "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)",
-         "baseline_bar_run1": "baseline, first run", "baseline_bar_seed2": "baseline, seed 2"}
+SHORT = {
+    "baseline": "baseline (post-norm)",
+    "marian": "MarianMTModel",
+    "baseline_rel": "pre-norm + relative",
+    "hysan_e1": "HySAN e1",
+    "mgsa_ngram": "MG-SA n-gram",
+    "tied": "Tied (6 shared)",
+    "mute": "MUTE",
+    "mute_bias": "MUTE + bias",
+    "mute_bias_seq": "MUTE + bias + seq",
+    "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)",
+    "baseline_bar_run1": "baseline, first run",
+    "baseline_bar_seed2": "baseline, seed 2",
+}
 
 
 def scatter(points, xlabel, path, title, logx=False):
@@ -50,8 +65,14 @@ def scatter(points, xlabel, path, title, logx=False):
             dy -= 11
         placed.append((nx, ny + dy / 300))
         left = nx > 0.66
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(-6 if left else 6, dy), fontsize=8,
-                    ha="right" if left else "left")
+        ax.annotate(
+            label,
+            (x, y),
+            textcoords="offset points",
+            xytext=(-6 if left else 6, dy),
+            fontsize=8,
+            ha="right" if left else "left",
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel("BLEU, test_2016_flickr en→de")
     if logx:
@@ -69,26 +90,49 @@ def main() -> None:
     rows = [r for r in quality["rows"] if r["group"] == "en-de"]
     budget = quality["budget"]
     title = f"Multi30k en→de, {budget['steps']} steps x {budget['max_tokens']} tokens, small dims"
-    scatter([(SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian"))
-             for r in rows], "parameters (M)", RESULTS_DIR / "bleu_vs_params.png", title)
+    scatter(
+        [
+            (SHORT.get(r["name"], r["label"]), r["params"] / 1e6, r["bleu"], r["name"] in ("baseline", "marian"))
+            for r in rows
+        ],
+        "parameters (M)",
+        RESULTS_DIR / "bleu_vs_params.png",
+        title,
+    )
     # the runs at the bar's longer budget (NAME_bar), once there are some besides the baseline and Marian
     bar = [r for r in quality["rows"] if r["group"] == "bar"]
     if len(bar) > 2:
         ref = quality.get("bar_reference") or {}
-        scatter([(SHORT.get(r["name"].removesuffix("_bar"), r["label"]), r["params"] / 1e6, r["bleu"],
-                  r["name"].startswith("baseline_bar") or r["name"] == "marian_bar", r.get("bleu_ci95")) for r in bar],
-                "parameters (M)",
-                RESULTS_DIR / "bleu_vs_params_bar.png",
-                f"Multi30k en→de, the bar's budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
-                "bootstrap CI")
+        scatter(
+            [
+                (
+                    SHORT.get(r["name"].removesuffix("_bar"), r["label"]),
+                    r["params"] / 1e6,
+                    r["bleu"],
+                    r["name"].startswith("baseline_bar") or r["name"] == "marian_bar",
+                    r.get("bleu_ci95"),
+                )
+                for r in bar
+            ],
+            "parameters (M)",
+            RESULTS_DIR / "bleu_vs_params_bar.png",
+            f"Multi30k en→de, the bar's budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
+            "bootstrap CI",
+        )
     eff_path = RESULTS_DIR / "efficiency.json"
     if eff_path.is_file():
         eff = json.loads(eff_path.read_text())["results"].get("small", {})
-        points = [(SHORT.get(r["name"], r["label"]), eff[SPEED_OF[r["name"]]]["beam4_tokens_per_sec"], r["bleu"],
-                   r["name"] in ("baseline", "marian"))
-                  for r in rows if SPEED_OF.get(r["name"]) in eff]
-        scatter(points, "beam-4 decoding tokens/s (1 CPU thread, CPU time)", RESULTS_DIR / "bleu_vs_speed.png",
-                title)
+        points = [
+            (
+                SHORT.get(r["name"], r["label"]),
+                eff[SPEED_OF[r["name"]]]["beam4_tokens_per_sec"],
+                r["bleu"],
+                r["name"] in ("baseline", "marian"),
+            )
+            for r in rows
+            if SPEED_OF.get(r["name"]) in eff
+        ]
+        scatter(points, "beam-4 decoding tokens/s (1 CPU thread, CPU time)", RESULTS_DIR / "bleu_vs_speed.png", title)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the hf_variants profiled: this checkout's, or another one's (`HF_VARIANTS_ROOT=/work/main` for the "before" run)
 sys.path.insert(0, os.environ.get("HF_VARIANTS_ROOT", str(ROOT)))
 import hf_variants  # noqa: E402,F401  (first: the helpers below put this checkout on sys.path too)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_inference import marian_and_ours  # noqa: E402
@@ -61,15 +62,32 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 # operators that are matrix work (their self time); everything else is "other"
 MATRIX_OPS = {
-    "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_scaled_dot_product_attention_math", "aten::_int_mm", "onednn::qlinear_pointwise",
-    "quantized::linear_dynamic", "aten::_weight_int8pack_mm", "aten::mkldnn_rnn_layer",
+    "aten::addmm",
+    "aten::mm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_attention_math",
+    "aten::_int_mm",
+    "onednn::qlinear_pointwise",
+    "quantized::linear_dynamic",
+    "aten::_weight_int8pack_mm",
+    "aten::mkldnn_rnn_layer",
 }
 
 REGIONS = [
-    "encoder", "decoder: masks", "decoder: positions", "decoder: self-attention", "decoder: cache update",
-    "decoder: cross-attention", "decoder: FFN", "decoder: other", "lm_head", "beam: cache reorder",
-    "logits processors", "generate: other",
+    "encoder",
+    "decoder: masks",
+    "decoder: positions",
+    "decoder: self-attention",
+    "decoder: cache update",
+    "decoder: cross-attention",
+    "decoder: FFN",
+    "decoder: other",
+    "lm_head",
+    "beam: cache reorder",
+    "logits processors",
+    "generate: other",
 ]
 
 
@@ -149,11 +167,19 @@ def instrument(model) -> None:
 
 def top_operators(prof, limit: int) -> list[dict]:
     """The `limit` operators with the most self CPU time (per profiled call): name, ms, calls, matrix or not."""
-    rows = [event for event in prof.key_averages() if event.key not in REGIONS
-            and not event.key.startswith("ProfilerStep")]
+    rows = [
+        event for event in prof.key_averages() if event.key not in REGIONS and not event.key.startswith("ProfilerStep")
+    ]
     rows.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return [{"op": e.key, "self_ms": round(e.self_cpu_time_total / 1000.0, 2), "calls": e.count,
-             "matrix": e.key in MATRIX_OPS} for e in rows[:limit]]
+    return [
+        {
+            "op": e.key,
+            "self_ms": round(e.self_cpu_time_total / 1000.0, 2),
+            "calls": e.count,
+            "matrix": e.key in MATRIX_OPS,
+        }
+        for e in rows[:limit]
+    ]
 
 
 def breakdown(prof, calls: int) -> dict:
@@ -187,8 +213,9 @@ def engines_for(size: str, names: list[str], vocab: int) -> dict:
         elif name == "marian_int8":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                engines[name] = torch.ao.quantization.quantize_dynamic(copy.deepcopy(marian), {torch.nn.Linear},
-                                                                       dtype=torch.qint8)
+                engines[name] = torch.ao.quantization.quantize_dynamic(
+                    copy.deepcopy(marian), {torch.nn.Linear}, dtype=torch.qint8
+                )
         else:
             raise ValueError(f"unknown engine {name!r}")
     return engines
@@ -197,6 +224,7 @@ def engines_for(size: str, names: list[str], vocab: int) -> dict:
 def profile_engine(model, inputs: dict, gen: dict, reps: int, top: int = 15) -> dict:
     """Median wall time of `reps` plain calls, then `reps` calls profiled one by one; the profile kept is the one
     with the median operator time (a call disturbed by another process on the machine does not count)."""
+
     def call():
         with torch.inference_mode():
             return model.generate(**inputs, **gen)
@@ -218,10 +246,14 @@ def profile_engine(model, inputs: dict, gen: dict, reps: int, top: int = 15) -> 
     tables.sort(key=lambda t: sum(v["matrix"] + v["other"] for v in t[0].values()))
     table, ops_top = tables[len(tables) // 2]
     ops = sum(v["matrix"] + v["other"] for v in table.values())
-    return {"wall_ms": round(wall, 1), "op_ms": round(ops, 1),
-            "matrix_ms": round(sum(v["matrix"] for v in table.values()), 1),
-            "python_dispatch_ms": round(max(wall - ops, 0.0), 1), "top_ops": ops_top,
-            "regions": {r: {k: round(v, 2) for k, v in kinds.items()} for r, kinds in table.items()}}
+    return {
+        "wall_ms": round(wall, 1),
+        "op_ms": round(ops, 1),
+        "matrix_ms": round(sum(v["matrix"] for v in table.values()), 1),
+        "python_dispatch_ms": round(max(wall - ops, 0.0), 1),
+        "top_ops": ops_top,
+        "regions": {r: {k: round(v, 2) for k, v in kinds.items()} for r, kinds in table.items()},
+    }
 
 
 def run(args) -> dict:
@@ -230,15 +262,23 @@ def run(args) -> dict:
     for size in args.sizes:
         for beams in args.beams:
             key = f"{size} {'greedy' if beams == 1 else f'beam{beams}'}"
-            gen = dict(num_beams=beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                       do_sample=False, **({"length_penalty": 0.6} if beams > 1 else {}))
+            gen = dict(
+                num_beams=beams,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                **({"length_penalty": 0.6} if beams > 1 else {}),
+            )
             engines = engines_for(size, args.engines, args.vocab)  # fresh (uninstrumented) models per setting
             results[key] = {}
             for name, model in engines.items():
                 row = profile_engine(model, inputs, gen, args.reps, args.top)
                 results[key][name] = row
-                print(f"[{key}] {name}: wall {row['wall_ms']:.1f} ms, ops {row['op_ms']:.1f} (matrix "
-                      f"{row['matrix_ms']:.1f}), python+dispatch {row['python_dispatch_ms']:.1f}", flush=True)
+                print(
+                    f"[{key}] {name}: wall {row['wall_ms']:.1f} ms, ops {row['op_ms']:.1f} (matrix "
+                    f"{row['matrix_ms']:.1f}), python+dispatch {row['python_dispatch_ms']:.1f}",
+                    flush=True,
+                )
                 share = 100.0 * row["matrix_ms"] / row["op_ms"] if row["op_ms"] else 0.0
                 print(f"    matrix work {share:.0f}% of operator time, other {100 - share:.0f}%")
                 for region, kinds in row["regions"].items():
@@ -246,7 +286,8 @@ def run(args) -> dict:
                         print(f"    {region:26s} matrix {kinds['matrix']:8.2f}  other {kinds['other']:8.2f}")
                 print(f"    top {args.top} operators by self CPU time (ms per call, calls):")
                 for op in row["top_ops"]:
-                    print(f"      {op['op']:48s} {op['self_ms']:8.2f} {op['calls']:6d}{'  matrix' if op['matrix'] else ''}")
+                    matrix = "  matrix" if op["matrix"] else ""
+                    print(f"      {op['op']:48s} {op['self_ms']:8.2f} {op['calls']:6d}{matrix}")
     return results
 
 
@@ -255,29 +296,44 @@ def markdown(stored: dict) -> str:
     labels = list(stored)
     first = stored[labels[0]]
     settings = first["settings"]
-    lines = [f"torch.profiler, {settings['threads']} threads, batch {settings['batch']} x up to {settings['src_len']} "
-             f"source tokens, exactly {settings['new_tokens']} new tokens; ms per `generate` call, operator self "
-             "time as **matrix / other** (matrix: GEMMs, batched GEMMs, attention kernels, int8 GEMMs; other: "
-             "copies, concatenations, elementwise, reductions, masks). Wall: median call without the profiler. "
-             "Python + dispatch: wall minus all operator time. Rows are regions of the decoding step (the "
-             "script marks them; see its docstring). Load average at the start of each run: "
-             + ", ".join(f"{label} {stored[label].get('load_average', '?')}" for label in labels) + ".", ""]
+    lines = [
+        f"torch.profiler, {settings['threads']} threads, batch {settings['batch']} x up to {settings['src_len']} "
+        f"source tokens, exactly {settings['new_tokens']} new tokens; ms per `generate` call, operator self "
+        "time as **matrix / other** (matrix: GEMMs, batched GEMMs, attention kernels, int8 GEMMs; other: "
+        "copies, concatenations, elementwise, reductions, masks). Wall: median call without the profiler. "
+        "Python + dispatch: wall minus all operator time. Rows are regions of the decoding step (the "
+        "script marks them; see its docstring). Load average at the start of each run: "
+        + ", ".join(f"{label} {stored[label].get('load_average', '?')}" for label in labels)
+        + ".",
+        "",
+    ]
     for setting in first["results"]:
         columns = [(label, engine) for label in labels for engine in stored[label]["results"].get(setting, {})]
         if not columns:
             continue
-        lines += [f"**{setting}**", "", "| region | " + " | ".join(f"{e} ({label})" for label, e in columns) + " |",
-                  "|---|" + "---:|" * len(columns)]
+        lines += [
+            f"**{setting}**",
+            "",
+            "| region | " + " | ".join(f"{e} ({label})" for label, e in columns) + " |",
+            "|---|" + "---:|" * len(columns),
+        ]
         for region in REGIONS:
             cells = []
             for label, engine in columns:
                 kinds = stored[label]["results"][setting][engine]["regions"][region]
                 cells.append(f"{kinds['matrix']:.1f} / {kinds['other']:.1f}")
             lines.append(f"| {region} | " + " | ".join(cells) + " |")
-        for field, title in (("matrix_ms", "all matrix work"), ("op_ms", "all operators"),
-                             ("python_dispatch_ms", "Python + dispatch"), ("wall_ms", "**wall**")):
-            lines.append(f"| {title} | " + " | ".join(
-                f"{stored[label]['results'][setting][engine][field]:.1f}" for label, engine in columns) + " |")
+        for field, title in (
+            ("matrix_ms", "all matrix work"),
+            ("op_ms", "all operators"),
+            ("python_dispatch_ms", "Python + dispatch"),
+            ("wall_ms", "**wall**"),
+        ):
+            lines.append(
+                f"| {title} | "
+                + " | ".join(f"{stored[label]['results'][setting][engine][field]:.1f}" for label, engine in columns)
+                + " |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -286,8 +342,12 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["small", "base"], choices=["tiny", "small", "base"])
     parser.add_argument("--beams", nargs="+", type=int, default=[1, 4])
-    parser.add_argument("--engines", nargs="+", default=["marian_fp32", "ours_fp32"],
-                        choices=["marian_fp32", "ours_fp32", "marian_int8", "ours_int8"])
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["marian_fp32", "ours_fp32"],
+        choices=["marian_fp32", "ours_fp32", "marian_int8", "ours_int8"],
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--src_len", type=int, default=15)
     parser.add_argument("--new_tokens", type=int, default=20)
@@ -306,9 +366,18 @@ def main(argv=None) -> dict:
         return results
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"profile_decoding_{args.label}.json"
-    out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "no_write"},
-                               "load_average": round(load, 2), "torch": torch.__version__,
-                               "results": results}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "settings": {k: v for k, v in vars(args).items() if k != "no_write"},
+                "load_average": round(load, 2),
+                "torch": torch.__version__,
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     stored = {}
     for label in ("before", "after"):
         path = RESULTS_DIR / f"profile_decoding_{label}.json"

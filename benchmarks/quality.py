@@ -42,6 +42,7 @@ from report import write_section
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from training.checkpointing import atomic_write  # noqa: E402
+
 RUNS_DIR = ROOT / "benchmarks" / "runs"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 ARCHIVE_DIR = RESULTS_DIR / "runs"  # committed: what the table is built from
@@ -55,19 +56,34 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "baseline": ("Transformer baseline (post-norm)", "en-de", ["--model_type", "transformer_nmt"]),
     "marian": ("MarianMTModel (transformers)", "en-de", ["--model_type", "marian"]),
     # MUTE's own baseline (the paper's "Transformer + Relative"): MUTE's backbone with one plain unit per layer
-    "baseline_rel": ("Transformer pre-norm + relative positions (MUTE's backbone)", "en-de", [
-        "--model_type", "transformer_nmt", "--config_overrides",
-        "normalize_before=True,max_relative_positions=16,relative_position_values=True,attention_dropout=0.0"]),
-    "hysan_e1": ("HySAN e1, gated sum", "en-de", ["--model_type", "hysan_nmt", "--config_overrides",
-                                                 "encoder_layers=3,decoder_layers=3"]),
+    "baseline_rel": (
+        "Transformer pre-norm + relative positions (MUTE's backbone)",
+        "en-de",
+        [
+            "--model_type",
+            "transformer_nmt",
+            "--config_overrides",
+            "normalize_before=True,max_relative_positions=16,relative_position_values=True,attention_dropout=0.0",
+        ],
+    ),
+    "hysan_e1": (
+        "HySAN e1, gated sum",
+        "en-de",
+        ["--model_type", "hysan_nmt", "--config_overrides", "encoder_layers=3,decoder_layers=3"],
+    ),
     "mgsa_ngram": ("MG-SA n-gram, SAN, ON-LSTM", "en-de", ["--model_type", "mgsa_nmt"]),
-    "tied": ("Tied Transformer (6 shared blocks)", "en-de", ["--model_type", "tied_nmt", "--config_overrides",
-                                                             "encoder_layers=6,decoder_layers=6"]),
+    "tied": (
+        "Tied Transformer (6 shared blocks)",
+        "en-de",
+        ["--model_type", "tied_nmt", "--config_overrides", "encoder_layers=6,decoder_layers=6"],
+    ),
     "mute_bias_seq": ("MUTE + bias + seq (4 units)", "en-de", ["--model_type", "mute_nmt"]),
-    "mute": ("MUTE (4 units)", "en-de", ["--model_type", "mute_nmt", "--config_overrides",
-                                         "use_bias_module=False,merge=plain"]),
-    "mute_bias": ("MUTE + bias (4 units)", "en-de", ["--model_type", "mute_nmt", "--config_overrides",
-                                                     "merge=plain"]),
+    "mute": (
+        "MUTE (4 units)",
+        "en-de",
+        ["--model_type", "mute_nmt", "--config_overrides", "use_bias_module=False,merge=plain"],
+    ),
+    "mute_bias": ("MUTE + bias (4 units)", "en-de", ["--model_type", "mute_nmt", "--config_overrides", "merge=plain"]),
     "ml_baseline": ("Transformer baseline, many-to-many", "multi", ["--model_type", "transformer_nmt"]),
     "ml_mimo": ("MIMO (n=4), many-to-many", "multi", ["--model_type", "mimo_nmt"]),
     # The bar of the benchmark issue, at ITS budget (not part of the default run: ~1 h each on 2 cores)
@@ -75,30 +91,59 @@ RUNS: dict[str, tuple[str, str, list[str]]] = {
     "marian_bar": ("MarianMTModel, the bar's budget", "bar", ["--model_type", "marian"]),
     # our baseline with MarianMTModel's two training-relevant defaults (GELU, N(0, 0.02) init): isolates the gap
     # between the two rows above (Marian's final_logits_bias is a zero buffer, never trained)
-    "baseline_marian_defaults_bar": ("Transformer baseline with Marian's defaults (GELU, N(0, 0.02) init), the "
-                                     "bar's budget", "bar", ["--model_type", "transformer_nmt", "--config_overrides",
-                                                             "activation_function=gelu,init_method=normal"]),
+    "baseline_marian_defaults_bar": (
+        "Transformer baseline with Marian's defaults (GELU, N(0, 0.02) init), the bar's budget",
+        "bar",
+        ["--model_type", "transformer_nmt", "--config_overrides", "activation_function=gelu,init_method=normal"],
+    ),
 }
 # every other en->de run at the bar's budget too (opt-in, e.g. --only mgsa_ngram_bar: 45-90 min each on 2 cores)
-RUNS.update({f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
-             for name, (label, group, train_args) in list(RUNS.items())
-             if group == "en-de" and name not in ("baseline", "marian")})
+RUNS.update(
+    {
+        f"{name}_bar": (f"{label}, the bar's budget", "bar", list(train_args))
+        for name, (label, group, train_args) in list(RUNS.items())
+        if group == "en-de" and name not in ("baseline", "marian")
+    }
+)
 # the same baseline again: the first run (its translations were lost with an earlier work tree, its table values
 # and paired tests are archived) beside `baseline_bar` (the same seed rerun), and
 # another training seed: how far runs of one model fall apart at this budget (the p-values measure test-set
 # sampling only)
-RUNS["baseline_bar_run1"] = ("Transformer baseline, the bar's budget, first run", "bar",
-                             ["--model_type", "transformer_nmt"])
-RUNS["baseline_bar_seed2"] = ("Transformer baseline, the bar's budget, seed 2", "bar",
-                              ["--model_type", "transformer_nmt", "--seed", "2"])
+RUNS["baseline_bar_run1"] = (
+    "Transformer baseline, the bar's budget, first run",
+    "bar",
+    ["--model_type", "transformer_nmt"],
+)
+RUNS["baseline_bar_seed2"] = (
+    "Transformer baseline, the bar's budget, seed 2",
+    "bar",
+    ["--model_type", "transformer_nmt", "--seed", "2"],
+)
 DEFAULT_RUNS = [name for name, spec in RUNS.items() if spec[1] != "bar"]
 # The bar: MarianMTModel small trained by the team on these 2 cores for 45 min (1,100 steps of 4096 tokens, warmup
 # 500, about 9 epochs; the rest of the recipe as ours) reached 34.0 BLEU / 58.6 chrF on test_2016_flickr.
-BAR_REFERENCE = {"label": "MarianMTModel small (the issue's bar, measured by the team)", "bleu": 34.0, "chrf": 58.6,
-                 "steps": 1100, "max_tokens": 4096, "warmup": 500, "epochs": 9, "train_time_min": 45.0}
-BAR_BUDGET = ["--max_steps", str(BAR_REFERENCE["steps"]), "--max_tokens", str(BAR_REFERENCE["max_tokens"]),
-              "--warmup_steps", str(BAR_REFERENCE["warmup"]), "--eval_steps", str(BAR_REFERENCE["steps"]),
-              "--save_steps", "100"]
+BAR_REFERENCE = {
+    "label": "MarianMTModel small (the issue's bar, measured by the team)",
+    "bleu": 34.0,
+    "chrf": 58.6,
+    "steps": 1100,
+    "max_tokens": 4096,
+    "warmup": 500,
+    "epochs": 9,
+    "train_time_min": 45.0,
+}
+BAR_BUDGET = [
+    "--max_steps",
+    str(BAR_REFERENCE["steps"]),
+    "--max_tokens",
+    str(BAR_REFERENCE["max_tokens"]),
+    "--warmup_steps",
+    str(BAR_REFERENCE["warmup"]),
+    "--eval_steps",
+    str(BAR_REFERENCE["steps"]),
+    "--save_steps",
+    "100",
+]
 
 MUTE_RUNS = ("mute", "mute_bias", "mute_bias_seq")  # compared with "baseline_rel" too (MUTE's own backbone)
 PAPER_CLAIMS = {  # from the papers, as collected in docs/variants-spec.md
@@ -113,10 +158,32 @@ PAPER_CLAIMS = {  # from the papers, as collected in docs/variants-spec.md
 
 
 def common_args(args) -> list[str]:
-    return ["--max_steps", str(args.steps), "--max_tokens", str(args.max_tokens), "--warmup_steps",
-            str(args.warmup), "--learning_rate", str(args.lr), "--eval_steps", str(args.steps), "--save_steps", "50",
-            "--eval_bleu_pairs", "0", "--final_model", "last", "--logging_steps", "25", "--seed", str(args.seed),
-            "--num_examples", "2", "--keep_checkpoints", "1"]
+    return [
+        "--max_steps",
+        str(args.steps),
+        "--max_tokens",
+        str(args.max_tokens),
+        "--warmup_steps",
+        str(args.warmup),
+        "--learning_rate",
+        str(args.lr),
+        "--eval_steps",
+        str(args.steps),
+        "--save_steps",
+        "50",
+        "--eval_bleu_pairs",
+        "0",
+        "--final_model",
+        "last",
+        "--logging_steps",
+        "25",
+        "--seed",
+        str(args.seed),
+        "--num_examples",
+        "2",
+        "--keep_checkpoints",
+        "1",
+    ]
 
 
 def tokenizer_dir(group: str) -> Path:
@@ -134,8 +201,9 @@ def ensure_tokenizer(group: str, vocab_size: int) -> Path:
     languages = ["en", "de", "fr", "cs"] if group == "multi" else ["en", "de"]
     data = corpus.load_split_from_dir(ROOT / "training" / "data" / "multi30k", "train", languages)
     tmp = out.with_name(out.name + ".tmp")
-    train_tokenizer([data.column(lang) for lang in languages], vocab_size=vocab_size, languages=languages,
-                    output_dir=tmp)
+    train_tokenizer(
+        [data.column(lang) for lang in languages], vocab_size=vocab_size, languages=languages, output_dir=tmp
+    )
     os.replace(tmp, out)
     return out
 
@@ -170,9 +238,22 @@ def run(name: str, args) -> dict | None:
         return json.loads((ARCHIVE_DIR / f"{name}.json").read_text())
     tok = ensure_tokenizer(group, args.vocab_size)
     # the run's own arguments last: they override the common ones (e.g. --seed)
-    cmd = [sys.executable, str(TRAIN), *(MULTILINGUAL if group == "multi" else BILINGUAL), *common_args(args),
-           *(BAR_BUDGET if group == "bar" else []), "--tokenizer", str(tok), "--output_dir", str(out),
-           "--resume_from_checkpoint", "latest", "--variant_name", label, *extra]
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        *(MULTILINGUAL if group == "multi" else BILINGUAL),
+        *common_args(args),
+        *(BAR_BUDGET if group == "bar" else []),
+        "--tokenizer",
+        str(tok),
+        "--output_dir",
+        str(out),
+        "--resume_from_checkpoint",
+        "latest",
+        "--variant_name",
+        label,
+        *extra,
+    ]
     if group == "multi":
         cmd += ["--max_test_pairs", str(args.multi_test_pairs)]
     cmd += ["--max_valid_pairs", "200"]
@@ -205,13 +286,23 @@ def row(name: str, r: dict, base: dict | None) -> dict:
     per = r.get("per_direction") or {}
     ende = per.get("en-de", {})
     out = {
-        "name": name, "label": RUNS[name][0], "group": RUNS[name][1], "model_type": r["model_type"],
-        "params": r["params"], "steps": r["steps"], "epochs": r["epochs"],
-        "bleu": r["bleu"], "chrf": r["chrf"],
+        "name": name,
+        "label": RUNS[name][0],
+        "group": RUNS[name][1],
+        "model_type": r["model_type"],
+        "params": r["params"],
+        "steps": r["steps"],
+        "epochs": r["epochs"],
+        "bleu": r["bleu"],
+        "chrf": r["chrf"],
         "valid_loss": (r.get("validation") or [{}])[-1].get("valid_loss"),
-        "train_tokens_per_sec": r["train_tokens_per_sec"], "train_time_min": r["train_time_sec"] / 60,
-        "wall_time_min": r["wall_time_sec"] / 60, "eval_split": r["eval_split"], "eval_pairs": r["eval_pairs"],
-        "sacrebleu_signature": r["sacrebleu_signature"], "per_direction": per or None,
+        "train_tokens_per_sec": r["train_tokens_per_sec"],
+        "train_time_min": r["train_time_sec"] / 60,
+        "wall_time_min": r["wall_time_sec"] / 60,
+        "eval_split": r["eval_split"],
+        "eval_pairs": r["eval_pairs"],
+        "sacrebleu_signature": r["sacrebleu_signature"],
+        "per_direction": per or None,
         "stored_tests": r.get("stored_tests"),
     }
     if RUNS[name][1] != "multi":
@@ -248,13 +339,15 @@ def paired_bootstrap(rows: list[dict], base_name: str, n_samples: int = 1000, pr
             hyps[name] = lines
     computed = set()
     if base_name in hyps and len(hyps) >= 2:
-        test = PairedTest(list(hyps.items()), {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs",
-                          n_samples=n_samples)
+        test = PairedTest(
+            list(hyps.items()), {"BLEU": BLEU(), "chrF": CHRF()}, [refs], test_type="bs", n_samples=n_samples
+        )
         _, scores = test()
         for i, name in enumerate(scores["System"]):
             bleu, chrf = scores["BLEU"][i], scores["chrF2"][i]
-            by_name[name].update({f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value,
-                                  f"{prefix}p_chrf": chrf.p_value})
+            by_name[name].update(
+                {f"{prefix}bleu_ci95": bleu.ci, f"{prefix}p_bleu": bleu.p_value, f"{prefix}p_chrf": chrf.p_value}
+            )
             computed.add(name)
     for x in rows:
         stored = (x.get("stored_tests") or {}).get(prefix or "baseline")
@@ -277,9 +370,11 @@ def fmt_p(x: dict, prefix: str = "") -> str:
 def p_footnotes(rows: list[dict], prefix: str = "") -> list[str]:
     by_name = {x["name"]: x for x in rows}
     against = dict.fromkeys(x[f"{prefix}p_against"] for x in rows if x.get(f"{prefix}p_against"))
-    return [f"† p against \"{by_name[name]['label']}\" ({by_name[name]['bleu']:.2f} BLEU), the baseline run these "
-            "rows were compared with before its translations were lost; the other p against the table's baseline."
-            for name in against]
+    return [
+        f'† p against "{by_name[name]["label"]}" ({by_name[name]["bleu"]:.2f} BLEU), the baseline run these '
+        "rows were compared with before its translations were lost; the other p against the table's baseline."
+        for name in against
+    ]
 
 
 def fmt_bleu(x: dict) -> str:
@@ -297,15 +392,24 @@ def own_baseline_table(rows: list[dict], suffix: str) -> list[str]:
     mute = [by_name[f"{n}{suffix}"] for n in MUTE_RUNS if f"{n}{suffix}" in by_name]
     if base is None or not mute:
         return []
-    lines = ["", f"MUTE against its own baseline, as the paper compares them — {base['label']}: "
-                 f"{base['bleu']:.2f} BLEU / {base['chrf']:.2f} chrF, valid loss {fmt_loss(base)}:", "",
-             "| model | Δ BLEU | Δ chrF | Δ valid loss | p (BLEU / chrF) |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        "",
+        f"MUTE against its own baseline, as the paper compares them — {base['label']}: "
+        f"{base['bleu']:.2f} BLEU / {base['chrf']:.2f} chrF, valid loss {fmt_loss(base)}:",
+        "",
+        "| model | Δ BLEU | Δ chrF | Δ valid loss | p (BLEU / chrF) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for x in mute:
-        dloss = "—" if x.get("valid_loss") is None or base.get("valid_loss") is None else \
-            f"{x['valid_loss'] - base['valid_loss']:+.3f}"
+        dloss = (
+            "—"
+            if x.get("valid_loss") is None or base.get("valid_loss") is None
+            else f"{x['valid_loss'] - base['valid_loss']:+.3f}"
+        )
         p = fmt_p(x, "own_")
-        lines.append(f"| {x['label']} | {x['bleu'] - base['bleu']:+.2f} | {x['chrf'] - base['chrf']:+.2f} | {dloss} "
-                     f"| {p} |")
+        lines.append(
+            f"| {x['label']} | {x['bleu'] - base['bleu']:+.2f} | {x['chrf'] - base['chrf']:+.2f} | {dloss} | {p} |"
+        )
     return lines
 
 
@@ -340,39 +444,53 @@ def write_table(args) -> str:
             continue
         delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
         ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
-        lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | {delta} | "
-                     f"{fmt_p(x)} | {fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | "
-                     f"{x['train_time_min']:.1f} | {x['epochs']:.2f} |")
+        lines.append(
+            f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | {delta} | "
+            f"{fmt_p(x)} | {fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | "
+            f"{x['train_time_min']:.1f} | {x['epochs']:.2f} |"
+        )
     lines += own_baseline_table(rows, "")
     multi = [x for x in rows if x["group"] == "multi"]
     if multi:
-        lines += ["", f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
-                      f"sentences per direction:", "",
-                  "| model | params | en→de BLEU | avg BLEU (12 directions) | all-directions chrF | valid loss | "
-                  "train tok/s | train min |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Many-to-many (en, de, fr, cs; 12 directions), first {args.multi_test_pairs} test_2016_flickr "
+            f"sentences per direction:",
+            "",
+            "| model | params | en→de BLEU | avg BLEU (12 directions) | all-directions chrF | valid loss | "
+            "train tok/s | train min |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for x in multi:
-            lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['en_de_bleu']:.2f} | "
-                         f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {fmt_loss(x)} | "
-                         f"{x['train_tokens_per_sec']:.0f} | "
-                         f"{x['train_time_min']:.1f} |")
+            lines.append(
+                f"| {x['label']} | {x['params'] / 1e6:.2f}M | {x['en_de_bleu']:.2f} | "
+                f"{x['avg_direction_bleu']:.2f} | {x['chrf']:.2f} | {fmt_loss(x)} | "
+                f"{x['train_tokens_per_sec']:.0f} | "
+                f"{x['train_time_min']:.1f} |"
+            )
     # the baseline's repeat runs (first run, other seed) right below it
     bar = sorted((x for x in rows if x["group"] == "bar"), key=lambda x: not x["name"].startswith("baseline_bar"))
     bar_lines = []
     if bar:
         ref = BAR_REFERENCE
-        bar_lines = [f"At the bar's budget ({ref['steps']:,} steps of <= {ref['max_tokens']} tokens, warmup "
-                     f"{ref['warmup']}, otherwise as above; the full test_2016_flickr; p and ± as above, against our "
-                     "baseline at this budget):", "",
-                     f"| model | params | BLEU | chrF | Δ BLEU vs the bar ({ref['bleu']:.1f}) | "
-                     "Δ BLEU vs our baseline | p (BLEU / chrF) | valid loss | steps | epochs |",
-                     "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-                     f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | — | — | — | "
-                     f"{ref['steps']} | {ref['epochs']} |"]
+        bar_lines = [
+            f"At the bar's budget ({ref['steps']:,} steps of <= {ref['max_tokens']} tokens, warmup "
+            f"{ref['warmup']}, otherwise as above; the full test_2016_flickr; p and ± as above, against our "
+            "baseline at this budget):",
+            "",
+            f"| model | params | BLEU | chrF | Δ BLEU vs the bar ({ref['bleu']:.1f}) | "
+            "Δ BLEU vs our baseline | p (BLEU / chrF) | valid loss | steps | epochs |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {ref['label']} | 7.7M | {ref['bleu']:.1f} | {ref['chrf']:.1f} | — | — | — | — | "
+            f"{ref['steps']} | {ref['epochs']} |",
+        ]
         for x in bar:
             delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
-            bar_lines.append(f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | "
-                             f"{x['bleu'] - ref['bleu']:+.2f} | {delta} | {fmt_p(x)} | {fmt_loss(x)} | {x['steps']} | "
-                             f"{x['epochs']:.2f} |")
+            bar_lines.append(
+                f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | "
+                f"{x['bleu'] - ref['bleu']:+.2f} | {delta} | {fmt_p(x)} | {fmt_loss(x)} | {x['steps']} | "
+                f"{x['epochs']:.2f} |"
+            )
         notes = p_footnotes(bar)
         bar_lines += ["", *notes] if notes else []
         bar_lines += own_baseline_table(rows, "_bar")
@@ -385,9 +503,19 @@ def write_table(args) -> str:
     text = "\n".join(lines) + "\n"
     bar_text = "\n".join(bar_lines) + "\n" if bar_lines else ""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    payload = {"budget": {"steps": args.steps, "max_tokens": args.max_tokens, "warmup": args.warmup, "lr": args.lr,
-                          "seed": args.seed, "vocab_size": args.vocab_size},
-               "rows": rows, "paper_claims": PAPER_CLAIMS, "bar_reference": BAR_REFERENCE}
+    payload = {
+        "budget": {
+            "steps": args.steps,
+            "max_tokens": args.max_tokens,
+            "warmup": args.warmup,
+            "lr": args.lr,
+            "seed": args.seed,
+            "vocab_size": args.vocab_size,
+        },
+        "rows": rows,
+        "paper_claims": PAPER_CLAIMS,
+        "bar_reference": BAR_REFERENCE,
+    }
     (RESULTS_DIR / "quality.json").write_text(json.dumps(payload, indent=2) + "\n")
     (RESULTS_DIR / "quality.md").write_text(text + ("\n" + bar_text if bar_text else ""))
     write_section("quality", text)  # the tables inside benchmarks/RESULTS.md

@@ -9,39 +9,60 @@ state-dict keys and shapes, parameter order, eval logits / loss / aux losses / a
 eager kernel's logits, the skip_logits loss, greedy and beam-2 generations with their scores, and a training step
 with dropout (loss and every gradient, both loss paths). Tolerance 1e-6 absolute. CPU, about 10 s.
 """
+
 import sys
 
 import torch
 
-from hf_variants.registration import MODEL_CLASSES
 from hf_variants.phrases import ngram_phrase_index
+from hf_variants.registration import MODEL_CLASSES
 
 V, B, S, T = 61, 3, 9, 7
 L2 = dict(languages=["en", "de"])
 CASES = {
     "nmt_post": ("transformer_nmt", {}),
-    "nmt_pre_rel": ("transformer_nmt", dict(normalize_before=True, max_relative_positions=3,
-                                            relative_position_values=True, position_embedding_type="learned",
-                                            output_bias=True, label_smoothing=0.1)),
-    "nmt_untied": ("transformer_nmt", dict(tie_word_embeddings=False, share_encoder_decoder_embeddings=False,
-                                           max_relative_positions=2)),
+    "nmt_pre_rel": (
+        "transformer_nmt",
+        dict(
+            normalize_before=True,
+            max_relative_positions=3,
+            relative_position_values=True,
+            position_embedding_type="learned",
+            output_bias=True,
+            label_smoothing=0.1,
+        ),
+    ),
+    "nmt_untied": (
+        "transformer_nmt",
+        dict(tie_word_embeddings=False, share_encoder_decoder_embeddings=False, max_relative_positions=2),
+    ),
     "mute_seq": ("mute_nmt", dict(max_relative_positions=3, label_smoothing=0.1)),
     "mute_plain": ("mute_nmt", dict(max_relative_positions=3, merge="plain", normalize_before=False)),
     "mimo_mix": ("mimo_nmt", dict(num_transformations=2, mixing_init_std=0.5, **L2)),
     "mimo_merge": ("mimo_nmt", dict(num_transformations=3, mixing_init_std=0.5, mimo_memory="merge", **L2)),
     "mimo_plain": ("mimo_nmt", dict(num_transformations=2, mimo=False, task_attention=False, **L2)),
-    "mimo_rel": ("mimo_nmt", dict(num_transformations=2, mixing_init_std=0.5, lipschitz_init=False,
-                                  position_embedding_type="learned", **L2)),
+    "mimo_rel": (
+        "mimo_nmt",
+        dict(
+            num_transformations=2, mixing_init_std=0.5, lipschitz_init=False, position_embedding_type="learned", **L2
+        ),
+    ),
     "mgsa_syn": ("mgsa_nmt", dict(max_relative_positions=3, relative_position_values=True, mgsa_layers=[0, 1])),
     "mgsa_syn_proj": ("mgsa_nmt", dict(mgsa_phrase_kv="project", phrase_composition="lstm", tag_classifier="shared")),
-    "mgsa_ngram": ("mgsa_nmt", dict(phrase_type="ngram", ngram_sizes=[3, 2], phrase_composition="lstm",
-                                    phrase_interaction="lstm")),
-    "mgsa_ngram_pool": ("mgsa_nmt", dict(phrase_type="ngram", ngram_sizes=[2], phrase_composition="max_pool",
-                                         phrase_interaction="none")),
+    "mgsa_ngram": (
+        "mgsa_nmt",
+        dict(phrase_type="ngram", ngram_sizes=[3, 2], phrase_composition="lstm", phrase_interaction="lstm"),
+    ),
+    "mgsa_ngram_pool": (
+        "mgsa_nmt",
+        dict(phrase_type="ngram", ngram_sizes=[2], phrase_composition="max_pool", phrase_interaction="none"),
+    ),
     "tied": ("tied_nmt", dict(max_relative_positions=3, **L2)),
     "tied_untied": ("tied_nmt", dict(tie_word_embeddings=False, **L2)),
-    "hysan_gated": ("hysan_nmt", dict(local_k=2, max_relative_positions=3, relative_position_values=True,
-                                      gate_reduction=4)),
+    "hysan_gated": (
+        "hysan_nmt",
+        dict(local_k=2, max_relative_positions=3, relative_position_values=True, gate_reduction=4),
+    ),
     "hysan_concat": ("hysan_nmt", dict(local_k=2, fusion="concat")),
     "hysan_sum": ("hysan_nmt", dict(local_k=[1, 2], fusion="sum", normalize_before=False)),
 }
@@ -105,8 +126,9 @@ def record(name):
         flat(model(**inputs, labels=labels).logits, "eager", res)
         model.config._attn_implementation = "sdpa"
         for beams in (1, 2):
-            g = model.generate(**inputs, num_beams=beams, max_new_tokens=6, output_scores=True,
-                               return_dict_in_generate=True)
+            g = model.generate(
+                **inputs, num_beams=beams, max_new_tokens=6, output_scores=True, return_dict_in_generate=True
+            )
             res[f"gen{beams}"] = g.sequences.clone()
             flat(list(g.scores), f"gen{beams}.scores", res)
     # training step with dropout

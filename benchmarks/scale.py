@@ -85,8 +85,10 @@ def make_corpus(folder: Path, pairs: int) -> Path:
                 f.write("\n".join(f"{sents[a]} {sents[(a + k) % n]}" for a in range(m)) + "\n")
                 done += m
                 k += 1
-        with gzip.open(MULTI30K / f"val.{lang}.gz", "rt", encoding="utf-8") as src, \
-                open(folder / f"val.{lang}", "w", encoding="utf-8") as dst:
+        with (
+            gzip.open(MULTI30K / f"val.{lang}.gz", "rt", encoding="utf-8") as src,
+            open(folder / f"val.{lang}", "w", encoding="utf-8") as dst,
+        ):
             dst.writelines(line for _, line in zip(range(50), src))
     (folder / ".done").write_text(json.dumps({"pairs": pairs, "seconds": time.time() - t0}))
     return folder
@@ -172,8 +174,8 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: 
             break
         procs = descendants(proc.pid)
         total = sum(rss(p.pid) for p in procs)
-        if total > rss_limit_gb * 2 ** 30:
-            killed = f"killed at {total / 2 ** 30:.1f} GB resident (--rss_limit_gb {rss_limit_gb:g})"
+        if total > rss_limit_gb * 2**30:
+            killed = f"killed at {total / 2**30:.1f} GB resident (--rss_limit_gb {rss_limit_gb:g})"
             kill_tree(proc)
             break
         for p in procs:
@@ -210,21 +212,28 @@ def run(cmd: list[str], run_dir: Path, env: dict, timeout: float, rss_limit_gb: 
     train_procs = {pid: peak.get(pid, 0) for pid in ranks}
     workers = {pid: v for pid, v in peak.items() if pid not in ranks and pid != proc.pid}
     result = {
-        "returncode": proc.returncode, "wall_sec": round(wall, 1),
+        "returncode": proc.returncode,
+        "wall_sec": round(wall, 1),
         "first_step_sec": round(first_step, 1) if first_step else None,
-        "peak_rss_gb_per_rank": {str(ranks[p]): round(v / 2 ** 30, 3) for p, v in sorted(train_procs.items(),
-                                                                                         key=lambda x: ranks[x[0]])},
-        "peak_rss_gb_other_processes": round(max(workers.values(), default=0) / 2 ** 30, 3),
+        "peak_rss_gb_per_rank": {
+            str(ranks[p]): round(v / 2**30, 3) for p, v in sorted(train_procs.items(), key=lambda x: ranks[x[0]])
+        },
+        "peak_rss_gb_other_processes": round(max(workers.values(), default=0) / 2**30, 3),
         # sampled every 0.5 s (VmHWM is the kernel's exact peak of their sum at one moment)
-        "peak_anon_gb_per_rank": {str(ranks[p]): round(peak_anon.get(p, 0) / 2 ** 30, 3)
-                                  for p in sorted(train_procs, key=lambda q: ranks[q])},
-        "peak_file_gb_per_rank": {str(ranks[p]): round(peak_file.get(p, 0) / 2 ** 30, 3)
-                                  for p in sorted(train_procs, key=lambda q: ranks[q])},
-        "uss_gb_rank1": round(uss_rank1 / 2 ** 30, 3) if uss_rank1 else None,
-        "uss_gb_rank1_at_first_step": round(uss_rank1_at_step / 2 ** 30, 3) if uss_rank1_at_step else None,
+        "peak_anon_gb_per_rank": {
+            str(ranks[p]): round(peak_anon.get(p, 0) / 2**30, 3) for p in sorted(train_procs, key=lambda q: ranks[q])
+        },
+        "peak_file_gb_per_rank": {
+            str(ranks[p]): round(peak_file.get(p, 0) / 2**30, 3) for p in sorted(train_procs, key=lambda q: ranks[q])
+        },
+        "uss_gb_rank1": round(uss_rank1 / 2**30, 3) if uss_rank1 else None,
+        "uss_gb_rank1_at_first_step": round(uss_rank1_at_step / 2**30, 3) if uss_rank1_at_step else None,
     }
-    m = re.search(r"Tokenized \S+/train: (\d+) rows x (\d+) languages in ([\d.]+) s \((\d+) sentences/s, (\d+) "
-                  r"worker", out)
+    m = re.search(
+        r"Tokenized \S+/train: (\d+) rows x (\d+) languages in ([\d.]+) s \((\d+) sentences/s, (\d+) "
+        r"worker",
+        out,
+    )
     if m:
         result["tokenized_sentences_per_sec"] = int(m.group(4))
         result["tokenize_sec"] = float(m.group(3))
@@ -252,12 +261,37 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def train_cmd(code: Path, data: Path, out: Path, cache: Path, steps: int, processes: int, tokenizer: Path | None,
-              smoke: bool) -> list[str]:
-    args = ["--data_dir", str(data), "--valid_prefix", "val", "--test_prefix", "", "--preset", "tiny",
-            "--max_steps", str(steps), "--logging_steps", "1", "--eval_steps", "1000", "--eval_bleu_pairs", "0",
-            "--num_beams", "1", "--max_len_b", "5", "--output_dir", str(out), "--num_examples", "0",
-            "--warmup_steps", "1"]
+def train_cmd(
+    code: Path, data: Path, out: Path, cache: Path, steps: int, processes: int, tokenizer: Path | None, smoke: bool
+) -> list[str]:
+    args = [
+        "--data_dir",
+        str(data),
+        "--valid_prefix",
+        "val",
+        "--test_prefix",
+        "",
+        "--preset",
+        "tiny",
+        "--max_steps",
+        str(steps),
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "1000",
+        "--eval_bleu_pairs",
+        "0",
+        "--num_beams",
+        "1",
+        "--max_len_b",
+        "5",
+        "--output_dir",
+        str(out),
+        "--num_examples",
+        "0",
+        "--warmup_steps",
+        "1",
+    ]
     if (code / "training" / "data_pipeline.py").is_file():  # not in the code before the Arrow pipeline
         args += ["--data_cache_dir", str(cache)]
     if smoke:
@@ -267,9 +301,23 @@ def train_cmd(code: Path, data: Path, out: Path, cache: Path, steps: int, proces
     script = str(code / "training" / "train.py")
     if processes == 1:
         return [sys.executable, script] + args
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-            str(29500 + os.getpid() % 1000), script] + args
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(29500 + os.getpid() % 1000),
+        script,
+    ] + args
 
 
 def measure(args) -> None:
@@ -299,32 +347,53 @@ def measure(args) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             processes = 2 if name == "2proc" else 1
             load = os.getloadavg()
-            cmd = train_cmd(code, data, out, cache, args.steps, processes,
-                            tokenizers.get(name), args.smoke)
+            cmd = train_cmd(code, data, out, cache, args.steps, processes, tokenizers.get(name), args.smoke)
             print(f"[{size}] {name}: load average {load[0]:.2f} — {' '.join(cmd)}", flush=True)
             result = run(cmd, out, env, args.timeout, args.rss_limit_gb)
-            commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() or None  # None: an exported tree (git archive)
-            result.update(size=size, pairs=pairs, run=name, version=version, code=str(code), commit=commit,
-                          processes=processes,
-                          load_avg_1min_before=round(load[0], 2), command=" ".join(cmd),
-                          cache_gb=round(du(cache) / 2 ** 30, 3),
-                          date=time.strftime("%Y-%m-%d %H:%M:%S"))
+            commit = (
+                subprocess.run(
+                    ["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+                ).stdout.strip()
+                or None
+            )  # None: an exported tree (git archive)
+            result.update(
+                size=size,
+                pairs=pairs,
+                run=name,
+                version=version,
+                code=str(code),
+                commit=commit,
+                processes=processes,
+                load_avg_1min_before=round(load[0], 2),
+                command=" ".join(cmd),
+                cache_gb=round(du(cache) / 2**30, 3),
+                date=time.strftime("%Y-%m-%d %H:%M:%S"),
+            )
             if version == "after" and cache.exists():
-                result["cache_gb_by_stage"] = {stage: round(sum(du(p) for p in cache.glob(f"{stage}-*")) / 2 ** 30, 3)
-                                               for stage in ("rows", "measured", "pairs")}
+                result["cache_gb_by_stage"] = {
+                    stage: round(sum(du(p) for p in cache.glob(f"{stage}-*")) / 2**30, 3)
+                    for stage in ("rows", "measured", "pairs")
+                }
             print(json.dumps(result, indent=1), flush=True)
-            results["runs"] = [r for r in results["runs"] if (r["size"], r["run"], r["version"]) !=
-                               (size, name, version)] + [result]
+            results["runs"] = [
+                r for r in results["runs"] if (r["size"], r["run"], r["version"]) != (size, name, version)
+            ] + [result]
             results_path.parent.mkdir(parents=True, exist_ok=True)
             results_path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------------------------------------ report
 ISSUE_BEFORE = [  # measured with the code before the pipeline (issue #20, 2026-11-24)
-    {"size": "4.5M", "pairs": 4_500_000, "run": "first", "version": "before (issue)", "wall_sec": 476,
-     "first_step_sec": None, "peak_rss_gb_per_rank": {"0": 24.0},
-     "note": "killed by the OOM killer at 24 GB after 7 min 56 s, still training the tokenizer"},
+    {
+        "size": "4.5M",
+        "pairs": 4_500_000,
+        "run": "first",
+        "version": "before (issue)",
+        "wall_sec": 476,
+        "first_step_sec": None,
+        "peak_rss_gb_per_rank": {"0": 24.0},
+        "note": "killed by the OOM killer at 24 GB after 7 min 56 s, still training the tokenizer",
+    },
 ]
 
 
@@ -343,14 +412,21 @@ def report(results_path: Path) -> None:
     runs = json.loads(results_path.read_text())["runs"] + ISSUE_BEFORE
     order = {s: i for i, s in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["size"]], r["version"], ["first", "relaunch", "2proc"].index(r["run"])))
-    lines = ["| corpus | code | run | first step (s) | wall, 3 steps (s) | peak RSS per process (GB) | rank 1 USS (GB) "
-             "| tokenization (sentences/s) | cache (GB) | load avg | note |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| corpus | code | run | first step (s) | wall, 3 steps (s) | peak RSS per process (GB) | rank 1 USS (GB) "
+        "| tokenization (sentences/s) | cache (GB) | load avg | note |",
+        "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     for r in runs:
         rss = ", ".join(f"{v:.2f}" for v in r.get("peak_rss_gb_per_rank", {}).values())
         if r.get("peak_anon_gb_per_rank"):
-            rss += " [anon " + ", ".join(f"{v:.2f}" for v in r["peak_anon_gb_per_rank"].values()) + "; mapped " + \
-                ", ".join(f"{v:.2f}" for v in r["peak_file_gb_per_rank"].values()) + "]"
+            rss += (
+                " [anon "
+                + ", ".join(f"{v:.2f}" for v in r["peak_anon_gb_per_rank"].values())
+                + "; mapped "
+                + ", ".join(f"{v:.2f}" for v in r["peak_file_gb_per_rank"].values())
+                + "]"
+            )
         if r.get("peak_rss_gb_other_processes"):
             rss += f" (workers {r['peak_rss_gb_other_processes']:.2f})"
         lines.append(
@@ -359,14 +435,19 @@ def report(results_path: Path) -> None:
             f"{r.get('uss_gb_rank1_at_first_step') or r.get('uss_gb_rank1') or '—'} | "
             f"{r.get('tokenized_sentences_per_sec', '—')} | {r.get('cache_gb', '—')} | "
             f"{r.get('load_avg_1min_before', '—')} | "
-            + "; ".join(str(r[k]) for k in ("note", "killed") if r.get(k)) + " |")
+            + "; ".join(str(r[k]) for k in ("note", "killed") if r.get(k))
+            + " |"
+        )
     table = "\n".join(lines)
     results_path.with_suffix(".md").write_text(table + "\n")
     print(table)
     if results_path.resolve() == RESULTS.resolve():
         if not write_section("scale", table):
-            print("benchmarks/RESULTS.md has no <!-- scale:start --> / <!-- scale:end --> markers: table not "
-                  "written there", file=sys.stderr)
+            print(
+                "benchmarks/RESULTS.md has no <!-- scale:start --> / <!-- scale:end --> markers: table not "
+                "written there",
+                file=sys.stderr,
+            )
         else:
             print("wrote the scale section of benchmarks/RESULTS.md")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
@@ -376,10 +457,20 @@ def report(results_path: Path) -> None:
             if not pts:
                 continue
             xs = [r["pairs"] for r in pts]
-            axes[0].plot(xs, [max(r.get("peak_rss_gb_per_rank", {"0": 0}).values()) for r in pts], marker=marker,
-                         linestyle=style, label=f"{version}, {run_name}")
-            axes[1].plot(xs, [r.get("first_step_sec") or r.get("wall_sec") for r in pts], marker=marker,
-                         linestyle=style, label=f"{version}, {run_name}")
+            axes[0].plot(
+                xs,
+                [max(r.get("peak_rss_gb_per_rank", {"0": 0}).values()) for r in pts],
+                marker=marker,
+                linestyle=style,
+                label=f"{version}, {run_name}",
+            )
+            axes[1].plot(
+                xs,
+                [r.get("first_step_sec") or r.get("wall_sec") for r in pts],
+                marker=marker,
+                linestyle=style,
+                label=f"{version}, {run_name}",
+            )
             for r in pts:  # a run killed (memory or time limit) before its first step: its wall time, marked x
                 if r.get("killed") and not r.get("first_step_sec"):
                     axes[1].plot([r["pairs"]], [r["wall_sec"]], "kx", markersize=9)
@@ -391,8 +482,9 @@ def report(results_path: Path) -> None:
         ax.legend(fontsize=7)
     axes[0].axhline(2, color="grey", lw=0.8, ls=":")
     axes[1].axhline(480, color="grey", lw=0.8, ls=":")
-    fig.suptitle("training/train.py on synthetic WMT-like corpora, 2 CPU cores (x: killed before its first step)",
-                 fontsize=10)
+    fig.suptitle(
+        "training/train.py on synthetic WMT-like corpora, 2 CPU cores (x: killed before its first step)", fontsize=10
+    )
     fig.tight_layout()
     plot = results_path.with_suffix(".png")
     fig.savefig(plot)
@@ -406,17 +498,29 @@ def main() -> None:
     p.add_argument("--work_dir", default="/tmp/hf_variants_scale")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=4 * 3600)
-    p.add_argument("--code_dir", "--before", dest="code_dir",
-                   help="run the code in this folder (e.g. main at 4652af5, before the Arrow pipeline; see above) "
-                        "instead of this checkout; recorded as version 'before'")
+    p.add_argument(
+        "--code_dir",
+        "--before",
+        dest="code_dir",
+        help="run the code in this folder (e.g. main at 4652af5, before the Arrow pipeline; see above) "
+        "instead of this checkout; recorded as version 'before'",
+    )
     p.add_argument("--version", help="the version label recorded (default: 'before' with --code_dir, else 'after')")
-    p.add_argument("--rss_limit_gb", type=float, default=20.0,
-                   help="kill a run whose processes together hold more than this (recorded as killed)")
-    p.add_argument("--results", help="the JSON file (default: benchmarks/results/scale.json; with --smoke: "
-                                     "WORK_DIR/scale.json)")
+    p.add_argument(
+        "--rss_limit_gb",
+        type=float,
+        default=20.0,
+        help="kill a run whose processes together hold more than this (recorded as killed)",
+    )
+    p.add_argument(
+        "--results", help="the JSON file (default: benchmarks/results/scale.json; with --smoke: WORK_DIR/scale.json)"
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny vocabulary; results in --work_dir, not results/")
-    p.add_argument("--report", action="store_true",
-                   help="write the table (RESULTS.md section 'scale' and results/scale.md) and the plot from --results")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="write the table (RESULTS.md section 'scale' and results/scale.md) and the plot from --results",
+    )
     args = p.parse_args()
     if args.results is None:
         args.results = str(Path(args.work_dir) / "scale.json") if args.smoke else str(RESULTS)

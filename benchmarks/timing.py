@@ -36,8 +36,13 @@ def baseline_config(config):
     from hf_variants import TransformerNmtConfig
 
     fields = TransformerNmtConfig().to_dict()
-    return TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
-                                   if k in fields and k not in ("model_type", "architectures", "auto_map")})
+    return TransformerNmtConfig(
+        **{
+            k: v
+            for k, v in config.to_dict().items()
+            if k in fields and k not in ("model_type", "architectures", "auto_map")
+        }
+    )
 
 
 def random_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int = 1) -> tuple[dict, torch.Tensor]:
@@ -46,10 +51,10 @@ def random_batch(batch: int, src_len: int, tgt_len: int, vocab: int, seed: int =
     input_ids = torch.randint(4, vocab, (batch, src_len), generator=g)
     attention_mask = torch.ones_like(input_ids)
     for row in range(batch):
-        attention_mask[row, src_len // 2 + row % (src_len // 2):] = 0
+        attention_mask[row, src_len // 2 + row % (src_len // 2) :] = 0
     labels = torch.randint(4, vocab, (batch, tgt_len), generator=g)
     for row in range(batch):
-        labels[row, tgt_len // 2 + row % (tgt_len // 2):] = -100
+        labels[row, tgt_len // 2 + row % (tgt_len // 2) :] = -100
     return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask}, labels
 
 
@@ -60,42 +65,59 @@ def train_step(model, optimizer, inputs: dict, labels: torch.Tensor) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def speed_vs_baseline(models: dict, labels: torch.Tensor, new_tokens: int, reps: int, clock: str = "cpu",
-                      key: str = "") -> dict:
+def speed_vs_baseline(
+    models: dict, labels: torch.Tensor, new_tokens: int, reps: int, clock: str = "cpu", key: str = ""
+) -> dict:
     """A variant against the baseline of the same dims: training tokens/s (Adam, the target tokens of `labels`)
     and decoding tokens/s, greedy and beam 4 (length penalty 0.6), exactly `new_tokens` new tokens per sentence
     for both, each measured interleaved. `models` = {"baseline": (model, inputs), name: (model, inputs)}; returns
     `train_tok_s_<name>`, `greedy_tok_s_<name>`, `beam4_tok_s_<name>` for both and the `*_ratio`s (baseline time /
     variant time: > 1, the variant is faster), and prints them, each line headed by `key`."""
-    name, = [n for n in models if n != "baseline"]
+    (name,) = [n for n in models if n != "baseline"]
     row = {}
 
     def record(what: str, tokens: int, seconds: dict) -> None:
         for n in models:
             row[f"{what}_tok_s_{n}"] = round(tokens / seconds[n], 1)
         row[f"{what}_ratio"] = round(seconds["baseline"] / seconds[name], 3)
-        print(f"{key:16s} {what:7s} " + " | ".join(f"{n} {tokens / seconds[n]:9.1f} tok/s" for n in models)
-              + f" | ratio {row[f'{what}_ratio']:5.2f}x", flush=True)
+        print(
+            f"{key:16s} {what:7s} "
+            + " | ".join(f"{n} {tokens / seconds[n]:9.1f} tok/s" for n in models)
+            + f" | ratio {row[f'{what}_ratio']:5.2f}x",
+            flush=True,
+        )
 
     optimizers = {n: torch.optim.Adam(m.parameters(), lr=1e-4) for n, (m, _) in models.items()}
     for model, _ in models.values():
         model.train()
-    record("train", int((labels != -100).sum()), interleaved(
-        {n: (lambda n=n, m=m, x=x: train_step(m, optimizers[n], x, labels)) for n, (m, x) in models.items()},
-        reps, clock))
+    record(
+        "train",
+        int((labels != -100).sum()),
+        interleaved(
+            {n: (lambda n=n, m=m, x=x: train_step(m, optimizers[n], x, labels)) for n, (m, x) in models.items()},
+            reps,
+            clock,
+        ),
+    )
     for model, _ in models.values():
         model.eval()
     for beams in (1, 4):
-        gen = dict(num_beams=beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                   **({"length_penalty": 0.6} if beams > 1 else {}))
+        gen = dict(
+            num_beams=beams,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            **({"length_penalty": 0.6} if beams > 1 else {}),
+        )
         lengths = {}
 
         def decode(n, m, x, gen=gen):
             with torch.inference_mode():
                 lengths[n] = m.generate(**x, **gen).shape[1]
 
-        seconds = interleaved({n: (lambda n=n, m=m, x=x: decode(n, m, x)) for n, (m, x) in models.items()}, reps,
-                              clock)
+        seconds = interleaved(
+            {n: (lambda n=n, m=m, x=x: decode(n, m, x)) for n, (m, x) in models.items()}, reps, clock
+        )
         assert set(lengths.values()) == {new_tokens + 1}, lengths  # equal output lengths: tokens/s compare
         batch = next(iter(models.values()))[1]["input_ids"].shape[0]
         record("greedy" if beams == 1 else f"beam{beams}", batch * new_tokens, seconds)

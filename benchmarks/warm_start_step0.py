@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import hf_variants  # noqa: F401 (registers the model types)
-from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.warm_start import load_base, warm_start
+import hf_variants  # noqa: F401, E402 (registers the model types)
+from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration  # noqa: E402
+from hf_variants.warm_start import load_base, warm_start  # noqa: E402
 
 DATA = ROOT / "training" / "data" / "multi30k"
 
@@ -44,8 +44,7 @@ SETTINGS = [
     ("HySAN sum", "hysan_nmt", {"fusion": "sum"}, {}),
     ("HySAN concat", "hysan_nmt", {"fusion": "concat"}, {}),
     ("MG-SA n-gram, phrase heads' W^o zeroed (default)", "mgsa_nmt", {"phrase_type": "ngram"}, {}),
-    ("MG-SA n-gram, phrase heads' W^o copied", "mgsa_nmt", {"phrase_type": "ngram"},
-     {"phrase_heads_output": "copy"}),
+    ("MG-SA n-gram, phrase heads' W^o copied", "mgsa_nmt", {"phrase_type": "ngram"}, {"phrase_heads_output": "copy"}),
     ("MIMO (bilingual base)", "mimo_nmt", {}, {}),
     ("MIMO -task attention", "mimo_nmt", {"task_attention": False}, {}),
     ("Tied from the decoder (default)", "tied_nmt", {}, {"tied_init": "decoder"}),
@@ -66,9 +65,17 @@ def train_base(out: Path, steps: int, src: str = "en", tgt: str = "de") -> None:
     sources, targets = read("train", src, 29000), read("train", tgt, 29000)
     tokenizer = train_tokenizer(sources[:10000] + targets[:10000], vocab_size=2000)
     config = TransformerNmtConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id)
+        "tiny",
+        vocab_size=len(tokenizer),
+        d_model=64,
+        encoder_ffn_dim=256,
+        decoder_ffn_dim=256,
+        dropout=0.1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
     model = TransformerNmtForConditionalGeneration(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / 100, (100 / (s + 1)) ** 0.5))
@@ -76,8 +83,9 @@ def train_base(out: Path, steps: int, src: str = "en", tgt: str = "de") -> None:
     start = time.time()
     for step in range(steps):
         index = rng.sample(range(len(sources)), 32)
-        batch = model.prepare_translation_inputs(tokenizer, [sources[i] for i in index],
-                                                 text_target=[targets[i] for i in index], max_length=40)
+        batch = model.prepare_translation_inputs(
+            tokenizer, [sources[i] for i in index], text_target=[targets[i] for i in index], max_length=40
+        )
         model(**batch).loss.backward()
         optimizer.step()
         schedule.step()
@@ -99,8 +107,9 @@ def evaluate(model, reference, batches) -> dict:
         tokens += mask.sum().item()
         if ref_logits is not None:
             diff = max(diff, (out - ref_logits)[mask].abs().max().item())
-            kl += F.kl_div(out[mask].log_softmax(-1), ref_logits[mask].log_softmax(-1), log_target=True,
-                           reduction="sum").item()
+            kl += F.kl_div(
+                out[mask].log_softmax(-1), ref_logits[mask].log_softmax(-1), log_target=True, reduction="sum"
+            ).item()
     return {"loss": total / tokens, "max_logit_diff": diff, "kl": kl / tokens}
 
 
@@ -126,23 +135,36 @@ def main(argv=None) -> None:
     base, _ = load_base(str(args.base))
     sources = read("val", args.source_lang, args.pairs)
     targets = read("val", args.target_lang, args.pairs)
-    batches = [base.prepare_translation_inputs(tokenizer, sources[i:i + 50], text_target=targets[i:i + 50],
-                                               max_length=64) for i in range(0, len(sources), 50)]
+    batches = [
+        base.prepare_translation_inputs(tokenizer, sources[i : i + 50], text_target=targets[i : i + 50], max_length=64)
+        for i in range(0, len(sources), 50)
+    ]
     with torch.no_grad():
         reference = [base(**batch).logits.float() for batch in batches]
     rows = [{"setting": "base (transformer_nmt)", **evaluate(base, reference, batches)}]
     for label, model_type, overrides, kwargs in SETTINGS:
         model = warm_start(base, model_type, overrides, **kwargs)
-        rows.append({"setting": label, "model_type": model_type, "overrides": overrides, **kwargs,
-                     **evaluate(model, reference, batches)})
+        rows.append(
+            {
+                "setting": label,
+                "model_type": model_type,
+                "overrides": overrides,
+                **kwargs,
+                **evaluate(model, reference, batches),
+            }
+        )
     base_loss = rows[0]["loss"]
-    print(f"Step-0 validation loss on the first {args.pairs} pairs of val.{args.source_lang}-{args.target_lang} "
-          f"(base: {args.base})\n")
+    print(
+        f"Step-0 validation loss on the first {args.pairs} pairs of val.{args.source_lang}-{args.target_lang} "
+        f"(base: {args.base})\n"
+    )
     print("| setting | loss | Δ vs base | max abs Δ logit | KL(base ‖ variant) / token |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for row in rows:
-        print(f"| {row['setting']} | {row['loss']:.4f} | {row['loss'] - base_loss:+.4f} | "
-              f"{row['max_logit_diff']:.2e} | {row['kl']:.2e} |")
+        print(
+            f"| {row['setting']} | {row['loss']:.4f} | {row['loss'] - base_loss:+.4f} | "
+            f"{row['max_logit_diff']:.2e} | {row['kl']:.2e} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -25,16 +25,21 @@ from .configuration_transformer_nmt import (
     check_field_type,
 )
 
-
 ENCODER_BRANCH_KINDS = ("global", "forward", "backward", "local")
 DECODER_BRANCH_KINDS = ("forward", "local")
 FUSIONS = ("sum", "concat", "gated_sum")
 _LOCAL_WITH_K = re.compile(r"^local_(\d+)$")
 
 # The paper's e1 setting (docs/variants-spec.md §2.3), shared by every preset.
-HYSAN_E1 = dict(encoder_branches=["global", "forward", "backward", "local"], decoder_branches=["forward", "local"],
-                local_k=5, fusion="gated_sum", gate_reduction=16, use_positional_embeddings=True,
-                normalize_before=True)
+HYSAN_E1 = dict(
+    encoder_branches=["global", "forward", "backward", "local"],
+    decoder_branches=["forward", "local"],
+    local_k=5,
+    fusion="gated_sum",
+    gate_reduction=16,
+    use_positional_embeddings=True,
+    normalize_before=True,
+)
 # tensor2tensor's `transformer_base` / `transformer_small` (the setting the paper was run in): attention and ReLU
 # dropout 0.1 beside the residual dropout (docs/variants-spec.md §2.4).
 T2T_DROPOUT = dict(attention_dropout=0.1, activation_dropout=0.1)
@@ -66,17 +71,30 @@ class HysanConfig(TransformerNmtConfig):
     model_type = "hysan_nmt"
     derived_fields: ClassVar[dict[str, str]] = {"use_positional_embeddings": "position_embedding_type"}
     FIELD_TYPES: ClassVar[dict[str, tuple]] = {
-        "encoder_branches": (STR_LIST,), "decoder_branches": (STR_LIST,), "local_k": (INT, INT_LIST),
-        "fusion": (STR,), "gate_reduction": (INT,), "use_positional_embeddings": (BOOL,),
+        "encoder_branches": (STR_LIST,),
+        "decoder_branches": (STR_LIST,),
+        "local_k": (INT, INT_LIST),
+        "fusion": (STR,),
+        "gate_reduction": (INT,),
+        "use_positional_embeddings": (BOOL,),
     }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **{name: {**preset, **HYSAN_E1, **T2T_DROPOUT} for name, preset in TransformerNmtConfig.PRESETS.items()},
         # Unit tests only: no dropout anywhere.
-        "tiny": {**TransformerNmtConfig.PRESETS["tiny"], **HYSAN_E1, "attention_dropout": 0.0,
-                 "activation_dropout": 0.0},
+        "tiny": {
+            **TransformerNmtConfig.PRESETS["tiny"],
+            **HYSAN_E1,
+            "attention_dropout": 0.0,
+            "activation_dropout": 0.0,
+        },
         # The paper's IWSLT14 setting: 2 + 2 layers, d 256, 4 heads (tensor2tensor transformer_small, FFN 1024).
-        "small": {**TransformerNmtConfig.PRESETS["small"], "encoder_layers": 2, "decoder_layers": 2, **HYSAN_E1,
-                  **T2T_DROPOUT},
+        "small": {
+            **TransformerNmtConfig.PRESETS["small"],
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            **HYSAN_E1,
+            **T2T_DROPOUT,
+        },
     }
 
     def __init__(
@@ -95,12 +113,18 @@ class HysanConfig(TransformerNmtConfig):
         check_field_type(type(self), "use_positional_embeddings", use_positional_embeddings)  # before it is read
         if not use_positional_embeddings:
             kwargs["position_embedding_type"] = "none"
-        super().__init__(normalize_before=normalize_before, attention_dropout=attention_dropout,
-                         activation_dropout=activation_dropout, **kwargs)
-        self.encoder_branches = _as_list(encoder_branches if encoder_branches is not None
-                                         else HYSAN_E1["encoder_branches"])
-        self.decoder_branches = _as_list(decoder_branches if decoder_branches is not None
-                                         else HYSAN_E1["decoder_branches"])
+        super().__init__(
+            normalize_before=normalize_before,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            **kwargs,
+        )
+        self.encoder_branches = _as_list(
+            encoder_branches if encoder_branches is not None else HYSAN_E1["encoder_branches"]
+        )
+        self.decoder_branches = _as_list(
+            decoder_branches if decoder_branches is not None else HYSAN_E1["decoder_branches"]
+        )
         self.local_k = list(local_k) if isinstance(local_k, (list, tuple)) else local_k
         self.fusion = fusion
         self.gate_reduction = gate_reduction
@@ -111,24 +135,38 @@ class HysanConfig(TransformerNmtConfig):
     def _validate_hysan(self) -> None:
         self._check_field_types()
         ks = self.local_k if isinstance(self.local_k, list) else [self.local_k]
-        _check(len(ks) > 0 and all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in ks)
-               and len(set(ks)) == len(ks), "local_k", "a positive integer or a list of distinct positive integers",
-               self.local_k)
+        _check(
+            len(ks) > 0
+            and all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in ks)
+            and len(set(ks)) == len(ks),
+            "local_k",
+            "a positive integer or a list of distinct positive integers",
+            self.local_k,
+        )
         for side, kinds in (("encoder", ENCODER_BRANCH_KINDS), ("decoder", DECODER_BRANCH_KINDS)):
             field = f"{side}_branches"
-            allowed = (f"a non-empty list of distinct branches among {list(kinds)} or 'local_<k>' (k >= 1)"
-                       + ("; the decoder never sees the future, so no 'global'/'backward'" if side == "decoder"
-                          else ""))
+            allowed = f"a non-empty list of distinct branches among {list(kinds)} or 'local_<k>' (k >= 1)" + (
+                "; the decoder never sees the future, so no 'global'/'backward'" if side == "decoder" else ""
+            )
             names = getattr(self, field)
-            _check(len(names) > 0 and all(isinstance(n, str) and (n in kinds or _LOCAL_WITH_K.match(n)) for n in names),
-                   field, allowed, names)
+            _check(
+                len(names) > 0 and all(isinstance(n, str) and (n in kinds or _LOCAL_WITH_K.match(n)) for n in names),
+                field,
+                allowed,
+                names,
+            )
             specs = self.branch_specs(side)
-            _check(len(set(specs)) == len(specs) and all(k is None or k > 0 for _, k in specs), field, allowed,
-                   names)
+            _check(len(set(specs)) == len(specs) and all(k is None or k > 0 for _, k in specs), field, allowed, names)
         _check(self.fusion in FUSIONS, "fusion", f"one of {list(FUSIONS)}", self.fusion)
-        _check(isinstance(self.gate_reduction, int) and not isinstance(self.gate_reduction, bool)
-               and self.gate_reduction > 0 and self.d_model % self.gate_reduction == 0, "gate_reduction",
-               f"a positive divisor of d_model={self.d_model}", self.gate_reduction)
+        _check(
+            isinstance(self.gate_reduction, int)
+            and not isinstance(self.gate_reduction, bool)
+            and self.gate_reduction > 0
+            and self.d_model % self.gate_reduction == 0,
+            "gate_reduction",
+            f"a positive divisor of d_model={self.d_model}",
+            self.gate_reduction,
+        )
 
     def branch_specs(self, side: str) -> list[tuple[str, int | None]]:
         """The branches of one side as (kind, k) pairs, `"local"` expanded to one branch per `local_k`."""

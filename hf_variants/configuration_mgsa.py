@@ -26,7 +26,6 @@ from .configuration_transformer_nmt import (
 )
 from .phrases import PTB_TAG_LABELS, TAG_LABEL_SETS
 
-
 PHRASE_TYPES = ("ngram", "syntactic")
 COMPOSITIONS = ("max_pool", "san", "lstm")
 INTERACTIONS = ("none", "lstm", "on_lstm")
@@ -40,8 +39,14 @@ PHRASE_KV_ROWS = ("used", "all")
 SAVED_BEFORE_0_3 = dict(ngram_skip_special_tokens=False, lstm_composition_size="model", phrase_kv_rows="all")
 
 # The paper's final model (Tab. 4 "MG-SA"), used by the `base` and `big` presets.
-MGSA_PAPER = dict(mgsa_layers=[0], phrase_type="syntactic", syntactic_levels=3, phrase_composition="san",
-                  phrase_interaction="on_lstm", tag_loss_weight=0.001)
+MGSA_PAPER = dict(
+    mgsa_layers=[0],
+    phrase_type="syntactic",
+    syntactic_levels=3,
+    phrase_composition="san",
+    phrase_interaction="on_lstm",
+    tag_loss_weight=0.001,
+)
 
 
 class MgsaConfig(TransformerNmtConfig):
@@ -99,11 +104,26 @@ class MgsaConfig(TransformerNmtConfig):
 
     model_type = "mgsa_nmt"
     FIELD_TYPES: ClassVar[dict[str, tuple]] = {
-        "mgsa_layers": (INT_LIST,), "ngram_sizes": (INT_LIST,), "syntactic_levels": (INT,),
-        "mgsa_word_heads": (INT, NONE), "on_lstm_chunk_size": (INT,), "tag_loss_weight": (FLOAT,),
-        "phrase_tag_labels": (STR_LIST, STR), "ngram_skip_special_tokens": (BOOL,),
-        **dict.fromkeys(("phrase_type", "phrase_composition", "phrase_interaction", "mgsa_phrase_kv",
-                         "tag_classifier", "lstm_composition_size", "phrase_kv_rows"), (STR,)),
+        "mgsa_layers": (INT_LIST,),
+        "ngram_sizes": (INT_LIST,),
+        "syntactic_levels": (INT,),
+        "mgsa_word_heads": (INT, NONE),
+        "on_lstm_chunk_size": (INT,),
+        "tag_loss_weight": (FLOAT,),
+        "phrase_tag_labels": (STR_LIST, STR),
+        "ngram_skip_special_tokens": (BOOL,),
+        **dict.fromkeys(
+            (
+                "phrase_type",
+                "phrase_composition",
+                "phrase_interaction",
+                "mgsa_phrase_kv",
+                "tag_classifier",
+                "lstm_composition_size",
+                "phrase_kv_rows",
+            ),
+            (STR,),
+        ),
     }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **{name: {**preset, **MGSA_PAPER} for name, preset in TransformerNmtConfig.PRESETS.items()},
@@ -223,54 +243,108 @@ class MgsaConfig(TransformerNmtConfig):
 
     @property
     def uses_tag_loss(self) -> bool:
-        return (self.phrase_type == "syntactic" and self.tag_loss_weight > 0 and self.num_phrase_groups > 0
-                and len(self.tag_labels) > 0 and len(self.mgsa_layers) > 0)
+        return (
+            self.phrase_type == "syntactic"
+            and self.tag_loss_weight > 0
+            and self.num_phrase_groups > 0
+            and len(self.tag_labels) > 0
+            and len(self.mgsa_layers) > 0
+        )
 
     # ----------------------------------------------------------------------------------------------- validation
     def _validate_mgsa(self) -> None:
         self._check_field_types()
         layers = self.mgsa_layers
-        _check(all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.encoder_layers for i in layers)
-               and len(set(layers)) == len(layers), "mgsa_layers",
-               f"a list of distinct encoder layer indices in [0, encoder_layers={self.encoder_layers})", layers)
+        _check(
+            all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.encoder_layers for i in layers)
+            and len(set(layers)) == len(layers),
+            "mgsa_layers",
+            f"a list of distinct encoder layer indices in [0, encoder_layers={self.encoder_layers})",
+            layers,
+        )
         _check(self.phrase_type in PHRASE_TYPES, "phrase_type", f"one of {PHRASE_TYPES}", self.phrase_type)
-        _check(all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.ngram_sizes),
-               "ngram_sizes", "a list of integers >= 1", self.ngram_sizes)
-        _check(isinstance(self.syntactic_levels, int) and self.syntactic_levels >= 0, "syntactic_levels",
-               "an integer >= 0", self.syntactic_levels)
+        _check(
+            all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in self.ngram_sizes),
+            "ngram_sizes",
+            "a list of integers >= 1",
+            self.ngram_sizes,
+        )
+        _check(
+            isinstance(self.syntactic_levels, int) and self.syntactic_levels >= 0,
+            "syntactic_levels",
+            "an integer >= 0",
+            self.syntactic_levels,
+        )
         heads, groups = self.encoder_attention_heads, self.num_phrase_groups
         if groups:
             word = self.word_heads
-            _check(isinstance(word, int) and 0 <= word < heads and (heads - word) % groups == 0, "mgsa_word_heads",
-                   f"None or an integer w in [0, encoder_attention_heads={heads}) with {heads} - w divisible by the "
-                   f"{groups} phrase groups", self.mgsa_word_heads)
-        _check(self.phrase_composition in COMPOSITIONS, "phrase_composition", f"one of {COMPOSITIONS}",
-               self.phrase_composition)
-        _check(self.phrase_interaction in INTERACTIONS, "phrase_interaction", f"one of {INTERACTIONS}",
-               self.phrase_interaction)
+            _check(
+                isinstance(word, int) and 0 <= word < heads and (heads - word) % groups == 0,
+                "mgsa_word_heads",
+                f"None or an integer w in [0, encoder_attention_heads={heads}) with {heads} - w divisible by the "
+                f"{groups} phrase groups",
+                self.mgsa_word_heads,
+            )
+        _check(
+            self.phrase_composition in COMPOSITIONS,
+            "phrase_composition",
+            f"one of {COMPOSITIONS}",
+            self.phrase_composition,
+        )
+        _check(
+            self.phrase_interaction in INTERACTIONS,
+            "phrase_interaction",
+            f"one of {INTERACTIONS}",
+            self.phrase_interaction,
+        )
         _check(self.mgsa_phrase_kv in PHRASE_KV, "mgsa_phrase_kv", f"one of {PHRASE_KV}", self.mgsa_phrase_kv)
         chunk = self.on_lstm_chunk_size
         state = self.d_model if self.mgsa_phrase_kv == "project" else self.group_dim
-        _check(isinstance(chunk, int) and chunk >= 1 and (not groups or state % chunk == 0), "on_lstm_chunk_size",
-               f"a positive divisor of the ON-LSTM state size {state}", chunk)
-        _check(isinstance(self.tag_loss_weight, (int, float)) and self.tag_loss_weight >= 0, "tag_loss_weight",
-               "a float >= 0", self.tag_loss_weight)
+        _check(
+            isinstance(chunk, int) and chunk >= 1 and (not groups or state % chunk == 0),
+            "on_lstm_chunk_size",
+            f"a positive divisor of the ON-LSTM state size {state}",
+            chunk,
+        )
+        _check(
+            isinstance(self.tag_loss_weight, (int, float)) and self.tag_loss_weight >= 0,
+            "tag_loss_weight",
+            "a float >= 0",
+            self.tag_loss_weight,
+        )
         labels = self.phrase_tag_labels
         if isinstance(labels, str):
-            _check(labels.lower() in TAG_LABEL_SETS, "phrase_tag_labels",
-                   f"a list of labels or the name of a built-in one, {sorted(TAG_LABEL_SETS)}", labels)
+            _check(
+                labels.lower() in TAG_LABEL_SETS,
+                "phrase_tag_labels",
+                f"a list of labels or the name of a built-in one, {sorted(TAG_LABEL_SETS)}",
+                labels,
+            )
         else:
-            _check(all(isinstance(x, str) and x for x in labels) and len(set(labels)) == len(labels),
-                   "phrase_tag_labels", "a list of distinct non-empty strings, or one of "
-                   f"{sorted(TAG_LABEL_SETS)}", labels)
-        _check(self.tag_classifier in TAG_CLASSIFIERS, "tag_classifier", f"one of {TAG_CLASSIFIERS}",
-               self.tag_classifier)
-        _check(isinstance(self.ngram_skip_special_tokens, bool), "ngram_skip_special_tokens", "a bool",
-               self.ngram_skip_special_tokens)
-        _check(self.lstm_composition_size in LSTM_COMPOSITION_SIZES, "lstm_composition_size",
-               f"one of {LSTM_COMPOSITION_SIZES}", self.lstm_composition_size)
-        _check(self.phrase_kv_rows in PHRASE_KV_ROWS, "phrase_kv_rows", f"one of {PHRASE_KV_ROWS}",
-               self.phrase_kv_rows)
+            _check(
+                all(isinstance(x, str) and x for x in labels) and len(set(labels)) == len(labels),
+                "phrase_tag_labels",
+                f"a list of distinct non-empty strings, or one of {sorted(TAG_LABEL_SETS)}",
+                labels,
+            )
+        _check(
+            self.tag_classifier in TAG_CLASSIFIERS, "tag_classifier", f"one of {TAG_CLASSIFIERS}", self.tag_classifier
+        )
+        _check(
+            isinstance(self.ngram_skip_special_tokens, bool),
+            "ngram_skip_special_tokens",
+            "a bool",
+            self.ngram_skip_special_tokens,
+        )
+        _check(
+            self.lstm_composition_size in LSTM_COMPOSITION_SIZES,
+            "lstm_composition_size",
+            f"one of {LSTM_COMPOSITION_SIZES}",
+            self.lstm_composition_size,
+        )
+        _check(
+            self.phrase_kv_rows in PHRASE_KV_ROWS, "phrase_kv_rows", f"one of {PHRASE_KV_ROWS}", self.phrase_kv_rows
+        )
 
 
 __all__ = ["MgsaConfig"]

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 from .configuration_transformer_nmt import BOOL, FLOAT, INT, STR, TransformerNmtConfig, _check
 
-
 MIMO_MEMORY_MODES = ("mix", "merge")
 
 
@@ -47,7 +46,9 @@ class MimoConfig(TransformerNmtConfig):
 
     model_type = "mimo_nmt"
     FIELD_TYPES: ClassVar[dict[str, tuple]] = {
-        "num_transformations": (INT,), "mimo_memory": (STR,), "mixing_init_std": (FLOAT,),
+        "num_transformations": (INT,),
+        "mimo_memory": (STR,),
+        "mixing_init_std": (FLOAT,),
         **dict.fromkeys(("mimo", "task_attention", "lipschitz_init"), (BOOL,)),
     }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -74,8 +75,13 @@ class MimoConfig(TransformerNmtConfig):
     ):
         if target_language_tags is None:  # the source carries `<2xx>` whenever the model is multilingual
             target_language_tags = bool(languages)
-        super().__init__(attention_dropout=attention_dropout, activation_dropout=activation_dropout,
-                         languages=languages, target_language_tags=target_language_tags, **kwargs)
+        super().__init__(
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            languages=languages,
+            target_language_tags=target_language_tags,
+            **kwargs,
+        )
         self.num_transformations = num_transformations
         self.mimo = mimo
         self.task_attention = task_attention
@@ -87,18 +93,33 @@ class MimoConfig(TransformerNmtConfig):
     def _validate_mimo(self) -> None:
         self._check_field_types()
         n = self.num_transformations
-        _check(isinstance(n, int) and not isinstance(n, bool) and n > 0, "num_transformations",
-               "a positive integer", n)
+        _check(
+            isinstance(n, int) and not isinstance(n, bool) and n > 0, "num_transformations", "a positive integer", n
+        )
         for name in ("mimo", "task_attention", "lipschitz_init"):
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
         _check(self.mimo_memory in MIMO_MEMORY_MODES, "mimo_memory", f"one of {MIMO_MEMORY_MODES}", self.mimo_memory)
-        _check(isinstance(self.mixing_init_std, (int, float)) and not isinstance(self.mixing_init_std, bool)
-               and self.mixing_init_std >= 0, "mixing_init_std", "a float >= 0", self.mixing_init_std)
-        _check(not self.normalize_before, "normalize_before",
-               "False (MIMO's 'Trans' units are post-norm: LN(x + Dropout(f(x))))", self.normalize_before)
-        _check(self.max_relative_positions == 0, "max_relative_positions",
-               "0 (MIMO uses sinusoidal absolute positions; relative positions are not implemented for stacked "
-               "transformations)", self.max_relative_positions)
+        _check(
+            isinstance(self.mixing_init_std, (int, float))
+            and not isinstance(self.mixing_init_std, bool)
+            and self.mixing_init_std >= 0,
+            "mixing_init_std",
+            "a float >= 0",
+            self.mixing_init_std,
+        )
+        _check(
+            not self.normalize_before,
+            "normalize_before",
+            "False (MIMO's 'Trans' units are post-norm: LN(x + Dropout(f(x))))",
+            self.normalize_before,
+        )
+        _check(
+            self.max_relative_positions == 0,
+            "max_relative_positions",
+            "0 (MIMO uses sinusoidal absolute positions; relative positions are not implemented for stacked "
+            "transformations)",
+            self.max_relative_positions,
+        )
 
     @property
     def num_key_value_heads(self) -> int:

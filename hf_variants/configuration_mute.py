@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 from .configuration_transformer_nmt import BOOL, FLOAT, INT, STR, STR_LIST, TransformerNmtConfig, _as_list, _check
 
-
 UNIT_TYPES = ("identity", "swap", "mask", "disorder")
 MERGE_MODES = ("plain", "seq")
 NOISE_MODES = ("clean", "onmt_compat")
@@ -40,8 +39,13 @@ MUTE_MODELS: dict[str, dict[str, Any]] = {
 }
 
 # MUTE's backbone settings (OpenNMT, the authors' README), shared by every preset.
-MUTE_BACKBONE = dict(normalize_before=True, max_relative_positions=16, relative_position_values=True,
-                     position_embedding_type="sinusoidal", attention_dropout=0.0)
+MUTE_BACKBONE = dict(
+    normalize_before=True,
+    max_relative_positions=16,
+    relative_position_values=True,
+    position_embedding_type="sinusoidal",
+    attention_dropout=0.0,
+)
 
 
 def default_unit_types(num_units: int) -> list[str]:
@@ -87,8 +91,9 @@ class MuteConfig(TransformerNmtConfig):
     FIELD_TYPES: ClassVar[dict[str, tuple]] = {
         **dict.fromkeys(("num_units", "swap_range", "disorder_window", "shuffle_sinkhorn_iterations"), (INT,)),
         **dict.fromkeys(("sample_rate", "mask_prob", "shuffle_eps", "shuffle_penalty_weight"), (FLOAT,)),
-        **dict.fromkeys(("merge", "swap_mode", "disorder_mode", "mask_mode", "shuffle_init",
-                         "penalty_normalization"), (STR,)),
+        **dict.fromkeys(
+            ("merge", "swap_mode", "disorder_mode", "mask_mode", "shuffle_init", "penalty_normalization"), (STR,)
+        ),
         "use_bias_module": (BOOL,),
         "unit_types": (STR_LIST,),
     }
@@ -119,14 +124,19 @@ class MuteConfig(TransformerNmtConfig):
         relative_position_values: bool = True,
         **kwargs,
     ):
-        super().__init__(normalize_before=normalize_before, max_relative_positions=max_relative_positions,
-                         relative_position_values=relative_position_values, **kwargs)
+        super().__init__(
+            normalize_before=normalize_before,
+            max_relative_positions=max_relative_positions,
+            relative_position_values=relative_position_values,
+            **kwargs,
+        )
         self.num_units = num_units
         self.merge = merge
         self.use_bias_module = use_bias_module
         valid_units = isinstance(num_units, int) and not isinstance(num_units, bool) and num_units > 0
-        self.unit_types = _as_list(unit_types) if unit_types is not None else (
-            default_unit_types(num_units) if valid_units else [])
+        self.unit_types = (
+            _as_list(unit_types) if unit_types is not None else (default_unit_types(num_units) if valid_units else [])
+        )
         self.sample_rate = sample_rate
         self.swap_range = swap_range
         self.swap_mode = swap_mode
@@ -143,15 +153,24 @@ class MuteConfig(TransformerNmtConfig):
 
     def _validate_mute(self) -> None:
         self._check_field_types()
+
         def positive_int(name: str, minimum: int = 1) -> None:
             value = getattr(self, name)
-            _check(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, name,
-                   f"an integer >= {minimum}", value)
+            _check(
+                isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+                name,
+                f"an integer >= {minimum}",
+                value,
+            )
 
         def probability(name: str) -> None:
             value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0, name,
-                   "a float in [0, 1]", value)
+            _check(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0,
+                name,
+                "a float in [0, 1]",
+                value,
+            )
 
         positive_int("num_units")
         positive_int("swap_range")
@@ -161,18 +180,34 @@ class MuteConfig(TransformerNmtConfig):
         probability("mask_prob")
         _check(self.merge in MERGE_MODES, "merge", f"one of {MERGE_MODES}", self.merge)
         _check(isinstance(self.use_bias_module, bool), "use_bias_module", "a bool", self.use_bias_module)
-        _check(len(self.unit_types) == self.num_units and all(t in UNIT_TYPES for t in self.unit_types),
-               "unit_types", f"a list of num_units={self.num_units} entries from {UNIT_TYPES}", self.unit_types)
+        _check(
+            len(self.unit_types) == self.num_units and all(t in UNIT_TYPES for t in self.unit_types),
+            "unit_types",
+            f"a list of num_units={self.num_units} entries from {UNIT_TYPES}",
+            self.unit_types,
+        )
         _check(self.swap_mode in NOISE_MODES, "swap_mode", f"one of {NOISE_MODES}", self.swap_mode)
         _check(self.disorder_mode in NOISE_MODES, "disorder_mode", f"one of {NOISE_MODES}", self.disorder_mode)
         _check(self.mask_mode in MASK_MODES, "mask_mode", f"one of {MASK_MODES}", self.mask_mode)
         _check(self.shuffle_init in SHUFFLE_INITS, "shuffle_init", f"one of {SHUFFLE_INITS}", self.shuffle_init)
-        _check(isinstance(self.shuffle_eps, (int, float)) and 0 < self.shuffle_eps < 1, "shuffle_eps",
-               "a float in (0, 1)", self.shuffle_eps)
-        _check(isinstance(self.shuffle_penalty_weight, (int, float)) and self.shuffle_penalty_weight >= 0,
-               "shuffle_penalty_weight", "a float >= 0", self.shuffle_penalty_weight)
-        _check(self.penalty_normalization in PENALTY_NORMALIZATIONS, "penalty_normalization",
-               f"one of {PENALTY_NORMALIZATIONS}", self.penalty_normalization)
+        _check(
+            isinstance(self.shuffle_eps, (int, float)) and 0 < self.shuffle_eps < 1,
+            "shuffle_eps",
+            "a float in (0, 1)",
+            self.shuffle_eps,
+        )
+        _check(
+            isinstance(self.shuffle_penalty_weight, (int, float)) and self.shuffle_penalty_weight >= 0,
+            "shuffle_penalty_weight",
+            "a float >= 0",
+            self.shuffle_penalty_weight,
+        )
+        _check(
+            self.penalty_normalization in PENALTY_NORMALIZATIONS,
+            "penalty_normalization",
+            f"one of {PENALTY_NORMALIZATIONS}",
+            self.penalty_normalization,
+        )
 
     @property
     def has_mask_unit(self) -> bool:

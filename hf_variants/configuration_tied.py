@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 from .configuration_transformer_nmt import BOOL, INT, STR, TransformerNmtConfig, _check
 
-
 DIRECTION_LOSSES = ("sum", "mean")
 
 
@@ -39,21 +38,42 @@ class TiedTransformerConfig(TransformerNmtConfig):
     """
 
     model_type = "tied_nmt"
-    FIELD_TYPES: ClassVar[dict[str, tuple]] = {"direction_embedding": (BOOL,), "num_directions": (INT,),
-                                               "direction_loss": (STR,)}
+    FIELD_TYPES: ClassVar[dict[str, tuple]] = {
+        "direction_embedding": (BOOL,),
+        "num_directions": (INT,),
+        "direction_loss": (STR,),
+    }
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         **TransformerNmtConfig.PRESETS,
         "tiny": {**TransformerNmtConfig.PRESETS["tiny"], "attention_dropout": 0.0, "activation_dropout": 0.0},
         # The paper's IWSLT14 setting (transformer_small with 8 blocks): d 256, ff 1024, 4 heads, dropout 0.1.
-        "small": dict(d_model=256, encoder_layers=8, decoder_layers=8, encoder_attention_heads=4,
-                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1,
-                      attention_dropout=0.1, activation_dropout=0.1),
+        "small": dict(
+            d_model=256,
+            encoder_layers=8,
+            decoder_layers=8,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+            dropout=0.1,
+            attention_dropout=0.1,
+            activation_dropout=0.1,
+        ),
         # tensor2tensor transformer_base (the paper's unsupervised setting uses it with 4 or 8 blocks).
         "base": {**TransformerNmtConfig.PRESETS["base"], "attention_dropout": 0.1, "activation_dropout": 0.1},
         # The paper's WMT setting (transformer_big, residual dropout 0.2); 6 blocks (Table 4 also has 8 and 12).
-        "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
-                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.2,
-                    attention_dropout=0.1, activation_dropout=0.1),
+        "big": dict(
+            d_model=1024,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=16,
+            decoder_attention_heads=16,
+            encoder_ffn_dim=4096,
+            decoder_ffn_dim=4096,
+            dropout=0.2,
+            attention_dropout=0.1,
+            activation_dropout=0.1,
+        ),
     }
 
     def __init__(
@@ -66,8 +86,12 @@ class TiedTransformerConfig(TransformerNmtConfig):
         direction_loss: str = "sum",
         **kwargs,
     ):
-        super().__init__(normalize_before=normalize_before, attention_dropout=attention_dropout,
-                         activation_dropout=activation_dropout, **kwargs)
+        super().__init__(
+            normalize_before=normalize_before,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            **kwargs,
+        )
         self.direction_embedding = direction_embedding
         self.num_directions = max(1, len(self.languages)) if num_directions is None else num_directions
         self.direction_loss = direction_loss
@@ -79,20 +103,35 @@ class TiedTransformerConfig(TransformerNmtConfig):
             return
         blocks = self.encoder_layers
         # One stack of blocks runs both sides, so both sides must describe the same blocks.
-        for field, value in (("decoder_layers", self.decoder_layers),
-                             ("decoder_attention_heads", self.decoder_attention_heads),
-                             ("decoder_ffn_dim", self.decoder_ffn_dim)):
+        for field, value in (
+            ("decoder_layers", self.decoder_layers),
+            ("decoder_attention_heads", self.decoder_attention_heads),
+            ("decoder_ffn_dim", self.decoder_ffn_dim),
+        ):
             encoder_field = field.replace("decoder", "encoder")
-            _check(value == getattr(self, encoder_field), field,
-                   f"equal to {encoder_field}={getattr(self, encoder_field)} (a tied model has one stack of "
-                   f"{blocks} blocks for both sides; set both)", value)
+            _check(
+                value == getattr(self, encoder_field),
+                field,
+                f"equal to {encoder_field}={getattr(self, encoder_field)} (a tied model has one stack of "
+                f"{blocks} blocks for both sides; set both)",
+                value,
+            )
         _check(isinstance(self.direction_embedding, bool), "direction_embedding", "a bool", self.direction_embedding)
         minimum = max(1, len(self.languages))
-        _check(isinstance(self.num_directions, int) and not isinstance(self.num_directions, bool)
-               and self.num_directions >= minimum, "num_directions",
-               f"an integer >= {minimum} (one row per target language of `languages`)", self.num_directions)
-        _check(self.direction_loss in DIRECTION_LOSSES, "direction_loss", f"one of {DIRECTION_LOSSES}",
-               self.direction_loss)
+        _check(
+            isinstance(self.num_directions, int)
+            and not isinstance(self.num_directions, bool)
+            and self.num_directions >= minimum,
+            "num_directions",
+            f"an integer >= {minimum} (one row per target language of `languages`)",
+            self.num_directions,
+        )
+        _check(
+            self.direction_loss in DIRECTION_LOSSES,
+            "direction_loss",
+            f"one of {DIRECTION_LOSSES}",
+            self.direction_loss,
+        )
 
     @classmethod
     def default_target_language_tags(cls, num_target_languages: int) -> bool:
@@ -139,8 +178,12 @@ def tied_parameter_count(config: TiedTransformerConfig) -> int:
     6 x 16.8M = 100.8M parameters (`untied_parameter_count`: 176.4M)."""
     d, layer_norm = config.d_model, 2 * config.d_model
     heads = config.encoder_attention_heads
-    block = (_attention_parameters(config, heads, True) + _ffn_parameters(d, config.encoder_ffn_dim)
-             + _attention_parameters(config, heads, False) + 3 * layer_norm)
+    block = (
+        _attention_parameters(config, heads, True)
+        + _ffn_parameters(d, config.encoder_ffn_dim)
+        + _attention_parameters(config, heads, False)
+        + 3 * layer_norm
+    )
     count = config.encoder_layers * block + (layer_norm if config.normalize_before else 0)
     count += _embedding_parameters(config)
     if getattr(config, "direction_embedding", False):
@@ -153,11 +196,17 @@ def untied_parameter_count(config: TransformerNmtConfig) -> int:
     encoder layers SA + FFN + 2 LN, decoder layers SA + CA + FFN + 3 LN, a final LayerNorm per stack (pre-norm)."""
     d, layer_norm = config.d_model, 2 * config.d_model
     encoder_heads, decoder_heads = config.encoder_attention_heads, config.decoder_attention_heads
-    encoder_layer = (_attention_parameters(config, encoder_heads, True) + _ffn_parameters(d, config.encoder_ffn_dim)
-                     + 2 * layer_norm)
-    decoder_layer = (_attention_parameters(config, decoder_heads, True)
-                     + _attention_parameters(config, decoder_heads, False)
-                     + _ffn_parameters(d, config.decoder_ffn_dim) + 3 * layer_norm)
+    encoder_layer = (
+        _attention_parameters(config, encoder_heads, True)
+        + _ffn_parameters(d, config.encoder_ffn_dim)
+        + 2 * layer_norm
+    )
+    decoder_layer = (
+        _attention_parameters(config, decoder_heads, True)
+        + _attention_parameters(config, decoder_heads, False)
+        + _ffn_parameters(d, config.decoder_ffn_dim)
+        + 3 * layer_norm
+    )
     count = config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
     count += 2 * layer_norm if config.normalize_before else 0
     return count + _embedding_parameters(config)

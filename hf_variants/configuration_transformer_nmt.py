@@ -22,7 +22,6 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.activations import ACT2FN
 
-
 TRANSLATION_PIPELINE = {
     "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "tf": []}
 }
@@ -44,7 +43,8 @@ def _translation_task_registered() -> bool:
 
 
 def language_tag(lang: str) -> str:
-    """The target-language tag prepended to source sentences by multilingual models: `language_tag("de") == "<2de>"`."""
+    """The target-language tag prepended to source sentences by multilingual models:
+    `language_tag("de") == "<2de>"`."""
     lang = str(lang).strip()
     if not lang or any(c.isspace() or c in "<>" for c in lang):
         raise ValueError(f"Invalid language code {lang!r}: expected a non-empty code without spaces or '<', '>'.")
@@ -74,8 +74,9 @@ FLOAT = FieldType("a float", lambda v: _is_int(v) or isinstance(v, float))  # an
 STR = FieldType("a string", lambda v: isinstance(v, str))
 NONE = FieldType("null (None)", lambda v: v is None)
 INT_LIST = FieldType("a list of integers", lambda v: isinstance(v, (list, tuple)) and all(_is_int(x) for x in v))
-STR_LIST = FieldType("a list of strings",
-                     lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v))
+STR_LIST = FieldType(
+    "a list of strings", lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v)
+)
 DICT = FieldType("an object (dict)", lambda v: isinstance(v, Mapping))
 _BOOL_WORDS = ("true", "false", "yes", "no", "0", "1", "on", "off")
 
@@ -91,8 +92,10 @@ def check_field_type(config_class: type, name: str, value: Any) -> None:
         hint = " (in config.json write true or false without quotes)"
     elif isinstance(value, str) and any(kind in expected for kind in (INT, FLOAT)):
         hint = " (in config.json write numbers without quotes)"
-    raise ValueError(f"`{name}` must be {' or '.join(kind.description for kind in expected)}, got {value!r} "
-                     f"({type(value).__name__}){hint}.")
+    raise ValueError(
+        f"`{name}` must be {' or '.join(kind.description for kind in expected)}, got {value!r} "
+        f"({type(value).__name__}){hint}."
+    )
 
 
 def _as_list(value: Any) -> Any:
@@ -103,8 +106,15 @@ def _as_list(value: Any) -> Any:
 
 # ------------------------------------------------------------------------------------ field names and overrides
 # Keyword arguments `PretrainedConfig.__post_init__` consumes without declaring them as dataclass fields.
-_POST_INIT_KWARGS = ("attn_implementation", "experts_implementation", "name_or_path", "num_labels",
-                     "output_attentions", "torch_dtype", "per_layer_config")
+_POST_INIT_KWARGS = (
+    "attn_implementation",
+    "experts_implementation",
+    "name_or_path",
+    "num_labels",
+    "output_attentions",
+    "torch_dtype",
+    "per_layer_config",
+)
 
 
 def config_field_names(config_class: type[PretrainedConfig]) -> set[str]:
@@ -119,15 +129,22 @@ def config_field_names(config_class: type[PretrainedConfig]) -> set[str]:
         if dataclasses.is_dataclass(klass):
             names.update(f.name for f in dataclasses.fields(klass))
         if "__init__" in vars(klass):
-            names.update(name for name, param in inspect.signature(klass.__init__).parameters.items()
-                         if name != "self" and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD))
-        names.update(name for name, value in vars(klass).items()
-                     if isinstance(value, property) and value.fset is not None and not name.startswith("_"))
+            names.update(
+                name
+                for name, param in inspect.signature(klass.__init__).parameters.items()
+                if name != "self" and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+            )
+        names.update(
+            name
+            for name, value in vars(klass).items()
+            if isinstance(value, property) and value.fset is not None and not name.startswith("_")
+        )
     return names
 
 
-def check_config_field_names(config_class: type[PretrainedConfig], names: Iterable[str],
-                             also_known: Iterable[str] = ()) -> None:
+def check_config_field_names(
+    config_class: type[PretrainedConfig], names: Iterable[str], also_known: Iterable[str] = ()
+) -> None:
     """Raise a `ValueError` naming the first name that is not a field of `config_class` (with the closest field
     names as suggestions), or that is a generation parameter (those belong in `model.generation_config`;
     `PretrainedConfig` drops them silently).
@@ -142,8 +159,10 @@ def check_config_field_names(config_class: type[PretrainedConfig], names: Iterab
         if name in known:
             continue
         if name in generation:
-            raise ValueError(f"`{name}` is a generation parameter, not a field of {config_class.__name__}: set it on "
-                             f"`model.generation_config` (or pass it to `generate()` / the pipeline).")
+            raise ValueError(
+                f"`{name}` is a generation parameter, not a field of {config_class.__name__}: set it on "
+                f"`model.generation_config` (or pass it to `generate()` / the pipeline)."
+            )
         close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
         hint = f" Did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
         raise ValueError(f"`{name}` is not a field of {config_class.__name__}.{hint}")
@@ -170,8 +189,10 @@ def _check_overrides_applied(config: PretrainedConfig, overrides: Mapping[str, A
             continue
         if _plain(stored[name]) != _plain(value):
             source = f"`{derived[name]}`" if name in derived else "its other fields"
-            raise ValueError(f"`{name}={value!r}` was not applied: {type(config).__name__} derives "
-                             f"`{name}={stored[name]!r}` from {source}; set that instead.")
+            raise ValueError(
+                f"`{name}={value!r}` was not applied: {type(config).__name__} derives "
+                f"`{name}={stored[name]!r}` from {source}; set that instead."
+            )
 
 
 def _resolve_aliases(config_class: type[PretrainedConfig], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -179,8 +200,11 @@ def _resolve_aliases(config_class: type[PretrainedConfig], overrides: Mapping[st
     for name, value in overrides.items():
         target = config_class.attribute_map.get(name, name)
         if target in resolved:
-            alias = name if target != name else next(a for a, t in config_class.attribute_map.items()
-                                                     if t == target and a in overrides)
+            alias = (
+                name
+                if target != name
+                else next(a for a, t in config_class.attribute_map.items() if t == target and a in overrides)
+            )
             raise ValueError(f"`{alias}` is an alias of `{target}`: pass only one of them.")
         resolved[target] = value
     return resolved
@@ -256,15 +280,41 @@ class TransformerNmtConfig(PretrainedConfig):
     # The type of every field (a tuple: the types it may have), checked on construction and on load before any
     # value check (`check_field_type`). Each variant declares its own fields; `field_types()` merges the MRO.
     FIELD_TYPES: ClassVar[dict[str, tuple[FieldType, ...]]] = {
-        **dict.fromkeys(("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                         "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings",
-                         "max_relative_positions"), (INT,)),
-        **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps", "init_std",
-                         "label_smoothing"), (FLOAT,)),
-        **dict.fromkeys(("relative_position_values", "normalize_before", "scale_embedding",
-                         "share_encoder_decoder_embeddings", "tie_word_embeddings", "output_bias",
-                         "target_language_tags", "use_cache", "is_encoder_decoder", "output_hidden_states",
-                         "return_dict"), (BOOL,)),
+        **dict.fromkeys(
+            (
+                "vocab_size",
+                "d_model",
+                "encoder_layers",
+                "decoder_layers",
+                "encoder_attention_heads",
+                "decoder_attention_heads",
+                "encoder_ffn_dim",
+                "decoder_ffn_dim",
+                "max_position_embeddings",
+                "max_relative_positions",
+            ),
+            (INT,),
+        ),
+        **dict.fromkeys(
+            ("dropout", "attention_dropout", "activation_dropout", "layer_norm_eps", "init_std", "label_smoothing"),
+            (FLOAT,),
+        ),
+        **dict.fromkeys(
+            (
+                "relative_position_values",
+                "normalize_before",
+                "scale_embedding",
+                "share_encoder_decoder_embeddings",
+                "tie_word_embeddings",
+                "output_bias",
+                "target_language_tags",
+                "use_cache",
+                "is_encoder_decoder",
+                "output_hidden_states",
+                "return_dict",
+            ),
+            (BOOL,),
+        ),
         **dict.fromkeys(("activation_function", "position_embedding_type", "init_method"), (STR,)),
         **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"), (INT, NONE)),
         "languages": (STR_LIST,),
@@ -277,6 +327,7 @@ class TransformerNmtConfig(PretrainedConfig):
         "num_attention_heads": "encoder_attention_heads",
         "num_hidden_layers": "encoder_layers",
     }
+
     # ---------------------------------------------------------------------------------- translation pipeline
     @property
     def custom_pipelines(self) -> dict:
@@ -295,16 +346,48 @@ class TransformerNmtConfig(PretrainedConfig):
     # Named presets. Variants extend this dict (their keys add variant fields).
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Unit tests only.
-        "tiny": dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
-                     max_position_embeddings=256),
+        "tiny": dict(
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            dropout=0.0,
+            max_position_embeddings=256,
+        ),
         # Vaswani et al. "small" / fairseq transformer_iwslt-like width used by the papers' IWSLT runs.
-        "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1),
-        "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-                     decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1),
-        "big": dict(d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
-                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3),
+        "small": dict(
+            d_model=256,
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+            dropout=0.1,
+        ),
+        "base": dict(
+            d_model=512,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=8,
+            decoder_attention_heads=8,
+            encoder_ffn_dim=2048,
+            decoder_ffn_dim=2048,
+            dropout=0.1,
+        ),
+        "big": dict(
+            d_model=1024,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=16,
+            decoder_attention_heads=16,
+            encoder_ffn_dim=4096,
+            decoder_ffn_dim=4096,
+            dropout=0.3,
+        ),
     }
 
     def __init__(
@@ -383,8 +466,9 @@ class TransformerNmtConfig(PretrainedConfig):
         self.is_encoder_decoder = is_encoder_decoder
         # Every model ships the translation pipeline: transformers 5 removed the built-in task, and a config's
         # `custom_pipelines` is resolved before the removed-task check (see README, "translation pipeline").
-        self.custom_pipelines = copy.deepcopy(TRANSLATION_PIPELINE if custom_pipelines is None or
-                                              custom_pipelines == {} else custom_pipelines)
+        self.custom_pipelines = copy.deepcopy(
+            TRANSLATION_PIPELINE if custom_pipelines is None or custom_pipelines == {} else custom_pipelines
+        )
         self._validate()
 
     # ------------------------------------------------------------------------------------------------ validation
@@ -416,40 +500,79 @@ class TransformerNmtConfig(PretrainedConfig):
         """Raise a `ValueError` naming the field and its expected type, or the allowed range, for every bad
         value."""
         self._check_field_types()
-        for name in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                     "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
-            _check(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
-                   "a positive integer", value)
+            _check(
+                isinstance(value, int) and not isinstance(value, bool) and value > 0, name, "a positive integer", value
+            )
         for side in ("encoder", "decoder"):
             heads = getattr(self, f"{side}_attention_heads")
-            _check(self.d_model % heads == 0, f"{side}_attention_heads", f"a divisor of d_model={self.d_model}",
-                   heads)
+            _check(self.d_model % heads == 0, f"{side}_attention_heads", f"a divisor of d_model={self.d_model}", heads)
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and 0.0 <= value < 1.0, name, "a float in [0, 1)", value)
-        _check(self.activation_function in ACT2FN, "activation_function", f"one of {sorted(ACT2FN)}",
-               self.activation_function)
-        _check(self.position_embedding_type in ("sinusoidal", "learned", "none"), "position_embedding_type",
-               "one of 'sinusoidal', 'learned', 'none'", self.position_embedding_type)
-        _check(self.position_embedding_type != "sinusoidal" or self.d_model % 2 == 0, "d_model",
-               "even with sinusoidal positions", self.d_model)
-        _check(isinstance(self.max_relative_positions, int) and self.max_relative_positions >= 0,
-               "max_relative_positions", "an integer >= 0 (0 disables relative positions)",
-               self.max_relative_positions)
+        _check(
+            self.activation_function in ACT2FN,
+            "activation_function",
+            f"one of {sorted(ACT2FN)}",
+            self.activation_function,
+        )
+        _check(
+            self.position_embedding_type in ("sinusoidal", "learned", "none"),
+            "position_embedding_type",
+            "one of 'sinusoidal', 'learned', 'none'",
+            self.position_embedding_type,
+        )
+        _check(
+            self.position_embedding_type != "sinusoidal" or self.d_model % 2 == 0,
+            "d_model",
+            "even with sinusoidal positions",
+            self.d_model,
+        )
+        _check(
+            isinstance(self.max_relative_positions, int) and self.max_relative_positions >= 0,
+            "max_relative_positions",
+            "an integer >= 0 (0 disables relative positions)",
+            self.max_relative_positions,
+        )
         _check(self.init_method in ("xavier", "normal"), "init_method", "one of 'xavier', 'normal'", self.init_method)
-        _check(isinstance(self.init_std, (int, float)) and self.init_std > 0, "init_std", "a positive float",
-               self.init_std)
+        _check(
+            isinstance(self.init_std, (int, float)) and self.init_std > 0,
+            "init_std",
+            "a positive float",
+            self.init_std,
+        )
         _check(self.layer_norm_eps > 0, "layer_norm_eps", "a positive float", self.layer_norm_eps)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and 0 <= value < self.vocab_size), name,
-                   f"None or an integer in [0, vocab_size={self.vocab_size})", value)
-        _check(all(isinstance(x, str) and x for x in self.languages) and len(set(self.languages)) ==
-               len(self.languages), "languages", "a list of distinct non-empty language codes", self.languages)
-        _check(not self.target_language_tags or len(self.languages) > 0, "target_language_tags",
-               "False unless `languages` is set", self.target_language_tags)
-
+            _check(
+                value is None or (isinstance(value, int) and 0 <= value < self.vocab_size),
+                name,
+                f"None or an integer in [0, vocab_size={self.vocab_size})",
+                value,
+            )
+        _check(
+            all(isinstance(x, str) and x for x in self.languages) and len(set(self.languages)) == len(self.languages),
+            "languages",
+            "a list of distinct non-empty language codes",
+            self.languages,
+        )
+        _check(
+            not self.target_language_tags or len(self.languages) > 0,
+            "target_language_tags",
+            "False unless `languages` is set",
+            self.target_language_tags,
+        )
 
     # --------------------------------------------------------------------------------------------------- presets
     @classmethod
@@ -486,5 +609,11 @@ class TransformerNmtConfig(PretrainedConfig):
         return math.sqrt(self.d_model) if self.scale_embedding else 1.0
 
 
-__all__ = ["TransformerNmtConfig", "apply_config_overrides", "check_config_field_names", "check_field_type",
-           "config_field_names", "language_tag"]
+__all__ = [
+    "TransformerNmtConfig",
+    "apply_config_overrides",
+    "check_config_field_names",
+    "check_field_type",
+    "config_field_names",
+    "language_tag",
+]

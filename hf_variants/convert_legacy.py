@@ -26,8 +26,10 @@ from safetensors.torch import load_file
 MUTE_LEGACY = re.compile(r"^(?P<prefix>.*\.(?:self_attn|ffn))\.(?P<name>qkv|out|fc1|fc2)_(?P<kind>weight|bias)$")
 MUTE_NAMES = {"qkv": "qkv_proj", "out": "out_proj", "fc1": "fc1", "fc2": "fc2"}
 # MIMO 0.1: <block>.{qkv_proj,q_proj,kv_proj,out_proj,fc1,fc2}.{weight,bias}: [n, in, out] / [n, out]
-MIMO_LEGACY = re.compile(r"^(?P<prefix>.*\.layers\.\d+\.[a-z_]+)\.(?P<name>qkv_proj|q_proj|kv_proj|out_proj|fc1|fc2)"
-                         r"\.(?P<kind>weight|bias)$")
+MIMO_LEGACY = re.compile(
+    r"^(?P<prefix>.*\.layers\.\d+\.[a-z_]+)\.(?P<name>qkv_proj|q_proj|kv_proj|out_proj|fc1|fc2)"
+    r"\.(?P<kind>weight|bias)$"
+)
 
 
 def is_legacy_key(model_type: str, key: str, tensor: torch.Tensor | None = None) -> bool:
@@ -81,8 +83,10 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
     tied = set(model.all_tied_weights_keys)
     missing = [key for key in missing if key not in tied]
     if missing or unexpected:
-        raise ValueError(f"{model_dir} does not convert to {model_class.__name__}: missing {missing[:5]}, "
-                         f"unexpected {list(unexpected)[:5]}.")
+        raise ValueError(
+            f"{model_dir} does not convert to {model_class.__name__}: missing {missing[:5]}, "
+            f"unexpected {list(unexpected)[:5]}."
+        )
     model.tie_weights()
     for module in model.modules():  # MUTE: the stored M was projected when it was saved; keep it as it is
         if getattr(module, "shuffle", None) is not None and hasattr(module, "_projected_version"):
@@ -93,8 +97,12 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     for item in model_dir.iterdir():  # tokenizer, model card, ... (not the weights or code, written below)
-        if item.is_file() and not item.name.startswith("model") and item.suffix != ".py" \
-                and item.name not in ("config.json",):
+        if (
+            item.is_file()
+            and not item.name.startswith("model")
+            and item.suffix != ".py"
+            and item.name not in ("config.json",)
+        ):
             shutil.copy2(item, output_dir / item.name)
     model.save_pretrained(output_dir)
     return model

@@ -27,18 +27,29 @@ def config_from_marian(marian_config, **overrides) -> TransformerNmtConfig:
     if getattr(marian_config, "encoder_layerdrop", 0) or getattr(marian_config, "decoder_layerdrop", 0):
         raise ValueError("Marian layerdrop has no equivalent here; set it to 0 before converting.")
     fields = dict(
-        vocab_size=marian_config.vocab_size, d_model=marian_config.d_model,
-        encoder_layers=marian_config.encoder_layers, decoder_layers=marian_config.decoder_layers,
+        vocab_size=marian_config.vocab_size,
+        d_model=marian_config.d_model,
+        encoder_layers=marian_config.encoder_layers,
+        decoder_layers=marian_config.decoder_layers,
         encoder_attention_heads=marian_config.encoder_attention_heads,
         decoder_attention_heads=marian_config.decoder_attention_heads,
-        encoder_ffn_dim=marian_config.encoder_ffn_dim, decoder_ffn_dim=marian_config.decoder_ffn_dim,
-        activation_function=marian_config.activation_function, dropout=marian_config.dropout,
-        attention_dropout=marian_config.attention_dropout, activation_dropout=marian_config.activation_dropout,
-        max_position_embeddings=marian_config.max_position_embeddings, position_embedding_type="sinusoidal",
-        normalize_before=False, scale_embedding=marian_config.scale_embedding,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=marian_config.tie_word_embeddings,
-        init_method="normal", init_std=marian_config.init_std, pad_token_id=marian_config.pad_token_id,
-        bos_token_id=marian_config.bos_token_id, eos_token_id=marian_config.eos_token_id,
+        encoder_ffn_dim=marian_config.encoder_ffn_dim,
+        decoder_ffn_dim=marian_config.decoder_ffn_dim,
+        activation_function=marian_config.activation_function,
+        dropout=marian_config.dropout,
+        attention_dropout=marian_config.attention_dropout,
+        activation_dropout=marian_config.activation_dropout,
+        max_position_embeddings=marian_config.max_position_embeddings,
+        position_embedding_type="sinusoidal",
+        normalize_before=False,
+        scale_embedding=marian_config.scale_embedding,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=marian_config.tie_word_embeddings,
+        init_method="normal",
+        init_std=marian_config.init_std,
+        pad_token_id=marian_config.pad_token_id,
+        bos_token_id=marian_config.bos_token_id,
+        eos_token_id=marian_config.eos_token_id,
         decoder_start_token_id=marian_config.decoder_start_token_id,
     )
     fields.update(overrides)
@@ -49,8 +60,9 @@ def convert_state_dict(marian_state: dict[str, torch.Tensor]) -> tuple[dict[str,
     """Marian parameter names -> ours; returns (state dict, whether an output bias is needed)."""
     state: dict[str, torch.Tensor] = {}
     for name, tensor in marian_state.items():
-        if "embed_positions" in name or name.endswith((".k_proj.weight", ".k_proj.bias", ".v_proj.weight",
-                                                        ".v_proj.bias")):
+        if "embed_positions" in name or name.endswith(
+            (".k_proj.weight", ".k_proj.bias", ".v_proj.weight", ".v_proj.bias")
+        ):
             continue
         if name.endswith((".q_proj.weight", ".q_proj.bias")):
             prefix, kind = name.rsplit(".q_proj.", 1)
@@ -87,7 +99,8 @@ def convert_marian(marian_model, **config_overrides) -> TransformerNmtForConditi
     if unexpected or set(missing) - tied:
         raise ValueError(f"Conversion mismatch: missing {sorted(set(missing) - tied)}, unexpected {unexpected}.")
     model.generation_config = marian_model.generation_config.__class__.from_dict(
-        marian_model.generation_config.to_dict())
+        marian_model.generation_config.to_dict()
+    )
     return model.eval() if not marian_model.training else model
 
 

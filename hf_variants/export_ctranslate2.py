@@ -41,8 +41,16 @@ import torch
 from .modeling_transformer_nmt import sinusoidal_positions
 
 # our `activation_function` -> CTranslate2's Activation enum name
-ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh",
-               "silu": "SWISH", "swish": "SWISH", "sigmoid": "Sigmoid", "tanh": "Tanh"}
+ACTIVATIONS = {
+    "relu": "RELU",
+    "gelu": "GELU",
+    "gelu_new": "GELUTanh",
+    "gelu_pytorch_tanh": "GELUTanh",
+    "silu": "SWISH",
+    "swish": "SWISH",
+    "sigmoid": "Sigmoid",
+    "tanh": "Tanh",
+}
 
 # why CTranslate2's Transformer cannot express each variant
 UNSUPPORTED_MODEL_TYPES = {
@@ -59,15 +67,20 @@ def check_exportable(config) -> None:
     model_type = getattr(config, "model_type", None)
     if model_type != "transformer_nmt":
         why = UNSUPPORTED_MODEL_TYPES.get(model_type, "it is not the transformer_nmt baseline")
-        raise ValueError(f"CTranslate2 cannot express model_type={model_type!r}: {why}. Only transformer_nmt "
-                         "models export; use hf_variants.quantize_for_cpu for int8 CPU inference of the variants.")
+        raise ValueError(
+            f"CTranslate2 cannot express model_type={model_type!r}: {why}. Only transformer_nmt "
+            "models export; use hf_variants.quantize_for_cpu for int8 CPU inference of the variants."
+        )
     if config.activation_function not in ACTIVATIONS:
-        raise ValueError(f"CTranslate2 has no activation_function={config.activation_function!r}; it has "
-                         f"{sorted(ACTIVATIONS)}.")
+        raise ValueError(
+            f"CTranslate2 has no activation_function={config.activation_function!r}; it has {sorted(ACTIVATIONS)}."
+        )
     if config.max_relative_positions > 0 and config.position_embedding_type != "none":
-        raise ValueError(f"CTranslate2 uses relative positions (max_relative_positions="
-                         f"{config.max_relative_positions}) without absolute ones: position_embedding_type must be "
-                         f"'none', got {config.position_embedding_type!r}.")
+        raise ValueError(
+            f"CTranslate2 uses relative positions (max_relative_positions="
+            f"{config.max_relative_positions}) without absolute ones: position_embedding_type must be "
+            f"'none', got {config.position_embedding_type!r}."
+        )
     for name in ("decoder_start_token_id", "eos_token_id"):
         if getattr(config, name) is None:
             raise ValueError(f"CTranslate2 needs `{name}` (a token id), got None.")
@@ -82,9 +95,11 @@ def vocabulary(tokenizer, vocab_size: int) -> list[str]:
     seen = {}
     for i, token in enumerate(tokens):
         if token is None or token in seen:
-            raise ValueError(f"Token id {i} of the tokenizer is {token!r}, "
-                             + (f"the same string as id {seen[token]}" if token in seen else "not a string")
-                             + ": CTranslate2 needs one distinct string per id.")
+            raise ValueError(
+                f"Token id {i} of the tokenizer is {token!r}, "
+                + (f"the same string as id {seen[token]}" if token in seen else "not a string")
+                + ": CTranslate2 needs one distinct string per id."
+            )
         seen[token] = i
     return tokens
 
@@ -136,11 +151,19 @@ def build_spec(model, tokenizer):
     relative = config.max_relative_positions > 0
     activation = getattr(common_spec.Activation, ACTIVATIONS[config.activation_function])
     encoder = transformer_spec.TransformerEncoderSpec(
-        config.encoder_layers, config.encoder_attention_heads, pre_norm=config.normalize_before,
-        activation=activation, relative_position=relative)
+        config.encoder_layers,
+        config.encoder_attention_heads,
+        pre_norm=config.normalize_before,
+        activation=activation,
+        relative_position=relative,
+    )
     decoder = transformer_spec.TransformerDecoderSpec(
-        config.decoder_layers, config.decoder_attention_heads, pre_norm=config.normalize_before,
-        activation=activation, relative_position=relative)
+        config.decoder_layers,
+        config.decoder_attention_heads,
+        pre_norm=config.normalize_before,
+        activation=activation,
+        relative_position=relative,
+    )
     ours = model.model
     encoder.embeddings[0].weight = _array(ours.encoder.embed_tokens.weight)
     _stack(encoder, ours.encoder, config)
@@ -176,8 +199,9 @@ def build_spec(model, tokenizer):
     spec.register_target_vocabulary(tokens)
     unk = tokenizer.unk_token if tokenizer.unk_token in tokens else tokens[config.pad_token_id or 0]
     spec.config.unk_token = unk
-    spec.config.bos_token = tokens[config.bos_token_id if config.bos_token_id is not None
-                                   else config.decoder_start_token_id]
+    spec.config.bos_token = tokens[
+        config.bos_token_id if config.bos_token_id is not None else config.decoder_start_token_id
+    ]
     spec.config.eos_token = tokens[config.eos_token_id]
     spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
     spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
@@ -202,9 +226,17 @@ def export(model, tokenizer, output_dir: str | Path, quantization: str | None = 
     model.generation_config.save_pretrained(staging)
     tokens = vocabulary(tokenizer, model.config.vocab_size)
     suppress = [[tokens[i]] for i in (model.generation_config.suppress_tokens or [])]
-    (staging / "hf_variants_export.json").write_text(json.dumps(
-        {"source_model_type": model.config.model_type, "quantization": quantization or "float32",
-         "suppress_sequences": suppress}, indent=2) + "\n")  # what translate_batch needs to decode like our generate
+    (staging / "hf_variants_export.json").write_text(
+        json.dumps(
+            {
+                "source_model_type": model.config.model_type,
+                "quantization": quantization or "float32",
+                "suppress_sequences": suppress,
+            },
+            indent=2,
+        )
+        + "\n"
+    )  # what translate_batch needs to decode like our generate
     if output_dir.exists():
         shutil.rmtree(output_dir)
     staging.rename(output_dir)  # the folder appears complete or not at all
@@ -222,16 +254,19 @@ def main(argv=None) -> Path:
     parser.add_argument("--model", required=True, help="saved transformer_nmt model folder")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--quantization", choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
-                                                   "float16", "bfloat16", "float32"],
-                        help="store the weights quantized (default: float32)")
+    parser.add_argument(
+        "--quantization",
+        choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"],
+        help="store the weights quantized (default: float32)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
     args = parser.parse_args(argv)
     try:
         import ctranslate2  # noqa: F401
     except ImportError as error:
-        raise SystemExit(f"The CTranslate2 export needs the ctranslate2 package: pip install 'hf-variants[deploy]' "
-                         f"({error}).") from error
+        raise SystemExit(
+            f"The CTranslate2 export needs the ctranslate2 package: pip install 'hf-variants[deploy]' ({error})."
+        ) from error
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)

@@ -42,8 +42,10 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 MANIFEST = "onnx_manifest.json"
-GRAPH_FILES = {"fp32": ("encoder_model.onnx", "decoder_model.onnx"),
-               "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx")}
+GRAPH_FILES = {
+    "fp32": ("encoder_model.onnx", "decoder_model.onnx"),
+    "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx"),
+}
 
 # onnxruntime.quantization.quantize_dynamic settings, chosen by measurement: unsigned 8-bit weights, one scale per
 # output channel, full range. Relative logit error against fp32 (`small` baseline, random weights, 32 x 20 teacher-
@@ -52,8 +54,12 @@ GRAPH_FILES = {"fp32": ("encoder_model.onnx", "decoder_model.onnx"),
 # MLAS multiplies u8 activations by s8 weights with saturating 16-bit sums: full-range s8 weights saturate there
 # (issue 32: relative error 0.12-0.19), and reduce_range gives up a bit (twice the error above); u8 weights take the
 # u8u8 kernel, which does not saturate, at full range, on every CPU.
-INT8_SETTINGS = {"weight_type": "QUInt8", "per_channel": True, "reduce_range": False,
-                 "op_types_to_quantize": ["MatMul", "Gemm"]}
+INT8_SETTINGS = {
+    "weight_type": "QUInt8",
+    "per_channel": True,
+    "reduce_range": False,
+    "op_types_to_quantize": ["MatMul", "Gemm"],
+}
 MIN_OPSET = 18  # the dynamo exporter's lowest
 SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
 
@@ -79,31 +85,39 @@ def check_exportable(model, opset: int | None = None) -> None:
 
     config = model.config
     if config.model_type not in MODEL_CLASSES:
-        raise ValueError(f"export_onnx: unsupported model type {config.model_type!r} (supported: "
-                         f"{sorted(MODEL_CLASSES)}).")
+        raise ValueError(
+            f"export_onnx: unsupported model type {config.model_type!r} (supported: {sorted(MODEL_CLASSES)})."
+        )
     if opset is not None and opset < MIN_OPSET:
-        raise ValueError(f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= "
-                         f"{MIN_OPSET}.")
+        raise ValueError(
+            f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= {MIN_OPSET}."
+        )
     if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
         if config.phrase_type == "syntactic":
             why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
         elif config.phrase_interaction != "none":
-            why = (f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
-                   "phrases, which the trace unrolls to the sample's phrase count")
+            why = (
+                f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
+                "phrases, which the trace unrolls to the sample's phrase count"
+            )
         else:
             why = "the phrase count ceil(length / n) is a shape torch.export specializes for sources of 1-2 tokens"
         raise ValueError(
             f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
             f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: {why}. An MG-SA "
-            "model without phrase heads (mgsa_layers=[]) exports.")
+            "model without phrase heads (mgsa_layers=[]) exports."
+        )
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
 
 
 def _encoder_fields(encoder_outputs) -> dict[str, torch.Tensor]:
     """The tensor fields of an encoder output (ModelOutput), in order; auxiliary losses are training-only."""
-    return {name: value for name, value in encoder_outputs.items()
-            if isinstance(value, torch.Tensor) and name != "aux_losses"}
+    return {
+        name: value
+        for name, value in encoder_outputs.items()
+        if isinstance(value, torch.Tensor) and name != "aux_losses"
+    }
 
 
 def _layer_kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -120,13 +134,20 @@ class SourceGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, *extra):
         kwargs = dict(zip(self.source_names, extra))
-        encoder_outputs = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                                   return_dict=True, **kwargs)
+        encoder_outputs = self.model.get_encoder()(
+            input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs
+        )
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         start = input_ids.new_full((input_ids.shape[0], 1), self.model.config.decoder_start_token_id)
-        self.model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_input_ids=start,
-                   past_key_values=cache, use_cache=True, return_dict=True,
-                   **{name: kwargs[name] for name in self.step_names})
+        self.model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            decoder_input_ids=start,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **{name: kwargs[name] for name in self.step_names},
+        )
         fields = _encoder_fields(encoder_outputs)
         cross = [t for kv in _layer_kv(cache.cross_attention_cache) for t in kv]
         return (*[fields[name] for name in self.field_names], *cross)
@@ -145,14 +166,20 @@ class StepGraph(nn.Module):
     def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
         n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
         fields = dict(zip(self.field_names, flat[:n_fields]))
-        kwargs = dict(zip(self.step_names, flat[n_fields:n_fields + n_step]))
-        kv = flat[n_fields + n_step:]
+        kwargs = dict(zip(self.step_names, flat[n_fields : n_fields + n_step]))
+        kv = flat[n_fields + n_step :]
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
         cache = EncoderDecoderCache(DynamicCache(past), DynamicCache(cross))
-        out = self.model(encoder_outputs=self.output_class(**fields), attention_mask=encoder_attention_mask,
-                         decoder_input_ids=decoder_input_ids, past_key_values=cache, use_cache=True,
-                         return_dict=True, **kwargs)
+        out = self.model(
+            encoder_outputs=self.output_class(**fields),
+            attention_mask=encoder_attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            **kwargs,
+        )
         present = [t for pair in _layer_kv(out.past_key_values.self_attention_cache) for t in pair]
         return (out.logits, *present)
 
@@ -188,8 +215,17 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
 
 def _torch_export(module, args, dynamic_shapes, input_names, output_names, path: Path, opset: int | None):
     kwargs = {"opset_version": opset} if opset is not None else {}
-    program = torch.onnx.export(module, args, dynamo=True, dynamic_shapes=dynamic_shapes, input_names=input_names,
-                                output_names=output_names, optimize=True, verbose=False, **kwargs)
+    program = torch.onnx.export(
+        module,
+        args,
+        dynamo=True,
+        dynamic_shapes=dynamic_shapes,
+        input_names=input_names,
+        output_names=output_names,
+        optimize=True,
+        verbose=False,
+        **kwargs,
+    )
     program.save(str(path))
     return program
 
@@ -200,8 +236,14 @@ def _io(path: Path) -> dict:
     graph = onnx.load(str(path), load_external_data=False).graph
 
     def describe(values):
-        return [{"name": v.name, "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
-                 "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]} for v in values]
+        return [
+            {
+                "name": v.name,
+                "dtype": onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type).lower(),
+                "shape": [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim],
+            }
+            for v in values
+        ]
 
     return {"inputs": describe(graph.input), "outputs": describe(graph.output)}
 
@@ -210,14 +252,21 @@ def _check_dynamic(path: Path, config_name: str) -> None:
     """Raise a ValueError when torch.export fixed an axis meant to be dynamic (batch, source, past) to the size of
     the export's sample: the graph would refuse every other shape."""
     io = _io(path)
-    expected = {"input_ids": (0, 1), "attention_mask": (0, 1), "decoder_input_ids": (0,),
-                "encoder_attention_mask": (0, 1), "past_key.0": (0, 2)}
+    expected = {
+        "input_ids": (0, 1),
+        "attention_mask": (0, 1),
+        "decoder_input_ids": (0,),
+        "encoder_attention_mask": (0, 1),
+        "past_key.0": (0, 2),
+    }
     for value in io["inputs"]:
         for axis in expected.get(value["name"], ()):
             if not isinstance(value["shape"][axis], str):
-                raise ValueError(f"export_onnx: {config_name} is not supported: torch.export fixed axis {axis} of "
-                                 f"`{value['name']}` in {path.name} to {value['shape'][axis]} (the sample's size); "
-                                 "the model computes a shape from that length in Python.")
+                raise ValueError(
+                    f"export_onnx: {config_name} is not supported: torch.export fixed axis {axis} of "
+                    f"`{value['name']}` in {path.name} to {value['shape'][axis]} (the sample's size); "
+                    "the model computes a shape from that length in Python."
+                )
 
 
 def quantize(source: Path, target: Path) -> list[str]:
@@ -244,22 +293,34 @@ def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[s
 
     graph = onnx.load(str(source), load_external_data=False).graph
     ranks = {init.name: len(init.dims) for init in graph.initializer}
-    kept = [node.name for node in graph.node
-            if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2]
-    quantize_dynamic(str(source), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
-                     per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
-                     op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"], nodes_to_exclude=kept,
-                     extra_options={"DefaultTensorType": 1})  # FLOAT, for outputs of ops without shape inference
+    kept = [node.name for node in graph.node if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2]
+    quantize_dynamic(
+        str(source),
+        str(target),
+        weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+        per_channel=INT8_SETTINGS["per_channel"],
+        reduce_range=INT8_SETTINGS["reduce_range"],
+        op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"],
+        nodes_to_exclude=kept,
+        extra_options={"DefaultTensorType": 1},
+    )  # FLOAT, for outputs of ops without shape inference
     if kept and INT8_SETTINGS["per_channel"]:
-        quantize_dynamic(str(target), str(target), weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
-                         per_channel=False, reduce_range=INT8_SETTINGS["reduce_range"],
-                         op_types_to_quantize=["MatMul"],
-                         nodes_to_quantize=kept, extra_options={"DefaultTensorType": 1})
+        quantize_dynamic(
+            str(target),
+            str(target),
+            weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+            per_channel=False,
+            reduce_range=INT8_SETTINGS["reduce_range"],
+            op_types_to_quantize=["MatMul"],
+            nodes_to_quantize=kept,
+            extra_options={"DefaultTensorType": 1},
+        )
     return kept
 
 
-def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None,
-           force: bool = False) -> Path:
+def export(
+    model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None, force: bool = False
+) -> Path:
     """Write `model` as an ONNX folder (see the module docstring). Returns the folder."""
     import onnx
     import onnxruntime
@@ -282,8 +343,14 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
         field_names = list(_encoder_fields(encoder_outputs))
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         start = torch.full((2, 1), model.config.decoder_start_token_id, dtype=torch.long)
-        model(encoder_outputs=encoder_outputs, attention_mask=sample["attention_mask"], decoder_input_ids=start,
-              past_key_values=cache, use_cache=True, **{k: sample[k] for k in step_names})
+        model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=sample["attention_mask"],
+            decoder_input_ids=start,
+            past_key_values=cache,
+            use_cache=True,
+            **{k: sample[k] for k in step_names},
+        )
         num_layers = len(cache.cross_attention_cache.layers)
         self_kv, cross_kv = _layer_kv(cache.self_attention_cache), _layer_kv(cache.cross_attention_cache)
     _untie_output_projection(model)
@@ -292,8 +359,11 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    batch, src, past = (torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("source", min=1, max=4096),
-                        torch.export.Dim("past", min=0, max=4096))
+    batch, src, past = (
+        torch.export.Dim("batch", min=1, max=4096),
+        torch.export.Dim("source", min=1, max=4096),
+        torch.export.Dim("past", min=0, max=4096),
+    )
     kv_names = [f"{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 
     # source graph
@@ -302,25 +372,57 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     source_in = ["input_ids", "attention_mask", *source_names]
     source_out = [f"encoder_{name}" for name in field_names] + [f"cross_{name}" for name in kv_names]
     files = GRAPH_FILES["fp32"]
-    _torch_export(SourceGraph(model, source_names, step_names, field_names), source_args,
-                  (shapes["input_ids"], shapes["attention_mask"],
-                   *([tuple(shapes[k] for k in source_names)] if source_names else [])),
-                  source_in, source_out, staging / files[0], opset)
+    _torch_export(
+        SourceGraph(model, source_names, step_names, field_names),
+        source_args,
+        (
+            shapes["input_ids"],
+            shapes["attention_mask"],
+            *([tuple(shapes[k] for k in source_names)] if source_names else []),
+        ),
+        source_in,
+        source_out,
+        staging / files[0],
+        opset,
+    )
 
     # step graph (sample: past length 3)
     field_values = [encoder_outputs[name] for name in field_names]
     past_kv = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in self_kv for t in kv]
     cross = [t for kv in cross_kv for t in kv]
     step_args = (start, sample["attention_mask"], *field_values, *[sample[k] for k in step_names], *past_kv, *cross)
-    field_shapes = tuple({0: batch, **{axis: src for axis, size in enumerate(value.shape)
-                                       if axis and size == SAMPLE_SOURCE_LENGTH}} for value in field_values)
-    step_shapes = (({0: batch}, {0: batch, 1: src}, (*field_shapes, *[{0: batch} for _ in step_names],
-                    *[{0: batch, 2: past} for _ in past_kv], *[{0: batch, 2: src} for _ in cross])))
-    step_in = (["decoder_input_ids", "encoder_attention_mask", *[f"encoder_{n}" for n in field_names], *step_names,
-                *[f"past_{n}" for n in kv_names], *[f"cross_{n}" for n in kv_names]])
+    field_shapes = tuple(
+        {0: batch, **{axis: src for axis, size in enumerate(value.shape) if axis and size == SAMPLE_SOURCE_LENGTH}}
+        for value in field_values
+    )
+    step_shapes = (
+        {0: batch},
+        {0: batch, 1: src},
+        (
+            *field_shapes,
+            *[{0: batch} for _ in step_names],
+            *[{0: batch, 2: past} for _ in past_kv],
+            *[{0: batch, 2: src} for _ in cross],
+        ),
+    )
+    step_in = [
+        "decoder_input_ids",
+        "encoder_attention_mask",
+        *[f"encoder_{n}" for n in field_names],
+        *step_names,
+        *[f"past_{n}" for n in kv_names],
+        *[f"cross_{n}" for n in kv_names],
+    ]
     step_out = ["logits", *[f"present_{n}" for n in kv_names]]
-    _torch_export(StepGraph(model, step_names, field_names, type(encoder_outputs), num_layers), step_args,
-                  step_shapes, step_in, step_out, staging / files[1], opset)
+    _torch_export(
+        StepGraph(model, step_names, field_names, type(encoder_outputs), num_layers),
+        step_args,
+        step_shapes,
+        step_in,
+        step_out,
+        staging / files[1],
+        opset,
+    )
     export_seconds = time.perf_counter() - started
     for name in files:
         _check_dynamic(staging / name, config_name=original_config.model_type)
@@ -337,8 +439,11 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
     original_config.save_pretrained(staging)
     model.generation_config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    opset_used = next(o.version for o in onnx.load(str(staging / files[1]), load_external_data=False).opset_import
-                      if o.domain in ("", "ai.onnx"))
+    opset_used = next(
+        o.version
+        for o in onnx.load(str(staging / files[1]), load_external_data=False).opset_import
+        if o.domain in ("", "ai.onnx")
+    )
     manifest = {
         "format": "hf_variants-onnx-seq2seq",
         "format_version": 1,
@@ -351,10 +456,16 @@ def export(model, tokenizer, output_dir: str | Path, int8: bool = False, opset: 
         "source_inputs": source_names,
         "step_inputs": step_names,
         "tgt_lang_ids_required": _language_ids_required(model, sample) if step_names else False,
-        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}",
-                     per_tensor_matmuls=per_tensor) if int8 else None,
-        "exporter": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxscript": onnxscript.__version__,
-                     "dynamo": True, "opset": opset_used},
+        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}", per_tensor_matmuls=per_tensor)
+        if int8
+        else None,
+        "exporter": {
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxscript": onnxscript.__version__,
+            "dynamo": True,
+            "opset": opset_used,
+        },
         "export_seconds": round(export_seconds, 2),
         "quantize_seconds": round(quantize_seconds, 2) if quantize_seconds is not None else None,
     }
@@ -398,8 +509,9 @@ def main(argv=None) -> Path:
         import onnxruntime  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as error:
-        raise SystemExit(f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' "
-                         f"({error}).") from error
+        raise SystemExit(
+            f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' ({error})."
+        ) from error
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
@@ -410,8 +522,11 @@ def main(argv=None) -> Path:
     except (ValueError, FileExistsError) as error:
         raise SystemExit(str(error)) from error
     manifest = json.loads((out / MANIFEST).read_text())
-    print(f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
-          + (f", int8 {manifest['quantize_seconds']} s" if args.int8 else "") + ")")
+    print(
+        f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
+        + (f", int8 {manifest['quantize_seconds']} s" if args.int8 else "")
+        + ")"
+    )
     return out
 
 

@@ -10,7 +10,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
-
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.generation.logits_process import (
@@ -23,7 +22,6 @@ from transformers.generation.logits_process import (
 from transformers.utils import logging
 
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
-
 
 logger = logging.get_logger(__name__)
 
@@ -104,8 +102,9 @@ class TokenSuppressionLogitsProcessor(LogitsProcessor):
 
 
 # ------------------------------------------------------------------------------------------------ language inputs
-def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int,
-                         device, required: bool | None = None) -> torch.Tensor:
+def resolve_language_ids(
+    config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int, device, required: bool | None = None
+) -> torch.Tensor:
     """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
     rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
     example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
@@ -115,14 +114,16 @@ def resolve_language_ids(config: TransformerNmtConfig, tgt_lang_ids, batch_size:
             raise ValueError(
                 f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
                 f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
-                f"`prepare_translation_inputs`.")
+                f"`prepare_translation_inputs`."
+            )
         return torch.zeros(batch_size, dtype=torch.long, device=device)
     ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
     if ids.shape[0] != batch_size:
         raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
     if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
-        raise ValueError(f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), "
-                         f"got {ids.tolist()}.")
+        raise ValueError(
+            f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), got {ids.tolist()}."
+        )
     return ids
 
 
@@ -150,18 +151,26 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             return {}
         if tgt_langs is None:
             if getattr(self.config, field) > 1:
-                raise ValueError(f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
-                                 "sentence, to pick the target language.")
+                raise ValueError(
+                    f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
+                    "sentence, to pick the target language."
+                )
             return {}
         if not self.config.languages:  # a single-direction model without a language list: like the baseline
             return {}
-        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs],
-                                             dtype=torch.long)}
+        return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs], dtype=torch.long)}
 
-    def prepare_translation_inputs(self, tokenizer, texts: str | Sequence[str], *, src_lang: str | None = None,
-                                   tgt_lang: str | Sequence[str] | None = None,
-                                   text_target: str | Sequence[str] | None = None, max_length: int | None = None,
-                                   **variant_kwargs) -> dict[str, torch.Tensor]:
+    def prepare_translation_inputs(
+        self,
+        tokenizer,
+        texts: str | Sequence[str],
+        *,
+        src_lang: str | None = None,
+        tgt_lang: str | Sequence[str] | None = None,
+        text_target: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+        **variant_kwargs,
+    ) -> dict[str, torch.Tensor]:
         """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
         target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`;
         `variant_kwargs` go to `_encode_sources`, e.g. MG-SA's `parses`). `tgt_lang` is one code or one per
@@ -174,7 +183,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             raise ValueError(
                 f"The tokenizer has {len(tokenizer)} tokens, more than this model's vocabulary "
                 f"(config.vocab_size={vocab_size}): its ids from {vocab_size} on have no embedding. Use the tokenizer "
-                f"the model was trained with (saved beside it).")
+                f"the model was trained with (saved beside it)."
+            )
         tgt_langs = self._target_languages(tgt_lang, len(texts))
         if self.config.languages:
             for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
@@ -196,16 +206,29 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         inputs.update(self._language_inputs(tgt_langs, len(texts)))
         return {key: value.to(self.device) for key, value in inputs.items()}
 
-    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
-                        max_length: int | None, **variant_kwargs) -> dict[str, torch.Tensor]:
+    def _encode_sources(
+        self,
+        tokenizer,
+        texts: list[str],
+        prefixes: list[str],
+        text_target: list[str] | None,
+        max_length: int | None,
+        **variant_kwargs,
+    ) -> dict[str, torch.Tensor]:
         """The tokenized batch: `input_ids` and `attention_mask` of `prefix + text` per sentence (the prefix: its
         `<2xx> ` tag, or ""), `labels` of `text_target` (padding not yet -100) when given, and a variant's own
         inputs from `variant_kwargs` (MG-SA's phrases from `parses`); none here."""
         if variant_kwargs:
             raise ValueError(f"{type(self).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
         sources = [prefix + text for prefix, text in zip(prefixes, texts)]
-        encoded = tokenizer(sources, text_target=text_target, padding=True, truncation=max_length is not None,
-                            max_length=max_length, return_tensors="pt")
+        encoded = tokenizer(
+            sources,
+            text_target=text_target,
+            padding=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_tensors="pt",
+        )
         inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
         if text_target is not None:
             inputs["labels"] = encoded["labels"]
@@ -223,8 +246,14 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         return langs
 
     # --------------------------------------------------------------------------------------------- generate
-    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, *,
-                 tgt_lang: str | Sequence[str] | None = None, **kwargs):
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config=None,
+        *,
+        tgt_lang: str | Sequence[str] | None = None,
+        **kwargs,
+    ):
         """`GenerationMixin.generate` with the package's conveniences:
         - `tgt_lang="de"` (or one code per sentence) sets `tgt_lang_ids` for the models that condition on the target
           language (MIMO, Tied); the source must already carry its `<2xx>` tag where the model uses tags
@@ -234,14 +263,17 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         - without a length from the user, the output is limited by a rule of the source length (`default_length`);
         - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
           length and the limit."""
-        source = next((x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None),
-                      None)
+        source = next(
+            (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
+        )
         if tgt_lang is not None:
             if kwargs.get("tgt_lang_ids") is not None:
                 raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
             if self.model.language_ids_field is None:
-                raise ValueError(f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
-                                 "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate.")
+                raise ValueError(
+                    f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
+                    "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate."
+                )
             if source is None:
                 raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
             langs = self._target_languages(tgt_lang, source.shape[0])
@@ -251,20 +283,26 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             kwargs["num_beams"] = 1
         limit = self.config.max_position_embeddings
         if source is not None and source.shape[1] > limit:
-            raise ValueError(f"The source has {source.shape[1]} tokens; this model's limit is "
-                             f"max_position_embeddings={limit}.")
+            raise ValueError(
+                f"The source has {source.shape[1]} tokens; this model's limit is max_position_embeddings={limit}."
+            )
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
         lengths = {}
         for name in ("max_length", "max_new_tokens"):
-            for config in (kwargs, vars(generation_config) if generation_config is not None else {},
-                           vars(self.generation_config)):
+            for config in (
+                kwargs,
+                vars(generation_config) if generation_config is not None else {},
+                vars(self.generation_config),
+            ):
                 if config.get(name) is not None:
                     lengths.setdefault(name, config[name])
         for name, value in lengths.items():
             if value > limit:
-                raise ValueError(f"`{name}={value}` asks for more target positions than this model has "
-                                 f"(max_position_embeddings={limit}).")
+                raise ValueError(
+                    f"`{name}={value}` asks for more target positions than this model has "
+                    f"(max_position_embeddings={limit})."
+                )
         if not lengths and source is not None:
             a, b, cap = self.default_length
             kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
@@ -289,5 +327,9 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         return past_key_values
 
 
-__all__ = ["TransformerNmtGenerationMixin", "TokenSuppressionLogitsProcessor", "generation_scope",
-           "resolve_language_ids"]
+__all__ = [
+    "TransformerNmtGenerationMixin",
+    "TokenSuppressionLogitsProcessor",
+    "generation_scope",
+    "resolve_language_ids",
+]

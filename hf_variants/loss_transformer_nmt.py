@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-
 LOSS_CHUNK_ELEMENTS = 1 << 23  # logits per chunk of the loss (32 MB in float32)
 
 
-def _smoothed_rows(z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float,
-                   work: torch.Tensor) -> torch.Tensor:
+def _smoothed_rows(
+    z: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, smoothing: float, work: torch.Tensor
+) -> torch.Tensor:
     """sum_i weights_i * (label-smoothed cross-entropy of row i of the logits `z` [n, V]); `work` ([n, V], z's
     dtype, or z itself) ends up holding the gradient with respect to z:
     weights_i * (softmax(z_i) - (1 - smoothing) * onehot(y_i) - smoothing / V).
@@ -75,8 +75,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 def _once(ctx) -> None:
     if ctx.backward_done:  # the gradient buffers were scaled in place by the first backward
-        raise RuntimeError("smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
-                           "not supported; compute the loss again.")
+        raise RuntimeError(
+            "smoothed_cross_entropy: a second backward through the same graph (retain_graph) is "
+            "not supported; compute the loss again."
+        )
     ctx.backward_done = True
 
 
@@ -98,10 +100,16 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
             w = weight.to(gemm)
             b = None if bias is None else bias.to(gemm)
             grad_hidden = torch.empty_like(hidden) if need_hidden else None
-            grad_weight = (torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
-                                       device=weight.device) if need_weight else None)
-            grad_bias = (torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32),
-                                     device=bias.device) if need_bias else None)
+            grad_weight = (
+                torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device)
+                if need_weight
+                else None
+            )
+            grad_bias = (
+                torch.zeros(bias.shape, dtype=torch.promote_types(bias.dtype, torch.float32), device=bias.device)
+                if need_bias
+                else None
+            )
             any_grad = need_hidden or need_weight or need_bias
             total = torch.zeros((), dtype=compute, device=hidden.device)
             # 512 rows: as fast as larger chunks (the weight gradient's update per chunk costs [V, d] of memory
@@ -153,8 +161,9 @@ def _loss_weights(labels: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     return torch.where(labelled, weights.reshape(-1).float(), 0.0)
 
 
-def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0,
-                           weights: torch.Tensor | None = None) -> torch.Tensor:
+def smoothed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, smoothing: float = 0.0, weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """Label-smoothed cross-entropy of `logits` [..., V] against `labels` [...] (-100: ignored), as
     `F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)`, with a fraction of its memory:
     `weights` None gives the mean over the labelled tokens (0 when there is none); `weights` [...] (float) gives
@@ -168,13 +177,19 @@ def smoothed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, smoothing
     them (`benchmarks/loss_memory.py`). One backward per forward (retain_graph raises). Without the logits,
     `projected_smoothed_cross_entropy` needs none of them."""
     flat_labels = labels.reshape(-1)
-    return _SmoothedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), flat_labels,
-                                       _loss_weights(flat_labels, weights), float(smoothing))
+    return _SmoothedCrossEntropy.apply(
+        logits.reshape(-1, logits.shape[-1]), flat_labels, _loss_weights(flat_labels, weights), float(smoothing)
+    )
 
 
-def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                                     labels: torch.Tensor, smoothing: float = 0.0,
-                                     weights: torch.Tensor | None = None) -> torch.Tensor:
+def projected_smoothed_cross_entropy(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    smoothing: float = 0.0,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`smoothed_cross_entropy(F.linear(hidden_states, weight, bias), labels, smoothing, weights)` without the
     logits: `hidden_states` [..., d] are projected onto the vocabulary (`weight` [V, d]) `PROJECTED_CHUNK_ROWS`
     rows (at most `LOSS_CHUNK_ELEMENTS` logits) at a time, and each chunk's gradients (hidden states, weight, bias)
@@ -184,8 +199,14 @@ def projected_smoothed_cross_entropy(hidden_states: torch.Tensor, weight: torch.
     the products run in its dtype, as `F.linear` would; the loss in float32.
     One backward per forward (retain_graph raises)."""
     flat_labels = labels.reshape(-1)
-    return _ProjectedSmoothedCrossEntropy.apply(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, bias,
-                                                flat_labels, _loss_weights(flat_labels, weights), float(smoothing))
+    return _ProjectedSmoothedCrossEntropy.apply(
+        hidden_states.reshape(-1, hidden_states.shape[-1]),
+        weight,
+        bias,
+        flat_labels,
+        _loss_weights(flat_labels, weights),
+        float(smoothing),
+    )
 
 
 __all__ = ["smoothed_cross_entropy", "projected_smoothed_cross_entropy", "LOSS_CHUNK_ELEMENTS", "PROJECTED_CHUNK_ROWS"]

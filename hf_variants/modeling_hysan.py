@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional as F
-
 from transformers import GenerationMixin
 
 from .configuration_hysan import HysanConfig
@@ -54,8 +53,13 @@ def branch_bounds(specs: list[tuple[str, int | None]], is_decoder: bool) -> list
     return bounds
 
 
-def branch_masks(bounds: list[tuple[int | None, int | None]], query_length: int, key_length: int,
-                 device: torch.device, query_offset: int | torch.Tensor = 0) -> torch.Tensor:
+def branch_masks(
+    bounds: list[tuple[int | None, int | None]],
+    query_length: int,
+    key_length: int,
+    device: torch.device,
+    query_offset: int | torch.Tensor = 0,
+) -> torch.Tensor:
     """[nb, Q, K] booleans (True = may attend) from absolute positions: query i sits at `query_offset + i` (the
     cache length in the decoder), key j at j, so over a KV cache the causal-local branch keeps the last k + 1 keys."""
     far = key_length + 1  # any |i - j| is smaller
@@ -86,8 +90,14 @@ class HysanAttention(TransformerNmtAttention):
     Self-attention always runs this kernel (whatever `_attn_implementation` says): SDPA cannot share one score
     matrix between branches. With `fusion="concat"` the output projection `out_proj` is the paper's H (l*d -> d)."""
 
-    def __init__(self, config: HysanConfig, num_heads: int, layer_idx: int | None = None,
-                 is_cross_attention: bool = False, is_decoder: bool = False):
+    def __init__(
+        self,
+        config: HysanConfig,
+        num_heads: int,
+        layer_idx: int | None = None,
+        is_cross_attention: bool = False,
+        is_decoder: bool = False,
+    ):
         super().__init__(config, num_heads, layer_idx, is_cross_attention=is_cross_attention, is_decoder=is_decoder)
         self.hybrid = not is_cross_attention
         if not self.hybrid:
@@ -108,8 +118,9 @@ class HysanAttention(TransformerNmtAttention):
         scores = torch.matmul(query, key.transpose(-1, -2)) * self.scaling  # [B, H, Q, K], computed once
         index = None
         if self.relative_positions is not None:
-            index = relative_position_index(q_len, k_len, self.config.max_relative_positions, query.device,
-                                            query_offset)
+            index = relative_position_index(
+                q_len, k_len, self.config.max_relative_positions, query.device, query_offset
+            )
             scores = scores + relative_key_bias(query, self.relative_positions.embeddings.weight, index, self.scaling)
         allowed = branch_masks(self.bounds, q_len, k_len, query.device, query_offset)  # [nb, Q, K]
         padding = as_boolean_mask(attention_mask, q_len, k_len)
@@ -129,7 +140,8 @@ class HysanAttention(TransformerNmtAttention):
         head_dim = value.shape[-1]
         # every branch in one [B, H, nb*Q, K] @ [B, H, K, D] product (no copy of V per branch)
         out = torch.matmul(probs.reshape(batch, heads, branches * q_len, k_len), value).view(
-            batch, heads, branches, q_len, head_dim)
+            batch, heads, branches, q_len, head_dim
+        )
         if index is not None and self.config.relative_position_values:
             out = out + relative_value_term(probs, self.relative_positions.embeddings.weight, index)
         out = out.permute(0, 3, 2, 1, 4).reshape(batch, q_len, branches, heads * head_dim)
@@ -147,8 +159,15 @@ class HysanAttention(TransformerNmtAttention):
         """[B, H, Q, D] queries -> ([B, Q, H', D], [B, H, Q, K] mean branch probabilities or None, None), H' = nb*H
         for concat fusion, H otherwise."""
         if not self.hybrid:
-            return super()._attend(query, key, value, attention_mask, output_attentions=output_attentions,
-                                   query_offset=query_offset, **kwargs)
+            return super()._attend(
+                query,
+                key,
+                value,
+                attention_mask,
+                output_attentions=output_attentions,
+                query_offset=query_offset,
+                **kwargs,
+            )
         out, weights = self.branch_attention(query, key, value, attention_mask, query_offset, output_attentions)
         fused = self.fuse(out)
         return fused.view(*fused.shape[:2], -1, self.head_dim), weights, None

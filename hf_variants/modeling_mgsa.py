@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import Cache
@@ -189,8 +188,13 @@ class PhraseMemory(nn.Module):
             self.composition_lstm = PhraseRecurrence(groups, d, composed, ordered=False)
         self.recurrence = None
         if self.interaction != "none":
-            self.recurrence = PhraseRecurrence(groups, composed, config.phrase_state_dim, config.on_lstm_chunk_size,
-                                               ordered=self.interaction == "on_lstm")
+            self.recurrence = PhraseRecurrence(
+                groups,
+                composed,
+                config.phrase_state_dim,
+                config.on_lstm_chunk_size,
+                ordered=self.interaction == "on_lstm",
+            )
 
     def compose(self, hidden_states: torch.Tensor, partition: PhrasePartition) -> torch.Tensor:
         """g_m = COM(p_m) for every phrase of every group: [B, G, M, d] ([B, G, M, hidden] for the LSTM
@@ -333,13 +337,22 @@ class MgsaSelfAttention(TransformerNmtAttention):
             key = value = memory
 
         def heads(x):
-            return x.view(b, g, m, self.heads_per_group, self.head_dim).permute(0, 1, 3, 2, 4).reshape(
-                b, g * self.heads_per_group, m, self.head_dim)
+            return (
+                x.view(b, g, m, self.heads_per_group, self.head_dim)
+                .permute(0, 1, 3, 2, 4)
+                .reshape(b, g * self.heads_per_group, m, self.head_dim)
+            )
 
         return heads(key), heads(value)
 
-    def _project(self, hidden_states, key_value_states=None, past_key_values=None,
-                 mgsa_phrases: PhrasePartition | None = None, **kwargs):
+    def _project(
+        self,
+        hidden_states,
+        key_value_states=None,
+        past_key_values=None,
+        mgsa_phrases: PhrasePartition | None = None,
+        **kwargs,
+    ):
         """Queries of every head; keys and values of the word heads, then of the phrase heads, each token's those of
         its phrase (the phrase memory F_h, eq. 4-5); the composed phrases go to `_attend` (the tag loss)."""
         if self.phrase_memory is None:
@@ -357,8 +370,17 @@ class MgsaSelfAttention(TransformerNmtAttention):
         value = torch.cat([value, phrase_value.gather(2, index)], dim=1)
         return query, key, value, {"composed": composed}
 
-    def _attend(self, query, key, value, attention_mask, output_attentions=False,
-                mgsa_phrases: PhrasePartition | None = None, composed: torch.Tensor | None = None, **kwargs):
+    def _attend(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        output_attentions=False,
+        mgsa_phrases: PhrasePartition | None = None,
+        composed: torch.Tensor | None = None,
+        **kwargs,
+    ):
         """The word and phrase heads in one kernel call: a phrase head's score of token j gets the bias
         -log |m(j)|, so that its softmax over tokens is p(m | t) / |m| (eq. 6) on each of m's tokens and its output
         sum_m p(m | t) v_m: the attention of eq. 6-7 over the phrase slots, returned as token-level weights
@@ -370,23 +392,38 @@ class MgsaSelfAttention(TransformerNmtAttention):
         # The phrase heads' own key mask (tokens without a phrase: padding, special tokens) goes into the bias as the
         # dtype's minimum, so the stack's padding mask serves every head in any implementation's format.
         sizes = mgsa_phrases.sizes.repeat_interleave(self.heads_per_group, dim=1).gather(2, ids.clamp(min=0))
-        phrase_bias = torch.where(ids >= 0, -torch.log(sizes.clamp(min=1).to(query.dtype)),
-                                  torch.finfo(query.dtype).min)
+        phrase_bias = torch.where(
+            ids >= 0, -torch.log(sizes.clamp(min=1).to(query.dtype)), torch.finfo(query.dtype).min
+        )
         bias = torch.cat([phrase_bias.new_zeros(b, w, t), phrase_bias], dim=1)
         table = None
         if self.relative_positions is not None:  # word heads only: phrases have no token positions
             word_table = self.relative_positions.embeddings.weight
-            table = torch.cat([word_table.expand(w, *word_table.shape),
-                               word_table.new_zeros(self.num_heads - w, *word_table.shape)])
-        out, weights = attend(self, query, key, value, attention_mask, bias=bias[:, :, None, :], relative_table=table,
-                              max_relative_positions=self.config.max_relative_positions,
-                              relative_values=self.config.relative_position_values, is_causal=False,
-                              output_attentions=output_attentions)
+            table = torch.cat(
+                [word_table.expand(w, *word_table.shape), word_table.new_zeros(self.num_heads - w, *word_table.shape)]
+            )
+        out, weights = attend(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            bias=bias[:, :, None, :],
+            relative_table=table,
+            max_relative_positions=self.config.max_relative_positions,
+            relative_values=self.config.relative_position_values,
+            is_causal=False,
+            output_attentions=output_attentions,
+        )
         aux = {}
         if self.tag_classifiers is not None and mgsa_phrases.tags is not None:
             logits = self.tag_logits(composed)
-            tag_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), mgsa_phrases.tags.reshape(-1),
-                                       ignore_index=-100, reduction="sum")
+            tag_loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(),
+                mgsa_phrases.tags.reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            )
             aux["tag_loss"] = self.tag_loss_weight * tag_loss
         return out, weights, aux
 
@@ -447,16 +484,19 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
             return MgsaEncoderLayer(config, layer_idx)
         return TransformerNmtEncoderLayer(config, layer_idx)
 
-    def phrase_partition(self, attention_mask, length: int, batch: int, device, phrase_index=None,
-                         phrase_tags=None) -> PhrasePartition:
+    def phrase_partition(
+        self, attention_mask, length: int, batch: int, device, phrase_index=None, phrase_tags=None
+    ) -> PhrasePartition:
         config = self.config
         real = real_tokens(attention_mask, length)
         if real is None:
             real = torch.ones(batch, length, dtype=torch.bool, device=device)
         if config.phrase_type == "ngram":
             if phrase_index is not None or phrase_tags is not None:
-                raise ValueError("`phrase_index` / `phrase_tags` are inputs of the syntactic MG-SA "
-                                 "(phrase_type='syntactic'); n-gram phrases come from the attention mask.")
+                raise ValueError(
+                    "`phrase_index` / `phrase_tags` are inputs of the syntactic MG-SA "
+                    "(phrase_type='syntactic'); n-gram phrases come from the attention mask."
+                )
             words = real
             if config.ngram_skip_special_tokens:  # the closing </s> and a leading <2xx> tag belong to no phrase
                 words = source_words(real, config.target_language_tags)
@@ -468,11 +508,18 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
                 raise ValueError(
                     "The syntactic MG-SA needs `phrase_index` [batch, levels, length] (and `phrase_tags` for the tag "
                     "loss): build them from parses with `model.prepare_translation_inputs(tokenizer, texts, "
-                    "parses=[...])`, or pass `parses=` to the translation pipeline.")
-            if phrase_index.dim() != 3 or phrase_index.shape[0] != batch or phrase_index.shape[1] != levels \
-                    or phrase_index.shape[2] < length:
-                raise ValueError(f"`phrase_index` must have shape [batch={batch}, syntactic_levels={levels}, "
-                                 f">= length={length}], got {tuple(phrase_index.shape)}.")
+                    "parses=[...])`, or pass `parses=` to the translation pipeline."
+                )
+            if (
+                phrase_index.dim() != 3
+                or phrase_index.shape[0] != batch
+                or phrase_index.shape[1] != levels
+                or phrase_index.shape[2] < length
+            ):
+                raise ValueError(
+                    f"`phrase_index` must have shape [batch={batch}, syntactic_levels={levels}, "
+                    f">= length={length}], got {tuple(phrase_index.shape)}."
+                )
             ids = phrase_index[..., :length].to(device=device, dtype=torch.long)
             ids = torch.where(real[:, None, :], ids, torch.full_like(ids, -1))
             slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
@@ -492,16 +539,36 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
         if not (self.config.mgsa_layers and self.config.num_phrase_groups):
             return {}
         batch, length = hidden_states.shape[:2]
-        return {"mgsa_phrases": self.phrase_partition(attention_mask, length, batch, hidden_states.device,
-                                                      phrase_index, phrase_tags)}
+        return {
+            "mgsa_phrases": self.phrase_partition(
+                attention_mask, length, batch, hidden_states.device, phrase_index, phrase_tags
+            )
+        }
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, phrase_index=None, phrase_tags=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        phrase_index=None,
+        phrase_tags=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         """`phrase_index` / `phrase_tags` (syntactic MG-SA) are named so that `generate` passes and expands them."""
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, phrase_index=phrase_index, phrase_tags=phrase_tags,
-                               **kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+            phrase_index=phrase_index,
+            phrase_tags=phrase_tags,
+            **kwargs,
+        )
 
 
 class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
@@ -511,15 +578,25 @@ class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
 class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
     base_model_class = MgsaModel
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                decoder_input_ids: torch.LongTensor | None = None,
-                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
-                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
-                decoder_inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                phrase_index: torch.LongTensor | None = None, phrase_tags: torch.LongTensor | None = None,
-                **kwargs):
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        phrase_index: torch.LongTensor | None = None,
+        phrase_tags: torch.LongTensor | None = None,
+        **kwargs,
+    ):
         """The backbone's forward with the syntactic MG-SA's inputs named (Trainer keeps the dataset columns a
         forward names): `phrase_index` [B, levels, T] (phrase of every token, -1: none) and `phrase_tags`
         [B, levels, M] (constituent label of every phrase, for the tag loss), from
@@ -528,16 +605,33 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
             kwargs["phrase_index"] = phrase_index
         if phrase_tags is not None:
             kwargs["phrase_tags"] = phrase_tags
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-                               decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-                               decoder_inputs_embeds=decoder_inputs_embeds, labels=labels, use_cache=use_cache,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, **kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+            **kwargs,
+        )
 
-    def _encode_sources(self, tokenizer, texts: list[str], prefixes: list[str], text_target: list[str] | None,
-                        max_length: int | None, parses: Sequence | Mapping[str, object] | None = None,
-                        **variant_kwargs) -> dict[str, torch.Tensor]:
+    def _encode_sources(
+        self,
+        tokenizer,
+        texts: list[str],
+        prefixes: list[str],
+        text_target: list[str] | None,
+        max_length: int | None,
+        parses: Sequence | Mapping[str, object] | None = None,
+        **variant_kwargs,
+    ) -> dict[str, torch.Tensor]:
         """The backbone's inputs plus, for syntactic MG-SA, `phrase_index` and `phrase_tags` built from `parses`
         (`prepare_translation_inputs(..., parses=...)`): one bracketed parse (or `nltk.Tree`) per sentence, as a
         list aligned with `texts` or a mapping from sentence to parse. The source is tokenized leaf by leaf
@@ -551,11 +645,14 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
                 raise ValueError("`parses` are only used by the syntactic MG-SA (phrase_type='syntactic').")
             return super()._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
         if variant_kwargs:
-            raise ValueError(f"{type(self).__name__} takes no extra inputs but `parses`, got "
-                             f"{sorted(variant_kwargs)}.")
+            raise ValueError(
+                f"{type(self).__name__} takes no extra inputs but `parses`, got {sorted(variant_kwargs)}."
+            )
         if parses is None:
-            raise ValueError("The syntactic MG-SA needs one constituency parse per source sentence: pass "
-                             "`parses=[...]` (bracketed strings or nltk.Tree), aligned with the sentences.")
+            raise ValueError(
+                "The syntactic MG-SA needs one constituency parse per source sentence: pass "
+                "`parses=[...]` (bracketed strings or nltk.Tree), aligned with the sentences."
+            )
         if isinstance(parses, Mapping):
             missing = [text for text in texts if text not in parses]
             if missing:
@@ -566,19 +663,34 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError("Syntactic MG-SA inputs need a fast tokenizer (its `tokenizers` backend).")
         source = [prefix + text for prefix, text in zip(prefixes, texts)]
-        ids, leaves, trees = encode_by_leaves(tokenizer, source, parses, starts=[len(p) for p in prefixes],
-                                              max_length=max_length)
+        ids, leaves, trees = encode_by_leaves(
+            tokenizer, source, parses, starts=[len(p) for p in prefixes], max_length=max_length
+        )
         padded = tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         length = padded["input_ids"].shape[1]
         left = getattr(tokenizer, "padding_side", "right") == "left"
         leaves = [[-1] * (length - len(row)) + row if left else row + [-1] * (length - len(row)) for row in leaves]
         inputs = {"input_ids": padded["input_ids"], "attention_mask": padded["attention_mask"]}
         if text_target is not None:  # the labels alone: what `tokenizer(sources, text_target=...)` gives as labels
-            inputs["labels"] = tokenizer(text_target=text_target, padding=True, truncation=max_length is not None,
-                                         max_length=max_length, return_tensors="pt")["input_ids"]
+            inputs["labels"] = tokenizer(
+                text_target=text_target,
+                padding=True,
+                truncation=max_length is not None,
+                max_length=max_length,
+                return_tensors="pt",
+            )["input_ids"]
         inputs.update(phrase_inputs_from_leaves(trees, leaves, config.syntactic_levels, config.tag_labels))
         return inputs
 
 
-__all__ = ["MgsaPreTrainedModel", "MgsaModel", "MgsaForConditionalGeneration", "MgsaSelfAttention",
-           "MgsaEncoderLayer", "MgsaEncoder", "PhraseMemory", "PhraseRecurrence", "PhrasePartition"]
+__all__ = [
+    "MgsaPreTrainedModel",
+    "MgsaModel",
+    "MgsaForConditionalGeneration",
+    "MgsaSelfAttention",
+    "MgsaEncoderLayer",
+    "MgsaEncoder",
+    "PhraseMemory",
+    "PhraseRecurrence",
+    "PhrasePartition",
+]

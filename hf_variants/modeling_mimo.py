@@ -33,13 +33,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_mimo import MimoConfig
+from .generation_transformer_nmt import resolve_language_ids
 from .modeling_transformer_nmt import (
     TransformerNmtAttention,
     TransformerNmtDecoder,
@@ -53,7 +53,6 @@ from .modeling_transformer_nmt import (
     build_layer_norm,
     residual_block,
 )
-from .generation_transformer_nmt import resolve_language_ids
 
 
 # ------------------------------------------------------------------------------------------------------- links
@@ -90,7 +89,6 @@ class MimoMix(nn.Module):
         return f"{self.num_inputs} -> {self.num_outputs}, {kind}"
 
 
-
 # -------------------------------------------------------------------------------------------------------- layers
 class MimoEncoderLayer(GradientCheckpointingLayer):
     """Self-attention block, link, FFN block. Layer 0's self-attention is one-to-many (no link before it)."""
@@ -105,16 +103,25 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
         self.ffn_mix = MimoMix(config, outputs)
         self.ffn = TransformerNmtFeedForward(config, config.encoder_ffn_dim, num_units=n)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                task_ids: torch.Tensor | None = None, **kwargs):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        output_attentions: bool = False,
+        task_ids: torch.Tensor | None = None,
+        **kwargs,
+    ):
         """[n|1, B, T, d] -> ([n, B, T, d], attention weights, None); `task_ids` [B] (the stack's `layer_inputs`)."""
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
         hidden_states, weights, aux = residual_block(
-            self, self.self_attn_layer_norm, hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                     **kwargs),
-            False, self.config.dropout)
+            self,
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions, **kwargs),
+            False,
+            self.config.dropout,
+        )
         return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights, aux
 
 
@@ -133,8 +140,9 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
         self.self_attn_layer_norm = build_layer_norm(config, n)
         self.encoder_attn_mix = MimoMix(config, outputs)
         self.memory_mix = MimoMix(config, outputs) if config.mimo_memory == "mix" else None
-        self.encoder_attn = TransformerNmtAttention(config, heads, layer_idx, is_cross_attention=True, is_decoder=True,
-                                                    num_units=n)
+        self.encoder_attn = TransformerNmtAttention(
+            config, heads, layer_idx, is_cross_attention=True, is_decoder=True, num_units=n
+        )
         self.encoder_attn_layer_norm = build_layer_norm(config, n)
         self.ffn_mix = MimoMix(config, outputs)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim, num_units=n)
@@ -151,28 +159,54 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
             memory = self.memory_mix(memory, task_ids)
         return memory
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
-                encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
-                past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
-                task_ids: torch.Tensor | None = None, **kwargs):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask=None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        use_cache: bool = False,
+        task_ids: torch.Tensor | None = None,
+        **kwargs,
+    ):
         """[n|1, B, T, d] and the encoder memory [B, S, n|1, d] -> ([n, B, T, d], self weights, cross weights)."""
         p = self.config.dropout
         if self.self_attn_mix is not None:
             hidden_states = self.self_attn_mix(hidden_states, task_ids)
         hidden_states, self_weights, _ = residual_block(
-            self, self.self_attn_layer_norm, hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
-                                     output_attentions=output_attentions, **kwargs), False, p)
+            self,
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(
+                x,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+                **kwargs,
+            ),
+            False,
+            p,
+        )
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
             hidden_states = self.encoder_attn_mix(hidden_states, task_ids)
             hidden_states, cross_weights, _ = residual_block(
-                self, self.encoder_attn_layer_norm, hidden_states,
-                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
-                                            key_value_states=lambda: self.memory(encoder_hidden_states, task_ids),
-                                            past_key_values=past_key_values, output_attentions=output_attentions,
-                                            **kwargs),
-                False, p)
+                self,
+                self.encoder_attn_layer_norm,
+                hidden_states,
+                lambda x: self.encoder_attn(
+                    x,
+                    attention_mask=encoder_attention_mask,
+                    key_value_states=lambda: self.memory(encoder_hidden_states, task_ids),
+                    past_key_values=past_key_values,
+                    output_attentions=output_attentions,
+                    **kwargs,
+                ),
+                False,
+                p,
+            )
         hidden_states = self.ffn(self.ffn_mix(hidden_states, task_ids))
         return hidden_states, self_weights, cross_weights
 
@@ -223,9 +257,16 @@ class MimoStreams:
 
     def layer_inputs(self, attention_mask, hidden_states, tgt_lang_ids=None, **kwargs) -> dict:
         config = self.config  # without task attention the links are plain sums: no task needed
-        return {"task_ids": resolve_language_ids(config, tgt_lang_ids, hidden_states.shape[0], config.num_tasks,
-                                                 hidden_states.device,
-                                                 required=config.task_attention and config.num_tasks > 1)}
+        return {
+            "task_ids": resolve_language_ids(
+                config,
+                tgt_lang_ids,
+                hidden_states.shape[0],
+                config.num_tasks,
+                hidden_states.device,
+                required=config.task_attention and config.num_tasks > 1,
+            )
+        }
 
     def enter_stack(self, hidden_states: torch.Tensor, **layer_inputs) -> torch.Tensor:
         return hidden_states.unsqueeze(0)  # one-to-many: layer 0's units share the embedded input
@@ -251,12 +292,28 @@ class MimoEncoder(MimoStreams, MimoPreTrainedModel, TransformerNmtEncoder):
             return self.memory_merge(hidden_states, task_ids)[0], {"streams": None}
         return hidden_states.mean(0), {"streams": hidden_states.transpose(0, 1)}
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, tgt_lang_ids=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs) -> MimoEncoderOutput:
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        tgt_lang_ids=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> MimoEncoderOutput:
         """`tgt_lang_ids` is named so that `generate` passes it to the encoder and expands it over beams."""
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, tgt_lang_ids=tgt_lang_ids, **kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+            tgt_lang_ids=tgt_lang_ids,
+            **kwargs,
+        )
 
 
 class MimoDecoder(MimoStreams, MimoPreTrainedModel, TransformerNmtDecoder):
@@ -287,8 +344,10 @@ class MimoModel(MimoPreTrainedModel, TransformerNmtModel):
             return encoder_outputs.last_hidden_state.unsqueeze(2)
         streams = getattr(encoder_outputs, "streams", None)
         if streams is None:
-            raise ValueError("MIMO's decoder reads the encoder's n output streams: pass `encoder_outputs` as the "
-                             "`MimoEncoderOutput` returned by the encoder (with its `streams` field).")
+            raise ValueError(
+                "MIMO's decoder reads the encoder's n output streams: pass `encoder_outputs` as the "
+                "`MimoEncoderOutput` returned by the encoder (with its `streams` field)."
+            )
         return streams.transpose(1, 2)
 
 

@@ -41,7 +41,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
-
 from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -64,8 +63,9 @@ def shuffle_penalty(matrix: torch.Tensor) -> torch.Tensor:
     """Lipschitz penalty of AutoShuffle (eq. 19), in fp32: sum over rows and columns of ||.||_1 - ||.||_2.
     0 exactly for permutation matrices; 2 I (1 - 1/sqrt(I)) for the uniform 1/I matrix."""
     m = matrix.float()
-    return ((m.abs().sum(1) - torch.linalg.vector_norm(m, dim=1)).sum()
-            + (m.abs().sum(0) - torch.linalg.vector_norm(m, dim=0)).sum())
+    return (m.abs().sum(1) - torch.linalg.vector_norm(m, dim=1)).sum() + (
+        m.abs().sum(0) - torch.linalg.vector_norm(m, dim=0)
+    ).sum()
 
 
 @torch.no_grad()
@@ -286,8 +286,9 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         if self.shuffle is None or self.shuffle.device.type == "meta":
             return
         config = self.config
-        self.shuffle.copy_(project_doubly_stochastic(self.shuffle, config.shuffle_sinkhorn_iterations,
-                                                     config.shuffle_eps))
+        self.shuffle.copy_(
+            project_doubly_stochastic(self.shuffle, config.shuffle_sinkhorn_iterations, config.shuffle_eps)
+        )
         self.mark_shuffle_projected()
 
     @torch.no_grad()
@@ -311,8 +312,14 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         return shuffle_penalty(self.shuffle) if self.shuffle is not None else None
 
     # ---------------------------------------------------------------------------------------------------- forward
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                token_mask: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        output_attentions: bool = False,
+        token_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, None]:
         """`token_mask` [B, T]: the real tokens (the encoder's `layer_inputs`), where the bias module's noise acts."""
         # M must be projected before its use in every training step (docs/variants-spec.md §1.4): optimizer steps
         # are seen by the step hook; an in-place change outside torch.optim is seen here by its version counter.
@@ -321,9 +328,12 @@ class MuteEncoderLayer(GradientCheckpointingLayer):
         pre = self.config.normalize_before
         unit_input = self.self_attn_layer_norm(hidden_states) if pre else hidden_states
         noisy = self.bias_module(unit_input, token_mask)  # [I, B, T, d] or None (clean input for all units)
-        attn, weights, aux = self.self_attn(unit_input[None] if noisy is None else noisy,
-                                            attention_mask=attention_mask, output_attentions=output_attentions,
-                                            **kwargs)
+        attn, weights, aux = self.self_attn(
+            unit_input[None] if noisy is None else noisy,
+            attention_mask=attention_mask,
+            output_attentions=output_attentions,
+            **kwargs,
+        )
         # S_i = X + Dropout(A_i): the residual is the clean layer input.
         states = hidden_states + F.dropout(attn, p=self.config.dropout, training=self.training)
         if not pre:
@@ -354,8 +364,12 @@ class MutePreTrainedModel(TransformerNmtPreTrainedModel):
                 if config.shuffle_init == "uniform":
                     init.constant_(module.shuffle, 1.0 / config.num_units)
                 else:
-                    init.copy_(module.shuffle, torch.randn(module.shuffle.shape, device=module.shuffle.device,
-                                                           dtype=module.shuffle.dtype).abs())
+                    init.copy_(
+                        module.shuffle,
+                        torch.randn(
+                            module.shuffle.shape, device=module.shuffle.device, dtype=module.shuffle.dtype
+                        ).abs(),
+                    )
             module.mark_shuffle_projected(False)
 
     # ------------------------------------------------------------------------------------------------ AutoShuffle

@@ -29,8 +29,19 @@ from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 # what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
-_IGNORED_LOADING_KWARGS = {"_from_pipeline", "_from_auto", "revision", "token", "trust_remote_code", "code_revision",
-                           "cache_dir", "local_files_only", "device_map", "_commit_hash", "subfolder"}
+_IGNORED_LOADING_KWARGS = {
+    "_from_pipeline",
+    "_from_auto",
+    "revision",
+    "token",
+    "trust_remote_code",
+    "code_revision",
+    "cache_dir",
+    "local_files_only",
+    "device_map",
+    "_commit_hash",
+    "subfolder",
+}
 _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
 
 
@@ -101,12 +112,29 @@ class _OrtEncoder:
     def __init__(self, owner: OrtModelForSeq2SeqLM):
         self.owner = owner
 
-    def __call__(self, input_ids=None, attention_mask=None, tgt_lang_ids=None, phrase_index=None, phrase_tags=None,
-                 inputs_embeds=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                 **kwargs) -> OrtEncoderOutput:
-        return self.owner.encode(input_ids, attention_mask, tgt_lang_ids=tgt_lang_ids, phrase_index=phrase_index,
-                                 inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                                 output_hidden_states=output_hidden_states, **kwargs)
+    def __call__(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        tgt_lang_ids=None,
+        phrase_index=None,
+        phrase_tags=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> OrtEncoderOutput:
+        return self.owner.encode(
+            input_ids,
+            attention_mask,
+            tgt_lang_ids=tgt_lang_ids,
+            phrase_index=phrase_index,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
 
     forward = __call__
 
@@ -122,18 +150,26 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     _auto_class = None
     _ort_classes: dict[str, type] = {}
 
-    def __init__(self, config, folder: Path, manifest: dict, precision: str, session_options=None,
-                 providers=None, generation_config: GenerationConfig | None = None):
+    def __init__(
+        self,
+        config,
+        folder: Path,
+        manifest: dict,
+        precision: str,
+        session_options=None,
+        providers=None,
+        generation_config: GenerationConfig | None = None,
+    ):
         PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
         if generation_config is not None:
             self.generation_config = generation_config
         self.folder, self.manifest, self.precision = folder, manifest, precision
         files = manifest["graphs"][precision]
         providers = providers or ["CPUExecutionProvider"]
-        self.source_graph = _Graph(_session(folder / files["encoder"], session_options, providers),
-                                   manifest["encoder"])
-        self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers),
-                                 manifest["decoder"])
+        self.source_graph = _Graph(
+            _session(folder / files["encoder"], session_options, providers), manifest["encoder"]
+        )
+        self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers), manifest["decoder"])
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         from .registration import MODEL_CLASSES
@@ -142,22 +178,32 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, precision: str | None = None,
-                        num_threads: int | None = None, session_options=None, providers=None, **kwargs):
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        precision: str | None = None,
+        num_threads: int | None = None,
+        session_options=None,
+        providers=None,
+        **kwargs,
+    ):
         """Load a folder written by `python -m hf_variants.export_onnx`. Loading arguments of torch models that
         `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
         mean nothing here; any other argument raises a TypeError naming it."""
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
         if dtype not in (None, "auto", torch.float32, "float32"):
-            raise TypeError(f"OrtModelForSeq2SeqLM computes in float32 (precision='int8' for int8 weights), not "
-                            f"dtype={dtype}.")
+            raise TypeError(
+                f"OrtModelForSeq2SeqLM computes in float32 (precision='int8' for int8 weights), not dtype={dtype}."
+            )
         unknown = sorted(set(kwargs) - _IGNORED_LOADING_KWARGS)
         if unknown:
             raise TypeError(f"OrtModelForSeq2SeqLM.from_pretrained got unexpected arguments {unknown}.")
         folder = Path(pretrained_model_name_or_path)
         if not (folder / MANIFEST).is_file():
-            raise FileNotFoundError(f"{folder} has no {MANIFEST}: export the model first with `python -m "
-                                    f"hf_variants.export_onnx --model MODEL --output_dir {folder}`.")
+            raise FileNotFoundError(
+                f"{folder} has no {MANIFEST}: export the model first with `python -m "
+                f"hf_variants.export_onnx --model MODEL --output_dir {folder}`."
+            )
         try:
             import onnxruntime
         except ImportError as error:
@@ -166,19 +212,25 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         graphs = manifest["graphs"]
         precision = precision or ("int8" if "int8" in graphs else "fp32")
         if precision not in graphs:
-            raise ValueError(f"precision={precision!r}: {folder} has graphs for {sorted(graphs)} (export with "
-                             "--int8 for int8).")
+            raise ValueError(
+                f"precision={precision!r}: {folder} has graphs for {sorted(graphs)} (export with --int8 for int8)."
+            )
         from .registration import MODEL_CLASSES
 
         if manifest.get("model_type") not in MODEL_CLASSES:
-            raise ValueError(f"{folder}/{MANIFEST}: unsupported model_type {manifest.get('model_type')!r} "
-                             f"(supported: {sorted(MODEL_CLASSES)}).")
+            raise ValueError(
+                f"{folder}/{MANIFEST}: unsupported model_type {manifest.get('model_type')!r} "
+                f"(supported: {sorted(MODEL_CLASSES)})."
+            )
         config = MODEL_CLASSES[manifest["model_type"]][0].from_pretrained(folder)
         torch_class = MODEL_CLASSES[config.model_type][2]
         ort_class = cls._ort_classes.get(config.model_type)
         if ort_class is None:
-            ort_class = type(f"Ort{torch_class.__name__}", (OrtModelForSeq2SeqLM, torch_class),
-                             {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__})
+            ort_class = type(
+                f"Ort{torch_class.__name__}",
+                (OrtModelForSeq2SeqLM, torch_class),
+                {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__},
+            )
             cls._ort_classes[config.model_type] = ort_class
         if session_options is None:
             session_options = onnxruntime.SessionOptions()
@@ -218,27 +270,44 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             if isinstance(arg, (str, torch.device)) and torch.device(arg).type != "cpu":
                 raise ValueError(f"OrtModelForSeq2SeqLM runs on onnxruntime's CPU provider; cannot move to {arg}.")
             if isinstance(arg, torch.dtype) and arg != torch.float32:
-                raise ValueError(f"OrtModelForSeq2SeqLM computes in float32 (int8 weights with precision='int8'); "
-                                 f"cannot convert to {arg}.")
+                raise ValueError(
+                    f"OrtModelForSeq2SeqLM computes in float32 (int8 weights with precision='int8'); "
+                    f"cannot convert to {arg}."
+                )
         return self
 
     def eval(self):
         return self
 
     def save_pretrained(self, *args, **kwargs):
-        raise NotImplementedError("An ORT model is saved by the exporter: copy its folder "
-                                  f"({self.folder}) or export again with `python -m hf_variants.export_onnx`.")
+        raise NotImplementedError(
+            "An ORT model is saved by the exporter: copy its folder "
+            f"({self.folder}) or export again with `python -m hf_variants.export_onnx`."
+        )
 
     # ----------------------------------------------------------------------------------------------- graphs
-    def encode(self, input_ids, attention_mask=None, tgt_lang_ids=None, phrase_index=None, inputs_embeds=None,
-               output_attentions=None, output_hidden_states=None, **kwargs) -> OrtEncoderOutput:
+    def encode(
+        self,
+        input_ids,
+        attention_mask=None,
+        tgt_lang_ids=None,
+        phrase_index=None,
+        inputs_embeds=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        **kwargs,
+    ) -> OrtEncoderOutput:
         """Run the source graph: the encoder output tensors and every layer's cross-attention keys/values."""
         if inputs_embeds is not None or input_ids is None:
-            raise ValueError("OrtModelForSeq2SeqLM takes `input_ids` (the exported graphs embed the tokens "
-                             "themselves); `inputs_embeds` is not supported.")
+            raise ValueError(
+                "OrtModelForSeq2SeqLM takes `input_ids` (the exported graphs embed the tokens "
+                "themselves); `inputs_embeds` is not supported."
+            )
         if output_attentions or output_hidden_states:
-            raise ValueError("OrtModelForSeq2SeqLM does not return attentions or hidden states (the exported "
-                             "graphs do not compute them): use the torch model.")
+            raise ValueError(
+                "OrtModelForSeq2SeqLM does not return attentions or hidden states (the exported "
+                "graphs do not compute them): use the torch model."
+            )
         unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in ("return_dict",))
         if unknown:
             raise ValueError(f"OrtModelForSeq2SeqLM ({self.config.model_type}) takes no input {unknown}.")
@@ -254,8 +323,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         if phrase_index is not None and "phrase_index" not in feeds:
             raise ValueError(f"`phrase_index` is only used by the syntactic MG-SA; this is {self.config.model_type}.")
         if tgt_lang_ids is not None and "tgt_lang_ids" not in feeds:
-            raise ValueError(f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
-                             "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source).")
+            raise ValueError(
+                f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
+                "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source)."
+            )
         shapes = self._shapes(self.source_graph, batch=batch, source=length)
         out = self.source_graph.run(feeds, shapes)
         result = OrtEncoderOutput(last_hidden_state=out["encoder_last_hidden_state"])
@@ -270,7 +341,8 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 raise ValueError(
                     f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the "
                     f"index in config.languages={self.config.languages}), or `tgt_lang=` to `generate`, the "
-                    f"pipeline or `prepare_translation_inputs`.")
+                    f"pipeline or `prepare_translation_inputs`."
+                )
             return torch.zeros(batch, dtype=torch.long)
         raise ValueError(f"The syntactic MG-SA needs `{name}` (from `prepare_translation_inputs(..., parses=...)`).")
 
@@ -290,54 +362,86 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             shapes[value["name"]] = tuple(shape)
         return shapes
 
-    def _step(self, token_ids: torch.Tensor, encoder_outputs: OrtEncoderOutput, attention_mask: torch.Tensor,
-              cache: OrtCache | None, tgt_lang_ids: torch.Tensor | None) -> tuple[torch.Tensor, OrtCache]:
+    def _step(
+        self,
+        token_ids: torch.Tensor,
+        encoder_outputs: OrtEncoderOutput,
+        attention_mask: torch.Tensor,
+        cache: OrtCache | None,
+        tgt_lang_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, OrtCache]:
         """One step of the step graph: token_ids [batch, 1] -> logits [batch, 1, vocab], the grown cache."""
         batch = token_ids.shape[0]
         n = self.num_layers
         kinds = [f"{kind}.{i}" for i in range(n) for kind in ("key", "value")]
         feeds = {"decoder_input_ids": token_ids, "encoder_attention_mask": attention_mask}
         for name in self.manifest["encoder_fields"]:
-            feeds[f"encoder_{name}"] = encoder_outputs[f"encoder_{name}" if name != "last_hidden_state"
-                                                       else "last_hidden_state"]
+            feeds[f"encoder_{name}"] = encoder_outputs[
+                f"encoder_{name}" if name != "last_hidden_state" else "last_hidden_state"
+            ]
         for name in self.manifest["step_inputs"]:
             feeds[name] = tgt_lang_ids if tgt_lang_ids is not None else self._default_input(name, batch)
         if cache is None:
             past = []
             for i in range(n):
                 k, v = encoder_outputs[f"cross_key.{i}"], encoder_outputs[f"cross_value.{i}"]
-                past += [k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]),
-                         v.new_empty(v.shape[0], v.shape[1], 0, v.shape[3])]
+                past += [
+                    k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]),
+                    v.new_empty(v.shape[0], v.shape[1], 0, v.shape[3]),
+                ]
         else:
             past = cache.tensors
         for name, tensor in zip(kinds, past):
             feeds[f"past_{name}"] = tensor
         for name in kinds:
             feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
-        shapes = self._shapes(self.step_graph, batch=batch, source=attention_mask.shape[1],
-                              past=past[0].shape[2])
+        shapes = self._shapes(self.step_graph, batch=batch, source=attention_mask.shape[1], past=past[0].shape[2])
         for name, tensor in zip(kinds, past):  # per-layer head counts of the cache (MUTE/MIMO units)
             shapes[f"present_{name}"] = (batch, tensor.shape[1], tensor.shape[2] + 1, tensor.shape[3])
         out = self.step_graph.run(feeds, shapes)
         return out["logits"], OrtCache([out[f"present_{name}"] for name in kinds])
 
     # --------------------------------------------------------------------------------------------- forward
-    def forward(self, input_ids=None, attention_mask=None, decoder_input_ids=None, encoder_outputs=None,
-                past_key_values=None, use_cache=None, tgt_lang_ids=None, phrase_index=None, phrase_tags=None,
-                decoder_attention_mask=None, inputs_embeds=None, decoder_inputs_embeds=None, labels=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs) -> Seq2SeqLMOutput:
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        decoder_input_ids=None,
+        encoder_outputs=None,
+        past_key_values=None,
+        use_cache=None,
+        tgt_lang_ids=None,
+        phrase_index=None,
+        phrase_tags=None,
+        decoder_attention_mask=None,
+        inputs_embeds=None,
+        decoder_inputs_embeds=None,
+        labels=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
         """Logits of `decoder_input_ids` after the source: with a cache (`past_key_values`, an `OrtCache`) the
         tokens after its length, one step per token; without one, every token from the start (a full
         recompute: `use_cache=False`). `phrase_tags` only feed MG-SA's training loss and are not read."""
         if labels is not None or decoder_inputs_embeds is not None or decoder_attention_mask is not None:
-            raise ValueError("OrtModelForSeq2SeqLM decodes (generate); it takes no `labels`, "
-                             "`decoder_inputs_embeds` or `decoder_attention_mask`: use the torch model.")
+            raise ValueError(
+                "OrtModelForSeq2SeqLM decodes (generate); it takes no `labels`, "
+                "`decoder_inputs_embeds` or `decoder_attention_mask`: use the torch model."
+            )
         kwargs = {k: v for k, v in kwargs.items() if k not in ("cache_position",) and v is not None}
         if encoder_outputs is None:
-            encoder_outputs = self.encode(input_ids, attention_mask, tgt_lang_ids=tgt_lang_ids,
-                                          phrase_index=phrase_index, inputs_embeds=inputs_embeds,
-                                          output_attentions=output_attentions,
-                                          output_hidden_states=output_hidden_states, **kwargs)
+            encoder_outputs = self.encode(
+                input_ids,
+                attention_mask,
+                tgt_lang_ids=tgt_lang_ids,
+                phrase_index=phrase_index,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                **kwargs,
+            )
         elif not isinstance(encoder_outputs, OrtEncoderOutput):
             raise TypeError("`encoder_outputs` must be the OrtEncoderOutput of this model's `get_encoder()`.")
         if attention_mask is None:
@@ -352,22 +456,41 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             cache, start = None, 0
         steps = []
         for position in range(start, decoder_input_ids.shape[1]):
-            logits, cache = self._step(decoder_input_ids[:, position:position + 1], encoder_outputs,
-                                       attention_mask, cache, tgt_lang_ids)
+            logits, cache = self._step(
+                decoder_input_ids[:, position : position + 1], encoder_outputs, attention_mask, cache, tgt_lang_ids
+            )
             steps.append(logits)
         if not steps:
-            raise ValueError(f"No new decoder token: the cache holds {start} and `decoder_input_ids` has "
-                             f"{decoder_input_ids.shape[1]}.")
+            raise ValueError(
+                f"No new decoder token: the cache holds {start} and `decoder_input_ids` has "
+                f"{decoder_input_ids.shape[1]}."
+            )
         logits = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
-        return Seq2SeqLMOutput(logits=logits, past_key_values=cache if use_cache is not False else None,
-                               encoder_last_hidden_state=encoder_outputs.last_hidden_state)
+        return Seq2SeqLMOutput(
+            logits=logits,
+            past_key_values=cache if use_cache is not False else None,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        )
 
-    def prepare_inputs_for_generation(self, decoder_input_ids, past_key_values=None, attention_mask=None,
-                                      encoder_outputs=None, use_cache=None, tgt_lang_ids=None, **kwargs):
+    def prepare_inputs_for_generation(
+        self,
+        decoder_input_ids,
+        past_key_values=None,
+        attention_mask=None,
+        encoder_outputs=None,
+        use_cache=None,
+        tgt_lang_ids=None,
+        **kwargs,
+    ):
         """The step's inputs: the whole `decoder_input_ids` (forward feeds the tokens after the cache)."""
-        return {"decoder_input_ids": decoder_input_ids, "past_key_values": past_key_values,
-                "attention_mask": attention_mask, "encoder_outputs": encoder_outputs, "use_cache": use_cache,
-                "tgt_lang_ids": tgt_lang_ids}
+        return {
+            "decoder_input_ids": decoder_input_ids,
+            "past_key_values": past_key_values,
+            "attention_mask": attention_mask,
+            "encoder_outputs": encoder_outputs,
+            "use_cache": use_cache,
+            "tgt_lang_ids": tgt_lang_ids,
+        }
 
     @staticmethod
     def _reorder_cache(past_key_values: OrtCache, beam_idx: torch.LongTensor) -> OrtCache:
@@ -377,8 +500,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return past_key_values
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(folder={str(self.folder)!r}, precision={self.precision!r}, "
-                f"model_type={self.config.model_type!r})")
+        return (
+            f"{type(self).__name__}(folder={str(self.folder)!r}, precision={self.precision!r}, "
+            f"model_type={self.config.model_type!r})"
+        )
 
 
 class _LanguageIds(torch.nn.Module):

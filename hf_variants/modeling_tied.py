@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
 from transformers import GenerationMixin
 
 from .configuration_tied import TiedTransformerConfig
+from .generation_transformer_nmt import resolve_language_ids
 from .modeling_transformer_nmt import (
     TransformerNmtDecoder,
     TransformerNmtDecoderLayer,
@@ -36,7 +36,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtModel,
     TransformerNmtPreTrainedModel,
 )
-from .generation_transformer_nmt import resolve_language_ids
 
 
 # ------------------------------------------------------------------------------------------------------------- block
@@ -101,8 +100,9 @@ class TiedTransformerEncoder(TiedBlocks, TiedTransformerPreTrainedModel, Transfo
 
     def __init__(self, config: TiedTransformerConfig):
         super().__init__(config)
-        self.target_space_embedding = (nn.Embedding(config.num_directions, config.d_model)
-                                       if config.direction_embedding else None)
+        self.target_space_embedding = (
+            nn.Embedding(config.num_directions, config.d_model) if config.direction_embedding else None
+        )
         self.post_init()
 
     def input_embeddings(self, input_ids=None, inputs_embeds=None, tgt_lang_ids=None, **kwargs) -> torch.Tensor:
@@ -110,17 +110,35 @@ class TiedTransformerEncoder(TiedBlocks, TiedTransformerPreTrainedModel, Transfo
         embeddings = super().input_embeddings(input_ids, inputs_embeds)
         if self.target_space_embedding is None:
             return embeddings
-        ids = resolve_language_ids(self.config, tgt_lang_ids, embeddings.shape[0], self.config.num_directions,
-                                   embeddings.device)
+        ids = resolve_language_ids(
+            self.config, tgt_lang_ids, embeddings.shape[0], self.config.num_directions, embeddings.device
+        )
         return embeddings + self.target_space_embedding(ids)[:, None, :].to(embeddings.dtype)
 
-    def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, tgt_lang_ids=None,
-                output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        inputs_embeds=None,
+        tgt_lang_ids=None,
+        output_attentions=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
         """`tgt_lang_ids` ([B], index into `config.languages` of each sentence's target language) is a named
         input here so that `generate` passes it to the encoder and expands it over beams."""
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                               output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                               return_dict=return_dict, tgt_lang_ids=tgt_lang_ids, is_causal=False, **kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=return_dict,
+            tgt_lang_ids=tgt_lang_ids,
+            is_causal=False,
+            **kwargs,
+        )
 
 
 class TiedTransformerDecoder(TiedBlocks, TiedTransformerPreTrainedModel, TransformerNmtDecoder):
@@ -146,8 +164,9 @@ class TiedTransformerModel(TiedTransformerPreTrainedModel, TransformerNmtModel):
         return encoder, decoder
 
 
-class TiedTransformerForConditionalGeneration(TiedTransformerPreTrainedModel, TransformerNmtForConditionalGeneration,
-                                              GenerationMixin):
+class TiedTransformerForConditionalGeneration(
+    TiedTransformerPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin
+):
     base_model_class = TiedTransformerModel
 
     def token_loss_weights(self, labels, tgt_lang_ids=None, **kwargs) -> torch.Tensor | None:

@@ -55,7 +55,6 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_mask
-
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -76,7 +75,6 @@ from .configuration_transformer_nmt import TransformerNmtConfig
 from .generation_transformer_nmt import TransformerNmtGenerationMixin, current_generation_scope
 from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 from .pipeline_translation import TranslationPipeline  # noqa: F401  (shipped with every model: custom_pipelines)
-
 
 logger = logging.get_logger(__name__)
 
@@ -124,8 +122,9 @@ def as_boolean_mask(attention_mask, query_length: int, key_length: int) -> torch
         return None
     if isinstance(attention_mask, BlockMask):
         batch, heads = attention_mask.shape[:2]
-        return create_mask(attention_mask.mask_mod, batch, heads, query_length, key_length,
-                           device=attention_mask.kv_num_blocks.device)
+        return create_mask(
+            attention_mask.mask_mod, batch, heads, query_length, key_length, device=attention_mask.kv_num_blocks.device
+        )
     if attention_mask.dtype == torch.bool:
         return attention_mask
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
@@ -154,8 +153,9 @@ def attach_summary(tensor: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.
 
 
 # ------------------------------------------------------------------------------------------ relative positions
-def relative_position_index(query_length: int, key_length: int, max_relative_positions: int, device,
-                            query_offset: int | torch.Tensor = 0) -> torch.Tensor:
+def relative_position_index(
+    query_length: int, key_length: int, max_relative_positions: int, device, query_offset: int | torch.Tensor = 0
+) -> torch.Tensor:
     """[Q, K] Shaw buckets: query i sits at position `query_offset + i`, key j at j; the distance j - i is clipped
     to [-m, m] and shifted to [0, 2m]."""
     q = torch.arange(query_length, device=device)[:, None] + query_offset
@@ -286,23 +286,46 @@ def attend(
     value_term = None
     position_bias = None if bias is None else bias.expand(*query.shape[:-1], key.shape[-2])
     if relative_table is not None:
-        index = relative_position_index(query.shape[-2], key.shape[-2], max_relative_positions, query.device,
-                                        query_offset)
+        index = relative_position_index(
+            query.shape[-2], key.shape[-2], max_relative_positions, query.device, query_offset
+        )
         relative_bias = relative_key_bias(query, relative_table, index, module.scaling)
         position_bias = relative_bias if position_bias is None else position_bias + relative_bias
         if relative_values:
+
             def value_term(probs):
                 return relative_value_term(probs, relative_table, index)
+
     implementation = module.config._attn_implementation
     if output_attentions or value_term is not None or implementation == "eager":
-        return eager_attention_forward(module, query, key, value, attention_mask, module.scaling, dropout=dropout,
-                                       is_causal=is_causal, position_bias=position_bias, value_term=value_term,
-                                       head_groups=head_groups, output_attentions=output_attentions)
+        return eager_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            module.scaling,
+            dropout=dropout,
+            is_causal=is_causal,
+            position_bias=position_bias,
+            value_term=value_term,
+            head_groups=head_groups,
+            output_attentions=output_attentions,
+        )
     if implementation == "flex_attention" and position_bias is not None:
         position_bias = position_bias.contiguous()  # flex's score_mod reads it per element; no broadcast strides
     attention_fn = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
-    out, _ = attention_fn(module, query, key, value, attention_mask, scaling=module.scaling, dropout=dropout,
-                          is_causal=is_causal, position_bias=position_bias)
+    out, _ = attention_fn(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=module.scaling,
+        dropout=dropout,
+        is_causal=is_causal,
+        position_bias=position_bias,
+    )
     return out, None
 
 
@@ -401,8 +424,15 @@ class TransformerNmtAttention(nn.Module):
 
     Variants override `_attend` (the kernel call: masks, branches, fusion) and keep the projections and the cache."""
 
-    def __init__(self, config: TransformerNmtConfig, num_heads: int, layer_idx: int | None = None,
-                 is_cross_attention: bool = False, is_decoder: bool = False, num_units: int | None = None):
+    def __init__(
+        self,
+        config: TransformerNmtConfig,
+        num_heads: int,
+        layer_idx: int | None = None,
+        is_cross_attention: bool = False,
+        is_decoder: bool = False,
+        num_units: int | None = None,
+    ):
         super().__init__()
         self.config = config
         self.embed_dim = d = config.d_model
@@ -469,10 +499,19 @@ class TransformerNmtAttention(nn.Module):
         table = self.relative_embeddings
         if self.relative_positions is not None:
             table = self.relative_positions.embeddings.weight
-        out, weights = attend(self, query, key, value, attention_mask, relative_table=table,
-                              max_relative_positions=self.config.max_relative_positions,
-                              relative_values=self.config.relative_position_values,
-                              head_groups=self.num_units or 1, output_attentions=output_attentions, **kwargs)
+        out, weights = attend(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            relative_table=table,
+            max_relative_positions=self.config.max_relative_positions,
+            relative_values=self.config.relative_position_values,
+            head_groups=self.num_units or 1,
+            output_attentions=output_attentions,
+            **kwargs,
+        )
         return out, weights, None
 
     def _project_out(self, out: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -482,17 +521,24 @@ class TransformerNmtAttention(nn.Module):
         b, q = out.shape[:2]
         return self.out_proj(out.reshape(b, q, self.num_units, self.embed_dim).permute(2, 0, 1, 3))
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, key_value_states=None,
-                past_key_values: Cache | None = None, output_attentions: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        key_value_states=None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
         """[B, Q, d] (or [n|1, B, Q, d] with units) queries and the same layout of `key_value_states` ->
         ([B, Q, d] (or [n, B, Q, d]), weights [B, H, Q, K] or None, auxiliary loss sums or None):
         `_project` -> `_attend` -> `_project_out`."""
         if self.is_cross_attention:  # no causality, positions or relative distances between target and source
             kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
         query, key, value, extra = self._project(hidden_states, key_value_states, past_key_values, **kwargs)
-        out, weights, aux = self._attend(query, key, value, attention_mask, output_attentions=output_attentions,
-                                         **extra, **kwargs)
+        out, weights, aux = self._attend(
+            query, key, value, attention_mask, output_attentions=output_attentions, **extra, **kwargs
+        )
         return self._project_out(out, hidden_states), weights, aux
 
 
@@ -505,8 +551,13 @@ class TransformerNmtFeedForward(nn.Module):
     ([n, B, T, d]). `normalize_before` defaults to the config's. Builders: `build_layer_norm` (a variant keeping
     its own LayerNorm parameters overrides it and `layer_norm`)."""
 
-    def __init__(self, config: TransformerNmtConfig, ffn_dim: int, num_units: int | None = None,
-                 normalize_before: bool | None = None):
+    def __init__(
+        self,
+        config: TransformerNmtConfig,
+        ffn_dim: int,
+        num_units: int | None = None,
+        normalize_before: bool | None = None,
+    ):
         super().__init__()
         self.fc1 = build_linear(config.d_model, ffn_dim, num_units)
         self.fc2 = build_linear(ffn_dim, config.d_model, num_units)
@@ -538,8 +589,9 @@ class TransformerNmtFeedForward(nn.Module):
         return hidden_states
 
 
-def residual_block(module: nn.Module, layer_norm: nn.Module, hidden_states: torch.Tensor, fn, pre_norm: bool,
-                   dropout: float) -> tuple:
+def residual_block(
+    module: nn.Module, layer_norm: nn.Module, hidden_states: torch.Tensor, fn, pre_norm: bool, dropout: float
+) -> tuple:
     """x + Dropout(fn(LN(x))) (pre-norm) or LN(x + Dropout(fn(x))) (post-norm); fn returns (out, *extra) (an
     attention: (out, weights, aux)); returns (the block's output, *extra)."""
     residual = hidden_states
@@ -567,13 +619,21 @@ class TransformerNmtEncoderLayer(GradientCheckpointingLayer):
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.encoder_ffn_dim)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, output_attentions: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        output_attentions: bool = False,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ):
         hidden_states, weights, aux = residual_block(
-            self, self.self_attn_layer_norm, hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions,
-                                     **kwargs),
-            self.config.normalize_before, self.config.dropout)
+            self,
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions, **kwargs),
+            self.config.normalize_before,
+            self.config.dropout,
+        )
         return self.ffn(hidden_states), weights, aux
 
 
@@ -599,22 +659,49 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = TransformerNmtFeedForward(config, config.decoder_ffn_dim)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None,
-                encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask=None,
-                past_key_values: Cache | None = None, output_attentions: bool = False, use_cache: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask=None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask=None,
+        past_key_values: Cache | None = None,
+        output_attentions: bool = False,
+        use_cache: bool = False,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ):
         pre, p = self.config.normalize_before, self.config.dropout
         hidden_states, self_weights, _ = residual_block(
-            self, self.self_attn_layer_norm, hidden_states,
-            lambda x: self.self_attn(x, attention_mask=attention_mask, past_key_values=past_key_values,
-                                     output_attentions=output_attentions, **kwargs), pre, p)
+            self,
+            self.self_attn_layer_norm,
+            hidden_states,
+            lambda x: self.self_attn(
+                x,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+                **kwargs,
+            ),
+            pre,
+            p,
+        )
         cross_weights = None
         if encoder_hidden_states is not None:  # a decoder run on its own (no encoder) is a language model
             hidden_states, cross_weights, _ = residual_block(
-                self, self.encoder_attn_layer_norm, hidden_states,
-                lambda x: self.encoder_attn(x, attention_mask=encoder_attention_mask,
-                                            key_value_states=encoder_hidden_states, past_key_values=past_key_values,
-                                            output_attentions=output_attentions, **kwargs), pre, p)
+                self,
+                self.encoder_attn_layer_norm,
+                hidden_states,
+                lambda x: self.encoder_attn(
+                    x,
+                    attention_mask=encoder_attention_mask,
+                    key_value_states=encoder_hidden_states,
+                    past_key_values=past_key_values,
+                    output_attentions=output_attentions,
+                    **kwargs,
+                ),
+                pre,
+                p,
+            )
         return self.ffn(hidden_states), self_weights, cross_weights
 
 
@@ -712,14 +799,17 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
         config) is a conversion of tensor names and values."""
         output_loading_info = kwargs.pop("output_loading_info", False)
         try:
-            model, info = super().from_pretrained(pretrained_model_name_or_path, *model_args,
-                                                  output_loading_info=True, **kwargs)
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
         except SafetensorError as error:  # names no file: the same error type, naming the damaged file(s)
             damaged = damaged_weight_files(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
             where = ", ".join(damaged) if damaged else f"a weights file of {pretrained_model_name_or_path}"
-            raise SafetensorError(f"{where}: the weights file cannot be read ({error}): it is damaged or "
-                                  f"incomplete (a truncated copy, a full disk?). Copy or download it "
-                                  f"again.") from error
+            raise SafetensorError(
+                f"{where}: the weights file cannot be read ({error}): it is damaged or "
+                f"incomplete (a truncated copy, a full disk?). Copy or download it "
+                f"again."
+            ) from error
         if cls._legacy_keys_pattern is not None:
             legacy = sorted(key for key in info["unexpected_keys"] if re.search(cls._legacy_keys_pattern, key))
             if legacy:
@@ -727,7 +817,8 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
                     f"{pretrained_model_name_or_path} stores {cls.__name__}'s units in the stacked layout of "
                     f"hf_variants 0.1 (e.g. {legacy[0]!r}); today every unit is an nn.Linear. Convert the folder "
                     f"once with `python -m hf_variants.convert_legacy --model {pretrained_model_name_or_path} "
-                    f"--output_dir NEW_DIR` (the same values, renamed).")
+                    f"--output_dir NEW_DIR` (the same values, renamed)."
+                )
         model._after_load()
         return (model, info) if output_loading_info else model
 
@@ -738,9 +829,11 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
     def _output_flags(self, output_attentions, output_hidden_states, return_dict=None) -> tuple[bool, bool, bool]:
         """The forward's output flags, each falling back to the config when not given."""
         config = self.config
-        return (bool(config.output_attentions if output_attentions is None else output_attentions),
-                bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
-                bool(config.return_dict if return_dict is None else return_dict))
+        return (
+            bool(config.output_attentions if output_attentions is None else output_attentions),
+            bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
+            bool(config.return_dict if return_dict is None else return_dict),
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------- stacks
@@ -818,19 +911,26 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         nothing per token: every encoder forward and the decoder's first position (a training step's teacher-forced
         forward, the first decoding step of `generate`), never a later decoding step over a cache; in training on an
         accelerator (the ids come from the run's own tokenizer) and while tracing or compiling, never."""
-        if (input_ids.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing()
-                or (self.training and input_ids.device.type != "cpu")):
+        if (
+            input_ids.numel() == 0
+            or torch.compiler.is_compiling()
+            or torch.jit.is_tracing()
+            or (self.training and input_ids.device.type != "cpu")
+        ):
             return
         low, high = torch.stack(torch.aminmax(input_ids)).tolist()
         vocab_size = self.config.vocab_size
         if low < 0 or high >= vocab_size:
             bad = high if high >= vocab_size else low
-            raise ValueError(f"{type(self).__name__}: input id {bad} is outside the model's vocabulary "
-                             f"(config.vocab_size={vocab_size}): the ids come from another tokenizer than the "
-                             f"model's (a larger vocabulary?).")
+            raise ValueError(
+                f"{type(self).__name__}: input id {bad} is outside the model's vocabulary "
+                f"(config.vocab_size={vocab_size}): the ids come from another tokenizer than the "
+                f"model's (a larger vocabulary?)."
+            )
 
-    def embed(self, input_ids=None, inputs_embeds=None, query_offset: int | torch.Tensor = 0,
-              **kwargs) -> torch.Tensor:
+    def embed(
+        self, input_ids=None, inputs_embeds=None, query_offset: int | torch.Tensor = 0, **kwargs
+    ) -> torch.Tensor:
         """Input embeddings + positions `query_offset ..` + dropout. A sequence beyond `max_position_embeddings`
         raises a ValueError naming the length and the limit; ids outside the vocabulary, one naming the id and the
         vocabulary size (`check_input_ids`)."""
@@ -839,8 +939,10 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         hidden_states = self.input_embeddings(input_ids, inputs_embeds, **kwargs)
         length, limit = hidden_states.shape[1], self.config.max_position_embeddings
         if isinstance(query_offset, int) and query_offset + length > limit:
-            raise ValueError(f"{type(self).__name__}: a sequence of {query_offset + length} tokens is longer than "
-                             f"the model's limit, max_position_embeddings={limit}.")
+            raise ValueError(
+                f"{type(self).__name__}: a sequence of {query_offset + length} tokens is longer than "
+                f"the model's limit, max_position_embeddings={limit}."
+            )
         positions = self.position_embeddings(length, query_offset, hidden_states.device, hidden_states.dtype)
         if positions is not None:
             hidden_states = hidden_states + positions
@@ -878,25 +980,34 @@ class TransformerNmtEncoder(TransformerNmtStack):
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config, config.encoder_layers)
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtEncoderOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ) -> TransformerNmtEncoderOutput:
         output_attentions, output_hidden_states, return_dict = self._output_flags(
-            output_attentions, output_hidden_states, return_dict)
+            output_attentions, output_hidden_states, return_dict
+        )
         kwargs.pop("query_offset", None)
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
-                                         attention_mask=attention_mask)
+        mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
         hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_attn, aux_losses = [], [], {}
         for layer in self.layers:
             if output_hidden_states:
                 hidden_states, view = self.layer_output_view(hidden_states)
                 all_hidden.append(view)
-            hidden_states, weights, aux = layer(hidden_states, mask, output_attentions=output_attentions,
-                                                **layer_inputs, **kwargs)
+            hidden_states, weights, aux = layer(
+                hidden_states, mask, output_attentions=output_attentions, **layer_inputs, **kwargs
+            )
             for name, value in (aux or {}).items():
                 aux_losses[name] = aux_losses[name] + value if name in aux_losses else value
             if output_attentions:
@@ -928,50 +1039,72 @@ class TransformerNmtDecoder(TransformerNmtStack):
         building it at every step. A pre-allocated (static) cache holds empty slots and flex_attention takes a
         BlockMask: the helper builds those."""
         cache = self_attention_cache(past_key_values)
-        if (attention_mask is None and hidden_states.shape[1] == 1 and cache is not None
-                and not getattr(cache, "is_compileable", False)
-                and self.config._attn_implementation in ("sdpa", "eager")):
+        if (
+            attention_mask is None
+            and hidden_states.shape[1] == 1
+            and cache is not None
+            and not getattr(cache, "is_compileable", False)
+            and self.config._attn_implementation in ("sdpa", "eager")
+        ):
             return None
-        return create_causal_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-                                  past_key_values=cache)
+        return create_causal_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=cache
+        )
 
-    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states,
-                             past_key_values=None):
+    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states, past_key_values=None):
         """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
         cross-attention keys and values, it is built once per `generate` call (`generation_scope`): the next steps
         of the same cache reuse it for the same 2-D mask tensor with the same values (the same object not modified
         in place since: its version counter, or for an inference tensor, which has none, a copy of its values),
         query shape, dtype and attention implementation. Outside `generate` it is built at every call."""
+
         def build():
-            return create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states,
-                                             attention_mask=encoder_attention_mask,
-                                             encoder_hidden_states=encoder_hidden_states)
+            return create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=hidden_states,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+            )
 
         scope = current_generation_scope()
         if scope is None or past_key_values is None or not isinstance(encoder_attention_mask, torch.Tensor):
             return build()
         key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
         memo = scope.get(self)
-        if (memo is not None and memo[0] is past_key_values and memo[1] is encoder_attention_mask
-                and memo[2] == key):
+        if memo is not None and memo[0] is past_key_values and memo[1] is encoder_attention_mask and memo[2] == key:
             snapshot = memo[3]
-            if (torch.equal(snapshot, encoder_attention_mask) if isinstance(snapshot, torch.Tensor)
-                    else snapshot == encoder_attention_mask._version):
+            if (
+                torch.equal(snapshot, encoder_attention_mask)
+                if isinstance(snapshot, torch.Tensor)
+                else snapshot == encoder_attention_mask._version
+            ):
                 return memo[4]
         mask = build()
-        snapshot = (encoder_attention_mask.clone() if encoder_attention_mask.is_inference()
-                    else encoder_attention_mask._version)
+        snapshot = (
+            encoder_attention_mask.clone()
+            if encoder_attention_mask.is_inference()
+            else encoder_attention_mask._version
+        )
         scope[self] = (past_key_values, encoder_attention_mask, key, snapshot, mask)
         return mask
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                encoder_hidden_states: torch.Tensor | None = None,
-                encoder_attention_mask: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-                past_key_values: Cache | None = None, use_cache: bool | None = None,
-                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, **kwargs: Unpack[TransformerNmtKwargs]):
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ):
         output_attentions, output_hidden_states, return_dict = self._output_flags(
-            output_attentions, output_hidden_states, return_dict)
+            output_attentions, output_hidden_states, return_dict
+        )
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
@@ -983,8 +1116,9 @@ class TransformerNmtDecoder(TransformerNmtStack):
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
         self_mask = self.self_attention_mask(hidden_states, attention_mask, past_key_values)
-        cross_mask = self.cross_attention_mask(hidden_states, encoder_attention_mask, encoder_hidden_states,
-                                               past_key_values)
+        cross_mask = self.cross_attention_mask(
+            hidden_states, encoder_attention_mask, encoder_hidden_states, past_key_values
+        )
         hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:
@@ -992,9 +1126,16 @@ class TransformerNmtDecoder(TransformerNmtStack):
                 hidden_states, view = self.layer_output_view(hidden_states)
                 all_hidden.append(view)
             hidden_states, self_weights, cross_weights = layer(
-                hidden_states, self_mask, encoder_hidden_states, encoder_attention_mask=cross_mask,
-                past_key_values=past_key_values, output_attentions=output_attentions, use_cache=use_cache,
-                **layer_inputs, **kwargs)
+                hidden_states,
+                self_mask,
+                encoder_hidden_states,
+                encoder_attention_mask=cross_mask,
+                past_key_values=past_key_values,
+                output_attentions=output_attentions,
+                use_cache=use_cache,
+                **layer_inputs,
+                **kwargs,
+            )
             if output_attentions:
                 all_self.append(self_weights)
                 all_cross.append(cross_weights)
@@ -1027,8 +1168,10 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         self.shared = None
         if config.share_encoder_decoder_embeddings and config.tie_word_embeddings:
             self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
-            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight",
-                                       "decoder.embed_tokens.weight": "shared.weight"}
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
         self.encoder, self.decoder = self._make_stacks(config)
         self.post_init()
 
@@ -1050,35 +1193,60 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         """What cross-attention reads from the encoder output (variants with several streams override)."""
         return encoder_outputs.last_hidden_state
 
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                decoder_input_ids: torch.LongTensor | None = None,
-                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
-                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
-                decoder_inputs_embeds: torch.Tensor | None = None, use_cache: bool | None = None,
-                output_attentions: bool | None = None, output_hidden_states: bool | None = None,
-                return_dict: bool | None = None, tgt_lang_ids: torch.LongTensor | None = None,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtSeq2SeqModelOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        tgt_lang_ids: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ) -> TransformerNmtSeq2SeqModelOutput:
         """`tgt_lang_ids` ([B]): each sentence's target language (index in `config.languages`), for the models that
         condition on it (MIMO, Tied; `language_ids_field`)."""
         output_attentions, output_hidden_states, return_dict = self._output_flags(
-            output_attentions, output_hidden_states, return_dict)
+            output_attentions, output_hidden_states, return_dict
+        )
         if tgt_lang_ids is not None:
             if self.language_ids_field is None:
-                raise ValueError(f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
-                                 "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source).")
+                raise ValueError(
+                    f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
+                    "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source)."
+                )
             kwargs["tgt_lang_ids"] = tgt_lang_ids
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
-                                           output_hidden_states=output_hidden_states, return_dict=True, **kwargs)
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+                **kwargs,
+            )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = self.encoder.output_class(*encoder_outputs)
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
-            encoder_hidden_states=self.encoder_memory(encoder_outputs), encoder_attention_mask=attention_mask,
-            inputs_embeds=decoder_inputs_embeds, past_key_values=past_key_values, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
-            **kwargs)
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=self.encoder_memory(encoder_outputs),
+            encoder_attention_mask=attention_mask,
+            inputs_embeds=decoder_inputs_embeds,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
         output = TransformerNmtSeq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
@@ -1093,8 +1261,9 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
 
-class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, TransformerNmtGenerationMixin,
-                                             GenerationMixin):
+class TransformerNmtForConditionalGeneration(
+    TransformerNmtPreTrainedModel, TransformerNmtGenerationMixin, GenerationMixin
+):
     base_model_class = TransformerNmtModel
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
@@ -1112,8 +1281,11 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
         self.post_init()
         # never generate padding or a second start token (fairseq masks them the same way); saved generation configs
         # override this
-        never = [i for i in (config.pad_token_id, config.bos_token_id, config.decoder_start_token_id)
-                 if i is not None and i != config.eos_token_id]
+        never = [
+            i
+            for i in (config.pad_token_id, config.bos_token_id, config.decoder_start_token_id)
+            if i is not None and i != config.eos_token_id
+        ]
         if never and self.generation_config.suppress_tokens is None:
             self.generation_config.suppress_tokens = sorted(set(never))
 
@@ -1142,35 +1314,52 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
     def _translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         """The main loss: label-smoothed cross-entropy of `logits` (labels -100 ignored), each token weighted by
         `token_loss_weights` (by default the mean over the target tokens)."""
-        return smoothed_cross_entropy(logits, labels, self.config.label_smoothing,
-                                      weights=self.token_loss_weights(labels, **kwargs))
+        return smoothed_cross_entropy(
+            logits, labels, self.config.label_smoothing, weights=self.token_loss_weights(labels, **kwargs)
+        )
 
-    def _projected_translation_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
-                                    **kwargs) -> torch.Tensor | None:
+    def _projected_translation_loss(
+        self, hidden_states: torch.Tensor, labels: torch.Tensor, **kwargs
+    ) -> torch.Tensor | None:
         """`_translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
         plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook); None otherwise (the caller computes
         the logits)."""
         head = self.lm_head
         if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"):
             return None
-        return projected_smoothed_cross_entropy(hidden_states, head.weight, head.bias, labels,
-                                                self.config.label_smoothing,
-                                                weights=self.token_loss_weights(labels, **kwargs))
+        return projected_smoothed_cross_entropy(
+            hidden_states,
+            head.weight,
+            head.bias,
+            labels,
+            self.config.label_smoothing,
+            weights=self.token_loss_weights(labels, **kwargs),
+        )
 
     def after_optimizer_step(self) -> None:
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
 
     # ------------------------------------------------------------------------------------------------ forward
-    def forward(self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
-                decoder_input_ids: torch.LongTensor | None = None,
-                decoder_attention_mask: torch.Tensor | None = None, encoder_outputs=None,
-                past_key_values: Cache | None = None, inputs_embeds: torch.Tensor | None = None,
-                decoder_inputs_embeds: torch.Tensor | None = None, labels: torch.LongTensor | None = None,
-                use_cache: bool | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, return_dict: bool | None = None,
-                tgt_lang_ids: torch.LongTensor | None = None, logits_to_keep: int | torch.Tensor = 0,
-                skip_logits: bool = False,
-                **kwargs: Unpack[TransformerNmtKwargs]) -> TransformerNmtSeq2SeqLMOutput:
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs=None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        tgt_lang_ids: torch.LongTensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        skip_logits: bool = False,
+        **kwargs: Unpack[TransformerNmtKwargs],
+    ) -> TransformerNmtSeq2SeqLMOutput:
         """`labels` (-100 = ignored) give `loss` (label-smoothed cross-entropy + the variant's auxiliary losses);
         `logits_to_keep` (an int k > 0: the last k positions; a tensor: those positions) limits the vocabulary
         projection to the positions that are read (generation without cache).
@@ -1180,20 +1369,33 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
         ever held: the same loss and gradients, without the step's largest tensors. `training/train.py` passes
         it; a `Trainer` user can pass it through `compute_loss`."""
         if skip_logits and labels is None:
-            raise ValueError("skip_logits=True computes the loss without the logits and needs `labels`; without "
-                             "labels there is nothing to return but the logits.")
+            raise ValueError(
+                "skip_logits=True computes the loss without the logits and needs `labels`; without "
+                "labels there is nothing to return but the logits."
+            )
         output_attentions, output_hidden_states, return_dict = self._output_flags(
-            output_attentions, output_hidden_states, return_dict)
+            output_attentions, output_hidden_states, return_dict
+        )
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         outputs = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True, tgt_lang_ids=tgt_lang_ids, **kwargs)
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+            tgt_lang_ids=tgt_lang_ids,
+            **kwargs,
+        )
         hidden_states = outputs.last_hidden_state
         if labels is None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
             keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
@@ -1207,16 +1409,22 @@ class TransformerNmtForConditionalGeneration(TransformerNmtPreTrainedModel, Tran
             if skip_logits:
                 loss = self._projected_translation_loss(hidden_states, labels, tgt_lang_ids=tgt_lang_ids)
             if loss is None:  # the logits are needed (a quantized or adapted head; an overridden loss)
-                loss = self._translation_loss(self.lm_head(hidden_states) if logits is None else logits, labels,
-                                             tgt_lang_ids=tgt_lang_ids)
+                loss = self._translation_loss(
+                    self.lm_head(hidden_states) if logits is None else logits, labels, tgt_lang_ids=tgt_lang_ids
+                )
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():
                 loss = loss + value
         output = TransformerNmtSeq2SeqLMOutput(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states, decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions, encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states, encoder_attentions=outputs.encoder_attentions,
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
             aux_losses=aux_losses,
         )
         return output if return_dict else output.to_tuple()

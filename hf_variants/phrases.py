@@ -34,17 +34,82 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 # Penn Treebank constituent labels (phrase level) and part-of-speech tags: the default tag vocabulary. Top parse
 # levels hold phrases (NP, VP, ...) and, from level 2 on, pre-terminals carried down (NNP, VBD, ...).
 PTB_PHRASE_LABELS = (
-    "S", "SBAR", "SBARQ", "SINV", "SQ", "ADJP", "ADVP", "CONJP", "FRAG", "INTJ", "LST", "NAC", "NP", "NX", "PP",
-    "PRN", "PRT", "QP", "RRC", "UCP", "VP", "WHADJP", "WHADVP", "WHNP", "WHPP", "X",
+    "S",
+    "SBAR",
+    "SBARQ",
+    "SINV",
+    "SQ",
+    "ADJP",
+    "ADVP",
+    "CONJP",
+    "FRAG",
+    "INTJ",
+    "LST",
+    "NAC",
+    "NP",
+    "NX",
+    "PP",
+    "PRN",
+    "PRT",
+    "QP",
+    "RRC",
+    "UCP",
+    "VP",
+    "WHADJP",
+    "WHADVP",
+    "WHNP",
+    "WHPP",
+    "X",
 )
 PTB_POS_TAGS = (
-    "CC", "CD", "DT", "EX", "FW", "IN", "JJ", "JJR", "JJS", "LS", "MD", "NN", "NNS", "NNP", "NNPS", "PDT", "POS",
-    "PRP", "PRP$", "RB", "RBR", "RBS", "RP", "SYM", "TO", "UH", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "WDT", "WP",
-    "WP$", "WRB", "#", "$", ".", ",", ":", "``", "''", "-LRB-", "-RRB-",
+    "CC",
+    "CD",
+    "DT",
+    "EX",
+    "FW",
+    "IN",
+    "JJ",
+    "JJR",
+    "JJS",
+    "LS",
+    "MD",
+    "NN",
+    "NNS",
+    "NNP",
+    "NNPS",
+    "PDT",
+    "POS",
+    "PRP",
+    "PRP$",
+    "RB",
+    "RBR",
+    "RBS",
+    "RP",
+    "SYM",
+    "TO",
+    "UH",
+    "VB",
+    "VBD",
+    "VBG",
+    "VBN",
+    "VBP",
+    "VBZ",
+    "WDT",
+    "WP",
+    "WP$",
+    "WRB",
+    "#",
+    "$",
+    ".",
+    ",",
+    ":",
+    "``",
+    "''",
+    "-LRB-",
+    "-RRB-",
 )
 PTB_TAG_LABELS = PTB_PHRASE_LABELS + PTB_POS_TAGS
 
@@ -52,12 +117,67 @@ PTB_TAG_LABELS = PTB_PHRASE_LABELS + PTB_POS_TAGS
 # parser's Chinese models, for Chinese sources such as the paper's NIST Zh-En setting. Phrase labels (verb
 # compounds VCD ... VSB included) and the 33 POS tags.
 CTB_PHRASE_LABELS = (
-    "ADJP", "ADVP", "CLP", "CP", "DNP", "DP", "DVP", "FRAG", "INTJ", "IP", "LCP", "LST", "NP", "PP", "PRN", "QP",
-    "UCP", "VP", "VCD", "VCP", "VNV", "VPT", "VRD", "VSB", "WHNP", "WHPP",
+    "ADJP",
+    "ADVP",
+    "CLP",
+    "CP",
+    "DNP",
+    "DP",
+    "DVP",
+    "FRAG",
+    "INTJ",
+    "IP",
+    "LCP",
+    "LST",
+    "NP",
+    "PP",
+    "PRN",
+    "QP",
+    "UCP",
+    "VP",
+    "VCD",
+    "VCP",
+    "VNV",
+    "VPT",
+    "VRD",
+    "VSB",
+    "WHNP",
+    "WHPP",
 )
 CTB_POS_TAGS = (
-    "AD", "AS", "BA", "CC", "CD", "CS", "DEC", "DEG", "DER", "DEV", "DT", "ETC", "FW", "IJ", "JJ", "LB", "LC", "M",
-    "MSP", "NN", "NR", "NT", "OD", "ON", "P", "PN", "PU", "SB", "SP", "VA", "VC", "VE", "VV",
+    "AD",
+    "AS",
+    "BA",
+    "CC",
+    "CD",
+    "CS",
+    "DEC",
+    "DEG",
+    "DER",
+    "DEV",
+    "DT",
+    "ETC",
+    "FW",
+    "IJ",
+    "JJ",
+    "LB",
+    "LC",
+    "M",
+    "MSP",
+    "NN",
+    "NR",
+    "NT",
+    "OD",
+    "ON",
+    "P",
+    "PN",
+    "PU",
+    "SB",
+    "SP",
+    "VA",
+    "VC",
+    "VE",
+    "VV",
 )
 CTB_TAG_LABELS = CTB_PHRASE_LABELS + CTB_POS_TAGS
 
@@ -66,8 +186,14 @@ TAG_LABEL_SETS = {"ptb": PTB_TAG_LABELS, "ctb": CTB_TAG_LABELS}
 
 # Leaf escapes of the Penn Treebank / Stanford parser and the characters they stand for in the sentence.
 _LEAF_ESCAPES = {
-    "-LRB-": ("(",), "-RRB-": (")",), "-LSB-": ("[",), "-RSB-": ("]",), "-LCB-": ("{",), "-RCB-": ("}",),
-    "``": ('"', "``", "\u201c", "'"), "''": ('"', "''", "\u201d", "'"),
+    "-LRB-": ("(",),
+    "-RRB-": (")",),
+    "-LSB-": ("[",),
+    "-RSB-": ("]",),
+    "-LCB-": ("{",),
+    "-RCB-": ("}",),
+    "``": ('"', "``", "\u201c", "'"),
+    "''": ('"', "''", "\u201d", "'"),
 }
 _KEEP_LABELS = {"-LRB-", "-RRB-", "-LSB-", "-RSB-", "-LCB-", "-RCB-", "-NONE-"}
 
@@ -228,16 +354,24 @@ def align_leaves(text: str, leaves: Sequence[str], start: int = 0) -> list[tuple
         else:
             raise ValueError(
                 f"The parse does not match its sentence: leaf {i} {leaf!r} expected at character {pos} of "
-                f"{text!r}, found {text[pos:pos + 20]!r}. Parse the exact source sentence (the leaves, in order, "
-                f"must spell it, whitespace aside).")
+                f"{text!r}, found {text[pos : pos + 20]!r}. Parse the exact source sentence (the leaves, in order, "
+                f"must spell it, whitespace aside)."
+            )
     if text[pos:].strip():
-        raise ValueError(f"The parse does not match its sentence: its leaves end at character {pos}, but "
-                         f"{text[pos:pos + 20]!r} follows in {text!r}.")
+        raise ValueError(
+            f"The parse does not match its sentence: its leaves end at character {pos}, but "
+            f"{text[pos : pos + 20]!r} follows in {text!r}."
+        )
     return spans
 
 
-def token_leaves(text: str, spans: Sequence[tuple[int, int]], offsets: Sequence[tuple[int, int]],
-                 special: Sequence[int], start: int = 0) -> list[int]:
+def token_leaves(
+    text: str,
+    spans: Sequence[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]],
+    special: Sequence[int],
+    start: int = 0,
+) -> list[int]:
     """The leaf of every token (-1 for special tokens and for tokens before `start`, e.g. a `<2xx>` tag): the leaf
     holding the token's first non-space character, or, for a token of whitespace only (a lone `▁`), the leaf of the
     next non-space character. A token spanning two leaves counts for the first; `encode_by_leaves` avoids such
@@ -336,8 +470,13 @@ def aligned_parses(texts: Sequence[str], parses: Sequence, starts: Sequence[int]
         yield b, tree, spans
 
 
-def encode_by_leaves(tokenizer, texts: Sequence[str], parses: Sequence, starts: Sequence[int] | None = None,
-                     max_length: int | None = None) -> tuple[list[list[int]], list[list[int]], list]:
+def encode_by_leaves(
+    tokenizer,
+    texts: Sequence[str],
+    parses: Sequence,
+    starts: Sequence[int] | None = None,
+    max_length: int | None = None,
+) -> tuple[list[list[int]], list[list[int]], list]:
     """Token ids of every sentence (special tokens included, not padded) and the leaf of every token (-1: the
     language-tag prefix `texts[b][:starts[b]]` and the special tokens), with no token spanning two leaves; plus
     the parses read as `SyntacticLevels` (levels filled in by the caller). `max_length` truncates as
@@ -368,7 +507,7 @@ def encode_by_leaves(tokenizer, texts: Sequence[str], parses: Sequence, starts: 
         merged = Encoding.merge(encodings, growing_offsets=True) if len(encodings) > 1 else encodings[0]
         final = first.post_process(merged, None, True)  # truncation, then the special tokens (</s>)
         kept = sum(1 for special in final.special_tokens_mask if not special)
-        leaves = leaves[:kept] if side == "right" else leaves[len(leaves) - kept:]
+        leaves = leaves[:kept] if side == "right" else leaves[len(leaves) - kept :]
         iterator = iter(leaves)
         all_ids.append(list(final.ids))
         all_leaves.append([-1 if special else next(iterator) for special in final.special_tokens_mask])
@@ -376,8 +515,9 @@ def encode_by_leaves(tokenizer, texts: Sequence[str], parses: Sequence, starts: 
 
 
 # ------------------------------------------------------------------------------------------------ model inputs
-def phrase_inputs_from_leaves(trees: Sequence, leaf_of_token: Sequence[Sequence[int]], levels: int,
-                              tag_labels: Sequence[str]) -> dict[str, torch.Tensor]:
+def phrase_inputs_from_leaves(
+    trees: Sequence, leaf_of_token: Sequence[Sequence[int]], levels: int, tag_labels: Sequence[str]
+) -> dict[str, torch.Tensor]:
     """`phrase_index` [B, levels, T] and `phrase_tags` [B, levels, M] from the leaf of every token of the (padded)
     batch (-1: no leaf: padding, special tokens, a language tag). Phrases are renumbered 0.. left to right over the
     tokens present (truncation can drop phrases). A label outside `tag_labels` gets tag -100 (no supervision)."""
@@ -406,9 +546,15 @@ def phrase_inputs_from_leaves(trees: Sequence, leaf_of_token: Sequence[Sequence[
     return {"phrase_index": index, "phrase_tags": phrase_tags}
 
 
-def syntactic_phrase_inputs(texts: Sequence[str], parses: Sequence, offsets: Sequence[Sequence[tuple[int, int]]],
-                            special_tokens_mask: Sequence[Sequence[int]], levels: int,
-                            tag_labels: Sequence[str], starts: Sequence[int] | None = None) -> dict[str, torch.Tensor]:
+def syntactic_phrase_inputs(
+    texts: Sequence[str],
+    parses: Sequence,
+    offsets: Sequence[Sequence[tuple[int, int]]],
+    special_tokens_mask: Sequence[Sequence[int]],
+    levels: int,
+    tag_labels: Sequence[str],
+    starts: Sequence[int] | None = None,
+) -> dict[str, torch.Tensor]:
     """`phrase_index` [B, levels, T] and `phrase_tags` [B, levels, M] for sentences tokenized as they are.
 
     `offsets` / `special_tokens_mask`: the tokenizer's `offset_mapping` / `special_tokens_mask` of the padded batch

@@ -14,8 +14,9 @@ from __future__ import annotations
 from transformers import GenerationConfig, Pipeline
 
 
-def check_tokenizer_fits_model(tokenizer, config, tokenizer_name: str | None = None,
-                               model_name: str | None = None) -> None:
+def check_tokenizer_fits_model(
+    tokenizer, config, tokenizer_name: str | None = None, model_name: str | None = None
+) -> None:
     """Raise a `ValueError` naming both sizes when `tokenizer` can produce ids the model has no embedding for
     (`len(tokenizer)` > `config.vocab_size`: a tokenizer from another run or model). A smaller tokenizer is fine
     (a vocabulary padded to a multiple of 8, Marian's)."""
@@ -24,10 +25,12 @@ def check_tokenizer_fits_model(tokenizer, config, tokenizer_name: str | None = N
         return
     tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", None) or "the tokenizer"
     model_name = model_name or getattr(config, "_name_or_path", None) or "the model"
-    raise ValueError(f"Tokenizer/model mismatch: the tokenizer ({tokenizer_name}) has {size} tokens "
-                     f"(len(tokenizer)) but the model ({model_name}) has a vocabulary of {vocab_size} "
-                     f"(config.vocab_size), so ids >= {vocab_size} have no embedding. Use the tokenizer saved with "
-                     f"this model (its folder), or the model trained with this tokenizer.")
+    raise ValueError(
+        f"Tokenizer/model mismatch: the tokenizer ({tokenizer_name}) has {size} tokens "
+        f"(len(tokenizer)) but the model ({model_name}) has a vocabulary of {vocab_size} "
+        f"(config.vocab_size), so ids >= {vocab_size} have no embedding. Use the tokenizer saved with "
+        f"this model (its folder), or the model trained with this tokenizer."
+    )
 
 
 class TranslationPipeline(Pipeline):
@@ -62,8 +65,9 @@ class TranslationPipeline(Pipeline):
         if self.tokenizer is not None:
             check_tokenizer_fits_model(self.tokenizer, self.model.config)
 
-    def _sanitize_parameters(self, src_lang=None, tgt_lang=None, truncation=None, clean_up_tokenization_spaces=None,
-                             **kwargs):
+    def _sanitize_parameters(
+        self, src_lang=None, tgt_lang=None, truncation=None, clean_up_tokenization_spaces=None, **kwargs
+    ):
         generation_keys = {key for key in vars(GenerationConfig()) if not key.startswith("_")}
         generation_keys.add("generation_config")
         forward_params = {key: kwargs.pop(key) for key in list(kwargs) if key in generation_keys}
@@ -96,9 +100,10 @@ class TranslationPipeline(Pipeline):
         copies = self._num_return_sequences(forward)
         results = [[dict(empty) for _ in range(copies)] if copies > 1 else dict(empty) for _ in texts]
         for start in range(0, len(keep), size):
-            rows = keep[start:start + size]
+            rows = keep[start : start + size]
             batch_params = {  # per-sentence lists (tgt_lang, parses, ...) follow their sentences
-                key: [value[i] for i in rows] if isinstance(value, (list, tuple)) and len(value) == len(texts)
+                key: [value[i] for i in rows]
+                if isinstance(value, (list, tuple)) and len(value) == len(texts)
                 else value
                 for key, value in preprocess.items()
             }
@@ -110,8 +115,9 @@ class TranslationPipeline(Pipeline):
 
     def _num_return_sequences(self, forward_params: dict) -> int:
         """How many translations each input gets (what `generate()` will use)."""
-        kwargs = forward_params if "generation_config" in forward_params else {**self._generate_kwargs,
-                                                                              **forward_params}
+        kwargs = (
+            forward_params if "generation_config" in forward_params else {**self._generate_kwargs, **forward_params}
+        )
         if kwargs.get("num_return_sequences") is not None:
             return int(kwargs["num_return_sequences"])
         config = kwargs.get("generation_config") or self.model.generation_config
@@ -121,22 +127,30 @@ class TranslationPipeline(Pipeline):
         limit = getattr(self.model.config, "max_position_embeddings", None)
         truncate = truncation not in (None, False, "do_not_truncate")
         if truncate and limit is None:
-            raise ValueError(f"truncation={truncation!r}: {type(self.model.config).__name__} has no "
-                             f"`max_position_embeddings` to truncate to.")
-        model_inputs = self.model.prepare_translation_inputs(self.tokenizer, texts,
-                                                             max_length=limit if truncate else None,
-                                                             **model_input_kwargs)
+            raise ValueError(
+                f"truncation={truncation!r}: {type(self.model.config).__name__} has no "
+                f"`max_position_embeddings` to truncate to."
+            )
+        model_inputs = self.model.prepare_translation_inputs(
+            self.tokenizer, texts, max_length=limit if truncate else None, **model_input_kwargs
+        )
         if limit is not None:
             mask = model_inputs.get("attention_mask")
-            lengths = (mask.sum(-1) if mask is not None
-                       else model_inputs["input_ids"].new_full(model_inputs["input_ids"].shape[:1],
-                                                               model_inputs["input_ids"].shape[-1]))
+            lengths = (
+                mask.sum(-1)
+                if mask is not None
+                else model_inputs["input_ids"].new_full(
+                    model_inputs["input_ids"].shape[:1], model_inputs["input_ids"].shape[-1]
+                )
+            )
             longest = int(lengths.argmax())
             if int(lengths[longest]) > limit:
                 which = "The input" if _rows is None else f"inputs[{_rows[longest]}]"
-                raise ValueError(f"{which} is {int(lengths[longest])} tokens long (special tokens included), but "
-                                 f"this model accepts at most {limit} (config.max_position_embeddings). Shorten or "
-                                 f"split it, or pass truncation=True to cut it to {limit} tokens.")
+                raise ValueError(
+                    f"{which} is {int(lengths[longest])} tokens long (special tokens included), but "
+                    f"this model accepts at most {limit} (config.max_position_embeddings). Shorten or "
+                    f"split it, or pass truncation=True to cut it to {limit} tokens."
+                )
         return model_inputs
 
     def _forward(self, model_inputs, **generate_kwargs):
@@ -148,8 +162,9 @@ class TranslationPipeline(Pipeline):
     def postprocess(self, model_outputs, clean_up_tokenization_spaces=False):
         results = []
         for sequences in model_outputs["output_ids"]:
-            texts = self.tokenizer.decode(sequences.tolist(), skip_special_tokens=True,
-                                          clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+            texts = self.tokenizer.decode(
+                sequences.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+            )
             records = [{"translation_text": text} for text in texts]
             results.append(records[0] if len(records) == 1 else records)
         return results

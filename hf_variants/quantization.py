@@ -40,7 +40,6 @@ parameters; an int8 forward with gradients required raises.
 from __future__ import annotations
 
 import logging
-import math
 import types
 import warnings
 
@@ -75,8 +74,15 @@ class Int8Linear(nn.Module):
     see that this module is something else and call it. For code that reads `.weight` anyway, `weight` is the
     dequantized float matrix (computed on each access)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, backend: str = "onednn",
-                 reduce_range: bool | None = None, activation_granularity: str | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        backend: str = "onednn",
+        reduce_range: bool | None = None,
+        activation_granularity: str | None = None,
+    ):
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}.")
@@ -84,11 +90,15 @@ class Int8Linear(nn.Module):
         if granularity not in GRANULARITIES:
             raise ValueError(f"`activation_granularity` must be one of {GRANULARITIES}, got {granularity!r}.")
         if backend == "fbgemm" and granularity != "per_tensor":
-            raise ValueError("backend='fbgemm' quantizes activations per tensor only: activation_granularity must "
-                             f"be 'per_tensor', got {granularity!r}.")
+            raise ValueError(
+                "backend='fbgemm' quantizes activations per tensor only: activation_granularity must "
+                f"be 'per_tensor', got {granularity!r}."
+            )
         if backend == "onednn" and not hasattr(torch.ops.onednn, "qlinear_pointwise"):
-            raise RuntimeError("backend='onednn' needs a torch build with oneDNN's int8 linear "
-                               "(torch.ops.onednn.qlinear_pointwise, x86 builds): none in this torch.")
+            raise RuntimeError(
+                "backend='onednn' needs a torch build with oneDNN's int8 linear "
+                "(torch.ops.onednn.qlinear_pointwise, x86 builds): none in this torch."
+            )
         self.in_features = in_features
         self.out_features = out_features
         self.backend = backend
@@ -100,10 +110,21 @@ class Int8Linear(nn.Module):
         self._packed = None  # the backend's prepacked weight, built on first use (not part of the state dict)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, backend: str = "onednn", reduce_range: bool | None = None,
-                    activation_granularity: str | None = None) -> "Int8Linear":
-        module = cls(linear.in_features, linear.out_features, linear.bias is not None, backend, reduce_range,
-                     activation_granularity)
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        backend: str = "onednn",
+        reduce_range: bool | None = None,
+        activation_granularity: str | None = None,
+    ) -> "Int8Linear":
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            backend,
+            reduce_range,
+            activation_granularity,
+        )
         q, scale = quantize_weight(linear.weight)
         module.weight_int8.copy_(q)
         module.weight_scale.copy_(scale)
@@ -130,15 +151,18 @@ class Int8Linear(nn.Module):
             # = [sum_k q_ik w_jk s_j] - z * (s_j sum_k w_jk), the second factor precomputed here
             column_sums = self.weight_scale * self.weight_int8.sum(dim=1, dtype=torch.int32).float()
             zero_point = (127 if self.reduce_range else 255) // 2 + 1  # the per-token scheme's fixed zero point
-            self._packed = (torch.ops.onednn.qlinear_prepack(self.weight_int8.contiguous(), None),
-                            torch.zeros(self.out_features, dtype=torch.long), column_sums,
-                            (column_sums * -zero_point).contiguous())
+            self._packed = (
+                torch.ops.onednn.qlinear_prepack(self.weight_int8.contiguous(), None),
+                torch.zeros(self.out_features, dtype=torch.long),
+                column_sums,
+                (column_sums * -zero_point).contiguous(),
+            )
         else:
             with warnings.catch_warnings():  # torch's own deprecation of qint8 tensors; warned once at quantization
                 warnings.simplefilter("ignore")
                 qweight = torch._make_per_channel_quantized_tensor(
-                    self.weight_int8, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long),
-                    0)
+                    self.weight_int8, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0
+                )
                 self._packed = torch.ops.quantized.linear_prepack(qweight, self.bias)
         return self._packed
 
@@ -146,8 +170,10 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             raise RuntimeError(f"Int8Linear runs on the CPU only; got an input on {x.device}.")
         if torch.is_grad_enabled() and x.requires_grad:
-            raise RuntimeError("Int8Linear is inference-only (no gradients): run the quantized model under "
-                               "torch.no_grad() / torch.inference_mode(), or train the fp32 model.")
+            raise RuntimeError(
+                "Int8Linear is inference-only (no gradients): run the quantized model under "
+                "torch.no_grad() / torch.inference_mode(), or train the fp32 model."
+            )
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Int8Linear expects inputs with {self.in_features} features, got {x.shape[-1]}.")
         dtype = x.dtype
@@ -176,8 +202,9 @@ class Int8Linear(nn.Module):
         # the zero point's term as a bias (see _pack): oneDNN's own zero-point compensation reads the weights again
         shift = -scale * zero_point
         bias = column_sums * shift if self.bias is None else torch.add(self.bias, column_sums, alpha=shift)
-        return torch.ops.onednn.qlinear_pointwise(qx, scale, 0, weight, self.weight_scale, zeros, bias, 1.0, 0,
-                                                  torch.float32, "none", [], "")
+        return torch.ops.onednn.qlinear_pointwise(
+            qx, scale, 0, weight, self.weight_scale, zeros, bias, 1.0, 0, torch.float32, "none", [], ""
+        )
 
     def _per_token(self, x: torch.Tensor, qmax: int, packed) -> torch.Tensor:
         """Symmetric per-row (per-token) activation quantization, as CTranslate2 does: row i is scaled by
@@ -199,17 +226,20 @@ class Int8Linear(nn.Module):
         # qmax <= 127 they fit int8, whose float conversion is vectorized where uint8's is not: the bits are the same
         shifted = torch.mul(rows, half / scale).add_(half + 1.5)
         qx = shifted.to(torch.int8).view(torch.uint8) if qmax <= 127 else shifted.to(torch.int32).to(torch.uint8)
-        out = torch.ops.onednn.qlinear_pointwise(qx, 1.0, 0, weight, self.weight_scale, zeros, shift_bias, 1.0, 0,
-                                                 torch.float32, "none", [], "")
+        out = torch.ops.onednn.qlinear_pointwise(
+            qx, 1.0, 0, weight, self.weight_scale, zeros, shift_bias, 1.0, 0, torch.float32, "none", [], ""
+        )
         out.mul_(scale.mul_(1.0 / half))
         if self.bias is not None:
             out.add_(self.bias)
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"backend={self.backend}, activations={'7' if self.reduce_range else '8'}-bit "
-                f"{self.activation_granularity}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"backend={self.backend}, activations={'7' if self.reduce_range else '8'}-bit "
+            f"{self.activation_granularity}"
+        )
 
 
 def _save_refused(self, *args, **kwargs):
@@ -217,12 +247,18 @@ def _save_refused(self, *args, **kwargs):
         f"This {type(self).__name__} was quantized with quantize_for_cpu (int8 buffers): save_pretrained / "
         "push_to_hub would write weights the fp32 class cannot load. Save the fp32 model and call "
         "hf_variants.quantize_for_cpu after loading it; or keep model.state_dict() and load it into a model "
-        "quantized the same way.")
+        "quantized the same way."
+    )
 
 
-def quantize_for_cpu(model: nn.Module, *, modules_to_not_convert: list[str] | tuple[str, ...] | None = None,
-                     backend: str = "onednn", reduce_range: bool | None = None,
-                     activation_granularity: str | None = None) -> nn.Module:
+def quantize_for_cpu(
+    model: nn.Module,
+    *,
+    modules_to_not_convert: list[str] | tuple[str, ...] | None = None,
+    backend: str = "onednn",
+    reduce_range: bool | None = None,
+    activation_granularity: str | None = None,
+) -> nn.Module:
     """Replace every `nn.Linear` of `model` by an `Int8Linear` (in place) and return the model, in eval mode with
     its parameters frozen. Works on any model: a module used at several places (the Tied Transformer's shared
     blocks) becomes ONE int8 module used at the same places.
@@ -251,8 +287,12 @@ def quantize_for_cpu(model: nn.Module, *, modules_to_not_convert: list[str] | tu
         return any(name == s or name.startswith(s + ".") for s in skip)
 
     if backend == "fbgemm":
-        warnings.warn("backend='fbgemm' uses torch's qint8 tensors, deprecated in torch 2.13 and due for removal; "
-                      "backend='onednn' is the kept path.", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "backend='fbgemm' uses torch's qint8 tensors, deprecated in torch 2.13 and due for removal; "
+            "backend='onednn' is the kept path.",
+            FutureWarning,
+            stacklevel=2,
+        )
     converted: dict[int, Int8Linear] = {}
     for parent_name, parent in list(model.named_modules(remove_duplicate=False)):
         for child_name, child in list(parent.named_children()):
@@ -260,8 +300,10 @@ def quantize_for_cpu(model: nn.Module, *, modules_to_not_convert: list[str] | tu
             if not isinstance(child, nn.Linear) or skipped(full):
                 continue
             if type(child) is not nn.Linear:  # a subclass may compute something else: say so, never guess
-                raise TypeError(f"{full} is a {type(child).__name__} (an nn.Linear subclass); quantize_for_cpu "
-                                "converts plain nn.Linear modules only: list it in modules_to_not_convert.")
+                raise TypeError(
+                    f"{full} is a {type(child).__name__} (an nn.Linear subclass); quantize_for_cpu "
+                    "converts plain nn.Linear modules only: list it in modules_to_not_convert."
+                )
             if id(child) not in converted:
                 converted[id(child)] = Int8Linear.from_linear(child, backend, reduce_range, activation_granularity)
             setattr(parent, child_name, converted[id(child)])
@@ -273,8 +315,13 @@ def quantize_for_cpu(model: nn.Module, *, modules_to_not_convert: list[str] | tu
     model.push_to_hub = types.MethodType(_save_refused, model)
     remaining = sum(p.numel() for p in model.parameters())
     int8 = sum(m.weight_int8.numel() for m in converted.values())
-    logger.info("quantize_for_cpu: %d linear modules to int8 (%.1fM int8 weights; %.1fM float parameters left: "
-                "embeddings, norms, non-linear-module weights)", len(converted), int8 / 1e6, remaining / 1e6)
+    logger.info(
+        "quantize_for_cpu: %d linear modules to int8 (%.1fM int8 weights; %.1fM float parameters left: "
+        "embeddings, norms, non-linear-module weights)",
+        len(converted),
+        int8 / 1e6,
+        remaining / 1e6,
+    )
     return model
 
 

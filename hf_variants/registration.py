@@ -50,8 +50,10 @@ def _restore_translation_task() -> None:
 
     pipelines.REMOVED_TASKS.pop("translation", None)
     pipelines.PIPELINE_REGISTRY.register_pipeline(
-        "translation", pipeline_class=TranslationPipeline, pt_model=(OrtModelForSeq2SeqLM, AutoModelForSeq2SeqLM),
-        type="text"
+        "translation",
+        pipeline_class=TranslationPipeline,
+        pt_model=(OrtModelForSeq2SeqLM, AutoModelForSeq2SeqLM),
+        type="text",
     )
 
 
@@ -63,4 +65,3 @@ def register_all() -> None:
     for classes in MODEL_CLASSES.values():
         _register(*classes)
     _restore_translation_task()
-

@@ -41,7 +41,6 @@ from transformers import PreTrainedTokenizerFast
 
 from .configuration_transformer_nmt import language_tag
 
-
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN]  # ids 0, 1, 2, 3 in this order
 METASPACE = "\u2581"
@@ -107,14 +106,20 @@ def _build_backend(model: str, vocab_size: int, min_frequency: int, special_toke
     if model == "bpe":
         backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
-            initial_alphabet=INITIAL_ALPHABET, show_progress=False
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=special_tokens,
+            initial_alphabet=INITIAL_ALPHABET,
+            show_progress=False,
         )
     elif model == "unigram":
         backend = Tokenizer(models.Unigram())
         trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size, special_tokens=special_tokens, unk_token=UNK_TOKEN,
-            initial_alphabet=INITIAL_ALPHABET, show_progress=False
+            vocab_size=vocab_size,
+            special_tokens=special_tokens,
+            unk_token=UNK_TOKEN,
+            initial_alphabet=INITIAL_ALPHABET,
+            show_progress=False,
         )
     else:
         raise ValueError(f"Unknown tokenizer model {model!r}: use 'bpe' or 'unigram'.")
@@ -157,15 +162,20 @@ def train_tokenizer(
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must be larger than {len(SPECIAL_TOKENS)}, got {vocab_size}.")
     if not isinstance(model_max_length, int) or isinstance(model_max_length, bool) or model_max_length < 2:
-        raise ValueError(f"model_max_length must be an integer >= 2 (the model's max_position_embeddings), got "
-                         f"{model_max_length!r}.")
+        raise ValueError(
+            f"model_max_length must be an integer >= 2 (the model's max_position_embeddings), got "
+            f"{model_max_length!r}."
+        )
     tags = language_tags(languages)
     backend, trainer = _build_backend(model, vocab_size, min_frequency, SPECIAL_TOKENS + tags)
     backend.normalizer = normalizers.NFKC()
     metaspace = pre_tokenizers.Metaspace(replacement=METASPACE, prepend_scheme="always")
     # Metaspace first (a word keeps its "▁"), then punctuation apart: "▁runs." -> "▁runs", "."
-    backend.pre_tokenizer = (pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")])
-                             if split_punctuation else metaspace)
+    backend.pre_tokenizer = (
+        pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")])
+        if split_punctuation
+        else metaspace
+    )
     backend.decoder = decoders.Metaspace(replacement=METASPACE, prepend_scheme="always")
 
     count = 0
@@ -217,10 +227,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--model", choices=["bpe", "unigram"], default="bpe")
     parser.add_argument("--languages", nargs="*", default=[], help="language codes; adds <2xx> tags")
     parser.add_argument("--min_frequency", type=int, default=2)
-    parser.add_argument("--model_max_length", type=int, default=1024,
-                        help="the model's max_position_embeddings (the longest input, special tokens included)")
-    parser.add_argument("--keep_punctuation_attached", action="store_true",
-                        help="let subwords join punctuation to letters (tokenizers before 0.3); default: isolated")
+    parser.add_argument(
+        "--model_max_length",
+        type=int,
+        default=1024,
+        help="the model's max_position_embeddings (the longest input, special tokens included)",
+    )
+    parser.add_argument(
+        "--keep_punctuation_attached",
+        action="store_true",
+        help="let subwords join punctuation to letters (tokenizers before 0.3); default: isolated",
+    )
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     for f in args.files:

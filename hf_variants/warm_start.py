@@ -55,8 +55,8 @@ adds is initialised so that the variant starts as close to the pretrained functi
 Mismatches between `config_overrides` and the base in dimensions, vocabulary, special tokens, languages or backbone
 settings raise a ValueError naming both values. The output folder holds the model (config with
 `warm_started_from`, generation config copied from the base, weights, code for `trust_remote_code`) and the base
-folder's tokenizer files; `training/train.py --model_name_or_path OUT` fine-tunes it, and the model card of the run names the base
-model (from the saved config's `warm_started_from`).
+folder's tokenizer files; `training/train.py --model_name_or_path OUT` fine-tunes it, and the model card of the run
+names the base model (from the saved config's `warm_started_from`).
 
 (Tooling: not shipped with saved models.)
 """
@@ -90,22 +90,62 @@ from .registration import MODEL_CLASSES, register_all
 
 # Fields of the base that define the function it computes (or its vocabulary): the variant keeps them; an override
 # with another value is an error naming both values.
-BASE_FIELDS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-               "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function",
-               "max_position_embeddings", "position_embedding_type", "max_relative_positions",
-               "relative_position_values", "normalize_before", "scale_embedding", "share_encoder_decoder_embeddings",
-               "tie_word_embeddings", "output_bias", "layer_norm_eps", "pad_token_id", "bos_token_id", "eos_token_id",
-               "decoder_start_token_id", "languages", "target_language_tags")
+BASE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "activation_function",
+    "max_position_embeddings",
+    "position_embedding_type",
+    "max_relative_positions",
+    "relative_position_values",
+    "normalize_before",
+    "scale_embedding",
+    "share_encoder_decoder_embeddings",
+    "tie_word_embeddings",
+    "output_bias",
+    "layer_norm_eps",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "languages",
+    "target_language_tags",
+)
 # Training settings: the base's values by default (it was trained with them), free to override.
-TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "label_smoothing", "init_method", "init_std",
-                   "use_cache")
+TRAINING_FIELDS = (
+    "dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "label_smoothing",
+    "init_method",
+    "init_std",
+    "use_cache",
+)
 VARIANT_TYPES = ("mute_nmt", "hysan_nmt", "mgsa_nmt", "mimo_nmt", "tied_nmt")
 TIED_INITS = ("decoder", "encoder")
 PHRASE_HEADS_OUTPUTS = ("zero", "copy")
 # Files of a model folder that belong to its tokenizer (copied as they are).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt", "source.spm", "target.spm", "spiece.model",
-                   "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "source.spm",
+    "target.spm",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+    "chat_template.jinja",
+)
 
 
 @dataclass
@@ -123,13 +163,19 @@ class WarmStartReport:
     unused: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        lines = [(f"{self.model_type} warm-started from {self.base}: {len(self.copied)} tensors copied, "
-                  f"{len(self.derived)} derived from base tensors, {len(self.initialised)} new")]
+        lines = [
+            (
+                f"{self.model_type} warm-started from {self.base}: {len(self.copied)} tensors copied, "
+                f"{len(self.derived)} derived from base tensors, {len(self.initialised)} new"
+            )
+        ]
         lines += [f"  derived  {k}: {v}" for k, v in self.derived.items()]
         lines += [f"  new      {k}: {v}" for k, v in self.initialised.items()]
         if self.unused:
-            lines.append(f"  base tensors not used ({len(self.unused)}): {', '.join(self.unused[:6])}"
-                         + (" ..." if len(self.unused) > 6 else ""))
+            lines.append(
+                f"  base tensors not used ({len(self.unused)}): {', '.join(self.unused[:6])}"
+                + (" ..." if len(self.unused) > 6 else "")
+            )
         return "\n".join(lines)
 
 
@@ -142,8 +188,10 @@ def load_base(base) -> tuple[TransformerNmtForConditionalGeneration, str]:
             raise ValueError(f"The base must be a transformer_nmt model, got {base.config.model_type!r}.")
         return base.eval(), str(base.config.name_or_path or "a transformer_nmt model")
     if not isinstance(base, (str, os.PathLike)):
-        raise TypeError(f"`base` must be a folder, a Hub id or a TransformerNmtForConditionalGeneration, got "
-                        f"{type(base).__name__}.")
+        raise TypeError(
+            f"`base` must be a folder, a Hub id or a TransformerNmtForConditionalGeneration, got "
+            f"{type(base).__name__}."
+        )
     from transformers import AutoConfig
 
     register_all()
@@ -155,15 +203,20 @@ def load_base(base) -> tuple[TransformerNmtForConditionalGeneration, str]:
 
         return convert_marian(MarianMTModel.from_pretrained(base)).eval(), str(base)
     if config.model_type != "transformer_nmt":
-        raise ValueError(f"{base} holds a {config.model_type!r} model; the base of a warm start must be a "
-                         f"transformer_nmt model (our baseline, e.g. an opus-mt model converted with "
-                         f"`python -m hf_variants.convert_marian`) or a MarianMTModel.")
+        raise ValueError(
+            f"{base} holds a {config.model_type!r} model; the base of a warm start must be a "
+            f"transformer_nmt model (our baseline, e.g. an opus-mt model converted with "
+            f"`python -m hf_variants.convert_marian`) or a MarianMTModel."
+        )
     return TransformerNmtForConditionalGeneration.from_pretrained(base).eval(), str(base)
 
 
 def _base_field_values(config: TransformerNmtConfig) -> dict[str, Any]:
-    names = [n for n in inspect.signature(TransformerNmtConfig.__init__).parameters
-             if n not in ("self", "kwargs", "is_encoder_decoder")]
+    names = [
+        n
+        for n in inspect.signature(TransformerNmtConfig.__init__).parameters
+        if n not in ("self", "kwargs", "is_encoder_decoder")
+    ]
     return {name: copy.deepcopy(getattr(config, name)) for name in names}
 
 
@@ -180,14 +233,18 @@ def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides
     base_values = _base_field_values(base_config)
     for name in BASE_FIELDS:
         if name in resolved and _plain(resolved[name]) != _plain(base_values[name]):
-            raise ValueError(f"`{name}={resolved[name]!r}` does not match the base model's `{name}="
-                             f"{base_values[name]!r}`: a warm-started {model_type} keeps the base's dimensions, "
-                             f"vocabulary and backbone settings ({', '.join(BASE_FIELDS[:4])}, ...).")
+            raise ValueError(
+                f"`{name}={resolved[name]!r}` does not match the base model's `{name}="
+                f"{base_values[name]!r}`: a warm-started {model_type} keeps the base's dimensions, "
+                f"vocabulary and backbone settings ({', '.join(BASE_FIELDS[:4])}, ...)."
+            )
     if model_type == "hysan_nmt" and "use_positional_embeddings" in resolved:
         wanted = resolved["use_positional_embeddings"]
         if bool(wanted) != (base_values["position_embedding_type"] != "none"):
-            raise ValueError(f"`use_positional_embeddings={wanted!r}` does not match the base model's "
-                             f"`position_embedding_type={base_values['position_embedding_type']!r}`.")
+            raise ValueError(
+                f"`use_positional_embeddings={wanted!r}` does not match the base model's "
+                f"`position_embedding_type={base_values['position_embedding_type']!r}`."
+            )
     try:
         config = config_class(**{**base_values, **resolved})
     except ValueError as error:
@@ -232,8 +289,13 @@ def _layer(key: str) -> int | None:
 class _Mapper:
     """Fills the variant's state dict from the base's, key by key, recording every decision in a report."""
 
-    def __init__(self, base_state: dict[str, torch.Tensor], variant_state: dict[str, torch.Tensor], config,
-                 report: WarmStartReport):
+    def __init__(
+        self,
+        base_state: dict[str, torch.Tensor],
+        variant_state: dict[str, torch.Tensor],
+        config,
+        report: WarmStartReport,
+    ):
         self.base, self.variant, self.config, self.report = base_state, variant_state, config, report
         self.state: dict[str, torch.Tensor] = {}
         self.used: set[str] = set()
@@ -249,16 +311,19 @@ class _Mapper:
         tensor, target = self.take(key, source), self.variant[key]
         if tensor.shape != target.shape:
             if target.shape[1:] != tensor.shape:
-                raise ValueError(f"warm start: {key} {tuple(target.shape)} cannot be filled from the base's {source} "
-                                 f"{tuple(tensor.shape)}.")
+                raise ValueError(
+                    f"warm start: {key} {tuple(target.shape)} cannot be filled from the base's {source} "
+                    f"{tuple(tensor.shape)}."
+                )
             tensor = tensor.expand(target.shape)
         self.state[key] = tensor.clone()
         self.report.copied[key] = source
 
     def derive(self, key: str, tensor: torch.Tensor, how: str) -> None:
         if tensor.shape != self.variant[key].shape:
-            raise ValueError(f"warm start: {key} derived as {tuple(tensor.shape)}, expected "
-                             f"{tuple(self.variant[key].shape)}.")
+            raise ValueError(
+                f"warm start: {key} derived as {tuple(tensor.shape)}, expected {tuple(self.variant[key].shape)}."
+            )
         self.state[key] = tensor
         self.report.derived[key] = how
 
@@ -288,8 +353,9 @@ def _map_mute(mapper: _Mapper, key: str) -> bool:
     elif key.endswith(".alpha"):
         mapper.new(key, torch.full_like(mapper.variant[key], 1.0 / config.num_units), "1/I (the paper's init)")
     elif key.endswith(".shuffle"):
-        projected = project_doubly_stochastic(mapper.variant[key], config.shuffle_sinkhorn_iterations,
-                                              config.shuffle_eps)
+        projected = project_doubly_stochastic(
+            mapper.variant[key], config.shuffle_sinkhorn_iterations, config.shuffle_eps
+        )
         mapper.new(key, projected, f"{config.shuffle_init} init, projected (columns sum to 1)")
     else:
         return False
@@ -316,7 +382,7 @@ def _map_hysan(mapper: _Mapper, key: str) -> bool:
     if config.fusion == "concat":
         if ref is not None:
             h = torch.zeros(w_o.shape[0], nb * w_o.shape[1], dtype=w_o.dtype)
-            h[:, ref * w_o.shape[1]:(ref + 1) * w_o.shape[1]] = w_o
+            h[:, ref * w_o.shape[1] : (ref + 1) * w_o.shape[1]] = w_o
             how = f"H = [W^o on the {reference} branch (#{ref}), 0 on the other {nb - 1}] (exact)"
         else:
             h = torch.cat([w_o / nb] * nb, dim=1)
@@ -346,8 +412,10 @@ def _map_mgsa(mapper: _Mapper, key: str, phrase_heads_output: str) -> bool:
             mapper.copy(key, key)
         else:  # queries of every head, keys and values of the word heads only
             rows = torch.cat([torch.arange(d + word), 2 * d + torch.arange(word)])
-            how = (f"{key} rows [0, {d + word}) and [{2 * d}, {2 * d + word}): queries of all heads, K/V of the "
-                   f"{config.word_heads} word heads")
+            how = (
+                f"{key} rows [0, {d + word}) and [{2 * d}, {2 * d + word}): queries of all heads, K/V of the "
+                f"{config.word_heads} word heads"
+            )
             mapper.derive(key, source[rows].clone(), how)
         return True
     if key.endswith(".self_attn.out_proj.weight") and phrase_heads_output == "zero":
@@ -366,8 +434,11 @@ def _map_mimo(mapper: _Mapper, key: str) -> bool:
         return False
     n = config.num_transformations
     source = mapper.take(key, key)
-    mapper.derive(key, source.expand(mapper.variant[key].shape) / n,
-                  f"{key} / {n}: the plain-sum links add the {n} streams back to the base's value")
+    mapper.derive(
+        key,
+        source.expand(mapper.variant[key].shape) / n,
+        f"{key} / {n}: the plain-sum links add the {n} streams back to the base's value",
+    )
     return True
 
 
@@ -385,8 +456,14 @@ def _map_tied(mapper: _Mapper, key: str, tied_init: str) -> bool:
     return True
 
 
-def map_state_dict(base: TransformerNmtForConditionalGeneration, variant, *, tied_init: str = "decoder",
-                   phrase_heads_output: str = "zero", base_label: str = "base") -> tuple[dict, WarmStartReport]:
+def map_state_dict(
+    base: TransformerNmtForConditionalGeneration,
+    variant,
+    *,
+    tied_init: str = "decoder",
+    phrase_heads_output: str = "zero",
+    base_label: str = "base",
+) -> tuple[dict, WarmStartReport]:
     """The variant's full state dict filled from the base's (see the module docstring), and the report."""
     config = variant.config
     report = WarmStartReport(base=base_label, model_type=config.model_type)
@@ -408,10 +485,18 @@ def map_state_dict(base: TransformerNmtForConditionalGeneration, variant, *, tie
 
 
 # ------------------------------------------------------------------------------------------------ the function
-def warm_start(base, model_type: str, config_overrides: dict[str, Any] | str | None = None, *,
-               output_dir: str | os.PathLike | None = None, base_model_id: str | None = None,
-               tied_init: str = "decoder", phrase_heads_output: str = "zero", seed: int = 0,
-               return_report: bool = False):
+def warm_start(
+    base,
+    model_type: str,
+    config_overrides: dict[str, Any] | str | None = None,
+    *,
+    output_dir: str | os.PathLike | None = None,
+    base_model_id: str | None = None,
+    tied_init: str = "decoder",
+    phrase_heads_output: str = "zero",
+    seed: int = 0,
+    return_report: bool = False,
+):
     """A `model_type` model (eval mode) starting from the pretrained baseline `base` (a folder, Hub id, or
     `TransformerNmtForConditionalGeneration`; a MarianMTModel folder is converted first), saved to `output_dir`
     with the generation config and the tokenizer files of the base folder when given.
@@ -434,8 +519,13 @@ def warm_start(base, model_type: str, config_overrides: dict[str, Any] | str | N
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         variant = generation_class(config)
-    state, report = map_state_dict(base_model, variant, tied_init=tied_init, phrase_heads_output=phrase_heads_output,
-                                   base_label=config.warm_started_from)
+    state, report = map_state_dict(
+        base_model,
+        variant,
+        tied_init=tied_init,
+        phrase_heads_output=phrase_heads_output,
+        base_label=config.warm_started_from,
+    )
     variant.load_state_dict(state, strict=True)
     variant.generation_config = copy.deepcopy(base_model.generation_config)
     variant.eval()
@@ -456,20 +546,32 @@ def save_warm_start(model, output_dir, base_dir=None, report: WarmStartReport | 
                 shutil.copy2(Path(base_dir) / name, output / name)
                 copied.append(name)
     if report is not None:
-        (output / "warm_start.json").write_text(json.dumps({
-            "base": report.base, "model_type": report.model_type, "copied": report.copied,
-            "derived": report.derived, "initialised": report.initialised, "unused_base_tensors": report.unused,
-        }, indent=1) + "\n")
+        (output / "warm_start.json").write_text(
+            json.dumps(
+                {
+                    "base": report.base,
+                    "model_type": report.model_type,
+                    "copied": report.copied,
+                    "derived": report.derived,
+                    "initialised": report.initialised,
+                    "unused_base_tensors": report.unused,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return copied
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", required=True, help="folder (or Hub id) of a transformer_nmt or MarianMTModel")
     parser.add_argument("--model_type", required=True, choices=VARIANT_TYPES)
-    parser.add_argument("--config_overrides", action="append", default=[],
-                        help="key=value,... variant fields (repeatable)")
+    parser.add_argument(
+        "--config_overrides", action="append", default=[], help="key=value,... variant fields (repeatable)"
+    )
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--base_model_id", help="recorded as `warm_started_from` (default: --base)")
     parser.add_argument("--tied_init", choices=TIED_INITS, default="decoder")
@@ -480,15 +582,29 @@ def main(argv=None) -> None:
     for spec in args.config_overrides:
         overrides.update(parse_config_overrides(spec))
     try:
-        _, report = warm_start(args.base, args.model_type, overrides, output_dir=args.output_dir,
-                               base_model_id=args.base_model_id, tied_init=args.tied_init,
-                               phrase_heads_output=args.phrase_heads_output, seed=args.seed, return_report=True)
+        _, report = warm_start(
+            args.base,
+            args.model_type,
+            overrides,
+            output_dir=args.output_dir,
+            base_model_id=args.base_model_id,
+            tied_init=args.tied_init,
+            phrase_heads_output=args.phrase_heads_output,
+            seed=args.seed,
+            return_report=True,
+        )
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     print(report.summary())
     tokenizer = [n for n in TOKENIZER_FILES if (Path(args.output_dir) / n).is_file()]
-    print(f"Saved {args.output_dir}" + (f" (tokenizer: {', '.join(tokenizer)})" if tokenizer else
-                                        " (no tokenizer files in --base: pass --tokenizer to train.py)"))
+    print(
+        f"Saved {args.output_dir}"
+        + (
+            f" (tokenizer: {', '.join(tokenizer)})"
+            if tokenizer
+            else " (no tokenizer files in --base: pass --tokenizer to train.py)"
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .run_record import RunRecord
 
-
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 # benchmarks/quality.py and benchmarks/efficiency.py write here (in a checkout of the repository)
 BENCHMARK_RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -58,10 +57,32 @@ PACKAGE_TAG = "hf-variants"
 # Keys of results.json that the card reads (all optional).
 # the run record's fields the card reads
 RESULTS_KEYS = (
-    "model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "dataset_id", "eval_split",
-    "bleu", "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
-    "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters", "base_model",
-    "per_direction", "license", "settings_changes", "directions",
+    "model_type",
+    "variant",
+    "source_lang",
+    "target_lang",
+    "languages",
+    "dataset",
+    "dataset_id",
+    "eval_split",
+    "bleu",
+    "chrf",
+    "sacrebleu_signature",
+    "chrf_signature",
+    "params",
+    "train_tokens_per_sec",
+    "wall_time_sec",
+    "train_pairs",
+    "dropped_pairs",
+    "dropped_reasons",
+    "steps",
+    "epochs",
+    "hyperparameters",
+    "base_model",
+    "per_direction",
+    "license",
+    "settings_changes",
+    "directions",
 )
 
 
@@ -84,43 +105,120 @@ FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (
         Family("transformer_nmt", "Transformer", "Transformer (baseline)", "transformer"),
-        Family("mute_nmt", "MUTE", "Multi-Unit Transformer", "mute", (
-            ("num_units", "Parallel units per encoder layer"), ("unit_types", "Unit types"),
-            ("merge", "Unit merge"), ("use_bias_module", "Bias module (training only)"),
-            ("mask_prob", "Bias module mask probability"), ("shuffle_penalty_weight", "AutoShuffle penalty weight"),
-        )),
-        Family("hysan_nmt", "HySAN", "Hybrid Self-Attention Network", "hysan", (
-            ("encoder_branches", "Encoder self-attention branches"),
-            ("decoder_branches", "Decoder self-attention branches"), ("local_k", "Local window k"),
-            ("fusion", "Branch fusion"), ("gate_reduction", "Squeeze-gate reduction r"),
-        )),
-        Family("mgsa_nmt", "MG-SA", "Multi-Granularity Self-Attention", "mg-sa", (
-            ("mgsa_layers", "Encoder layers with MG-SA (0-based)"), ("phrase_type", "Phrase type"),
-            ("ngram_sizes", "n-gram sizes"), ("syntactic_levels", "Parse-tree levels"),
-            ("mgsa_word_heads", "Word heads"), ("phrase_composition", "Phrase composition"),
-            ("phrase_interaction", "Phrase interaction"), ("tag_loss_weight", "Phrase-tag loss weight"),
-        )),
-        Family("mimo_nmt", "MIMO", "Task-aware MIMO cardinality Transformer", "mimo", (
-            ("num_transformations", "Parallel transformations per block"), ("mimo", "MIMO links"),
-            ("task_attention", "Task-aware mixing"), ("mimo_memory", "Encoder memory for cross-attention"),
-        )),
-        Family("tied_nmt", "Tied Transformer", "Tied Transformer (shared encoder and decoder)", "tied-transformer", (
-            ("direction_embedding", "Direction embedding"), ("num_directions", "Directions"),
-        )),
+        Family(
+            "mute_nmt",
+            "MUTE",
+            "Multi-Unit Transformer",
+            "mute",
+            (
+                ("num_units", "Parallel units per encoder layer"),
+                ("unit_types", "Unit types"),
+                ("merge", "Unit merge"),
+                ("use_bias_module", "Bias module (training only)"),
+                ("mask_prob", "Bias module mask probability"),
+                ("shuffle_penalty_weight", "AutoShuffle penalty weight"),
+            ),
+        ),
+        Family(
+            "hysan_nmt",
+            "HySAN",
+            "Hybrid Self-Attention Network",
+            "hysan",
+            (
+                ("encoder_branches", "Encoder self-attention branches"),
+                ("decoder_branches", "Decoder self-attention branches"),
+                ("local_k", "Local window k"),
+                ("fusion", "Branch fusion"),
+                ("gate_reduction", "Squeeze-gate reduction r"),
+            ),
+        ),
+        Family(
+            "mgsa_nmt",
+            "MG-SA",
+            "Multi-Granularity Self-Attention",
+            "mg-sa",
+            (
+                ("mgsa_layers", "Encoder layers with MG-SA (0-based)"),
+                ("phrase_type", "Phrase type"),
+                ("ngram_sizes", "n-gram sizes"),
+                ("syntactic_levels", "Parse-tree levels"),
+                ("mgsa_word_heads", "Word heads"),
+                ("phrase_composition", "Phrase composition"),
+                ("phrase_interaction", "Phrase interaction"),
+                ("tag_loss_weight", "Phrase-tag loss weight"),
+            ),
+        ),
+        Family(
+            "mimo_nmt",
+            "MIMO",
+            "Task-aware MIMO cardinality Transformer",
+            "mimo",
+            (
+                ("num_transformations", "Parallel transformations per block"),
+                ("mimo", "MIMO links"),
+                ("task_attention", "Task-aware mixing"),
+                ("mimo_memory", "Encoder memory for cross-attention"),
+            ),
+        ),
+        Family(
+            "tied_nmt",
+            "Tied Transformer",
+            "Tied Transformer (shared encoder and decoder)",
+            "tied-transformer",
+            (
+                ("direction_embedding", "Direction embedding"),
+                ("num_directions", "Directions"),
+            ),
+        ),
     )
 }
 
 # Config keys of the baseline TransformerNmtConfig: every other non-standard key is a variant field.
-BASELINE_CONFIG_KEYS = frozenset({
-    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout",
-    "attention_dropout", "activation_dropout", "max_position_embeddings", "position_embedding_type",
-    "max_relative_positions", "relative_position_values", "normalize_before", "scale_embedding",
-    "share_encoder_decoder_embeddings", "tie_word_embeddings", "output_bias", "layer_norm_eps", "init_method",
-    "init_std", "label_smoothing", "languages", "target_language_tags", "use_cache", "pad_token_id",
-    "bos_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id", "is_encoder_decoder",
-    "custom_pipelines", "auto_map", "architectures", "model_type", "transformers_version", "dtype", "torch_dtype",
-})
+BASELINE_CONFIG_KEYS = frozenset(
+    {
+        "vocab_size",
+        "d_model",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "activation_function",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "max_position_embeddings",
+        "position_embedding_type",
+        "max_relative_positions",
+        "relative_position_values",
+        "normalize_before",
+        "scale_embedding",
+        "share_encoder_decoder_embeddings",
+        "tie_word_embeddings",
+        "output_bias",
+        "layer_norm_eps",
+        "init_method",
+        "init_std",
+        "label_smoothing",
+        "languages",
+        "target_language_tags",
+        "use_cache",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+        "forced_eos_token_id",
+        "is_encoder_decoder",
+        "custom_pipelines",
+        "auto_map",
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+    }
+)
 
 DATASET_NAMES = {"multi30k": "Multi30k", "wmt14": "WMT14", "iwslt2017": "IWSLT 2017", "opus100": "OPUS-100"}
 # Hub dataset ids, used only when they hold every language of the run.
@@ -132,14 +230,33 @@ EXAMPLE_SENTENCES = {
     "cs": "Muž v modré košili jede na kole po ulici.",
 }
 # Keys naming a secret (hub_token, use_auth_token, api_key, ...; not batch_tokens) and values that look like one.
-_SECRET_KEY = re.compile(r"(^|[_\-.])(token|secret|password|passwd|api[_\-]?key|credentials?|authorization)($|[_\-.])",
-                         re.IGNORECASE)
+_SECRET_KEY = re.compile(
+    r"(^|[_\-.])(token|secret|password|passwd|api[_\-]?key|credentials?|authorization)($|[_\-.])", re.IGNORECASE
+)
 # Run bookkeeping that train.py records with its arguments but that does not describe the training.
-NOT_HYPERPARAMETERS = frozenset({
-    "output_dir", "run_name", "overwrite_output_dir", "logging_steps", "report_to", "push_to_hub", "hub_model_id",
-    "hub_private_repo", "num_examples", "save_steps", "keep_checkpoints", "resume_from_checkpoint", "data_dir",
-    "train_file", "valid_file", "test_file", "tokenizer", "model_name_or_path", "num_processes",
-})
+NOT_HYPERPARAMETERS = frozenset(
+    {
+        "output_dir",
+        "run_name",
+        "overwrite_output_dir",
+        "logging_steps",
+        "report_to",
+        "push_to_hub",
+        "hub_model_id",
+        "hub_private_repo",
+        "num_examples",
+        "save_steps",
+        "keep_checkpoints",
+        "resume_from_checkpoint",
+        "data_dir",
+        "train_file",
+        "valid_file",
+        "test_file",
+        "tokenizer",
+        "model_name_or_path",
+        "num_processes",
+    }
+)
 _SECRET_VALUE = re.compile(r"^(hf_|api_)[A-Za-z0-9]{16,}$")
 
 
@@ -251,8 +368,12 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 def _is_hub_id(value: object) -> bool:
     """`org/name` that is not a local path (train.py passes local paths for files, folders and checkpoints)."""
-    return isinstance(value, str) and bool(_HUB_ID.match(value)) and not os.path.exists(value) \
+    return (
+        isinstance(value, str)
+        and bool(_HUB_ID.match(value))
+        and not os.path.exists(value)
         and not re.search(r"\.(gz|txt|tsv|json|jsonl|csv|parquet)$", value)
+    )
 
 
 def _short_name(value: str) -> str:
@@ -280,8 +401,9 @@ def _dataset(results: RunRecord, languages: list[str]) -> tuple[str | None, str 
     return key, pretty, False
 
 
-def _eval_results(results: RunRecord, dataset_id: str | None, dataset_pretty: str | None,
-                  src: str | None, tgt: str | None) -> list[EvalResult]:
+def _eval_results(
+    results: RunRecord, dataset_id: str | None, dataset_pretty: str | None, src: str | None, tgt: str | None
+) -> list[EvalResult]:
     if dataset_id is None:
         return []
     split = _short_name(str(results.eval_split)) if results.eval_split else None
@@ -289,17 +411,31 @@ def _eval_results(results: RunRecord, dataset_id: str | None, dataset_pretty: st
     overall = {"bleu": results.bleu, "chrf": results.chrf}
 
     def add(config: str | None, scores: Mapping, label: str) -> None:
-        common = dict(task_type="translation", task_name="Translation", dataset_type=dataset_id,
-                      dataset_name=f"{dataset_pretty} ({label})", dataset_config=config, dataset_split=split)
-        for metric, metric_name, sig_key in (("bleu", "BLEU", "sacrebleu_signature"),
-                                             ("chrf", "chrF", "chrf_signature")):
+        common = dict(
+            task_type="translation",
+            task_name="Translation",
+            dataset_type=dataset_id,
+            dataset_name=f"{dataset_pretty} ({label})",
+            dataset_config=config,
+            dataset_split=split,
+        )
+        for metric, metric_name, sig_key in (
+            ("bleu", "BLEU", "sacrebleu_signature"),
+            ("chrf", "chrF", "chrf_signature"),
+        ):
             value = scores.get(metric)
             if value is None:
                 continue
             signature = scores.get(sig_key) or getattr(results, sig_key)
-            out.append(EvalResult(**common, metric_type=metric, metric_name=metric_name,
-                                  metric_value=round(float(value), 2),
-                                  metric_args={"signature": signature} if signature else None))
+            out.append(
+                EvalResult(
+                    **common,
+                    metric_type=metric,
+                    metric_name=metric_name,
+                    metric_value=round(float(value), 2),
+                    metric_args={"signature": signature} if signature else None,
+                )
+            )
 
     if src and tgt:
         add(f"{src}-{tgt}", overall, f"{src}-{tgt}")
@@ -319,19 +455,31 @@ def _architecture_rows(config: Mapping, family: Family, params: int | None) -> l
         ("Attention heads (encoder / decoder)", _both(config, "encoder_attention_heads", "decoder_attention_heads")),
         ("Feed-forward inner size (encoder / decoder)", _both(config, "encoder_ffn_dim", "decoder_ffn_dim")),
         ("Vocabulary (shared source/target)", _fmt(config["vocab_size"]) if "vocab_size" in config else None),
-        ("Layer norm", None if "normalize_before" not in config else
-         ("pre-norm" if config["normalize_before"] else "post-norm")),
+        (
+            "Layer norm",
+            None if "normalize_before" not in config else ("pre-norm" if config["normalize_before"] else "post-norm"),
+        ),
         ("Position encoding", config.get("position_embedding_type")),
-        ("Relative positions (Shaw et al.), max distance",
-         _fmt(config["max_relative_positions"]) if config.get("max_relative_positions") else None),
+        (
+            "Relative positions (Shaw et al.), max distance",
+            _fmt(config["max_relative_positions"]) if config.get("max_relative_positions") else None,
+        ),
         ("Activation", config.get("activation_function")),
-        ("Encoder/decoder embeddings shared", _fmt(config["share_encoder_decoder_embeddings"])
-         if "share_encoder_decoder_embeddings" in config else None),
-        ("Output projection tied to embeddings", _fmt(config["tie_word_embeddings"])
-         if "tie_word_embeddings" in config else None),
+        (
+            "Encoder/decoder embeddings shared",
+            _fmt(config["share_encoder_decoder_embeddings"]) if "share_encoder_decoder_embeddings" in config else None,
+        ),
+        (
+            "Output projection tied to embeddings",
+            _fmt(config["tie_word_embeddings"]) if "tie_word_embeddings" in config else None,
+        ),
         ("Languages", _fmt(config["languages"]) if config.get("languages") else None),
-        ("Target-language tags `<2xx>`", _fmt(config["target_language_tags"])
-         if config.get("languages") and "target_language_tags" in config else None),
+        (
+            "Target-language tags `<2xx>`",
+            _fmt(config["target_language_tags"])
+            if config.get("languages") and "target_language_tags" in config
+            else None,
+        ),
     ]
     shown = set()
     for key, label in family.fields:
@@ -344,8 +492,9 @@ def _architecture_rows(config: Mapping, family: Family, params: int | None) -> l
         if key in shown or key in BASELINE_CONFIG_KEYS or key in standard or key.startswith("_") or value is None:
             continue
         scalar = (bool, int, float, str)
-        if isinstance(value, scalar) or (isinstance(value, (list, tuple)) and len(value) <= 16
-                                         and all(isinstance(v, scalar) for v in value)):
+        if isinstance(value, scalar) or (
+            isinstance(value, (list, tuple)) and len(value) <= 16 and all(isinstance(v, scalar) for v in value)
+        ):
             rows.append((f"`{key}`", _fmt(value)))
     return [(label, value) for label, value in rows if value is not None]
 
@@ -384,9 +533,14 @@ def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs
 
 
 # --------------------------------------------------------------------------------------------------- building
-def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping | None, repo_id: str | None = None, *,
-                     license: str | None = None,  # noqa: A002 - the Hub's metadata key
-                     benchmark_dir: str | os.PathLike | None = BENCHMARK_RESULTS) -> ModelCard:
+def build_model_card(
+    model_dir: str | os.PathLike,
+    results: RunRecord | Mapping | None,
+    repo_id: str | None = None,
+    *,
+    license: str | None = None,  # noqa: A002 - the Hub's metadata key
+    benchmark_dir: str | os.PathLike | None = BENCHMARK_RESULTS,
+) -> ModelCard:
     """Build the `ModelCard` of the model saved in `model_dir` from the run's record (a `RunRecord`, or
     results.json's object).
 
@@ -435,24 +589,39 @@ def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping 
         eval_results=eval_results or None,
     )
 
-    hyperparameters = {k: v for k, v in redact_secrets(results.hyperparameters or {}).items()
-                       if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS}
-    training_rows = [(label, value) for label, value in (
-        ("Optimizer steps", _fmt(results.steps) if results.steps is not None else None),
-        ("Epochs", f"{float(results.epochs):.2f}" if results.epochs is not None else None),
-        ("Wall time", _duration(results.wall_time_sec)),
-        ("Training throughput", f"{float(results.train_tokens_per_sec):,.0f} tokens/s"
-         if results.train_tokens_per_sec is not None else None),
-    ) if value is not None]
+    hyperparameters = {
+        k: v
+        for k, v in redact_secrets(results.hyperparameters or {}).items()
+        if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS
+    }
+    training_rows = [
+        (label, value)
+        for label, value in (
+            ("Optimizer steps", _fmt(results.steps) if results.steps is not None else None),
+            ("Epochs", f"{float(results.epochs):.2f}" if results.epochs is not None else None),
+            ("Wall time", _duration(results.wall_time_sec)),
+            (
+                "Training throughput",
+                f"{float(results.train_tokens_per_sec):,.0f} tokens/s"
+                if results.train_tokens_per_sec is not None
+                else None,
+            ),
+        )
+        if value is not None
+    ]
     # settings changed when the run was resumed (train.py --allow_changed_settings, or max_steps and the like)
     by_step: dict[int, list[str]] = {}
     for change in results.settings_changes or []:
         if isinstance(change, Mapping) and "setting" in change:
             by_step.setdefault(change.get("step"), []).append(
-                f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}")
+                f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
+            )
     training_rows += [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
-    per_direction = [(direction, scores) for direction, scores in (results.per_direction or {}).items()
-                     if isinstance(scores, Mapping)]
+    per_direction = [
+        (direction, scores)
+        for direction, scores in (results.per_direction or {}).items()
+        if isinstance(scores, Mapping)
+    ]
     example_src = src or (languages[0] if languages else "en")
     example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
     # Models that know their languages take (and multilingual ones need) `tgt_lang`; others reject it.
@@ -468,26 +637,39 @@ def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping 
         directions=directions,
         base_model_hub=base_model_hub,
         fine_tuned=base_model is not None,
-        warm_started_from=(None if not warm_started_from else warm_started_from if _is_hub_id(warm_started_from)
-                           else _short_name(str(warm_started_from))),
+        warm_started_from=(
+            None
+            if not warm_started_from
+            else warm_started_from
+            if _is_hub_id(warm_started_from)
+            else _short_name(str(warm_started_from))
+        ),
         warm_started_hub=_is_hub_id(warm_started_from),
         model_id=repo_id or PLACEHOLDER_REPO_ID,
         has_repo_id=repo_id is not None,
         model_name=model_name,
-        src=src, tgt=tgt, languages=languages, multilingual=multilingual,
+        src=src,
+        tgt=tgt,
+        languages=languages,
+        multilingual=multilingual,
         direction=f"{src}→{tgt}" if src and tgt else None,
-        dataset=results.dataset, dataset_id=dataset_id if dataset_on_hub else None,
-        dataset_pretty=dataset_pretty, multi30k=(dataset_pretty == "Multi30k"),
+        dataset=results.dataset,
+        dataset_id=dataset_id if dataset_on_hub else None,
+        dataset_pretty=dataset_pretty,
+        multi30k=(dataset_pretty == "Multi30k"),
         eval_split=_short_name(str(results.eval_split)) if results.eval_split else None,
-        train_pairs=results.train_pairs, dropped_pairs=results.dropped_pairs,
+        train_pairs=results.train_pairs,
+        dropped_pairs=results.dropped_pairs,
         dropped_reasons={k: v for k, v in (results.dropped_reasons or {}).items() if v},
         architecture=_architecture_rows(config, family, params),
         params=params,
         config=config,
         hyperparameters=[(k, _fmt(v)) for k, v in hyperparameters.items()],
         training=training_rows,
-        bleu=results.bleu, chrf=results.chrf,
-        bleu_signature=results.sacrebleu_signature, chrf_signature=results.chrf_signature,
+        bleu=results.bleu,
+        chrf=results.chrf,
+        bleu_signature=results.sacrebleu_signature,
+        chrf_signature=results.chrf_signature,
         per_direction=per_direction,
         example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
         example_tgt=example_tgt if needs_tgt_lang else None,
@@ -495,8 +677,9 @@ def build_model_card(model_dir: str | os.PathLike, results: RunRecord | Mapping 
         benchmark=benchmark_summary(model_type, benchmark_dir),
         fmt=_fmt,
     )
-    card = ModelCard.from_template(card_data, template_path=str(family.template), base=_base_template(),
-                                   **template_vars)
+    card = ModelCard.from_template(
+        card_data, template_path=str(family.template), base=_base_template(), **template_vars
+    )
     card.text = re.sub(r"[ \t]+\n", "\n", re.sub(r"\n{3,}", "\n\n", card.text)).strip("\n")
     card.text = "\n" + card.text + "\n"
     return card
@@ -530,8 +713,15 @@ def benchmark_summary(model_type: str, results_dir: str | os.PathLike | None = B
     bar_rows = [by_name[n] for n in bar_names if n in by_name]
     if len(bar_rows) < 2 or bar_rows[0]["name"] != f"{baseline}_bar" or not quality.get("bar_reference"):
         bar_rows = []
-    return {"budget": quality.get("budget", {}), "rows": rows, "speed": speed, "multilingual": multilingual,
-            "bar_rows": bar_rows, "bar_reference": quality.get("bar_reference"), "url": BENCHMARK_URL}
+    return {
+        "budget": quality.get("budget", {}),
+        "rows": rows,
+        "speed": speed,
+        "multilingual": multilingual,
+        "bar_rows": bar_rows,
+        "bar_reference": quality.get("bar_reference"),
+        "url": BENCHMARK_URL,
+    }
 
 
 def _base_template() -> jinja2.Template:

@@ -29,16 +29,30 @@ from huggingface_hub.utils import validate_repo_id
 
 from .card import build_model_card, load_results
 
-
 logger = logging.getLogger(__name__)
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Training leftovers that never belong in a model repo.
 IGNORE_PATTERNS = [
-    ".git/*", ".cache/*", "__pycache__/*", "*.pyc", "*.tmp", "*.lock", "checkpoint-*/*", "optimizer.pt",
-    "scheduler.pt", "rng_state*.pth", "trainer_state.json", "training_args.bin", "*.log",
+    ".git/*",
+    ".cache/*",
+    "__pycache__/*",
+    "*.pyc",
+    "*.tmp",
+    "*.lock",
+    "checkpoint-*/*",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state*.pth",
+    "trainer_state.json",
+    "training_args.bin",
+    "*.log",
 ]
 _SCAN_LIMIT = 64 * 1024 * 1024  # files scanned for the token before upload (weights are larger than this)
 
@@ -53,8 +67,10 @@ def _endpoint() -> str:
 
 def _check_repo_id(repo_id: object) -> str:
     if not isinstance(repo_id, str) or repo_id.count("/") != 1:
-        raise ValueError(f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organization name, "
-                         "a slash, and the model name).")
+        raise ValueError(
+            f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organization name, "
+            "a slash, and the model name)."
+        )
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
@@ -68,8 +84,9 @@ def _check_model_dir(model_dir: Path) -> dict:
         raise ValueError(f"Model folder {str(model_dir)!r} does not exist.")
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise ValueError(f"{str(model_dir)!r} is not a saved model: config.json is missing "
-                         "(save it with model.save_pretrained).")
+        raise ValueError(
+            f"{str(model_dir)!r} is not a saved model: config.json is missing (save it with model.save_pretrained)."
+        )
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
     if not any((model_dir / name).is_file() for name in WEIGHT_FILES):
@@ -80,8 +97,9 @@ def _check_model_dir(model_dir: Path) -> dict:
     # ("repo--module.Class" references code in another repository: nothing to ship from here.)
     references = [v for v in (config.get("auto_map") or {}).values()]
     references += [p.get("impl") for p in (config.get("custom_pipelines") or {}).values() if isinstance(p, dict)]
-    needed = {ref.rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str) and "." in ref
-              and "--" not in ref}
+    needed = {
+        ref.rsplit(".", 1)[0] + ".py" for ref in references if isinstance(ref, str) and "." in ref and "--" not in ref
+    }
     present = {p.name for p in model_dir.glob("*.py")}
     queue = sorted(needed & present)
     while queue:  # and every sibling module they import (`from .module import Name`), transitively
@@ -93,9 +111,11 @@ def _check_model_dir(model_dir: Path) -> dict:
                     queue.append(name)
     missing = sorted(needed - present)
     if missing:
-        raise ValueError(f"{str(model_dir)!r} lacks the code files {missing} named in config.json (or imported by "
-                         "its code files); save the model "
-                         "with model.save_pretrained so that they are copied.")
+        raise ValueError(
+            f"{str(model_dir)!r} lacks the code files {missing} named in config.json (or imported by "
+            "its code files); save the model "
+            "with model.save_pretrained so that they are copied."
+        )
     return config
 
 
@@ -120,8 +140,10 @@ def _assert_token_absent(model_dir: Path, token: str) -> None:
     needle = token.encode()
     for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
         if path.stat().st_size <= _SCAN_LIMIT and needle in path.read_bytes():
-            raise PublishError(f"Refusing to publish: the access token appears in {path.name}. Remove it from "
-                               "the file (and revoke the token if the file was shared).")
+            raise PublishError(
+                f"Refusing to publish: the access token appears in {path.name}. Remove it from "
+                "the file (and revoke the token if the file was shared)."
+            )
 
 
 def _scrub(text: str, token: str) -> str:
@@ -132,8 +154,10 @@ def _http_hint(status: int | None) -> str:
     if status == 401:
         return "the token was rejected: check that it is valid and has write access"
     if status == 403:
-        return "the server refused the request: the token has no write access to this namespace, or uploads are " \
-               "not allowed"
+        return (
+            "the server refused the request: the token has no write access to this namespace, or uploads are "
+            "not allowed"
+        )
     if status == 404:
         return "the repository or its namespace was not found"
     if status == 409:
@@ -143,8 +167,15 @@ def _http_hint(status: int | None) -> str:
     return "the server rejected the request"
 
 
-def push_to_hub(model_dir: str | os.PathLike, repo_id: str, *, token: str | None = None, private: bool = False,
-                commit_message: str | None = None, results: Mapping | None = None) -> str:
+def push_to_hub(
+    model_dir: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str | None = None,
+    results: Mapping | None = None,
+) -> str:
     """Push the model folder `model_dir` (weights, tokenizer, code files) and its card to `repo_id`.
 
     The card (`README.md`) is (re)built from `results`, or from the run folder's `results.json` when `model_dir`
@@ -159,8 +190,10 @@ def push_to_hub(model_dir: str | os.PathLike, repo_id: str, *, token: str | None
     config = _check_model_dir(model_dir)
     token = token or get_token()
     if not token:
-        raise PublishError("No Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or log in "
-                           "with `hf auth login`. Nothing was pushed.")
+        raise PublishError(
+            "No Hugging Face token: pass token=..., set the HF_TOKEN environment variable, or log in "
+            "with `hf auth login`. Nothing was pushed."
+        )
     endpoint = _endpoint()
 
     if results is None:
@@ -175,32 +208,57 @@ def push_to_hub(model_dir: str | os.PathLike, repo_id: str, *, token: str | None
     logger.info("Pushing %s to %s on %s", model_dir, repo_id, endpoint)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        commit = api.upload_folder(folder_path=str(model_dir), repo_id=repo_id, repo_type="model",
-                                   commit_message=message, ignore_patterns=IGNORE_PATTERNS)
+        commit = api.upload_folder(
+            folder_path=str(model_dir),
+            repo_id=repo_id,
+            repo_type="model",
+            commit_message=message,
+            ignore_patterns=IGNORE_PATTERNS,
+        )
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else None
         server = (err.server_message or "").strip()
-        raise PublishError(_scrub(
-            f"Pushing {model_dir} to {repo_id} on {endpoint} failed: HTTP {status}, {_http_hint(status)}"
-            f"{f' (server: {server})' if server else ''}. The local checkpoint is unchanged.", token)) from None
+        raise PublishError(
+            _scrub(
+                f"Pushing {model_dir} to {repo_id} on {endpoint} failed: HTTP {status}, {_http_hint(status)}"
+                f"{f' (server: {server})' if server else ''}. The local checkpoint is unchanged.",
+                token,
+            )
+        ) from None
     except ValueError as err:  # e.g. the Hub rejected the card metadata
-        raise PublishError(_scrub(f"Pushing {model_dir} to {repo_id} on {endpoint} failed: {err}. The local "
-                                  "checkpoint is unchanged.", token)) from None
+        raise PublishError(
+            _scrub(
+                f"Pushing {model_dir} to {repo_id} on {endpoint} failed: {err}. The local checkpoint is unchanged.",
+                token,
+            )
+        ) from None
     except OSError as err:  # connection errors (httpx errors are OSErrors or wrapped by the client)
-        raise PublishError(_scrub(f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: {err}. "
-                                  "The local checkpoint is unchanged.", token)) from None
+        raise PublishError(
+            _scrub(
+                f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: {err}. "
+                "The local checkpoint is unchanged.",
+                token,
+            )
+        ) from None
     except Exception as err:
         if type(err).__module__.startswith(("httpx", "httpcore")):
-            raise PublishError(_scrub(f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: "
-                                      f"{err}. The local checkpoint is unchanged.", token)) from None
+            raise PublishError(
+                _scrub(
+                    f"Could not reach {endpoint} to push {repo_id}: {type(err).__name__}: "
+                    f"{err}. The local checkpoint is unchanged.",
+                    token,
+                )
+            ) from None
         raise
     logger.info("Pushed %s: %s", repo_id, commit.commit_url)
     return commit.commit_url
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Push a trained hf_variants model and its card to the Hub "
-                                                 "(HF_ENDPOINT, token from HF_TOKEN or `hf auth login`).")
+    parser = argparse.ArgumentParser(
+        description="Push a trained hf_variants model and its card to the Hub "
+        "(HF_ENDPOINT, token from HF_TOKEN or `hf auth login`)."
+    )
     parser.add_argument("run_dir", help="run folder (results.json + model/) or model folder")
     parser.add_argument("--repo_id", required=True, help="namespace/name")
     parser.add_argument("--private", action="store_true")

@@ -16,12 +16,11 @@ import json
 
 import pytest
 import torch
+from conftest import read_sentences, run_without_package
 from torch.nn import functional as F
-
-import hf_variants  # noqa: F401  (registers the models and the translation task)
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipeline
 
-from conftest import read_sentences, run_without_package
+import hf_variants  # noqa: F401  (registers the models and the translation task)
 
 
 def _allclose(a, b, atol=1e-5):
@@ -69,8 +68,11 @@ class NmtModelTester:
         for row, length in enumerate(range(self.src_len, 0, -3)[: self.batch_size]):
             attention_mask[row, length:] = 0
         input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
-                  **self.make_inputs(config, input_ids, attention_mask)}
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            **self.make_inputs(config, input_ids, attention_mask),
+        }
         if with_labels:
             labels = torch.randint(4, config.vocab_size, (self.batch_size, self.tgt_len), generator=g)
             labels[0, -2:] = -100
@@ -96,8 +98,12 @@ class NmtModelTester:
         out = model(**inputs)
         assert out.logits.shape == (self.batch_size, self.tgt_len, model.config.vocab_size)
         labels = inputs["labels"].masked_fill(inputs["labels"] == model.config.pad_token_id, -100)
-        expected = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), labels.reshape(-1),
-                                   ignore_index=-100, label_smoothing=model.config.label_smoothing)
+        expected = F.cross_entropy(
+            out.logits.reshape(-1, out.logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            label_smoothing=model.config.label_smoothing,
+        )
         aux = sum((v for v in (out.aux_losses or {}).values()), torch.tensor(0.0))
         assert torch.isfinite(out.loss)
         assert _allclose(out.loss, expected + aux, atol=1e-5)
@@ -152,8 +158,9 @@ class NmtModelTester:
         inputs = self.batch(model.config, with_labels=False)
         kwargs = dict(num_beams=num_beams, max_new_tokens=8, min_new_tokens=8, length_penalty=0.6)
         cached = model.generate(**inputs, use_cache=True, **kwargs, output_scores=True, return_dict_in_generate=True)
-        uncached = model.generate(**inputs, use_cache=False, **kwargs, output_scores=True,
-                                  return_dict_in_generate=True)
+        uncached = model.generate(
+            **inputs, use_cache=False, **kwargs, output_scores=True, return_dict_in_generate=True
+        )
         assert_same_generation(cached, uncached)
 
     @pytest.mark.parametrize("num_beams", [1, 3])
@@ -162,8 +169,14 @@ class NmtModelTester:
         scores as the growing cache, positions (and relative distances) taken from the cache length."""
         model = self.build(tokenizer)
         inputs = self.batch(model.config, with_labels=False)
-        kwargs = dict(num_beams=num_beams, max_new_tokens=8, min_new_tokens=8, length_penalty=0.6,
-                      output_scores=True, return_dict_in_generate=True)
+        kwargs = dict(
+            num_beams=num_beams,
+            max_new_tokens=8,
+            min_new_tokens=8,
+            length_penalty=0.6,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
         dynamic = model.generate(**inputs, **kwargs)
         static = model.generate(**inputs, cache_implementation="static", **kwargs)
         assert type(static.past_key_values.self_attention_cache).__name__ == "StaticCache"
@@ -227,8 +240,9 @@ class NmtModelTester:
 
     def test_auto_classes(self, tokenizer, tmp_path):
         model = self.build(tokenizer)
-        config = AutoConfig.for_model(self.model_type, **{k: v for k, v in model.config.to_diff_dict().items()
-                                                        if k != "model_type"})
+        config = AutoConfig.for_model(
+            self.model_type, **{k: v for k, v in model.config.to_diff_dict().items() if k != "model_type"}
+        )
         assert config.to_dict() == {**model.config.to_dict(), "architectures": config.architectures}
         assert type(config) is type(model.config)
         assert type(AutoModelForSeq2SeqLM.from_config(model.config)) is self.model_class
@@ -239,8 +253,10 @@ class NmtModelTester:
         base = AutoModel.from_pretrained(tmp_path)
         assert type(base) is hf_variants.MODEL_CLASSES[self.model_type][1]
         inputs = self.batch(model.config, with_labels=False)
-        assert _allclose(base(**inputs, decoder_input_ids=inputs["input_ids"][:, :4]).last_hidden_state,
-                         model.model(**inputs, decoder_input_ids=inputs["input_ids"][:, :4]).last_hidden_state)
+        assert _allclose(
+            base(**inputs, decoder_input_ids=inputs["input_ids"][:, :4]).last_hidden_state,
+            model.model(**inputs, decoder_input_ids=inputs["input_ids"][:, :4]).last_hidden_state,
+        )
 
     def test_pipeline_with_objects(self, tokenizer):
         model = self.build(tokenizer)
@@ -261,14 +277,19 @@ class NmtModelTester:
         model.save_pretrained(tmp_path)
         tokenizer.save_pretrained(tmp_path)
         code = {path.name for path in tmp_path.glob("*.py")}  # the model's module and its siblings, by split concern
-        assert {"modeling_transformer_nmt.py", "generation_transformer_nmt.py", "loss_transformer_nmt.py",
-                type(model).__module__.rsplit(".", 1)[-1] + ".py"} <= code, code
+        assert {
+            "modeling_transformer_nmt.py",
+            "generation_transformer_nmt.py",
+            "loss_transformer_nmt.py",
+            type(model).__module__.rsplit(".", 1)[-1] + ".py",
+        } <= code, code
         sentences = read_sentences("en", "val", n=2)
         gen = dict(num_beams=3, max_new_tokens=6)
         inputs = model.prepare_translation_inputs(tokenizer, sentences, **self.translation_kwargs)
         expected_ids = model.generate(**inputs, **gen).tolist()
-        expected_text = pipeline("translation", model=model, tokenizer=tokenizer)(sentences, **gen,
-                                                                                  **self.translation_kwargs)
+        expected_text = pipeline("translation", model=model, tokenizer=tokenizer)(
+            sentences, **gen, **self.translation_kwargs
+        )
         code = f"""
             import json, torch
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
@@ -298,10 +319,14 @@ class NmtModelTester:
 def equal_to_baseline(variant, inputs: dict, state_map=None, atol=1e-5):
     """Copy `variant`'s weights (renamed by `state_map(name) -> baseline name or None`) into a baseline of the same
     dimensions and return (variant logits, baseline logits)."""
-    config = hf_variants.TransformerNmtConfig(**{
-        k: v for k, v in variant.config.to_dict().items()
-        if k in hf_variants.TransformerNmtConfig().to_dict() and k not in ("model_type", "architectures", "auto_map")
-    })
+    config = hf_variants.TransformerNmtConfig(
+        **{
+            k: v
+            for k, v in variant.config.to_dict().items()
+            if k in hf_variants.TransformerNmtConfig().to_dict()
+            and k not in ("model_type", "architectures", "auto_map")
+        }
+    )
     baseline = hf_variants.TransformerNmtForConditionalGeneration(config).eval()
     mapped = {}
     for name, tensor in variant.state_dict().items():
@@ -313,8 +338,9 @@ def equal_to_baseline(variant, inputs: dict, state_map=None, atol=1e-5):
     assert not [k for k in missing if k not in tied], missing
     assert not unexpected, unexpected
     with torch.no_grad():
-        return variant(**inputs).logits, baseline(**{k: v for k, v in inputs.items()
-                                                     if k in ("input_ids", "attention_mask", "labels")}).logits
+        return variant(**inputs).logits, baseline(
+            **{k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "labels")}
+        ).logits
 
 
 __all__ = ["NmtModelTester", "equal_to_baseline"]

@@ -24,12 +24,27 @@ import torch
 # the environment. An audit hook records any write this process makes under the user's cache folders, and the
 # session fails naming them (`pytest_sessionfinish`); `test_tests_use_temporary_caches` checks the redirection in a
 # child process.
-CACHE_VARIABLES = ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_MODULES_CACHE",
-                   "TRANSFORMERS_CACHE", "HF_METRICS_CACHE", "HF_EVALUATE_CACHE", "HF_XET_CACHE", "HF_ASSETS_CACHE")
-_user_home = os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"))
-USER_CACHE_DIRS = tuple(dict.fromkeys(os.path.abspath(os.path.expanduser(path)) for path in (
-    _user_home, *(os.environ[name] for name in CACHE_VARIABLES if os.environ.get(name)))))
+CACHE_VARIABLES = (
+    "HF_DATASETS_CACHE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_MODULES_CACHE",
+    "TRANSFORMERS_CACHE",
+    "HF_METRICS_CACHE",
+    "HF_EVALUATE_CACHE",
+    "HF_XET_CACHE",
+    "HF_ASSETS_CACHE",
+)
+_user_home = os.path.expanduser(
+    os.environ.get("HF_HOME")
+    or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
+)
+USER_CACHE_DIRS = tuple(
+    dict.fromkeys(
+        os.path.abspath(os.path.expanduser(path))
+        for path in (_user_home, *(os.environ[name] for name in CACHE_VARIABLES if os.environ.get(name)))
+    )
+)
 TEST_HF_HOME = tempfile.mkdtemp(prefix="hf_variants-tests-hf_home-")
 atexit.register(shutil.rmtree, TEST_HF_HOME, ignore_errors=True)
 for _name in CACHE_VARIABLES:
@@ -44,12 +59,26 @@ def user_cache_write(event: str, args: tuple) -> str | None:
     if event == "open":
         path, mode, flags = (tuple(args) + (None, None))[:3]
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _WRITE_FLAGS)
+            isinstance(flags, int) and flags & _WRITE_FLAGS
+        )
         paths = (path,) if writes else ()
-    elif event in ("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "os.symlink", "os.link", "shutil.rmtree",
-                   "shutil.copyfile", "shutil.copytree", "shutil.move"):
-        paths = args[:1] if event not in ("os.symlink", "os.link", "shutil.copyfile", "shutil.copytree",
-                                          "shutil.move") else args[1:2]
+    elif event in (
+        "os.mkdir",
+        "os.remove",
+        "os.rmdir",
+        "os.truncate",
+        "os.symlink",
+        "os.link",
+        "shutil.rmtree",
+        "shutil.copyfile",
+        "shutil.copytree",
+        "shutil.move",
+    ):
+        paths = (
+            args[:1]
+            if event not in ("os.symlink", "os.link", "shutil.copyfile", "shutil.copytree", "shutil.move")
+            else args[1:2]
+        )
     elif event in ("os.rename", "os.replace"):
         paths = args[:2]
     else:
@@ -75,9 +104,12 @@ sys.addaudithook(_audit)
 
 def pytest_sessionfinish(session, exitstatus):
     if USER_CACHE_WRITES:
-        sys.stderr.write("\nTests wrote to the user's Hugging Face caches (they must use the temporary HF_HOME "
-                         f"{TEST_HF_HOME}):\n  " + "\n  ".join(USER_CACHE_WRITES) + "\n")
+        sys.stderr.write(
+            "\nTests wrote to the user's Hugging Face caches (they must use the temporary HF_HOME "
+            f"{TEST_HF_HOME}):\n  " + "\n  ".join(USER_CACHE_WRITES) + "\n"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "training" / "data" / "multi30k"
@@ -97,8 +129,7 @@ def tokenizer(tmp_path_factory):
     from hf_variants.tokenization import train_tokenizer
 
     texts = [s for lang in LANGUAGES for s in read_sentences(lang, n=400)]
-    return train_tokenizer(texts, vocab_size=500, languages=LANGUAGES,
-                           output_dir=tmp_path_factory.mktemp("tokenizer"))
+    return train_tokenizer(texts, vocab_size=500, languages=LANGUAGES, output_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
 # A child process must prove that saved code is self-contained: it drops the editable-install finder and the repo
@@ -122,8 +153,9 @@ def run_without_package(code: str, env: dict | None = None, timeout: float = 300
     child_env.setdefault("HF_HUB_OFFLINE", "1")
     child_env.update(env or {})
     workdir = Path(child_env.get("TMPDIR", "/tmp"))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                            env=child_env, cwd=workdir)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, env=child_env, cwd=workdir
+    )
     if result.returncode != 0:
         raise AssertionError(f"child process failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result.stdout

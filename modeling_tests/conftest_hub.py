@@ -8,9 +8,8 @@ Import them into a test module (`from conftest_hub import hub  # noqa: F401`). W
 from __future__ import annotations
 
 import pytest
-from huggingface_hub import constants
-
 from hub_server import HubServer
+from huggingface_hub import constants
 
 
 def _serve(monkeypatch: pytest.MonkeyPatch, **kwargs) -> HubServer:

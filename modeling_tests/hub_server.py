@@ -55,16 +55,46 @@ from fnmatch import fnmatch
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub stores files above 10 MB with LFS whatever their type
 # The `.gitattributes` a new Hub repo starts with (abridged: the patterns relevant to model repos).
 DEFAULT_GITATTRIBUTES = "".join(
     f"{pattern} filter=lfs diff=lfs merge=lfs -text\n"
     for pattern in (
-        "*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.ftz", "*.gz", "*.h5", "*.joblib", "*.lfs.*",
-        "*.mlmodel", "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb",
-        "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "saved_model/**/*", "*.tar.*", "*.tar",
-        "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*",
+        "*.7z",
+        "*.arrow",
+        "*.bin",
+        "*.bz2",
+        "*.ckpt",
+        "*.ftz",
+        "*.gz",
+        "*.h5",
+        "*.joblib",
+        "*.lfs.*",
+        "*.mlmodel",
+        "*.model",
+        "*.msgpack",
+        "*.npy",
+        "*.npz",
+        "*.onnx",
+        "*.ot",
+        "*.parquet",
+        "*.pb",
+        "*.pickle",
+        "*.pkl",
+        "*.pt",
+        "*.pth",
+        "*.rar",
+        "*.safetensors",
+        "saved_model/**/*",
+        "*.tar.*",
+        "*.tar",
+        "*.tflite",
+        "*.tgz",
+        "*.wasm",
+        "*.xz",
+        "*.zip",
+        "*.zst",
+        "*tfevents*",
     )
 )
 NAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?$")
@@ -128,9 +158,15 @@ class HubError(Exception):
 class HubServer:
     """Threaded Hub-protocol server on 127.0.0.1 (see the module docstring)."""
 
-    def __init__(self, root: str | None = None, *, require_token: bool = True,
-                 valid_tokens: set[str] | None = None, lfs_threshold: int = LFS_THRESHOLD,
-                 default_namespace: str = "user"):
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        require_token: bool = True,
+        valid_tokens: set[str] | None = None,
+        lfs_threshold: int = LFS_THRESHOLD,
+        default_namespace: str = "user",
+    ):
         self._own_root = root is None
         self.root = root or tempfile.mkdtemp(prefix="hub-server-")
         os.makedirs(os.path.join(self.root, "objects"), exist_ok=True)
@@ -213,8 +249,9 @@ class HubServer:
             commit = self.resolve_revision(self.get_repo(repo_id), revision)
             return {path: self._read(e.blob_key) for path, e in commit.files.items()}
 
-    def _new_commit(self, repo: Repo, parent: Commit | None, files: dict[str, Entry], summary: str,
-                    description: str = "") -> Commit:
+    def _new_commit(
+        self, repo: Repo, parent: Commit | None, files: dict[str, Entry], summary: str, description: str = ""
+    ) -> Commit:
         self._counter += 1
         h = hashlib.sha1()
         h.update(f"{repo.repo_id}\n{parent.oid if parent else ''}\n{summary}\n{self._counter}\n".encode())
@@ -263,8 +300,9 @@ class HubServer:
             if private is None:
                 private = body.get("visibility") == "private"
             repo = Repo(repo_id, bool(private), _now_iso())
-            init = self._new_commit(repo, None, {".gitattributes": self._regular_entry(DEFAULT_GITATTRIBUTES.encode())},
-                                    "initial commit")
+            init = self._new_commit(
+                repo, None, {".gitattributes": self._regular_entry(DEFAULT_GITATTRIBUTES.encode())}, "initial commit"
+            )
             repo.refs["main"] = init.oid
             self.repos[repo_id] = repo
         return 200, {"url": url, "name": repo_id, "id": f"{len(self.repos):024x}"}
@@ -287,14 +325,18 @@ class HubServer:
                 path, size = f["path"], int(f["size"])
                 sample = base64.b64decode(f.get("sample", ""))
                 basename = path.rsplit("/", 1)[-1]
-                lfs = (size > self.lfs_threshold or b"\0" in sample
-                       or any(fnmatch(path, p) or fnmatch(basename, p) for p in patterns))
+                lfs = (
+                    size > self.lfs_threshold
+                    or b"\0" in sample
+                    or any(fnmatch(path, p) or fnmatch(basename, p) for p in patterns)
+                )
                 existing = commit.files.get(path)
                 oid = None
                 if existing is not None:
                     oid = existing.sha256 if existing.is_lfs else existing.git_oid
-                out.append({"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
-                            "oid": oid})
+                out.append(
+                    {"path": path, "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid}
+                )
         return 200, {"files": out, "commitOid": commit.oid}
 
     def lfs_batch(self, repo_id: str, body: dict) -> tuple[int, dict]:
@@ -307,14 +349,21 @@ class HubServer:
         for obj in body.get("objects", []):
             oid, size = obj.get("oid", ""), obj.get("size")
             if not SHA256_RE.match(oid) or not isinstance(size, int):
-                objects.append({"oid": str(oid), "size": int(size or 0),
-                                "error": {"code": 422, "message": "invalid oid or size"}})
+                objects.append(
+                    {"oid": str(oid), "size": int(size or 0), "error": {"code": 422, "message": "invalid oid or size"}}
+                )
             elif self.lfs_objects.get(oid) == size:
                 objects.append({"oid": oid, "size": size})  # already stored: no actions
             else:
                 href = f"{self.url}/lfs-upload/{repo_id}/{oid}?sig={self._sign(repo_id, oid)}"
-                objects.append({"oid": oid, "size": size, "authenticated": True,
-                                "actions": {"upload": {"href": href, "expires_in": 3600}}})
+                objects.append(
+                    {
+                        "oid": oid,
+                        "size": size,
+                        "authenticated": True,
+                        "actions": {"upload": {"href": href, "expires_in": 3600}},
+                    }
+                )
         return 200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"}
 
     def lfs_put(self, repo_id: str, oid: str, query: dict, data: bytes) -> tuple[int, dict]:
@@ -362,8 +411,9 @@ class HubServer:
                     oid, size = value.get("oid", ""), value.get("size")
                     if self.lfs_objects.get(oid) != size:
                         raise HubError(422, f"LFS object {oid} of {path} was not uploaded")
-                    files[path] = Entry(size=size, git_oid=git_blob_sha1(lfs_pointer(oid, size)), sha256=oid,
-                                        blob_key=oid)
+                    files[path] = Entry(
+                        size=size, git_oid=git_blob_sha1(lfs_pointer(oid, size)), sha256=oid, blob_key=oid
+                    )
                 elif key == "deletedFile":
                     if files.pop(path, None) is None:
                         raise HubError(404, f"A file with this name doesn't exist: {path}", "EntryNotFound")
@@ -375,8 +425,12 @@ class HubServer:
                     raise HubError(400, f"Unsupported commit operation {key!r}")
             new = self._new_commit(repo, parent, files, header.get("summary", ""), header.get("description", ""))
             repo.refs[branch] = new.oid
-        return 200, {"success": True, "commitOid": new.oid, "commitUrl": f"{self.url}/{repo_id}/commit/{new.oid}",
-                     "pullRequestUrl": None}
+        return 200, {
+            "success": True,
+            "commitOid": new.oid,
+            "commitUrl": f"{self.url}/{repo_id}/commit/{new.oid}",
+            "pullRequestUrl": None,
+        }
 
     def model_info(self, repo_id: str, rev: str, query: dict) -> tuple[int, dict]:
         self._check_refused("info")
@@ -391,11 +445,17 @@ class HubServer:
                 if blobs:
                     sib.update(size=e.size, blobId=e.git_oid)
                     if e.is_lfs:
-                        sib["lfs"] = {"size": e.size, "sha256": e.sha256,
-                                      "pointerSize": len(lfs_pointer(e.sha256, e.size))}
+                        sib["lfs"] = {
+                            "size": e.size,
+                            "sha256": e.sha256,
+                            "pointerSize": len(lfs_pointer(e.sha256, e.size)),
+                        }
                 siblings.append(sib)
-            meta = _card_metadata(self._read(commit.files["README.md"].blob_key).decode("utf-8", "replace")) \
-                if "README.md" in commit.files else {}
+            meta = (
+                _card_metadata(self._read(commit.files["README.md"].blob_key).decode("utf-8", "replace"))
+                if "README.md" in commit.files
+                else {}
+            )
             config = {}
             if "config.json" in commit.files:
                 try:
@@ -407,14 +467,25 @@ class HubServer:
                 tags.append("custom_code")
             ns = repo_id.split("/")[0]
             return 200, {
-                "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "modelId": repo_id,
-                "author": ns, "sha": commit.oid, "lastModified": commit.date, "createdAt": repo.created_at,
-                "private": repo.private, "disabled": False, "gated": False, "downloads": 0, "likes": 0,
-                "tags": tags, "library_name": meta.get("library_name") if isinstance(meta, dict) else None,
+                "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
+                "id": repo_id,
+                "modelId": repo_id,
+                "author": ns,
+                "sha": commit.oid,
+                "lastModified": commit.date,
+                "createdAt": repo.created_at,
+                "private": repo.private,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": tags,
+                "library_name": meta.get("library_name") if isinstance(meta, dict) else None,
                 "pipeline_tag": meta.get("pipeline_tag") if isinstance(meta, dict) else None,
-                "cardData": meta or None, "config": {k: config[k] for k in ("architectures", "model_type",
-                                                                           "auto_map") if k in config} or None,
-                "siblings": siblings, "spaces": [],
+                "cardData": meta or None,
+                "config": {k: config[k] for k in ("architectures", "model_type", "auto_map") if k in config} or None,
+                "siblings": siblings,
+                "spaces": [],
                 "usedStorage": sum(e.size for e in commit.files.values()),
             }
 
@@ -432,7 +503,7 @@ class HubServer:
                 raise HubError(404, f"{path} does not exist on {rev}", "EntryNotFound")
             items, folders = [], set()
             for p in sorted(below):
-                rel = p[len(prefix):]
+                rel = p[len(prefix) :]
                 parts = rel.split("/")
                 for depth in range(1, len(parts)):
                     if depth > 1 and not recursive:
@@ -442,8 +513,11 @@ class HubServer:
                     e = below[p]
                     item = {"type": "file", "oid": e.git_oid, "size": e.size, "path": p}
                     if e.is_lfs:
-                        item["lfs"] = {"oid": e.sha256, "size": e.size,
-                                       "pointerSize": len(lfs_pointer(e.sha256, e.size))}
+                        item["lfs"] = {
+                            "oid": e.sha256,
+                            "size": e.size,
+                            "pointerSize": len(lfs_pointer(e.sha256, e.size)),
+                        }
                     items.append(item)
             for d in sorted(folders):
                 oid = hashlib.sha1("".join(sorted(p for p in below if p.startswith(d + "/"))).encode()).hexdigest()
@@ -497,7 +571,7 @@ def validate_card_metadata(content: str) -> list[str]:
     for key in ("pipeline_tag", "library_name"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             errors.append(f'"{key}" must be a string')
-    for lang in ([meta["language"]] if isinstance(meta.get("language"), str) else meta.get("language") or []):
+    for lang in [meta["language"]] if isinstance(meta.get("language"), str) else meta.get("language") or []:
         if isinstance(lang, str) and not re.match(r"^([a-z]{2,3}(?:[-_][A-Za-z0-9]+)*|multilingual|code)$", lang):
             errors.append(f'"language" entry {lang!r} is not an ISO 639 code')
     mi = meta.get("model-index")
@@ -523,8 +597,11 @@ def validate_card_metadata(content: str) -> list[str]:
                         errors.append('"model-index[].results[].metrics" must be a non-empty array')
                         continue
                     for metric in metrics:
-                        if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) \
-                                or "value" not in metric:
+                        if (
+                            not isinstance(metric, dict)
+                            or not isinstance(metric.get("type"), str)
+                            or "value" not in metric
+                        ):
                             errors.append('"model-index[].results[].metrics[]" need "type" and "value"')
     return errors
 
@@ -576,7 +653,7 @@ class _Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         if not auth.startswith("Bearer "):
             return None
-        return auth[len("Bearer "):].strip() or None
+        return auth[len("Bearer ") :].strip() or None
 
     def _check_auth(self, path: str) -> None:
         if not self.hub.require_token or path.startswith("/lfs-upload/"):
@@ -632,8 +709,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(*hub.preupload(repo_id, rest[1], self._json(body)))
             if method == "POST" and len(rest) == 2 and rest[0] == "commit":
                 return self._send(*hub.commit(repo_id, rest[1], query, body))
-        if method == "POST" and len(parts) == 6 and parts[1].endswith(".git") \
-                and parts[2:] == ["info", "lfs", "objects", "batch"]:
+        if (
+            method == "POST"
+            and len(parts) == 6
+            and parts[1].endswith(".git")
+            and parts[2:] == ["info", "lfs", "objects", "batch"]
+        ):
             return self._send(*hub.lfs_batch(f"{parts[0]}/{parts[1][:-4]}", self._json(body)))
         if method in ("GET", "HEAD") and len(parts) >= 5 and parts[2] == "resolve":
             return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))
@@ -642,8 +723,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _resolve(self, repo_id: str, rev: str, path: str) -> None:
         commit, entry, path = self.hub.resolve(repo_id, rev, path)
         data = self.hub._read(entry.blob_key)
-        headers = {"X-Repo-Commit": commit.oid, "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
-                   "ETag": f'"{entry.sha256 or entry.git_oid}"'}
+        headers = {
+            "X-Repo-Commit": commit.oid,
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+            "ETag": f'"{entry.sha256 or entry.git_oid}"',
+        }
         if entry.is_lfs:
             headers["X-Linked-Etag"] = f'"{entry.sha256}"'
             headers["X-Linked-Size"] = str(entry.size)
@@ -653,5 +738,5 @@ class _Handler(BaseHTTPRequestHandler):
             start = int(m.group(1))
             end = int(m.group(2)) if m.group(2) else len(data) - 1
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-            data, status = data[start:end + 1], 206
+            data, status = data[start : end + 1], 206
         self._send(status, None, headers, body=data)

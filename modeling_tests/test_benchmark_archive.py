@@ -38,17 +38,30 @@ def finish_run(quality, name: str, translations: list[str], bleu: float) -> None
     """What training/train.py leaves in a finished run folder (the fields the table reads)."""
     out = quality.RUNS_DIR / name
     out.mkdir(parents=True)
-    results = {"model_type": "transformer_nmt", "params": 1000, "steps": 1100, "epochs": 9.6, "bleu": bleu,
-               "chrf": bleu + 20, "validation": [{"valid_loss": 3.0}], "train_tokens_per_sec": 100.0,
-               "train_time_sec": 60.0, "wall_time_sec": 61.0, "eval_split": "test_2016_flickr",
-               "eval_pairs": len(translations), "sacrebleu_signature": "sig", "per_direction": None}
+    results = {
+        "model_type": "transformer_nmt",
+        "params": 1000,
+        "steps": 1100,
+        "epochs": 9.6,
+        "bleu": bleu,
+        "chrf": bleu + 20,
+        "validation": [{"valid_loss": 3.0}],
+        "train_tokens_per_sec": 100.0,
+        "train_time_sec": 60.0,
+        "wall_time_sec": 61.0,
+        "eval_split": "test_2016_flickr",
+        "eval_pairs": len(translations),
+        "sacrebleu_signature": "sig",
+        "per_direction": None,
+    }
     (out / "results.json").write_text(json.dumps(results))
     (out / "translations.test.txt").write_text("".join(t + "\n" for t in translations), encoding="utf-8")
 
 
 def table(quality):
-    args = argparse.Namespace(steps=240, max_tokens=2048, warmup=80, lr=1e-3, seed=1, vocab_size=8000,
-                              multi_test_pairs=100)
+    args = argparse.Namespace(
+        steps=240, max_tokens=2048, warmup=80, lr=1e-3, seed=1, vocab_size=8000, multi_test_pairs=100
+    )
     text = quality.write_table(args)
     return text, json.loads((quality.RESULTS_DIR / "quality.json").read_text())
 
@@ -79,11 +92,14 @@ def test_archived_run_is_not_trained_again(quality, monkeypatch):
     assert quality.run("tied_bar", None)["bleu"] == 1.0
 
 
-@pytest.mark.parametrize("against,against_bleu,kept", [
-    ("baseline_bar", 30.0, "plain"),  # computed against the table's baseline run
-    ("baseline_bar_run1", 29.5, "dagger"),  # against another baseline run that is in the table
-    ("baseline_bar", 31.0, None),  # against an earlier baseline run that is gone: dropped
-])
+@pytest.mark.parametrize(
+    "against,against_bleu,kept",
+    [
+        ("baseline_bar", 30.0, "plain"),  # computed against the table's baseline run
+        ("baseline_bar_run1", 29.5, "dagger"),  # against another baseline run that is in the table
+        ("baseline_bar", 31.0, None),  # against an earlier baseline run that is gone: dropped
+    ],
+)
 def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_bleu, kept):
     """A run archived without translations keeps its p-values only while the baseline run they were computed
     against (recognised by its name and BLEU) is in the table; † marks those against another run than the
@@ -93,10 +109,23 @@ def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_
     quality.ARCHIVE_DIR.mkdir(parents=True)
 
     def legacy(bleu, stored):
-        return {"model_type": "transformer_nmt", "params": 1100, "steps": 1100, "epochs": 9.6, "bleu": bleu,
-                "chrf": 50.0, "validation": [], "train_tokens_per_sec": 90.0, "train_time_sec": 60.0,
-                "wall_time_sec": 61.0, "eval_split": "test_2016_flickr", "eval_pairs": 1000,
-                "sacrebleu_signature": "sig", "per_direction": None, "stored_tests": stored}
+        return {
+            "model_type": "transformer_nmt",
+            "params": 1100,
+            "steps": 1100,
+            "epochs": 9.6,
+            "bleu": bleu,
+            "chrf": 50.0,
+            "validation": [],
+            "train_tokens_per_sec": 90.0,
+            "train_time_sec": 60.0,
+            "wall_time_sec": 61.0,
+            "eval_split": "test_2016_flickr",
+            "eval_pairs": 1000,
+            "sacrebleu_signature": "sig",
+            "per_direction": None,
+            "stored_tests": stored,
+        }
 
     test = {"against": against, "against_bleu": against_bleu, "bleu_ci95": 1.4, "p_bleu": 0.02, "p_chrf": 0.08}
     (quality.ARCHIVE_DIR / "mgsa_ngram_bar.json").write_text(json.dumps(legacy(29.0, {"baseline": test})))
@@ -108,8 +137,9 @@ def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_
     line = next(x for x in text.splitlines() if x.startswith("| MG-SA"))
     assert ("| 0.020 / 0.080 † |" in line) == (kept == "dagger")
     assert ("| 0.020 / 0.080 |" in line) == (kept == "plain")
-    assert ("† p against \"Transformer baseline, the bar's budget, first run\" (29.50 BLEU)" in text) == \
-        (kept == "dagger")
+    assert ('† p against "Transformer baseline, the bar\'s budget, first run" (29.50 BLEU)' in text) == (
+        kept == "dagger"
+    )
 
 
 def test_inference_bleu_records(tmp_path, monkeypatch):
@@ -122,9 +152,20 @@ def test_inference_bleu_records(tmp_path, monkeypatch):
     path = tmp_path / "inference_bleu.json"
 
     def result(model, fp32, int8, **extra):
-        return {"model": model, "label": None, "model_type": "transformer_nmt", "steps": 200, "sentences": 1000,
-                "pair": "en-de", "bleu_fp32": fp32, "bleu_int8": int8, "chrf_fp32": 50.0, "chrf_int8": 49.5,
-                "bleu_int8_minus_fp32": round(int8 - fp32, 2), **extra}
+        return {
+            "model": model,
+            "label": None,
+            "model_type": "transformer_nmt",
+            "steps": 200,
+            "sentences": 1000,
+            "pair": "en-de",
+            "bleu_fp32": fp32,
+            "bleu_int8": int8,
+            "chrf_fp32": 50.0,
+            "chrf_int8": 49.5,
+            "bleu_int8_minus_fp32": round(int8 - fp32, 2),
+            **extra,
+        }
 
     bench.record_bleu(result("runs/a/model", 30.0, 29.8), path, results_md)
     bench.record_bleu(result("runs/b/model", 20.0, 20.1, bleu_ct2_int8=19.9), path, results_md)
@@ -134,6 +175,8 @@ def test_inference_bleu_records(tmp_path, monkeypatch):
     text = results_md.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "\nold\n" not in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model ")]
-    assert rows == ["| b | transformer_nmt | 200 | 1000 | 20.00 | 20.10 | 19.90 | +0.10 | 50.00 | 49.50 |",
-                    "| a | transformer_nmt | 200 | 1000 | 31.00 | 30.50 | — | -0.50 | 50.00 | 49.50 |"]
+    assert rows == [
+        "| b | transformer_nmt | 200 | 1000 | 20.00 | 20.10 | 19.90 | +0.10 | 50.00 | 49.50 |",
+        "| a | transformer_nmt | 200 | 1000 | 31.00 | 30.50 | — | -0.50 | 50.00 | 49.50 |",
+    ]
     sys.modules.pop("bench_inference", None)

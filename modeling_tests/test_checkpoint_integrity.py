@@ -16,17 +16,29 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from test_training import data_dir, read_log, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
+
 from training import checkpointing, train  # noqa: E402
 from training.checkpointing import CheckpointError, DiskFullError  # noqa: E402
 
 # checkpoints at steps 2 and 4
-COMMON = ["--save_steps", "2", "--eval_steps", "4", "--eval_bleu_pairs", "0", "--max_train_pairs", "120",
-          "--max_test_pairs", "4", "--final_model", "last"]
+COMMON = [
+    "--save_steps",
+    "2",
+    "--eval_steps",
+    "4",
+    "--eval_bleu_pairs",
+    "0",
+    "--max_train_pairs",
+    "120",
+    "--max_test_pairs",
+    "4",
+    "--final_model",
+    "last",
+]
 
 
 def run_args(data_dir, run, tokenizer, cache, *extra, steps):
-    return tiny_args(data_dir, run, *COMMON, "--data_cache_dir", str(cache), *extra, tokenizer=tokenizer,
-                     steps=steps)
+    return tiny_args(data_dir, run, *COMMON, "--data_cache_dir", str(cache), *extra, tokenizer=tokenizer, steps=steps)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +62,9 @@ def test_manifest_lists_every_file(short_run):
         ckpt = run / "checkpoints" / f"step_{step}"
         files = checkpointing.checkpoint_info(ckpt)["files"]
         on_disk = {p.name for p in ckpt.iterdir() if p.name != "checkpoint.json"}
-        assert set(files) == on_disk == {"model.safetensors", "optimizer.bin", "rng_state_0.json",
-                                         "trainer_state.json"}
+        assert (
+            set(files) == on_disk == {"model.safetensors", "optimizer.bin", "rng_state_0.json", "trainer_state.json"}
+        )
         for name, meta in files.items():
             assert meta == {"size": (ckpt / name).stat().st_size, "sha256": checkpointing.file_digest(ckpt / name)}
         assert checkpointing.damaged_files(ckpt) == []
@@ -77,11 +90,12 @@ def test_damaged_newest_checkpoint_falls_back(short_run, data_dir, tokenizer_dir
         train.main(run_args(data_dir, run, tokenizer_dir, cache, "--resume_from_checkpoint", str(step4), steps=6))
     assert f"Checkpoint {step4} is damaged: {model_msg}; {opt_msg}" in str(err.value)
 
-    results = train.main(run_args(data_dir, run, tokenizer_dir, cache, "--resume_from_checkpoint", "latest",
-                                  steps=6))
+    results = train.main(run_args(data_dir, run, tokenizer_dir, cache, "--resume_from_checkpoint", "latest", steps=6))
     log = (run / "train.log").read_text()
-    assert f"WARNING Checkpoint {step4} is damaged: {model_msg}; {opt_msg}; resuming from the newest intact " \
-           f"checkpoint, step_2, instead." in log
+    assert (
+        f"WARNING Checkpoint {step4} is damaged: {model_msg}; {opt_msg}; resuming from the newest intact "
+        f"checkpoint, step_2, instead." in log
+    )
     assert f"Resumed from {step2}: step 2" in log
     assert results["steps"] == 6 and [r["step"] for r in read_log(run) if "loss" in r] == [2, 4, 6]
     # the resumed run wrote step_4 and step_6 anew, with manifests
@@ -90,7 +104,7 @@ def test_damaged_newest_checkpoint_falls_back(short_run, data_dir, tokenizer_dir
     # same size, other content: only the digest tells
     rng = step4 / "rng_state_0.json"
     text = rng.read_text()
-    rng.write_text(text.replace('"torch": "', '"torch": "A', 1)[:len(text)])
+    rng.write_text(text.replace('"torch": "', '"torch": "A', 1)[: len(text)])
     assert rng.stat().st_size == len(text.encode())
     with pytest.raises(CheckpointError, match=rf"{rng}: SHA-256 differs from the one recorded at save"):
         checkpointing.resolve_resume(str(step4), run / "checkpoints")
@@ -109,8 +123,9 @@ def test_checkpoint_without_manifest_names_truncated_files(short_run, tmp_path):
     now, was = truncate(ckpt / "model.safetensors")
     truncate(ckpt / "optimizer.bin")
     problems = checkpointing.damaged_files(ckpt)
-    assert problems[0] == f"{ckpt / 'model.safetensors'}: size {now} bytes, expected {was} from its header " \
-                          f"(truncated?)"
+    assert (
+        problems[0] == f"{ckpt / 'model.safetensors'}: size {now} bytes, expected {was} from its header (truncated?)"
+    )
     assert problems[1].startswith(f"{ckpt / 'optimizer.bin'}: not a complete torch archive (")
     assert len(problems) == 2
     assert checkpointing._failing_state_file(ckpt) == ckpt / "model.safetensors"
@@ -122,8 +137,9 @@ def small_fs(tmp_path):
     """A real 1.3 MB tmpfs (needs root and CAP_SYS_ADMIN, else the test is skipped), unmounted afterwards."""
     mnt = tmp_path / "small_fs"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1300k", "tmpfs", str(mnt)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1300k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill (needs root): {proc.stderr.strip() or proc.returncode}")
     try:
@@ -142,17 +158,21 @@ def test_disk_full_during_save(small_fs, data_dir, tokenizer_dir, tmp_path, caps
         train.main(run_args(data_dir, run, tokenizer_dir, cache, steps=4))
     message = str(err.value)
     size = checkpointing.checkpoint_size(run / "checkpoints" / "step_2") / 2**20
-    assert message.startswith(f"Checkpoint step_4 not saved: no space left on device while writing "
-                              f"{run / 'checkpoints' / '.tmp_step_4'}/"), message
+    assert message.startswith(
+        f"Checkpoint step_4 not saved: no space left on device while writing {run / 'checkpoints' / '.tmp_step_4'}/"
+    ), message
     assert f" (needed ≈ {size:.1f} MB, free " in message
-    assert message.endswith("The partial checkpoint was removed; the previous checkpoint, step_2, is intact: free "
-                            "some space (or lower --keep_checkpoints, or move the run to a larger disk) and resume "
-                            "with --resume_from_checkpoint latest."), message
+    assert message.endswith(
+        "The partial checkpoint was removed; the previous checkpoint, step_2, is intact: free "
+        "some space (or lower --keep_checkpoints, or move the run to a larger disk) and resume "
+        "with --resume_from_checkpoint latest."
+    ), message
     assert "Only " in capsys.readouterr().out.split("saving step 4 will probably fail")[0].rsplit("\n", 1)[-1]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]
     assert checkpointing.verify_checkpoint(run / "checkpoints" / "step_2")["step"] == 2
     moved = shutil.copytree(run, tmp_path / "moved")
-    results = train.main(run_args(data_dir, moved, tokenizer_dir, cache, "--resume_from_checkpoint", "latest",
-                                  steps=4))
+    results = train.main(
+        run_args(data_dir, moved, tokenizer_dir, cache, "--resume_from_checkpoint", "latest", steps=4)
+    )
     assert results["steps"] == 4
     assert f"Resumed from {moved / 'checkpoints' / 'step_2'}: step 2" in (moved / "train.log").read_text()

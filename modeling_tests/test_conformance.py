@@ -55,7 +55,7 @@ def source_batch(model, batch: int = 3, length: int = 9, seed: int = 1) -> dict:
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, VOCAB, (batch, length), generator=g)
     attention_mask = torch.ones_like(input_ids)
-    attention_mask[1:, length - 3:] = 0
+    attention_mask[1:, length - 3 :] = 0
     input_ids = input_ids.masked_fill(attention_mask == 0, model.config.pad_token_id)
     return {"input_ids": input_ids, "attention_mask": attention_mask, **language_inputs(model, batch)}
 
@@ -70,8 +70,9 @@ def test_multi_token_cached_forward_equals_full_forward(model_type):
     with torch.no_grad():
         full = model(**inputs, decoder_input_ids=decoder_ids).logits
         first = model(**inputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
-        rest = model(**inputs, decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values,
-                     use_cache=True).logits
+        rest = model(
+            **inputs, decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True
+        ).logits
     assert torch.allclose(rest, full[:, 3:], atol=1e-5), (rest - full[:, 3:]).abs().max()
 
 
@@ -239,12 +240,22 @@ def test_seq2seq_trainer_keeps_language_ids_and_honours_generation_max_length(mo
     model = build(model_type).train()
     model.generation_config.eos_token_id = None
     dataset = seq2seq_dataset(model)
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
-                                    per_device_eval_batch_size=4, max_steps=2, report_to=[], use_cpu=True,
-                                    predict_with_generate=True, generation_max_length=5, save_strategy="no",
-                                    remove_unused_columns=True, logging_strategy="no")
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
-                             data_collator=default_data_collator)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        report_to=[],
+        use_cpu=True,
+        predict_with_generate=True,
+        generation_max_length=5,
+        save_strategy="no",
+        remove_unused_columns=True,
+        logging_strategy="no",
+    )
+    trainer = Seq2SeqTrainer(
+        model=model, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=default_data_collator
+    )
     trainer.train()  # MIMO and Tied raise without their tgt_lang_ids (several tasks/directions)
     kept = trainer._remove_unused_columns(dataset).column_names
     assert ("tgt_lang_ids" in kept) == (model.model.language_ids_field is not None)
@@ -265,10 +276,14 @@ def test_lora_reaches_every_linear_layer_trains_and_merges(model_type):
     inputs = {**source_batch(model), "labels": torch.randint(4, VOCAB, (3, 6))}
     with torch.no_grad():
         before = model(**inputs).logits
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                      init_lora_weights=False))
-    wrapped = {name.removeprefix("base_model.model.") for name, module in lora.named_modules()
-               if isinstance(module, peft.tuners.lora.LoraLayer)}
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    )
+    wrapped = {
+        name.removeprefix("base_model.model.")
+        for name, module in lora.named_modules()
+        if isinstance(module, peft.tuners.lora.LoraLayer)
+    }
     assert wrapped == linears
     lora.train()
     optimizer = torch.optim.Adam([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
@@ -299,8 +314,13 @@ def test_torch_export_and_fullgraph_compile(model_type):
 
             def forward(self, input_ids, attention_mask, decoder_input_ids, tgt_lang_ids=None):
                 extra = {} if tgt_lang_ids is None else {"tgt_lang_ids": tgt_lang_ids}
-                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                  decoder_input_ids=decoder_input_ids, use_cache=False, **extra).logits
+                return self.inner(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    decoder_input_ids=decoder_input_ids,
+                    use_cache=False,
+                    **extra,
+                ).logits
 
         exported = torch.export.export(Forward(model), args=(), kwargs=inputs)
         assert torch.allclose(exported.module()(**inputs), expected, atol=1e-5)

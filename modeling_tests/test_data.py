@@ -119,8 +119,10 @@ def test_build_pairs_counts_bad_pairs(tmp_path):
 
 
 def test_missing_side_in_jsonl_counted(tmp_path):
-    path = write(tmp_path / "d.jsonl", [json.dumps({"translation": {"en": "a", "de": "x"}}),
-                                        json.dumps({"translation": {"en": "b"}})])
+    path = write(
+        tmp_path / "d.jsonl",
+        [json.dumps({"translation": {"en": "a", "de": "x"}}), json.dumps({"translation": {"en": "b"}})],
+    )
     report = DropReport()
     pairs = corpus.build_pairs(corpus.load_corpus_file(path), [("en", "de")], report)
     assert len(pairs) == 1 and dict(report.counts) == {"missing_target": 1}
@@ -138,7 +140,13 @@ def test_filter_long_pairs():
 
 def test_parse_directions():
     assert corpus.parse_directions(None, ["en", "de", "fr"]) == [
-        ("en", "de"), ("en", "fr"), ("de", "en"), ("de", "fr"), ("fr", "en"), ("fr", "de")]
+        ("en", "de"),
+        ("en", "fr"),
+        ("de", "en"),
+        ("de", "fr"),
+        ("fr", "en"),
+        ("fr", "de"),
+    ]
     assert corpus.parse_directions("en-de, fr-en", ["en", "de", "fr"]) == [("en", "de"), ("fr", "en")]
     with pytest.raises(DataError, match="not in the languages"):
         corpus.parse_directions("en-cs", ["en", "de"])
@@ -146,7 +154,11 @@ def test_parse_directions():
         corpus.parse_directions("en-DE!", ["en", "de"])
     # `*`: every other language of the run (English-centric many-to-many)
     assert corpus.parse_directions("en-*,*-en", ["en", "de", "fr"]) == [
-        ("en", "de"), ("en", "fr"), ("de", "en"), ("fr", "en")]
+        ("en", "de"),
+        ("en", "fr"),
+        ("de", "en"),
+        ("fr", "en"),
+    ]
     assert corpus.parse_directions("de-*", ["en", "de", "fr"]) == [("de", "en"), ("de", "fr")]
     with pytest.raises(DataError, match="'cs', which is not in the languages"):
         corpus.parse_directions("cs-*", ["en", "de", "fr"])
@@ -232,8 +244,10 @@ def test_parses_are_checked_at_load_time(tmp_path):
     file's line, or stops the run naming it (before: a crash when its batch was built, up to an epoch later)."""
     en = ["A dog runs .", "Two cats (sleep) .", "A man sings .", "Kids play .", "Rain falls ."]
     write(tmp_path / "t.en", en)
-    write(tmp_path / "t.de", ["Ein Hund rennt .", "Zwei Katzen schlafen .", "Ein Mann singt .", "Kinder spielen .",
-                              "Regen fällt ."])
+    write(
+        tmp_path / "t.de",
+        ["Ein Hund rennt .", "Zwei Katzen schlafen .", "Ein Mann singt .", "Kinder spielen .", "Regen fällt ."],
+    )
     parses = [parse_of(s.split()) for s in en]
     parses[1] = parse_of(["Two", "cats", "-LRB-", "sleep", "-RRB-", "."])  # escaped brackets: valid
     parses[2] = parse_of(["A", "woman", "sings", "."])  # leaves differ from the sentence
@@ -247,8 +261,10 @@ def test_parses_are_checked_at_load_time(tmp_path):
     assert pairs[1].src_extra == {"parses": parses[1]}
     parse_file = tmp_path / "t.en.parses"
     assert dict(report.counts) == {"parse_mismatch": 2, "malformed_parse": 1}
-    assert report.locations == {"parse_mismatch": [f"{parse_file}:3", f"{parse_file}:5"],
-                                "malformed_parse": [f"{parse_file}:4"]}
+    assert report.locations == {
+        "parse_mismatch": [f"{parse_file}:3", f"{parse_file}:5"],
+        "malformed_parse": [f"{parse_file}:4"],
+    }
     with pytest.raises(DataError, match=r"t\.en\.parses:3: parse mismatch \(en-de\): .*leaf 1 'woman'"):
         corpus.build_pairs(data, [("en", "de")], DropReport(), on_bad_pairs="error", annotations=["parses"])
     write(tmp_path / "u.en", en[:2] + en[3:4])
@@ -277,13 +293,16 @@ def test_target_parses_checked_for_bidirectional_training(tmp_path):
     pairs = corpus.build_pairs(data, [("en", "de")], report, annotations=["parses"], target_annotations=True)
     assert len(pairs) == 1 and report.locations == {"parse_mismatch": [f"{tmp_path / 't.de.parses'}:2"]}
     # JSONL rows: the location is the row's line
-    rows = [{"translation": {"en": "a b", "de": "x y"}, "parses": {"en": parse_of(["a", "b"])}},
-            {"translation": {"en": "c d", "de": "z w"}, "parses": {"en": "(S (NN c) (NN d)"}},
-            {"translation": {"en": "e f", "de": "v u"}, "parses": {"en": 7}}]
+    rows = [
+        {"translation": {"en": "a b", "de": "x y"}, "parses": {"en": parse_of(["a", "b"])}},
+        {"translation": {"en": "c d", "de": "z w"}, "parses": {"en": "(S (NN c) (NN d)"}},
+        {"translation": {"en": "e f", "de": "v u"}, "parses": {"en": 7}},
+    ]
     path = write(tmp_path / "d.jsonl", [json.dumps(r) for r in rows])
     report = DropReport()
-    pairs = corpus.build_pairs(corpus.load_corpus_file(path, ["parses"]), [("en", "de")], report,
-                               annotations=["parses"])
+    pairs = corpus.build_pairs(
+        corpus.load_corpus_file(path, ["parses"]), [("en", "de")], report, annotations=["parses"]
+    )
     assert len(pairs) == 1
     assert report.locations == {"malformed_parse": [f"{path}:2", f"{path}:3"]}
 

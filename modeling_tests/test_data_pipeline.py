@@ -39,33 +39,70 @@ def tok(tmp_path_factory):
     from hf_variants.tokenization import train_tokenizer
 
     texts = head(MULTI30K / "train.en.gz", 400) + head(MULTI30K / "train.de.gz", 400)
-    return train_tokenizer(texts, vocab_size=500, languages=["en", "de", "fr"],
-                           output_dir=tmp_path_factory.mktemp("tok"))
+    return train_tokenizer(
+        texts, vocab_size=500, languages=["en", "de", "fr"], output_dir=tmp_path_factory.mktemp("tok")
+    )
 
 
 def parse_of(words):
     return "(ROOT (S " + " ".join(f"(NN {w})" for w in words) + "))"
 
 
-def pipeline(source, tokenizer, directions, cache, *, languages=None, annotations=(), target_annotations=False,
-             tag=0, max_length=None, on_bad_pairs="skip", limit=None, workers=1):
+def pipeline(
+    source,
+    tokenizer,
+    directions,
+    cache,
+    *,
+    languages=None,
+    annotations=(),
+    target_annotations=False,
+    tag=0,
+    max_length=None,
+    on_bad_pairs="skip",
+    limit=None,
+    workers=1,
+):
     languages = languages or list(dict.fromkeys(x for d in directions for x in d))
     rows = data_pipeline.load_rows(source, languages, annotations, cache).head(limit)
-    checks = [(n, lang) for n in annotations
-              for lang in dict.fromkeys(x for d in directions for x in (d if target_annotations else d[:1]))]
+    checks = [
+        (n, lang)
+        for n in annotations
+        for lang in dict.fromkeys(x for d in directions for x in (d if target_annotations else d[:1]))
+    ]
     measured = data_pipeline.measure(rows, tokenizer, languages, checks, cache, workers)
-    pair_set = data_pipeline.build_pair_set(rows, measured, directions, annotations=annotations,
-                                            target_annotations=target_annotations, tag=tag, max_length=max_length,
-                                            on_bad_pairs=on_bad_pairs, cache_dir=cache)
+    pair_set = data_pipeline.build_pair_set(
+        rows,
+        measured,
+        directions,
+        annotations=annotations,
+        target_annotations=target_annotations,
+        tag=tag,
+        max_length=max_length,
+        on_bad_pairs=on_bad_pairs,
+        cache_dir=cache,
+    )
     return rows, measured, pair_set
 
 
-def in_memory(data, tokenizer, directions, *, annotations=(), target_annotations=False, tag=0, max_length=None,
-              on_bad_pairs="skip"):
+def in_memory(
+    data,
+    tokenizer,
+    directions,
+    *,
+    annotations=(),
+    target_annotations=False,
+    tag=0,
+    max_length=None,
+    on_bad_pairs="skip",
+):
     """What train.py computed before the Arrow pipeline: corpus.build_pairs, token counts, filter_long_pairs."""
     report = DropReport("train")
     pairs = corpus.build_pairs(data, directions, report, on_bad_pairs, annotations, target_annotations)
-    count = (lambda t: len(tokenizer(t, add_special_tokens=True)["input_ids"]))
+
+    def count(text):
+        return len(tokenizer(text, add_special_tokens=True)["input_ids"])
+
     src = [count(p.src) + tag for p in pairs]
     tgt = [count(p.tgt) for p in pairs]
     if max_length is not None:
@@ -117,8 +154,9 @@ def test_same_pairs_lengths_and_report_as_the_in_memory_reader(bad_dir, tok, tmp
         annotations = case.get("annotations", [])
         data = corpus.load_split_from_dir(bad_dir, "t", langs, annotations)
         source = data_pipeline.SplitSource.from_dir(bad_dir, "t", langs, annotations)
-        _, _, pair_set = pipeline(source, tok, case["directions"], cache, **{k: v for k, v in case.items()
-                                                                            if k != "directions"})
+        _, _, pair_set = pipeline(
+            source, tok, case["directions"], cache, **{k: v for k, v in case.items() if k != "directions"}
+        )
         expected = in_memory(data, tok, case["directions"], **{k: v for k, v in case.items() if k != "directions"})
         assert pair_set.report.total > 0
         assert_same(pair_set, expected)
@@ -131,9 +169,11 @@ def test_same_pairs_lengths_and_report_as_the_in_memory_reader(bad_dir, tok, tmp
 def test_errors_name_the_same_file_and_line(bad_dir, tok, tmp_path):
     """--on_bad_pairs error: the first bad pair stops the build with corpus.py's message (and nothing is cached)."""
     cache = tmp_path / "cache"
-    cases = [dict(directions=[("de", "en")]),
-             dict(directions=[("en", "de")], annotations=["parses"]),
-             dict(directions=[("fr", "de")], max_length=30)]
+    cases = [
+        dict(directions=[("de", "en")]),
+        dict(directions=[("en", "de")], annotations=["parses"]),
+        dict(directions=[("fr", "de")], max_length=30),
+    ]
     messages = []
     for case in cases:
         langs = list(dict.fromkeys(x for d in case["directions"] for x in d))
@@ -148,10 +188,16 @@ def test_errors_name_the_same_file_and_line(bad_dir, tok, tmp_path):
         assert str(got.value) == str(expected.value)
         messages.append(str(got.value))
     assert not list(cache.glob("pairs-*"))
-    assert messages[0].endswith("t.en:4: empty target (de-en).") and messages[1].endswith("t.en:4: empty source "
-                                                                                            "(en-de).")
-    assert messages[2].endswith(f"t.en:12: pair longer than --max_length 30 tokens (source {messages[2].split()[-3]}"
-                                f" target {messages[2].split()[-1]}") or "pair longer" not in messages[2]
+    assert messages[0].endswith("t.en:4: empty target (de-en).") and messages[1].endswith(
+        "t.en:4: empty source (en-de)."
+    )
+    assert (
+        messages[2].endswith(
+            f"t.en:12: pair longer than --max_length 30 tokens (source {messages[2].split()[-3]}"
+            f" target {messages[2].split()[-1]}"
+        )
+        or "pair longer" not in messages[2]
+    )
     # a bad parse first: the parse file's line, with the reader's explanation
     write(bad_dir / "p.en", ["A dog runs .", "Kids play ."])
     write(bad_dir / "p.de", ["Ein Hund rennt .", "Kinder spielen ."])
@@ -160,8 +206,14 @@ def test_errors_name_the_same_file_and_line(bad_dir, tok, tmp_path):
     with pytest.raises(DataError) as expected:
         in_memory(data, tok, [("en", "de")], annotations=["parses"], on_bad_pairs="error")
     with pytest.raises(DataError, match=r"p\.en\.parses:1: parse mismatch \(en-de\): .*'cat'") as got:
-        pipeline(data_pipeline.SplitSource.from_dir(bad_dir, "p", ["en", "de"], ["parses"]), tok, [("en", "de")],
-                 cache, annotations=["parses"], on_bad_pairs="error")
+        pipeline(
+            data_pipeline.SplitSource.from_dir(bad_dir, "p", ["en", "de"], ["parses"]),
+            tok,
+            [("en", "de")],
+            cache,
+            annotations=["parses"],
+            on_bad_pairs="error",
+        )
     assert str(got.value) == str(expected.value)
 
 
@@ -210,20 +262,26 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
     write(tmp_path / "b.de", ["eins", "zwei", "drei"])
     write(tmp_path / "b.en.parses", [parse_of(["one"]), parse_of(["two"])])
     with pytest.raises(DataError) as got:
-        data_pipeline.load_rows(data_pipeline.SplitSource.from_dir(tmp_path, "b", ["en", "de"], ["parses"]),
-                                ["en", "de"], ["parses"], cache)
+        data_pipeline.load_rows(
+            data_pipeline.SplitSource.from_dir(tmp_path, "b", ["en", "de"], ["parses"]),
+            ["en", "de"],
+            ["parses"],
+            cache,
+        )
     with pytest.raises(DataError) as expected:
         corpus.load_split_from_dir(tmp_path, "b", ["en", "de"], ["parses"])
     assert str(got.value) == str(expected.value)
     (tmp_path / "c.en").write_bytes("ok\nstill ok\nnäh\n".encode() + b"\xff broken\nlast\n")
     write(tmp_path / "c.de", ["a", "b", "c", "d", "e"])
     with pytest.raises(DataError, match=r"c\.en: line 4 is not valid UTF-8"):
-        data_pipeline.load_rows(data_pipeline.SplitSource.from_dir(tmp_path, "c", ["en", "de"]), ["en", "de"],
-                                cache_dir=cache)
+        data_pipeline.load_rows(
+            data_pipeline.SplitSource.from_dir(tmp_path, "c", ["en", "de"]), ["en", "de"], cache_dir=cache
+        )
     (tmp_path / "d.en").write_bytes(b"one\r\ntwo \r\n\r\nfour")
     (tmp_path / "d.de").write_bytes(b"eins\nzwei\ndrei\nvier\n")
-    rows = data_pipeline.load_rows(data_pipeline.SplitSource.from_dir(tmp_path, "d", ["en", "de"]), ["en", "de"],
-                                   cache_dir=cache)
+    rows = data_pipeline.load_rows(
+        data_pipeline.SplitSource.from_dir(tmp_path, "d", ["en", "de"]), ["en", "de"], cache_dir=cache
+    )
     assert list(rows.texts("en")) == list(corpus.read_lines(tmp_path / "d.en")) == ["one", "two ", "", "four"]
     bad_tsv = write(tmp_path / "bad.tsv", ["en\tde", "a\tx", "b\ty", "only one field"])
     with pytest.raises(DataError, match=r"bad\.tsv:4: expected 2 tab-separated fields"):
@@ -234,12 +292,14 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp")]  # failed builds leave nothing behind
 
 
-
-@pytest.mark.parametrize("line,message", [
-    ("", r"bad\.jsonl:2: empty line \(expected one JSON object a line\)"),
-    ("{not json", r"bad\.jsonl:2: invalid JSON"),
-    ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("", r"bad\.jsonl:2: empty line \(expected one JSON object a line\)"),
+        ("{not json", r"bad\.jsonl:2: invalid JSON"),
+        ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
+    ],
+)
 def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message):
     """One JSONL line parser (corpus.parse_jsonl_line) for the in-memory loader, the Arrow pipeline and
     translate.py: each names the file and line with the same message."""
@@ -247,10 +307,13 @@ def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message)
 
     path = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "a", "de": "x"}}), line, "{}"])
     errors = []
-    for read in (lambda: corpus.load_jsonl(path),
-                 lambda: data_pipeline.load_rows(data_pipeline.SplitSource.from_file(path), ["en", "de"],
-                                                 cache_dir=tmp_path / "cache"),
-                 lambda: translate.read_jsonl_input(str(path), "en", "de", [])):
+    for read in (
+        lambda: corpus.load_jsonl(path),
+        lambda: data_pipeline.load_rows(
+            data_pipeline.SplitSource.from_file(path), ["en", "de"], cache_dir=tmp_path / "cache"
+        ),
+        lambda: translate.read_jsonl_input(str(path), "en", "de", []),
+    ):
         with pytest.raises(DataError, match=message) as err:
             read()
         errors.append(str(err.value))
@@ -272,8 +335,9 @@ def test_many_to_many_rows_without_a_language_are_no_pairs_of_its_directions(tok
     directions = corpus.parse_directions("en-*,*-en", languages)
     source = data_pipeline.SplitSource.from_file(path)
     rows_, measured, _ = pipeline(source, tok, directions, tmp_path / "cache", languages=languages)
-    pair_set = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache",
-                                            skip_absent=True)
+    pair_set = data_pipeline.build_pair_set(
+        rows_, measured, directions, cache_dir=tmp_path / "cache", skip_absent=True
+    )
     assert pair_set.pairs_per_direction == {"en-de": 5, "en-fr": 5, "de-en": 5, "fr-en": 5}
     assert dict(pair_set.report.counts) == {"empty_target": 1, "empty_source": 1}
     assert pair_set.report.locations["empty_target"] == [f"{path}:3"]
@@ -281,18 +345,23 @@ def test_many_to_many_rows_without_a_language_are_no_pairs_of_its_directions(tok
     assert mapped_resident_kb(rows_.path) == 0  # a batch's reads leave no page of the rows' map resident
     assert {(p.src_lang, p.tgt_lang, p.location) for p in got} == (
         {(s, t, f"{path}:{i + 1}") for i in (0, 1, 3, 4, 5) for s, t in (("en", "de"), ("de", "en"))}
-        | {(s, t, f"{path}:{i + 1}") for i in (6, 7, 9, 10, 11) for s, t in (("en", "fr"), ("fr", "en"))})
-    cached_again = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache",
-                                                skip_absent=True)
+        | {(s, t, f"{path}:{i + 1}") for i in (6, 7, 9, 10, 11) for s, t in (("en", "fr"), ("fr", "en"))}
+    )
+    cached_again = data_pipeline.build_pair_set(
+        rows_, measured, directions, cache_dir=tmp_path / "cache", skip_absent=True
+    )
     assert not cached_again.built and cached_again.pairs_per_direction == pair_set.pairs_per_direction
     every = data_pipeline.build_pair_set(rows_, measured, directions, cache_dir=tmp_path / "cache")
     assert len(every) == len(pair_set) and every.report.counts["missing_target"] == 12 + 1
-    stream = data_pipeline.StreamingPairs(source, languages, directions, tok, buffer_rows=5, max_tokens=400,
-                                          skip_absent=True)
+    stream = data_pipeline.StreamingPairs(
+        source, languages, directions, tok, buffer_rows=5, max_tokens=400, skip_absent=True
+    )
     streamed = [p for step, _ in stream.steps() for b in step for p in b]
     assert sorted((p.src_lang, p.tgt_lang, p.location) for p in streamed) == sorted(
-        (p.src_lang, p.tgt_lang, p.location) for p in got)
+        (p.src_lang, p.tgt_lang, p.location) for p in got
+    )
     assert dict(stream.report.counts) == dict(pair_set.report.counts)
+
 
 # ------------------------------------------------------------------------------------------- the cache
 def test_cache_is_reused_and_invalidated(tok, tmp_path, monkeypatch):
@@ -367,8 +436,9 @@ def test_parallel_workers_give_the_same_counts(tok, tmp_path, monkeypatch):
 def test_tokenizer_sample_is_deterministic(tmp_path):
     write(tmp_path / "t.en", [f"sentence {i}" for i in range(1000)])
     write(tmp_path / "t.de", [f"Satz {i}" for i in range(1000)])
-    rows = data_pipeline.load_rows(data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"]), ["en", "de"],
-                                   cache_dir=tmp_path / "cache")
+    rows = data_pipeline.load_rows(
+        data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"]), ["en", "de"], cache_dir=tmp_path / "cache"
+    )
     texts, used, total = data_pipeline.tokenizer_sample(rows, ["en", "de"], 300)
     en, de = (list(t) for t in texts)
     assert (used, total, len(en), len(de)) == (150, 1000, 150, 150)
@@ -414,10 +484,12 @@ def test_numpy_batches_equal_the_greedy_loop():
         max_tokens = int(rng.integers((low + 49) * per_item, 700))
         max_sentences = None if trial % 2 else int(rng.integers(1, 20))
         shuffle, seed, epoch = bool(trial % 3), trial % 4, trial % 2
-        got = corpus.TokenBatchSampler(src, tgt, max_tokens, max_sentences, seed=seed, shuffle=shuffle,
-                                       examples_per_item=per_item)
-        assert got.batches(epoch) == reference_batches(np.maximum(src, tgt), max_tokens, max_sentences, seed, epoch,
-                                                       shuffle, per_item), trial
+        got = corpus.TokenBatchSampler(
+            src, tgt, max_tokens, max_sentences, seed=seed, shuffle=shuffle, examples_per_item=per_item
+        )
+        assert got.batches(epoch) == reference_batches(
+            np.maximum(src, tgt), max_tokens, max_sentences, seed, epoch, shuffle, per_item
+        ), trial
         assert isinstance(got.epoch(epoch)[0], np.ndarray)
         assert got.epoch(epoch).order.dtype == np.int32  # 4-byte indices below 2**31 examples
 
@@ -433,7 +505,7 @@ def test_ranks_take_disjoint_shares_of_every_step():
     shares = {0: [], 1: []}
     for i in range(len(plan) - 1):
         for rank in (0, 1):
-            shares[rank] += [x for b in plan[i][rank * 3:(rank + 1) * 3] for x in b.tolist()]
+            shares[rank] += [x for b in plan[i][rank * 3 : (rank + 1) * 3] for x in b.tolist()]
     assert not set(shares[0]) & set(shares[1])
     last = [x for b in plan[len(plan) - 1] for x in b.tolist()]
     assert sorted(set(shares[0]) | set(shares[1]) | set(last)) == list(range(5000))
@@ -456,15 +528,25 @@ def test_streaming_4_5M_pairs_exact_positions(tok, tmp_path):
     source = data_pipeline.SplitSource.from_dir(tmp_path, "big", ["en", "de"])
 
     def stream():
-        return data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=64,
-                                            buffer_rows=50_000, max_tokens=4000, seed=3, num_processes=2)
+        return data_pipeline.StreamingPairs(
+            source,
+            ["en", "de"],
+            [("en", "de")],
+            tok,
+            max_length=64,
+            buffer_rows=50_000,
+            max_tokens=4000,
+            seed=3,
+            num_processes=2,
+        )
 
     t0 = time.time()
     first = stream().steps()
     steps = [next(first) for _ in range(3)]
     assert time.time() - t0 < 120
-    assert all(p.location.endswith(f"big.en:{int(p.location.rsplit(':', 1)[1])}") for s, _ in steps for b in s
-               for p in b)
+    assert all(
+        p.location.endswith(f"big.en:{int(p.location.rsplit(':', 1)[1])}") for s, _ in steps for b in s for p in b
+    )
     assert max(int(p.location.rsplit(":", 1)[1]) for s, _ in steps for b in s for p in b) <= 50_000
     assert [pos for _, pos in steps] == [{"epoch": 0, "buffer": 0, "row": 0, "step": k} for k in (1, 2, 3)]
     # resuming after step 2 gives step 3 again
@@ -482,8 +564,11 @@ def test_streaming_4_5M_pairs_exact_positions(tok, tmp_path):
         for p in batch:
             i = int(p.location.rsplit(":", 1)[1]) - 1
             assert 4_400_000 <= i < 4_450_000
-            assert (p.src, p.tgt, p.tgt_location) == (f"dog {i % 1009} {i // 1009}", f"Hund {i % 1009} {i // 1009}",
-                                                      f"{tmp_path / 'big.de'}:{i + 1}")
+            assert (p.src, p.tgt, p.tgt_location) == (
+                f"dog {i % 1009} {i // 1009}",
+                f"Hund {i % 1009} {i // 1009}",
+                f"{tmp_path / 'big.de'}:{i + 1}",
+            )
     # the last buffer ends the epoch, and the position before it is the next buffer's start
     tail = stream()
     last = list(tail.steps({"epoch": 0, "buffer": 89, "row": 4_450_000, "step": 0}))
@@ -498,28 +583,33 @@ def test_streaming_counts_bad_pairs_once_and_stops_on_error(bad_dir, tok):
     again in later epochs, and the count survives a resume (state_dict); --on_bad_pairs error names the line."""
     source = data_pipeline.SplitSource.from_dir(bad_dir, "t", ["en", "de"])
     _, _, cached = pipeline(source, tok, [("en", "de")], bad_dir / "cache", max_length=40)
-    stream = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25,
-                                          max_tokens=400)
+    stream = data_pipeline.StreamingPairs(
+        source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25, max_tokens=400
+    )
     first = list(stream.steps())
     assert dict(stream.report.counts) == dict(cached.report.counts) and stream.rows_per_epoch == 60
     assert stream.report.locations == cached.report.locations and stream.kept_pairs == len(cached)
     list(stream.steps({"epoch": 1, "buffer": 0, "row": 0, "step": 0}))
     assert dict(stream.report.counts) == dict(cached.report.counts)
     # resumed mid-epoch 0 from a checkpoint's state: the count goes on from there
-    partial = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
-                                           buffer_rows=25, max_tokens=400)
+    partial = data_pipeline.StreamingPairs(
+        source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25, max_tokens=400
+    )
     it = partial.steps()
     next(it)
     position, state = next(it)[1], partial.state_dict()
-    resumed = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
-                                           buffer_rows=25, max_tokens=400)
+    resumed = data_pipeline.StreamingPairs(
+        source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25, max_tokens=400
+    )
     resumed.load_state_dict(json.loads(json.dumps(state)))
     rest = list(resumed.steps(position))
     assert dict(resumed.report.counts) == dict(cached.report.counts)
-    assert [[vars(p) for p in b] for s, _ in rest for b in s] == [[vars(p) for p in b] for s, _ in first[2:]
-                                                                 for b in s]
-    failing = data_pipeline.StreamingPairs(source, ["en", "de"], [("en", "de")], tok, max_length=40,
-                                           buffer_rows=25, max_tokens=400, on_bad_pairs="error")
+    assert [[vars(p) for p in b] for s, _ in rest for b in s] == [
+        [vars(p) for p in b] for s, _ in first[2:] for b in s
+    ]
+    failing = data_pipeline.StreamingPairs(
+        source, ["en", "de"], [("en", "de")], tok, max_length=40, buffer_rows=25, max_tokens=400, on_bad_pairs="error"
+    )
     with pytest.raises(DataError, match=r"t\.en:4: empty source \(en-de\)\."):
         list(failing.steps())
 
@@ -569,8 +659,9 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
         assert ds[3]["text.en"] == head(MULTI30K / "train.en.gz", 4)[3]
     data_pipeline.release_mapped_pages(fresh)  # fresh[:] above read the whole file through it
     before = mapped_resident_kb(built.path)
-    assert fresh.select_columns(["text.en"])[[5, 280]] == {"text.en": [head(MULTI30K / "train.en.gz", 281)[i]
-                                                                       for i in (5, 280)]}
+    assert fresh.select_columns(["text.en"])[[5, 280]] == {
+        "text.en": [head(MULTI30K / "train.en.gz", 281)[i] for i in (5, 280)]
+    }
     assert mapped_resident_kb(built.path) > before  # the random reads mapped pages of fresh's map...
     data_pipeline.release_mapped_pages(fresh)
     assert mapped_resident_kb(built.path) == before  # ...released, and the data is still read from the file

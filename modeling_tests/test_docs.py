@@ -9,8 +9,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "docs" / "variants-spec.md"
-SOURCES = [p for folder in ("hf_variants", "training", "model_cards", "benchmarks", "modeling_tests")
-           for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md")] + [ROOT / "README.md"]
+SOURCES = [
+    p
+    for folder in ("hf_variants", "training", "model_cards", "benchmarks", "modeling_tests")
+    for p in (ROOT / folder).rglob("*")
+    if p.suffix in (".py", ".md")
+] + [ROOT / "README.md"]
 
 
 def test_every_cited_section_exists():

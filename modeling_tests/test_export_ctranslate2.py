@@ -11,13 +11,15 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, read_sentences
-from hf_variants import HysanConfig, TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.export_ctranslate2 import check_exportable, export
 from trained_tiny import trained_baseline
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-variants[deploy]'")
+from hf_variants import HysanConfig, TransformerNmtConfig, TransformerNmtForConditionalGeneration
+from hf_variants.export_ctranslate2 import check_exportable, export
+
+ctranslate2 = pytest.importorskip(
+    "ctranslate2", reason="ctranslate2 is not installed: pip install 'hf-variants[deploy]'"
+)
 
 
 def translator(path, compute_type="float32"):
@@ -30,11 +32,12 @@ def source_tokens(tokenizer, sentences):
 
 def our_greedy_tokens(model, tokenizer, sentences, max_new_tokens=30):
     with torch.no_grad():
-        out = model.generate(**model.prepare_translation_inputs(tokenizer, sentences), num_beams=1,
-                             max_new_tokens=max_new_tokens)
+        out = model.generate(
+            **model.prepare_translation_inputs(tokenizer, sentences), num_beams=1, max_new_tokens=max_new_tokens
+        )
     hyps = []
     for row in out[:, 1:].tolist():  # drop the start token; cut at </s> (CTranslate2 does not return it)
-        row = row[:row.index(model.config.eos_token_id)] if model.config.eos_token_id in row else row
+        row = row[: row.index(model.config.eos_token_id)] if model.config.eos_token_id in row else row
         hyps.append(tokenizer.convert_ids_to_tokens(row))
     return hyps
 
@@ -50,8 +53,9 @@ def test_greedy_output_equals_ours_token_for_token(tokenizer, tmp_path):
     assert sorted(suppress) == [["<pad>"], ["<s>"]]
     sentences = read_sentences("en", "val", n=24)
     ours = our_greedy_tokens(model, tokenizer, sentences)
-    results = translator(out).translate_batch(source_tokens(tokenizer, sentences), beam_size=1,
-                                              max_decoding_length=30, suppress_sequences=suppress)
+    results = translator(out).translate_batch(
+        source_tokens(tokenizer, sentences), beam_size=1, max_decoding_length=30, suppress_sequences=suppress
+    )
     assert [r.hypotheses[0] for r in results] == ours
     assert len({" ".join(h) for h in ours}) > 12 and sum(map(len, ours)) > 24 * 8  # non-trivial outputs
 
@@ -69,9 +73,22 @@ def test_int8_export_loads_and_translates(tokenizer, tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     for name, extra in (("fp32", []), ("int8", ["--quantization", "int8"])):
-        subprocess.run([sys.executable, "-m", "hf_variants.export_ctranslate2", "--model", str(tmp_path / "model"),
-                        "--output_dir", str(tmp_path / name), *extra], check=True, env=env, capture_output=True,
-                       timeout=300)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hf_variants.export_ctranslate2",
+                "--model",
+                str(tmp_path / "model"),
+                "--output_dir",
+                str(tmp_path / name),
+                *extra,
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
     assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * (tmp_path / "fp32" / "model.bin").stat().st_size
     sentences = read_sentences("en", "val", n=16)
     kwargs = dict(beam_size=1, max_decoding_length=30, suppress_sequences=[["<pad>"], ["<s>"]])
@@ -81,20 +98,33 @@ def test_int8_export_loads_and_translates(tokenizer, tmp_path):
     # int8 scores of our fp32 translations stay near fp32's (a tiny model's near-ties let int8 pick other tokens)
     fp32_scores = translator(tmp_path / "fp32").score_batch(source_tokens(tokenizer, sentences), ours)
     int8_scores = translator(tmp_path / "int8", "int8").score_batch(source_tokens(tokenizer, sentences), ours)
-    diffs = torch.cat([torch.tensor(a.log_probs) - torch.tensor(b.log_probs) for a, b in zip(int8_scores, fp32_scores)])
+    diffs = torch.cat(
+        [torch.tensor(a.log_probs) - torch.tensor(b.log_probs) for a, b in zip(int8_scores, fp32_scores)]
+    )
     assert 0 < diffs.abs().mean() <= INT8_LOGPROB_TOL
 
 
 CONFIGS = {
     "post-norm, sinusoidal, shared + tied": {},
     "pre-norm, learned positions, separate embeddings, untied output with bias, gelu": dict(
-        normalize_before=True, position_embedding_type="learned", share_encoder_decoder_embeddings=False,
-        tie_word_embeddings=False, output_bias=True, activation_function="gelu"),
+        normalize_before=True,
+        position_embedding_type="learned",
+        share_encoder_decoder_embeddings=False,
+        tie_word_embeddings=False,
+        output_bias=True,
+        activation_function="gelu",
+    ),
     "relative keys, no absolute positions, unscaled embeddings": dict(
-        position_embedding_type="none", max_relative_positions=3, scale_embedding=False),
+        position_embedding_type="none", max_relative_positions=3, scale_embedding=False
+    ),
     "relative keys and values, pre-norm, 3 decoder layers": dict(
-        position_embedding_type="none", max_relative_positions=2, relative_position_values=True,
-        normalize_before=True, decoder_layers=3, decoder_ffn_dim=48),
+        position_embedding_type="none",
+        max_relative_positions=2,
+        relative_position_values=True,
+        normalize_before=True,
+        decoder_layers=3,
+        decoder_ffn_dim=48,
+    ),
 }
 
 

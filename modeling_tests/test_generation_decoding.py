@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from common import assert_same_generation
-from hf_variants.generation_transformer_nmt import TokenSuppressionLogitsProcessor
 from test_conformance import MODEL_TYPES, build, source_batch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.logits_process import (
@@ -26,21 +24,29 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
 )
 
+from hf_variants.generation_transformer_nmt import TokenSuppressionLogitsProcessor
+
 
 def test_token_suppression_equals_transformers_processors():
     torch.manual_seed(0)
     vocab = 50
-    original = LogitsProcessorList([
-        MinLengthLogitsProcessor(6, [2, 7]),
-        MinNewTokensLengthLogitsProcessor(3, 5, 2),
-        SuppressTokensLogitsProcessor([0, 1, 99]),  # 99: outside the vocabulary, ignored as isin does
-        TopKLogitsWarper(5),
-        SuppressTokensLogitsProcessor([4]),  # after the top-k: must stay after it
-        TemperatureLogitsWarper(0.7),
-    ])
+    original = LogitsProcessorList(
+        [
+            MinLengthLogitsProcessor(6, [2, 7]),
+            MinNewTokensLengthLogitsProcessor(3, 5, 2),
+            SuppressTokensLogitsProcessor([0, 1, 99]),  # 99: outside the vocabulary, ignored as isin does
+            TopKLogitsWarper(5),
+            SuppressTokensLogitsProcessor([4]),  # after the top-k: must stay after it
+            TemperatureLogitsWarper(0.7),
+        ]
+    )
     merged = TokenSuppressionLogitsProcessor.merge(original)
-    assert [type(p).__name__ for p in merged] == ["TokenSuppressionLogitsProcessor", "TopKLogitsWarper",
-                                                  "TokenSuppressionLogitsProcessor", "TemperatureLogitsWarper"]
+    assert [type(p).__name__ for p in merged] == [
+        "TokenSuppressionLogitsProcessor",
+        "TopKLogitsWarper",
+        "TokenSuppressionLogitsProcessor",
+        "TemperatureLogitsWarper",
+    ]
     scores = torch.randn(4, vocab)
     scores[:, 4] = 10.0  # in the top 5: suppressed after the top-k, so only 4 candidates remain
     for length in range(1, 11):  # each min-length rule active, then not
@@ -58,8 +64,15 @@ def test_generate_with_merged_suppression_equals_unmerged(num_beams, monkeypatch
     model = build("transformer_nmt")
     model.generation_config.suppress_tokens = [5, 6]
     inputs = source_batch(model)
-    gen = dict(num_beams=num_beams, max_new_tokens=8, min_new_tokens=6, min_length=4, output_scores=True,
-               return_dict_in_generate=True, length_penalty=0.6)
+    gen = dict(
+        num_beams=num_beams,
+        max_new_tokens=8,
+        min_new_tokens=6,
+        min_length=4,
+        output_scores=True,
+        return_dict_in_generate=True,
+        length_penalty=0.6,
+    )
     with torch.no_grad():
         fast = model.generate(**inputs, **gen)
         monkeypatch.setattr(TokenSuppressionLogitsProcessor, "merge", classmethod(lambda cls, processors: processors))
@@ -75,8 +88,14 @@ def test_beam_search_under_inference_mode_equals_no_grad(model_type):
     whose expanded 2-D mask is an inference tensor under inference_mode."""
     model = build(model_type)
     inputs = source_batch(model)
-    gen = dict(num_beams=3, max_new_tokens=8, min_new_tokens=8, length_penalty=0.6, output_scores=True,
-               return_dict_in_generate=True)
+    gen = dict(
+        num_beams=3,
+        max_new_tokens=8,
+        min_new_tokens=8,
+        length_penalty=0.6,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     with torch.no_grad():
         reference = model.generate(**inputs, **gen)
         uncached = model.generate(**inputs, **gen, use_cache=False)
@@ -98,22 +117,40 @@ def test_cross_attention_mask_follows_in_place_changes(inference):
         decoder = model.model.decoder
         start = torch.full((3, 1), model.config.decoder_start_token_id)
         cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
-        decoder(input_ids=start, encoder_hidden_states=encoder_states, encoder_attention_mask=mask,
-                past_key_values=cache)
+        decoder(
+            input_ids=start, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, past_key_values=cache
+        )
         mask[0, 2:] = 0  # in place: the next step must see it
         step = torch.full((3, 1), 7)
-        after_change = decoder(input_ids=step, encoder_hidden_states=encoder_states, encoder_attention_mask=mask,
-                               past_key_values=cache).last_hidden_state
+        after_change = decoder(
+            input_ids=step, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, past_key_values=cache
+        ).last_hidden_state
         fresh = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
-        decoder(input_ids=start, encoder_hidden_states=encoder_states, encoder_attention_mask=original,
-                past_key_values=fresh)
-        expected = decoder(input_ids=step, encoder_hidden_states=encoder_states,
-                           encoder_attention_mask=mask.clone(), past_key_values=fresh).last_hidden_state
+        decoder(
+            input_ids=start,
+            encoder_hidden_states=encoder_states,
+            encoder_attention_mask=original,
+            past_key_values=fresh,
+        )
+        expected = decoder(
+            input_ids=step,
+            encoder_hidden_states=encoder_states,
+            encoder_attention_mask=mask.clone(),
+            past_key_values=fresh,
+        ).last_hidden_state
     assert torch.equal(after_change, expected)
     with torch.no_grad():
         stale = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
-        decoder(input_ids=start.clone(), encoder_hidden_states=encoder_states.clone(),
-                encoder_attention_mask=original.clone(), past_key_values=stale)
-        stale = decoder(input_ids=step.clone(), encoder_hidden_states=encoder_states.clone(),
-                        encoder_attention_mask=original.clone(), past_key_values=stale).last_hidden_state
+        decoder(
+            input_ids=start.clone(),
+            encoder_hidden_states=encoder_states.clone(),
+            encoder_attention_mask=original.clone(),
+            past_key_values=stale,
+        )
+        stale = decoder(
+            input_ids=step.clone(),
+            encoder_hidden_states=encoder_states.clone(),
+            encoder_attention_mask=original.clone(),
+            past_key_values=stale,
+        ).last_hidden_state
     assert not torch.allclose(stale, expected, atol=1e-3)  # the change matters (the test can fail)

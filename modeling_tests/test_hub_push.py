@@ -23,19 +23,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from huggingface_hub import HfApi, ModelCard, constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (
-    EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError,
-)
-from safetensors.numpy import save_file
-
 from conftest import read_sentences, run_without_package
 from conftest_hub import hub, module_hub  # noqa: F401  (fixtures)
 from hub_server import git_blob_sha1
+from huggingface_hub import (
+    HfApi,
+    ModelCard,
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from safetensors.numpy import save_file
+
 from model_cards import publish
 from model_cards.publish import PublishError, push_to_hub
-
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")  # inside huggingface_hub
 
@@ -44,8 +53,11 @@ TOKEN = "hf_testTOKEN0123456789abcdefghijklmnop"
 
 def tree_digest(folder: Path, skip=("README.md",)) -> dict[str, str]:
     """sha256 of every file under `folder` (the local checkpoint), except `skip`."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
 
 
 # ======================================================================================= 1. the server itself
@@ -64,8 +76,12 @@ def test_server_upload_and_download_plain_files(hub, tmp_path):
 
     folder = tmp_path / "up"
     (folder / "sub").mkdir(parents=True)
-    files = {"notes.txt": b"hello hub\n", "sub/data.json": b'{"a": 1}', "weights.safetensors": os.urandom(4096),
-             "blob.bin": bytes(range(256)) * 4}
+    files = {
+        "notes.txt": b"hello hub\n",
+        "sub/data.json": b'{"a": 1}',
+        "weights.safetensors": os.urandom(4096),
+        "blob.bin": bytes(range(256)) * 4,
+    }
     for name, data in files.items():
         (folder / name).write_bytes(data)
     commit = api.upload_folder(folder_path=folder, repo_id="org/files", commit_message="add files")
@@ -144,8 +160,10 @@ def test_server_checks_tokens_and_can_refuse_commits(hub, tmp_path):
 def test_server_validates_card_metadata(hub, tmp_path):
     api = HfApi(endpoint=hub.url, token="t")
     api.create_repo("org/card")
-    bad = "---\nlicense: mit\nmodel-index:\n- name: m\n  results:\n  - task: {type: translation}\n" \
-          "    dataset: {type: d, name: D}\n---\n# card\n"
+    bad = (
+        "---\nlicense: mit\nmodel-index:\n- name: m\n  results:\n  - task: {type: translation}\n"
+        "    dataset: {type: d, name: D}\n---\n# card\n"
+    )
     (tmp_path / "README.md").write_text(bad)
     with pytest.raises(ValueError, match="metrics"):
         api.upload_file(path_or_fileobj=tmp_path / "README.md", path_in_repo="README.md", repo_id="org/card")
@@ -157,20 +175,40 @@ def fake_checkpoint(root: Path, model_type: str = "transformer_nmt") -> Path:
     """A run folder with a complete (untrained, torch-free) checkpoint: enough for push and error tests."""
     model_dir = root / "run" / "model"
     model_dir.mkdir(parents=True)
-    config = {"model_type": model_type, "d_model": 8, "encoder_layers": 1, "decoder_layers": 1,
-              "vocab_size": 16, "auto_map": {"AutoConfig": f"configuration_{model_type}.Config",
-                                             "AutoModelForSeq2SeqLM": f"modeling_{model_type}.Model"},
-              "custom_pipelines": {"translation": {"impl": "pipeline_translation.TranslationPipeline"}}}
+    config = {
+        "model_type": model_type,
+        "d_model": 8,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "vocab_size": 16,
+        "auto_map": {
+            "AutoConfig": f"configuration_{model_type}.Config",
+            "AutoModelForSeq2SeqLM": f"modeling_{model_type}.Model",
+        },
+        "custom_pipelines": {"translation": {"impl": "pipeline_translation.TranslationPipeline"}},
+    }
     (model_dir / "config.json").write_text(json.dumps(config))
     for module in (f"configuration_{model_type}", f"modeling_{model_type}", "pipeline_translation"):
         (model_dir / f"{module}.py").write_text(f"# {module}\n")
     save_file({"w": np.arange(128, dtype=np.float32).reshape(16, 8)}, str(model_dir / "model.safetensors"))
     (model_dir / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     (model_dir / "tokenizer_config.json").write_text("{}")
-    (model_dir.parent / "results.json").write_text(json.dumps({
-        "model_type": model_type, "source_lang": "en", "target_lang": "de", "dataset": "multi30k",
-        "eval_split": "test_2016_flickr", "bleu": 1.5, "chrf": 10.25, "sacrebleu_signature": "sig-b",
-        "chrf_signature": "sig-c", "hyperparameters": {"lr": 0.01, "hub_token": TOKEN}}))
+    (model_dir.parent / "results.json").write_text(
+        json.dumps(
+            {
+                "model_type": model_type,
+                "source_lang": "en",
+                "target_lang": "de",
+                "dataset": "multi30k",
+                "eval_split": "test_2016_flickr",
+                "bleu": 1.5,
+                "chrf": 10.25,
+                "sacrebleu_signature": "sig-b",
+                "chrf_signature": "sig-c",
+                "hyperparameters": {"lr": 0.01, "hub_token": TOKEN},
+            }
+        )
+    )
     return model_dir
 
 
@@ -184,8 +222,15 @@ def test_push_uploads_model_tokenizer_code_and_card(hub, tmp_path, caplog, capfd
     remote = hub.files("org/tiny-push")
     local = {str(p.relative_to(model_dir)): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
     assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md",
-            "modeling_transformer_nmt.py", "pipeline_translation.py"} <= set(remote)
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "modeling_transformer_nmt.py",
+        "pipeline_translation.py",
+    } <= set(remote)
     card = ModelCard(remote["README.md"].decode())
     assert card.data.eval_results[0].metric_value == 1.5 and "org/tiny-push" in card.text  # built from results.json
     assert ("POST", "/api/validate-yaml", 200) in hub.requests
@@ -300,21 +345,53 @@ def test_training_script_push_to_hub(hub, tmp_path, monkeypatch):
                 f.write("".join(line + "\n" for line in read_sentences(lang, split, n=n)))
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     run_dir = tmp_path / "run"
-    train.main(["--data_dir", str(data), "--preset", "tiny", "--vocab_size", "200", "--max_steps", "2",
-                "--max_tokens", "512", "--warmup_steps", "1", "--eval_steps", "2", "--eval_bleu_pairs", "4",
-                "--num_beams", "1", "--max_len_a", "0", "--max_len_b", "4", "--eval_batch_size", "8",
-                "--num_examples", "0", "--output_dir", str(run_dir), "--push_to_hub", "--hub_model_id",
-                "org/trained-by-script"])
+    train.main(
+        [
+            "--data_dir",
+            str(data),
+            "--preset",
+            "tiny",
+            "--vocab_size",
+            "200",
+            "--max_steps",
+            "2",
+            "--max_tokens",
+            "512",
+            "--warmup_steps",
+            "1",
+            "--eval_steps",
+            "2",
+            "--eval_bleu_pairs",
+            "4",
+            "--num_beams",
+            "1",
+            "--max_len_a",
+            "0",
+            "--max_len_b",
+            "4",
+            "--eval_batch_size",
+            "8",
+            "--num_examples",
+            "0",
+            "--output_dir",
+            str(run_dir),
+            "--push_to_hub",
+            "--hub_model_id",
+            "org/trained-by-script",
+        ]
+    )
     results = json.loads((run_dir / "results.json").read_text())
     remote = hub.files("org/trained-by-script")
     for path in (run_dir / "model").iterdir():
         assert remote[path.name] == path.read_bytes(), path.name
     card = ModelCard(remote["README.md"].decode())
     assert card.data.datasets == ["bentrevett/multi30k"] and card.data.language == ["en", "de"]
-    assert [(r.metric_type, r.metric_value, r.dataset_split, r.metric_args["signature"])
-            for r in card.data.eval_results] == [
+    assert [
+        (r.metric_type, r.metric_value, r.dataset_split, r.metric_args["signature"]) for r in card.data.eval_results
+    ] == [
         ("bleu", round(results["bleu"], 2), results["eval_split"], results["sacrebleu_signature"]),
-        ("chrf", round(results["chrf"], 2), results["eval_split"], results["chrf_signature"])]
+        ("chrf", round(results["chrf"], 2), results["eval_split"], results["chrf_signature"]),
+    ]
     assert f"{results['params']:,}" in card.text and f"**{results['train_pairs']}**" in card.text
     assert all(TOKEN.encode() not in blob for blob in remote.values())
     assert all(TOKEN.encode() not in p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
@@ -351,8 +428,9 @@ def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
 
     overrides, translate = VARIANTS[model_type]
     torch.manual_seed(0)
-    config = hf_variants.CONFIG_CLASSES[model_type].from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0,
-                                                                **overrides)
+    config = hf_variants.CONFIG_CLASSES[model_type].from_preset(
+        "tiny", vocab_size=len(tokenizer), dropout=0.0, **overrides
+    )
     model = hf_variants.MODEL_CLASSES[model_type][2](config)
     pairs = sorted(zip(read_sentences("en", n=64), read_sentences("de", n=64)), key=lambda p: len(p[0]) + len(p[1]))
     src, tgt = map(list, zip(*pairs[:TRAIN_PAIRS]))  # the shortest real pairs: a cheap batch
@@ -386,20 +464,37 @@ def train_and_save(model_type: str, tokenizer, run_dir: Path) -> dict:
     texts = [{"translation_text": text} for text in hypotheses]
     bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
     results = {
-        "model_type": model_type, "variant": type(model).__name__, "source_lang": "en", "target_lang": "de",
-        "languages": ["en", "de"], "dataset": "multi30k", "eval_split": "val",
+        "model_type": model_type,
+        "variant": type(model).__name__,
+        "source_lang": "en",
+        "target_lang": "de",
+        "languages": ["en", "de"],
+        "dataset": "multi30k",
+        "eval_split": "val",
         "bleu": bleu.corpus_score(hypotheses, [references]).score,
         "chrf": chrf.corpus_score(hypotheses, [references]).score,
-        "sacrebleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+        "sacrebleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
         "params": sum(p.numel() for p in model.parameters()),
-        "train_tokens_per_sec": TRAIN_STEPS * int(batch["attention_mask"].sum()) / wall, "wall_time_sec": wall,
-        "train_pairs": len(src), "dropped_pairs": 0, "dropped_reasons": {}, "steps": TRAIN_STEPS,
-        "epochs": float(TRAIN_STEPS), "hyperparameters": {"learning_rate": 3e-3, "batch_size": len(src)},
+        "train_tokens_per_sec": TRAIN_STEPS * int(batch["attention_mask"].sum()) / wall,
+        "wall_time_sec": wall,
+        "train_pairs": len(src),
+        "dropped_pairs": 0,
+        "dropped_reasons": {},
+        "steps": TRAIN_STEPS,
+        "epochs": float(TRAIN_STEPS),
+        "hyperparameters": {"learning_rate": 3e-3, "batch_size": len(src)},
         "base_model": None,
     }
     (run_dir / "results.json").write_text(json.dumps(results))
-    return {"sentences": sentences, "translate": translate, "generation": generation, "ids": ids, "texts": texts,
-            "results": results}
+    return {
+        "sentences": sentences,
+        "translate": translate,
+        "generation": generation,
+        "ids": ids,
+        "texts": texts,
+        "results": results,
+    }
 
 
 def usage_snippet(readme: str) -> str:
@@ -433,11 +528,21 @@ def published(module_hub, tokenizer, tmp_path_factory):
         # The card's usage snippet, run here on the local folder (the fresh process runs it on the Hub repo).
         snippet = usage_snippet(module_hub.files(repo_id)["README.md"].decode())
         local[model_type]["snippet"] = snippet
-        local[model_type]["snippet_output"] = run_snippet(snippet.replace(f'"{repo_id}"', repr(str(run_dir / "model"))))
+        local[model_type]["snippet_output"] = run_snippet(
+            snippet.replace(f'"{repo_id}"', repr(str(run_dir / "model")))
+        )
 
     hf_home = tmp_path_factory.mktemp("fresh-hf-home")
-    jobs = [(local[mt]["repo_id"], local[mt]["sentences"], local[mt]["translate"], local[mt]["generation"],
-             local[mt]["snippet"]) for mt in available]
+    jobs = [
+        (
+            local[mt]["repo_id"],
+            local[mt]["sentences"],
+            local[mt]["translate"],
+            local[mt]["generation"],
+            local[mt]["snippet"],
+        )
+        for mt in available
+    ]
     code = f"""
         import contextlib, io, json
         from pathlib import Path
@@ -460,8 +565,15 @@ def published(module_hub, tokenizer, tmp_path_factory):
         out["cached_repos"] = sorted(p.name for p in (home / "hub").iterdir() if p.name.startswith("models--"))
         print(json.dumps(out))
     """
-    env = {"HF_ENDPOINT": module_hub.url, "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(hf_home), "HF_TOKEN": "x",
-           "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "TMPDIR": str(tmp_path_factory.mktemp("cwd"))}
+    env = {
+        "HF_ENDPOINT": module_hub.url,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(hf_home),
+        "HF_TOKEN": "x",
+        "HF_HUB_OFFLINE": "0",
+        "TRANSFORMERS_OFFLINE": "0",
+        "TMPDIR": str(tmp_path_factory.mktemp("cwd")),
+    }
     remote = json.loads(run_without_package(code, env=env).strip().splitlines()[-1])
     return {"local": local, "remote": remote, "urls": urls, "hub": module_hub}
 
@@ -482,8 +594,11 @@ def test_pushed_model_translates_like_the_local_model_in_a_fresh_process(publish
     assert remote["snippet_output"] == local["snippet_output"] and local["snippet_output"].strip()
     # Everything came from the server into the empty HF_HOME.
     assert f"models--{repo_id.replace('/', '--')}" in published["remote"]["cached_repos"]
-    assert ("GET", f"/{repo_id}/resolve/{published['urls'][model_type].rsplit('/', 1)[-1]}/model.safetensors",
-            200) in published["hub"].requests
+    assert (
+        "GET",
+        f"/{repo_id}/resolve/{published['urls'][model_type].rsplit('/', 1)[-1]}/model.safetensors",
+        200,
+    ) in published["hub"].requests
 
 
 @pytest.mark.parametrize("model_type", list(VARIANTS))
@@ -503,7 +618,9 @@ def test_pushed_repo_has_card_code_and_weights(published, model_type):
     results = local["results"]
     assert card.data.tags[:3] == ["translation", "hf-variants", model_type]
     assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
-        ("bleu", round(results["bleu"], 2)), ("chrf", round(results["chrf"], 2))]
+        ("bleu", round(results["bleu"], 2)),
+        ("chrf", round(results["chrf"], 2)),
+    ]
     assert f'from_pretrained("{local["repo_id"]}", trust_remote_code=True)' in card.text
     assert f"{results['params']:,}" in card.text
     assert TOKEN.encode() not in b"".join(files.values())

@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conftest import read_sentences  # noqa: E402
+
 from training import corpus, data_pipeline, train, translate  # noqa: E402
 
 BOM = "\ufeff"
@@ -42,10 +43,41 @@ def bom_data_dir(d: Path, n: int = 60) -> Path:
 
 
 def tiny_run(data_dir, out, cache, *extra):
-    train.main(["--data_dir", str(data_dir), "--test_prefix", "", "--preset", "tiny", "--max_steps", "1",
-                "--max_tokens", "512", "--warmup_steps", "1", "--eval_steps", "1", "--eval_bleu_pairs", "2",
-                "--num_beams", "1", "--max_len_a", "0", "--max_len_b", "2", "--vocab_size", "300",
-                "--num_examples", "0", "--output_dir", str(out), "--data_cache_dir", str(cache), *extra])
+    train.main(
+        [
+            "--data_dir",
+            str(data_dir),
+            "--test_prefix",
+            "",
+            "--preset",
+            "tiny",
+            "--max_steps",
+            "1",
+            "--max_tokens",
+            "512",
+            "--warmup_steps",
+            "1",
+            "--eval_steps",
+            "1",
+            "--eval_bleu_pairs",
+            "2",
+            "--num_beams",
+            "1",
+            "--max_len_a",
+            "0",
+            "--max_len_b",
+            "2",
+            "--vocab_size",
+            "300",
+            "--num_examples",
+            "0",
+            "--output_dir",
+            str(out),
+            "--data_cache_dir",
+            str(cache),
+            *extra,
+        ]
+    )
     return Path(out)
 
 
@@ -104,8 +136,9 @@ def test_training_on_bom_files_and_relaunch_with_the_model_folder_reuses_the_cac
     data = bom_data_dir(tmp_path / "data")
     cache = tmp_path / "cache"
     run = tiny_run(data, tmp_path / "run", cache)
-    rows = data_pipeline.load_rows(data_pipeline.SplitSource.from_dir(data, "train", ["en", "de"]), ["en", "de"],
-                                   cache_dir=cache)
+    rows = data_pipeline.load_rows(
+        data_pipeline.SplitSource.from_dir(data, "train", ["en", "de"]), ["en", "de"], cache_dir=cache
+    )
     assert next(rows.texts("en")) == read_sentences("en", n=1)[0]
     vocab = json.loads((run / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
     assert not [piece for piece in vocab if BOM in piece]
@@ -114,8 +147,10 @@ def test_training_on_bom_files_and_relaunch_with_the_model_folder_reuses_the_cac
     from transformers import AutoTokenizer
 
     copy = shutil.copytree(run / "tokenizer", tmp_path / "copy")
-    keys = {name: data_pipeline.tokenizer_fingerprint(AutoTokenizer.from_pretrained(path))
-            for name, path in (("tokenizer", run / "tokenizer"), ("model", run / "model"), ("copy", copy))}
+    keys = {
+        name: data_pipeline.tokenizer_fingerprint(AutoTokenizer.from_pretrained(path))
+        for name, path in (("tokenizer", run / "tokenizer"), ("model", run / "model"), ("copy", copy))
+    }
     assert len(set(keys.values())) == 1, keys
     padded = AutoTokenizer.from_pretrained(copy)
     padded(["a b", "c"], padding=True, truncation=True, max_length=3)  # padding/truncation state of the backend
@@ -123,8 +158,9 @@ def test_training_on_bom_files_and_relaunch_with_the_model_folder_reuses_the_cac
     assert data_pipeline.tokenizer_fingerprint(padded) == keys["tokenizer"]
     from hf_variants.tokenization import train_tokenizer
 
-    other = train_tokenizer(read_sentences("en", n=60) + read_sentences("de", n=60), vocab_size=200,
-                            languages=["en", "de"])
+    other = train_tokenizer(
+        read_sentences("en", n=60) + read_sentences("de", n=60), vocab_size=200, languages=["en", "de"]
+    )
     assert data_pipeline.tokenizer_fingerprint(other) != keys["tokenizer"]
 
     measured = sorted(p.name for p in cache.glob("measured-*"))
@@ -138,22 +174,47 @@ def test_translate_reads_bom_input(tmp_path, tiny_model_dir):
     model_dir = tiny_model_dir
     sentences = read_sentences("en", "val", n=2)
     gen = ["--num_beams", "1", "--max_len_a", "0", "--max_len_b", "3", "--no_progress"]
-    translate.main(["--model", str(model_dir), "--input", str(write(tmp_path / "plain.en", sentences, bom=False)),
-                    "--output", str(tmp_path / "expected"), *gen])
+    translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(write(tmp_path / "plain.en", sentences, bom=False)),
+            "--output",
+            str(tmp_path / "expected"),
+            *gen,
+        ]
+    )
     expected = (tmp_path / "expected").read_text(encoding="utf-8")
     for name in ("src.en", "src.en.gz", "src.jsonl"):
         lines = [json.dumps({"text": s}) for s in sentences] if name.endswith(".jsonl") else sentences
         path = str(write(tmp_path / name, lines))
-        read = translate.read_jsonl_input(path, None, None, [])[0] if name.endswith(".jsonl") else \
-            translate.read_input_lines(path)
+        read = (
+            translate.read_jsonl_input(path, None, None, [])[0]
+            if name.endswith(".jsonl")
+            else translate.read_input_lines(path)
+        )
         assert read == sentences, name
-        translate.main(["--model", str(model_dir), "--input", path,
-                        "--output", str(tmp_path / f"out.{name}"), *gen])
+        translate.main(["--model", str(model_dir), "--input", path, "--output", str(tmp_path / f"out.{name}"), *gen])
         assert (tmp_path / f"out.{name}").read_text(encoding="utf-8") == expected, name
-    proc = subprocess.run([sys.executable, str(ROOT / "training" / "translate.py"), "--model", str(model_dir),
-                           "--input", "-", "--output", "-", *gen],
-                          input=(BOM + "\n".join(sentences) + "\n").encode("utf-8"), capture_output=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "training" / "translate.py"),
+            "--model",
+            str(model_dir),
+            "--input",
+            "-",
+            "--output",
+            "-",
+            *gen,
+        ],
+        input=(BOM + "\n".join(sentences) + "\n").encode("utf-8"),
+        capture_output=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.decode("utf-8") == expected
 
@@ -162,12 +223,34 @@ def test_translate_reads_bom_input(tmp_path, tiny_model_dir):
 def test_translate_prints_progress_lines_when_stderr_is_a_pipe(tiny_model_dir, tmp_path, capsys):
     """stderr a pipe (nohup, SLURM, CI): no bar, but `progress:` lines with the right totals; 0 s: every batch."""
     src = write(tmp_path / "src.en", read_sentences("en", "val", n=5) + [""], bom=False)
-    command = [sys.executable, str(ROOT / "training" / "translate.py"), "--model", str(tiny_model_dir), "--input",
-               str(src), "--output", str(tmp_path / "out"), "--num_beams", "1", "--max_len_a", "0", "--max_len_b",
-               "2", "--batch_size", "2"]
+    command = [
+        sys.executable,
+        str(ROOT / "training" / "translate.py"),
+        "--model",
+        str(tiny_model_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "out"),
+        "--num_beams",
+        "1",
+        "--max_len_a",
+        "0",
+        "--max_len_b",
+        "2",
+        "--batch_size",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(command + ["--progress_interval", "0"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True, timeout=300, cwd=ROOT, env=env)
+    proc = subprocess.run(
+        command + ["--progress_interval", "0"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
     assert [line.split()[1] for line in lines] == ["2/5", "4/5", "5/5"]  # the empty line is not translated
@@ -179,8 +262,9 @@ def test_translate_prints_progress_lines_when_stderr_is_a_pipe(tiny_model_dir, t
     translate.main(command[2:] + ["--progress_interval", "0"])
     assert "progress: 5/5 sentences (100%)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        translate.build_parser().parse_args(["--model", "m", "--input", "i", "--output", "o",
-                                             "--progress_interval", "-1"])
+        translate.build_parser().parse_args(
+            ["--model", "m", "--input", "i", "--output", "o", "--progress_interval", "-1"]
+        )
 
 
 def test_progress_lines_every_interval():
@@ -194,8 +278,10 @@ def test_progress_lines_every_interval():
         now[0] = t
         progress.update(n)
     lines = out.getvalue().splitlines()
-    assert lines == ["progress: 6/10 sentences (60%), 1.0 sentences/s, elapsed 0:00:06, ETA 0:00:04",
-                     "progress: 10/10 sentences (100%), 0.8 sentences/s, elapsed 0:00:12, ETA 0:00:00"]
+    assert lines == [
+        "progress: 6/10 sentences (60%), 1.0 sentences/s, elapsed 0:00:06, ETA 0:00:04",
+        "progress: 10/10 sentences (100%), 0.8 sentences/s, elapsed 0:00:12, ETA 0:00:00",
+    ]
 
 
 # ------------------------------------------------------------------------------------ tokenizer/model mismatch
@@ -212,8 +298,10 @@ def test_tokenizer_larger_than_the_models_vocabulary_is_refused(tokenizer, tmp_p
     small = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=size - 8))
     small.save_pretrained(tmp_path / "small")
     tokenizer.save_pretrained(tmp_path / "small")
-    message = rf"has {size} tokens \(len\(tokenizer\)\) but the model .* has a vocabulary of {size - 8} " \
-              rf"\(config.vocab_size\)"
+    message = (
+        rf"has {size} tokens \(len\(tokenizer\)\) but the model .* has a vocabulary of {size - 8} "
+        rf"\(config.vocab_size\)"
+    )
     with pytest.raises(ValueError, match=message):
         pipeline("translation", model=small, tokenizer=tokenizer)
     with pytest.raises(ValueError, match=message):

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_without_package
 from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
 
 import hf_variants
 from hf_variants.convert_legacy import convert_checkpoint
-from transformers import AutoModelForSeq2SeqLM
-
-from conftest import run_without_package
 
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
 UNCHANGED = ["transformer_nmt", "hysan_nmt", "mgsa_nmt", "tied_nmt"]

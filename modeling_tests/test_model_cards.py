@@ -12,24 +12,36 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hub_server import validate_card_metadata
 from huggingface_hub import EvalResult, ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from safetensors.numpy import save_file
 
 from model_cards import card as card_module
 from model_cards.card import FAMILIES, PLACEHOLDER_REPO_ID, build_model_card, card_from_run, count_parameters
-from hub_server import validate_card_metadata
-
 
 # Variant config fields per family, as the configs store them (values are arbitrary but distinct).
 VARIANT_FIELDS = {
     "transformer_nmt": {},
-    "mute_nmt": {"num_units": 4, "unit_types": ["identity", "swap", "mask", "disorder"], "merge": "seq",
-                 "swap_range": 3},
-    "hysan_nmt": {"encoder_branches": ["global", "forward", "backward", "local"],
-                  "decoder_branches": ["forward", "local"], "local_k": 5, "fusion": "gated_sum"},
-    "mgsa_nmt": {"mgsa_layers": [0], "phrase_type": "ngram", "ngram_sizes": [2, 3, 4],
-                 "phrase_composition": "san", "phrase_interaction": "on_lstm"},
+    "mute_nmt": {
+        "num_units": 4,
+        "unit_types": ["identity", "swap", "mask", "disorder"],
+        "merge": "seq",
+        "swap_range": 3,
+    },
+    "hysan_nmt": {
+        "encoder_branches": ["global", "forward", "backward", "local"],
+        "decoder_branches": ["forward", "local"],
+        "local_k": 5,
+        "fusion": "gated_sum",
+    },
+    "mgsa_nmt": {
+        "mgsa_layers": [0],
+        "phrase_type": "ngram",
+        "ngram_sizes": [2, 3, 4],
+        "phrase_composition": "san",
+        "phrase_interaction": "on_lstm",
+    },
     "mimo_nmt": {"num_transformations": 3, "task_attention": True},
     "tied_nmt": {"direction_embedding": True, "num_directions": 1},
 }
@@ -47,35 +59,67 @@ SECRET = "hf_abcdefghijklmnopqrstuvwxyz012345"
 
 def make_results(model_type: str, **overrides) -> dict:
     results = {
-        "model_type": model_type, "variant": f"{FAMILIES[model_type].name} test run",
-        "source_lang": "en", "target_lang": "de", "languages": ["en", "de"],
-        "dataset": "multi30k", "eval_split": "test_2016_flickr",
-        "bleu": 12.3456, "chrf": 40.987,
+        "model_type": model_type,
+        "variant": f"{FAMILIES[model_type].name} test run",
+        "source_lang": "en",
+        "target_lang": "de",
+        "languages": ["en", "de"],
+        "dataset": "multi30k",
+        "eval_split": "test_2016_flickr",
+        "bleu": 12.3456,
+        "chrf": 40.987,
         "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
         "chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
-        "params": 123_457, "train_tokens_per_sec": 2345.5, "wall_time_sec": 321.0,
-        "train_pairs": 28_911, "dropped_pairs": 89, "dropped_reasons": {"too_long": 80, "length_ratio": 9},
-        "steps": 1500, "epochs": 2.25,
-        "hyperparameters": {"learning_rate": 0.0007, "warmup_steps": 4000, "max_tokens": 4096,
-                            "hub_token": SECRET, "label_smoothing": 0.1},
+        "params": 123_457,
+        "train_tokens_per_sec": 2345.5,
+        "wall_time_sec": 321.0,
+        "train_pairs": 28_911,
+        "dropped_pairs": 89,
+        "dropped_reasons": {"too_long": 80, "length_ratio": 9},
+        "steps": 1500,
+        "epochs": 2.25,
+        "hyperparameters": {
+            "learning_rate": 0.0007,
+            "warmup_steps": 4000,
+            "max_tokens": 4096,
+            "hub_token": SECRET,
+            "label_smoothing": 0.1,
+        },
         "base_model": None,
     }
     results.update(overrides)
     return results
 
 
-def make_run(tmp_path: Path, model_type: str, results: dict | None = None, config_extra: dict | None = None,
-             tensors: dict | None = None) -> Path:
+def make_run(
+    tmp_path: Path,
+    model_type: str,
+    results: dict | None = None,
+    config_extra: dict | None = None,
+    tensors: dict | None = None,
+) -> Path:
     """A run folder in the training script's layout, with a real safetensors file and tokenizer.json."""
     run = tmp_path / f"run-{model_type}"
     model_dir = run / "model"
     model_dir.mkdir(parents=True)
-    config = {"model_type": model_type, "d_model": 48, "encoder_layers": 3, "decoder_layers": 2,
-              "encoder_attention_heads": 6, "decoder_attention_heads": 3, "encoder_ffn_dim": 96,
-              "decoder_ffn_dim": 80, "vocab_size": 517, "normalize_before": True,
-              "position_embedding_type": "sinusoidal", "languages": [], "dtype": "float32",
-              "auto_map": {"AutoConfig": f"configuration_{model_type}.Config"},
-              **VARIANT_FIELDS[model_type], **(config_extra or {})}
+    config = {
+        "model_type": model_type,
+        "d_model": 48,
+        "encoder_layers": 3,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 6,
+        "decoder_attention_heads": 3,
+        "encoder_ffn_dim": 96,
+        "decoder_ffn_dim": 80,
+        "vocab_size": 517,
+        "normalize_before": True,
+        "position_embedding_type": "sinusoidal",
+        "languages": [],
+        "dtype": "float32",
+        "auto_map": {"AutoConfig": f"configuration_{model_type}.Config"},
+        **VARIANT_FIELDS[model_type],
+        **(config_extra or {}),
+    }
     (model_dir / "config.json").write_text(json.dumps(config))
     tensors = tensors or {"a.weight": np.zeros((7, 5), np.float32), "b.bias": np.zeros((11,), np.float32)}
     save_file(tensors, str(model_dir / "model.safetensors"))
@@ -92,11 +136,20 @@ def expected_eval_results(results: dict, dataset_type: str) -> list[EvalResult]:
     entries += [(d, s, d) for d, s in (results.get("per_direction") or {}).items() if d != pair]
     for config, scores, label in entries:
         for metric, name, sig in (("bleu", "BLEU", "sacrebleu_signature"), ("chrf", "chrF", "chrf_signature")):
-            out.append(EvalResult(
-                task_type="translation", task_name="Translation", dataset_type=dataset_type,
-                dataset_name=f"Multi30k ({label})", dataset_config=config, dataset_split=results["eval_split"],
-                metric_type=metric, metric_name=name, metric_value=round(scores[metric], 2),
-                metric_args={"signature": scores.get(sig) or results[sig]}))
+            out.append(
+                EvalResult(
+                    task_type="translation",
+                    task_name="Translation",
+                    dataset_type=dataset_type,
+                    dataset_name=f"Multi30k ({label})",
+                    dataset_config=config,
+                    dataset_split=results["eval_split"],
+                    metric_type=metric,
+                    metric_name=name,
+                    metric_value=round(scores[metric], 2),
+                    metric_args={"signature": scores.get(sig) or results[sig]},
+                )
+            )
     return out
 
 
@@ -126,8 +179,10 @@ def test_card_from_run_metadata_round_trips(tmp_path, model_type):
     name, eval_results = model_index_to_eval_results(meta["model-index"])
     assert name == "demo-model"
     assert eval_results == data.eval_results
-    assert [r.metric_args["signature"] for r in eval_results] == [results["sacrebleu_signature"],
-                                                                  results["chrf_signature"]]
+    assert [r.metric_args["signature"] for r in eval_results] == [
+        results["sacrebleu_signature"],
+        results["chrf_signature"],
+    ]
     assert validate_card_metadata(readme.read_text()) == []  # what the Hub test server checks
 
 
@@ -146,8 +201,10 @@ def test_card_body_has_every_section(tmp_path, model_type):
     assert rows["Parameters"].startswith(f"{results['params']:,}")
     assert rows["Model width d_model"] == str(config["d_model"])
     assert rows["Encoder / decoder layers"] == f"{config['encoder_layers']} / {config['decoder_layers']}"
-    assert rows["Attention heads (encoder / decoder)"] == \
-        f"{config['encoder_attention_heads']} / {config['decoder_attention_heads']}"
+    assert (
+        rows["Attention heads (encoder / decoder)"]
+        == f"{config['encoder_attention_heads']} / {config['decoder_attention_heads']}"
+    )
     assert rows["Vocabulary (shared source/target)"] == str(config["vocab_size"])
     assert rows["Layer norm"] == "pre-norm"
     labels = dict(FAMILIES[model_type].fields)
@@ -167,18 +224,39 @@ def test_card_body_has_every_section(tmp_path, model_type):
     assert 'AutoModelForSeq2SeqLM.from_pretrained("org/demo-model", trust_remote_code=True)' in text
     assert 'AutoTokenizer.from_pretrained("org/demo-model", trust_remote_code=True)' in text
     assert 'pipeline("translation", model="org/demo-model", trust_remote_code=True)' in text
-    for heading in ("## Model description", "## Usage", "## Training data", "## Training procedure",
-                    "## Evaluation", "## Limitations", "## Citation"):
+    for heading in (
+        "## Model description",
+        "## Usage",
+        "## Training data",
+        "## Training procedure",
+        "## Evaluation",
+        "## Limitations",
+        "## Citation",
+    ):
         assert heading in text
 
 
 def test_multilingual_card_has_per_direction_results(tmp_path):
-    per_direction = {"en-de": {"bleu": 20.111, "chrf": 45.0}, "de-en": {"bleu": 24.5, "chrf": 48.25},
-                     "en-fr": {"bleu": 30.0, "chrf": 55.0}}
-    results = make_results("mimo_nmt", source_lang=None, target_lang=None, languages=["en", "de", "fr"],
-                           per_direction=per_direction, bleu=24.87, chrf=49.4)
-    run = make_run(tmp_path, "mimo_nmt", results=results,
-                   config_extra={"languages": ["en", "de", "fr"], "target_language_tags": True})
+    per_direction = {
+        "en-de": {"bleu": 20.111, "chrf": 45.0},
+        "de-en": {"bleu": 24.5, "chrf": 48.25},
+        "en-fr": {"bleu": 30.0, "chrf": 55.0},
+    }
+    results = make_results(
+        "mimo_nmt",
+        source_lang=None,
+        target_lang=None,
+        languages=["en", "de", "fr"],
+        per_direction=per_direction,
+        bleu=24.87,
+        chrf=49.4,
+    )
+    run = make_run(
+        tmp_path,
+        "mimo_nmt",
+        results=results,
+        config_extra={"languages": ["en", "de", "fr"], "target_language_tags": True},
+    )
     card_from_run(run, repo_id="org/mimo-multi")
     loaded = ModelCard.load(run / "model" / "README.md")
     assert loaded.data.language == ["en", "de", "fr"]
@@ -223,9 +301,18 @@ def test_unknown_model_type_is_rejected(tmp_path):
 
 
 def test_secret_keys_are_redacted_but_token_counts_are_kept():
-    redacted = card_module.redact_secrets({
-        "hub_token": "x", "use_auth_token": True, "api_key": "k", "nested": {"password": "p", "lr": 1},
-        "max_tokens": 4096, "batch_tokens": 10, "label": SECRET, "tokenizer": "bpe"})
+    redacted = card_module.redact_secrets(
+        {
+            "hub_token": "x",
+            "use_auth_token": True,
+            "api_key": "k",
+            "nested": {"password": "p", "lr": 1},
+            "max_tokens": 4096,
+            "batch_tokens": 10,
+            "label": SECRET,
+            "tokenizer": "bpe",
+        }
+    )
     assert redacted == {"nested": {"lr": 1}, "max_tokens": 4096, "batch_tokens": 10, "tokenizer": "bpe"}
 
 
@@ -244,13 +331,28 @@ def test_training_script_results_with_local_paths(tmp_path):
     local_parent = tmp_path / "runs" / "parent" / "model"
     local_parent.mkdir(parents=True)
     results = make_results(
-        "hysan_nmt", source_lang=None, target_lang=None, languages=["en", "de"], directions=["en-de", "de-en"],
-        dataset=str(tmp_path / "corpora" / "my_corpus"), eval_split=str(tmp_path / "test.en-de.tsv.gz"),
-        variant="tiny", base_model=str(local_parent),
-        per_direction={"en-de": {"bleu": 10.0, "chrf": 30.0, "pairs": 8}, "de-en": {"bleu": 12.0, "chrf": 33.0,
-                                                                                  "pairs": 8}},
-        hyperparameters={"learning_rate": 0.003, "output_dir": str(tmp_path / "runs" / "x"), "dropout": None,
-                         "push_to_hub": True, "hub_model_id": "org/x", "preset": "tiny"})
+        "hysan_nmt",
+        source_lang=None,
+        target_lang=None,
+        languages=["en", "de"],
+        directions=["en-de", "de-en"],
+        dataset=str(tmp_path / "corpora" / "my_corpus"),
+        eval_split=str(tmp_path / "test.en-de.tsv.gz"),
+        variant="tiny",
+        base_model=str(local_parent),
+        per_direction={
+            "en-de": {"bleu": 10.0, "chrf": 30.0, "pairs": 8},
+            "de-en": {"bleu": 12.0, "chrf": 33.0, "pairs": 8},
+        },
+        hyperparameters={
+            "learning_rate": 0.003,
+            "output_dir": str(tmp_path / "runs" / "x"),
+            "dropout": None,
+            "push_to_hub": True,
+            "hub_model_id": "org/x",
+            "preset": "tiny",
+        },
+    )
     run = make_run(tmp_path, "hysan_nmt", results=results)
     card = card_from_run(run, repo_id="org/x")
     data = ModelCard.load(run / "model" / "README.md").data
@@ -276,33 +378,72 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
     bench.mkdir()
 
     def row(name, label, bleu):
-        return {"name": name, "label": label, "group": "en-de", "params": 7_500_000, "bleu": bleu, "chrf": bleu + 20,
-                "en_de_bleu": bleu}
+        return {
+            "name": name,
+            "label": label,
+            "group": "en-de",
+            "params": 7_500_000,
+            "bleu": bleu,
+            "chrf": bleu + 20,
+            "en_de_bleu": bleu,
+        }
 
-    (bench / "quality.json").write_text(json.dumps({
-        "budget": {"steps": 240, "max_tokens": 2048},
-        "rows": [row("baseline", "Baseline X", 20.5), row("mute", "MUTE X", 21.25), row("hysan_e1", "HySAN X", 19.0),
-                 row("mute_bias_seq", "MUTE+bias+seq X", 22.0)],
-        "bar_reference": {"bleu": 34.0, "steps": 1100, "max_tokens": 4096, "epochs": 9}}))
-    (bench / "efficiency.json").write_text(json.dumps({"results": {"small": {"mute": {"ratios_vs_baseline": {
-        "train_tokens_per_sec": 0.55, "greedy_tokens_per_sec": 0.65, "beam4_tokens_per_sec": 0.84}}}}}))
+    (bench / "quality.json").write_text(
+        json.dumps(
+            {
+                "budget": {"steps": 240, "max_tokens": 2048},
+                "rows": [
+                    row("baseline", "Baseline X", 20.5),
+                    row("mute", "MUTE X", 21.25),
+                    row("hysan_e1", "HySAN X", 19.0),
+                    row("mute_bias_seq", "MUTE+bias+seq X", 22.0),
+                ],
+                "bar_reference": {"bleu": 34.0, "steps": 1100, "max_tokens": 4096, "epochs": 9},
+            }
+        )
+    )
+    (bench / "efficiency.json").write_text(
+        json.dumps(
+            {
+                "results": {
+                    "small": {
+                        "mute": {
+                            "ratios_vs_baseline": {
+                                "train_tokens_per_sec": 0.55,
+                                "greedy_tokens_per_sec": 0.65,
+                                "beam4_tokens_per_sec": 0.84,
+                            }
+                        }
+                    }
+                }
+            }
+        )
+    )
     text = build_model_card(run / "model", results, benchmark_dir=bench).text
     assert "### Side-by-side benchmark" in text
     table = re.findall(r"^\| ([^|]+?) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
-    assert [(label, bleu) for label, _, bleu, _ in table] == [("Baseline X", "20.50"), ("MUTE X", "21.25"),
-                                                              ("MUTE+bias+seq X", "22.00")]  # no HySAN row
+    assert [(label, bleu) for label, _, bleu, _ in table] == [
+        ("Baseline X", "20.50"),
+        ("MUTE X", "21.25"),
+        ("MUTE+bias+seq X", "22.00"),
+    ]  # no HySAN row
     assert "training 0.55x" in text and "beam-4 decoding 0.84x" in text
     assert "240 steps of <= 2048 tokens" in text
     assert "longer budget" not in text  # no bar-budget runs in this file
     # with the family's runs at the bar's budget (and the baseline's), a second table lists them
     quality = json.loads((bench / "quality.json").read_text())
-    quality["rows"] += [row("baseline_bar", "Baseline X, bar", 33.5), row("mute_bar", "MUTE X, bar", 34.75),
-                        row("hysan_e1_bar", "HySAN X, bar", 33.0)]
+    quality["rows"] += [
+        row("baseline_bar", "Baseline X, bar", 33.5),
+        row("mute_bar", "MUTE X, bar", 34.75),
+        row("hysan_e1_bar", "HySAN X, bar", 33.0),
+    ]
     (bench / "quality.json").write_text(json.dumps(quality))
     text = build_model_card(run / "model", results, benchmark_dir=bench).text
     table = re.findall(r"^\| ([^|]+?) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
-    assert [(label, bleu) for label, _, bleu, _ in table][3:] == [("Baseline X, bar", "33.50"),
-                                                                  ("MUTE X, bar", "34.75")]
+    assert [(label, bleu) for label, _, bleu, _ in table][3:] == [
+        ("Baseline X, bar", "33.50"),
+        ("MUTE X, bar", "34.75"),
+    ]
     assert "1100 steps of <= 4096 tokens" in text and "reached 34.0 BLEU" in text
     plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
     assert "Side-by-side benchmark" not in plain
@@ -334,16 +475,42 @@ def test_card_reads_every_record_field_it_shows(tmp_path):
     from model_cards.run_record import RunRecord
 
     assert set(card_module.RESULTS_KEYS) <= set(RunRecord.field_names())
-    record = RunRecord.from_dict(make_results(
-        "transformer_nmt", variant="Variant-XYZ", params=987_654, train_pairs=31_337, dropped_pairs=4_242,
-        steps=2_718, epochs=3.14159, wall_time_sec=7_265.0, train_tokens_per_sec=6_543.0, license="apache-2.0",
-        base_model="org/parent-model", directions=["en-de"], dataset="wmt16", dataset_id="org/wmt16-copy",
-        settings_changes=[{"step": 99, "setting": "learning_rate", "from": 0.1, "to": 0.2, "free": False}]))
+    record = RunRecord.from_dict(
+        make_results(
+            "transformer_nmt",
+            variant="Variant-XYZ",
+            params=987_654,
+            train_pairs=31_337,
+            dropped_pairs=4_242,
+            steps=2_718,
+            epochs=3.14159,
+            wall_time_sec=7_265.0,
+            train_tokens_per_sec=6_543.0,
+            license="apache-2.0",
+            base_model="org/parent-model",
+            directions=["en-de"],
+            dataset="wmt16",
+            dataset_id="org/wmt16-copy",
+            settings_changes=[{"step": 99, "setting": "learning_rate", "from": 0.1, "to": 0.2, "free": False}],
+        )
+    )
     run = make_run(tmp_path, "transformer_nmt", results=record.to_dict())
     card = build_model_card(run / "model", record)
     text, data = card.text, ModelCard(str(card)).data
-    for shown in ("Variant-XYZ", "987,654", "31,337", "4,242", "2,718", "3.14", "6,543 tokens/s", "12.35", "40.99",
-                  record.sacrebleu_signature, "Resumed at step 99", "`learning_rate`"):
+    for shown in (
+        "Variant-XYZ",
+        "987,654",
+        "31,337",
+        "4,242",
+        "2,718",
+        "3.14",
+        "6,543 tokens/s",
+        "12.35",
+        "40.99",
+        record.sacrebleu_signature,
+        "Resumed at step 99",
+        "`learning_rate`",
+    ):
         assert shown in text, shown
     assert data.license == "apache-2.0" and data.base_model == "org/parent-model"
     assert data.datasets == ["org/wmt16-copy"] and data.language == ["en", "de"]

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import NmtModelTester, equal_to_baseline
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
 import hf_variants
-from common import NmtModelTester, equal_to_baseline
 from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
 from hf_variants.modeling_hysan import HysanAttention
 from hf_variants.modeling_transformer_nmt import TransformerNmtForConditionalGeneration
@@ -69,8 +69,9 @@ def test_attention_and_relu_dropout_default_to_tensor2tensor_values(tmp_path):
     HysanConfig(attention_dropout=0.0).save_pretrained(tmp_path)
     assert HysanConfig.from_pretrained(tmp_path).attention_dropout == 0.0
     # the attention modules and FFNs read them: in training, dropout makes two forwards differ
-    model = HysanForConditionalGeneration(HysanConfig.from_preset("tiny", vocab_size=60, attention_dropout=0.1,
-                                                                  activation_dropout=0.1)).train()
+    model = HysanForConditionalGeneration(
+        HysanConfig.from_preset("tiny", vocab_size=60, attention_dropout=0.1, activation_dropout=0.1)
+    ).train()
     assert model.model.encoder.layers[0].self_attn.dropout == 0.1
     src = torch.randint(4, 60, (2, 6))
     assert not torch.equal(model(input_ids=src, labels=src).logits, model(input_ids=src, labels=src).logits)
@@ -83,8 +84,11 @@ def test_each_branch_mask_exactly_as_defined(decoder, q_len):
     config = tiny(encoder_branches=ALL_ENCODER, decoder_branches=["forward", "local", "local_3"], local_k=[1, 2])
     attention = HysanAttention(config, 4, layer_idx=0, is_decoder=decoder).eval()
     specs = attention.branches
-    assert specs == ([("forward", None), ("local", 1), ("local", 2), ("local", 3)] if decoder else
-                     [("global", None), ("forward", None), ("backward", None), ("local", 1), ("local", 2)])
+    assert specs == (
+        [("forward", None), ("local", 1), ("local", 2), ("local", 3)]
+        if decoder
+        else [("global", None), ("forward", None), ("backward", None), ("local", 1), ("local", 2)]
+    )
     g = torch.Generator().manual_seed(0)
     k_len = 7
     q, k, v = (torch.randn(1, 4, n, 8, generator=g) for n in (q_len, k_len, k_len))
@@ -147,8 +151,12 @@ def test_cached_steps_equal_full_pass_past_the_local_window():
         encoder_outputs = model.get_encoder()(input_ids=src)
         past, steps = None, []
         for t in range(tgt.shape[1]):
-            out = model(encoder_outputs=encoder_outputs, decoder_input_ids=tgt[:, t : t + 1], past_key_values=past,
-                        use_cache=True)
+            out = model(
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=tgt[:, t : t + 1],
+                past_key_values=past,
+                use_cache=True,
+            )
             past = out.past_key_values
             steps.append(out.logits)
     assert past.get_seq_length() == 12
@@ -161,8 +169,12 @@ def reference_attention(attention, q, k, v, pad):
     q_len, k_len = q.shape[-2], k.shape[-2]
     outputs = []
     for kind, width in attention.branches:
-        mask = torch.tensor([[allowed(kind, width, k_len - q_len + i, j, attention.is_decoder)
-                              for j in range(k_len)] for i in range(q_len)])
+        mask = torch.tensor(
+            [
+                [allowed(kind, width, k_len - q_len + i, j, attention.is_decoder) for j in range(k_len)]
+                for i in range(q_len)
+            ]
+        )
         mask = mask & pad
         scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
         probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
@@ -218,16 +230,20 @@ def test_output_attentions_are_the_mean_of_the_branch_probabilities():
     model = HysanForConditionalGeneration(tiny()).eval()
     src = torch.randint(4, 60, (1, 7))
     inputs = {}
-    hooks = [layer.self_attn.register_forward_hook(lambda m, args, out, key=key: inputs.update({key: args[0]}))
-             for key, layer in (("enc", model.model.encoder.layers[0]), ("dec", model.model.decoder.layers[0]))]
+    hooks = [
+        layer.self_attn.register_forward_hook(lambda m, args, out, key=key: inputs.update({key: args[0]}))
+        for key, layer in (("enc", model.model.encoder.layers[0]), ("dec", model.model.decoder.layers[0]))
+    ]
     with torch.no_grad():
         out = model(input_ids=src, decoder_input_ids=src[:, :5], output_attentions=True)
     for hook in hooks:
         hook.remove()
     enc, dec = out.encoder_attentions[0], out.decoder_attentions[0]
     assert enc.shape == (1, 4, 7, 7) and dec.shape == (1, 4, 5, 5)  # [B, H, Q, K] per layer
-    for key, weights, layer in (("enc", enc, model.model.encoder.layers[0]),
-                                ("dec", dec, model.model.decoder.layers[0])):
+    for key, weights, layer in (
+        ("enc", enc, model.model.encoder.layers[0]),
+        ("dec", dec, model.model.decoder.layers[0]),
+    ):
         attention = layer.self_attn
         with torch.no_grad():
             q, k, _ = attention._heads(attention.qkv_proj(inputs[key]), 3)
@@ -241,39 +257,59 @@ def test_output_attentions_are_the_mean_of_the_branch_probabilities():
 # ----------------------------------------------------------------------------------------- parameters / baseline
 def baseline_like(config):
     keep = TransformerNmtConfig().to_dict()
-    return TransformerNmtConfig(**{key: value for key, value in config.to_dict().items()
-                                   if key in keep and key not in ("model_type", "architectures", "auto_map")})
+    return TransformerNmtConfig(
+        **{
+            key: value
+            for key, value in config.to_dict().items()
+            if key in keep and key not in ("model_type", "architectures", "auto_map")
+        }
+    )
 
 
-@pytest.mark.parametrize("enc,dec,local_k,layers", [
-    (ALL_ENCODER, ["forward", "local"], 2, (2, 2)),  # e1
-    (ALL_ENCODER, ["forward", "local"], [1, 2, 5], (3, 1)),  # e2, unequal depths
-    (["global", "local_3"], ["local"], 4, (1, 2)),
-])
+@pytest.mark.parametrize(
+    "enc,dec,local_k,layers",
+    [
+        (ALL_ENCODER, ["forward", "local"], 2, (2, 2)),  # e1
+        (ALL_ENCODER, ["forward", "local"], [1, 2, 5], (3, 1)),  # e2, unequal depths
+        (["global", "local_3"], ["local"], 4, (1, 2)),
+    ],
+)
 def test_parameter_deltas_equal_table2_formulas(enc, dec, local_k, layers):
     d, r = 64, 16
     for fusion in ("sum", "concat", "gated_sum"):
-        config = tiny(d_model=d, encoder_branches=enc, decoder_branches=dec, local_k=local_k, fusion=fusion,
-                      gate_reduction=r, encoder_layers=layers[0], decoder_layers=layers[1])
+        config = tiny(
+            d_model=d,
+            encoder_branches=enc,
+            decoder_branches=dec,
+            local_k=local_k,
+            fusion=fusion,
+            gate_reduction=r,
+            encoder_layers=layers[0],
+            decoder_layers=layers[1],
+        )
         with torch.device("meta"):
             hysan = HysanForConditionalGeneration(config)
             baseline = TransformerNmtForConditionalGeneration(baseline_like(config))
         l_enc, l_dec = config.num_branches("encoder"), config.num_branches("decoder")
-        expected = {"sum": 0,
-                    "concat": layers[0] * (l_enc - 1) * d * d + layers[1] * (l_dec - 1) * d * d,  # H replaces W^o
-                    "gated_sum": (layers[0] + layers[1]) * 2 * d * (d // r)}[fusion]  # one SG per module
+        expected = {
+            "sum": 0,
+            "concat": layers[0] * (l_enc - 1) * d * d + layers[1] * (l_dec - 1) * d * d,  # H replaces W^o
+            "gated_sum": (layers[0] + layers[1]) * 2 * d * (d // r),
+        }[fusion]  # one SG per module
         assert count(hysan) - count(baseline) == expected, fusion
 
 
-@pytest.mark.parametrize("preset,concat,gated", [
-    ("small", 524_288, 32_768), ("base", 6_291_456, 393_216), ("big", 25_165_824, 1_572_864)])
+@pytest.mark.parametrize(
+    "preset,concat,gated", [("small", 524_288, 32_768), ("base", 6_291_456, 393_216), ("big", 25_165_824, 1_572_864)]
+)
 def test_paper_parameter_deltas_of_the_presets(preset, concat, gated):
     """Table 2: concat +524K/+6.29M/+25.1M = L*4*d^2, gated +32K/+383K(sic: 393K)/+1.57M = L*d^2/4."""
     for fusion, expected in (("sum", 0), ("concat", concat), ("gated_sum", gated)):
         config = HysanConfig.from_preset(preset, vocab_size=32000, fusion=fusion)
         with torch.device("meta"):
             delta = count(HysanForConditionalGeneration(config)) - count(
-                TransformerNmtForConditionalGeneration(baseline_like(config)))
+                TransformerNmtForConditionalGeneration(baseline_like(config))
+            )
         assert delta == expected, (preset, fusion)
     if preset == "small":  # the paper's IWSLT baseline: 11.9M parameters with a 32k shared vocabulary
         with torch.device("meta"):
@@ -285,8 +321,9 @@ def test_single_plain_branch_equals_baseline(fusion):
     """Encoder {global} and decoder {forward = causal}: sum (and concat, whose H is then d -> d) IS the
     baseline with the same weights (no key renaming), on a padded batch and with decoder padding."""
     torch.manual_seed(0)
-    model = HysanForConditionalGeneration(tiny(encoder_branches=["global"], decoder_branches=["forward"],
-                                               fusion=fusion)).eval()
+    model = HysanForConditionalGeneration(
+        tiny(encoder_branches=["global"], decoder_branches=["forward"], fusion=fusion)
+    ).eval()
     src = torch.randint(4, 60, (3, 9))
     mask = torch.ones_like(src)
     mask[1, 6:] = 0
@@ -297,8 +334,9 @@ def test_single_plain_branch_equals_baseline(fusion):
     # and the default hybrid model is not the baseline
     hybrid = HysanForConditionalGeneration(tiny(fusion=fusion)).eval()
     shapes = {name: tensor.shape for name, tensor in hybrid.state_dict().items()}
-    hybrid.load_state_dict({name: tensor for name, tensor in model.state_dict().items()
-                            if shapes[name] == tensor.shape}, strict=False)
+    hybrid.load_state_dict(
+        {name: tensor for name, tensor in model.state_dict().items() if shapes[name] == tensor.shape}, strict=False
+    )
     with torch.no_grad():
         assert not torch.allclose(hybrid(input_ids=src, attention_mask=mask, labels=labels).logits, ours, atol=1e-3)
 
@@ -316,8 +354,14 @@ def test_no_nan_with_left_and_right_padding(dtype):
     tgt_mask = torch.ones_like(tgt)
     tgt_mask[0, 4:] = 0
     with torch.no_grad():
-        out = model(input_ids=src.masked_fill(mask == 0, 0), attention_mask=mask, decoder_input_ids=tgt,
-                    decoder_attention_mask=tgt_mask, output_attentions=True, output_hidden_states=True)
+        out = model(
+            input_ids=src.masked_fill(mask == 0, 0),
+            attention_mask=mask,
+            decoder_input_ids=tgt,
+            decoder_attention_mask=tgt_mask,
+            output_attentions=True,
+            output_hidden_states=True,
+        )
     assert all(torch.isfinite(h).all() for h in out.encoder_hidden_states + out.decoder_hidden_states)
     assert torch.isfinite(out.logits).all()
     for probs in out.encoder_attentions:
@@ -340,8 +384,9 @@ def test_nopos_switch():
         with torch.no_grad():
             return model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
 
-    global_only = HysanForConditionalGeneration(tiny(use_positional_embeddings=False,
-                                                     encoder_branches=["global"])).eval()
+    global_only = HysanForConditionalGeneration(
+        tiny(use_positional_embeddings=False, encoder_branches=["global"])
+    ).eval()
     hybrid = HysanForConditionalGeneration(tiny(use_positional_embeddings=False)).eval()
     # NoPos + global only: the encoder cannot see order (permutation-equivariant) ...
     assert torch.allclose(encode(global_only, src)[:, perm], encode(global_only, src[:, perm]), atol=1e-5)
@@ -357,8 +402,12 @@ def test_nopos_switch():
 def test_defaults_and_presets_are_the_papers():
     config = HysanConfig()
     assert config.encoder_branches == ALL_ENCODER and config.decoder_branches == ["forward", "local"]
-    assert (config.local_k, config.fusion, config.gate_reduction, config.normalize_before) == (5, "gated_sum", 16,
-                                                                                               True)
+    assert (config.local_k, config.fusion, config.gate_reduction, config.normalize_before) == (
+        5,
+        "gated_sum",
+        16,
+        True,
+    )
     small = HysanConfig.from_preset("small")
     assert (small.encoder_layers, small.decoder_layers, small.d_model, small.encoder_attention_heads) == (2, 2, 256, 4)
     base, big = HysanConfig.from_preset("base"), HysanConfig.from_preset("big", fusion="concat")
@@ -366,16 +415,31 @@ def test_defaults_and_presets_are_the_papers():
     assert (big.d_model, big.decoder_attention_heads, big.fusion) == (1024, 16, "concat")
     assert set(HysanConfig.PRESETS) == set(TransformerNmtConfig.PRESETS)
     assert hf_variants.CONFIG_CLASSES["hysan_nmt"] is HysanConfig
-    assert tiny(local_k=[1, 2, 5]).branch_specs("decoder") == [("forward", None), ("local", 1), ("local", 2),
-                                                               ("local", 5)]
+    assert tiny(local_k=[1, 2, 5]).branch_specs("decoder") == [
+        ("forward", None),
+        ("local", 1),
+        ("local", 2),
+        ("local", 5),
+    ]
 
 
-@pytest.mark.parametrize("field,value", [
-    ("encoder_branches", ["global", "sideways"]), ("encoder_branches", []), ("encoder_branches", ["local", "local"]),
-    ("decoder_branches", ["forward", "backward"]), ("decoder_branches", ["global"]), ("decoder_branches", ["local_0"]),
-    ("local_k", 0), ("local_k", [2, 2]), ("local_k", 1.5), ("fusion", "max"), ("gate_reduction", 5),
-    ("gate_reduction", 0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("encoder_branches", ["global", "sideways"]),
+        ("encoder_branches", []),
+        ("encoder_branches", ["local", "local"]),
+        ("decoder_branches", ["forward", "backward"]),
+        ("decoder_branches", ["global"]),
+        ("decoder_branches", ["local_0"]),
+        ("local_k", 0),
+        ("local_k", [2, 2]),
+        ("local_k", 1.5),
+        ("fusion", "max"),
+        ("gate_reduction", 5),
+        ("gate_reduction", 0),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})

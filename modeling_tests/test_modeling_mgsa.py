@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.nn import functional as F
-
 from common import NmtModelTester, equal_to_baseline
 from conftest import LANGUAGES, read_sentences
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch.nn import functional as F
+from transformers import AutoModelForSeq2SeqLM
+
 from hf_variants import MgsaConfig, MgsaForConditionalGeneration, TransformerNmtConfig
 from hf_variants.modeling_mgsa import PhrasePartition, PhraseRecurrence
 from hf_variants.modeling_transformer_nmt import TransformerNmtForConditionalGeneration
@@ -30,10 +33,6 @@ from hf_variants.phrases import (
     syntactic_phrase_inputs,
 )
 from hf_variants.tokenization import train_tokenizer
-from transformers import AutoModelForSeq2SeqLM
-from safetensors import safe_open
-from safetensors.torch import load_file
-
 
 FIG1_TEXT = "Bush held a talk with Sharon."
 FIG1_PARSE = "(ROOT (S (NP (NNP Bush)) (VP (VBD held) (NP (DT a) (NN talk)) (PP (IN with) (NP (NNP Sharon)))) (. .)))"
@@ -119,18 +118,21 @@ class TestMgsa(NmtModelTester):
         lengths = mask.sum(-1)
         for g, n in enumerate([2, 3, 4]):
             assert part.mask[:, g].sum(-1).tolist() == [math.ceil((int(length) - 1) / n) for length in lengths]
-        assert part.ids[:, 0].tolist() == [[0, 0, 1, 1, 2, 2, -1], [0, 0, 1, -1, -1, -1, -1],
-                                           [-1, -1, 0, 0, 1, 1, -1]]
+        assert part.ids[:, 0].tolist() == [[0, 0, 1, 1, 2, 2, -1], [0, 0, 1, -1, -1, -1, -1], [-1, -1, 0, 0, 1, 1, -1]]
 
     def test_fig1_tree_levels_and_subword_alignment(self, tokenizer):
         levels = syntactic_levels(FIG1_PARSE, 3)
         assert levels.leaves == ["Bush", "held", "a", "talk", "with", "Sharon", "."]
         assert levels.leaf_phrase == [[0, 1, 1, 1, 1, 1, 2], [0, 1, 2, 2, 3, 3, 4], [0, 1, 2, 3, 4, 5, 6]]
-        assert levels.labels == [["NP", "VP", "."], ["NNP", "VBD", "NP", "PP", "."],
-                                 ["NNP", "VBD", "DT", "NN", "IN", "NP", "."]]
+        assert levels.labels == [
+            ["NP", "VP", "."],
+            ["NNP", "VBD", "NP", "PP", "."],
+            ["NNP", "VBD", "DT", "NN", "IN", "NP", "."],
+        ]
         enc = tokenizer([FIG1_TEXT], return_offsets_mapping=True, return_special_tokens_mask=True)
-        out = syntactic_phrase_inputs([FIG1_TEXT], [FIG1_PARSE], enc["offset_mapping"], enc["special_tokens_mask"],
-                                      3, PTB_TAG_LABELS)
+        out = syntactic_phrase_inputs(
+            [FIG1_TEXT], [FIG1_PARSE], enc["offset_mapping"], enc["special_tokens_mask"], 3, PTB_TAG_LABELS
+        )
         index, tags = out["phrase_index"][0], out["phrase_tags"][0]
         pieces = tokenizer.convert_ids_to_tokens(enc["input_ids"][0])
         assert pieces[-1] == "</s>" and index[:, -1].tolist() == [-1, -1, -1]  # special tokens: no phrase
@@ -143,11 +145,12 @@ class TestMgsa(NmtModelTester):
             assert index[level, :-1].tolist() == expected.tolist()
         for level, labels in enumerate(levels.labels):
             assert tags[level, : len(labels)].tolist() == [PTB_TAG_LABELS.index(x) for x in labels]
-            assert (tags[level, len(labels):] == -100).all()
+            assert (tags[level, len(labels) :] == -100).all()
 
     @pytest.mark.parametrize("punctuation", ["isolated", "attached"])
-    def test_every_leaf_keeps_its_phrase_and_tag_and_the_source_round_trips(self, tokenizer, attached_tokenizer,
-                                                                             punctuation):
+    def test_every_leaf_keeps_its_phrase_and_tag_and_the_source_round_trips(
+        self, tokenizer, attached_tokenizer, punctuation
+    ):
         """Issue 21 item 12a: "runs." was one subword `s.` under a Metaspace-only tokenizer, so the parse's "." leaf
         (and its phrase and tag) vanished. The source is now tokenized leaf by leaf: every leaf keeps tokens, with
         the tokenizers of today (punctuation isolated: the ids are exactly `tokenizer(text)`) and of before
@@ -174,8 +177,9 @@ class TestMgsa(NmtModelTester):
             assert tok.decode(ids, skip_special_tokens=True) == text
             # the offsets alignment on the plain tokenization (the old path) loses leaves under merged subwords
             enc = tok([text], return_offsets_mapping=True, return_special_tokens_mask=True)
-            old = syntactic_phrase_inputs([text], [parse], enc["offset_mapping"], enc["special_tokens_mask"], 1,
-                                          PTB_TAG_LABELS)["phrase_index"][0, 0]
+            old = syntactic_phrase_inputs(
+                [text], [parse], enc["offset_mapping"], enc["special_tokens_mask"], 1, PTB_TAG_LABELS
+            )["phrase_index"][0, 0]
             glued_before += int(old.max()) + 1 < len(leaves)
         assert (glued_before > 0) == (punctuation == "attached")
 
@@ -188,16 +192,25 @@ class TestMgsa(NmtModelTester):
         index = inputs["phrase_index"][0]
         assert (index[:, 0] == -1).all() and (index[:, -1] == -1).all()
         assert (index[:, 1:-1] >= 0).all()
-        assert index[0, 1:-1].tolist() == syntactic_phrase_inputs(  # the same phrases as without the tag
-            [FIG1_TEXT], [FIG1_PARSE], *[tokenizer([FIG1_TEXT], return_offsets_mapping=True,
-                                                   return_special_tokens_mask=True)[k]
-                                         for k in ("offset_mapping", "special_tokens_mask")],
-            3, PTB_TAG_LABELS)["phrase_index"][0, 0, :-1].tolist()
+        assert (
+            index[0, 1:-1].tolist()
+            == syntactic_phrase_inputs(  # the same phrases as without the tag
+                [FIG1_TEXT],
+                [FIG1_PARSE],
+                *[
+                    tokenizer([FIG1_TEXT], return_offsets_mapping=True, return_special_tokens_mask=True)[k]
+                    for k in ("offset_mapping", "special_tokens_mask")
+                ],
+                3,
+                PTB_TAG_LABELS,
+            )["phrase_index"][0, 0, :-1].tolist()
+        )
         # the offsets path: tokens before `start` (the tag) belong to no phrase
         text = "<2de> " + FIG1_TEXT
         enc = tokenizer([text], return_offsets_mapping=True, return_special_tokens_mask=True)
-        out = syntactic_phrase_inputs([text], [FIG1_PARSE], enc["offset_mapping"], enc["special_tokens_mask"], 3,
-                                      PTB_TAG_LABELS, starts=[6])["phrase_index"][0]
+        out = syntactic_phrase_inputs(
+            [text], [FIG1_PARSE], enc["offset_mapping"], enc["special_tokens_mask"], 3, PTB_TAG_LABELS, starts=[6]
+        )["phrase_index"][0]
         assert (out[:, 0] == -1).all() and out[0, 1] == 0
 
     @pytest.mark.parametrize("left", [False, True])
@@ -209,8 +222,9 @@ class TestMgsa(NmtModelTester):
         without_tags = [[1, 1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1, 0] if left else [1, 1, 1, 1, 0, 0, 0]]
         with_tags = [[0, 1, 1, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1, 0] if left else [0, 1, 1, 1, 0, 0, 0]]
         for tags, words in ((False, without_tags), (True, with_tags)):
-            model = self.build(tokenizer, phrase_type="ngram", ngram_sizes=[2, 3], languages=["en", "de"],
-                               target_language_tags=tags)
+            model = self.build(
+                tokenizer, phrase_type="ngram", ngram_sizes=[2, 3], languages=["en", "de"], target_language_tags=tags
+            )
             part = model.model.encoder.phrase_partition(mask, 7, 2, mask.device)
             expected = torch.tensor(words).bool()
             assert torch.equal(part.ids[:, 0] >= 0, expected)
@@ -219,8 +233,9 @@ class TestMgsa(NmtModelTester):
         # phrase-head key unchanged, so the phrase memory (read through attention outputs) sees only words
         model = self.build(tokenizer, phrase_type="ngram", languages=["en", "de"], target_language_tags=True)
         inputs = model.prepare_translation_inputs(tokenizer, ["Two dogs run on the grass."], tgt_lang="de")
-        part = model.model.encoder.phrase_partition(inputs["attention_mask"], inputs["input_ids"].shape[1], 1,
-                                                    inputs["input_ids"].device)
+        part = model.model.encoder.phrase_partition(
+            inputs["attention_mask"], inputs["input_ids"].shape[1], 1, inputs["input_ids"].device
+        )
         assert part.ids[0, :, 0].tolist() == [-1] * 3 and part.ids[0, :, -1].tolist() == [-1] * 3
         assert (part.ids[0, :, 1:-1] >= 0).all()
         # a config saved by hf_variants <= 0.2 (without the field) keeps counting them, as it was trained
@@ -244,7 +259,7 @@ class TestMgsa(NmtModelTester):
         # cancels: its gradient is zero up to rounding
         bias_grad = attention.qkv_proj.bias.grad
         keys = slice(d, d + w * head_dim)
-        assert (bias_grad[:d].abs() > 0).all() and (bias_grad[d + w * head_dim:].abs() > 0).all()
+        assert (bias_grad[:d].abs() > 0).all() and (bias_grad[d + w * head_dim :].abs() > 0).all()
         assert bias_grad[keys].abs().max() <= 1e-5 * bias_grad.abs().max()
         projected = self.build(tokenizer, mgsa_phrase_kv="project").train()
         assert projected.model.encoder.layers[0].self_attn.qkv_proj.weight.shape == (3 * d, d)
@@ -262,7 +277,10 @@ class TestMgsa(NmtModelTester):
         model = AutoModelForSeq2SeqLM.from_pretrained(LEGACY).eval()
         config = model.config
         assert (config.phrase_kv_rows, config.ngram_skip_special_tokens, config.lstm_composition_size) == (
-            "used", False, "model")
+            "used",
+            False,
+            "model",
+        )
         attention = model.model.encoder.layers[0].self_attn
         assert attention.qkv_proj.weight.shape == (32 + 2 * config.word_heads * 8, 32)
         with torch.no_grad():
@@ -281,16 +299,19 @@ class TestMgsa(NmtModelTester):
     def test_chinese_treebank_tags_built_in(self, tmp_path):
         """Issue 21 item 12f: `phrase_tag_labels="ctb"` (Penn Chinese Treebank labels, the Stanford parser's
         Chinese models) beside the Penn Treebank default."""
-        parse = ("(ROOT (IP (NP (NR 布什)) (VP (PP (P 与) (NP (NR 沙龙))) (VP (VV 举行) (AS 了) (NP (NN 会谈)))) "
-                 "(PU 。)))")
+        parse = (
+            "(ROOT (IP (NP (NR 布什)) (VP (PP (P 与) (NP (NR 沙龙))) (VP (VV 举行) (AS 了) (NP (NN 会谈)))) (PU 。)))"
+        )
         text = "布什与沙龙举行了会谈。"
         spans = align_leaves(text, syntactic_levels(parse, 1).leaves)
         offsets, special = [list(spans) + [(0, 0)]], [[0] * len(spans) + [1]]
         ctb = MgsaConfig.from_preset("tiny", phrase_tag_labels="ctb")
         assert ctb.tag_labels == list(CTB_TAG_LABELS) and len(set(CTB_TAG_LABELS)) == len(CTB_TAG_LABELS)
         assert {"IP", "VP", "NP", "PU", "NR", "VV", "AS", "DEC", "LCP", "CP"} <= set(ctb.tag_labels)
-        for labels, expected in ((ctb.tag_labels, [["NP", "VP", "PU"], ["NR", "PP", "VP", "PU"]]),
-                                 (PTB_TAG_LABELS, [["NP", "VP", None], [None, "PP", "VP", None]])):
+        for labels, expected in (
+            (ctb.tag_labels, [["NP", "VP", "PU"], ["NR", "PP", "VP", "PU"]]),
+            (PTB_TAG_LABELS, [["NP", "VP", None], [None, "PP", "VP", None]]),
+        ):
             tags = syntactic_phrase_inputs([text], [parse], offsets, special, 2, labels)["phrase_tags"][0]
             for level, names in enumerate(expected):
                 assert tags[level, : len(names)].tolist() == [labels.index(n) if n else -100 for n in names]
@@ -302,8 +323,9 @@ class TestMgsa(NmtModelTester):
             MgsaConfig(phrase_tag_labels="tiger")
 
     def test_tree_reader_escapes_nltk_and_mismatch_errors(self, tokenizer):
-        tree = read_bracketed("( (S (NP-SBJ (PRP He)) (VP (VBD said) (`` ``) (NP (-LRB- -LRB-) (NN hi) (-RRB- -RRB-)) "
-                              "('' ''))))")
+        tree = read_bracketed(
+            "( (S (NP-SBJ (PRP He)) (VP (VBD said) (`` ``) (NP (-LRB- -LRB-) (NN hi) (-RRB- -RRB-)) ('' ''))))"
+        )
         levels = syntactic_levels(tree, 2)
         assert levels.labels[0] == ["NP", "VP"]  # function tag stripped; unlabeled wrapper skipped
         text = 'He said "(hi)"'
@@ -319,8 +341,9 @@ class TestMgsa(NmtModelTester):
             read_bracketed("(S (NP Bush)")
         model = self.build(tokenizer)
         with pytest.raises(ValueError, match="Sentence 1: The parse does not match"):
-            model.prepare_translation_inputs(tokenizer, [FIG1_TEXT, "Sharon held a talk."],
-                                             parses=[FIG1_PARSE, FIG1_PARSE])
+            model.prepare_translation_inputs(
+                tokenizer, [FIG1_TEXT, "Sharon held a talk."], parses=[FIG1_PARSE, FIG1_PARSE]
+            )
         with pytest.raises(ValueError, match="parses"):
             model.prepare_translation_inputs(tokenizer, [FIG1_TEXT])
         with pytest.raises(ValueError, match="phrase_index"):
@@ -337,8 +360,9 @@ class TestMgsa(NmtModelTester):
         for b in range(2):  # phrases numbered 0.. left to right over the tokens present
             for level in range(3):
                 real = index[b, level][index[b, level] >= 0]
-                assert real.tolist() == sorted(real.tolist()) and real.unique().tolist() == list(range(len(
-                    real.unique())))
+                assert real.tolist() == sorted(real.tolist()) and real.unique().tolist() == list(
+                    range(len(real.unique()))
+                )
         out = model.generate(**inputs, num_beams=2, max_new_tokens=3)
         assert out.shape[0] == 2
 
@@ -370,8 +394,13 @@ class TestMgsa(NmtModelTester):
     @pytest.mark.parametrize("composition", ["max_pool", "san", "lstm"])
     def test_composition_ignores_non_members_and_padding(self, tokenizer, composition):
         torch.manual_seed(0)
-        config = self.make_config(vocab_size=50, phrase_type="ngram", ngram_sizes=[2, 3],
-                                  phrase_composition=composition, phrase_interaction="none")
+        config = self.make_config(
+            vocab_size=50,
+            phrase_type="ngram",
+            ngram_sizes=[2, 3],
+            phrase_composition=composition,
+            phrase_interaction="none",
+        )
         model = MgsaForConditionalGeneration(config)
         memory = model.model.encoder.layers[0].self_attn.phrase_memory
         mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]])
@@ -472,28 +501,44 @@ class TestMgsa(NmtModelTester):
         total = torch.tensor(0.0)
         for g, clf in enumerate(attn.tag_classifiers):
             slots = composed.shape[2]
-            total = total + F.cross_entropy(clf(composed[:, g]).reshape(-1, clf.out_features),
-                                            tags[:, g, :slots].reshape(-1), ignore_index=-100, reduction="sum")
+            total = total + F.cross_entropy(
+                clf(composed[:, g]).reshape(-1, clf.out_features),
+                tags[:, g, :slots].reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            )
         targets = (inputs["labels"] != -100).sum()
         assert torch.allclose(out.aux_losses["tag_loss"], 0.5 * total / targets, atol=1e-6)
 
     # ------------------------------------------------------------------------------------------ baseline, modes
-    @pytest.mark.parametrize("overrides", [dict(mgsa_layers=[]), dict(phrase_type="ngram", ngram_sizes=[]),
-                                           dict(syntactic_levels=0)])
+    @pytest.mark.parametrize(
+        "overrides", [dict(mgsa_layers=[]), dict(phrase_type="ngram", ngram_sizes=[]), dict(syntactic_levels=0)]
+    )
     def test_no_phrase_heads_equals_baseline(self, tokenizer, overrides):
         model = self.build(tokenizer, **overrides)
         assert sum(p.numel() for p in model.parameters()) == sum(
-            p.numel() for p in TransformerNmtForConditionalGeneration(
-                TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer))).parameters())
+            p.numel()
+            for p in TransformerNmtForConditionalGeneration(
+                TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer))
+            ).parameters()
+        )
         inputs = {k: v for k, v in self.batch(model.config).items() if k not in ("phrase_index", "phrase_tags")}
         variant, baseline = equal_to_baseline(model, inputs)
         assert torch.allclose(variant, baseline, atol=1e-5)
 
-    @pytest.mark.parametrize("overrides", [
-        dict(phrase_type="ngram"),
-        dict(phrase_type="ngram", phrase_composition="max_pool", phrase_interaction="none", mgsa_layers=[0, 1]),
-        dict(phrase_composition="lstm", phrase_interaction="lstm", mgsa_phrase_kv="project", max_relative_positions=4),
-    ])
+    @pytest.mark.parametrize(
+        "overrides",
+        [
+            dict(phrase_type="ngram"),
+            dict(phrase_type="ngram", phrase_composition="max_pool", phrase_interaction="none", mgsa_layers=[0, 1]),
+            dict(
+                phrase_composition="lstm",
+                phrase_interaction="lstm",
+                mgsa_phrase_kv="project",
+                max_relative_positions=4,
+            ),
+        ],
+    )
     def test_modes_cache_beam_padding_and_no_nan(self, tokenizer, overrides):
         """Cached == uncached beam search, padded batch == one by one, finite gradients with heavy padding."""
         model = self.build(tokenizer, **overrides)
@@ -539,19 +584,27 @@ class TestMgsa(NmtModelTester):
             per_layer -= groups * config.heads_per_group * (d // config.encoder_attention_heads) * 2 * (d + 1)
         return len(config.mgsa_layers) * per_layer
 
-    @pytest.mark.parametrize("overrides", [
-        dict(),
-        dict(on_lstm_chunk_size=2, tag_classifier="per_level", mgsa_layers=[0, 1]),
-        dict(phrase_type="ngram", ngram_sizes=[2, 3, 4], phrase_interaction="lstm"),
-        dict(phrase_composition="max_pool", phrase_interaction="none"),
-        dict(phrase_composition="lstm", mgsa_phrase_kv="project", encoder_attention_heads=8, mgsa_word_heads=2),
-        dict(phrase_type="ngram", phrase_composition="lstm", phrase_interaction="none"),
-        dict(phrase_composition="lstm", phrase_interaction="lstm", mgsa_word_heads=1, encoder_attention_heads=4),
-    ])
+    @pytest.mark.parametrize(
+        "overrides",
+        [
+            dict(),
+            dict(on_lstm_chunk_size=2, tag_classifier="per_level", mgsa_layers=[0, 1]),
+            dict(phrase_type="ngram", ngram_sizes=[2, 3, 4], phrase_interaction="lstm"),
+            dict(phrase_composition="max_pool", phrase_interaction="none"),
+            dict(phrase_composition="lstm", mgsa_phrase_kv="project", encoder_attention_heads=8, mgsa_word_heads=2),
+            dict(phrase_type="ngram", phrase_composition="lstm", phrase_interaction="none"),
+            dict(phrase_composition="lstm", phrase_interaction="lstm", mgsa_word_heads=1, encoder_attention_heads=4),
+        ],
+    )
     def test_parameter_count_formula_small(self, overrides):
         config = self.make_config(vocab_size=60, **overrides)
-        baseline = TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
-                                           if k in TransformerNmtConfig().to_dict() and k != "model_type"})
+        baseline = TransformerNmtConfig(
+            **{
+                k: v
+                for k, v in config.to_dict().items()
+                if k in TransformerNmtConfig().to_dict() and k != "model_type"
+            }
+        )
         count = sum(p.numel() for p in MgsaForConditionalGeneration(config).parameters())
         base = sum(p.numel() for p in TransformerNmtForConditionalGeneration(baseline).parameters())
         assert count - base == self.mgsa_extra_params(config)
@@ -569,6 +622,7 @@ class TestMgsa(NmtModelTester):
         natural sizing reproduces (docs/variants-spec.md §3.2b); d -> d (hf_variants <= 0.2) gave 125.8M. The
         training-only tag head ((d + 1) * labels per level) is not part of these counts; with it the full models
         would be 89.6M / 270.2M."""
+
         def count(cls, config, skip_tag_head=True):
             with torch.device("meta"):
                 model = cls(config)
@@ -577,7 +631,9 @@ class TestMgsa(NmtModelTester):
         common = dict(vocab_size=42_826, share_encoder_decoder_embeddings=False)
         millions = {}
         for preset in ("base", "big"):
-            baseline = count(TransformerNmtForConditionalGeneration, TransformerNmtConfig.from_preset(preset, **common))
+            baseline = count(
+                TransformerNmtForConditionalGeneration, TransformerNmtConfig.from_preset(preset, **common)
+            )
             full = MgsaConfig.from_preset(preset, **common)
             d, d_g = full.d_model, full.group_dim
             assert d_g == d // 4 and full.heads_per_group == full.encoder_attention_heads // 4
@@ -590,29 +646,44 @@ class TestMgsa(NmtModelTester):
             if preset == "base":
                 assert (composition, on_lstm, unused_rows) == (393_216, 1_479_168, 393_984)
                 for layers in ([0], [0, 1, 2], list(range(6))):
-                    ngram = MgsaConfig.from_preset(preset, phrase_type="ngram", phrase_interaction="none",
-                                                   mgsa_layers=layers, **common)
+                    ngram = MgsaConfig.from_preset(
+                        preset, phrase_type="ngram", phrase_interaction="none", mgsa_layers=layers, **common
+                    )
                     extra = count(MgsaForConditionalGeneration, ngram) - baseline
                     assert extra == len(layers) * composition  # every phrase head projects: no unused rows
                     millions[f"base ngram {layers}"] = round((baseline + extra) / 1e6, 1)
                 # Tab. 1: LSTM composition, n-gram phrases, no interaction, MG-SA in all six layers
-                tab1 = dict(phrase_type="ngram", phrase_composition="lstm", phrase_interaction="none",
-                            mgsa_layers=list(range(6)), **common)
+                tab1 = dict(
+                    phrase_type="ngram",
+                    phrase_composition="lstm",
+                    phrase_interaction="none",
+                    mgsa_layers=list(range(6)),
+                    **common,
+                )
                 lstm = count(MgsaForConditionalGeneration, MgsaConfig.from_preset(preset, **tab1)) - baseline
                 assert lstm == 6 * (3 * (4 * d_g * (d + d_g) + 2 * 4 * d_g) - unused_rows)  # d -> d_g per group
                 millions["base lstm composition"] = round((baseline + lstm) / 1e6, 1)
-                millions["base lstm composition with the unused rows"] = round((baseline + lstm + 6 * unused_rows)
-                                                                               / 1e6, 1)
+                millions["base lstm composition with the unused rows"] = round(
+                    (baseline + lstm + 6 * unused_rows) / 1e6, 1
+                )
                 old = MgsaConfig.from_preset(preset, lstm_composition_size="model", **tab1)  # d -> d (<= 0.2)
                 millions["base lstm composition d->d"] = round(count(MgsaForConditionalGeneration, old) / 1e6, 1)
             millions[f"{preset} baseline"] = round(baseline / 1e6, 1)
             millions[f"{preset} MG-SA"] = round(count(MgsaForConditionalGeneration, full) / 1e6, 1)
             millions[f"{preset} MG-SA with the unused rows"] = round(
-                (count(MgsaForConditionalGeneration, full) + unused_rows) / 1e6, 1)
+                (count(MgsaForConditionalGeneration, full) + unused_rows) / 1e6, 1
+            )
         assert millions == {
-            "base baseline": 88.0, "base ngram [0]": 88.4, "base ngram [0, 1, 2]": 89.2,
-            "base ngram [0, 1, 2, 3, 4, 5]": 90.4, "base lstm composition": 91.5,
-            "base lstm composition with the unused rows": 93.9, "base lstm composition d->d": 125.8,
-            "base MG-SA": 89.5, "base MG-SA with the unused rows": 89.9,
-            "big baseline": 264.1, "big MG-SA": 270.0, "big MG-SA with the unused rows": 271.5,
+            "base baseline": 88.0,
+            "base ngram [0]": 88.4,
+            "base ngram [0, 1, 2]": 89.2,
+            "base ngram [0, 1, 2, 3, 4, 5]": 90.4,
+            "base lstm composition": 91.5,
+            "base lstm composition with the unused rows": 93.9,
+            "base lstm composition d->d": 125.8,
+            "base MG-SA": 89.5,
+            "base MG-SA with the unused rows": 89.9,
+            "big baseline": 264.1,
+            "big MG-SA": 270.0,
+            "big MG-SA with the unused rows": 271.5,
         }

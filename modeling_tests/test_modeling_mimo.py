@@ -12,22 +12,31 @@ import re
 
 import pytest
 import torch
-from torch.nn import functional as F
-
-import hf_variants
-from hf_variants import MimoConfig, MimoForConditionalGeneration, TransformerNmtConfig
-from hf_variants import TransformerNmtForConditionalGeneration
-from hf_variants.modeling_mimo import MimoEncoderOutput, MimoMix
-from hf_variants.modeling_transformer_nmt import StackedLinear
 from common import NmtModelTester, _allclose, assert_same_generation
 from conftest import LANGUAGES, read_sentences
+
+import hf_variants
+from hf_variants import (
+    MimoConfig,
+    MimoForConditionalGeneration,
+    TransformerNmtConfig,
+    TransformerNmtForConditionalGeneration,
+)
+from hf_variants.modeling_mimo import MimoEncoderOutput, MimoMix
+from hf_variants.modeling_transformer_nmt import StackedLinear
 
 N = 3
 
 
 def tiny_config(**overrides) -> MimoConfig:
-    settings = dict(num_transformations=N, languages=list(LANGUAGES), dropout=0.0, attention_dropout=0.0,
-                    activation_dropout=0.0, mixing_init_std=0.5)
+    settings = dict(
+        num_transformations=N,
+        languages=list(LANGUAGES),
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        mixing_init_std=0.5,
+    )
     settings.update(overrides)
     return MimoConfig.from_preset("tiny", **settings)
 
@@ -57,11 +66,15 @@ def batch(config, batch_size=3, src_len=8, tgt_len=6, seed=1) -> dict:
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, config.vocab_size, (batch_size, src_len), generator=g)
     attention_mask = torch.ones_like(input_ids)
-    attention_mask[-1, src_len - 3:] = 0
+    attention_mask[-1, src_len - 3 :] = 0
     input_ids = input_ids.masked_fill(attention_mask == 0, config.pad_token_id)
     labels = torch.randint(4, config.vocab_size, (batch_size, tgt_len), generator=g)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-            "tgt_lang_ids": task_ids(batch_size)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "tgt_lang_ids": task_ids(batch_size),
+    }
 
 
 def links(model) -> dict[str, MimoMix]:
@@ -105,7 +118,8 @@ def test_mixing_weights_are_per_example():
     assert probs.shape == (2, N, N)
     assert _allclose(probs.sum(-1), torch.ones(2, N))
     assert _allclose(probs[0], torch.softmax(link.task_logits[1], -1)) and _allclose(
-        probs[1], torch.softmax(link.task_logits[2], -1))
+        probs[1], torch.softmax(link.task_logits[2], -1)
+    )
     assert not torch.allclose(probs[0], probs[1])
     inputs = batch(model.config, batch_size=2)
     inputs["input_ids"][1] = inputs["input_ids"][0]
@@ -114,7 +128,7 @@ def test_mixing_weights_are_per_example():
     inputs["tgt_lang_ids"] = torch.tensor([1, 2])
     with torch.no_grad():
         both = model(**inputs).logits
-        alone = [model(**{k: v[i:i + 1] for k, v in inputs.items()}).logits[0] for i in range(2)]
+        alone = [model(**{k: v[i : i + 1] for k, v in inputs.items()}).logits[0] for i in range(2)]
     assert not torch.allclose(both[0], both[1], atol=1e-3)  # same sentence, different task -> different output
     assert _allclose(both[0], alone[0]) and _allclose(both[1], alone[1])
 
@@ -156,13 +170,20 @@ def test_one_to_many_and_many_to_one_shapes():
     assert enc.layers[0].self_attn_mix is None and dec.layers[0].self_attn_mix is None
     assert all(layer.self_attn_mix is not None for layer in (*enc.layers[1:], *dec.layers[1:]))
     # MIMO links map n streams to n, the many-to-one maps n to 1
-    assert all(link.task_logits.shape == (len(LANGUAGES), N, N) for name, link in links(model).items()
-               if name != "model.decoder.output_mix")
+    assert all(
+        link.task_logits.shape == (len(LANGUAGES), N, N)
+        for name, link in links(model).items()
+        if name != "model.decoder.output_mix"
+    )
     assert dec.output_mix.task_logits.shape == (len(LANGUAGES), 1, N)
     inputs = batch(config)
     b, s, t, d = inputs["input_ids"].shape + (inputs["labels"].shape[1], config.d_model)
-    encoder_out = enc(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                      tgt_lang_ids=inputs["tgt_lang_ids"], output_hidden_states=True)
+    encoder_out = enc(
+        input_ids=inputs["input_ids"],
+        attention_mask=inputs["attention_mask"],
+        tgt_lang_ids=inputs["tgt_lang_ids"],
+        output_hidden_states=True,
+    )
     assert isinstance(encoder_out, MimoEncoderOutput)
     assert encoder_out.streams.shape == (b, N, s, d)  # no merge at the encoder top
     assert _allclose(encoder_out.last_hidden_state, encoder_out.streams.mean(1))
@@ -178,15 +199,22 @@ def test_one_to_many_and_many_to_one_shapes():
     streams = []
     enc.layers[0].register_forward_hook(lambda module, args, output: streams.append(output[0]))
     with torch.no_grad():
-        again = enc(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                    tgt_lang_ids=inputs["tgt_lang_ids"], output_hidden_states=True, output_attentions=True)
+        again = enc(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            tgt_lang_ids=inputs["tgt_lang_ids"],
+            output_hidden_states=True,
+            output_attentions=True,
+        )
     assert _allclose(again.hidden_states[1], streams[0].mean(0))
     # the classifier input is the task-weighted sum of the last FFN block's n outputs (many-to-one)
     captured = {}
     dec.layers[-1].register_forward_hook(lambda module, args, output: captured.update(streams=output[0]))
     with torch.no_grad():
-        last = model.model(**{k: v for k, v in inputs.items() if k != "labels"},
-                           decoder_input_ids=model.prepare_decoder_input_ids_from_labels(inputs["labels"]))
+        last = model.model(
+            **{k: v for k, v in inputs.items() if k != "labels"},
+            decoder_input_ids=model.prepare_decoder_input_ids_from_labels(inputs["labels"]),
+        )
     weights = torch.softmax(dec.output_mix.task_logits[inputs["tgt_lang_ids"], 0], -1)  # [B, n]
     expected = torch.einsum("bm,mbtd->btd", weights, captured["streams"])
     assert captured["streams"].shape == (N, b, t, d)
@@ -202,8 +230,9 @@ def test_cache_holds_n_streams_per_layer_and_matches_uncached():
     with torch.no_grad():
         full = model(**source, decoder_input_ids=decoder_input_ids).logits
         encoder_outputs = model.get_encoder()(**source)
-        first = model(**source, encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids[:, :3],
-                      use_cache=True)
+        first = model(
+            **source, encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True
+        )
         cache = first.past_key_values
         # one cache slot per decoder layer; the n units' keys/values side by side on the head axis
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
@@ -213,8 +242,13 @@ def test_cache_holds_n_streams_per_layer_and_matches_uncached():
         assert cache.cross_attention_cache.layers[1].values.shape == (b, N * heads, s, head_dim)
         steps = [first.logits]
         for i in range(3, decoder_input_ids.shape[1]):
-            step = model(**source, encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids[:, i:i + 1],
-                         past_key_values=cache, use_cache=True)
+            step = model(
+                **source,
+                encoder_outputs=encoder_outputs,
+                decoder_input_ids=decoder_input_ids[:, i : i + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
             steps.append(step.logits)
     assert _allclose(torch.cat(steps, 1), full, atol=1e-5)
     # a beam reorder moves every stream with its row
@@ -341,7 +375,9 @@ def test_stacked_units_equal_separate_modules():
         ffn = layer.ffn(x)
         for k in range(N):
             prefix = "model.encoder.layers.1."
-            sliced = {name[len(prefix):]: t for name, t in baseline_state(model, k).items() if name.startswith(prefix)}
+            sliced = {
+                name[len(prefix) :]: t for name, t in baseline_state(model, k).items() if name.startswith(prefix)
+            }
             baseline.load_state_dict(sliced, strict=True)
             assert _allclose(attended[k], baseline.self_attn(x[k], attention_mask=mask)[0])
             assert _allclose(ffn[k], baseline.ffn(x[k]))
@@ -369,8 +405,9 @@ def test_parameter_count_equals_deeper_baseline_plus_mixing():
 # ------------------------------------------------------------------------------------------------- init/config
 def test_lipschitz_initialisation():
     torch.manual_seed(0)
-    model = MimoForConditionalGeneration(tiny_config(vocab_size=64, mixing_init_std=0.0,
-                                                     decoder_ffn_dim=96, encoder_ffn_dim=96))
+    model = MimoForConditionalGeneration(
+        tiny_config(vocab_size=64, mixing_init_std=0.0, decoder_ffn_dim=96, encoder_ffn_dim=96)
+    )
     d = model.config.d_model
     fc2 = torch.stack([unit.weight for unit in model.model.decoder.layers[0].ffn.fc2.units])
     assert fc2.abs().max() <= 1 / math.sqrt(96) and fc2.abs().max() > 0.9 / math.sqrt(96)
@@ -384,8 +421,9 @@ def test_lipschitz_initialisation():
     assert embeddings.abs().max() <= bound and embeddings.abs().max() > 0.9 * bound
     assert torch.equal(embeddings[model.config.pad_token_id], torch.zeros(d))
     norm = model.model.decoder.layers[1].encoder_attn_layer_norm
-    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and torch.equal(norm.bias,
-                                                                                  torch.zeros_like(norm.bias))
+    assert torch.equal(norm.weight, torch.ones_like(norm.weight)) and torch.equal(
+        norm.bias, torch.zeros_like(norm.bias)
+    )
 
 
 def test_config_presets_and_validation():
@@ -396,8 +434,14 @@ def test_config_presets_and_validation():
     assert MimoConfig(languages=["en", "de"]).target_language_tags
     assert MimoConfig.from_preset("base", languages=["en", "de"]).num_transformations == 4
     assert MimoConfig.from_preset("tiny").d_model == 32
-    for field, value in [("num_transformations", 0), ("mimo_memory", "concat"), ("mixing_init_std", -1.0),
-                         ("normalize_before", True), ("max_relative_positions", 4), ("task_attention", "yes")]:
+    for field, value in [
+        ("num_transformations", 0),
+        ("mimo_memory", "concat"),
+        ("mixing_init_std", -1.0),
+        ("normalize_before", True),
+        ("max_relative_positions", 4),
+        ("task_attention", "yes"),
+    ]:
         with pytest.raises(ValueError, match=field):
             MimoConfig(**{field: value})
     with pytest.raises(ValueError, match="Unknown language 'xx'"):
@@ -415,8 +459,9 @@ def test_languages_in_generate_prepare_and_pipeline(tokenizer):
     assert inputs["input_ids"][:, 0].tolist() == tags  # the <2xx> target tag leads every source
     gen = dict(num_beams=2, max_new_tokens=6, min_new_tokens=6)
     by_ids = model.generate(**inputs, **gen)
-    by_code = model.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                             tgt_lang=targets, **gen)
+    by_code = model.generate(
+        input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], tgt_lang=targets, **gen
+    )
     assert torch.equal(by_ids, by_code)
     one = model.prepare_translation_inputs(tokenizer, sentences[:1], tgt_lang="de")
     assert torch.equal(model.generate(**one, **gen)[0], by_ids[0, : by_ids.shape[1]])
@@ -453,7 +498,11 @@ def test_encoder_and_decoder_standalone(mimo_memory, tmp_path):
         if mimo_memory == "merge":  # the standard interface: the encoder's last hidden state is the memory
             assert torch.equal(memory[:, :, 0], encoded.last_hidden_state)
             memory = encoded.last_hidden_state
-        decoded = decoder(input_ids=decoder_ids, encoder_hidden_states=memory,
-                          encoder_attention_mask=source["attention_mask"], tgt_lang_ids=source["tgt_lang_ids"])
+        decoded = decoder(
+            input_ids=decoder_ids,
+            encoder_hidden_states=memory,
+            encoder_attention_mask=source["attention_mask"],
+            tgt_lang_ids=source["tgt_lang_ids"],
+        )
     assert _allclose(encoded.last_hidden_state, full.encoder_last_hidden_state)
     assert _allclose(decoded.last_hidden_state, full.last_hidden_state)

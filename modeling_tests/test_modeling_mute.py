@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from common import NmtModelTester
+
 from hf_variants import MuteConfig, MuteForConditionalGeneration, TransformerNmtConfig
 from hf_variants.configuration_mute import MUTE_MODELS
 from hf_variants.modeling_mute import (
@@ -48,8 +48,11 @@ def batch(vocab=60, lengths=(9, 6, 3), seed=1):
     input_ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=g)
     attention_mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
     labels = torch.randint(4, vocab, (len(lengths), 5), generator=g)
-    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask,
-            "labels": labels}
+    return {
+        "input_ids": input_ids.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "labels": labels,
+    }
 
 
 class TestMute(NmtModelTester):
@@ -64,13 +67,20 @@ class TestMute(NmtModelTester):
 # -------------------------------------------------------------------------------------------- config and counts
 def test_defaults_are_the_papers_base_setting():
     config = MuteConfig()
-    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_attention_heads) == \
-        (512, 6, 6, 8)
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_attention_heads) == (
+        512,
+        6,
+        6,
+        8,
+    )
     assert (config.num_units, config.merge, config.use_bias_module) == (4, "seq", True)
     assert config.unit_types == ["identity", "swap", "mask", "disorder"]
     assert (config.sample_rate, config.swap_range, config.disorder_window, config.mask_prob) == (0.85, 3, 3, 0.1)
-    assert (config.max_relative_positions, config.relative_position_values, config.normalize_before) == \
-        (16, True, True)
+    assert (config.max_relative_positions, config.relative_position_values, config.normalize_before) == (
+        16,
+        True,
+        True,
+    )
     assert config.position_embedding_type == "sinusoidal" and config.shuffle_penalty_weight == 1.0
     small = MuteConfig.from_preset("small")
     assert (small.d_model, small.encoder_layers, small.num_units, small.max_relative_positions) == (256, 3, 4, 16)
@@ -79,13 +89,28 @@ def test_defaults_are_the_papers_base_setting():
     assert (plain.use_bias_module, plain.merge, plain.has_mask_unit) == (False, "plain", False)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("num_units", 0), ("merge", "concat"), ("unit_types", ["identity", "shuffle", "mask", "disorder"]),
-    ("unit_types", ["identity"]), ("sample_rate", 1.5), ("swap_range", 0), ("disorder_window", 1),
-    ("mask_prob", -0.1), ("swap_mode", "fairseq"), ("disorder_mode", "x"), ("mask_mode", "all"),
-    ("shuffle_init", "zeros"), ("shuffle_sinkhorn_iterations", 0), ("shuffle_eps", 0.0),
-    ("shuffle_penalty_weight", -1.0), ("penalty_normalization", "sentences"), ("use_bias_module", "yes"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_units", 0),
+        ("merge", "concat"),
+        ("unit_types", ["identity", "shuffle", "mask", "disorder"]),
+        ("unit_types", ["identity"]),
+        ("sample_rate", 1.5),
+        ("swap_range", 0),
+        ("disorder_window", 1),
+        ("mask_prob", -0.1),
+        ("swap_mode", "fairseq"),
+        ("disorder_mode", "x"),
+        ("mask_mode", "all"),
+        ("shuffle_init", "zeros"),
+        ("shuffle_sinkhorn_iterations", 0),
+        ("shuffle_eps", 0.0),
+        ("shuffle_penalty_weight", -1.0),
+        ("penalty_normalization", "sentences"),
+        ("use_bias_module", "yes"),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         tiny(**{field: value})
@@ -99,9 +124,15 @@ def test_base_parameter_count_is_baseline_plus_units():
     assert per_unit == 3_153_472
     with torch.device("meta"):
         mute = MuteForConditionalGeneration(MuteConfig.from_preset("base", vocab_size=vocab))
-        baseline = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
-            "base", vocab_size=vocab, normalize_before=True, max_relative_positions=16,
-            relative_position_values=True))
+        baseline = TransformerNmtForConditionalGeneration(
+            TransformerNmtConfig.from_preset(
+                "base",
+                vocab_size=vocab,
+                normalize_before=True,
+                max_relative_positions=16,
+                relative_position_values=True,
+            )
+        )
         plain = MuteForConditionalGeneration(MuteConfig.from_preset("base", vocab_size=vocab, **MUTE_MODELS["mute"]))
     assert count(mute) - count(baseline) == (units - 1) * layers * per_unit + layers * (units + units**2 + d)
     assert count(plain) - count(baseline) == (units - 1) * layers * per_unit + layers * units
@@ -111,9 +142,11 @@ def test_base_parameter_count_is_baseline_plus_units():
 # ------------------------------------------------------------------------------------------ baseline equivalence
 def baseline_state(mute, unit=0):
     """The baseline's state dict from MUTE's, with `unit` of every encoder layer under the baseline's names."""
-    stacked = {"self_attn.relative_embeddings": "self_attn.relative_positions.embeddings.weight",
-               "ffn.layer_norm_weight": "ffn.final_layer_norm.weight",
-               "ffn.layer_norm_bias": "ffn.final_layer_norm.bias"}
+    stacked = {
+        "self_attn.relative_embeddings": "self_attn.relative_positions.embeddings.weight",
+        "ffn.layer_norm_weight": "ffn.final_layer_norm.weight",
+        "ffn.layer_norm_bias": "ffn.final_layer_norm.bias",
+    }
     state = {}
     for name, tensor in mute.state_dict().items():
         prefix, _, rest = name.partition("encoder.layers.")
@@ -136,15 +169,21 @@ def baseline_state(mute, unit=0):
 
 def baseline_config(mute_config):
     base = TransformerNmtConfig().to_dict()
-    return TransformerNmtConfig(**{k: v for k, v in mute_config.to_dict().items()
-                                   if k in base and k not in ("model_type", "architectures", "auto_map")})
+    return TransformerNmtConfig(
+        **{
+            k: v
+            for k, v in mute_config.to_dict().items()
+            if k in base and k not in ("model_type", "architectures", "auto_map")
+        }
+    )
 
 
 @pytest.mark.parametrize("normalize_before", [True, False])
 def test_one_unit_without_bias_and_seq_is_the_baseline(normalize_before):
     torch.manual_seed(0)
-    mute = MuteForConditionalGeneration(tiny(num_units=1, use_bias_module=False, merge="plain",
-                                             normalize_before=normalize_before)).eval()
+    mute = MuteForConditionalGeneration(
+        tiny(num_units=1, use_bias_module=False, merge="plain", normalize_before=normalize_before)
+    ).eval()
     baseline = TransformerNmtForConditionalGeneration(baseline_config(mute.config)).eval()
     baseline.load_state_dict(baseline_state(mute), strict=True)
     inputs = batch()
@@ -182,8 +221,9 @@ def test_each_unit_is_a_baseline_encoder_layer():
 def test_sdpa_units_equal_eager_without_relative_values(max_relative_positions):
     """Without relative values the folded units go through SDPA (with the relative key bias as a float mask)."""
     torch.manual_seed(0)
-    model = MuteForConditionalGeneration(tiny(max_relative_positions=max_relative_positions,
-                                              relative_position_values=False)).eval()
+    model = MuteForConditionalGeneration(
+        tiny(max_relative_positions=max_relative_positions, relative_position_values=False)
+    ).eval()
     assert model.config._attn_implementation == "sdpa"
     inputs = batch()
     with torch.no_grad():
@@ -218,6 +258,7 @@ def test_encoder_attentions_are_the_mean_over_the_units():
     b, t = qkv.shape[1:3]
     q, k, _ = qkv.view(3, b, t, 3, heads, -1).permute(3, 1, 0, 4, 2, 5).reshape(3, b, 3 * heads, t, -1).unbind(0)
     from hf_variants.modeling_transformer_nmt import relative_key_bias, relative_position_index
+
     scale = layer.self_attn.scaling
     index = relative_position_index(t, t, config.max_relative_positions, q.device)
     scores = q @ k.transpose(-1, -2) * scale + relative_key_bias(q, layer.self_attn.relative_embeddings, index, scale)
@@ -315,8 +356,11 @@ def test_compat_modes_reproduce_the_authors_padding_bug():
     lengths, seq_len = torch.tensor([3, 4]), 10
     real = real_mask(lengths, seq_len)
     order = torch.argsort((~real).to(torch.int8), dim=1, stable=True)
-    tokens = torch.arange(1, seq_len + 1, dtype=torch.float)[None, :, None].repeat(2, 1, 1).masked_fill(
-        ~real[..., None], -1.0)
+    tokens = (
+        torch.arange(1, seq_len + 1, dtype=torch.float)[None, :, None]
+        .repeat(2, 1, 1)
+        .masked_fill(~real[..., None], -1.0)
+    )
     swap_hits = disorder_hits = 0
     for _ in range(100):
         out = permute_tokens(tokens, order, swap_permutation(lengths, seq_len, 3, "onmt_compat"))

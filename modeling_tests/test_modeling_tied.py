@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import NmtModelTester, read_sentences
 from safetensors import safe_open
 from torch.nn import functional as F
+from transformers import pipeline
 
 import hf_variants
-from common import NmtModelTester, read_sentences
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration, TransformerNmtConfig
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
-from transformers import pipeline
 
 LANGUAGES = ["en", "de"]
 
@@ -22,8 +22,13 @@ LANGUAGES = ["en", "de"]
 def baseline_config(config: TiedTransformerConfig) -> TransformerNmtConfig:
     """The baseline config of the same dimensions and settings."""
     fields = TransformerNmtConfig().to_dict()
-    return TransformerNmtConfig(**{k: v for k, v in config.to_dict().items()
-                                   if k in fields and k not in ("model_type", "architectures", "auto_map")})
+    return TransformerNmtConfig(
+        **{
+            k: v
+            for k, v in config.to_dict().items()
+            if k in fields and k not in ("model_type", "architectures", "auto_map")
+        }
+    )
 
 
 def _num_parameters(model) -> int:
@@ -64,8 +69,11 @@ class TestTiedTransformer(NmtModelTester):
         lb = loaded.model
         assert lb.encoder.layers is lb.layers and lb.decoder.layers is lb.layers
         assert lb.encoder.layer_norm is lb.layer_norm is lb.decoder.layer_norm
-        assert lb.encoder.embed_tokens.weight.data_ptr() == lb.decoder.embed_tokens.weight.data_ptr() \
+        assert (
+            lb.encoder.embed_tokens.weight.data_ptr()
+            == lb.decoder.embed_tokens.weight.data_ptr()
             == loaded.lm_head.weight.data_ptr()
+        )
         assert _num_parameters(loaded) == _num_parameters(model) == tied_parameter_count(loaded.config)
         for name, value in model.state_dict().items():
             assert torch.equal(value, loaded.state_dict()[name]), name
@@ -78,13 +86,20 @@ class TestTiedTransformer(NmtModelTester):
         decoder_ids = inputs["input_ids"][:, :5]
         with torch.no_grad():
             memory = encoder(**inputs).last_hidden_state
-            before = decoder(input_ids=decoder_ids, encoder_hidden_states=memory,
-                             encoder_attention_mask=inputs["attention_mask"]).last_hidden_state
+            before = decoder(
+                input_ids=decoder_ids, encoder_hidden_states=memory, encoder_attention_mask=inputs["attention_mask"]
+            ).last_hidden_state
         direction = torch.randn(config.d_model, generator=torch.Generator().manual_seed(0))
         (encoder(**inputs).last_hidden_state @ direction).sum().backward()  # a loss of the encoder alone
         for i, block in enumerate(model.model.layers):
-            for module in (block.self_attn.qkv_proj, block.self_attn.out_proj, block.ffn.fc1, block.ffn.fc2,
-                           block.self_attn_layer_norm, block.ffn.final_layer_norm):
+            for module in (
+                block.self_attn.qkv_proj,
+                block.self_attn.out_proj,
+                block.ffn.fc1,
+                block.ffn.fc2,
+                block.self_attn_layer_norm,
+                block.ffn.final_layer_norm,
+            ):
                 assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0, (i, module)
             assert all(p.grad is None for p in block.encoder_attn.parameters())  # never run by the encoder
             assert all(p.grad is None for p in block.encoder_attn_layer_norm.parameters())
@@ -94,8 +109,9 @@ class TestTiedTransformer(NmtModelTester):
         torch.optim.SGD(model.parameters(), lr=0.1).step()
         assert not torch.equal(decoder.layers[0].self_attn.qkv_proj.weight, old)  # the decoder sees the step
         with torch.no_grad():
-            after = decoder(input_ids=decoder_ids, encoder_hidden_states=memory,
-                            encoder_attention_mask=inputs["attention_mask"]).last_hidden_state
+            after = decoder(
+                input_ids=decoder_ids, encoder_hidden_states=memory, encoder_attention_mask=inputs["attention_mask"]
+            ).last_hidden_state
         assert (after - before).abs().max() > 1e-3
 
     # --------------------------------------------------------------------------------------------- the two paths
@@ -106,13 +122,21 @@ class TestTiedTransformer(NmtModelTester):
         calls = {"cross": 0, "self": []}
         hooks = []
         for block in model.model.layers:  # the blocks both sides run
-            hooks.append(block.encoder_attn.register_forward_hook(
-                lambda *a: calls.__setitem__("cross", calls["cross"] + 1)))
-            hooks.append(block.self_attn.register_forward_pre_hook(
-                lambda m, args, kwargs: calls["self"].append((kwargs.get("attention_mask"),
-                                                              kwargs.get("past_key_values"),
-                                                              kwargs.get("is_causal", m.is_causal))),
-                with_kwargs=True))
+            hooks.append(
+                block.encoder_attn.register_forward_hook(lambda *a: calls.__setitem__("cross", calls["cross"] + 1))
+            )
+            hooks.append(
+                block.self_attn.register_forward_pre_hook(
+                    lambda m, args, kwargs: calls["self"].append(
+                        (
+                            kwargs.get("attention_mask"),
+                            kwargs.get("past_key_values"),
+                            kwargs.get("is_causal", m.is_causal),
+                        )
+                    ),
+                    with_kwargs=True,
+                )
+            )
         encoder_out = model.get_encoder()(**inputs, output_attentions=True)
         assert calls["cross"] == 0 and len(calls["self"]) == config.num_blocks
         padding = inputs["attention_mask"].bool()[:, None, None, :]
@@ -129,7 +153,7 @@ class TestTiedTransformer(NmtModelTester):
         calls.update(cross=0, self=[])
         decoder_ids = inputs["input_ids"][:, :5]
         out = model(**inputs, decoder_input_ids=decoder_ids, use_cache=True)
-        decoder_calls = calls["self"][config.num_blocks:]  # after the encoder's calls
+        decoder_calls = calls["self"][config.num_blocks :]  # after the encoder's calls
         assert calls["cross"] == config.num_blocks and len(decoder_calls) == config.num_blocks
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
         for mask, cache, is_causal in decoder_calls:  # SDPA's is_causal, or an explicit causal mask
@@ -184,8 +208,11 @@ class TestTiedTransformer(NmtModelTester):
         for row in range(self.batch_size):
             single = model.generate(**self.rows(inputs, row), **kwargs)
             assert torch.equal(single[0], batched[row, : single.shape[1]]), row
-        by_code = model.generate(**{k: v for k, v in inputs.items() if k != "tgt_lang_ids"},
-                                 tgt_lang=["de", "en", "de"][: self.batch_size], **kwargs)
+        by_code = model.generate(
+            **{k: v for k, v in inputs.items() if k != "tgt_lang_ids"},
+            tgt_lang=["de", "en", "de"][: self.batch_size],
+            **kwargs,
+        )
         assert torch.equal(by_code, batched)
 
     def test_pipeline_and_generate_pick_the_direction(self, tokenizer):
@@ -206,8 +233,9 @@ class TestTiedTransformer(NmtModelTester):
     def test_two_direction_loss_is_the_sum_of_both_directions(self, tokenizer):
         model = self.build(tokenizer)
         en, de = read_sentences("en", "val", n=3), read_sentences("de", "val", n=3)
-        both = model.prepare_translation_inputs(tokenizer, en + de, tgt_lang=["de"] * 3 + ["en"] * 3,
-                                                text_target=de + en)
+        both = model.prepare_translation_inputs(
+            tokenizer, en + de, tgt_lang=["de"] * 3 + ["en"] * 3, text_target=de + en
+        )
         en_de = model.prepare_translation_inputs(tokenizer, en, tgt_lang="de", text_target=de)
         de_en = model.prepare_translation_inputs(tokenizer, de, tgt_lang="en", text_target=en)
         with torch.no_grad():
@@ -215,14 +243,22 @@ class TestTiedTransformer(NmtModelTester):
             separate = model(**en_de).loss + model(**de_en).loss
         assert torch.allclose(joint.loss, separate, atol=1e-5)
         logits, labels = joint.logits, both["labels"]
-        token_mean = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
-                                     label_smoothing=model.config.label_smoothing)
+        token_mean = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            label_smoothing=model.config.label_smoothing,
+        )
         assert not torch.allclose(joint.loss, token_mean, atol=1e-2)  # the sum, not a mean over both
         mean_model = self.build(tokenizer, direction_loss="mean")
         with torch.no_grad():
             mean_out = mean_model(**both)
-        expected = F.cross_entropy(mean_out.logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                                   ignore_index=-100, label_smoothing=model.config.label_smoothing)
+        expected = F.cross_entropy(
+            mean_out.logits.reshape(-1, logits.shape[-1]),
+            labels.reshape(-1),
+            ignore_index=-100,
+            label_smoothing=model.config.label_smoothing,
+        )
         assert torch.allclose(mean_out.loss, expected, atol=1e-6)
 
     # ------------------------------------------------------------------------------------------- against baseline
@@ -239,9 +275,11 @@ class TestTiedTransformer(NmtModelTester):
             for side in ("encoder", "decoder"):
                 source = source.replace(f"model.{side}.layers.", "model.layers.")
                 source = source.replace(f"model.{side}.layer_norm.", "model.layer_norm.")
-            source = {"model.encoder.embed_tokens.weight": "model.shared.weight",
-                      "model.decoder.embed_tokens.weight": "model.shared.weight",
-                      "lm_head.weight": "model.shared.weight"}.get(source, source)
+            source = {
+                "model.encoder.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embed_tokens.weight": "model.shared.weight",
+                "lm_head.weight": "model.shared.weight",
+            }.get(source, source)
             mapped[name] = state[source]
             sources.add(source)
         baseline.load_state_dict(mapped, strict=True)
@@ -254,8 +292,18 @@ class TestTiedTransformer(NmtModelTester):
         assert torch.allclose(tied, base, atol=1e-5)
 
     # ------------------------------------------------------------------------------------------ parameter count
-    @pytest.mark.parametrize("overrides", [{}, {"normalize_before": False, "position_embedding_type": "learned",
-                                                "max_relative_positions": 2, "output_bias": True}])
+    @pytest.mark.parametrize(
+        "overrides",
+        [
+            {},
+            {
+                "normalize_before": False,
+                "position_embedding_type": "learned",
+                "max_relative_positions": 2,
+                "output_bias": True,
+            },
+        ],
+    )
     def test_parameter_formulas_match_the_models(self, tokenizer, overrides):
         model = self.build(tokenizer, **overrides)
         assert _num_parameters(model) == tied_parameter_count(model.config)
@@ -272,18 +320,30 @@ class TestTiedTransformer(NmtModelTester):
         big = TiedTransformerConfig.from_preset("big", vocab_size=32000, languages=LANGUAGES)
         assert 0.5 < tied_parameter_count(big) / untied_parameter_count(big) < 0.7  # "about half"
         # "a 12-block tied model has about the parameters of a 6-block baseline" (P 4.3)
-        twelve = TiedTransformerConfig.from_preset("big", vocab_size=32000, languages=LANGUAGES,
-                                                   encoder_layers=12, decoder_layers=12)
+        twelve = TiedTransformerConfig.from_preset(
+            "big", vocab_size=32000, languages=LANGUAGES, encoder_layers=12, decoder_layers=12
+        )
         assert abs(tied_parameter_count(twelve) / untied_parameter_count(big) - 1) < 0.15
 
     # ---------------------------------------------------------------------------------------------------- config
     def test_presets_and_tied_validation(self):
         small = TiedTransformerConfig.from_preset("small")
-        assert (small.num_blocks, small.d_model, small.encoder_ffn_dim, small.encoder_attention_heads,
-                small.dropout, small.normalize_before) == (8, 256, 1024, 4, 0.1, True)
+        assert (
+            small.num_blocks,
+            small.d_model,
+            small.encoder_ffn_dim,
+            small.encoder_attention_heads,
+            small.dropout,
+            small.normalize_before,
+        ) == (8, 256, 1024, 4, 0.1, True)
         big = TiedTransformerConfig.from_preset("big")
-        assert (big.num_blocks, big.d_model, big.encoder_ffn_dim, big.encoder_attention_heads, big.dropout) == \
-            (6, 1024, 4096, 16, 0.2)
+        assert (big.num_blocks, big.d_model, big.encoder_ffn_dim, big.encoder_attention_heads, big.dropout) == (
+            6,
+            1024,
+            4096,
+            16,
+            0.2,
+        )
         assert TiedTransformerConfig(languages=["en", "de", "fr"]).num_directions == 3
         for field, value in (("decoder_layers", 3), ("decoder_attention_heads", 4), ("decoder_ffn_dim", 64)):
             with pytest.raises(ValueError, match=field):
@@ -305,10 +365,13 @@ def test_target_language_tags_auto_is_off_for_tied():
     assert TransformerNmtConfig.default_target_language_tags(2) is True
     assert TransformerNmtConfig.default_target_language_tags(1) is False
     for model_type, flag, targets, expected in [
-        ("tied_nmt", "auto", 2, False), ("tied_nmt", "true", 2, True), ("tied_nmt", "auto", 1, False),
-        ("transformer_nmt", "auto", 2, True), ("mimo_nmt", "auto", 3, True), ("hysan_nmt", "false", 2, False),
+        ("tied_nmt", "auto", 2, False),
+        ("tied_nmt", "true", 2, True),
+        ("tied_nmt", "auto", 1, False),
+        ("transformer_nmt", "auto", 2, True),
+        ("mimo_nmt", "auto", 3, True),
+        ("hysan_nmt", "false", 2, False),
         ("marian", "auto", 2, True),
     ]:
         args = train.parse_args(["--data_dir", "x", "--model_type", model_type, "--target_language_tags", flag])
         assert train.resolve_target_language_tags(args, targets) is expected, (model_type, flag, targets)
-

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from common import NmtModelTester
 
 import hf_variants
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from common import NmtModelTester
 
 
 class TestTransformerNmt(NmtModelTester):
@@ -23,8 +23,9 @@ class TestTransformerNmtPreNormRelative(NmtModelTester):
     model_type = "transformer_nmt"
 
     def make_config(self, **overrides):
-        return TransformerNmtConfig.from_preset("tiny", normalize_before=True, max_relative_positions=3,
-                                                relative_position_values=True, **overrides)
+        return TransformerNmtConfig.from_preset(
+            "tiny", normalize_before=True, max_relative_positions=3, relative_position_values=True, **overrides
+        )
 
 
 # --------------------------------------------------------------------------------------------- Marian equivalence
@@ -35,10 +36,24 @@ def marian_pair():
     from hf_variants.convert_marian import convert_marian
 
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=120, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                          decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                          scale_embedding=True, pad_token_id=119, eos_token_id=0, decoder_start_token_id=119,
-                          forced_eos_token_id=0, activation_function="swish", dropout=0.0)
+    config = MarianConfig(
+        vocab_size=120,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        pad_token_id=119,
+        eos_token_id=0,
+        decoder_start_token_id=119,
+        forced_eos_token_id=0,
+        activation_function="swish",
+        dropout=0.0,
+    )
     marian = MarianMTModel(config).eval()
     with torch.no_grad():  # a non-zero output bias must be carried over too
         marian.final_logits_bias.normal_(0, 0.1)
@@ -60,8 +75,9 @@ def test_marian_conversion_gives_equal_logits(marian_pair):
     input_ids, attention_mask = _marian_batch()
     decoder_input_ids = torch.randint(1, 119, (3, 7), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        expected = marian(input_ids=input_ids, attention_mask=attention_mask,
-                          decoder_input_ids=decoder_input_ids).logits
+        expected = marian(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids
+        ).logits
         got = ours(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
     assert ours.config.output_bias and not ours.config.normalize_before
     assert torch.allclose(expected, got, atol=1e-5), (expected - got).abs().max()
@@ -96,14 +112,26 @@ def test_presets_match_the_papers():
     with pytest.raises(ValueError, match="preset"):
         TransformerNmtConfig.from_preset("huge")
     # generation cache sized from the decoder
-    assert TransformerNmtConfig(encoder_layers=4, decoder_layers=2).get_text_config(decoder=True).num_hidden_layers == 2
+    assert (
+        TransformerNmtConfig(encoder_layers=4, decoder_layers=2).get_text_config(decoder=True).num_hidden_layers == 2
+    )
 
 
-@pytest.mark.parametrize("field,value", [
-    ("position_embedding_type", "rotary"), ("activation_function", "nope"), ("max_relative_positions", -1),
-    ("label_smoothing", 1.0), ("attention_dropout", -0.1), ("decoder_ffn_dim", 0), ("init_method", "he"),
-    ("pad_token_id", 10_000), ("languages", ["en", "en"]), ("decoder_attention_heads", 3),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("position_embedding_type", "rotary"),
+        ("activation_function", "nope"),
+        ("max_relative_positions", -1),
+        ("label_smoothing", 1.0),
+        ("attention_dropout", -0.1),
+        ("decoder_ffn_dim", 0),
+        ("init_method", "he"),
+        ("pad_token_id", 10_000),
+        ("languages", ["en", "en"]),
+        ("decoder_attention_heads", 3),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         TransformerNmtConfig(vocab_size=100, d_model=32, encoder_attention_heads=4, **{field: value})
@@ -131,11 +159,13 @@ def test_translation_task_restored_narrowly():
 
 
 def test_multilingual_inputs_are_validated(tokenizer):
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de", "fr", "cs"],
-                                              target_language_tags=True)
+    config = TransformerNmtConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), languages=["en", "de", "fr", "cs"], target_language_tags=True
+    )
     model = TransformerNmtForConditionalGeneration(config)
-    inputs = model.prepare_translation_inputs(tokenizer, ["A dog runs.", "Two men."], tgt_lang=["de", "fr"],
-                                              text_target=["Ein Hund rennt.", "Zwei Männer."])
+    inputs = model.prepare_translation_inputs(
+        tokenizer, ["A dog runs.", "Two men."], tgt_lang=["de", "fr"], text_target=["Ein Hund rennt.", "Zwei Männer."]
+    )
     assert inputs["input_ids"][0, 0] == tokenizer.convert_tokens_to_ids("<2de>")
     assert inputs["input_ids"][1, 0] == tokenizer.convert_tokens_to_ids("<2fr>")
     assert (inputs["labels"] == -100).any() and (inputs["labels"] != tokenizer.pad_token_id).all()
@@ -148,8 +178,9 @@ def test_multilingual_inputs_are_validated(tokenizer):
 def test_generation_never_emits_padding_or_start_token():
     """Even when the model prefers them (output rows of <pad>/<s> pushed up), `generate` skips both; a saved
     generation config keeps the setting."""
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                                              decoder_start_token_id=1)
+    config = TransformerNmtConfig.from_preset(
+        "tiny", vocab_size=40, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1
+    )
     torch.manual_seed(0)
     model = TransformerNmtForConditionalGeneration(config).eval()
     assert model.generation_config.suppress_tokens == [0, 1]
@@ -188,13 +219,16 @@ def test_smoothed_cross_entropy_equals_f_cross_entropy(monkeypatch, dtype, chunk
         flat = logits.reshape(-1, 50).float()
         references = {
             None: F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing),
-            "weights": (F.cross_entropy(flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing,
-                                        reduction="none") * weights.reshape(-1)).sum(),
+            "weights": (
+                F.cross_entropy(
+                    flat, labels.reshape(-1), ignore_index=-100, label_smoothing=smoothing, reduction="none"
+                )
+                * weights.reshape(-1)
+            ).sum(),
         }
         for kind, reference in references.items():
             (expected_grad,) = torch.autograd.grad(reference * 1.7, logits)
-            ours = backbone.smoothed_cross_entropy(logits, labels, smoothing,
-                                                   weights=weights if kind else None)
+            ours = backbone.smoothed_cross_entropy(logits, labels, smoothing, weights=weights if kind else None)
             (grad,) = torch.autograd.grad(ours * 1.7, logits)
             assert grad.dtype == dtype
             assert torch.allclose(ours, reference, atol=1e-5, rtol=1e-5), (kind, smoothing)
@@ -292,9 +326,17 @@ def test_model_loss_gradients_equal_f_cross_entropy():
     """The model's training loss (chunked) gives every parameter the gradient F.cross_entropy on its logits gives."""
     import torch.nn.functional as F
 
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=60, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                                              decoder_start_token_id=1, label_smoothing=0.1, dropout=0.0,
-                                              attention_dropout=0.0)
+    config = TransformerNmtConfig.from_preset(
+        "tiny",
+        vocab_size=60,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        label_smoothing=0.1,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
     torch.manual_seed(0)
     model = TransformerNmtForConditionalGeneration(config)
     source = torch.randint(3, 60, (4, 9))
@@ -303,8 +345,7 @@ def test_model_loss_gradients_equal_f_cross_entropy():
     out = model(input_ids=source, labels=labels)
     ours = torch.autograd.grad(out.loss, list(model.parameters()), allow_unused=True)
     out = model(input_ids=source, labels=labels)
-    reference = F.cross_entropy(out.logits.reshape(-1, 60), labels.reshape(-1), ignore_index=-100,
-                                label_smoothing=0.1)
+    reference = F.cross_entropy(out.logits.reshape(-1, 60), labels.reshape(-1), ignore_index=-100, label_smoothing=0.1)
     expected = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
     assert torch.allclose(out.loss, reference, atol=1e-6)
     for (name, _), a, b in zip(model.named_parameters(), ours, expected):
@@ -316,8 +357,9 @@ def test_model_loss_gradients_equal_f_cross_entropy():
 # ------------------------------------------------------------------------------------ vocabulary and damaged weights
 def _tiny_model(vocab_size):
     torch.manual_seed(0)
-    return TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny",
-                                                                                   vocab_size=vocab_size)).eval()
+    return TransformerNmtForConditionalGeneration(
+        TransformerNmtConfig.from_preset("tiny", vocab_size=vocab_size)
+    ).eval()
 
 
 def test_tokenizer_larger_than_the_vocabulary_names_both_sizes(tokenizer):

@@ -9,12 +9,12 @@ import json
 import sys
 
 import torch
+from conftest import REPO_ROOT, read_sentences
 from transformers import pipeline
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
 
 import hf_variants  # noqa: F401  (registers the model types and the translation task)
-from conftest import REPO_ROOT, read_sentences
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -23,8 +23,7 @@ from training import translate  # noqa: E402
 
 def saved_model(tokenizer, path):
     torch.manual_seed(0)
-    model = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny",
-                                                                                    vocab_size=len(tokenizer)))
+    model = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer)))
     model.generation_config.num_beams, model.generation_config.length_penalty = 4, 0.6  # what train.py saves
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -51,8 +50,19 @@ def test_greedy_translate_passes_no_length_penalty(tokenizer, tmp_path):
     logger = hf_logging.get_logger("transformers.generation.configuration_utils")  # where generate() validates
     logger.warning_once.cache_clear()  # the warning is emitted once per process
     with CaptureLogger(logger) as captured:
-        translate.main(["--model", str(tmp_path / "model"), "--input", str(src), "--output", str(tmp_path / "out"),
-                        "--num_beams", "1", "--no_progress"])
+        translate.main(
+            [
+                "--model",
+                str(tmp_path / "model"),
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / "out"),
+                "--num_beams",
+                "1",
+                "--no_progress",
+            ]
+        )
     assert "length_penalty" not in captured.out
     # what translate.py passed before: the same call with the length penalty warns (the check above can fail)
     logger.warning_once.cache_clear()

@@ -15,8 +15,10 @@ import sys
 
 import pytest
 import torch
-
 from conftest import LANGUAGES, read_sentences, run_without_package
+from trained_tiny import trained_baseline
+from transformers import pipeline
+
 from hf_variants import (
     HysanConfig,
     HysanForConditionalGeneration,
@@ -29,13 +31,12 @@ from hf_variants import (
     TiedTransformerConfig,
     TiedTransformerForConditionalGeneration,
 )
-from trained_tiny import trained_baseline
-from transformers import pipeline
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'hf-variants[onnx]'")
 pytest.importorskip("onnx", reason="onnx is not installed: pip install 'hf-variants[onnx]'")
-pytest.importorskip("onnxscript", reason="onnxscript (the dynamo exporter's) is not installed: "
-                                         "pip install 'hf-variants[onnx]'")
+pytest.importorskip(
+    "onnxscript", reason="onnxscript (the dynamo exporter's) is not installed: pip install 'hf-variants[onnx]'"
+)
 
 from hf_variants import OrtModelForSeq2SeqLM  # noqa: E402
 from hf_variants.export_onnx import export  # noqa: E402
@@ -43,8 +44,9 @@ from hf_variants.export_onnx import export  # noqa: E402
 
 def _random(model_class, config_class, tokenizer, **overrides):
     torch.manual_seed(0)
-    config = config_class.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0, attention_dropout=0.0,
-                                      activation_dropout=0.0, **overrides)
+    config = config_class.from_preset(
+        "tiny", vocab_size=len(tokenizer), dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, **overrides
+    )
     return model_class(config).eval()
 
 
@@ -54,10 +56,23 @@ BUILDERS = {
     "mute_nmt": (lambda tok: _random(MuteForConditionalGeneration, MuteConfig, tok), None),
     "hysan_nmt": (lambda tok: _random(HysanForConditionalGeneration, HysanConfig, tok), None),
     "mgsa_nmt": (lambda tok: _random(MgsaForConditionalGeneration, MgsaConfig, tok, mgsa_layers=[]), None),
-    "mimo_nmt": (lambda tok: _random(MimoForConditionalGeneration, MimoConfig, tok, num_transformations=3,
-                                     languages=list(LANGUAGES), mixing_init_std=0.5), ["de", "fr"]),
-    "tied_nmt": (lambda tok: _random(TiedTransformerForConditionalGeneration, TiedTransformerConfig, tok,
-                                     languages=list(LANGUAGES)), ["de", "fr"]),
+    "mimo_nmt": (
+        lambda tok: _random(
+            MimoForConditionalGeneration,
+            MimoConfig,
+            tok,
+            num_transformations=3,
+            languages=list(LANGUAGES),
+            mixing_init_std=0.5,
+        ),
+        ["de", "fr"],
+    ),
+    "tied_nmt": (
+        lambda tok: _random(
+            TiedTransformerForConditionalGeneration, TiedTransformerConfig, tok, languages=list(LANGUAGES)
+        ),
+        ["de", "fr"],
+    ),
 }
 _EXPORTS: dict = {}
 
@@ -97,15 +112,20 @@ def test_fp32_generate_equals_torch(exported, tokenizer):
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     ort_inputs = _inputs(ort, tokenizer, SENTENCES, langs)
     assert all(torch.equal(inputs[k], ort_inputs[k]) for k in inputs)  # the model's own input preparation
-    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6),
-                     dict(num_beams=4, length_penalty=1.3, early_stopping=True, num_return_sequences=2)):
+    for settings in (
+        dict(num_beams=1),
+        dict(num_beams=4, length_penalty=0.6),
+        dict(num_beams=4, length_penalty=1.3, early_stopping=True, num_return_sequences=2),
+    ):
         with torch.no_grad():
             expected = model.generate(**inputs, max_new_tokens=16, **settings)
         got = ort.generate(**ort_inputs, max_new_tokens=16, **settings)
         assert torch.equal(got, expected), settings
     assert expected.shape[1] > 8  # decoded past a few steps
-    for settings in (dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
-                     dict(num_beams=3, max_length=7)):
+    for settings in (
+        dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
+        dict(num_beams=3, max_length=7),
+    ):
         torch.manual_seed(1)
         with torch.no_grad():
             expected = model.generate(**inputs, **settings)
@@ -127,8 +147,13 @@ def test_cached_steps_equal_full_recompute(exported, tokenizer):
     cache, steps = None, []
     extra = {k: v for k, v in ort_inputs.items() if k not in ("input_ids", "attention_mask")}
     for position in range(sequences.shape[1]):
-        out = ort(attention_mask=ort_inputs["attention_mask"], decoder_input_ids=sequences[:, :position + 1],
-                  encoder_outputs=encoder_outputs, past_key_values=cache, **extra)
+        out = ort(
+            attention_mask=ort_inputs["attention_mask"],
+            decoder_input_ids=sequences[:, : position + 1],
+            encoder_outputs=encoder_outputs,
+            past_key_values=cache,
+            **extra,
+        )
         cache = out.past_key_values
         steps.append(out.logits)
     assert cache.get_seq_length() == sequences.shape[1]
@@ -146,7 +171,7 @@ def test_int8_keeps_decisive_first_tokens(exported, tokenizer):
     start = torch.full((len(sentences), 1), model.config.decoder_start_token_id)
     logits = ort(**inputs, decoder_input_ids=start).logits[:, 0]
     logits8 = ort8(**inputs, decoder_input_ids=start).logits[:, 0]
-    error = ((logits8 - logits).norm(dim=-1) / logits.norm(dim=-1))
+    error = (logits8 - logits).norm(dim=-1) / logits.norm(dim=-1)
     # d_model 32: every int8 error is large relative to the logits (quantize_for_cpu: 0.064-0.100 on the trained
     # tiny baseline); measured here: mean 0.007-0.032, max 0.008-0.073 over the six model types
     assert error.max() < 0.15, error
@@ -155,9 +180,12 @@ def test_int8_keeps_decisive_first_tokens(exported, tokenizer):
     decisive = margin > 4 * (logits8 - logits).abs().mean()
     assert decisive.sum() >= 4, margin
     assert torch.equal(logits8.argmax(-1)[decisive], top.indices[decisive, 0])
-    print(f"int8 {model.config.model_type}: relative logit error mean {error.mean():.4f} max {error.max():.4f}; "
-          f"{int(decisive.sum())}/{len(sentences)} decisive first tokens, agreement on all sentences "
-          f"{(logits8.argmax(-1) == top.indices[:, 0]).float().mean():.2f}", file=sys.stderr)
+    print(
+        f"int8 {model.config.model_type}: relative logit error mean {error.mean():.4f} max {error.max():.4f}; "
+        f"{int(decisive.sum())}/{len(sentences)} decisive first tokens, agreement on all sentences "
+        f"{(logits8.argmax(-1) == top.indices[:, 0]).float().mean():.2f}",
+        file=sys.stderr,
+    )
 
 
 def test_pipeline_through_ort(exported, tokenizer):
@@ -177,8 +205,11 @@ def test_export_seconds_recorded(exported):
     _, folder, _, _, _ = exported
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
     assert 0 < manifest["export_seconds"] and manifest["int8"]["weight_type"] == "QUInt8"
-    print(f"export of {manifest['model_type']}: {manifest['export_seconds']} s (+ int8 "
-          f"{manifest['quantize_seconds']} s)", file=sys.stderr)
+    print(
+        f"export of {manifest['model_type']}: {manifest['export_seconds']} s (+ int8 "
+        f"{manifest['quantize_seconds']} s)",
+        file=sys.stderr,
+    )
 
 
 # ------------------------------------------------------------------------------------- one model type suffices
@@ -245,8 +276,9 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
     src.write_text("\n".join(SENTENCES[:4]) + "\n")
     outputs = {}
     for name, args in (("torch", ["--model", str(model_dir)]), ("onnx", ["--onnx", str(folder)])):
-        result = translate.main([*args, "--input", str(src), "--output", str(tmp_path / name), "--num_beams", "1",
-                                 "--no_progress"])
+        result = translate.main(
+            [*args, "--input", str(src), "--output", str(tmp_path / name), "--num_beams", "1", "--no_progress"]
+        )
         outputs[name] = (tmp_path / name).read_text()
         assert result["onnx"] == (name == "onnx")
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"].splitlines()) == 4
@@ -280,8 +312,15 @@ def test_package_imports_without_onnxruntime():
     """`import hf_variants` does not import onnxruntime (an optional extra); OrtModelForSeq2SeqLM loads lazily."""
     import subprocess
 
-    code = ("import sys, hf_variants; loaded = 'onnxruntime' in sys.modules; "
-            "print(loaded, hf_variants.OrtModelForSeq2SeqLM.__name__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=str(__import__("conftest").REPO_ROOT))
+    code = (
+        "import sys, hf_variants; loaded = 'onnxruntime' in sys.modules; "
+        "print(loaded, hf_variants.OrtModelForSeq2SeqLM.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(__import__("conftest").REPO_ROOT),
+    )
     assert out.stdout.split() == ["False", "OrtModelForSeq2SeqLM"]

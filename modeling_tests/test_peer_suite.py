@@ -29,15 +29,28 @@ MODEL_FILES = {
     "mimo_nmt": "test_peer_mimo.py",
     "tied_nmt": "test_peer_tied.py",
 }
+
+
 @pytest.fixture(scope="module")
 def peer_results(tmp_path_factory):
     if not (PEER_DIR / "run.sh").is_file():
-        pytest.skip(f"transformers' common tests are not here ({PEER_DIR} has no run.sh): they ship beside the "
-                    "repository in ../shared/peer_tests (CI has them); set PEER_TESTS_DIR to run them elsewhere")
+        pytest.skip(
+            f"transformers' common tests are not here ({PEER_DIR} has no run.sh): they ship beside the "
+            "repository in ../shared/peer_tests (CI has them); set PEER_TESTS_DIR to run them elsewhere"
+        )
     report = tmp_path_factory.mktemp("peer") / "junit.xml"
     env = {**os.environ, "PYTHON": sys.executable}
-    command = ["bash", str(PEER_DIR / "run.sh"), *MODEL_FILES.values(), "-q", "-p", "no:randomly",
-               "--timeout", "900", f"--junitxml={report}"]
+    command = [
+        "bash",
+        str(PEER_DIR / "run.sh"),
+        *MODEL_FILES.values(),
+        "-q",
+        "-p",
+        "no:randomly",
+        "--timeout",
+        "900",
+        f"--junitxml={report}",
+    ]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if not report.exists():
         pytest.fail(f"the peer suite did not run:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -46,8 +59,9 @@ def peer_results(tmp_path_factory):
         file = Path(case.get("file") or case.get("classname", "").replace(".", "/") + ".py").name
         file = next((f for f in MODEL_FILES.values() if f.removesuffix(".py") in case.get("classname", "")), file)
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes.setdefault(file, []).append((case.get("name"), kinds[0] if kinds else "passed",
-                                              next((c.get("message", "") for c in case), "")))
+        outcomes.setdefault(file, []).append(
+            (case.get("name"), kinds[0] if kinds else "passed", next((c.get("message", "") for c in case), ""))
+        )
     return outcomes, result.stdout
 
 

@@ -5,12 +5,10 @@ truncation; `max_new_tokens` passes through; no pipeline default overrides the m
 
 import pytest
 import torch
+from conftest import read_sentences
 from transformers import GenerationConfig, pipeline
 
-import hf_variants
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-
-from conftest import read_sentences
 
 
 def build(tokenizer, **overrides):
@@ -75,8 +73,11 @@ def test_too_long_sources_raise_naming_the_length_and_the_limit(tokenizer, monke
     short, long = "A dog runs.", " ".join(read_sentences("en", "val", n=3))
     length = len(tokenizer(long)["input_ids"])
     assert length > 16
-    with pytest.raises(ValueError, match=rf"The input is {length} tokens long .*at most 16 "
-                                         r"\(config.max_position_embeddings\).*truncation=True"):
+    with pytest.raises(
+        ValueError,
+        match=rf"The input is {length} tokens long .*at most 16 "
+        r"\(config.max_position_embeddings\).*truncation=True",
+    ):
         translator(long, max_new_tokens=4)
     with pytest.raises(ValueError, match=rf"inputs\[2\] is {length} tokens long .*at most 16"):
         translator([short, "", long], max_new_tokens=4)

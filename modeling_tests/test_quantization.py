@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
-import warnings
 
 import pytest
 import torch
+from conftest import read_sentences
 from torch import nn
 from torch.nn import functional as F
+from trained_tiny import trained_baseline
+from transformers import pipeline
 
 import hf_variants
-from conftest import read_sentences
 from hf_variants import (
     HysanConfig,
     Int8Linear,
@@ -25,8 +26,6 @@ from hf_variants import (
     TransformerNmtConfig,
     quantize_for_cpu,
 )
-from trained_tiny import trained_baseline
-from transformers import pipeline
 
 # max |int8 - fp32| / max |fp32| over the logits of a padded batch: at most 0.036 measured over 3 seeds of each tiny
 # model below (per-tensor activations, 7 bits: the AVX2 setting; per token is lower); a wrong scale, a lost bias or
@@ -42,8 +41,9 @@ CASES = {
     "hysan_nmt": lambda: HysanConfig.from_preset("tiny", local_k=2, vocab_size=60),
     "mgsa_nmt": lambda: MgsaConfig.from_preset("tiny", phrase_type="ngram", vocab_size=60),
     # phrase heads projected by the fused QKV's rows: MG-SA reads `qkv_proj.weight` directly
-    "mgsa_nmt_projected_phrases": lambda: MgsaConfig.from_preset("tiny", phrase_type="ngram", mgsa_phrase_kv="project",
-                                                                 vocab_size=60),
+    "mgsa_nmt_projected_phrases": lambda: MgsaConfig.from_preset(
+        "tiny", phrase_type="ngram", mgsa_phrase_kv="project", vocab_size=60
+    ),
     "tied_nmt": lambda: TiedTransformerConfig.from_preset("tiny", languages=["en", "de"], vocab_size=60),
 }
 STACKED = {  # not expressible yet: stacked per-unit weights outside nn.Linear
@@ -63,8 +63,10 @@ def build(config_fn, seed: int = 0):
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 6:] = 0
     attention_mask[2, 3:] = 0
-    inputs = {"input_ids": input_ids.masked_fill(attention_mask == 0, config.pad_token_id),
-              "attention_mask": attention_mask}
+    inputs = {
+        "input_ids": input_ids.masked_fill(attention_mask == 0, config.pad_token_id),
+        "attention_mask": attention_mask,
+    }
     if getattr(config, "languages", None):
         inputs.update(model._language_inputs([config.languages[1]] * 3, 3))
     decoder_input_ids = torch.randint(4, config.vocab_size, (3, 7), generator=g)
@@ -156,8 +158,10 @@ def test_trained_model_int8_decoding_stays_near_fp32(tokenizer):
         fp32 = model.generate(**inputs, num_beams=1, max_new_tokens=30)
         int8 = quantized.generate(**inputs, num_beams=1, max_new_tokens=30)
         labels = int8[:, 1:].masked_fill(int8[:, 1:] == tokenizer.pad_token_id, -100)
-        forced = {name: m(**inputs, decoder_input_ids=int8[:, :-1]).logits for name, m in
-                  (("fp32", model), ("int8", quantized))}
+        forced = {
+            name: m(**inputs, decoder_input_ids=int8[:, :-1]).logits
+            for name, m in (("fp32", model), ("int8", quantized))
+        }
     assert relative_error(forced["int8"], forced["fp32"]) <= TRAINED_LOGIT_TOL
     first = forced["fp32"][:, 0].topk(2).values  # the first step reads only the start token: the same for both
     decisive = (first[:, 0] - first[:, 1]) > 2 * TRAINED_LOGIT_TOL * forced["fp32"].abs().max()
@@ -174,8 +178,9 @@ def test_trained_model_int8_decoding_stays_near_fp32(tokenizer):
     translator = pipeline("translation", model=quantized, tokenizer=tokenizer)
     translated = translator(sentences[:4], batch_size=4, num_beams=2, max_new_tokens=30)
     with torch.no_grad():  # the same padded batch of 4 (dynamic activation scales depend on the batch)
-        direct = quantized.generate(**model.prepare_translation_inputs(tokenizer, sentences[:4]), num_beams=2,
-                                    max_new_tokens=30)
+        direct = quantized.generate(
+            **model.prepare_translation_inputs(tokenizer, sentences[:4]), num_beams=2, max_new_tokens=30
+        )
     assert [t["translation_text"] for t in translated] == tokenizer.batch_decode(direct, skip_special_tokens=True)
 
 
@@ -189,14 +194,34 @@ def test_translate_script_int8(tokenizer, tmp_path):
     sentences = read_sentences("en", "val", n=6)
     source = tmp_path / "src.en"
     source.write_text("\n".join(sentences) + "\n")
-    result = translate.main(["--model", str(tmp_path / "model"), "--input", str(source), "--output",
-                             str(tmp_path / "hyp.de"), "--num_beams", "2", "--int8"])
+    result = translate.main(
+        [
+            "--model",
+            str(tmp_path / "model"),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "hyp.de"),
+            "--num_beams",
+            "2",
+            "--int8",
+        ]
+    )
     assert result["int8"] is True
     json.dumps(result)  # the result stays JSON-serialisable
     lines = (tmp_path / "hyp.de").read_text().splitlines()
     with torch.no_grad():
-        expected = evaluation.translate(quantize_for_cpu(model), tokenizer, sentences, None, batch_size=64,
-                                        num_beams=2, length_penalty=0.6, max_len_a=1.2, max_len_b=10)
+        expected = evaluation.translate(
+            quantize_for_cpu(model),
+            tokenizer,
+            sentences,
+            None,
+            batch_size=64,
+            num_beams=2,
+            length_penalty=0.6,
+            max_len_a=1.2,
+            max_len_b=10,
+        )
     assert lines == expected and all(lines)
 
 
@@ -248,8 +273,9 @@ def test_int8_linear_module():
         assert y.shape == reference.shape and relative_error(y, reference) <= 0.03
         others = torch.ones(5, 7, dtype=torch.bool)
         others[1, 2] = False
-        assert relative_error(y[others], reference[others]) < 0.5 * relative_error(per_tensor(x)[others],
-                                                                                   reference[others])
+        assert relative_error(y[others], reference[others]) < 0.5 * relative_error(
+            per_tensor(x)[others], reference[others]
+        )
         assert relative_error(per_tensor(x), reference) <= 0.03
         assert relative_error(legacy(x), reference) <= 0.03
         # the dequantized weight (what code reading `.weight` gets) is within half a step of the float weight
@@ -267,4 +293,3 @@ def test_int8_linear_module():
         assert torch.equal(out[2], onednn(x[0, 2:3])[0])
     with pytest.raises(RuntimeError, match="inference-only"):
         onednn(x.requires_grad_())
-

@@ -1,8 +1,8 @@
 """The paper recipes of training/README.md ("Paper recipes"): each documented command runs on CPU for 2 steps on a
 small slice of data with exactly its flags otherwise (replaced: the data paths, the step count and the output
-folders, and for MIMO the 100 languages of OPUS-100 by the slice's four; added: `--config_overrides` shrinking the model's dimensions and layer counts to the tiny preset's, so
-that the test stays fast: every other model setting is the recipe's preset), and its accelerate config gives the
-paper's batch per update."""
+folders, and for MIMO the 100 languages of OPUS-100 by the slice's four; added: `--config_overrides` shrinking the
+model's dimensions and layer counts to the tiny preset's, so that the test stays fast: every other model setting is
+the recipe's preset), and its accelerate config gives the paper's batch per update."""
 
 import gzip
 import json
@@ -23,11 +23,17 @@ README = ROOT / "training" / "README.md"
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 # the papers' GPUs and tokens per update (MUTE App. A, HySAN §Setup, MG-SA §4, Tied §4.1; MIMO: ~25k, the spec's
 # Neutron default)
-PAPER_BATCH = {"mute": (4, 16384), "hysan": (8, 32768), "mgsa": (8, 32768), "tied": (4, 16384),
-               "mimo": (4, 25000)}
+PAPER_BATCH = {"mute": (4, 16384), "hysan": (8, 32768), "mgsa": (8, 32768), "tied": (4, 16384), "mimo": (4, 25000)}
 # the tiny preset's sizes (dimensions, heads, layers) on top of the recipe's preset: nothing else changes
-TINY_DIMS = {"d_model": 32, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "encoder_attention_heads": 4,
-             "decoder_attention_heads": 4, "encoder_layers": 2, "decoder_layers": 2}
+TINY_DIMS = {
+    "d_model": 32,
+    "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+}
 MODEL_TYPES = {"mute": "mute_nmt", "hysan": "hysan_nmt", "mgsa": "mgsa_nmt", "tied": "tied_nmt", "mimo": "mimo_nmt"}
 
 
@@ -58,13 +64,18 @@ def wmt_slice(tmp_path_factory):
     """train / newstest2013 / newstest2014 in the WMT14 layout (48 / 6 / 6 pairs of the bundled Multi30k), with
     source parses for MG-SA."""
     d = tmp_path_factory.mktemp("wmt14_slice")
-    for prefix, split, n in (("train", "train", 48), ("newstest2013", "val", 6), ("newstest2014", "test_2016_flickr", 6)):
+    for prefix, split, n in (
+        ("train", "train", 48),
+        ("newstest2013", "val", 6),
+        ("newstest2014", "test_2016_flickr", 6),
+    ):
         for lang in ("en", "de"):
             lines = head(MULTI30K / f"{split}.{lang}.gz", n)
             (d / f"{prefix}.{lang}").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
             if lang == "en":
-                (d / f"{prefix}.en.parses").write_text("".join(synthetic_parse(x) + "\n" for x in lines),
-                                                        encoding="utf-8")
+                (d / f"{prefix}.en.parses").write_text(
+                    "".join(synthetic_parse(x) + "\n" for x in lines), encoding="utf-8"
+                )
     return d
 
 
@@ -77,8 +88,9 @@ def opus_slice(tmp_path_factory):
         for lang in ("de", "fr", "cs"):
             for en, xx in zip(head(MULTI30K / f"{split}.en.gz", n), head(MULTI30K / f"{split}.{lang}.gz", n, n)):
                 rows.append({"translation": {"en": en, lang: xx}})
-        (d / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                                          encoding="utf-8")
+        (d / f"{name}.jsonl").write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+        )
     return d
 
 
@@ -121,16 +133,28 @@ def test_readme_accumulation_table_keeps_the_papers_batch_on_fewer_gpus():
 def test_recipe_dry_run(name, wmt_slice, opus_slice, tmp_path):
     """The recipe's flags, 2 steps on CPU on the slice (paths, steps and output folders replaced)."""
     words = recipes()[name][5:]
-    replace = {"--data_dir": str(wmt_slice), "--train_file": str(opus_slice / "train.jsonl"),
-               "--valid_file": str(opus_slice / "valid.jsonl"), "--test_file": str(opus_slice / "test.jsonl")}
+    replace = {
+        "--data_dir": str(wmt_slice),
+        "--train_file": str(opus_slice / "train.jsonl"),
+        "--valid_file": str(opus_slice / "valid.jsonl"),
+        "--test_file": str(opus_slice / "test.jsonl"),
+    }
     args = [replace.get(words[i - 1], w) if i else w for i, w in enumerate(words)]
     assert args != words
     if "--languages" in args:  # OPUS-100's 100 languages -> the slice's (directions `en-*,*-en` stay)
         i = args.index("--languages") + 1
         j = next(k for k in range(i, len(args)) if args[k].startswith("--"))
         args[i:j] = ["en", "de", "fr", "cs"]
-    args += ["--max_steps", "2", "--output_dir", str(tmp_path / "run"), "--data_cache_dir", str(tmp_path / "cache"),
-             "--num_examples", "0"]
+    args += [
+        "--max_steps",
+        "2",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--data_cache_dir",
+        str(tmp_path / "cache"),
+        "--num_examples",
+        "0",
+    ]
     tiny = ",".join(f"{k}={v}" for k, v in TINY_DIMS.items())
     if "--config_overrides" in args:
         i = args.index("--config_overrides") + 1
@@ -141,8 +165,16 @@ def test_recipe_dry_run(name, wmt_slice, opus_slice, tmp_path):
     assert results["steps"] == 2 and results["model_type"] == MODEL_TYPES[name]
     parsed = train.parse_args(args)
     hp = results["hyperparameters"]
-    for key in ("learning_rate", "warmup_steps", "adam_beta2", "max_tokens", "num_beams", "length_penalty",
-                "average_last", "preset"):
+    for key in (
+        "learning_rate",
+        "warmup_steps",
+        "adam_beta2",
+        "max_tokens",
+        "num_beams",
+        "length_penalty",
+        "average_last",
+        "preset",
+    ):
         assert hp[key] == getattr(parsed, key), key
     assert results["bleu"] is not None
     if name == "mimo":  # English-centric: a pair of each direction present in the data, none dropped

@@ -18,13 +18,26 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from test_training import data_dir, read_log, tiny_args, tokenizer_dir, train_losses  # noqa: E402,F401 (fixtures)
+
 from training import checkpointing, train  # noqa: E402
 from training.checkpointing import CheckpointError  # noqa: E402
 from training.settings import SettingsChangedError  # noqa: E402
 
 # dropout on, so an exact resume needs the random states too; checkpoints at steps 2 and 4
-COMMON = ["--dropout", "0.1", "--save_steps", "2", "--eval_steps", "4", "--eval_bleu_pairs", "4", "--final_model",
-          "last", "--max_test_pairs", "8"]
+COMMON = [
+    "--dropout",
+    "0.1",
+    "--save_steps",
+    "2",
+    "--eval_steps",
+    "4",
+    "--eval_bleu_pairs",
+    "4",
+    "--final_model",
+    "last",
+    "--max_test_pairs",
+    "8",
+]
 
 
 class Payload:
@@ -62,16 +75,27 @@ def copy_run(run: Path, dst: Path) -> Path:
 
 
 def resume_args(data_dir, run, *extra, tokenizer, steps):
-    return tiny_args(data_dir, run, *COMMON, *extra, "--resume_from_checkpoint", "latest", tokenizer=tokenizer,
-                     steps=steps)
+    return tiny_args(
+        data_dir, run, *COMMON, *extra, "--resume_from_checkpoint", "latest", tokenizer=tokenizer, steps=steps
+    )
 
 
 # --------------------------------------------------------------------------------------- changed settings
 def test_resume_with_changed_settings_is_refused_naming_each(short_run, data_dir, tokenizer_dir, tmp_path):
     run = copy_run(short_run, tmp_path / "run")
     before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
-    changed = resume_args(data_dir, run, "--seed", "2", "--learning_rate", "0.005", "--max_tokens", "900",
-                          tokenizer=tokenizer_dir, steps=6)
+    changed = resume_args(
+        data_dir,
+        run,
+        "--seed",
+        "2",
+        "--learning_rate",
+        "0.005",
+        "--max_tokens",
+        "900",
+        tokenizer=tokenizer_dir,
+        steps=6,
+    )
     with pytest.raises(SettingsChangedError) as err:
         train.main(changed)
     message = str(err.value)
@@ -85,8 +109,18 @@ def test_resume_with_changed_settings_is_refused_naming_each(short_run, data_dir
     assert "--max_tokens: 1024 -> 900" in str(err.value) and "--seed" not in str(err.value)
     # settings the model and tokenizer were built from cannot change, even when named
     with pytest.raises(SettingsChangedError, match=r"--preset: 'tiny' -> 'small'  \(fixed"):
-        train.main(resume_args(data_dir, run, "--preset", "small", "--allow_changed_settings", "preset",
-                               tokenizer=tokenizer_dir, steps=6))
+        train.main(
+            resume_args(
+                data_dir,
+                run,
+                "--preset",
+                "small",
+                "--allow_changed_settings",
+                "preset",
+                tokenizer=tokenizer_dir,
+                steps=6,
+            )
+        )
     with pytest.raises(SystemExit):  # an unknown name is an argument error
         train.parse_args(["--allow_changed_settings", "learning_rat"])
     # nothing in the run folder was touched by the refused resumes
@@ -108,8 +142,11 @@ def test_extension_is_exact_and_planted_pickles_never_run(short_run, long_run, d
     torch.load(ckpt / "custom_checkpoint_0.pkl", weights_only=False)  # the payload is live:
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(CheckpointError, match=r"never writes \(custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, "
-                                              r"random_states_0.pkl\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"never writes \(custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, "
+        r"random_states_0.pkl\)",
+    ):
         train.main(resume_args(data_dir, run, tokenizer=tokenizer_dir, steps=6))
     assert not marker.exists()
     plant(ckpt / "random_states_0.pkl", marker)  # one planted file is enough to stop it
@@ -138,10 +175,24 @@ def test_allowed_changes_take_effect_and_are_recorded(short_run, data_dir, token
     from transformers import get_scheduler
 
     run = copy_run(short_run, tmp_path / "run")
-    results = train.main(resume_args(data_dir, run, "--learning_rate", "0.006", "--adam_beta2", "0.99",
-                                     "--warmup_steps", "2", "--allow_changed_settings",
-                                     "learning_rate,adam_beta2", "--allow_changed_settings", "warmup_steps",
-                                     tokenizer=tokenizer_dir, steps=6))
+    results = train.main(
+        resume_args(
+            data_dir,
+            run,
+            "--learning_rate",
+            "0.006",
+            "--adam_beta2",
+            "0.99",
+            "--warmup_steps",
+            "2",
+            "--allow_changed_settings",
+            "learning_rate,adam_beta2",
+            "--allow_changed_settings",
+            "warmup_steps",
+            tokenizer=tokenizer_dir,
+            steps=6,
+        )
+    )
     # the learning rate at step 6 is that of a fresh schedule with the new peak and warmup
     probe = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.006)
     schedule = get_scheduler("inverse_sqrt", probe, num_warmup_steps=2)
@@ -159,15 +210,30 @@ def test_allowed_changes_take_effect_and_are_recorded(short_run, data_dir, token
         {"step": 4, "setting": "adam_beta2", "from": 0.98, "to": 0.99, "free": False},
         {"step": 4, "setting": "learning_rate", "from": 0.003, "to": 0.006, "free": False},
         {"step": 4, "setting": "max_steps", "from": 4, "to": 6, "free": True},
-        {"step": 4, "setting": "warmup_steps", "from": 4, "to": 2, "free": False}]
+        {"step": 4, "setting": "warmup_steps", "from": 4, "to": 2, "free": False},
+    ]
     assert json.loads((run / "results.json").read_text())["settings_changes"] == results["settings_changes"]
     assert results["hyperparameters"]["learning_rate"] == 0.006
     card = (run / "model" / "README.md").read_text(encoding="utf-8")
-    assert ("| Resumed at step 4 with | `adam_beta2` 0.98 → 0.99; `learning_rate` 0.003 → 0.006; `max_steps` 4 → 6; "
-            "`warmup_steps` 4 → 2 |") in card
+    assert (
+        "| Resumed at step 4 with | `adam_beta2` 0.98 → 0.99; `learning_rate` 0.003 → 0.006; `max_steps` 4 → 6; "
+        "`warmup_steps` 4 → 2 |"
+    ) in card
     # the changes stay recorded through later resumes, and the new values are now the checkpoint's settings
-    results = train.main(resume_args(data_dir, run, "--learning_rate", "0.006", "--adam_beta2", "0.99",
-                                     "--warmup_steps", "2", tokenizer=tokenizer_dir, steps=8))
+    results = train.main(
+        resume_args(
+            data_dir,
+            run,
+            "--learning_rate",
+            "0.006",
+            "--adam_beta2",
+            "0.99",
+            "--warmup_steps",
+            "2",
+            tokenizer=tokenizer_dir,
+            steps=8,
+        )
+    )
     assert [c["step"] for c in results["settings_changes"]] == [4, 4, 4, 4, 6]
     assert results["settings_changes"][-1] == {"step": 6, "setting": "max_steps", "from": 6, "to": 8, "free": True}
 
@@ -207,8 +273,13 @@ def test_tampered_checkpoint_files_are_refused(tmp_path):
     accelerator, model, optimizer, scheduler = tiny_training_objects()
     trainer_state = {"train_state": {"step": 1}, "scheduler": scheduler.state_dict()}
     good = checkpointing.save_checkpoint(accelerator, tmp_path / "ckpts", 1, {"settings": {}}, trainer_state)
-    assert sorted(p.name for p in good.iterdir()) == ["checkpoint.json", "model.safetensors", "optimizer.bin",
-                                                      "rng_state_0.json", "trainer_state.json"]
+    assert sorted(p.name for p in good.iterdir()) == [
+        "checkpoint.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "rng_state_0.json",
+        "trainer_state.json",
+    ]
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     adam_state = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
     draw = torch.rand(3)
@@ -257,10 +328,15 @@ def test_settings_diff_classes():
     args = train.parse_args(["--max_steps", "10"])
     saved = settings.run_settings(args, num_processes=1, mixed_precision="no", device="cpu")
     assert "hub_token" not in saved and "resume_from_checkpoint" not in saved and "output_dir" not in saved
-    again = train.parse_args(["--max_steps", "20", "--eval_steps", "5", "--hub_token", "hf_x",
-                              "--resume_from_checkpoint", "latest"])
+    again = train.parse_args(
+        ["--max_steps", "20", "--eval_steps", "5", "--hub_token", "hf_x", "--resume_from_checkpoint", "latest"]
+    )
     now = settings.run_settings(again, num_processes=1, mixed_precision="no", device="cpu")
-    assert [c["setting"] for c in settings.resume_changes(saved, now, set())] == ["eval_steps", "max_steps", "save_steps"]
+    assert [c["setting"] for c in settings.resume_changes(saved, now, set())] == [
+        "eval_steps",
+        "max_steps",
+        "save_steps",
+    ]
     two = settings.run_settings(args, num_processes=2, mixed_precision="bf16", device="cpu")
     with pytest.raises(SettingsChangedError, match=r"--mixed_precision: 'no' -> 'bf16'[\s\S]*--num_processes: 1 -> 2"):
         settings.resume_changes(saved, two, set())

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from test_training import (TRAIN_SCRIPT, data_dir, free_port, subprocess_env, tiny_args,  # noqa: E402,F401
-                           tokenizer_dir)
+from test_training import TRAIN_SCRIPT, data_dir, free_port, subprocess_env, tiny_args, tokenizer_dir  # noqa: E402,F401
+
 from training import run_lock  # noqa: E402
 from training.run_lock import HOLDER_NAME, RunLock, RunLockedError  # noqa: E402
 
@@ -37,11 +37,28 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
     as the test needs); a second train.py, launched as 2 processes (`accelerate launch`), exits non-zero on both
     ranks, naming the first's host and PID, without touching its files; the first then finishes normally."""
     run = tmp_path / "run"
-    args = tiny_args(data_dir, run, "--max_train_pairs", "120", "--eval_bleu_pairs", "0", "--max_test_pairs", "4",
-                     "--data_cache_dir", str(tmp_path / "cache"), tokenizer=tokenizer_dir, steps=4)
+    args = tiny_args(
+        data_dir,
+        run,
+        "--max_train_pairs",
+        "120",
+        "--eval_bleu_pairs",
+        "0",
+        "--max_test_pairs",
+        "4",
+        "--data_cache_dir",
+        str(tmp_path / "cache"),
+        tokenizer=tokenizer_dir,
+        steps=4,
+    )
     env = subprocess_env()
-    first = subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=env)
+    first = subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     try:
         wait_for(lambda: (run / HOLDER_NAME).is_file() or first.poll() is not None, 240, "the first run's lock")
         os.kill(first.pid, signal.SIGSTOP)
@@ -50,9 +67,24 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
         assert holder["pid"] == first.pid and str(TRAIN_SCRIPT) in holder["command"]
         before = sorted(p.relative_to(run) for p in run.rglob("*"))
         t0 = time.time()
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                  "--main_process_port", str(free_port()), str(TRAIN_SCRIPT), *args]
+        launch = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+            str(TRAIN_SCRIPT),
+            *args,
+        ]
         double = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         out_double, _ = double.communicate(timeout=240)
         elapsed = time.time() - t0
@@ -74,8 +106,10 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
     assert (run / run_lock.LOCK_NAME).exists()
 
 
-HOLD = ("import sys, time; sys.path.insert(0, {root!r}); from training.run_lock import RunLock; "
-        "RunLock({run!r}).acquire(); print('locked', flush=True); time.sleep(120)")
+HOLD = (
+    "import sys, time; sys.path.insert(0, {root!r}); from training.run_lock import RunLock; "
+    "RunLock({run!r}).acquire(); print('locked', flush=True); time.sleep(120)"
+)
 
 
 def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
@@ -83,8 +117,9 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     on this host); the next launch takes the lock over with a warning naming that process. While it is alive, the
     same acquire is refused naming it."""
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT), run=str(run))],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(root=str(ROOT), run=str(run))], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(RunLockedError, match=rf"in use by another training run: host \S+, PID {holder.pid}, "):
@@ -96,8 +131,10 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run) as lock:
         assert lock.took_over["pid"] == holder.pid
         assert json.loads((run / HOLDER_NAME).read_text())["pid"] == os.getpid()
-    assert f"Taking over the lock of {run}: the run that held it is no longer running (PID {holder.pid} no longer " \
-           f"exists; it ended without releasing it): host " in caplog.text
+    assert (
+        f"Taking over the lock of {run}: the run that held it is no longer running (PID {holder.pid} no longer "
+        f"exists; it ended without releasing it): host " in caplog.text
+    )
     assert not (run / HOLDER_NAME).exists()
 
 

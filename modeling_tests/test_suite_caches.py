@@ -34,8 +34,9 @@ def test_tests_use_temporary_caches():
     in_process = {}
     exec(CACHES.replace("print(", "in_process.setdefault(len(in_process), "), {"in_process": in_process})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}  # what the tests' launches pass
-    child = subprocess.run([sys.executable, "-c", CACHES], capture_output=True, text=True, env=env, cwd=ROOT,
-                           timeout=300)
+    child = subprocess.run(
+        [sys.executable, "-c", CACHES], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     paths = [str(p) for p in in_process.values()] + child.stdout.split()
     assert len(paths) == 10

@@ -31,8 +31,9 @@ def sentences():
 
 @pytest.fixture(scope="module", params=["bpe", "unigram"])
 def tok(request, sentences):
-    return train_tokenizer([sentences["en"], sentences["de"]], vocab_size=1000, model=request.param,
-                           languages=["en", "de"])
+    return train_tokenizer(
+        [sentences["en"], sentences["de"]], vocab_size=1000, model=request.param, languages=["en", "de"]
+    )
 
 
 def test_language_tag():
@@ -57,7 +58,7 @@ def test_roundtrip_decode(tok, sentences):
         ids = tok(text)["input_ids"]
         assert tok.decode(ids, skip_special_tokens=True) == text
     # also text never seen in training (still Latin script): spacing and punctuation survive
-    unseen = "Zwei Hunde spielen, während ein Mann (42) \"Hallo!\" ruft."
+    unseen = 'Zwei Hunde spielen, während ein Mann (42) "Hallo!" ruft.'
     assert tok.decode(tok(unseen)["input_ids"], skip_special_tokens=True) == unseen
 
 
@@ -130,9 +131,25 @@ def test_bad_arguments(sentences):
 def test_cli(tmp_path):
     out = tmp_path / "cli_tok"
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_variants.tokenization", "--files", str(DATA / "val.en.gz"),
-         str(DATA / "val.fr.gz"), "--vocab_size", "700", "--languages", "en", "fr", "--output_dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hf_variants.tokenization",
+            "--files",
+            str(DATA / "val.en.gz"),
+            str(DATA / "val.fr.gz"),
+            "--vocab_size",
+            "700",
+            "--languages",
+            "en",
+            "fr",
+            "--output_dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     tok = AutoTokenizer.from_pretrained(out)
@@ -154,9 +171,23 @@ def test_model_max_length_is_the_models_limit(sentences, tmp_path):
     with pytest.raises(ValueError, match="model_max_length"):
         train_tokenizer(sentences["en"][:50], vocab_size=300, model_max_length=0)
     proc = subprocess.run(
-        [sys.executable, "-m", "hf_variants.tokenization", "--files", str(DATA / "val.en.gz"), "--vocab_size", "300",
-         "--model_max_length", "256", "--output_dir", str(tmp_path / "cli")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "hf_variants.tokenization",
+            "--files",
+            str(DATA / "val.en.gz"),
+            "--vocab_size",
+            "300",
+            "--model_max_length",
+            "256",
+            "--output_dir",
+            str(tmp_path / "cli"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert AutoTokenizer.from_pretrained(tmp_path / "cli").model_max_length == 256
@@ -165,8 +196,9 @@ def test_model_max_length_is_the_models_limit(sentences, tmp_path):
 def _is_punctuation(char):
     import unicodedata
 
-    return unicodedata.category(char).startswith("P") or (char.isascii() and not char.isalnum() and char.isprintable()
-                                                          and not char.isspace())
+    return unicodedata.category(char).startswith("P") or (
+        char.isascii() and not char.isalnum() and char.isprintable() and not char.isspace()
+    )
 
 
 def test_punctuation_isolated_and_the_bundled_data_round_trips():
@@ -176,11 +208,18 @@ def test_punctuation_isolated_and_the_bundled_data_round_trips():
     import unicodedata
 
     langs = ("en", "de", "fr", "cs")
-    texts = {lang: [line.strip() for split, n in (("train", 3000), ("val", 5000), ("test_2016_flickr", 5000))
-                    for line in _head(DATA / f"{split}.{lang}.gz", n)] for lang in langs}
+    texts = {
+        lang: [
+            line.strip()
+            for split, n in (("train", 3000), ("val", 5000), ("test_2016_flickr", 5000))
+            for line in _head(DATA / f"{split}.{lang}.gz", n)
+        ]
+        for lang in langs
+    }
     for model in ("bpe", "unigram"):
-        tok = train_tokenizer([t for lang in langs for t in texts[lang]], vocab_size=3000, model=model,
-                              languages=langs)
+        tok = train_tokenizer(
+            [t for lang in langs for t in texts[lang]], vocab_size=3000, model=model, languages=langs
+        )
         special = set(tok.all_special_tokens)
         for lang in langs:
             ids = tok(texts[lang])["input_ids"]
@@ -198,8 +237,13 @@ def test_punctuation_isolated_and_the_bundled_data_round_trips():
 def test_tokenizer_with_attached_punctuation_still_loads_and_round_trips(sentences, tmp_path):
     """A tokenizer saved before punctuation was isolated (its pre-tokenizer is Metaspace alone) keeps working:
     it reloads with its own pre-tokenizer and detokenizes exactly."""
-    old = train_tokenizer([sentences["en"], sentences["de"]], vocab_size=1000, languages=["en", "de"],
-                          split_punctuation=False, output_dir=tmp_path)
+    old = train_tokenizer(
+        [sentences["en"], sentences["de"]],
+        vocab_size=1000,
+        languages=["en", "de"],
+        split_punctuation=False,
+        output_dir=tmp_path,
+    )
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
     assert reloaded.backend_tokenizer.pre_tokenizer.__class__.__name__ == "Metaspace"
     texts = sentences["en"][:100] + sentences["de"][:100]

@@ -11,24 +11,77 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from test_training import data_dir, head, read_log, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
+
 from training import train  # noqa: E402
 from training.corpus import DataError  # noqa: E402
 
 
 def test_run_translation_flag_names_are_aliases():
     """run_translation.py's names for the same settings set the same arguments."""
-    ours = train.parse_args(["--valid_file", "v.jsonl", "--num_epochs", "2.5", "--max_train_pairs", "100",
-                             "--max_valid_pairs", "10", "--max_test_pairs", "5", "--keep_checkpoints", "3",
-                             "--mixed_precision", "bf16", "--label_smoothing", "0.2", "--tokenizer", "tok",
-                             "--num_beams", "5", "--eval_batch_size", "16", "--valid_split", "dev"])
-    theirs = train.parse_args(["--validation_file", "v.jsonl", "--num_train_epochs", "2.5", "--max_train_samples",
-                               "100", "--max_eval_samples", "10", "--max_predict_samples", "5", "--save_total_limit",
-                               "3", "--bf16", "--label_smoothing_factor", "0.2", "--tokenizer_name", "tok",
-                               "--generation_num_beams", "5", "--per_device_eval_batch_size", "16",
-                               "--validation_split", "dev"])
+    ours = train.parse_args(
+        [
+            "--valid_file",
+            "v.jsonl",
+            "--num_epochs",
+            "2.5",
+            "--max_train_pairs",
+            "100",
+            "--max_valid_pairs",
+            "10",
+            "--max_test_pairs",
+            "5",
+            "--keep_checkpoints",
+            "3",
+            "--mixed_precision",
+            "bf16",
+            "--label_smoothing",
+            "0.2",
+            "--tokenizer",
+            "tok",
+            "--num_beams",
+            "5",
+            "--eval_batch_size",
+            "16",
+            "--valid_split",
+            "dev",
+        ]
+    )
+    theirs = train.parse_args(
+        [
+            "--validation_file",
+            "v.jsonl",
+            "--num_train_epochs",
+            "2.5",
+            "--max_train_samples",
+            "100",
+            "--max_eval_samples",
+            "10",
+            "--max_predict_samples",
+            "5",
+            "--save_total_limit",
+            "3",
+            "--bf16",
+            "--label_smoothing_factor",
+            "0.2",
+            "--tokenizer_name",
+            "tok",
+            "--generation_num_beams",
+            "5",
+            "--per_device_eval_batch_size",
+            "16",
+            "--validation_split",
+            "dev",
+        ]
+    )
     assert vars(ours) == vars(theirs)
-    assert (theirs.valid_file, theirs.num_epochs, theirs.max_train_pairs, theirs.max_valid_pairs,
-            theirs.keep_checkpoints, theirs.mixed_precision) == ("v.jsonl", 2.5, 100, 10, 3, "bf16")
+    assert (
+        theirs.valid_file,
+        theirs.num_epochs,
+        theirs.max_train_pairs,
+        theirs.max_valid_pairs,
+        theirs.keep_checkpoints,
+        theirs.mixed_precision,
+    ) == ("v.jsonl", 2.5, 100, 10, 3, "bf16")
     assert train.parse_args(["--fp16"]).mixed_precision == "fp16"
 
 
@@ -50,8 +103,11 @@ def test_report_to_missing_tracker_package_is_an_error(monkeypatch):
     monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: ["tensorboard"])
     with pytest.raises(SystemExit):
         train.parse_args(["--report_to", "wandb"])
-    with pytest.raises(ValueError, match=r"--report_to wandb: the package is not installed \(pip install "
-                                         r"'hf-variants\[wandb\]'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"--report_to wandb: the package is not installed \(pip install "
+        r"'hf-variants\[wandb\]'\)",
+    ):
         train.parse_report_to(["wandb"])
 
 
@@ -76,18 +132,32 @@ def test_report_to_wandb_offline(data_dir, tokenizer_dir, tmp_path, monkeypatch)
     monkeypatch.setattr(wandb, "init", init)
     monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", log)
     out = tmp_path / "run"
-    train.main(tiny_args(data_dir, out, "--report_to", "wandb", "--run_name", "wandb-probe", "--eval_bleu_pairs",
-                         "4", "--max_test_pairs", "4", tokenizer=tokenizer_dir, steps=8))
+    train.main(
+        tiny_args(
+            data_dir,
+            out,
+            "--report_to",
+            "wandb",
+            "--run_name",
+            "wandb-probe",
+            "--eval_bleu_pairs",
+            "4",
+            "--max_test_pairs",
+            "4",
+            tokenizer=tokenizer_dir,
+            steps=8,
+        )
+    )
     assert len(inits) == 1
     assert (inits[0]["project"], inits[0]["name"], inits[0]["dir"]) == ("nmt-tests", "wandb-probe", str(out / "logs"))
-    assert logged == [
-        (r["step"], {k: v for k, v in r.items() if k != "step"}) for r in read_log(out)]
+    assert logged == [(r["step"], {k: v for k, v in r.items() if k != "step"}) for r in read_log(out)]
     assert list((out / "logs" / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
 def write_jsonl(path: Path, src, tgt):
-    path.write_text("".join(json.dumps({"translation": {"en": a, "de": b}}) + "\n" for a, b in zip(src, tgt)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"translation": {"en": a, "de": b}}) + "\n" for a, b in zip(src, tgt)), encoding="utf-8"
+    )
 
 
 def test_dataset_with_valid_split_and_no_test_split(data_dir, tokenizer_dir, tmp_path):
@@ -97,11 +167,32 @@ def test_dataset_with_valid_split_and_no_test_split(data_dir, tokenizer_dir, tmp
     ds.mkdir()
     write_jsonl(ds / "train.jsonl", head(data_dir / "train.en.gz", 120), head(data_dir / "train.de.gz", 120))
     write_jsonl(ds / "valid.jsonl", head(data_dir / "val.en.gz", 8), head(data_dir / "val.de.gz", 8))
-    (ds / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
-                                  "    path: train.jsonl\n  - split: valid\n    path: valid.jsonl\n---\n")
-    args = ["--dataset_name", str(ds), "--preset", "tiny", "--max_steps", "2", "--warmup_steps", "1",
-            "--eval_steps", "2", "--eval_bleu_pairs", "4", "--num_beams", "1", "--max_len_b", "4",
-            "--tokenizer", str(tokenizer_dir), "--num_examples", "0"]
+    (ds / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: train.jsonl\n  - split: valid\n    path: valid.jsonl\n---\n"
+    )
+    args = [
+        "--dataset_name",
+        str(ds),
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "2",
+        "--warmup_steps",
+        "1",
+        "--eval_steps",
+        "2",
+        "--eval_bleu_pairs",
+        "4",
+        "--num_beams",
+        "1",
+        "--max_len_b",
+        "4",
+        "--tokenizer",
+        str(tokenizer_dir),
+        "--num_examples",
+        "0",
+    ]
     results = train.main(args + ["--output_dir", str(tmp_path / "run")])
     assert results["eval_split"] == "valid" and results["eval_pairs"] == 8 and results["train_pairs"] == 120
     assert [r["step"] for r in read_log(tmp_path / "run") if "valid_loss" in r] == [2]
@@ -139,8 +230,10 @@ BAD_FLAGS = [
     (["--adam_beta2", "1"], "--adam_beta2 must be in [0, 1), got 1.0"),
     (["--num_epochs", "0"], "--num_epochs must be positive, got 0.0"),
     (["--max_len_a", "0", "--max_len_b", "0"], "--max_len_a 0 --max_len_b 0 leaves no tokens to generate"),
-    (["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
-     "--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it"),
+    (
+        ["--resume_from_checkpoint", "latest", "--overwrite_output_dir"],
+        "--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it",
+    ),
     (["--streaming", "--num_epochs", "1"], "--streaming reads a corpus of unknown length"),
 ]
 
@@ -166,7 +259,10 @@ def test_zero_cadences_mean_only_at_the_end():
 def test_eval_steps_zero_validates_only_at_the_end(data_dir, tokenizer_dir, tmp_path):
     """`--eval_steps 0` (documented: no periodic validation) trains, validates and checkpoints at the last step
     only (it used to stop with ZeroDivisionError after the first step)."""
-    results = train.main(tiny_args(data_dir, tmp_path / "run", "--eval_steps", "0", "--logging_steps", "1",
-                                   tokenizer=tokenizer_dir, steps=3))
+    results = train.main(
+        tiny_args(
+            data_dir, tmp_path / "run", "--eval_steps", "0", "--logging_steps", "1", tokenizer=tokenizer_dir, steps=3
+        )
+    )
     assert [r["step"] for r in results["validation"]] == [3]
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_3"]

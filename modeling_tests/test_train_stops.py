@@ -19,11 +19,36 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from test_training import (  # noqa: E402,F401 (fixtures)
-    TRAIN_SCRIPT, data_dir, free_port, read_log, subprocess_env, tiny_args, tokenizer_dir, train_losses)
+    TRAIN_SCRIPT,
+    data_dir,
+    free_port,
+    read_log,
+    subprocess_env,
+    tiny_args,
+    tokenizer_dir,
+    train_losses,
+)
+
 from training import checkpointing, train  # noqa: E402
 
-DIVERGING = ["--learning_rate", "1e6", "--warmup_steps", "1", "--logging_steps", "2", "--save_steps", "2",
-             "--eval_steps", "20", "--eval_bleu_pairs", "0", "--max_valid_pairs", "8", "--max_test_pairs", "4"]
+DIVERGING = [
+    "--learning_rate",
+    "1e6",
+    "--warmup_steps",
+    "1",
+    "--logging_steps",
+    "2",
+    "--save_steps",
+    "2",
+    "--eval_steps",
+    "20",
+    "--eval_bleu_pairs",
+    "0",
+    "--max_valid_pairs",
+    "8",
+    "--max_test_pairs",
+    "4",
+]
 
 
 def all_finite(weights: dict) -> bool:
@@ -40,9 +65,13 @@ def assert_best_is_finite(results):
 # ----------------------------------------------------------------------------------------------- non-finite loss
 def test_diverging_run_stops_naming_the_step_and_the_last_finite_checkpoint(data_dir, tokenizer_dir, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, str(TRAIN_SCRIPT)] + tiny_args(data_dir, out, *DIVERGING,
-                                                                          tokenizer=tokenizer_dir, steps=30),
-                          capture_output=True, text=True, timeout=300, env=subprocess_env())
+    proc = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(data_dir, out, *DIVERGING, tokenizer=tokenizer_dir, steps=30),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     assert proc.returncode == 3, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     stopped = results["stopped"]
@@ -76,8 +105,11 @@ def test_nonfinite_validation_loss_stops_before_the_checkpoint(data_dir, tokeniz
 
 def test_skip_mode_skips_and_counts_nonfinite_updates(data_dir, tokenizer_dir, tmp_path):
     out = tmp_path / "run"
-    results = train.main(tiny_args(data_dir, out, *DIVERGING, "--on_nonfinite", "skip", "--eval_steps", "2",
-                                   tokenizer=tokenizer_dir, steps=8))
+    results = train.main(
+        tiny_args(
+            data_dir, out, *DIVERGING, "--on_nonfinite", "skip", "--eval_steps", "2", tokenizer=tokenizer_dir, steps=8
+        )
+    )
     assert results["stopped"] is None and results["steps"] == 8
     skipped = results["nonfinite_skipped"]
     assert skipped > 0
@@ -87,8 +119,24 @@ def test_skip_mode_skips_and_counts_nonfinite_updates(data_dir, tokenizer_dir, t
 
 
 # --------------------------------------------------------------------------------------------------- preemption
-PREEMPT = ["--dropout", "0.1", "--logging_steps", "3", "--save_steps", "20", "--eval_steps", "20",
-           "--eval_bleu_pairs", "4", "--max_valid_pairs", "8", "--max_test_pairs", "4", "--final_model", "last"]
+PREEMPT = [
+    "--dropout",
+    "0.1",
+    "--logging_steps",
+    "3",
+    "--save_steps",
+    "20",
+    "--eval_steps",
+    "20",
+    "--eval_bleu_pairs",
+    "4",
+    "--max_valid_pairs",
+    "8",
+    "--max_test_pairs",
+    "4",
+    "--final_model",
+    "last",
+]
 
 
 def wait_for_log(run_dir: Path, proc, timeout: float = 240) -> None:
@@ -134,8 +182,9 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     steps = 30
     train.main(tiny_args(data_dir, tmp_path / "ref", *PREEMPT, tokenizer=tokenizer_dir, steps=steps))
     out = tmp_path / "run"
-    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(data_dir, out, *PREEMPT, "--resume_from_checkpoint",
-                                                          "latest", tokenizer=tokenizer_dir, steps=steps)
+    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+        data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=steps
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     wait_for_log(out, proc)
     os.kill(proc.pid, signal.SIGTERM)
@@ -147,17 +196,35 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     step = checkpoints[-1][0]
     assert 3 <= step < steps, stderr[-2000:]
     assert "SIGTERM received: saving a checkpoint at the next step boundary" in stderr
-    assert (f"train.py: Preempted (SIGTERM): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
-            f"exiting with status 143. Continue with --resume_from_checkpoint latest.") in stderr
+    assert (
+        f"train.py: Preempted (SIGTERM): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
+        f"exiting with status 143. Continue with --resume_from_checkpoint latest."
+    ) in stderr
     assert not (out / "results.json").exists() and not list((out / "checkpoints").glob(".tmp_*"))
     # the unfinished run's checkpoint translates (run_dir/model_config + tokenizer/, written when the run started)
     assert not (out / "model").exists()
     source = tmp_path / "src.en"
     source.write_text("A man is riding a bike.\nTwo dogs play.\n", encoding="utf-8")
     translated = subprocess.run(
-        [sys.executable, str(ROOT / "training" / "translate.py"), "--model", str(checkpoints[-1][1]), "--input",
-         str(source), "--output", str(tmp_path / "hyp.de"), "--num_beams", "1", "--max_len_b", "3"],
-        capture_output=True, text=True, timeout=300, env=subprocess_env())
+        [
+            sys.executable,
+            str(ROOT / "training" / "translate.py"),
+            "--model",
+            str(checkpoints[-1][1]),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "hyp.de"),
+            "--num_beams",
+            "1",
+            "--max_len_b",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     assert translated.returncode == 0, translated.stderr[-3000:]
     assert len((tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines()) == 2
     assert json.loads((out / "model_config" / "generation_config.json").read_text())["num_beams"] == 2
@@ -173,19 +240,41 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     random states and exit with --requeue_exit_code; the resumed 2-process run ends exactly as an uninterrupted
     one."""
     steps = 24
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port"]
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+    ]
 
     def command(out, *extra):
-        return launch + [str(free_port()), str(TRAIN_SCRIPT)] + tiny_args(
-            data_dir, out, *PREEMPT, "--requeue_exit_code", "99", *extra, tokenizer=tokenizer_dir, steps=steps)
+        return (
+            launch
+            + [str(free_port()), str(TRAIN_SCRIPT)]
+            + tiny_args(
+                data_dir, out, *PREEMPT, "--requeue_exit_code", "99", *extra, tokenizer=tokenizer_dir, steps=steps
+            )
+        )
 
-    proc = subprocess.run(command(tmp_path / "ref"), capture_output=True, text=True, timeout=400,
-                          env=subprocess_env())
+    proc = subprocess.run(command(tmp_path / "ref"), capture_output=True, text=True, timeout=400, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "run"
-    proc = subprocess.Popen(command(out, "--resume_from_checkpoint", "latest"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    proc = subprocess.Popen(
+        command(out, "--resume_from_checkpoint", "latest"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     wait_for_log(out, proc)
     workers = [pid for pid in children(proc.pid) if "train.py" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(workers) == 2, workers
@@ -198,7 +287,12 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in checkpoints[-1][1].iterdir()}
     assert "SIGUSR1 received: saving a checkpoint at the next step boundary" in stderr
     assert stderr.count(f"saved at step {step}; exiting with status 99") == 2, stderr[-3000:]  # both processes
-    proc = subprocess.run(command(out, "--resume_from_checkpoint", "latest"), capture_output=True, text=True,
-                          timeout=400, env=subprocess_env())
+    proc = subprocess.run(
+        command(out, "--resume_from_checkpoint", "latest"),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=subprocess_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(tmp_path / "ref", out)

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import hf_variants  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
 from hf_variants import TransformerNmtConfig  # noqa: E402
 from hf_variants.tokenization import train_tokenizer  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
 from training import checkpointing, evaluation, train  # noqa: E402
 from training.corpus import DataError  # noqa: E402
 from training.settings import SettingsChangedError  # noqa: E402
@@ -58,16 +58,48 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer_dir(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
-    train_tokenizer([data_dir / f"train.{lang}.gz" for lang in ("en", "de", "fr")], vocab_size=600,
-                    languages=["en", "de", "fr"], output_dir=out)
+    train_tokenizer(
+        [data_dir / f"train.{lang}.gz" for lang in ("en", "de", "fr")],
+        vocab_size=600,
+        languages=["en", "de", "fr"],
+        output_dir=out,
+    )
     return out
 
 
 def tiny_args(data_dir, out, *extra, tokenizer=None, steps=24):
-    args = ["--data_dir", str(data_dir), "--preset", "tiny", "--max_steps", str(steps), "--max_tokens", "1024",
-            "--warmup_steps", "4", "--learning_rate", "3e-3", "--eval_steps", "12", "--eval_bleu_pairs", "8",
-            "--num_beams", "2", "--max_len_a", "1.0", "--max_len_b", "4", "--logging_steps", "4",
-            "--eval_batch_size", "32", "--output_dir", str(out), "--num_examples", "2"]
+    args = [
+        "--data_dir",
+        str(data_dir),
+        "--preset",
+        "tiny",
+        "--max_steps",
+        str(steps),
+        "--max_tokens",
+        "1024",
+        "--warmup_steps",
+        "4",
+        "--learning_rate",
+        "3e-3",
+        "--eval_steps",
+        "12",
+        "--eval_bleu_pairs",
+        "8",
+        "--num_beams",
+        "2",
+        "--max_len_a",
+        "1.0",
+        "--max_len_b",
+        "4",
+        "--logging_steps",
+        "4",
+        "--eval_batch_size",
+        "32",
+        "--output_dir",
+        str(out),
+        "--num_examples",
+        "2",
+    ]
     if tokenizer is not None:
         args += ["--tokenizer", str(tokenizer)]
     return args + list(extra)
@@ -154,7 +186,11 @@ def test_accelerate_configs_parse(name):
 
 def test_parse_overrides():
     assert train.parse_overrides("d_model=64,languages=['en','de'],normalize_before=true,init_method=normal") == {
-        "d_model": 64, "languages": ["en", "de"], "normalize_before": True, "init_method": "normal"}
+        "d_model": 64,
+        "languages": ["en", "de"],
+        "normalize_before": True,
+        "init_method": "normal",
+    }
 
 
 # ------------------------------------------------------------------------------------------- the baseline run
@@ -171,10 +207,30 @@ def test_baseline_run_outputs(baseline_run):
 
     run_dir, results = baseline_run
     assert results == json.loads((run_dir / "results.json").read_text())
-    for key in ("model_type", "variant", "source_lang", "target_lang", "languages", "dataset", "eval_split", "bleu",
-                "chrf", "sacrebleu_signature", "chrf_signature", "params", "train_tokens_per_sec", "wall_time_sec",
-                "train_pairs", "dropped_pairs", "dropped_reasons", "steps", "epochs", "hyperparameters",
-                "base_model", "per_direction"):
+    for key in (
+        "model_type",
+        "variant",
+        "source_lang",
+        "target_lang",
+        "languages",
+        "dataset",
+        "eval_split",
+        "bleu",
+        "chrf",
+        "sacrebleu_signature",
+        "chrf_signature",
+        "params",
+        "train_tokens_per_sec",
+        "wall_time_sec",
+        "train_pairs",
+        "dropped_pairs",
+        "dropped_reasons",
+        "steps",
+        "epochs",
+        "hyperparameters",
+        "base_model",
+        "per_direction",
+    ):
         assert key in results, key
     assert results["model_type"] == "transformer_nmt" and results["steps"] == 30
     assert (results["source_lang"], results["target_lang"], results["eval_split"]) == ("en", "de", "test_2016_flickr")
@@ -196,7 +252,9 @@ def test_baseline_run_outputs(baseline_run):
     card = ModelCard.load(run_dir / "model" / "README.md")
     assert card.data.language == ["en", "de"] and card.data.library_name == "transformers"
     assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [
-        ("bleu", round(results["bleu"], 2)), ("chrf", round(results["chrf"], 2))]
+        ("bleu", round(results["bleu"], 2)),
+        ("chrf", round(results["chrf"], 2)),
+    ]
     assert f"{results['params']:,}" in card.text and "ORG/NAME" in card.text  # no --hub_model_id: a placeholder
 
 
@@ -220,8 +278,9 @@ def test_average_last_is_mean_of_last_checkpoints(baseline_run):
     final = load_file(str(run_dir / "model" / "model.safetensors"))
     assert set(a) <= set(final)
     for name in a:
-        assert torch.allclose(final[name], (a[name].double() + b[name].double()).div(2).to(a[name].dtype),
-                              atol=1e-6), name
+        assert torch.allclose(
+            final[name], (a[name].double() + b[name].double()).div(2).to(a[name].dtype), atol=1e-6
+        ), name
     assert any(not torch.equal(a[n], b[n]) for n in a)  # the two checkpoints differ: averaging did something
 
 
@@ -236,10 +295,29 @@ def test_translate_script(baseline_run, data_dir, tmp_path):
     ref_lines = head(refs, 12)
     (tmp_path / "ref.de").write_text("\n".join(ref_lines) + "\n", encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, str(TRANSLATE_SCRIPT), "--model", str(run_dir / "model"), "--input", str(src), "--output",
-         str(out), "--references", str(tmp_path / "ref.de"), "--num_beams", "2", "--max_len_b", "4",
-         "--results_json", str(tmp_path / "scores.json")],
-        capture_output=True, text=True, timeout=300, env=subprocess_env())
+        [
+            sys.executable,
+            str(TRANSLATE_SCRIPT),
+            "--model",
+            str(run_dir / "model"),
+            "--input",
+            str(src),
+            "--output",
+            str(out),
+            "--references",
+            str(tmp_path / "ref.de"),
+            "--num_beams",
+            "2",
+            "--max_len_b",
+            "4",
+            "--results_json",
+            str(tmp_path / "scores.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     hyps = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyps) == 12 and hyps[3] == ""
@@ -262,9 +340,23 @@ def test_translate_script(baseline_run, data_dir, tmp_path):
     mismatched = tmp_path / "short.de"
     mismatched.write_text("one line\n", encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, str(TRANSLATE_SCRIPT), "--model", str(run_dir / "model"), "--input", str(src), "--output",
-         str(tmp_path / "x"), "--references", str(mismatched)],
-        capture_output=True, text=True, timeout=300, env=subprocess_env())
+        [
+            sys.executable,
+            str(TRANSLATE_SCRIPT),
+            "--model",
+            str(run_dir / "model"),
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "x"),
+            "--references",
+            str(mismatched),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
     assert proc.returncode != 0 and "short.de has 1" in proc.stderr
 
 
@@ -316,8 +408,17 @@ def test_syntactic_mgsa_without_parses_stops_before_training(data_dir, tokenizer
         train.main(tiny_args(data_dir, tmp_path / "run", "--model_type", "mgsa_nmt", tokenizer=tokenizer_dir))
     assert "--source_annotations parses" in str(error.value) and "phrase_type='ngram'" in str(error.value)
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
-    results = train.main(tiny_args(data_dir, tmp_path / "ngram", "--model_type", "mgsa_nmt", "--config_overrides",
-                                   "phrase_type=ngram", tokenizer=tokenizer_dir))
+    results = train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "ngram",
+            "--model_type",
+            "mgsa_nmt",
+            "--config_overrides",
+            "phrase_type=ngram",
+            tokenizer=tokenizer_dir,
+        )
+    )
     assert results["steps"] == 24
 
 
@@ -352,9 +453,26 @@ def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
 def test_multilingual_many_to_many(data_dir, tokenizer_dir, tmp_path):
     model_type = "mimo_nmt"
     out = tmp_path / "multi"
-    results = train.main(tiny_args(data_dir, out, "--model_type", model_type, "--languages", "en", "de", "fr",
-                                   "--directions", "en-de,en-fr,de-fr", "--max_train_pairs", "150",
-                                   "--report_to", "tensorboard", tokenizer=tokenizer_dir, steps=12))
+    results = train.main(
+        tiny_args(
+            data_dir,
+            out,
+            "--model_type",
+            model_type,
+            "--languages",
+            "en",
+            "de",
+            "fr",
+            "--directions",
+            "en-de,en-fr,de-fr",
+            "--max_train_pairs",
+            "150",
+            "--report_to",
+            "tensorboard",
+            tokenizer=tokenizer_dir,
+            steps=12,
+        )
+    )
     assert results["directions"] == ["en-de", "en-fr", "de-fr"] and results["train_pairs"] == 450
     assert set(results["per_direction"]) == {"en-de", "en-fr", "de-fr"}
     config = json.loads((out / "model" / "config.json").read_text())
@@ -371,8 +489,9 @@ def test_multilingual_many_to_many(data_dir, tokenizer_dir, tmp_path):
 
 def test_bidirectional_tied(data_dir, tokenizer_dir, tmp_path):
     out = tmp_path / "tied_bi"
-    results = train.main(tiny_args(data_dir, out, "--model_type", "tied_nmt", "--bidirectional",
-                                   tokenizer=tokenizer_dir, steps=12))
+    results = train.main(
+        tiny_args(data_dir, out, "--model_type", "tied_nmt", "--bidirectional", tokenizer=tokenizer_dir, steps=12)
+    )
     assert results["directions"] == ["en-de", "de-en"] and results["bidirectional"] is True
     assert set(results["per_direction"]) == {"en-de", "de-en"}
     # the direction embedding is the only direction signal (issue 21 item 14): no <2xx> tags under "auto"
@@ -408,8 +527,10 @@ def test_bad_data(data_dir, tokenizer_dir, tmp_path):
     results = train.main(tiny_args(bad, tmp_path / "r5", tokenizer=tokenizer_dir, steps=2))
     assert results["dropped_pairs"] == 3 and results["train_pairs"] == 97
     assert results["dropped_reasons"] == {"empty_source": 1, "empty_target": 2}
-    assert results["dropped_examples"] == {"empty_source": [f"{bad / 'train.en.gz'}:18"],
-                                           "empty_target": [f"{bad / 'train.de.gz'}:6", f"{bad / 'train.de.gz'}:41"]}
+    assert results["dropped_examples"] == {
+        "empty_source": [f"{bad / 'train.en.gz'}:18"],
+        "empty_target": [f"{bad / 'train.de.gz'}:6", f"{bad / 'train.de.gz'}:41"],
+    }
     log = (tmp_path / "r5" / "train.log").read_text()
     assert "dropped 3 pairs" in log and "train.de.gz:6" in log and "train.en.gz:18" in log
 
@@ -418,13 +539,24 @@ def test_bad_data(data_dir, tokenizer_dir, tmp_path):
 def test_resume_after_sigkill_loses_nothing(data_dir, tokenizer_dir, tmp_path):
     """A run killed with SIGKILL (twice, at different points) and resumed with `latest` ends with exactly the
     weights, losses and results of an uninterrupted run (dropout on, so the RNG state must be restored too)."""
-    common = ["--dropout", "0.1", "--save_steps", "4", "--eval_steps", "8", "--keep_checkpoints", "2",
-              "--final_model", "last"]
+    common = [
+        "--dropout",
+        "0.1",
+        "--save_steps",
+        "4",
+        "--eval_steps",
+        "8",
+        "--keep_checkpoints",
+        "2",
+        "--final_model",
+        "last",
+    ]
     reference = train.main(tiny_args(data_dir, tmp_path / "ref", *common, tokenizer=tokenizer_dir, steps=16))
 
     out = tmp_path / "killed"
-    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(data_dir, out, *common, "--resume_from_checkpoint",
-                                                          "latest", tokenizer=tokenizer_dir, steps=16)
+    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+        data_dir, out, *common, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=16
+    )
     env = subprocess_env()
     for kill_after_step in (4, 8):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -460,13 +592,45 @@ def test_resume_after_sigkill_loses_nothing(data_dir, tokenizer_dir, tmp_path):
 def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo) runs the same global batches as one process
     with 2 accumulation steps: same optimizer steps, nearly the same losses."""
-    one = train.main(tiny_args(data_dir, tmp_path / "one", "--gradient_accumulation_steps", "2",
-                               "--eval_bleu_pairs", "0", tokenizer=tokenizer_dir, steps=10))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(TRAIN_SCRIPT)]
-    cmd += tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps", "1", "--eval_bleu_pairs", "0",
-                     tokenizer=tokenizer_dir, steps=10)
+    one = train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "one",
+            "--gradient_accumulation_steps",
+            "2",
+            "--eval_bleu_pairs",
+            "0",
+            tokenizer=tokenizer_dir,
+            steps=10,
+        )
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(TRAIN_SCRIPT),
+    ]
+    cmd += tiny_args(
+        data_dir,
+        tmp_path / "two",
+        "--gradient_accumulation_steps",
+        "1",
+        "--eval_bleu_pairs",
+        "0",
+        tokenizer=tokenizer_dir,
+        steps=10,
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     two = json.loads((tmp_path / "two" / "results.json").read_text())
@@ -486,16 +650,36 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
 
     # resuming: the 2-process checkpoint holds each process's random states (JSON), and the resumed 2-process run
     # continues as the resumed 1-process run does; resuming it with another number of processes is refused
-    assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in (tmp_path / "two" / "checkpoints" /
-                                                                          "step_10").iterdir()}
+    assert {"rng_state_0.json", "rng_state_1.json"} <= {
+        p.name for p in (tmp_path / "two" / "checkpoints" / "step_10").iterdir()
+    }
     resume = ["--eval_bleu_pairs", "0", "--resume_from_checkpoint", "latest"]
     with pytest.raises(SettingsChangedError, match=r"--num_processes: 2 -> 1"):
-        train.main(tiny_args(data_dir, tmp_path / "two", "--gradient_accumulation_steps", "2", *resume,
-                             tokenizer=tokenizer_dir, steps=12))
-    train.main(tiny_args(data_dir, tmp_path / "one", "--gradient_accumulation_steps", "2", *resume,
-                         tokenizer=tokenizer_dir, steps=12))
-    cmd = cmd[:cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(
-        data_dir, tmp_path / "two", "--gradient_accumulation_steps", "1", *resume, tokenizer=tokenizer_dir, steps=12)
+        train.main(
+            tiny_args(
+                data_dir,
+                tmp_path / "two",
+                "--gradient_accumulation_steps",
+                "2",
+                *resume,
+                tokenizer=tokenizer_dir,
+                steps=12,
+            )
+        )
+    train.main(
+        tiny_args(
+            data_dir,
+            tmp_path / "one",
+            "--gradient_accumulation_steps",
+            "2",
+            *resume,
+            tokenizer=tokenizer_dir,
+            steps=12,
+        )
+    )
+    cmd = cmd[: cmd.index(str(TRAIN_SCRIPT)) + 1] + tiny_args(
+        data_dir, tmp_path / "two", "--gradient_accumulation_steps", "1", *resume, tokenizer=tokenizer_dir, steps=12
+    )
     cmd[cmd.index("--main_process_port") + 1] = str(free_port())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-4000:]

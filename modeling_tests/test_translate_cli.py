@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conftest import read_sentences  # noqa: E402
+
 from hf_variants import (  # noqa: E402
     MgsaConfig,
     MgsaForConditionalGeneration,
@@ -42,10 +43,16 @@ def save_model(model, tokenizer, path):
 def model_dir(tokenizer, tmp_path_factory):
     """A tiny en->de baseline with 40 learned positions (a longer source used to crash inside torch)."""
     torch.manual_seed(0)
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=40,
-                                              position_embedding_type="learned", languages=["en", "de"])
-    return save_model(TransformerNmtForConditionalGeneration(config).eval(), tokenizer,
-                      tmp_path_factory.mktemp("tiny_model"))
+    config = TransformerNmtConfig.from_preset(
+        "tiny",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=40,
+        position_embedding_type="learned",
+        languages=["en", "de"],
+    )
+    return save_model(
+        TransformerNmtForConditionalGeneration(config).eval(), tokenizer, tmp_path_factory.mktemp("tiny_model")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +82,9 @@ def test_too_long_lines_give_a_warning_and_an_empty_line(model_dir, loaded, tmp_
     assert n_long > 40 and all(len(tok(s)["input_ids"]) <= 40 for s in short)
     src = write(tmp_path / "src.en", [short[0], long, "", short[1], "   ", long, short[2]])
     with caplog.at_level(logging.WARNING, logger="hf_variants.translate"):
-        result = translate.main(["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"),
-                                 *GEN])
+        result = translate.main(
+            ["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"), *GEN]
+        )
     hyps = lines_of(tmp_path / "o")
     assert len(hyps) == 7 and hyps[1] == hyps[2] == hyps[4] == hyps[5] == ""
     assert [hyps[0], hyps[3], hyps[6]] == expected(loaded, short)
@@ -90,14 +98,34 @@ def test_generation_stays_within_the_models_positions(model_dir, tokenizer, tmp_
     """max_len_a/b may ask for more target tokens than the model has positions: capped at the limit - 1 (the
     decoder would index past its learned positions). With </s> suppressed, every hypothesis runs to the cap."""
     torch.manual_seed(0)
-    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=40,
-                                              position_embedding_type="learned", languages=["en", "de"])
+    config = TransformerNmtConfig.from_preset(
+        "tiny",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=40,
+        position_embedding_type="learned",
+        languages=["en", "de"],
+    )
     model = TransformerNmtForConditionalGeneration(config).eval()
     model.generation_config.suppress_tokens = [0, 1, 2]  # no padding, start or end token: run to the budget
     save_model(model, tokenizer, tmp_path / "m")
     src = write(tmp_path / "src.en", read_sentences("en", "val", n=2))
-    translate.main(["--model", str(tmp_path / "m"), "--input", str(src), "--output", str(tmp_path / "o"),
-                    "--num_beams", "1", "--max_len_a", "2", "--max_len_b", "10", "--no_progress"])
+    translate.main(
+        [
+            "--model",
+            str(tmp_path / "m"),
+            "--input",
+            str(src),
+            "--output",
+            str(tmp_path / "o"),
+            "--num_beams",
+            "1",
+            "--max_len_a",
+            "2",
+            "--max_len_b",
+            "10",
+            "--no_progress",
+        ]
+    )
     capped = lines_of(tmp_path / "o")
     model_inputs = model.prepare_translation_inputs(tokenizer, read_sentences("en", "val", n=2))
     assert max(model_inputs["attention_mask"].sum(-1)) * 2 + 10 > 40  # max_len_a/b ask for more than 40
@@ -115,22 +143,53 @@ def test_only_empty_lines(model_dir, tmp_path):
 def test_stdin_to_stdout(model_dir, loaded, tmp_path):
     sentences = read_sentences("en", "val", n=3)
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--input", "-", "--output", "-",
-         "--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4"],
-        input="\n".join([sentences[0], "", sentences[1], sentences[2]]) + "\n", capture_output=True, text=True,
-        timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(model_dir),
+            "--input",
+            "-",
+            "--output",
+            "-",
+            "--num_beams",
+            "2",
+            "--max_len_a",
+            "0",
+            "--max_len_b",
+            "4",
+        ],
+        input="\n".join([sentences[0], "", sentences[1], sentences[2]]) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.split("\n")
     assert out[-1] == "" and out[:-1] == [*expected(loaded, sentences[:1]), "", *expected(loaded, sentences[1:])]
-    summary = json.loads(proc.stderr[proc.stderr.index("{"):])  # the summary went to stderr, not into the output
+    summary = json.loads(proc.stderr[proc.stderr.index("{") :])  # the summary went to stderr, not into the output
     assert summary["input"] == "stdin" and summary["output"] == "stdout" and summary["sentences"] == 4
     assert "translating" not in proc.stderr  # stderr is no terminal: no progress bar
 
 
 def test_progress_bar_on_a_terminal(model_dir, tmp_path, capsys, monkeypatch):
     src = write(tmp_path / "src.en", read_sentences("en", "val", n=3))
-    args = ["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / "o"), "--num_beams", "1",
-            "--max_len_b", "2", "--batch_size", "2"]
+    args = [
+        "--model",
+        str(model_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(tmp_path / "o"),
+        "--num_beams",
+        "1",
+        "--max_len_b",
+        "2",
+        "--batch_size",
+        "2",
+    ]
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     translate.main(args)
     err = capsys.readouterr().err
@@ -142,8 +201,11 @@ def test_progress_bar_on_a_terminal(model_dir, tmp_path, capsys, monkeypatch):
 def test_jsonl_input(model_dir, loaded, tmp_path):
     en = read_sentences("en", "val", n=3)
     de = read_sentences("de", "val", n=3)
-    rows = [{"translation": {"en": en[0], "de": de[0]}}, {"translation": {"de": de[1], "en": ""}},
-            {"translation": {"en": en[2], "de": de[2]}}]
+    rows = [
+        {"translation": {"en": en[0], "de": de[0]}},
+        {"translation": {"de": de[1], "en": ""}},
+        {"translation": {"en": en[2], "de": de[2]}},
+    ]
     src = tmp_path / "test.jsonl.gz"
     with gzip.open(src, "wt", encoding="utf-8") as f:
         f.write("".join(json.dumps(row) + "\n" for row in rows))
@@ -155,29 +217,43 @@ def test_jsonl_input(model_dir, loaded, tmp_path):
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [de]).score)
     # {"text": ...} / {"source": ..., "target": ...} rows, recognised by --input_format on any file name
     flat = write(tmp_path / "rows.txt", [json.dumps({"text": en[0]}), json.dumps({"source": en[2]})])
-    translate.main(["--model", str(model_dir), "--input", str(flat), "--input_format", "jsonl",
-                    "--output", str(tmp_path / "o2"), *GEN])
+    translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(flat),
+            "--input_format",
+            "jsonl",
+            "--output",
+            str(tmp_path / "o2"),
+            *GEN,
+        ]
+    )
     assert lines_of(tmp_path / "o2") == expected(loaded, [en[0], en[2]])
     # without --input_format, a .txt file is text: the JSON lines are translated as sentences
-    result = translate.main(["--model", str(model_dir), "--input", str(flat), "--output", str(tmp_path / "o3"),
-                             *GEN])
+    result = translate.main(["--model", str(model_dir), "--input", str(flat), "--output", str(tmp_path / "o3"), *GEN])
     assert "references" not in result and len(lines_of(tmp_path / "o3")) == 2
 
 
-@pytest.mark.parametrize("row, message", [
-    ("{not json", r"bad\.jsonl:2: invalid JSON"),
-    ("", r"bad\.jsonl:2: empty line"),
-    ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
-    ('{"translation": {"fr": "x", "de": "y"}}', r"bad\.jsonl:2: no 'en' side in \"translation\""),
-    ('{"text": "x", "source": "y"}', r"bad\.jsonl:2: .*found both \"text\" and \"source\""),
-    ('{"sentence": "x"}', r"bad\.jsonl:2: expected .*\"text\".*found the keys \['sentence'\]"),
-    ('{"text": 3}', r"bad\.jsonl:2: the source is a int"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("{not json", r"bad\.jsonl:2: invalid JSON"),
+        ("", r"bad\.jsonl:2: empty line"),
+        ('["a list"]', r"bad\.jsonl:2: expected a JSON object, got list"),
+        ('{"translation": {"fr": "x", "de": "y"}}', r"bad\.jsonl:2: no 'en' side in \"translation\""),
+        ('{"text": "x", "source": "y"}', r"bad\.jsonl:2: .*found both \"text\" and \"source\""),
+        ('{"sentence": "x"}', r"bad\.jsonl:2: expected .*\"text\".*found the keys \['sentence'\]"),
+        ('{"text": 3}', r"bad\.jsonl:2: the source is a int"),
+    ],
+)
 def test_bad_jsonl_rows_name_the_line(model_dir, tmp_path, row, message):
     src = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "A dog.", "de": "Ein Hund."}}), row])
     with pytest.raises(DataError, match=message):
-        translate.main(["--model", str(model_dir), "--input", str(src), "--src_lang", "en",
-                        "--output", str(tmp_path / "o"), *GEN])
+        translate.main(
+            ["--model", str(model_dir), "--input", str(src), "--src_lang", "en", "--output", str(tmp_path / "o"), *GEN]
+        )
     assert not (tmp_path / "o").exists()  # nothing half-written
 
 
@@ -202,19 +278,70 @@ def test_jsonl_annotations_per_row_equal_annotation_files(tokenizer, tmp_path):
     en = read_sentences("en", "val", n=3)
     write(tmp_path / "src.en", en)
     write(tmp_path / "src.parses", [_parse(s) for s in en])
-    translate.main(["--model", str(model_dir), "--input", str(tmp_path / "src.en"), "--output",
-                    str(tmp_path / "from_files"), "--source_annotation", f"parses={tmp_path / 'src.parses'}", *GEN])
-    rows = [{"translation": {"en": en[0]}, "parses": {"en": _parse(en[0])}},
-            {"text": en[1], "parses": _parse(en[1])}, {"translation": {"en": en[2]}, "parses": {"en": _parse(en[2])}}]
+    translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(tmp_path / "src.en"),
+            "--output",
+            str(tmp_path / "from_files"),
+            "--source_annotation",
+            f"parses={tmp_path / 'src.parses'}",
+            *GEN,
+        ]
+    )
+    rows = [
+        {"translation": {"en": en[0]}, "parses": {"en": _parse(en[0])}},
+        {"text": en[1], "parses": _parse(en[1])},
+        {"translation": {"en": en[2]}, "parses": {"en": _parse(en[2])}},
+    ]
     write(tmp_path / "rows.jsonl", [json.dumps(r) for r in rows])
-    translate.main(["--model", str(model_dir), "--input", str(tmp_path / "rows.jsonl"), "--src_lang", "en",
-                    "--output", str(tmp_path / "from_rows"), "--source_annotation", "parses", *GEN])
+    translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(tmp_path / "rows.jsonl"),
+            "--src_lang",
+            "en",
+            "--output",
+            str(tmp_path / "from_rows"),
+            "--source_annotation",
+            "parses",
+            *GEN,
+        ]
+    )
     assert lines_of(tmp_path / "from_rows") == lines_of(tmp_path / "from_files")
     assert len(lines_of(tmp_path / "from_rows")) == 3
     write(tmp_path / "missing.jsonl", [json.dumps(rows[0]), json.dumps({"text": en[1]})])
     with pytest.raises(DataError, match=r"missing\.jsonl:2: no 'parses' for the source"):
-        translate.main(["--model", str(model_dir), "--input", str(tmp_path / "missing.jsonl"), "--src_lang", "en",
-                        "--output", str(tmp_path / "o"), "--source_annotation", "parses", *GEN])
+        translate.main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(tmp_path / "missing.jsonl"),
+                "--src_lang",
+                "en",
+                "--output",
+                str(tmp_path / "o"),
+                "--source_annotation",
+                "parses",
+                *GEN,
+            ]
+        )
     with pytest.raises(SystemExit, match="NAME=FILE"):  # NAME alone needs JSONL rows
-        translate.main(["--model", str(model_dir), "--input", str(tmp_path / "src.en"), "--output",
-                        str(tmp_path / "o"), "--source_annotation", "parses", *GEN])
+        translate.main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(tmp_path / "src.en"),
+                "--output",
+                str(tmp_path / "o"),
+                "--source_annotation",
+                "parses",
+                *GEN,
+            ]
+        )

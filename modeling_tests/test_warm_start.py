@@ -43,8 +43,11 @@ def batch(lengths=(9, 6, 3), seed=1, target_length=5):
     attention_mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
     input_ids[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = 2  # </s> closes every source
     labels = torch.randint(4, VOCAB, (len(lengths), target_length), generator=g)
-    return {"input_ids": input_ids.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask,
-            "labels": labels}
+    return {
+        "input_ids": input_ids.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "labels": labels,
+    }
 
 
 def logits(model, inputs, **extra):
@@ -57,8 +60,11 @@ def max_diff(variant, base, inputs, **extra) -> float:
 
 
 # --------------------------------------------------------------------------------------------------- exact starts
-@pytest.mark.parametrize("backbone", [{}, dict(normalize_before=True, max_relative_positions=3,
-                                               relative_position_values=True)], ids=["post-norm", "pre-norm-rel"])
+@pytest.mark.parametrize(
+    "backbone",
+    [{}, dict(normalize_before=True, max_relative_positions=3, relative_position_values=True)],
+    ids=["post-norm", "pre-norm-rel"],
+)
 @pytest.mark.parametrize("merge", ["plain", "seq"])
 def test_mute_starts_at_the_base(backbone, merge):
     """Units = copies of the pretrained layer, alpha = 1/I, uniform M: the base's logits, whatever the base's norm
@@ -105,9 +111,11 @@ def test_hysan_concat_is_exact_and_gated_sum_is_the_mean_of_the_branches():
     assert 1e-4 < distance < max_diff(naive, base, batch())
 
 
-@pytest.mark.parametrize("overrides", [{}, {"task_attention": False}, {"mimo": False}, {"mimo_memory": "merge"},
-                                       {"mixing_init_std": 1.0}],
-                         ids=["mimo", "no-task-attention", "no-mimo", "merge-memory", "random-mixing"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"task_attention": False}, {"mimo": False}, {"mimo_memory": "merge"}, {"mixing_init_std": 1.0}],
+    ids=["mimo", "no-task-attention", "no-mimo", "merge-memory", "random-mixing"],
+)
 def test_mimo_bilingual_base_is_exact(overrides):
     base = make_base()
     model, report = warm_start(base, "mimo_nmt", overrides, return_report=True)
@@ -132,7 +140,7 @@ def test_mgsa_word_heads_from_the_base_and_phrase_memory_silent_at_step_0():
     qkv = model.state_dict()["model.encoder.layers.0.self_attn.qkv_proj.weight"]
     base_qkv = base.state_dict()["model.encoder.layers.0.self_attn.qkv_proj.weight"]
     assert torch.equal(qkv[:d], base_qkv[:d])  # queries of every head
-    assert torch.equal(qkv[d:], torch.cat([base_qkv[d:d + word], base_qkv[2 * d:2 * d + word]]))  # word K/V
+    assert torch.equal(qkv[d:], torch.cat([base_qkv[d : d + word], base_qkv[2 * d : 2 * d + word]]))  # word K/V
     assert report.unused == [] and any("phrase_memory" in k for k in report.initialised)
     before = logits(model, batch())
     with torch.no_grad():  # the new phrase memory does not reach the output at step 0 (W^o columns zero)
@@ -158,8 +166,9 @@ def test_tied_keeps_one_pretrained_path(tied_init):
         base_encoded = base.get_encoder()(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         same_encoder = torch.allclose(encoded.last_hidden_state, base_encoded.last_hidden_state, atol=1e-5)
         # the decoder path on the base's memory
-        decoder_inputs = dict(decoder_input_ids=inputs["labels"], attention_mask=inputs["attention_mask"],
-                              encoder_outputs=base_encoded)
+        decoder_inputs = dict(
+            decoder_input_ids=inputs["labels"], attention_mask=inputs["attention_mask"], encoder_outputs=base_encoded
+        )
         same_decoder = torch.allclose(model(**decoder_inputs).logits, base(**decoder_inputs).logits, atol=1e-5)
     assert (same_decoder, same_encoder) == ((True, False) if tied_init == "decoder" else (False, True))
 
@@ -169,11 +178,24 @@ def test_a_marian_folder_is_converted_and_exact(tmp_path):
     from transformers import MarianConfig, MarianMTModel
 
     torch.manual_seed(0)
-    marian = MarianMTModel(MarianConfig(
-        vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        pad_token_id=VOCAB - 1, eos_token_id=0, decoder_start_token_id=VOCAB - 1, activation_function="swish",
-        dropout=0.0)).eval()
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=VOCAB - 1,
+            eos_token_id=0,
+            decoder_start_token_id=VOCAB - 1,
+            activation_function="swish",
+            dropout=0.0,
+        )
+    ).eval()
     with torch.no_grad():
         marian.final_logits_bias.normal_(0, 0.1)
     marian.save_pretrained(tmp_path / "marian")
@@ -196,49 +218,83 @@ def test_every_tensor_is_accounted_for():
 
 
 # ----------------------------------------------------------------------------------------------------- mismatches
-@pytest.mark.parametrize("model_type, overrides, message", [
-    ("mute_nmt", {"d_model": 64}, r"`d_model=64` does not match the base model's `d_model=32`"),
-    ("hysan_nmt", {"vocab_size": 80}, r"`vocab_size=80` does not match the base model's `vocab_size=60`"),
-    ("mute_nmt", {"hidden_size": 64}, r"`d_model=64` does not match the base model's `d_model=32`"),
-    ("mute_nmt", {"normalize_before": True}, r"`normalize_before=True` does not match .* `normalize_before=False`"),
-    ("mute_nmt", {"max_relative_positions": 16},
-     r"`max_relative_positions=16` does not match .* `max_relative_positions=0`"),
-    ("tied_nmt", {"position_embedding_type": "learned"},
-     r"`position_embedding_type='learned'` does not match .* `position_embedding_type='sinusoidal'`"),
-    ("hysan_nmt", {"use_positional_embeddings": False},
-     r"`use_positional_embeddings=False` does not match .* `position_embedding_type='sinusoidal'`"),
-    ("mimo_nmt", {"encoder_ffn_dim": 128}, r"`encoder_ffn_dim=128` does not match .* `encoder_ffn_dim=64`"),
-    ("mgsa_nmt", {"languages": ["de"]}, r"`languages=\['de'\]` does not match .* `languages=\[\]`"),
-    ("mute_nmt", {"merg": "plain"}, r"`merg` is not a field of MuteConfig. Did you mean `merge`"),
-    ("transformer_nmt", {}, r"`model_type` must be one of"),
-])
+@pytest.mark.parametrize(
+    "model_type, overrides, message",
+    [
+        ("mute_nmt", {"d_model": 64}, r"`d_model=64` does not match the base model's `d_model=32`"),
+        ("hysan_nmt", {"vocab_size": 80}, r"`vocab_size=80` does not match the base model's `vocab_size=60`"),
+        ("mute_nmt", {"hidden_size": 64}, r"`d_model=64` does not match the base model's `d_model=32`"),
+        (
+            "mute_nmt",
+            {"normalize_before": True},
+            r"`normalize_before=True` does not match .* `normalize_before=False`",
+        ),
+        (
+            "mute_nmt",
+            {"max_relative_positions": 16},
+            r"`max_relative_positions=16` does not match .* `max_relative_positions=0`",
+        ),
+        (
+            "tied_nmt",
+            {"position_embedding_type": "learned"},
+            r"`position_embedding_type='learned'` does not match .* `position_embedding_type='sinusoidal'`",
+        ),
+        (
+            "hysan_nmt",
+            {"use_positional_embeddings": False},
+            r"`use_positional_embeddings=False` does not match .* `position_embedding_type='sinusoidal'`",
+        ),
+        ("mimo_nmt", {"encoder_ffn_dim": 128}, r"`encoder_ffn_dim=128` does not match .* `encoder_ffn_dim=64`"),
+        ("mgsa_nmt", {"languages": ["de"]}, r"`languages=\['de'\]` does not match .* `languages=\[\]`"),
+        ("mute_nmt", {"merg": "plain"}, r"`merg` is not a field of MuteConfig. Did you mean `merge`"),
+        ("transformer_nmt", {}, r"`model_type` must be one of"),
+    ],
+)
 def test_mismatch_is_a_clear_error(model_type, overrides, message):
     with pytest.raises(ValueError, match=message):
         warm_start(make_base(), model_type, overrides)
 
 
 def test_a_base_the_variant_cannot_have_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match=r"mimo_nmt with the base model's settings is not valid: `normalize_before` "
-                                         r"must be False"):
+    with pytest.raises(
+        ValueError,
+        match=r"mimo_nmt with the base model's settings is not valid: `normalize_before` "
+        r"must be False",
+    ):
         warm_start(make_base(normalize_before=True), "mimo_nmt")
     with pytest.raises(ValueError, match=r"`decoder_layers` must be equal to encoder_layers=2"):
         warm_start(make_base(decoder_layers=1), "tied_nmt")
     variant = warm_start(make_base(), "mute_nmt")
     variant.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"holds a 'mute_nmt' model; the base of a warm start must be a "
-                                         r"transformer_nmt model"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a 'mute_nmt' model; the base of a warm start must be a "
+        r"transformer_nmt model",
+    ):
         warm_start(tmp_path, "hysan_nmt")
 
 
 # ------------------------------------------------------------------------------------------------ save and load
-TYPES = {"mute_nmt": "merge=plain", "hysan_nmt": "fusion=concat", "mgsa_nmt": "phrase_type=ngram",
-         "mimo_nmt": None, "tied_nmt": None}
+TYPES = {
+    "mute_nmt": "merge=plain",
+    "hysan_nmt": "fusion=concat",
+    "mgsa_nmt": "phrase_type=ngram",
+    "mimo_nmt": None,
+    "tied_nmt": None,
+}
 
 
 def test_save_load_round_trip_and_fresh_process(tokenizer, tmp_path):
     base = make_base(normalize_before=False)
-    base.generation_config = GenerationConfig(num_beams=3, max_length=40, length_penalty=0.6, pad_token_id=0,
-                                              bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    base.generation_config = GenerationConfig(
+        num_beams=3,
+        max_length=40,
+        length_penalty=0.6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
     base_dir = tmp_path / "base"
     base.save_pretrained(base_dir)
     tokenizer.save_pretrained(base_dir)
@@ -254,8 +310,9 @@ def test_save_load_round_trip_and_fresh_process(tokenizer, tmp_path):
         assert (out / "tokenizer.json").read_text() == (base_dir / "tokenizer.json").read_text()
         assert json.loads((out / "warm_start.json").read_text())["model_type"] == model_type
         expected[model_type] = logits(model, inputs, decoder_input_ids=inputs["input_ids"][:, :4])
-        assert torch.allclose(logits(reloaded, inputs, decoder_input_ids=inputs["input_ids"][:, :4]),
-                              expected[model_type], atol=1e-6)
+        assert torch.allclose(
+            logits(reloaded, inputs, decoder_input_ids=inputs["input_ids"][:, :4]), expected[model_type], atol=1e-6
+        )
     torch.save(inputs, tmp_path / "inputs.pt")
     code = f"""
         import torch
@@ -282,16 +339,38 @@ def test_command_line(tmp_path, capsys):
     base_dir = tmp_path / "base"
     base = make_base()
     base.save_pretrained(base_dir)
-    main(["--base", str(base_dir), "--model_type", "mute_nmt", "--config_overrides", "merge=plain",
-          "--config_overrides", "num_units=2", "--output_dir", str(tmp_path / "out")])
+    main(
+        [
+            "--base",
+            str(base_dir),
+            "--model_type",
+            "mute_nmt",
+            "--config_overrides",
+            "merge=plain",
+            "--config_overrides",
+            "num_units=2",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "mute_nmt warm-started from" in printed and "no tokenizer files" in printed
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out").eval()
     assert (model.config.num_units, model.config.merge) == (2, "plain")
     assert max_diff(model, base, batch()) < 1e-5
     with pytest.raises(SystemExit) as exit_info:
-        main(["--base", str(base_dir), "--model_type", "mute_nmt", "--config_overrides", "d_model=64",
-              "--output_dir", str(tmp_path / "bad")])
+        main(
+            [
+                "--base",
+                str(base_dir),
+                "--model_type",
+                "mute_nmt",
+                "--config_overrides",
+                "d_model=64",
+                "--output_dir",
+                str(tmp_path / "bad"),
+            ]
+        )
     assert exit_info.value.code == 2
     assert "`d_model=64` does not match the base model's `d_model=32`" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
@@ -320,9 +399,16 @@ def test_train_py_loads_a_warm_started_model_and_the_card_names_the_base(tokeniz
     from model_cards.card import build_model_card
     from training import train
 
-    base = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id))
+    base = TransformerNmtForConditionalGeneration(
+        TransformerNmtConfig.from_preset(
+            "tiny",
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+        )
+    )
     base.save_pretrained(tmp_path / "base")
     tokenizer.save_pretrained(tmp_path / "base")
     warm = tmp_path / "warm"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 
 import torch
-
 from conftest import read_sentences
+
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
 
 _CACHE: dict = {}
@@ -23,8 +23,12 @@ def trained_baseline(tokenizer, steps: int = 300, **overrides) -> TransformerNmt
         config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0, **overrides)
         model = TransformerNmtForConditionalGeneration(config)
         sources, targets = read_sentences("en", n=200), read_sentences("de", n=200)
-        batches = [model.prepare_translation_inputs(tokenizer, sources[i:i + 25], text_target=targets[i:i + 25],
-                                                    max_length=24) for i in range(0, 200, 25)]
+        batches = [
+            model.prepare_translation_inputs(
+                tokenizer, sources[i : i + 25], text_target=targets[i : i + 25], max_length=24
+            )
+            for i in range(0, 200, 25)
+        ]
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
         threads = torch.get_num_threads()

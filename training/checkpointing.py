@@ -105,8 +105,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike,
-                   skipped: list[str] | None = None) -> Path | None:
+def resolve_resume(
+    value: str | None, checkpoint_dir: str | os.PathLike, skipped: list[str] | None = None
+) -> Path | None:
     """`--resume_from_checkpoint`: None → no resume; "latest" → the newest intact checkpoint of the run (None when
     there is none yet, so a restart loop can always pass it), skipping damaged ones with a warning that names the
     damaged file (appended to `skipped` instead of logged when a list is given); a path → that checkpoint, which
@@ -137,8 +138,10 @@ def resolve_resume(value: str | None, checkpoint_dir: str | os.PathLike,
     if not path.is_dir() and (Path(checkpoint_dir) / value).is_dir():
         path = Path(checkpoint_dir) / value
     if not (path / MARKER).is_file():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {MARKER}); complete ones: "
-                                f"{[p.name for _, p in list_checkpoints(checkpoint_dir)]}")
+        raise FileNotFoundError(
+            f"{path} is not a complete checkpoint (no {MARKER}); complete ones: "
+            f"{[p.name for _, p in list_checkpoints(checkpoint_dir)]}"
+        )
     verify_checkpoint(path)
     return path
 
@@ -171,8 +174,10 @@ def _structure_problem(path: Path) -> str | None:
         except (struct.error, ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError) as err:
             return f"{path}: not a valid safetensors file ({type(err).__name__}: {err}; {size} bytes: truncated?)"
         if size != 8 + n + end:
-            return (f"{path}: size {size} bytes, expected {8 + n + end} from its header"
-                    f"{' (truncated?)' if size < 8 + n + end else ''}")
+            return (
+                f"{path}: size {size} bytes, expected {8 + n + end} from its header"
+                f"{' (truncated?)' if size < 8 + n + end else ''}"
+            )
     elif path.suffix in (".bin", ".pt"):
         try:
             with zipfile.ZipFile(path) as archive:
@@ -189,8 +194,13 @@ def damaged_files(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     files = checkpoint_info(path).get(MANIFEST)
     if files is None:
-        return [problem for file in sorted(path.rglob("*")) if file.is_file() and file.name != MARKER
-                for problem in [_structure_problem(file)] if problem]
+        return [
+            problem
+            for file in sorted(path.rglob("*"))
+            if file.is_file() and file.name != MARKER
+            for problem in [_structure_problem(file)]
+            if problem
+        ]
     if not isinstance(files, dict):
         return [f"{path / MARKER}: '{MANIFEST}' must be an object, got {type(files).__name__}"]
     problems = []
@@ -203,11 +213,15 @@ def damaged_files(path: str | os.PathLike) -> list[str]:
             continue
         expected = meta.get("size") if isinstance(meta, dict) else None
         if size != expected:
-            problems.append(f"{file}: size {size} bytes, expected {expected}"
-                            f"{' (truncated?)' if isinstance(expected, int) and size < expected else ''}")
+            problems.append(
+                f"{file}: size {size} bytes, expected {expected}"
+                f"{' (truncated?)' if isinstance(expected, int) and size < expected else ''}"
+            )
         elif isinstance(meta, dict) and meta.get("sha256") and file_digest(file) != meta["sha256"]:
-            problems.append(f"{file}: SHA-256 differs from the one recorded at save (the content changed: "
-                            f"damaged on disk or in a copy)")
+            problems.append(
+                f"{file}: SHA-256 differs from the one recorded at save (the content changed: "
+                f"damaged on disk or in a copy)"
+            )
     return problems
 
 
@@ -243,8 +257,9 @@ def _read_json(path: Path, what: str) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: the checkpoint is incomplete or damaged ({what}).") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{path} is not valid JSON ({err}): the checkpoint is damaged or was tampered "
-                              f"with ({what}).") from None
+        raise CheckpointError(
+            f"{path} is not valid JSON ({err}): the checkpoint is damaged or was tampered with ({what})."
+        ) from None
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} must hold a JSON object ({what}), got {type(value).__name__}.")
     return value
@@ -267,12 +282,15 @@ def check_resumable(path: str | os.PathLike) -> dict:
             f"{FORMAT_VERSION}){': its state is pickled (' + ', '.join(pickled) + ')' if pickled else ''}. It is "
             f"not resumed, because loading a pickle can execute code. Its model weights "
             f"({', '.join(n for n in WEIGHT_FILES if (path / n).is_file()) or 'none found'}) can still be "
-            f"used, e.g. for translation (training/translate.py --model {path}) or checkpoint averaging.")
+            f"used, e.g. for translation (training/translate.py --model {path}) or checkpoint averaging."
+        )
     planted = sorted(p.name for pattern in PICKLED_STATE for p in path.glob(pattern))
     if planted:  # never written by save_checkpoint, and Accelerate would unpickle custom_checkpoint_* freely
-        raise CheckpointError(f"{path} holds pickled state files that train.py never writes ({', '.join(planted)}): "
-                              f"the checkpoint was tampered with or mixed with another one. Nothing was loaded; "
-                              f"remove these files (unopened) to resume from it.")
+        raise CheckpointError(
+            f"{path} holds pickled state files that train.py never writes ({', '.join(planted)}): "
+            f"the checkpoint was tampered with or mixed with another one. Nothing was loaded; "
+            f"remove these files (unopened) to resume from it."
+        )
     return info
 
 
@@ -304,9 +322,13 @@ def rng_state() -> dict:
     np_state = np.random.get_state(legacy=False)
     state = {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": np_state["state"]["key"].tolist(),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
         "torch": _b64(torch.get_rng_state()),
     }
     for name, get_all, _ in _accelerator_rng():
@@ -320,16 +342,22 @@ def set_rng_state(state: dict, where: str = "the RNG state") -> None:
         py = state["python"]
         random.setstate((int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]))
         nps = state["numpy"]
-        np.random.set_state({"bit_generator": str(nps["bit_generator"]),
-                             "state": {"key": np.asarray(nps["key"], dtype=np.uint32), "pos": int(nps["pos"])},
-                             "has_gauss": int(nps["has_gauss"]), "gauss": float(nps["gauss"])})
+        np.random.set_state(
+            {
+                "bit_generator": str(nps["bit_generator"]),
+                "state": {"key": np.asarray(nps["key"], dtype=np.uint32), "pos": int(nps["pos"])},
+                "has_gauss": int(nps["has_gauss"]),
+                "gauss": float(nps["gauss"]),
+            }
+        )
         torch.set_rng_state(_unb64(state["torch"]))
         for name, _, set_all in _accelerator_rng():
             if name in state:
                 set_all([_unb64(s) for s in state[name]])
     except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as err:
-        raise CheckpointError(f"{where} is malformed ({type(err).__name__}: {err}): the checkpoint is damaged or "
-                              f"was tampered with.") from None
+        raise CheckpointError(
+            f"{where} is malformed ({type(err).__name__}: {err}): the checkpoint is damaged or was tampered with."
+        ) from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -404,8 +432,13 @@ def _any_failed(accelerator, failed: bool) -> bool:
     return bool(accelerator.reduce(flag, "sum").item() > 0)
 
 
-def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, info: dict | None = None,
-                    trainer_state: dict | None = None) -> Path:
+def save_checkpoint(
+    accelerator,
+    checkpoint_dir: str | os.PathLike,
+    step: int,
+    info: dict | None = None,
+    trainer_state: dict | None = None,
+) -> Path:
     """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
     (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
     folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
@@ -421,9 +454,14 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
             shutil.rmtree(stale, ignore_errors=True)
         free = shutil.disk_usage(checkpoint_dir).free
         if free < needed:
-            logger.warning("Only %.1f MB free on the file system of %s, and a checkpoint takes about %.1f MB: saving "
-                           "step %d will probably fail. Free some space (or lower --keep_checkpoints).", free / MB,
-                           checkpoint_dir, needed / MB, step)
+            logger.warning(
+                "Only %.1f MB free on the file system of %s, and a checkpoint takes about %.1f MB: saving "
+                "step %d will probably fail. Free some space (or lower --keep_checkpoints).",
+                free / MB,
+                checkpoint_dir,
+                needed / MB,
+                step,
+            )
     accelerator.wait_for_everyone()
     error = None
     try:
@@ -445,8 +483,9 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
             (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
             files = _manifest_and_flush(tmp)
             marker = tmp / MARKER
-            marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files},
-                                         indent=2))
+            marker.write_text(
+                json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files}, indent=2)
+            )
             with open(marker, "rb") as f:
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
@@ -470,20 +509,29 @@ def save_checkpoint(accelerator, checkpoint_dir: str | os.PathLike, step: int, i
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     previous = latest_checkpoint(checkpoint_dir)
-    kept = (f"the previous checkpoint, {previous.name}, is intact: free some space (or lower --keep_checkpoints, "
-            f"or move the run to a larger disk) and resume with --resume_from_checkpoint latest"
-            if previous is not None else "there is no earlier checkpoint")
+    kept = (
+        f"the previous checkpoint, {previous.name}, is intact: free some space (or lower --keep_checkpoints, "
+        f"or move the run to a larger disk) and resume with --resume_from_checkpoint latest"
+        if previous is not None
+        else "there is no earlier checkpoint"
+    )
     if error is None:
-        raise CheckpointError(f"Checkpoint step_{step} was not saved: another process failed to write its part (see "
-                              f"its error); the partial checkpoint was removed and {kept}.")
+        raise CheckpointError(
+            f"Checkpoint step_{step} was not saved: another process failed to write its part (see "
+            f"its error); the partial checkpoint was removed and {kept}."
+        )
     if full:
         free = shutil.disk_usage(checkpoint_dir).free
         what = "disk quota exceeded" if getattr(error, "errno", None) == errno.EDQUOT else "no space left on device"
-        raise DiskFullError(f"Checkpoint step_{step} not saved: {what} while writing {file} (needed ≈ "
-                            f"{needed / MB:.1f} MB, free {free / MB:.1f} MB). The partial checkpoint was removed; "
-                            f"{kept}.") from error
-    raise CheckpointError(f"Checkpoint step_{step} not saved ({type(error).__name__}: {error}); the partial "
-                          f"checkpoint was removed and {kept}.") from error
+        raise DiskFullError(
+            f"Checkpoint step_{step} not saved: {what} while writing {file} (needed ≈ "
+            f"{needed / MB:.1f} MB, free {free / MB:.1f} MB). The partial checkpoint was removed; "
+            f"{kept}."
+        ) from error
+    raise CheckpointError(
+        f"Checkpoint step_{step} not saved ({type(error).__name__}: {error}); the partial "
+        f"checkpoint was removed and {kept}."
+    ) from error
 
 
 def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool = False) -> dict:
@@ -506,17 +554,21 @@ def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool =
     try:
         accelerator.load_state(str(path), load_kwargs={"weights_only": True})
     except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: a state file was refused by torch.load(weights_only=True) ({err}); the "
-                              f"checkpoint is damaged or was tampered with. Nothing in it was executed.") from None
+        raise CheckpointError(
+            f"{path}: a state file was refused by torch.load(weights_only=True) ({err}); the "
+            f"checkpoint is damaged or was tampered with. Nothing in it was executed."
+        ) from None
     except Exception as err:  # noqa: BLE001 - any failure of a needed state file stops the resume, naming it
         culprit = _failing_state_file(path)
-        raise CheckpointError(f"{culprit or path}: loading the model/optimizer state failed ({type(err).__name__}: "
-                              f"{err}).") from err
+        raise CheckpointError(
+            f"{culprit or path}: loading the model/optimizer state failed ({type(err).__name__}: {err})."
+        ) from err
     if rng is not None:
         set_rng_state(rng, str(rng_file))
     else:
-        logging.getLogger(__name__).warning("%s has no random states of process %d; it keeps its own.", path,
-                                            accelerator.process_index)
+        logging.getLogger(__name__).warning(
+            "%s has no random states of process %d; it keeps its own.", path, accelerator.process_index
+        )
     return trainer_state
 
 
@@ -538,8 +590,9 @@ def _failing_state_file(path: Path) -> Path | None:
     return None
 
 
-def rotate_checkpoints(checkpoint_dir: str | os.PathLike, keep_last: int,
-                       protect: set[int] = frozenset()) -> list[Path]:
+def rotate_checkpoints(
+    checkpoint_dir: str | os.PathLike, keep_last: int, protect: set[int] = frozenset()
+) -> list[Path]:
     """Delete all but the newest `keep_last` complete checkpoints (and those whose step is in `protect`)."""
     if keep_last <= 0:
         return []
@@ -560,8 +613,10 @@ def weights_file(checkpoint: str | os.PathLike) -> Path:
     for name in WEIGHT_FILES:
         if (Path(checkpoint) / name).is_file():
             return Path(checkpoint) / name
-    raise FileNotFoundError(f"No model weights ({', '.join(WEIGHT_FILES)}) in {checkpoint}; checkpoint averaging "
-                            f"needs full (not sharded) model state: with FSDP use state_dict_type FULL_STATE_DICT.")
+    raise FileNotFoundError(
+        f"No model weights ({', '.join(WEIGHT_FILES)}) in {checkpoint}; checkpoint averaging "
+        f"needs full (not sharded) model state: with FSDP use state_dict_type FULL_STATE_DICT."
+    )
 
 
 def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -591,8 +646,9 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch
             if tensor.is_floating_point():
                 total[name] = total[name] + tensor.double() if name in total else tensor.double().clone()
             last[name] = tensor
-    return {name: (total[name] / len(checkpoints)).to(last[name].dtype) if name in total else last[name]
-            for name in last}
+    return {
+        name: (total[name] / len(checkpoints)).to(last[name].dtype) if name in total else last[name] for name in last
+    }
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 LANG_CODE = re.compile(r"^[a-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*$")
 MAX_REPORTED_LOCATIONS = 5
 
@@ -43,8 +42,9 @@ class DataError(ValueError):
 def check_language_code(lang: str, where: str = "") -> str:
     if not isinstance(lang, str) or not LANG_CODE.match(lang):
         at = f" in {where}" if where else ""
-        raise DataError(f"Unknown or invalid language code {lang!r}{at}: expected an ISO 639 code such as 'en', "
-                        f"'de' or 'pt_BR'.")
+        raise DataError(
+            f"Unknown or invalid language code {lang!r}{at}: expected an ISO 639 code such as 'en', 'de' or 'pt_BR'."
+        )
     return lang
 
 
@@ -66,7 +66,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     lines = []
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             for raw in f:
                 try:
                     lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))
@@ -99,8 +99,15 @@ class ParallelCorpus:
     def head(self, n: int) -> "ParallelCorpus":
         """The first `n` rows."""
         annotations = {k: {lang: v[:n] for lang, v in by_lang.items()} for k, by_lang in self.annotations.items()}
-        return ParallelCorpus(self.name, self.rows[:n], self.locations[:n], self.languages, annotations,
-                              dict(self.files), {k: dict(v) for k, v in self.annotation_files.items()})
+        return ParallelCorpus(
+            self.name,
+            self.rows[:n],
+            self.locations[:n],
+            self.languages,
+            annotations,
+            dict(self.files),
+            {k: dict(v) for k, v in self.annotation_files.items()},
+        )
 
     def column(self, lang: str) -> list[str]:
         return [row.get(lang, "") for row in self.rows]
@@ -119,8 +126,10 @@ def find_split_file(data_dir: str | os.PathLike, prefix: str, lang: str) -> Path
         if (data_dir / name).is_file():
             return data_dir / name
     available = sorted(p.name for p in data_dir.glob(f"{prefix}.*")) if data_dir.is_dir() else []
-    raise DataError(f"No file for language {lang!r} of split {prefix!r} in {data_dir} (looked for {prefix}.{lang} "
-                    f"and {prefix}.{lang}.gz; found: {', '.join(available) or 'nothing'}).")
+    raise DataError(
+        f"No file for language {lang!r} of split {prefix!r} in {data_dir} (looked for {prefix}.{lang} "
+        f"and {prefix}.{lang}.gz; found: {', '.join(available) or 'nothing'})."
+    )
 
 
 def load_text_files(files: dict[str, str | os.PathLike], name: str | None = None) -> ParallelCorpus:
@@ -148,8 +157,9 @@ def load_text_files(files: dict[str, str | os.PathLike], name: str | None = None
     return ParallelCorpus(label, rows, locations, langs, files={lang: str(path) for lang, path in files.items()})
 
 
-def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Sequence[str],
-                        annotations: Sequence[str] = ()) -> ParallelCorpus:
+def load_split_from_dir(
+    data_dir: str | os.PathLike, prefix: str, languages: Sequence[str], annotations: Sequence[str] = ()
+) -> ParallelCorpus:
     """`{prefix}.{lang}[.gz]` for every language, plus each annotation `{prefix}.{lang}.{name}[.gz]` (one value a
     line, aligned with the sentences) where such a file exists."""
     files = {lang: find_split_file(data_dir, prefix, lang) for lang in languages}
@@ -162,8 +172,10 @@ def load_split_from_dir(data_dir: str | os.PathLike, prefix: str, languages: Seq
                 continue
             values = read_lines(path)
             if len(values) != len(data):
-                raise DataError(f"{path} has {len(values)} lines but {files[lang]} has {len(data)}; line "
-                                f"{min(len(values), len(data)) + 1} has no counterpart.")
+                raise DataError(
+                    f"{path} has {len(values)} lines but {files[lang]} has {len(data)}; line "
+                    f"{min(len(values), len(data)) + 1} has no counterpart."
+                )
             data.annotations.setdefault(name, {})[lang] = values
             data.annotation_files.setdefault(name, {})[lang] = str(path)
     return data
@@ -190,8 +202,10 @@ def load_tsv(path: str | os.PathLike, columns: Sequence[str] | None = None) -> P
     for i in range(start, len(lines)):
         fields = lines[i].split("\t")
         if len(fields) != len(columns):
-            raise DataError(f"{path}:{i + 1}: expected {len(columns)} tab-separated fields ({', '.join(columns)}), "
-                            f"found {len(fields)}.")
+            raise DataError(
+                f"{path}:{i + 1}: expected {len(columns)} tab-separated fields ({', '.join(columns)}), "
+                f"found {len(fields)}."
+            )
         rows.append(dict(zip(columns, fields)))
         locations.append(f"{path}:{i + 1}")
     return ParallelCorpus(str(path), rows, locations, list(columns))
@@ -215,8 +229,9 @@ def _translation_row(obj, where: str) -> dict[str, str]:
     if isinstance(obj, dict) and "translation" in obj:
         obj = obj["translation"]
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected an object {{\"translation\": {{\"en\": ..., \"de\": ...}}}}, "
-                        f"got {type(obj).__name__}.")
+        raise DataError(
+            f'{where}: expected an object {{"translation": {{"en": ..., "de": ...}}}}, got {type(obj).__name__}.'
+        )
     row = {}
     for lang, text in obj.items():
         check_language_code(lang, where)
@@ -267,8 +282,10 @@ def resolve_split(available: Sequence[str], requested: str | None, role: str, da
         if name in available:
             return name
     if role == "train":
-        raise DataError(f"Dataset {dataset!r} has no 'train' split (its splits: {', '.join(available)}); name the "
-                        f"training split with --train_split.")
+        raise DataError(
+            f"Dataset {dataset!r} has no 'train' split (its splits: {', '.join(available)}); name the "
+            f"training split with --train_split."
+        )
     return None
 
 
@@ -279,8 +296,7 @@ def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
     return datasets.load_dataset(name, config_name, **kwargs)
 
 
-def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None,
-                     **kwargs) -> ParallelCorpus:
+def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None, **kwargs) -> ParallelCorpus:
     """A `datasets` dataset whose rows are `{"translation": {"en": ..., "de": ...}}` (Hub name or local path);
     `dataset`: the split already loaded (e.g. from `load_hub_splits`)."""
     import datasets
@@ -305,13 +321,17 @@ def load_corpus_file(path: str | os.PathLike, annotations: Sequence[str] = ()) -
         raise DataError(f"No such data file: {path}")
     if name.endswith(".tsv"):
         if annotations:
-            raise DataError(f"{path}: TSV files carry no source annotations ({', '.join(annotations)}); use JSONL "
-                            f"or per-language files.")
+            raise DataError(
+                f"{path}: TSV files carry no source annotations ({', '.join(annotations)}); use JSONL "
+                f"or per-language files."
+            )
         return load_tsv(path)
     if name.endswith((".jsonl", ".json")):
         return load_jsonl(path, annotations)
-    raise DataError(f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
-                    f"files {{prefix}}.{{lang}}[.gz] with --data_dir.")
+    raise DataError(
+        f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
+        f"files {{prefix}}.{{lang}}[.gz] with --data_dir."
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ pairs
@@ -336,13 +356,17 @@ class DropReport:
     def summary(self) -> str:
         if not self.total:
             return f"{self.split}: no pairs dropped"
-        parts = [f"{reason}: {n} (e.g. {', '.join(self.locations[reason])})"
-                 for reason, n in sorted(self.counts.items())]
+        parts = [
+            f"{reason}: {n} (e.g. {', '.join(self.locations[reason])})" for reason, n in sorted(self.counts.items())
+        ]
         return f"{self.split}: dropped {self.total} pairs; " + "; ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"total": self.total, "reasons": dict(sorted(self.counts.items())),
-                "examples": {k: list(v) for k, v in sorted(self.locations.items())}}
+        return {
+            "total": self.total,
+            "reasons": dict(sorted(self.counts.items())),
+            "examples": {k: list(v) for k, v in sorted(self.locations.items())},
+        }
 
 
 @dataclass
@@ -399,8 +423,10 @@ def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str])
             fixed = parts[1] if parts[0] == "*" else parts[0]
             check_language_code(fixed, "--directions")
             if fixed not in languages:
-                raise DataError(f"Direction {item!r} uses language {fixed!r}, which is not in the languages of the "
-                                f"run ({', '.join(languages)}).")
+                raise DataError(
+                    f"Direction {item!r} uses language {fixed!r}, which is not in the languages of the "
+                    f"run ({', '.join(languages)})."
+                )
             others = [lang for lang in languages if lang != fixed]
             expanded += [f"{o}-{fixed}" if parts[0] == "*" else f"{fixed}-{o}" for o in others]
         else:
@@ -413,17 +439,24 @@ def parse_directions(spec: str | Sequence[str] | None, languages: Sequence[str])
         s, t = (check_language_code(p.strip(), "--directions") for p in parts)
         for lang in (s, t):
             if lang not in languages:
-                raise DataError(f"Direction {item!r} uses language {lang!r}, which is not in the languages of the "
-                                f"run ({', '.join(languages)}).")
+                raise DataError(
+                    f"Direction {item!r} uses language {lang!r}, which is not in the languages of the "
+                    f"run ({', '.join(languages)})."
+                )
         if s == t:
             raise DataError(f"Invalid direction {item!r}: source and target are the same language.")
         directions.append((s, t))
     return directions
 
 
-def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], report: DropReport,
-                on_bad_pairs: str = "skip", annotations: Sequence[str] = (),
-                target_annotations: bool = False) -> list[Pair]:
+def build_pairs(
+    corpus: ParallelCorpus,
+    directions: Sequence[tuple[str, str]],
+    report: DropReport,
+    on_bad_pairs: str = "skip",
+    annotations: Sequence[str] = (),
+    target_annotations: bool = False,
+) -> list[Pair]:
     """One `Pair` per row and direction. Empty or missing sides, and missing or ill-fitting annotations (see
     `ANNOTATION_CHECKS`), are counted in `report` under the location of the side at fault (or raise).
 
@@ -434,14 +467,18 @@ def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], r
     for s, t in directions:
         for lang in (s, t):
             if lang not in corpus.languages:
-                raise DataError(f"Language {lang!r} is not in {corpus.name} (it has: "
-                                f"{', '.join(corpus.languages) or 'no languages'}).")
+                raise DataError(
+                    f"Language {lang!r} is not in {corpus.name} (it has: "
+                    f"{', '.join(corpus.languages) or 'no languages'})."
+                )
         for name in annotations:
             for lang in (s, t) if target_annotations else (s,):
                 if lang not in corpus.annotations.get(name, {}):
-                    raise DataError(f"{corpus.name} has no {name!r} annotation for {lang!r} sentences (per-language "
-                                    f"files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{\"{name}\": "
-                                    f"{{\"{lang}\": ...}}}} on every line).")
+                    raise DataError(
+                        f"{corpus.name} has no {name!r} annotation for {lang!r} sentences (per-language "
+                        f'files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{"{name}": '
+                        f'{{"{lang}": ...}}}} on every line).'
+                    )
     checked: dict[tuple[int, str, str], tuple[str, str] | None] = {}  # (row, lang, name) -> problem
 
     def annotation_problem(r: int, lang: str, name: str, sentence: str) -> tuple[str, str] | None:
@@ -481,27 +518,38 @@ def build_pairs(corpus: ParallelCorpus, directions: Sequence[tuple[str, str]], r
                         break
             if reason is not None:
                 if on_bad_pairs == "error":
-                    raise DataError(f"{location}: {reason.replace('_', ' ')} ({s}-{t})"
-                                    + (f": {detail}" if detail else "."))
+                    raise DataError(
+                        f"{location}: {reason.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else ".")
+                    )
                 report.add(reason, location)
                 continue
             src_extra = {name: corpus.annotations[name][s][r] for name in annotations}
             tgt_extra = {name: corpus.annotations[name][t][r] for name in annotations} if target_annotations else {}
-            pairs.append(Pair(s, t, src.strip(), tgt.strip(), corpus.location(r, s), src_extra, tgt_extra,
-                              corpus.location(r, t)))
+            pairs.append(
+                Pair(
+                    s, t, src.strip(), tgt.strip(), corpus.location(r, s), src_extra, tgt_extra, corpus.location(r, t)
+                )
+            )
     return pairs
 
 
-def filter_long_pairs(pairs: list[Pair], src_lens: Sequence[int], tgt_lens: Sequence[int], max_length: int,
-                      report: DropReport, on_bad_pairs: str = "skip"):
+def filter_long_pairs(
+    pairs: list[Pair],
+    src_lens: Sequence[int],
+    tgt_lens: Sequence[int],
+    max_length: int,
+    report: DropReport,
+    on_bad_pairs: str = "skip",
+):
     """Drop (count) pairs with a side longer than `max_length` tokens; returns the kept pairs and lengths."""
     keep_pairs, keep_src, keep_tgt = [], [], []
     for pair, ls, lt in zip(pairs, src_lens, tgt_lens):
         if ls > max_length or lt > max_length:
             location = pair.location if ls > max_length else pair.tgt_location  # the (first) side that is too long
             if on_bad_pairs == "error":
-                raise DataError(f"{location}: pair longer than --max_length {max_length} tokens "
-                                f"(source {ls}, target {lt}).")
+                raise DataError(
+                    f"{location}: pair longer than --max_length {max_length} tokens (source {ls}, target {lt})."
+                )
             report.add("too_long", location)
             continue
         keep_pairs.append(pair)
@@ -526,14 +574,15 @@ class EpochBatches(Sequence):
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         j = int(self.perm[k])
-        return self.order[self.offsets[j]:self.offsets[j + 1]]
+        return self.order[self.offsets[j] : self.offsets[j + 1]]
 
     def tolist(self) -> list[list[int]]:
         return [b.tolist() for b in self]
 
 
-def _cut_sorted(sorted_lengths: np.ndarray, max_tokens: int, max_sentences: int | None,
-                examples_per_item: int) -> np.ndarray:
+def _cut_sorted(
+    sorted_lengths: np.ndarray, max_tokens: int, max_sentences: int | None, examples_per_item: int
+) -> np.ndarray:
     """Start offsets (plus the end) of the greedy cut of length-sorted (ascending) examples into batches of at most
     `max_tokens` (n * examples_per_item * longest) and `max_sentences` examples: the batches of the loop
     "add the next example unless the batch would then exceed a limit", computed per run of equal lengths (a few
@@ -579,8 +628,16 @@ class TokenBatchSampler:
     40M examples costs a few arrays, never 40M Python objects (`epoch(e)`); `batches(e)` lists them for small data.
     """
 
-    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
-                 max_sentences: int | None = None, seed: int = 0, shuffle: bool = True, examples_per_item: int = 1):
+    def __init__(
+        self,
+        src_lens: Sequence[int],
+        tgt_lens: Sequence[int],
+        max_tokens: int,
+        max_sentences: int | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        examples_per_item: int = 1,
+    ):
         if len(src_lens) != len(tgt_lens):
             raise ValueError("src_lens and tgt_lens differ in length.")
         src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
@@ -588,7 +645,7 @@ class TokenBatchSampler:
             src, tgt = src.astype(np.int64), tgt.astype(np.int64)
         self._src, self._tgt, self._lengths = src, tgt, None  # the lengths array is built by the first epoch
         longest = max(int(src.max()), int(tgt.max())) if len(src) else 0
-        self._length_dtype = np.int16 if longest < 2 ** 15 else np.int32
+        self._length_dtype = np.int16 if longest < 2**15 else np.int32
         self.max_tokens = int(max_tokens)
         self.max_sentences = max_sentences
         self.seed = seed
@@ -596,8 +653,10 @@ class TokenBatchSampler:
         self.examples_per_item = examples_per_item
         self._cached: tuple[int, EpochBatches] | None = None
         if len(src) and longest * examples_per_item > self.max_tokens:
-            raise ValueError(f"max_tokens={max_tokens} is smaller than the longest example "
-                             f"({longest * examples_per_item} tokens): raise --max_tokens or lower --max_length.")
+            raise ValueError(
+                f"max_tokens={max_tokens} is smaller than the longest example "
+                f"({longest * examples_per_item} tokens): raise --max_tokens or lower --max_length."
+            )
 
     @property
     def lengths(self) -> np.ndarray:
@@ -608,8 +667,9 @@ class TokenBatchSampler:
             lengths = np.empty(n, dtype=self._length_dtype)
             block = 1 << 22
             for a in range(0, n, block):
-                np.maximum(self._src[a:a + block], self._tgt[a:a + block], out=lengths[a:a + block],
-                           casting="unsafe")
+                np.maximum(
+                    self._src[a : a + block], self._tgt[a : a + block], out=lengths[a : a + block], casting="unsafe"
+                )
             self._lengths = lengths
         return self._lengths
 
@@ -618,12 +678,15 @@ class TokenBatchSampler:
         `SharedEpochs`' file names."""
         import hashlib
 
-        h = hashlib.sha256(json.dumps([len(self._src), self.max_tokens, self.max_sentences, self.seed, self.shuffle,
-                                       self.examples_per_item]).encode())
+        h = hashlib.sha256(
+            json.dumps(
+                [len(self._src), self.max_tokens, self.max_sentences, self.seed, self.shuffle, self.examples_per_item]
+            ).encode()
+        )
         block = 1 << 22
         for arr in (self._src, self._tgt):
             for a in range(0, len(arr), block):
-                h.update(np.ascontiguousarray(arr[a:a + block]).tobytes())
+                h.update(np.ascontiguousarray(arr[a : a + block]).tobytes())
         return h.hexdigest()[:24]
 
     def __len__(self) -> int:
@@ -638,7 +701,7 @@ class TokenBatchSampler:
         rng = np.random.default_rng([*seed, epoch])
         # 4-byte example indices below 2**31 examples: every rank holds the epoch's order (160 MB instead of 320 MB
         # at 40M examples) and builds it with half the temporary memory
-        index = np.int32 if n < 2 ** 31 else np.int64
+        index = np.int32 if n < 2**31 else np.int64
         if self.shuffle:
             # examples by length, ties in the order of a random permutation `tie` (np.lexsort((tie, lengths))):
             # visit the examples by increasing tie value, then a stable sort by length
@@ -673,8 +736,9 @@ class SharedEpochs:
     change of data or settings never reads stale ones. `forget_before(e)` removes the folders of epochs before e
     (call it where every process is known to be past them)."""
 
-    def __init__(self, sampler: TokenBatchSampler, directory: str | os.PathLike, is_main: bool,
-                 timeout: float = 3 * 3600.0):
+    def __init__(
+        self, sampler: TokenBatchSampler, directory: str | os.PathLike, is_main: bool, timeout: float = 3 * 3600.0
+    ):
         self.sampler, self.directory, self.is_main, self.timeout = sampler, Path(directory), is_main, timeout
         self._key = sampler.key()
         self._cached: tuple[int, EpochBatches] | None = None
@@ -708,11 +772,14 @@ class SharedEpochs:
         deadline = time.monotonic() + self.timeout
         while not (folder / "perm.npy").is_file():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{folder} did not appear within {self.timeout:.0f} s (the main process computes "
-                                   "each epoch's batches for every process).")
+                raise TimeoutError(
+                    f"{folder} did not appear within {self.timeout:.0f} s (the main process computes "
+                    "each epoch's batches for every process)."
+                )
             time.sleep(0.05)
-        batches = EpochBatches(*(np.load(folder / f"{name}.npy", mmap_mode="r")
-                                 for name in ("order", "offsets", "perm")))
+        batches = EpochBatches(
+            *(np.load(folder / f"{name}.npy", mmap_mode="r") for name in ("order", "offsets", "perm"))
+        )
         self._cached = (epoch, batches)
         return batches
 
@@ -761,4 +828,4 @@ def iter_length_sorted(lengths: Sequence[int], batch_size: int) -> Iterator[list
     """Indices in batches of `batch_size`, longest first (for generation; the caller restores the order)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     for i in range(0, len(order), batch_size):
-        yield order[i:i + batch_size]
+        yield order[i : i + batch_size]

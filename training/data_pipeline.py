@@ -107,7 +107,7 @@ def starts_with_bom(path: str | os.PathLike) -> bool:
     import gzip
 
     path = Path(path)
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         try:
             return f.read(len(corpus.UTF8_BOM)) == corpus.UTF8_BOM
         except (OSError, EOFError):
@@ -129,10 +129,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
         definition = json.loads(backend.to_str())
         text = json.dumps({part: definition.get(part) for part in TOKENIZATION_PARTS}, sort_keys=True)
         return hashlib.sha256(f"tokenizers\n{text}".encode()).hexdigest()[:24]
-    init_kwargs = {k: v for k, v in getattr(tokenizer, "init_kwargs", {}).items()
-                   if k not in ("name_or_path", "model_max_length", "padding_side", "truncation_side")}
-    text = json.dumps([sorted(tokenizer.get_vocab().items()), repr(sorted(init_kwargs.items(), key=str))],
-                      default=str)
+    init_kwargs = {
+        k: v
+        for k, v in getattr(tokenizer, "init_kwargs", {}).items()
+        if k not in ("name_or_path", "model_max_length", "padding_side", "truncation_side")
+    }
+    text = json.dumps([sorted(tokenizer.get_vocab().items()), repr(sorted(init_kwargs.items(), key=str))], default=str)
     return hashlib.sha256(f"{type(tokenizer).__name__}\n{text}".encode()).hexdigest()[:24]
 
 
@@ -196,29 +198,42 @@ class SplitSource:
             raise DataError(f"No such data file: {path}")
         if name.endswith(".tsv"):
             if annotations:
-                raise DataError(f"{path}: TSV files carry no source annotations ({', '.join(annotations)}); use "
-                                f"JSONL or per-language files.")
+                raise DataError(
+                    f"{path}: TSV files carry no source annotations ({', '.join(annotations)}); use "
+                    f"JSONL or per-language files."
+                )
             return cls("tsv", str(path), path=str(path))
         if name.endswith((".jsonl", ".json")):
             return cls("jsonl", str(path), path=str(path))
-        raise DataError(f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
-                        f"files {{prefix}}.{{lang}}[.gz] with --data_dir.")
+        raise DataError(
+            f"{path}: unknown data file type; use .tsv or .jsonl (plain or .gz), or per-language text "
+            f"files {{prefix}}.{{lang}}[.gz] with --data_dir."
+        )
 
     @classmethod
     def from_hub(cls, dataset, name: str, split: str, config_name: str | None = None):
         label = f"{name}{'/' + config_name if config_name else ''}[{split}]"
         if "translation" not in dataset.column_names:
-            raise DataError(f"Dataset {name!r} split {split!r} has no 'translation' column (columns: "
-                            f"{dataset.column_names}).")
+            raise DataError(
+                f"Dataset {name!r} split {split!r} has no 'translation' column (columns: {dataset.column_names})."
+            )
         return cls("hub", label, dataset=dataset)
 
     def identity(self, languages: Sequence[str], annotations: Sequence[str]) -> dict:
-        ident = {"version": PIPELINE_VERSION, "kind": self.kind, "label": self.label, "languages": list(languages),
-                 "annotations": list(annotations)}
+        ident = {
+            "version": PIPELINE_VERSION,
+            "kind": self.kind,
+            "label": self.label,
+            "languages": list(languages),
+            "annotations": list(annotations),
+        }
         if self.kind == "files":
             ident["files"] = {lang: file_identity(p) for lang, p in self.files.items()}
-            ident["annotation_files"] = {n: {lang: file_identity(p) for lang, p in by.items()}
-                                         for n, by in self.annotation_files.items() if n in annotations}
+            ident["annotation_files"] = {
+                n: {lang: file_identity(p) for lang, p in by.items()}
+                for n, by in self.annotation_files.items()
+                if n in annotations
+            }
         elif self.kind == "hub":
             ident["dataset"] = getattr(self.dataset, "_fingerprint", None) or repr(self.dataset)
         else:
@@ -274,17 +289,17 @@ def iter_line_blocks(path: str | os.PathLike, skip: int = 0) -> Iterator[list[st
                     newlines = data.count(b"\n")
                     if newlines <= skip:
                         skip -= newlines
-                        carry = data[data.rfind(b"\n") + 1:] if newlines else data
+                        carry = data[data.rfind(b"\n") + 1 :] if newlines else data
                         continue
                     pos = -1
                     for _ in range(skip):
                         pos = data.find(b"\n", pos + 1)
-                    data, skip = data[pos + 1:], 0
+                    data, skip = data[pos + 1 :], 0
                 cut = data.rfind(b"\n")
                 if cut < 0:
                     carry = data
                     continue
-                carry = data[cut + 1:]
+                carry = data[cut + 1 :]
                 lines = _decode(data[:cut], path, seen)
                 seen += len(lines)
                 yield lines
@@ -340,17 +355,18 @@ def iter_parallel_blocks(files: dict[str, str], skip: int = 0) -> Iterator[dict[
         yielded += take
 
 
-def mismatch_error(counts: dict[str, int], text_files: dict[str, str],
-                   annotation_files: dict[str, str]) -> DataError:
+def mismatch_error(counts: dict[str, int], text_files: dict[str, str], annotation_files: dict[str, str]) -> DataError:
     """The `DataError` of `corpus.load_split_from_dir` for files of different line counts: the text files
     first, then an annotation file against its language's text file. Keys: `text.<lang>` / `ann.<name>.<lang>`."""
     text = {k: counts[k] for k in text_files}
     if len(set(text.values())) > 1:
         shortest, longest = min(text, key=text.get), max(text, key=text.get)
-        return DataError("Parallel files have different line counts: "
-                         + ", ".join(f"{text_files[k]} has {n} lines" for k, n in text.items())
-                         + f". {text_files[longest]} line {text[shortest] + 1} has no counterpart in "
-                           f"{text_files[shortest]}.")
+        return DataError(
+            "Parallel files have different line counts: "
+            + ", ".join(f"{text_files[k]} has {n} lines" for k, n in text.items())
+            + f". {text_files[longest]} line {text[shortest] + 1} has no counterpart in "
+            f"{text_files[shortest]}."
+        )
     n = next(iter(text.values()))
     for key, path in annotation_files.items():
         m = counts[key]
@@ -365,8 +381,9 @@ def _jsonable_value(value) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: Sequence[str],
-                    info: dict, start_row: int = 0) -> Iterator[dict[str, list]]:
+def iter_row_blocks(
+    source: SplitSource, languages: Sequence[str], annotations: Sequence[str], info: dict, start_row: int = 0
+) -> Iterator[dict[str, list]]:
     """Blocks of rows as columns `text.<lang>` (None: the side is missing) and `ann.<name>.<lang>` (JSON text,
     None: missing), for `languages`, from row `start_row` on (earlier lines of text files are skipped unread).
     `info` collects `languages_present` and `annotations_present` (of the rows read)."""
@@ -377,8 +394,13 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
     if source.kind == "files":
         present.update(dict.fromkeys(source.files))
         text_files = {_text_col(lang): p for lang, p in source.files.items()}
-        ann_files = {_ann_col(n, lang): p for n, by in source.annotation_files.items() if n in annotations
-                     for lang, p in by.items() if lang in languages}
+        ann_files = {
+            _ann_col(n, lang): p
+            for n, by in source.annotation_files.items()
+            if n in annotations
+            for lang, p in by.items()
+            if lang in languages
+        }
         for key in ann_files:
             ann_present[key.split(".")[1]].add(key.rsplit(".", 1)[1])
         try:
@@ -388,8 +410,9 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
                 for name in annotations:
                     for lang in languages:
                         col = _ann_col(name, lang)
-                        out[col] = ([json.dumps(v, ensure_ascii=False) for v in block[col]] if col in block
-                                    else [None] * size)
+                        out[col] = (
+                            [json.dumps(v, ensure_ascii=False) for v in block[col]] if col in block else [None] * size
+                        )
                 yield out
         except LineCountMismatch as err:
             raise mismatch_error(err.counts, text_files, ann_files) from None
@@ -401,7 +424,7 @@ def iter_row_blocks(source: SplitSource, languages: Sequence[str], annotations: 
         column = source.dataset.select_columns(["translation"])
         for start in range(start_row, len(column), WRITE_BATCH_ROWS):
             out = {_text_col(lang): [] for lang in languages}
-            for i, obj in enumerate(column[start:start + WRITE_BATCH_ROWS]["translation"], start):
+            for i, obj in enumerate(column[start : start + WRITE_BATCH_ROWS]["translation"], start):
                 row = corpus._translation_row(obj, f"{source.label} row {i}")
                 present.update(dict.fromkeys(lang for lang in row if lang not in present))
                 for lang in languages:
@@ -442,8 +465,10 @@ def _tsv_blocks(path, languages, present, start_row: int = 0) -> Iterator[dict[s
         for i in range(start, len(lines)):
             fields = lines[i].split("\t")
             if len(fields) != width:
-                raise DataError(f"{path}:{line_no + i + 1}: expected {width} tab-separated fields "
-                                f"({', '.join(columns)}), found {len(fields)}.")
+                raise DataError(
+                    f"{path}:{line_no + i + 1}: expected {width} tab-separated fields "
+                    f"({', '.join(columns)}), found {len(fields)}."
+                )
             for lang in languages:
                 out[_text_col(lang)].append(fields[where[lang]] if lang in where else None)
         line_no += len(lines)
@@ -575,8 +600,7 @@ class Rows:
     def head(self, n: int | None) -> "Rows":
         if not n or n >= len(self.dataset):
             return self
-        return Rows(self.dataset.select(range(n)), self.meta, f"{self.fingerprint}-head{n}", self.built, self.path,
-                    n)
+        return Rows(self.dataset.select(range(n)), self.meta, f"{self.fingerprint}-head{n}", self.built, self.path, n)
 
     def batches(self, columns: Sequence[str], start: int = 0, stop: int | None = None):
         """Record batches (`pyarrow.RecordBatch`, `columns` only) covering rows [start, stop), in order: read from
@@ -629,8 +653,9 @@ def _hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows:
     feature = ds.features["translation"]
     if isinstance(feature, datasets.Translation):
         fields = list(feature.languages)
-    elif isinstance(feature, dict) and all(getattr(v, "dtype", None) in ("string", "large_string")
-                                           for v in feature.values()):
+    elif isinstance(feature, dict) and all(
+        getattr(v, "dtype", None) in ("string", "large_string") for v in feature.values()
+    ):
         fields = list(feature)
     else:
         return None
@@ -638,17 +663,27 @@ def _hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows:
         corpus.check_language_code(lang, f"{source.label} (translation column)")
     flat = ds.select_columns(["translation"]).flatten()
     keep = [f"translation.{lang}" for lang in languages if lang in fields]
-    flat = flat.select_columns(keep).rename_columns({f"translation.{lang}": _text_col(lang)
-                                                     for lang in languages if lang in fields})
+    flat = flat.select_columns(keep).rename_columns(
+        {f"translation.{lang}": _text_col(lang) for lang in languages if lang in fields}
+    )
     # a language of the run that the dataset lacks: `check_languages` names it before any column is read
-    meta = {"kind": "hub", "label": source.label, "rows": len(flat), "languages_present": fields,
-            "annotations_present": {}}
+    meta = {
+        "kind": "hub",
+        "label": source.label,
+        "rows": len(flat),
+        "languages_present": fields,
+        "annotations_present": {},
+    }
     fp = _digest(source.identity(languages, ()))
     return Rows(flat, meta, fp)
 
 
-def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequence[str] = (),
-              cache_dir: str | os.PathLike | None = None) -> Rows:
+def load_rows(
+    source: SplitSource,
+    languages: Sequence[str],
+    annotations: Sequence[str] = (),
+    cache_dir: str | os.PathLike | None = None,
+) -> Rows:
     """Stage 1: the split's rows from the cache, or read (with every structural check) and cached."""
     import datasets
 
@@ -669,8 +704,7 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
         import pyarrow as pa
         from datasets.arrow_writer import ArrowWriter
 
-        cols = [_text_col(lang) for lang in languages] + [_ann_col(n, lang) for n in annotations
-                                                          for lang in languages]
+        cols = [_text_col(lang) for lang in languages] + [_ann_col(n, lang) for n in annotations for lang in languages]
         features = datasets.Features({c: datasets.Value("string") for c in cols})
         info: dict = {}
         rows = 0
@@ -680,25 +714,35 @@ def load_rows(source: SplitSource, languages: Sequence[str], annotations: Sequen
                     continue
                 # one record batch a block (datasets' default splits it into batches of 1000 rows: at 40M rows, 40k
                 # batches whose Arrow and Python objects cost every process that opens the file ~100 MB of heap)
-                writer.write_table(pa.table({c: pa.array(block[c], type=pa.string()) for c in cols}),
-                                   writer_batch_size=WRITE_BATCH_ROWS)
+                writer.write_table(
+                    pa.table({c: pa.array(block[c], type=pa.string()) for c in cols}),
+                    writer_batch_size=WRITE_BATCH_ROWS,
+                )
                 rows += len(block[cols[0]])
             writer.finalize()
-        meta = {"kind": source.kind, "label": source.label, "files": source.files,
-                "annotation_files": {n: {lang: p for lang, p in by.items()}
-                                     for n, by in source.annotation_files.items() if n in annotations},
-                "path": source.path, "line_offset": 2 if source.kind == "tsv" else 1, "rows": rows,
-                "languages_present": list(info["languages_present"]),
-                "annotations_present": {n: sorted(v) for n, v in info["annotations_present"].items()},
-                "languages": languages, "annotations": list(annotations), "version": PIPELINE_VERSION}
+        meta = {
+            "kind": source.kind,
+            "label": source.label,
+            "files": source.files,
+            "annotation_files": {
+                n: {lang: p for lang, p in by.items()} for n, by in source.annotation_files.items() if n in annotations
+            },
+            "path": source.path,
+            "line_offset": 2 if source.kind == "tsv" else 1,
+            "rows": rows,
+            "languages_present": list(info["languages_present"]),
+            "annotations_present": {n: sorted(v) for n, v in info["annotations_present"].items()},
+            "languages": languages,
+            "annotations": list(annotations),
+            "version": PIPELINE_VERSION,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     logger.info("Read %s: %d rows in %.1f s (cached in %s)", source.label, rows, time.time() - t0, final)
-    return Rows(map_arrow_file(final / "data.arrow"), meta, fp, built=True,
-                path=str(final / "data.arrow"))
+    return Rows(map_arrow_file(final / "data.arrow"), meta, fp, built=True, path=str(final / "data.arrow"))
 
 
 # ------------------------------------------------------------------------------------- stage 2: measured
@@ -769,17 +813,31 @@ class Measured:
         return self.dataset.data.table.column(name).to_numpy()
 
 
-def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tuple[str, str]] = (),
-            cache_dir: str | os.PathLike | None = None, num_workers: int = 1, tokenizer_fp: str | None = None,
-            ) -> Measured:
+def measure(
+    rows: Rows,
+    tokenizer,
+    languages: Sequence[str],
+    checks: Sequence[tuple[str, str]] = (),
+    cache_dir: str | os.PathLike | None = None,
+    num_workers: int = 1,
+    tokenizer_fp: str | None = None,
+) -> Measured:
     """Stage 2 from the cache, or computed with `Dataset.map` (batched tokenizer calls in `num_workers`
     processes) and cached."""
     import datasets
 
     cache_dir = Path(cache_dir or default_cache_dir())
     tok_fp = tokenizer_fp or tokenizer_fingerprint(tokenizer)
-    fp = _digest({"version": PIPELINE_VERSION, "rows": rows.fingerprint, "n": len(rows), "tokenizer": tok_fp,
-                  "languages": list(languages), "checks": [list(c) for c in checks]})
+    fp = _digest(
+        {
+            "version": PIPELINE_VERSION,
+            "rows": rows.fingerprint,
+            "n": len(rows),
+            "tokenizer": tok_fp,
+            "languages": list(languages),
+            "checks": [list(c) for c in checks],
+        }
+    )
     final = cache_dir / f"measured-{fp}"
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
@@ -795,8 +853,14 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
         bounds = np.linspace(0, len(rows), workers + 1).astype(int).tolist()
         tasks = [(k, bounds[k], bounds[k + 1], str(tmp / f"measured-{k:05d}.arrow")) for k in range(workers)]
         global _JOB
-        _JOB = dict(rows=rows, tokenizer=tokenizer, languages=list(languages), checks=list(checks), needed=needed,
-                    features=datasets.Features(features))
+        _JOB = dict(
+            rows=rows,
+            tokenizer=tokenizer,
+            languages=list(languages),
+            checks=list(checks),
+            needed=needed,
+            features=datasets.Features(features),
+        )
         try:
             if workers == 1:
                 files = [_measure_range(tasks[0])]
@@ -817,9 +881,15 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
                         os.environ["TOKENIZERS_PARALLELISM"] = previous
         finally:
             _JOB = None
-        meta = {"files": [Path(f).name for f in files], "rows": len(rows), "tokenizer": tok_fp,
-                "languages": list(languages), "checks": [list(c) for c in checks],
-                "seconds": round(time.time() - t0, 2), "workers": workers}
+        meta = {
+            "files": [Path(f).name for f in files],
+            "rows": len(rows),
+            "tokenizer": tok_fp,
+            "languages": list(languages),
+            "checks": [list(c) for c in checks],
+            "seconds": round(time.time() - t0, 2),
+            "workers": workers,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         _publish(tmp, final)
     except BaseException:
@@ -827,8 +897,16 @@ def measure(rows: Rows, tokenizer, languages: Sequence[str], checks: Sequence[tu
         raise
     n_sent = len(rows) * len(languages)
     elapsed = time.time() - t0
-    logger.info("Tokenized %s: %d rows x %d languages in %.1f s (%.0f sentences/s, %d worker(s)); cached in %s",
-                rows.meta["label"], len(rows), len(languages), elapsed, n_sent / max(elapsed, 1e-9), workers, final)
+    logger.info(
+        "Tokenized %s: %d rows x %d languages in %.1f s (%.0f sentences/s, %d worker(s)); cached in %s",
+        rows.meta["label"],
+        len(rows),
+        len(languages),
+        elapsed,
+        n_sent / max(elapsed, 1e-9),
+        workers,
+        final,
+    )
     meta = json.loads((final / "meta.json").read_text())
     return Measured([str(final / f) for f in meta["files"]], fp, built=True)
 
@@ -852,9 +930,17 @@ def _measure_range(task) -> str:
 
 
 # ---------------------------------------------------------------------------------------- stage 3: pairs
-def pair_reasons(columns: Callable[[str], np.ndarray], n: int, languages: Sequence[str],
-                 directions: Sequence[tuple[str, str]], annotations: Sequence[str], target_annotations: bool,
-                 tag: int, max_length: int | None, skip_absent: bool = False):
+def pair_reasons(
+    columns: Callable[[str], np.ndarray],
+    n: int,
+    languages: Sequence[str],
+    directions: Sequence[tuple[str, str]],
+    annotations: Sequence[str],
+    target_annotations: bool,
+    tag: int,
+    max_length: int | None,
+    skip_absent: bool = False,
+):
     """Reason codes [n, D] (0: kept), and source/target lengths [n, D], of every (row, direction), from the
     measured columns (`columns(name)`); the first reason in `corpus.build_pairs`' order applies (missing source,
     missing target, empty source, empty target, each annotation of the source then of the target side), then
@@ -886,7 +972,7 @@ def pair_reasons(columns: Callable[[str], np.ndarray], n: int, languages: Sequen
         assign(ts == STATE_MISSING, 1 + REASONS.index("missing_target"))
         assign(ss == STATE_EMPTY, 1 + REASONS.index("empty_source"))
         assign(ts == STATE_EMPTY, 1 + REASONS.index("empty_target"))
-        for lang in ((s, t) if target_annotations else (s,)):
+        for lang in (s, t) if target_annotations else (s,):
             for name in annotations:
                 codes = col(f"check.{name}.{lang}")
                 bad = codes > 0
@@ -899,8 +985,19 @@ def pair_reasons(columns: Callable[[str], np.ndarray], n: int, languages: Sequen
     return reason, src_len, tgt_len
 
 
-def _fault(reason: str, row: int, s: str, t: str, annotations, target_annotations, checked, locate,
-           src_len=0, tgt_len=0, max_length=None) -> tuple[str, str]:
+def _fault(
+    reason: str,
+    row: int,
+    s: str,
+    t: str,
+    annotations,
+    target_annotations,
+    checked,
+    locate,
+    src_len=0,
+    tgt_len=0,
+    max_length=None,
+) -> tuple[str, str]:
     """(location, side) of a dropped pair's side at fault."""
     if reason in ("missing_source", "empty_source"):
         return locate(row, s), s
@@ -909,7 +1006,7 @@ def _fault(reason: str, row: int, s: str, t: str, annotations, target_annotation
     if reason == "too_long":
         side = s if src_len > max_length else t
         return locate(row, side), side
-    for lang in ((s, t) if target_annotations else (s,)):
+    for lang in (s, t) if target_annotations else (s,):
         for name in annotations:
             if checked(name, lang, row):
                 return locate(row, lang, name), lang
@@ -942,8 +1039,13 @@ class PairSet:
     def _table(self):
         if self._columns is None:
             cols = [_text_col(lang) for lang in dict.fromkeys(x for d in self.directions for x in d)]
-            cols += [_ann_col(n, lang) for n in self.annotations for lang in dict.fromkeys(
-                x for d in self.directions for x in (d if self.target_annotations else d[:1]))]
+            cols += [
+                _ann_col(n, lang)
+                for n in self.annotations
+                for lang in dict.fromkeys(
+                    x for d in self.directions for x in (d if self.target_annotations else d[:1])
+                )
+            ]
             self._columns = self.rows.dataset.select_columns(cols)
         return self._columns
 
@@ -960,10 +1062,21 @@ class PairSet:
         for j, (row, d) in enumerate(zip(rows.tolist(), dirs.tolist())):
             s, t = self.directions[d]
             src_extra = {n: json.loads(data[_ann_col(n, s)][j]) for n in self.annotations}
-            tgt_extra = ({n: json.loads(data[_ann_col(n, t)][j]) for n in self.annotations}
-                         if self.target_annotations else {})
-            out.append(Pair(s, t, data[_text_col(s)][j].strip(), data[_text_col(t)][j].strip(), locate(row, s),
-                            src_extra, tgt_extra, locate(row, t)))
+            tgt_extra = (
+                {n: json.loads(data[_ann_col(n, t)][j]) for n in self.annotations} if self.target_annotations else {}
+            )
+            out.append(
+                Pair(
+                    s,
+                    t,
+                    data[_text_col(s)][j].strip(),
+                    data[_text_col(t)][j].strip(),
+                    locate(row, s),
+                    src_extra,
+                    tgt_extra,
+                    locate(row, t),
+                )
+            )
         release_mapped_pages(self.rows.dataset)
         return out
 
@@ -972,28 +1085,45 @@ class PairSet:
         return self.pairs(np.arange(len(self)))
 
 
-def check_languages(rows: Rows, directions: Sequence[tuple[str, str]], annotations: Sequence[str] = (),
-                    target_annotations: bool = False) -> None:
+def check_languages(
+    rows: Rows,
+    directions: Sequence[tuple[str, str]],
+    annotations: Sequence[str] = (),
+    target_annotations: bool = False,
+) -> None:
     """A `DataError` when a direction's language, or a needed annotation, is not in the split at all."""
     label = rows.meta["label"]
     present = rows.languages_present
     for s, t in directions:
         for lang in (s, t):
             if lang not in present:
-                raise DataError(f"Language {lang!r} is not in {label} "
-                                f"(it has: {', '.join(present) or 'no languages'}).")
+                raise DataError(
+                    f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'})."
+                )
         for name in annotations:
-            for lang in ((s, t) if target_annotations else (s,)):
+            for lang in (s, t) if target_annotations else (s,):
                 if lang not in rows.meta.get("annotations_present", {}).get(name, []):
-                    raise DataError(f"{label} has no {name!r} annotation for {lang!r} sentences (per-language "
-                                    f"files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{\"{name}\": "
-                                    f"{{\"{lang}\": ...}}}} on every line).")
+                    raise DataError(
+                        f"{label} has no {name!r} annotation for {lang!r} sentences (per-language "
+                        f'files: <prefix>.{lang}.{name}[.gz]; JSONL: a top-level {{"{name}": '
+                        f'{{"{lang}": ...}}}} on every line).'
+                    )
 
 
-def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[str, str]], *,
-                   annotations: Sequence[str] = (), target_annotations: bool = False, tag: int = 0,
-                   max_length: int | None = None, on_bad_pairs: str = "skip", split: str = "train",
-                   cache_dir: str | os.PathLike | None = None, skip_absent: bool = False) -> PairSet:
+def build_pair_set(
+    rows: Rows,
+    measured: Measured,
+    directions: Sequence[tuple[str, str]],
+    *,
+    annotations: Sequence[str] = (),
+    target_annotations: bool = False,
+    tag: int = 0,
+    max_length: int | None = None,
+    on_bad_pairs: str = "skip",
+    split: str = "train",
+    cache_dir: str | os.PathLike | None = None,
+    skip_absent: bool = False,
+) -> PairSet:
     """Stage 3 from the cache, or computed (vectorized over the measured columns) and cached. With
     `on_bad_pairs="error"` the first bad pair (in `corpus.build_pairs` order; too long pairs after the others)
     raises a `DataError` naming the file and line of the side at fault; nothing is cached then."""
@@ -1003,23 +1133,44 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
     annotations = list(annotations)
     check_languages(rows, directions, annotations, target_annotations)
     cache_dir = Path(cache_dir or default_cache_dir())
-    fp = _digest({"version": PIPELINE_VERSION, "measured": measured.fingerprint, "directions": directions,
-                  "annotations": annotations, "target_annotations": target_annotations, "tag": tag,
-                  "max_length": max_length, "on_bad_pairs": on_bad_pairs, "skip_absent": skip_absent})
+    fp = _digest(
+        {
+            "version": PIPELINE_VERSION,
+            "measured": measured.fingerprint,
+            "directions": directions,
+            "annotations": annotations,
+            "target_annotations": target_annotations,
+            "tag": tag,
+            "max_length": max_length,
+            "on_bad_pairs": on_bad_pairs,
+            "skip_absent": skip_absent,
+        }
+    )
     final = cache_dir / f"pairs-{fp}"
-    common = dict(rows=rows, directions=list(directions), annotations=annotations,
-                  target_annotations=target_annotations, fingerprint=fp)
+    common = dict(
+        rows=rows,
+        directions=list(directions),
+        annotations=annotations,
+        target_annotations=target_annotations,
+        fingerprint=fp,
+    )
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
         arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
-        return PairSet(row_index=arrays["rows"], dir_index=arrays["dirs"], src_len=arrays["src_len"],
-                       tgt_len=arrays["tgt_len"], report=_report_from_dict(split, meta["report"]),
-                       pairs_per_direction=meta.get("pairs_per_direction"), **common)
+        return PairSet(
+            row_index=arrays["rows"],
+            dir_index=arrays["dirs"],
+            src_len=arrays["src_len"],
+            tgt_len=arrays["tgt_len"],
+            report=_report_from_dict(split, meta["report"]),
+            pairs_per_direction=meta.get("pairs_per_direction"),
+            **common,
+        )
     n = len(rows)
     langs = list(dict.fromkeys(x for d in directions for x in d))
     D = len(directions)
     locate = rows.locate
-    row_dtype = np.int32 if n < 2 ** 31 else np.int64
+    row_dtype = np.int32 if n < 2**31 else np.int64
 
     def checked(name, lang, row):
         return measured.column(f"check.{name}.{lang}")[row] > 0
@@ -1032,12 +1183,13 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
     kept_rows, kept_dirs, kept_src, kept_tgt = [], [], [], []
     per_direction: dict[str, int] = {}
     for d, direction in enumerate(directions):
-        reason, src_len, tgt_len = pair_reasons(measured.column, n, langs, [direction], annotations,
-                                                target_annotations, tag, max_length, skip_absent)
+        reason, src_len, tgt_len = pair_reasons(
+            measured.column, n, langs, [direction], annotations, target_annotations, tag, max_length, skip_absent
+        )
         r, sl, tl = reason[:, 0], src_len[:, 0], tgt_len[:, 0]
         counts += np.bincount(r[r >= 0], minlength=len(REASONS) + 1)
         for code in np.unique(r[r > 0]).tolist():
-            for row in np.flatnonzero(r == code)[:corpus.MAX_REPORTED_LOCATIONS].tolist():
+            for row in np.flatnonzero(r == code)[: corpus.MAX_REPORTED_LOCATIONS].tolist():
                 examples.append((row, d, code, int(sl[row]), int(tl[row])))
         bad = np.flatnonzero((r > 0) & (r != TOO_LONG))
         if len(bad) and (first_bad is None or (int(bad[0]), d) < first_bad[:2]):
@@ -1060,8 +1212,7 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
         why = REASONS[code - 1]
         if why == "too_long":
             where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
-            raise DataError(f"{where}: pair longer than --max_length {max_length} tokens (source {ls}, target "
-                            f"{lt}).")
+            raise DataError(f"{where}: pair longer than --max_length {max_length} tokens (source {ls}, target {lt}).")
         where, side = _fault(why, row, s, t, annotations, target_annotations, checked, locate)
         detail = ""
         if why in ANNOTATION_REASONS:
@@ -1084,25 +1235,41 @@ def build_pair_set(rows: Rows, measured: Measured, directions: Sequence[tuple[st
         rows_a, dirs_a, src_a, tgt_a = rows_a[order], dirs_a[order], src_a[order], tgt_a[order]
         del order
     longest = int(max(src_a.max(initial=0), tgt_a.max(initial=0)))
-    len_dtype = np.int16 if longest < 2 ** 15 else np.int32
+    len_dtype = np.int16 if longest < 2**15 else np.int32
     arrays = {"rows": rows_a, "dirs": dirs_a, "src_len": src_a.astype(len_dtype), "tgt_len": tgt_a.astype(len_dtype)}
     del rows_a, dirs_a, src_a, tgt_a
     tmp = _new_tmp(cache_dir, f"pairs-{fp}")
     try:
         for k, v in arrays.items():
             np.save(tmp / f"{k}.npy", v)
-        (tmp / "meta.json").write_text(json.dumps({"pairs": len(arrays["rows"]), "rows": n, "report": {
-            "counts": dict(report.counts), "locations": report.locations}, "directions": directions,
-            "pairs_per_direction": per_direction}, indent=1))
+        (tmp / "meta.json").write_text(
+            json.dumps(
+                {
+                    "pairs": len(arrays["rows"]),
+                    "rows": n,
+                    "report": {"counts": dict(report.counts), "locations": report.locations},
+                    "directions": directions,
+                    "pairs_per_direction": per_direction,
+                },
+                indent=1,
+            )
+        )
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     del arrays
     arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
-    return PairSet(row_index=arrays["rows"], dir_index=arrays["dirs"], src_len=arrays["src_len"],
-                   tgt_len=arrays["tgt_len"], report=report, built=True, pairs_per_direction=per_direction,
-                   **common)
+    return PairSet(
+        row_index=arrays["rows"],
+        dir_index=arrays["dirs"],
+        src_len=arrays["src_len"],
+        tgt_len=arrays["tgt_len"],
+        report=report,
+        built=True,
+        pairs_per_direction=per_direction,
+        **common,
+    )
 
 
 def _report_from_dict(split: str, data: dict) -> DropReport:
@@ -1155,8 +1322,14 @@ def _stream_examples(source: SplitSource, languages: tuple, annotations: tuple, 
             yield example
 
 
-def streaming_rows(source: SplitSource, languages: Sequence[str], annotations: Sequence[str], tokenizer,
-                   checks: Sequence[tuple[str, str]], start_row: int = 0):
+def streaming_rows(
+    source: SplitSource,
+    languages: Sequence[str],
+    annotations: Sequence[str],
+    tokenizer,
+    checks: Sequence[tuple[str, str]],
+    start_row: int = 0,
+):
     """The split as a `datasets.IterableDataset` from `start_row` on, token counts and annotation checks computed
     lazily by a batched `map` (the same function as the cached path), never stored."""
     import datasets
@@ -1177,18 +1350,24 @@ def streaming_rows(source: SplitSource, languages: Sequence[str], annotations: S
             out["row"] = [i + start_row for i in indices]
             return out
 
-        ds = hub.skip(start_row).map(with_rows, batched=True, with_indices=True,
-                                     remove_columns=list(hub.column_names or ["translation"]))
+        ds = hub.skip(start_row).map(
+            with_rows, batched=True, with_indices=True, remove_columns=list(hub.column_names or ["translation"])
+        )
     else:
         features = {_text_col(lang): datasets.Value("string") for lang in languages}
         features.update({_ann_col(n, lang): datasets.Value("string") for n in annotations for lang in languages})
         features["row"] = datasets.Value("int64")
         ds = datasets.IterableDataset.from_generator(
-            _stream_examples, features=datasets.Features(features),
-            gen_kwargs={"source": source, "languages": languages, "annotations": annotations,
-                        "start_row": start_row})
-    return ds.map(_measure, batched=True, batch_size=MAP_BATCH_ROWS,
-                  fn_kwargs={"tokenizer": tokenizer, "languages": list(languages), "checks": list(checks)})
+            _stream_examples,
+            features=datasets.Features(features),
+            gen_kwargs={"source": source, "languages": languages, "annotations": annotations, "start_row": start_row},
+        )
+    return ds.map(
+        _measure,
+        batched=True,
+        batch_size=MAP_BATCH_ROWS,
+        fn_kwargs={"tokenizer": tokenizer, "languages": list(languages), "checks": list(checks)},
+    )
 
 
 class StreamingPairs:
@@ -1203,12 +1382,27 @@ class StreamingPairs:
     and skips `step` steps, which gives exactly the batches of an uninterrupted run. Bad pairs are counted while the
     first epoch is read (`report`, restored with the position) or stop the run (`on_bad_pairs="error"`)."""
 
-    def __init__(self, source: SplitSource, languages: Sequence[str], directions: Sequence[tuple[str, str]],
-                 tokenizer, *, annotations: Sequence[str] = (), target_annotations: bool = False, tag: int = 0,
-                 max_length: int | None = None, on_bad_pairs: str = "skip", buffer_rows: int = 100_000,
-                 max_tokens: int = 4096, max_sentences: int | None = None, seed: int = 0,
-                 examples_per_item: int = 1, num_processes: int = 1, accumulation_steps: int = 1,
-                 skip_absent: bool = False):
+    def __init__(
+        self,
+        source: SplitSource,
+        languages: Sequence[str],
+        directions: Sequence[tuple[str, str]],
+        tokenizer,
+        *,
+        annotations: Sequence[str] = (),
+        target_annotations: bool = False,
+        tag: int = 0,
+        max_length: int | None = None,
+        on_bad_pairs: str = "skip",
+        buffer_rows: int = 100_000,
+        max_tokens: int = 4096,
+        max_sentences: int | None = None,
+        seed: int = 0,
+        examples_per_item: int = 1,
+        num_processes: int = 1,
+        accumulation_steps: int = 1,
+        skip_absent: bool = False,
+    ):
         self.source, self.languages = source, list(languages)
         self.skip_absent = skip_absent
         self.directions = [tuple(d) for d in directions]
@@ -1216,25 +1410,39 @@ class StreamingPairs:
         self.annotations, self.target_annotations = list(annotations), target_annotations
         self.tag, self.max_length, self.on_bad_pairs = tag, max_length, on_bad_pairs
         self.buffer_rows = buffer_rows
-        self.sampler_args = dict(max_tokens=max_tokens, max_sentences=max_sentences,
-                                 examples_per_item=examples_per_item)
+        self.sampler_args = dict(
+            max_tokens=max_tokens, max_sentences=max_sentences, examples_per_item=examples_per_item
+        )
         self.seed = seed
         self.num_processes, self.accumulation_steps = num_processes, accumulation_steps
-        self.checks = [(n, lang) for n in self.annotations for lang in dict.fromkeys(
-            x for d in self.directions for x in (d if target_annotations else d[:1]))]
+        self.checks = [
+            (n, lang)
+            for n in self.annotations
+            for lang in dict.fromkeys(x for d in self.directions for x in (d if target_annotations else d[:1]))
+        ]
         self.report = DropReport("train")
-        self.locate = Locator({"kind": source.kind, "label": source.label, "files": source.files,
-                               "annotation_files": source.annotation_files, "path": source.path,
-                               "line_offset": 2 if source.kind == "tsv" else 1})
+        self.locate = Locator(
+            {
+                "kind": source.kind,
+                "label": source.label,
+                "files": source.files,
+                "annotation_files": source.annotation_files,
+                "path": source.path,
+                "line_offset": 2 if source.kind == "tsv" else 1,
+            }
+        )
         self.rows_per_epoch: int | None = None
         self.reported_until = 0  # rows of the first epoch already counted in `report`
         self.kept_pairs = 0  # pairs kept in those rows
 
     # -------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        return {"report": {"counts": dict(self.report.counts), "locations": self.report.locations},
-                "rows_per_epoch": self.rows_per_epoch, "reported_until": self.reported_until,
-                "kept_pairs": self.kept_pairs}
+        return {
+            "report": {"counts": dict(self.report.counts), "locations": self.report.locations},
+            "rows_per_epoch": self.rows_per_epoch,
+            "reported_until": self.reported_until,
+            "kept_pairs": self.kept_pairs,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.report = _report_from_dict("train", state["report"])
@@ -1247,9 +1455,17 @@ class StreamingPairs:
         """The kept pairs of a block of measured rows, their lengths, and the report of the others."""
         n = len(block["row"])
         rows = np.asarray(block["row"], dtype=np.int64)
-        reason, src_len, tgt_len = pair_reasons(lambda name: np.asarray(block[name]), n, self.languages,
-                                                self.directions, self.annotations, self.target_annotations,
-                                                self.tag, self.max_length, self.skip_absent)
+        reason, src_len, tgt_len = pair_reasons(
+            lambda name: np.asarray(block[name]),
+            n,
+            self.languages,
+            self.directions,
+            self.annotations,
+            self.target_annotations,
+            self.tag,
+            self.max_length,
+            self.skip_absent,
+        )
         flat = reason.reshape(-1)
         D = len(self.directions)
         first_time = epoch == 0 and int(rows[0]) >= self.reported_until
@@ -1267,11 +1483,24 @@ class StreamingPairs:
                 s, t = self.directions[d]
                 why = REASONS[flat[i] - 1]
                 row = int(rows[j])
-                where, side = _fault(why, row, s, t, self.annotations, self.target_annotations, checked,
-                                     self.locate, int(src_len[j, d]), int(tgt_len[j, d]), self.max_length)
+                where, side = _fault(
+                    why,
+                    row,
+                    s,
+                    t,
+                    self.annotations,
+                    self.target_annotations,
+                    checked,
+                    self.locate,
+                    int(src_len[j, d]),
+                    int(tgt_len[j, d]),
+                    self.max_length,
+                )
                 if why == "too_long":
-                    raise DataError(f"{where}: pair longer than --max_length {self.max_length} tokens (source "
-                                    f"{int(src_len[j, d])}, target {int(tgt_len[j, d])}).")
+                    raise DataError(
+                        f"{where}: pair longer than --max_length {self.max_length} tokens (source "
+                        f"{int(src_len[j, d])}, target {int(tgt_len[j, d])})."
+                    )
                 detail = ""
                 if why in ANNOTATION_REASONS:
                     name = next(n_ for n_ in self.annotations if checked(n_, side, row))
@@ -1289,8 +1518,19 @@ class StreamingPairs:
                 why = REASONS[flat[i] - 1]
                 self.report.counts[why] += 1
                 if len(self.report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
-                    where, _ = _fault(why, int(rows[j]), s, t, self.annotations, self.target_annotations, checked,
-                                      self.locate, int(src_len[j, d]), int(tgt_len[j, d]), self.max_length)
+                    where, _ = _fault(
+                        why,
+                        int(rows[j]),
+                        s,
+                        t,
+                        self.annotations,
+                        self.target_annotations,
+                        checked,
+                        self.locate,
+                        int(src_len[j, d]),
+                        int(tgt_len[j, d]),
+                        self.max_length,
+                    )
                     self.report.locations.setdefault(why, []).append(where)
         kept = np.flatnonzero(flat == 0)
         if first_time:
@@ -1301,16 +1541,26 @@ class StreamingPairs:
         for jj, dd in zip(j.tolist(), d.tolist()):
             s, t = self.directions[dd]
             row = int(rows[jj])
-            pairs.append(Pair(
-                s, t, block[_text_col(s)][jj].strip(), block[_text_col(t)][jj].strip(), self.locate(row, s),
-                {n_: json.loads(block[_ann_col(n_, s)][jj]) for n_ in self.annotations},
-                {n_: json.loads(block[_ann_col(n_, t)][jj]) for n_ in self.annotations}
-                if self.target_annotations else {}, self.locate(row, t)))
+            pairs.append(
+                Pair(
+                    s,
+                    t,
+                    block[_text_col(s)][jj].strip(),
+                    block[_text_col(t)][jj].strip(),
+                    self.locate(row, s),
+                    {n_: json.loads(block[_ann_col(n_, s)][jj]) for n_ in self.annotations},
+                    {n_: json.loads(block[_ann_col(n_, t)][jj]) for n_ in self.annotations}
+                    if self.target_annotations
+                    else {},
+                    self.locate(row, t),
+                )
+            )
         return pairs, src_len.reshape(-1)[kept], tgt_len.reshape(-1)[kept]
 
     def _plan(self, pairs, src_len, tgt_len, epoch: int, buffer: int) -> corpus.StepPlan:
-        sampler = corpus.TokenBatchSampler(src_len, tgt_len, seed=(self.seed, epoch, buffer), shuffle=True,
-                                           **self.sampler_args)
+        sampler = corpus.TokenBatchSampler(
+            src_len, tgt_len, seed=(self.seed, epoch, buffer), shuffle=True, **self.sampler_args
+        )
         return corpus.StepPlan(sampler.epoch(0), self.num_processes, self.accumulation_steps)
 
     def steps(self, position: dict | None = None) -> Iterator[tuple[list[list[Pair]], dict]]:

@@ -40,10 +40,21 @@ MAX_LEN_A, MAX_LEN_B = 1.2, 10  # fairseq's max_len_a / max_len_b: new tokens pe
 
 
 @torch.no_grad()
-def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[str] | None = None,
-              src_lang: str | None = None, batch_size: int = 64, num_beams: int = 4, length_penalty: float = 0.6,
-              max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B, max_length: int | None = None,
-              variant_inputs: dict[str, Sequence] | None = None, **generate_kwargs) -> list[str]:
+def translate(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    tgt_lang: str | Sequence[str] | None = None,
+    src_lang: str | None = None,
+    batch_size: int = 64,
+    num_beams: int = 4,
+    length_penalty: float = 0.6,
+    max_len_a: float = MAX_LEN_A,
+    max_len_b: int = MAX_LEN_B,
+    max_length: int | None = None,
+    variant_inputs: dict[str, Sequence] | None = None,
+    **generate_kwargs,
+) -> list[str]:
     """Translate `texts` with beam search, in length-sorted batches; returns detokenized hypotheses in input order.
 
     `max_new_tokens` of a batch is `max_len_a * (longest source in tokens) + max_len_b` (fairseq's max_len_a/b).
@@ -69,7 +80,7 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
     out: list[str | None] = [None] * len(texts)
     try:
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             langs = [tgt_langs[i] for i in idx]
             kwargs = {"src_lang": src_lang, "max_length": max_length}
             kwargs.update({name: [values[i] for i in idx] for name, values in variant_inputs.items()})
@@ -77,9 +88,13 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
                 kwargs["tgt_lang"] = langs
             inputs = external.prepare_translation_inputs(model, tokenizer, [texts[i] for i in idx], **kwargs)
             src_len = int(inputs["attention_mask"].sum(-1).max())
-            generated = model.generate(**inputs, num_beams=num_beams, **beam_settings,
-                                       max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),
-                                       **generate_kwargs)
+            generated = model.generate(
+                **inputs,
+                num_beams=num_beams,
+                **beam_settings,
+                max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),
+                **generate_kwargs,
+            )
             for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):
                 out[i] = hyp.strip()
     finally:
@@ -87,8 +102,9 @@ def translate(model, tokenizer, texts: Sequence[str], tgt_lang: str | Sequence[s
     return out  # type: ignore[return-value]
 
 
-def translate_distributed(accelerator, model, tokenizer, texts: Sequence[str], tgt_langs: Sequence[str],
-                          **kwargs) -> list[str] | None:
+def translate_distributed(
+    accelerator, model, tokenizer, texts: Sequence[str], tgt_langs: Sequence[str], **kwargs
+) -> list[str] | None:
     """`translate` with the texts split over the processes; the main process gets all hypotheses in order, the
     others get None."""
     from accelerate.utils import gather_object
@@ -98,10 +114,12 @@ def translate_distributed(accelerator, model, tokenizer, texts: Sequence[str], t
     # the same number of sentences (so of generate calls) on every process: sharded models (FSDP) generate in
     # lockstep; the padding repeats sentence 0 and is dropped below
     idx += [0] * (math.ceil(len(texts) / world) - len(idx)) if texts else []
-    variant_inputs = {name: [values[i] for i in idx]
-                      for name, values in (kwargs.pop("variant_inputs", None) or {}).items()}
-    hyps = translate(model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx],
-                     variant_inputs=variant_inputs, **kwargs)
+    variant_inputs = {
+        name: [values[i] for i in idx] for name, values in (kwargs.pop("variant_inputs", None) or {}).items()
+    }
+    hyps = translate(
+        model, tokenizer, [texts[i] for i in idx], [tgt_langs[i] for i in idx], variant_inputs=variant_inputs, **kwargs
+    )
     n_real = len(range(rank, len(texts), world))
     mine = list(zip(idx[:n_real], hyps[:n_real]))
     gathered = gather_object(mine) if world > 1 else mine

@@ -28,34 +28,72 @@ def build_config(model_type: str, preset: str, fields: dict):
     if model_type != "marian":
         raise ValueError(f"Unknown external --model_type {model_type!r}; supported: {EXTERNAL_MODEL_TYPES}")
     ours = TransformerNmtConfig.from_preset(preset)
-    dims = {name: getattr(ours, name) for name in (
-        "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
-        "encoder_ffn_dim", "decoder_ffn_dim", "dropout", "attention_dropout", "activation_dropout",
-        "max_position_embeddings")}
+    dims = {
+        name: getattr(ours, name)
+        for name in (
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "max_position_embeddings",
+        )
+    }
     dims.update({k: v for k, v in fields.items() if k not in ("label_smoothing", "languages", "target_language_tags")})
     if fields.get("target_language_tags"):
         raise ValueError("--model_type marian trains one direction here (no target-language tags).")
     vocab = dims["vocab_size"]
-    return MarianConfig(**dims, decoder_vocab_size=vocab, share_encoder_decoder_embeddings=True,
-                        forced_eos_token_id=dims["eos_token_id"], scale_embedding=True)
+    return MarianConfig(
+        **dims,
+        decoder_vocab_size=vocab,
+        share_encoder_decoder_embeddings=True,
+        forced_eos_token_id=dims["eos_token_id"],
+        scale_embedding=True,
+    )
 
 
 def has_training_interface(model) -> bool:
     return hasattr(model, "prepare_translation_inputs")
 
 
-def prepare_translation_inputs(model, tokenizer, texts: Sequence[str], *, src_lang=None, tgt_lang=None,
-                               text_target: Sequence[str] | None = None, max_length: int | None = None,
-                               **variant_kwargs) -> dict[str, torch.Tensor]:
+def prepare_translation_inputs(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    *,
+    src_lang=None,
+    tgt_lang=None,
+    text_target: Sequence[str] | None = None,
+    max_length: int | None = None,
+    **variant_kwargs,
+) -> dict[str, torch.Tensor]:
     """The model's own `prepare_translation_inputs`, or for a plain seq2seq model: source ids + mask, and labels
     (padding -100) when `text_target` is given."""
     if has_training_interface(model):
-        return model.prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=tgt_lang,
-                                                text_target=text_target, max_length=max_length, **variant_kwargs)
+        return model.prepare_translation_inputs(
+            tokenizer,
+            texts,
+            src_lang=src_lang,
+            tgt_lang=tgt_lang,
+            text_target=text_target,
+            max_length=max_length,
+            **variant_kwargs,
+        )
     if variant_kwargs:
         raise ValueError(f"{type(model).__name__} takes no extra inputs, got {sorted(variant_kwargs)}.")
-    encoded = tokenizer(list(texts), text_target=None if text_target is None else list(text_target), padding=True,
-                        truncation=max_length is not None, max_length=max_length, return_tensors="pt")
+    encoded = tokenizer(
+        list(texts),
+        text_target=None if text_target is None else list(text_target),
+        padding=True,
+        truncation=max_length is not None,
+        max_length=max_length,
+        return_tensors="pt",
+    )
     inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     if text_target is not None:
         inputs["labels"] = encoded["labels"].masked_fill(encoded["labels"] == tokenizer.pad_token_id, -100)

@@ -71,7 +71,7 @@ def _process_start_tick(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])  # fields after "(comm)": state is field 3
+    return int(stat[stat.rindex(")") + 2 :].split()[19])  # fields after "(comm)": state is field 3
 
 
 def _pid_exists(pid: int) -> bool:
@@ -91,12 +91,16 @@ def describe(holder: dict | None) -> str:
     started = holder.get("started")
     try:
         ago = time.time() - float(started)
-        when = (f"{datetime.datetime.fromtimestamp(float(started), datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC "
-                f"({_duration(ago)} ago)")
+        when = (
+            f"{datetime.datetime.fromtimestamp(float(started), datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC "
+            f"({_duration(ago)} ago)"
+        )
     except (TypeError, ValueError, OverflowError, OSError):
         when = "at an unknown time"
-    return (f"host {holder.get('host', '?')}, PID {holder.get('pid', '?')}, started {when}, command: "
-            f"{holder.get('command', '?')}")
+    return (
+        f"host {holder.get('host', '?')}, PID {holder.get('pid', '?')}, started {when}, command: "
+        f"{holder.get('command', '?')}"
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -136,9 +140,12 @@ class RunLock:
         os.replace(tmp, self.holder_path)
 
     def _is_us(self, holder: dict) -> bool:
-        return (holder.get("host") == self.holder["host"] and holder.get("boot_id") == self.holder["boot_id"]
-                and holder.get("pid") == self.holder["pid"]
-                and holder.get("pid_start") == self.holder["pid_start"])
+        return (
+            holder.get("host") == self.holder["host"]
+            and holder.get("boot_id") == self.holder["boot_id"]
+            and holder.get("pid") == self.holder["pid"]
+            and holder.get("pid_start") == self.holder["pid_start"]
+        )
 
     def _gone(self, holder: dict) -> str | None:
         """Why the process named by `holder` is no longer running, or None when it is (or may be)."""
@@ -165,9 +172,14 @@ class RunLock:
     # ---------------------------------------------------------------------------------------------- acquire
     def acquire(self) -> RunLock:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": _boot_id(),
-                       "pid_start": _process_start_tick(os.getpid()), "started": time.time(),
-                       "command": shlex.join([sys.executable, *sys.argv])}
+        self.holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "boot_id": _boot_id(),
+            "pid_start": _process_start_tick(os.getpid()),
+            "started": time.time(),
+            "command": shlex.join([sys.executable, *sys.argv]),
+        }
         lock = filelock.FileLock(str(self.lock_path), thread_local=False)
         try:
             lock.acquire(timeout=0)
@@ -180,10 +192,14 @@ class RunLock:
                 time.sleep(0.05)
             extra = ""
             if holder and holder.get("host") == self.holder["host"] and self._gone(holder):
-                extra = (f" That process ({self._gone(holder)}) is gone, but the lock is still held by a process "
-                         f"that inherited it (find it with `fuser -v {self.lock_path}`).")
-            raise RunLockedError(f"{self.run_dir} is in use by another training run: {describe(holder)}.{extra} "
-                                 f"Wait for it to finish, stop it, or train into another --output_dir.") from None
+                extra = (
+                    f" That process ({self._gone(holder)}) is gone, but the lock is still held by a process "
+                    f"that inherited it (find it with `fuser -v {self.lock_path}`)."
+                )
+            raise RunLockedError(
+                f"{self.run_dir} is in use by another training run: {describe(holder)}.{extra} "
+                f"Wait for it to finish, stop it, or train into another --output_dir."
+            ) from None
         try:
             previous = self._read_holder()
             if previous is not None and not self._is_us(previous):
@@ -191,14 +207,22 @@ class RunLock:
                 if reason is None:
                     age = ""
                     if previous.get("host") != self.holder["host"]:
-                        age = (f" Its heartbeat is recent; if that run has ended, launch again after "
-                               f"{STALE_AFTER_S:.0f} s, or delete {self.holder_path}.")
+                        age = (
+                            f" Its heartbeat is recent; if that run has ended, launch again after "
+                            f"{STALE_AFTER_S:.0f} s, or delete {self.holder_path}."
+                        )
                     raise RunLockedError(
                         f"{self.run_dir} is in use by another training run: {describe(previous)} (its lock file is "
                         f"not locked: a file system without working locks across processes or hosts?).{age} "
-                        f"Wait for it to finish, stop it, or train into another --output_dir.")
-                logger.warning("Taking over the lock of %s: the run that held it is no longer running (%s; it "
-                               "ended without releasing it): %s", self.run_dir, reason, describe(previous))
+                        f"Wait for it to finish, stop it, or train into another --output_dir."
+                    )
+                logger.warning(
+                    "Taking over the lock of %s: the run that held it is no longer running (%s; it "
+                    "ended without releasing it): %s",
+                    self.run_dir,
+                    reason,
+                    describe(previous),
+                )
                 self.took_over = previous
             self._write_holder()
         except BaseException:

@@ -22,31 +22,64 @@ import json
 from collections.abc import Iterable, Mapping
 
 # Per-invocation flags: not settings of the run (where it lives, how this invocation starts, secrets).
-NOT_STORED = frozenset({"resume_from_checkpoint", "overwrite_output_dir", "allow_changed_settings", "hub_token",
-                        "output_dir", "cpu"})  # `cpu` is stored as the device the run actually used ("device")
+NOT_STORED = frozenset(
+    {"resume_from_checkpoint", "overwrite_output_dir", "allow_changed_settings", "hub_token", "output_dir", "cpu"}
+)  # `cpu` is stored as the device the run actually used ("device")
 
-FREE = frozenset({
-    "max_steps", "num_epochs",  # the length of the run
-    "logging_steps", "eval_steps", "save_steps", "keep_checkpoints",  # cadence of logs, validation, checkpoints
-    "average_last", "final_model",  # which checkpoints make the final model
-    "test_prefix", "test_file", "test_split", "max_test_pairs", "num_examples", "eval_batch_size",  # final test
-    "report_to", "push_to_hub", "hub_model_id", "variant_name", "run_name",  # output only
-    "num_threads", "preprocessing_num_workers", "ddp_timeout",  # speed and waiting
-    "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)
-    "requeue_exit_code",  # how a preempted invocation exits
-    # what happens to a step whose loss is not finite, which a run with `stop` (the default) never trains through
-    "on_nonfinite",
-})
+FREE = frozenset(
+    {
+        "max_steps",
+        "num_epochs",  # the length of the run
+        "logging_steps",
+        "eval_steps",
+        "save_steps",
+        "keep_checkpoints",  # cadence of logs, validation, checkpoints
+        "average_last",
+        "final_model",  # which checkpoints make the final model
+        "test_prefix",
+        "test_file",
+        "test_split",
+        "max_test_pairs",
+        "num_examples",
+        "eval_batch_size",  # final test
+        "report_to",
+        "push_to_hub",
+        "hub_model_id",
+        "variant_name",
+        "run_name",  # output only
+        "num_threads",
+        "preprocessing_num_workers",
+        "ddp_timeout",  # speed and waiting
+        "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)
+        "requeue_exit_code",  # how a preempted invocation exits
+        # what happens to a step whose loss is not finite, which a run with `stop` (the default) never trains through
+        "on_nonfinite",
+    }
+)
 
-FIXED = frozenset({
-    "model_type", "preset", "config_overrides", "model_name_or_path",  # the architecture
-    "tokenizer", "tokenizer_model", "vocab_size", "tokenizer_min_frequency", "tokenizer_sample_lines",  # tokenizer
-    "source_lang", "target_lang", "languages", "bidirectional", "target_language_tags",  # config.languages/tags
-})
+FIXED = frozenset(
+    {
+        "model_type",
+        "preset",
+        "config_overrides",
+        "model_name_or_path",  # the architecture
+        "tokenizer",
+        "tokenizer_model",
+        "vocab_size",
+        "tokenizer_min_frequency",
+        "tokenizer_sample_lines",  # tokenizer
+        "source_lang",
+        "target_lang",
+        "languages",
+        "bidirectional",
+        "target_language_tags",  # config.languages/tags
+    }
+)
 
 # Settings whose new value must be written into the restored optimizer/scheduler state to take effect.
-OPTIMIZER_SETTINGS = frozenset({"learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
-                                "warmup_steps"})
+OPTIMIZER_SETTINGS = frozenset(
+    {"learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "warmup_steps"}
+)
 
 
 class SettingsChangedError(ValueError):
@@ -76,8 +109,9 @@ def option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return names
 
 
-def parse_allowed(spec: Iterable[str] | str | None, known: Iterable[str],
-                  aliases: Mapping[str, str] | None = None) -> set[str]:
+def parse_allowed(
+    spec: Iterable[str] | str | None, known: Iterable[str], aliases: Mapping[str, str] | None = None
+) -> set[str]:
     """`--allow_changed_settings seed,learning_rate` (names with or without dashes, commas and/or spaces; option
     aliases accepted) -> the set of settings; an unknown name raises `ValueError` listing the known ones."""
     if spec is None:
@@ -89,8 +123,9 @@ def parse_allowed(spec: Iterable[str] | str | None, known: Iterable[str],
     for name in names:
         dest = aliases.get(name, name)
         if dest not in known:
-            raise ValueError(f"--allow_changed_settings: unknown setting {name!r}; settings: "
-                             f"{', '.join(sorted(known))}.")
+            raise ValueError(
+                f"--allow_changed_settings: unknown setting {name!r}; settings: {', '.join(sorted(known))}."
+            )
         out.add(dest)
     return out
 
@@ -116,17 +151,22 @@ def resume_changes(old: Mapping, new: Mapping, allowed: set[str], where: str = "
     refused = [(k, a, b) for k, a, b in changes if k not in FIXED and k not in FREE and k not in allowed]
     if fixed or refused:
         lines = [f"Cannot resume {where} with these changed settings (saved -> now):"]
-        lines += [f"  --{k}: {_fmt(a)} -> {_fmt(b)}  (fixed: the model and tokenizer were built from it)"
-                  for k, a, b in fixed]
+        lines += [
+            f"  --{k}: {_fmt(a)} -> {_fmt(b)}  (fixed: the model and tokenizer were built from it)"
+            for k, a, b in fixed
+        ]
         lines += [f"  --{k}: {_fmt(a)} -> {_fmt(b)}" for k, a, b in refused]
         if fixed:
-            lines.append("Fixed settings cannot change within a run: resume with the saved values, or start a new "
-                         "run (--overwrite_output_dir or another --output_dir).")
+            lines.append(
+                "Fixed settings cannot change within a run: resume with the saved values, or start a new "
+                "run (--overwrite_output_dir or another --output_dir)."
+            )
         if refused:
             lines.append(
                 "Each of them changes what the run computes from the checkpoint on (a resume is exact only with the "
                 "saved settings). Resume with the saved values, or pass --allow_changed_settings "
                 f"{','.join(k for k, _, _ in refused)} to use the new values from the resumed step on (the change "
-                "is recorded in results.json and the model card).")
+                "is recorded in results.json and the model card)."
+            )
         raise SettingsChangedError("\n".join(lines))
     return [{"setting": k, "from": a, "to": b, "free": k in FREE} for k, a, b in changes]

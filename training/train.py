@@ -35,12 +35,24 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from training import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
 from model_cards.run_record import RunRecord  # noqa: E402
+from training import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
 from training.corpus import DataError, DropReport  # noqa: E402
 from training.trainer import (  # noqa: E402,F401 (batch helpers re-exported)
-    EXIT_NONFINITE, MODEL_CONFIG_DIR, Job, RunContext, RunData, Trainer, TrainingStopped, TrainState,
-    accelerator_broadcast, batch_texts, evaluate_pairs, make_batch, validation_loss)
+    EXIT_NONFINITE,
+    MODEL_CONFIG_DIR,
+    Job,
+    RunContext,
+    RunData,
+    Trainer,
+    TrainingStopped,
+    TrainState,
+    accelerator_broadcast,
+    batch_texts,
+    evaluate_pairs,
+    make_batch,
+    validation_loss,
+)
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -80,64 +92,109 @@ def parse_overrides(spec: str | None) -> dict:
 
 
 def add_data_args(g) -> None:
-    g.add_argument("--data_dir", default=str(DEFAULT_DATA_DIR),
-                   help="folder of per-language text files {prefix}.{lang}[.gz] (multi-way parallel)")
+    g.add_argument(
+        "--data_dir",
+        default=str(DEFAULT_DATA_DIR),
+        help="folder of per-language text files {prefix}.{lang}[.gz] (multi-way parallel)",
+    )
     g.add_argument("--train_prefix", default="train")
     g.add_argument("--valid_prefix", default="val")
     g.add_argument("--test_prefix", default="test_2016_flickr", help="the final evaluation split ('' for none)")
-    g.add_argument("--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead "
-                                        "of --data_dir")
+    g.add_argument(
+        "--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead of --data_dir"
+    )
     g.add_argument("--valid_file", "--validation_file")
     g.add_argument("--test_file")
-    g.add_argument("--dataset_name", help="a `datasets` dataset (Hub name or local path) with a 'translation' "
-                                          "column, instead of --data_dir")
+    g.add_argument(
+        "--dataset_name",
+        help="a `datasets` dataset (Hub name or local path) with a 'translation' column, instead of --data_dir",
+    )
     g.add_argument("--dataset_config_name")
     g.add_argument("--train_split", default="train")
-    g.add_argument("--valid_split", "--validation_split",
-                   help="default: the dataset's 'validation' split, or 'valid', 'val' or 'dev' (none: no validation)")
-    g.add_argument("--test_split", help="default: the dataset's 'test' split (none: the final evaluation uses the "
-                                        "validation split)")
+    g.add_argument(
+        "--valid_split",
+        "--validation_split",
+        help="default: the dataset's 'validation' split, or 'valid', 'val' or 'dev' (none: no validation)",
+    )
+    g.add_argument(
+        "--test_split",
+        help="default: the dataset's 'test' split (none: the final evaluation uses the validation split)",
+    )
     g.add_argument("--source_lang", default="en")
     g.add_argument("--target_lang", default="de")
-    g.add_argument("--languages", nargs="+", help="many-to-many run over these languages (overrides "
-                                                   "--source_lang/--target_lang)")
+    g.add_argument(
+        "--languages", nargs="+", help="many-to-many run over these languages (overrides --source_lang/--target_lang)"
+    )
     g.add_argument("--directions", help="comma-separated src-tgt pairs of a multilingual run (default: all)")
-    g.add_argument("--bidirectional", action="store_true",
-                   help="every batch trains source→target and target→source (Tied's dual training)")
-    g.add_argument("--on_bad_pairs", choices=["skip", "error"], default="skip",
-                   help="empty/missing/too-long pairs: skip and count them (reported in the log, results.json and "
-                        "the model card), or stop with the file and line")
-    g.add_argument("--source_annotations", nargs="+", default=[], metavar="NAME",
-                   help="per-sentence inputs the model's prepare_translation_inputs takes for each source sentence, "
-                        "e.g. 'parses' for the syntactic MG-SA: files <prefix>.<lang>.<NAME>[.gz] beside the text "
-                        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows; 'parses' are "
-                        "checked against their sentences when the data loads (see --on_bad_pairs)")
+    g.add_argument(
+        "--bidirectional",
+        action="store_true",
+        help="every batch trains source→target and target→source (Tied's dual training)",
+    )
+    g.add_argument(
+        "--on_bad_pairs",
+        choices=["skip", "error"],
+        default="skip",
+        help="empty/missing/too-long pairs: skip and count them (reported in the log, results.json and "
+        "the model card), or stop with the file and line",
+    )
+    g.add_argument(
+        "--source_annotations",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="per-sentence inputs the model's prepare_translation_inputs takes for each source sentence, "
+        "e.g. 'parses' for the syntactic MG-SA: files <prefix>.<lang>.<NAME>[.gz] beside the text "
+        "files (one value a line), or a top-level {NAME: {lang: value}} in JSONL rows; 'parses' are "
+        "checked against their sentences when the data loads (see --on_bad_pairs)",
+    )
     g.add_argument("--max_length", type=int, default=128, help="longest sentence in tokens (longer: dropped)")
-    g.add_argument("--max_train_pairs", "--max_train_samples", type=int,
-                   help="use only the first N rows of the training data")
+    g.add_argument(
+        "--max_train_pairs", "--max_train_samples", type=int, help="use only the first N rows of the training data"
+    )
     g.add_argument("--max_valid_pairs", "--max_eval_samples", type=int, help="use only the first N validation rows")
     g.add_argument("--max_test_pairs", "--max_predict_samples", type=int, help="use only the first N test rows")
-    g.add_argument("--data_cache_dir", help="the tokenized Arrow cache, shared by runs, relaunches and ranks "
-                                            "(default: $HF_DATASETS_CACHE/hf_variants)")
-    g.add_argument("--streaming", action="store_true",
-                   help="read the training split as a stream (a datasets IterableDataset, tokenized on the fly in "
-                        "buffers of --stream_buffer_rows rows, length-bucketed within each) instead of caching it: "
-                        "for corpora larger than the disk cache should hold; needs --max_steps")
-    g.add_argument("--stream_buffer_rows", type=int, default=100_000,
-                   help="rows per streaming buffer (batches are length-bucketed and shuffled within a buffer)")
-    g.add_argument("--preprocessing_num_workers", type=int,
-                   help="processes tokenizing a split when its cache is built (default: the CPU cores available)")
+    g.add_argument(
+        "--data_cache_dir",
+        help="the tokenized Arrow cache, shared by runs, relaunches and ranks "
+        "(default: $HF_DATASETS_CACHE/hf_variants)",
+    )
+    g.add_argument(
+        "--streaming",
+        action="store_true",
+        help="read the training split as a stream (a datasets IterableDataset, tokenized on the fly in "
+        "buffers of --stream_buffer_rows rows, length-bucketed within each) instead of caching it: "
+        "for corpora larger than the disk cache should hold; needs --max_steps",
+    )
+    g.add_argument(
+        "--stream_buffer_rows",
+        type=int,
+        default=100_000,
+        help="rows per streaming buffer (batches are length-bucketed and shuffled within a buffer)",
+    )
+    g.add_argument(
+        "--preprocessing_num_workers",
+        type=int,
+        help="processes tokenizing a split when its cache is built (default: the CPU cores available)",
+    )
 
 
 def add_tokenizer_args(g) -> None:
-    g.add_argument("--tokenizer", "--tokenizer_name",
-                   help="a saved tokenizer; default: train the shared one and save it with the run")
+    g.add_argument(
+        "--tokenizer",
+        "--tokenizer_name",
+        help="a saved tokenizer; default: train the shared one and save it with the run",
+    )
     g.add_argument("--tokenizer_model", choices=["bpe", "unigram"], default="bpe")
     g.add_argument("--vocab_size", type=int, default=8000)
     g.add_argument("--tokenizer_min_frequency", type=int, default=2)
-    g.add_argument("--tokenizer_sample_lines", type=int, default=3_000_000,
-                   help="train the tokenizer on at most this many sentences (all languages together): a "
-                        "deterministic random sample of the training rows when the corpus has more (0: all)")
+    g.add_argument(
+        "--tokenizer_sample_lines",
+        type=int,
+        default=3_000_000,
+        help="train the tokenizer on at most this many sentences (all languages together): a "
+        "deterministic random sample of the training rows when the corpus has more (0: all)",
+    )
 
 
 def add_model_args(g) -> None:
@@ -147,9 +204,13 @@ def add_model_args(g) -> None:
     g.add_argument("--model_name_or_path", help="start from a saved model instead of a preset")
     g.add_argument("--dropout", type=float, help="default: the preset's")
     g.add_argument("--label_smoothing", "--label_smoothing_factor", type=float, default=0.1)
-    g.add_argument("--target_language_tags", choices=["auto", "true", "false"], default="auto",
-                   help="prepend <2xx> to sources; auto = when the run has more than one target language "
-                        "(never for tied_nmt: its direction embedding is the signal)")
+    g.add_argument(
+        "--target_language_tags",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="prepend <2xx> to sources; auto = when the run has more than one target language "
+        "(never for tied_nmt: its direction embedding is the signal)",
+    )
 
 
 def add_optimisation_args(g) -> None:
@@ -160,70 +221,127 @@ def add_optimisation_args(g) -> None:
     g.add_argument("--weight_decay", type=float, default=0.0)
     g.add_argument("--warmup_steps", type=int, default=50)
     g.add_argument("--max_grad_norm", type=float, default=1.0, help="gradient clipping (0: off)")
-    g.add_argument("--max_tokens", type=int, default=2048, help="tokens per micro-batch and process, padding "
-                                                                  "included (4096 in the papers' recipes)")
+    g.add_argument(
+        "--max_tokens",
+        type=int,
+        default=2048,
+        help="tokens per micro-batch and process, padding included (4096 in the papers' recipes)",
+    )
     g.add_argument("--max_sentences", type=int, help="sentences per micro-batch (cap)")
     g.add_argument("--gradient_accumulation_steps", type=int, default=1)
     g.add_argument("--max_steps", type=int, default=200, help="optimizer steps (ignored with --num_epochs)")
-    g.add_argument("--num_epochs", "--num_train_epochs", type=float,
-                   help="train for this many epochs instead of --max_steps")
-    g.add_argument("--mixed_precision", choices=["no", "fp16", "bf16"],
-                   help="default: Accelerate's config / launch option")
-    g.add_argument("--fp16", dest="mixed_precision", action="store_const", const="fp16",
-                   help="--mixed_precision fp16")
-    g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16",
-                   help="--mixed_precision bf16")
+    g.add_argument(
+        "--num_epochs", "--num_train_epochs", type=float, help="train for this many epochs instead of --max_steps"
+    )
+    g.add_argument(
+        "--mixed_precision", choices=["no", "fp16", "bf16"], help="default: Accelerate's config / launch option"
+    )
+    g.add_argument("--fp16", dest="mixed_precision", action="store_const", const="fp16", help="--mixed_precision fp16")
+    g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16", help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
-    g.add_argument("--num_threads", type=int, help="CPU threads per process (default on CPU: the cores available "
-                                                   "divided by the processes on this machine; `accelerate launch` "
-                                                   "would otherwise leave one)")
-    g.add_argument("--cpu", action="store_true", help="train on CPU even when an accelerator is available (without "
-                                                      "one, CPU and, under a multi-process launch, gloo are used)")
-    g.add_argument("--on_nonfinite", choices=["stop", "skip"], default="stop",
-                   help="a non-finite training loss or gradient: stop (exit status 3, naming the step, the last "
-                        "losses and the last checkpoint; results.json says why; no final model), or skip the update "
-                        "and count it (log, results.json)")
-    g.add_argument("--ddp_timeout", type=int, default=10800,
-                   help="seconds the other processes wait for the main one (e.g. while it builds the data cache "
-                        "of a large corpus at the first launch)")
+    g.add_argument(
+        "--num_threads",
+        type=int,
+        help="CPU threads per process (default on CPU: the cores available "
+        "divided by the processes on this machine; `accelerate launch` "
+        "would otherwise leave one)",
+    )
+    g.add_argument(
+        "--cpu",
+        action="store_true",
+        help="train on CPU even when an accelerator is available (without "
+        "one, CPU and, under a multi-process launch, gloo are used)",
+    )
+    g.add_argument(
+        "--on_nonfinite",
+        choices=["stop", "skip"],
+        default="stop",
+        help="a non-finite training loss or gradient: stop (exit status 3, naming the step, the last "
+        "losses and the last checkpoint; results.json says why; no final model), or skip the update "
+        "and count it (log, results.json)",
+    )
+    g.add_argument(
+        "--ddp_timeout",
+        type=int,
+        default=10800,
+        help="seconds the other processes wait for the main one (e.g. while it builds the data cache "
+        "of a large corpus at the first launch)",
+    )
 
 
 def add_evaluation_args(g) -> None:
-    g.add_argument("--eval_steps", type=int, default=100,
-                   help="validate every N steps (and at the end; 0: only at the end)")
-    g.add_argument("--eval_bleu_pairs", type=int, default=200,
-                   help="validation pairs translated for BLEU/chrF during training (0: loss only)")
+    g.add_argument(
+        "--eval_steps", type=int, default=100, help="validate every N steps (and at the end; 0: only at the end)"
+    )
+    g.add_argument(
+        "--eval_bleu_pairs",
+        type=int,
+        default=200,
+        help="validation pairs translated for BLEU/chrF during training (0: loss only)",
+    )
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
     g.add_argument("--num_beams", "--generation_num_beams", type=int, default=4)
     g.add_argument("--length_penalty", type=float, default=0.6)
     g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
     g.add_argument("--max_len_b", type=int, default=10)
-    g.add_argument("--eval_batch_size", "--per_device_eval_batch_size", type=int, default=100,
-                   help="sentences per translation batch and process")
+    g.add_argument(
+        "--eval_batch_size",
+        "--per_device_eval_batch_size",
+        type=int,
+        default=100,
+        help="sentences per translation batch and process",
+    )
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
 
 
 def add_checkpoints_args(g) -> None:
-    g.add_argument("--save_steps", type=int,
-                   help="checkpoint every N steps (default: --eval_steps; 0: only at the end and the best)")
-    g.add_argument("--keep_checkpoints", "--save_total_limit", type=int, default=5,
-                   help="newest checkpoints kept (plus the best; 0: all)")
-    g.add_argument("--average_last", type=int, default=0,
-                   help="final model = mean weights of the last K checkpoints (the papers' averaging)")
-    g.add_argument("--final_model", choices=["best", "last"], default="best",
-                   help="final model without --average_last: the best validated checkpoint or the last one")
-    g.add_argument("--resume_from_checkpoint", help="a checkpoint folder, or 'latest' (the run's newest; starts "
-                                                    "fresh when there is none)")
-    g.add_argument("--requeue_exit_code", type=int, default=143,
-                   help="exit status after SIGTERM or SIGUSR1 (preemption: `sbatch --signal=USR1@120`, Kubernetes): "
-                        "every process checkpoints at the next step boundary and exits with it; continue with "
-                        "--resume_from_checkpoint latest")
-    g.add_argument("--allow_changed_settings", metavar="NAME[,NAME...]", nargs="+", action="extend",
-                   help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
-                        "the new values apply from the resumed step on and are recorded in results.json and the "
-                        "model card. Without it a resume with changed settings is refused, except for settings "
-                        "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
-                        "final test, output)")
+    g.add_argument(
+        "--save_steps",
+        type=int,
+        help="checkpoint every N steps (default: --eval_steps; 0: only at the end and the best)",
+    )
+    g.add_argument(
+        "--keep_checkpoints",
+        "--save_total_limit",
+        type=int,
+        default=5,
+        help="newest checkpoints kept (plus the best; 0: all)",
+    )
+    g.add_argument(
+        "--average_last",
+        type=int,
+        default=0,
+        help="final model = mean weights of the last K checkpoints (the papers' averaging)",
+    )
+    g.add_argument(
+        "--final_model",
+        choices=["best", "last"],
+        default="best",
+        help="final model without --average_last: the best validated checkpoint or the last one",
+    )
+    g.add_argument(
+        "--resume_from_checkpoint",
+        help="a checkpoint folder, or 'latest' (the run's newest; starts fresh when there is none)",
+    )
+    g.add_argument(
+        "--requeue_exit_code",
+        type=int,
+        default=143,
+        help="exit status after SIGTERM or SIGUSR1 (preemption: `sbatch --signal=USR1@120`, Kubernetes): "
+        "every process checkpoints at the next step boundary and exits with it; continue with "
+        "--resume_from_checkpoint latest",
+    )
+    g.add_argument(
+        "--allow_changed_settings",
+        metavar="NAME[,NAME...]",
+        nargs="+",
+        action="extend",
+        help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
+        "the new values apply from the resumed step on and are recorded in results.json and the "
+        "model card. Without it a resume with changed settings is refused, except for settings "
+        "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
+        "final test, output)",
+    )
 
 
 def add_output_args(g) -> None:
@@ -232,18 +350,24 @@ def add_output_args(g) -> None:
     g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
-    g.add_argument("--report_to", nargs="+", default=["none"], metavar="TRACKER",
-                   help="Accelerate trackers: none, all, or any of " + ", ".join(TRACKERS) + " (tensorboard logs in "
-                        "<run>/logs; wandb: project $WANDB_PROJECT or 'hf_variants', run named after the run; "
-                        "`pip install 'hf-variants[wandb]'`)")
+    g.add_argument(
+        "--report_to",
+        nargs="+",
+        default=["none"],
+        metavar="TRACKER",
+        help="Accelerate trackers: none, all, or any of " + ", ".join(TRACKERS) + " (tensorboard logs in "
+        "<run>/logs; wandb: project $WANDB_PROJECT or 'hf_variants', run named after the run; "
+        "`pip install 'hf-variants[wandb]'`)",
+    )
     g.add_argument("--push_to_hub", action="store_true")
     g.add_argument("--hub_model_id", help="ORG/NAME")
     g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     add_data_args(p.add_argument_group("data"))
     add_tokenizer_args(p.add_argument_group("tokenizer"))
     add_model_args(p.add_argument_group("model"))
@@ -268,8 +392,10 @@ def parse_report_to(values) -> list[str]:
         return []
     unknown = [n for n in names if n not in TRACKERS and n != "all"]
     if unknown or "none" in names:
-        raise ValueError(f"--report_to: unknown tracker(s) {unknown or ['none']} (with others); choose none, all or "
-                         f"any of {', '.join(TRACKERS)}.")
+        raise ValueError(
+            f"--report_to: unknown tracker(s) {unknown or ['none']} (with others); choose none, all or "
+            f"any of {', '.join(TRACKERS)}."
+        )
     available = {str(t) for t in get_available_trackers()}
     missing = [n for n in names if n != "all" and n not in available]
     if missing:
@@ -298,16 +424,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.report_to = parse_report_to(args.report_to) or ["none"]
-        args.allow_changed_settings = sorted(settings.parse_allowed(
-            args.allow_changed_settings, [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
-            + ["num_processes", "mixed_precision", "device"], settings.option_names(parser))) or None
+        args.allow_changed_settings = (
+            sorted(
+                settings.parse_allowed(
+                    args.allow_changed_settings,
+                    [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
+                    + ["num_processes", "mixed_precision", "device"],
+                    settings.option_names(parser),
+                )
+            )
+            or None
+        )
     except ValueError as err:
         parser.error(str(err))
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id ORG/NAME")
     if args.push_to_hub and args.model_type in external.EXTERNAL_MODEL_TYPES:
-        parser.error(f"--push_to_hub publishes hf_variants models (with their card); --model_type "
-                     f"{args.model_type} is for comparisons only")
+        parser.error(
+            f"--push_to_hub publishes hf_variants models (with their card); --model_type "
+            f"{args.model_type} is for comparisons only"
+        )
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
@@ -318,8 +454,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.streaming and args.num_epochs:
         parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
     if args.resume_from_checkpoint and args.overwrite_output_dir:
-        parser.error("--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it: "
-                     "give one of them")
+        parser.error(
+            "--resume_from_checkpoint continues the run in --output_dir, --overwrite_output_dir deletes it: "
+            "give one of them"
+        )
     if args.max_len_a == 0 and args.max_len_b == 0:
         parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
     return args
@@ -327,16 +465,40 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # The numeric flags and their valid ranges (checked at parse time, before any data work): (flags, lowest, lowest
 # included, highest (excluded), what 0 means when 0 is allowed).
-POSITIVE_INTS = ("max_length", "max_train_pairs", "max_valid_pairs", "max_test_pairs", "stream_buffer_rows",
-                 "preprocessing_num_workers", "vocab_size", "max_tokens", "max_sentences",
-                 "gradient_accumulation_steps", "max_steps", "num_threads", "ddp_timeout", "num_beams",
-                 "eval_batch_size", "logging_steps")
-NON_NEGATIVE = {"tokenizer_sample_lines": "all", "tokenizer_min_frequency": None, "warmup_steps": "no warmup",
-                "eval_steps": "no periodic validation, only at the end",
-                "save_steps": "checkpoints only at the end (and at the best validation)",
-                "eval_bleu_pairs": "validation loss only", "max_len_b": None, "num_examples": None,
-                "keep_checkpoints": "keep all", "average_last": "no averaging", "weight_decay": None,
-                "max_grad_norm": "no clipping", "max_len_a": None, "adam_epsilon": None}
+POSITIVE_INTS = (
+    "max_length",
+    "max_train_pairs",
+    "max_valid_pairs",
+    "max_test_pairs",
+    "stream_buffer_rows",
+    "preprocessing_num_workers",
+    "vocab_size",
+    "max_tokens",
+    "max_sentences",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_threads",
+    "ddp_timeout",
+    "num_beams",
+    "eval_batch_size",
+    "logging_steps",
+)
+NON_NEGATIVE = {
+    "tokenizer_sample_lines": "all",
+    "tokenizer_min_frequency": None,
+    "warmup_steps": "no warmup",
+    "eval_steps": "no periodic validation, only at the end",
+    "save_steps": "checkpoints only at the end (and at the best validation)",
+    "eval_bleu_pairs": "validation loss only",
+    "max_len_b": None,
+    "num_examples": None,
+    "keep_checkpoints": "keep all",
+    "average_last": "no averaging",
+    "weight_decay": None,
+    "max_grad_norm": "no clipping",
+    "max_len_a": None,
+    "adam_epsilon": None,
+}
 FRACTIONS = ("dropout", "label_smoothing", "adam_beta1", "adam_beta2")  # in [0, 1)
 
 
@@ -373,14 +535,16 @@ def setup_logging(accelerator, run_dir: Path) -> None:
     handlers = [logging.StreamHandler(sys.stdout)]
     if accelerator.is_main_process:
         handlers.append(logging.FileHandler(run_dir / "train.log"))
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=level,
-                        handlers=handlers, force=True)
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=level, handlers=handlers, force=True
+    )
     for noisy in ("transformers", "datasets", "evaluate", "accelerate"):
         logging.getLogger(noisy).setLevel(logging.WARNING if accelerator.is_main_process else logging.ERROR)
     # Accelerate's safetensors save leaves out tied copies of the embeddings and says so at every checkpoint;
     # `checkpointing.load_model_weights` checks on load that only such tied copies are missing.
-    logging.getLogger("accelerate.utils.other").addFilter(lambda record: "Removed shared tensor" not in
-                                                          record.getMessage())
+    logging.getLogger("accelerate.utils.other").addFilter(
+        lambda record: "Removed shared tensor" not in record.getMessage()
+    )
 
 
 def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
@@ -398,8 +562,10 @@ def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
     if args.bidirectional:
         reverse = [(t, s) for s, t in directions]
         if any(d in directions for d in reverse):
-            raise DataError("--bidirectional trains both directions of each pair: list each pair once in "
-                            "--directions (e.g. en-de, not en-de,de-en).")
+            raise DataError(
+                "--bidirectional trains both directions of each pair: list each pair once in "
+                "--directions (e.g. en-de, not en-de,de-en)."
+            )
     return languages, directions
 
 
@@ -414,18 +580,17 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
         return data_pipeline.SplitSource.from_file(file_arg, args.source_annotations)
     if args.dataset_name:
         if args.source_annotations:
-            raise DataError("--source_annotations are read from per-language files or JSONL, not from "
-                            "--dataset_name.")
+            raise DataError("--source_annotations are read from per-language files or JSONL, not from --dataset_name.")
         if hub_splits is None:
             hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name)
-        split_name = corpus.resolve_split(list(hub_splits), getattr(args, f"{split}_split"), split,
-                                          args.dataset_name)
+        split_name = corpus.resolve_split(list(hub_splits), getattr(args, f"{split}_split"), split, args.dataset_name)
         if split_name is None:
             logger.info("%s has no %s split (splits: %s)", args.dataset_name, split, ", ".join(hub_splits))
             return None
         setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
-        return data_pipeline.SplitSource.from_hub(hub_splits[split_name], args.dataset_name, split_name,
-                                                  args.dataset_config_name)
+        return data_pipeline.SplitSource.from_hub(
+            hub_splits[split_name], args.dataset_name, split_name, args.dataset_config_name
+        )
     prefix = getattr(args, f"{split}_prefix")
     if not prefix:
         return None
@@ -466,27 +631,43 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: lis
         from hf_variants.tokenization import train_tokenizer
 
         if isinstance(train_rows, data_pipeline.SplitSource):
-            texts, used, total = data_pipeline.stream_tokenizer_sample(train_rows, languages,
-                                                                       args.tokenizer_sample_lines)
+            texts, used, total = data_pipeline.stream_tokenizer_sample(
+                train_rows, languages, args.tokenizer_sample_lines
+            )
             label = train_rows.label
         else:
             texts, used, total = data_pipeline.tokenizer_sample(train_rows, languages, args.tokenizer_sample_lines)
             label = train_rows.meta["label"]
         if total is None:
-            what = (f"the first {used:,} rows of the streamed {label} ({used * len(languages):,} sentences; "
-                    f"--tokenizer_sample_lines {args.tokenizer_sample_lines})")
+            what = (
+                f"the first {used:,} rows of the streamed {label} ({used * len(languages):,} sentences; "
+                f"--tokenizer_sample_lines {args.tokenizer_sample_lines})"
+            )
         elif used < total:
-            what = (f"a deterministic sample of {used:,} of the {total:,} training rows of {label} "
-                    f"({used * len(languages):,} sentences; --tokenizer_sample_lines {args.tokenizer_sample_lines})")
+            what = (
+                f"a deterministic sample of {used:,} of the {total:,} training rows of {label} "
+                f"({used * len(languages):,} sentences; --tokenizer_sample_lines {args.tokenizer_sample_lines})"
+            )
         else:
             what = f"all {total:,} training rows of {label} ({total * len(languages):,} sentences)"
-        logger.info("Training a shared %s tokenizer (vocab %d) on %s [%s]", args.tokenizer_model, args.vocab_size,
-                    what, ", ".join(languages))
+        logger.info(
+            "Training a shared %s tokenizer (vocab %d) on %s [%s]",
+            args.tokenizer_model,
+            args.vocab_size,
+            what,
+            ", ".join(languages),
+        )
         t0 = time.time()
         tmp = run_dir / ".tmp_tokenizer"
         shutil.rmtree(tmp, ignore_errors=True)
-        train_tokenizer(texts, vocab_size=args.vocab_size, model=args.tokenizer_model, languages=languages,
-                        min_frequency=args.tokenizer_min_frequency, output_dir=tmp)
+        train_tokenizer(
+            texts,
+            vocab_size=args.vocab_size,
+            model=args.tokenizer_model,
+            languages=languages,
+            min_frequency=args.tokenizer_min_frequency,
+            output_dir=tmp,
+        )
         shutil.rmtree(saved, ignore_errors=True)  # left by an earlier attempt that never checkpointed
         os.replace(tmp, saved)
         logger.info("Tokenizer trained in %.1f s", time.time() - t0)
@@ -538,22 +719,29 @@ def main_process_first(accelerator, build):
 def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: bool):
     """Rows, tokenizer, token counts and pairs of every split (training/data_pipeline.py), built on the first
     launch (main process first) and memory-mapped from the cache afterwards."""
-    workers = args.preprocessing_num_workers or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                 else (os.cpu_count() or 1))
+    workers = args.preprocessing_num_workers or (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
     stream_source = split_source(args, "train", languages, hub_splits) if args.streaming else None
-    rows = {split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
-            for split in ("train", "valid", "test")}
+    rows = {
+        split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
+        for split in ("train", "valid", "test")
+    }
     if rows["train"] is None and stream_source is None:
         raise DataError("No training data.")
     for split, r in rows.items():
         if r is not None:
             data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
-    tokenizer = build_tokenizer(args, accelerator, run_dir, stream_source or rows["train"], languages,
-                                resuming=resuming)
+    tokenizer = build_tokenizer(
+        args, accelerator, run_dir, stream_source or rows["train"], languages, resuming=resuming
+    )
     target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
-    checks = [(name, lang) for name in args.source_annotations
-              for lang in dict.fromkeys(x for d in directions for x in (d if args.bidirectional else d[:1]))]
+    checks = [
+        (name, lang)
+        for name in args.source_annotations
+        for lang in dict.fromkeys(x for d in directions for x in (d if args.bidirectional else d[:1]))
+    ]
     tok_fp = data_pipeline.tokenizer_fingerprint(tokenizer)
     sets, reports = {}, {"train": DropReport("train"), "eval": DropReport("eval")}
     sets["stream"] = stream_source
@@ -564,22 +752,31 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
         measured = data_pipeline.measure(r, tokenizer, languages, checks, args.data_cache_dir, workers, tok_fp)
         report = reports["train" if split == "train" else "eval"]
         pair_set = data_pipeline.build_pair_set(
-            r, measured, directions, annotations=args.source_annotations, target_annotations=args.bidirectional,
-            tag=int(target_tags), max_length=None if split == "test" else args.max_length,
-            on_bad_pairs=args.on_bad_pairs, split=report.split, cache_dir=args.data_cache_dir,
-            skip_absent=len(languages) > 2)
+            r,
+            measured,
+            directions,
+            annotations=args.source_annotations,
+            target_annotations=args.bidirectional,
+            tag=int(target_tags),
+            max_length=None if split == "test" else args.max_length,
+            on_bad_pairs=args.on_bad_pairs,
+            split=report.split,
+            cache_dir=args.data_cache_dir,
+            skip_absent=len(languages) > 2,
+        )
         for reason, count in pair_set.report.counts.items():
             report.counts[reason] += count
             where = report.locations.setdefault(reason, [])
-            where.extend(pair_set.report.locations.get(reason, [])[:corpus.MAX_REPORTED_LOCATIONS - len(where)])
+            where.extend(pair_set.report.locations.get(reason, [])[: corpus.MAX_REPORTED_LOCATIONS - len(where)])
         sets[split] = pair_set
     return tokenizer, target_tags, sets, reports
 
 
 def build_model(args, tokenizer, languages: list[str], target_tags: bool):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
     import hf_variants  # registers every model type
     from hf_variants.configuration_transformer_nmt import apply_config_overrides
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     overrides = parse_overrides(args.config_overrides)
     fields = dict(label_smoothing=args.label_smoothing)
@@ -592,17 +789,22 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
         if missing:
             raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
         # names checked and values validated as when building a config (`label_smoothing` is no Marian field)
-        config = apply_config_overrides(config, {**{k: v for k, v in fields.items() if hasattr(config, k)},
-                                                 **overrides})
+        config = apply_config_overrides(
+            config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
+        )
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
         return model
     known = sorted(hf_variants.CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
     if args.model_type not in known:
         raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {known}")
     fields.update(
-        vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
-        languages=list(languages), target_language_tags=target_tags,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+        languages=list(languages),
+        target_language_tags=target_tags,
     )
     fields.update(overrides)
     if args.model_type in external.EXTERNAL_MODEL_TYPES:  # e.g. transformers' MarianMTModel, for comparisons
@@ -617,8 +819,12 @@ def apply_optimizer_settings(optimizer, scheduler, args) -> None:
     holds the saved ones): Adam's betas, epsilon and weight decay, the peak learning rate, and the current learning
     rate recomputed from the schedule (with the new warmup) at the restored step."""
     for group in optimizer.param_groups:
-        group.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
-                     weight_decay=args.weight_decay, initial_lr=args.learning_rate)
+        group.update(
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+            initial_lr=args.learning_rate,
+        )
     scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
     for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * factor(scheduler.last_epoch)
@@ -647,8 +853,13 @@ def use_cpu(args) -> bool:
 
     if args.cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         return True
-    return not (torch.cuda.is_available() or is_mps_available() or is_xpu_available() or is_npu_available()
-                or is_mlu_available())
+    return not (
+        torch.cuda.is_available()
+        or is_mps_available()
+        or is_xpu_available()
+        or is_npu_available()
+        or is_mlu_available()
+    )
 
 
 def write_model_card(model_dir: Path, results: RunRecord, repo_id: str | None) -> None:
@@ -663,8 +874,10 @@ def write_model_card(model_dir: Path, results: RunRecord, repo_id: str | None) -
     try:
         build_model_card(model_dir, results, repo_id=repo_id).save(model_dir / "README.md")
     except Exception:  # noqa: BLE001 - reported, and `python -m model_cards.card RUN_DIR` rewrites it
-        logger.exception("Could not write the model card into %s/README.md (rerun `python -m model_cards.card "
-                         "RUN_DIR` once fixed)", model_dir)
+        logger.exception(
+            "Could not write the model card into %s/README.md (rerun `python -m model_cards.card RUN_DIR` once fixed)",
+            model_dir,
+        )
 
 
 def push(run_dir: Path, args) -> None:
@@ -693,13 +906,16 @@ def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list
 
     def prepare():  # the main process, holding the lock
         found["resume"] = resume = checkpointing.resolve_resume(
-            args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"])
+            args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"]
+        )
         if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
             if args.overwrite_output_dir:
                 run_lock.clear_run_dir(run_dir)
             elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
-                raise FileExistsError(f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
-                                      f"continue it or --overwrite_output_dir to start over.")
+                raise FileExistsError(
+                    f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
+                    f"continue it or --overwrite_output_dir to start over."
+                )
 
     lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
     return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
@@ -710,12 +926,19 @@ def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> li
     if resume is None:
         return []
     saved = checkpointing.check_resumable(resume)
-    changes = settings.resume_changes(saved.get("settings", {}), run_settings,
-                                      set(args.allow_changed_settings or ()), where=str(resume))
+    changes = settings.resume_changes(
+        saved.get("settings", {}), run_settings, set(args.allow_changed_settings or ()), where=str(resume)
+    )
     for change in changes:
-        logger.log(logging.INFO if change["free"] else logging.WARNING, "Resuming %s with %s changed: %s -> %s%s",
-                   resume.name, change["setting"], json.dumps(change["from"]), json.dumps(change["to"]),
-                   "" if change["free"] else " (allowed by --allow_changed_settings; recorded)")
+        logger.log(
+            logging.INFO if change["free"] else logging.WARNING,
+            "Resuming %s with %s changed: %s -> %s%s",
+            resume.name,
+            change["setting"],
+            json.dumps(change["from"]),
+            json.dumps(change["to"]),
+            "" if change["free"] else " (allowed by --allow_changed_settings; recorded)",
+        )
     return changes
 
 
@@ -755,22 +978,41 @@ def setup_run(args) -> RunContext:
         for message in skipped:  # damaged checkpoints `latest` passed over
             logger.warning(message)
         # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
-        run_settings = settings.run_settings(args, num_processes=accelerator.num_processes,
-                                             mixed_precision=str(accelerator.mixed_precision),
-                                             device=accelerator.device.type)
+        run_settings = settings.run_settings(
+            args,
+            num_processes=accelerator.num_processes,
+            mixed_precision=str(accelerator.mixed_precision),
+            device=accelerator.device.type,
+        )
         settings_changes = resume_settings_changes(args, resume, run_settings)
     except BaseException:  # a refused resume: the run folder is free again
         if lock is not None:
             lock.release()
         raise
     set_cpu_threads(args, accelerator)
-    logger.info("Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process", run_dir,
-                accelerator.num_processes, accelerator.distributed_type, accelerator.mixed_precision,
-                torch.get_num_threads())
-    return RunContext(args=args, accelerator=accelerator, run_name=run_name, run_dir=run_dir, languages=languages,
-                      directions=directions, eval_directions=pair_directions(directions, args.bidirectional),
-                      trackers=trackers, resume=resume, run_settings=run_settings, settings_changes=settings_changes,
-                      session_start=time.time(), lock=lock)
+    logger.info(
+        "Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process",
+        run_dir,
+        accelerator.num_processes,
+        accelerator.distributed_type,
+        accelerator.mixed_precision,
+        torch.get_num_threads(),
+    )
+    return RunContext(
+        args=args,
+        accelerator=accelerator,
+        run_name=run_name,
+        run_dir=run_dir,
+        languages=languages,
+        directions=directions,
+        eval_directions=pair_directions(directions, args.bidirectional),
+        trackers=trackers,
+        resume=resume,
+        run_settings=run_settings,
+        settings_changes=settings_changes,
+        session_start=time.time(),
+        lock=lock,
+    )
 
 
 def direction_label(directions, bidirectional: bool) -> str:
@@ -781,25 +1023,44 @@ def build_stream(run: RunContext, sets: dict, tokenizer, target_tags: bool):
     """--streaming: the training split read as a stream, tokenized and length-bucketed in buffers."""
     args, accelerator = run.args, run.accelerator
     return data_pipeline.StreamingPairs(
-        sets["stream"], run.languages, run.directions, tokenizer, annotations=args.source_annotations,
-        target_annotations=args.bidirectional, tag=int(target_tags), max_length=args.max_length,
-        on_bad_pairs=args.on_bad_pairs, buffer_rows=args.stream_buffer_rows, max_tokens=args.max_tokens,
-        max_sentences=args.max_sentences, seed=args.seed, examples_per_item=2 if args.bidirectional else 1,
-        num_processes=accelerator.num_processes, accumulation_steps=args.gradient_accumulation_steps,
-        skip_absent=len(run.languages) > 2)
+        sets["stream"],
+        run.languages,
+        run.directions,
+        tokenizer,
+        annotations=args.source_annotations,
+        target_annotations=args.bidirectional,
+        tag=int(target_tags),
+        max_length=args.max_length,
+        on_bad_pairs=args.on_bad_pairs,
+        buffer_rows=args.stream_buffer_rows,
+        max_tokens=args.max_tokens,
+        max_sentences=args.max_sentences,
+        seed=args.seed,
+        examples_per_item=2 if args.bidirectional else 1,
+        num_processes=accelerator.num_processes,
+        accumulation_steps=args.gradient_accumulation_steps,
+        skip_absent=len(run.languages) > 2,
+    )
 
 
 def build_sampler(run: RunContext, train_set):
     """The token-batch sampler of the cached training pairs (one copy of each epoch's batches per node in a
     multi-process run)."""
     args, accelerator = run.args, run.accelerator
-    sampler = corpus.TokenBatchSampler(train_set.src_len, train_set.tgt_len, args.max_tokens, args.max_sentences,
-                                       seed=args.seed, shuffle=True,
-                                       examples_per_item=2 if args.bidirectional else 1)
+    sampler = corpus.TokenBatchSampler(
+        train_set.src_len,
+        train_set.tgt_len,
+        args.max_tokens,
+        args.max_sentences,
+        seed=args.seed,
+        shuffle=True,
+        examples_per_item=2 if args.bidirectional else 1,
+    )
     if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by each node's main process
         # (the local one: a run folder on a node's own disk works too; on a shared one they write the same files)
-        sampler = corpus.SharedEpochs(sampler, run.run_dir / "epoch_batches", accelerator.is_local_main_process,
-                                      timeout=args.ddp_timeout)
+        sampler = corpus.SharedEpochs(
+            sampler, run.run_dir / "epoch_batches", accelerator.is_local_main_process, timeout=args.ddp_timeout
+        )
     return sampler
 
 
@@ -807,15 +1068,27 @@ def count_steps(run: RunContext, sampler) -> tuple[int | None, int]:
     """(optimizer steps per epoch or None for a stream, the run's optimizer steps), logged."""
     args, accelerator = run.args, run.accelerator
     if sampler is None:
-        logger.info("%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
-                    args.max_steps, args.max_tokens, accelerator.num_processes, args.gradient_accumulation_steps)
+        logger.info(
+            "%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
+            args.max_steps,
+            args.max_tokens,
+            accelerator.num_processes,
+            args.gradient_accumulation_steps,
+        )
         return None, args.max_steps
-    steps_per_epoch = len(corpus.StepPlan(sampler.epoch(0), accelerator.num_processes,
-                                          args.gradient_accumulation_steps))
+    steps_per_epoch = len(
+        corpus.StepPlan(sampler.epoch(0), accelerator.num_processes, args.gradient_accumulation_steps)
+    )
     max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
-    logger.info("%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d "
-                "accumulation)", max_steps, steps_per_epoch, len(sampler.epoch(0)), args.max_tokens,
-                accelerator.num_processes, args.gradient_accumulation_steps)
+    logger.info(
+        "%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d accumulation)",
+        max_steps,
+        steps_per_epoch,
+        len(sampler.epoch(0)),
+        args.max_tokens,
+        accelerator.num_processes,
+        args.gradient_accumulation_steps,
+    )
     return steps_per_epoch, max_steps
 
 
@@ -827,8 +1100,17 @@ def load_data(run: RunContext) -> RunData:
     args, accelerator = run.args, run.accelerator
     t_data = time.time()
     tokenizer, target_tags, sets, reports = main_process_first(
-        accelerator, lambda: prepare_data(args, accelerator, run.run_dir, run.languages, run.directions,
-                                          run.eval_directions, resuming=run.resume is not None))
+        accelerator,
+        lambda: prepare_data(
+            args,
+            accelerator,
+            run.run_dir,
+            run.languages,
+            run.directions,
+            run.eval_directions,
+            resuming=run.resume is not None,
+        ),
+    )
     train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
     # seeded after the data: building a cache or finding it must not change the random states of the run
     set_seed(args.seed)
@@ -838,29 +1120,59 @@ def load_data(run: RunContext) -> RunData:
     label = direction_label(run.directions, args.bidirectional)
     if stream is not None:
         train_report = stream.report
-        logger.info("Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
-                    sets["stream"].label, args.stream_buffer_rows, label, len(valid_pairs), len(test_pairs),
-                    eval_report.summary(), time.time() - t_data)
+        logger.info(
+            "Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
+            sets["stream"].label,
+            args.stream_buffer_rows,
+            label,
+            len(valid_pairs),
+            len(test_pairs),
+            eval_report.summary(),
+            time.time() - t_data,
+        )
     else:
         if not len(train_set):
             raise DataError(f"No training pairs left ({train_report.summary()}).")
-        logger.info("Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)", len(train_set),
-                    label, len(valid_pairs), len(test_pairs), train_report.summary(), eval_report.summary(),
-                    time.time() - t_data)
+        logger.info(
+            "Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)",
+            len(train_set),
+            label,
+            len(valid_pairs),
+            len(test_pairs),
+            train_report.summary(),
+            eval_report.summary(),
+            time.time() - t_data,
+        )
     if train_set is not None and len(run.directions) > 1 and train_set.pairs_per_direction:
-        logger.info("Training pairs per direction: %s", ", ".join(
-            f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()))
+        logger.info(
+            "Training pairs per direction: %s",
+            ", ".join(f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()),
+        )
     sampler = build_sampler(run, train_set) if train_set is not None else None
     valid_set = sets["valid"]
     valid_batches = corpus.TokenBatchSampler(
-        valid_set.src_len if valid_set is not None else [], valid_set.tgt_len if valid_set is not None else [],
-        args.max_tokens, args.max_sentences, shuffle=False,
-        examples_per_item=2 if args.bidirectional else 1).batches(0)
+        valid_set.src_len if valid_set is not None else [],
+        valid_set.tgt_len if valid_set is not None else [],
+        args.max_tokens,
+        args.max_sentences,
+        shuffle=False,
+        examples_per_item=2 if args.bidirectional else 1,
+    ).batches(0)
     steps_per_epoch, max_steps = count_steps(run, sampler)
-    return RunData(tokenizer=tokenizer, target_tags=target_tags, train_set=train_set, stream=stream, sampler=sampler,
-                   valid_pairs=valid_pairs, valid_batches=valid_batches, test_pairs=test_pairs,
-                   train_report=train_report, eval_report=eval_report, steps_per_epoch=steps_per_epoch,
-                   max_steps=max_steps)
+    return RunData(
+        tokenizer=tokenizer,
+        target_tags=target_tags,
+        train_set=train_set,
+        stream=stream,
+        sampler=sampler,
+        valid_pairs=valid_pairs,
+        valid_batches=valid_batches,
+        test_pairs=test_pairs,
+        train_report=train_report,
+        eval_report=eval_report,
+        steps_per_epoch=steps_per_epoch,
+        max_steps=max_steps,
+    )
 
 
 def check_source_annotations(model, args) -> None:
@@ -869,10 +1181,12 @@ def check_source_annotations(model, args) -> None:
     missing = {name: hint for name, hint in required.items() if name not in args.source_annotations}
     if missing:
         name, hint = next(iter(missing.items()))
-        raise DataError(f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
-                        f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
-                        f"beside the text files, one a line, or a top-level {{\"{name}\": {{lang: value}}}} in JSONL "
-                        f"rows), {hint}.")
+        raise DataError(
+            f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
+            f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
+            f'beside the text files, one a line, or a top-level {{"{name}": {{lang: value}}}} in JSONL '
+            f"rows), {hint}."
+        )
 
 
 def resume_job(run: RunContext, job: Job) -> None:
@@ -886,12 +1200,18 @@ def resume_job(run: RunContext, job: Job) -> None:
         job.scheduler.load_state_dict(saved_state["scheduler"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise checkpointing.CheckpointError(
-            f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err}).") from None
+            f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err})."
+        ) from None
     if changed & settings.OPTIMIZER_SETTINGS:
         apply_optimizer_settings(job.optimizer, job.scheduler, args)
     job.state.settings_changes += [{"step": job.state.step, **c} for c in run.settings_changes]
-    logger.info("Resumed from %s: step %d, epoch %d (+%d steps)", resume, job.state.step, job.state.epoch,
-                job.state.step_in_epoch)
+    logger.info(
+        "Resumed from %s: step %d, epoch %d (+%d steps)",
+        resume,
+        job.state.step,
+        job.state.epoch,
+        job.state.step_in_epoch,
+    )
 
 
 def generation_defaults(generation_config, args):
@@ -926,12 +1246,23 @@ def build_job(run: RunContext, data: RunData) -> Job:
     check_source_annotations(model, args)
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                 eps=args.adam_epsilon, weight_decay=args.weight_decay)
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+    )
     scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
-    job = Job(model=model, unwrapped=accelerator.unwrap_model(model), optimizer=optimizer, scheduler=scheduler,
-              state=TrainState(), params=params)
+    job = Job(
+        model=model,
+        unwrapped=accelerator.unwrap_model(model),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=TrainState(),
+        params=params,
+    )
     if accelerator.is_main_process:
         save_model_config(run.run_dir, job.unwrapped, args)
     if run.resume is not None:
@@ -939,14 +1270,21 @@ def build_job(run: RunContext, data: RunData) -> Job:
     elif args.resume_from_checkpoint:
         logger.info("No checkpoint to resume from in %s: starting from scratch", run.checkpoint_dir)
     job.hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
-    job.hyperparameters.update(max_steps=data.max_steps, steps_per_epoch=data.steps_per_epoch,
-                               num_processes=accelerator.num_processes, target_language_tags=data.target_tags,
-                               languages=run.languages, directions=[f"{s}-{t}" for s, t in run.directions])
+    job.hyperparameters.update(
+        max_steps=data.max_steps,
+        steps_per_epoch=data.steps_per_epoch,
+        num_processes=accelerator.num_processes,
+        target_language_tags=data.target_tags,
+        languages=run.languages,
+        directions=[f"{s}-{t}" for s, t in run.directions],
+    )
     if run.trackers:
         project, init_kwargs = tracker_init_kwargs(run.trackers, run.run_name, run.run_dir)
-        accelerator.init_trackers(project, config={k: v for k, v in job.hyperparameters.items()
-                                                   if isinstance(v, (int, float, str, bool))},
-                                  init_kwargs=init_kwargs)
+        accelerator.init_trackers(
+            project,
+            config={k: v for k, v in job.hyperparameters.items() if isinstance(v, (int, float, str, bool))},
+            init_kwargs=init_kwargs,
+        )
     return job
 
 
@@ -957,10 +1295,11 @@ def load_final_model(trainer: Trainer):
     args, state, checkpoint_dir = trainer.args, trainer.state, trainer.run.checkpoint_dir
     checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
     if args.average_last and args.average_last > 1:
-        chosen = [p for _, p in checkpoints[-args.average_last:]]
+        chosen = [p for _, p in checkpoints[-args.average_last :]]
         if len(chosen) < args.average_last:
-            logger.warning("--average_last %d: only %d checkpoints exist; averaging those", args.average_last,
-                           len(chosen))
+            logger.warning(
+                "--average_last %d: only %d checkpoints exist; averaging those", args.average_last, len(chosen)
+            )
         weights = checkpointing.average_checkpoints(chosen)
         final_source = f"average of {', '.join(p.name for p in chosen)}"
     elif args.final_model == "best" and state.best_step is not None:
@@ -972,9 +1311,12 @@ def load_final_model(trainer: Trainer):
     logger.info("Final model: %s", final_source)
     bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if bad:
-        raise TrainingStopped(f"The final model ({final_source}) holds non-finite values in {len(bad)} tensor(s) "
-                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): not saved.", EXIT_NONFINITE,
-                              {"reason": "nonfinite_final_model", "step": state.step, "final_model": final_source})
+        raise TrainingStopped(
+            f"The final model ({final_source}) holds non-finite values in {len(bad)} tensor(s) "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): not saved.",
+            EXIT_NONFINITE,
+            {"reason": "nonfinite_final_model", "step": state.step, "final_model": final_source},
+        )
     final_model = build_model_like(trainer.job.unwrapped)
     checkpointing.load_model_weights(final_model, weights)
     final_model.to(trainer.accelerator.device).eval()
@@ -986,58 +1328,69 @@ def final_eval_split(args, data: RunData) -> tuple[str, list, str]:
     eval_split, eval_pairs = "test", data.test_pairs
     if not eval_pairs:
         eval_split, eval_pairs = "valid", data.valid_pairs
-    split_label = {"test": args.test_file or args.test_prefix or args.test_split,
-                   "valid": args.valid_file or args.valid_prefix or args.valid_split}[eval_split]
+    split_label = {
+        "test": args.test_file or args.test_prefix or args.test_split,
+        "valid": args.valid_file or args.valid_prefix or args.valid_split,
+    }[eval_split]
     if args.dataset_name:
         split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
     return eval_split, eval_pairs, str(split_label)
 
 
-def build_results(trainer: Trainer, final_model, final_source: str | None, scores: dict | None,
-                  eval_split_label: str | None, eval_pairs: list, wall_time: float) -> RunRecord:
+def build_results(
+    trainer: Trainer,
+    final_model,
+    final_source: str | None,
+    scores: dict | None,
+    eval_split_label: str | None,
+    eval_pairs: list,
+    wall_time: float,
+) -> RunRecord:
     """The run record written as results.json (and read by the model card)."""
     args, run, data, state = trainer.args, trainer.run, trainer.data, trainer.state
     directions, train_report, eval_report = run.directions, data.train_report, data.eval_report
-    return RunRecord(**{
-        "model_type": final_model.config.model_type,
-        "variant": args.variant_name,  # the card falls back to the model family's name
-        "preset": None if args.model_name_or_path else args.preset,
-        "source_lang": directions[0][0] if len(directions) == 1 else None,
-        "target_lang": directions[0][1] if len(directions) == 1 else None,
-        "languages": run.languages,
-        "directions": [f"{s}-{t}" for s, t in run.eval_directions],
-        "bidirectional": args.bidirectional,
-        "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
-        "eval_split": eval_split_label,
-        "eval_pairs": len(eval_pairs),
-        "bleu": scores["bleu"] if scores else None,
-        "chrf": scores["chrf"] if scores else None,
-        "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
-        "chrf_signature": scores["chrf_signature"] if scores else None,
-        "params": trainer.job.params,
-        "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
-        "wall_time_sec": wall_time,
-        "train_time_sec": state.train_time,
-        "train_pairs": len(data.train_set) if data.stream is None else data.stream.kept_pairs,
-        "dropped_pairs": train_report.total,
-        "dropped_reasons": dict(sorted(train_report.counts.items())),
-        "dropped_examples": train_report.to_dict()["examples"],
-        "eval_dropped_pairs": eval_report.total,
-        "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
-        "steps": state.step,
-        "epochs": round(trainer.epoch_progress(), 3),
-        "final_model": final_source,
-        "best_step": state.best_step,
-        "validation": state.evals,
-        "hyperparameters": trainer.job.hyperparameters,
-        "base_model": args.model_name_or_path,
-        "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
-        "num_processes": trainer.accelerator.num_processes,
-        # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
-        # the values of the last part of the run
-        "settings_changes": state.settings_changes,
-        "nonfinite_skipped": state.nonfinite_skipped,
-    })
+    return RunRecord(
+        **{
+            "model_type": final_model.config.model_type,
+            "variant": args.variant_name,  # the card falls back to the model family's name
+            "preset": None if args.model_name_or_path else args.preset,
+            "source_lang": directions[0][0] if len(directions) == 1 else None,
+            "target_lang": directions[0][1] if len(directions) == 1 else None,
+            "languages": run.languages,
+            "directions": [f"{s}-{t}" for s, t in run.eval_directions],
+            "bidirectional": args.bidirectional,
+            "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
+            "eval_split": eval_split_label,
+            "eval_pairs": len(eval_pairs),
+            "bleu": scores["bleu"] if scores else None,
+            "chrf": scores["chrf"] if scores else None,
+            "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
+            "chrf_signature": scores["chrf_signature"] if scores else None,
+            "params": trainer.job.params,
+            "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
+            "wall_time_sec": wall_time,
+            "train_time_sec": state.train_time,
+            "train_pairs": len(data.train_set) if data.stream is None else data.stream.kept_pairs,
+            "dropped_pairs": train_report.total,
+            "dropped_reasons": dict(sorted(train_report.counts.items())),
+            "dropped_examples": train_report.to_dict()["examples"],
+            "eval_dropped_pairs": eval_report.total,
+            "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
+            "steps": state.step,
+            "epochs": round(trainer.epoch_progress(), 3),
+            "final_model": final_source,
+            "best_step": state.best_step,
+            "validation": state.evals,
+            "hyperparameters": trainer.job.hyperparameters,
+            "base_model": args.model_name_or_path,
+            "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
+            "num_processes": trainer.accelerator.num_processes,
+            # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
+            # the values of the last part of the run
+            "settings_changes": state.settings_changes,
+            "nonfinite_skipped": state.nonfinite_skipped,
+        }
+    )
 
 
 def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRecord) -> Path:
@@ -1056,21 +1409,32 @@ def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRe
     return model_dir
 
 
-def print_summary(run_dir: Path, args, results: RunRecord, scores: dict | None, eval_split: str, model_dir: Path,
-                  train_report) -> None:
-    print(f"\n{'=' * 80}\n{results.model_type} on {results.dataset} "
-          f"({', '.join(results.directions)}), {results.steps} steps, {results.wall_time_sec / 60:.1f} min")
+def print_summary(
+    run_dir: Path, args, results: RunRecord, scores: dict | None, eval_split: str, model_dir: Path, train_report
+) -> None:
+    print(
+        f"\n{'=' * 80}\n{results.model_type} on {results.dataset} "
+        f"({', '.join(results.directions)}), {results.steps} steps, {results.wall_time_sec / 60:.1f} min"
+    )
     if scores:
-        print(f"{eval_split} ({results.eval_split}, {results.eval_pairs} pairs): BLEU {scores['bleu']:.2f}  "
-              f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}")
-        for e in scores["examples"][:args.num_examples]:
-            print(f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
-                  f"         HYP: {e['translation']}")
-    print(f"\nTrain pairs {results.train_pairs}, dropped {train_report.total} "
-          f"{dict(train_report.counts) if train_report.total else ''}; "
-          f"{results.train_tokens_per_sec:.0f} tokens/s")
-    print(f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
-          f"Results: {run_dir / 'results.json'}\n{'=' * 80}")
+        print(
+            f"{eval_split} ({results.eval_split}, {results.eval_pairs} pairs): BLEU {scores['bleu']:.2f}  "
+            f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}"
+        )
+        for e in scores["examples"][: args.num_examples]:
+            print(
+                f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
+                f"         HYP: {e['translation']}"
+            )
+    print(
+        f"\nTrain pairs {results.train_pairs}, dropped {train_report.total} "
+        f"{dict(train_report.counts) if train_report.total else ''}; "
+        f"{results.train_tokens_per_sec:.0f} tokens/s"
+    )
+    print(
+        f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
+        f"Results: {run_dir / 'results.json'}\n{'=' * 80}"
+    )
 
 
 def finish(trainer: Trainer) -> dict | None:
@@ -1082,8 +1446,9 @@ def finish(trainer: Trainer) -> dict | None:
     eval_split, eval_pairs, split_label = final_eval_split(args, data)
     scores = None
     if eval_pairs:
-        scores = evaluate_pairs(accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions,
-                                args.bidirectional, args)
+        scores = evaluate_pairs(
+            accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions, args.bidirectional, args
+        )
     wall_time = trainer.wall_time()
     results = None
     if accelerator.is_main_process:
@@ -1091,7 +1456,8 @@ def finish(trainer: Trainer) -> dict | None:
         model_dir = save_final_model(run.run_dir, args, final_model, data.tokenizer, results)
         if scores:
             (run.run_dir / f"translations.{eval_split}.txt").write_text(
-                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8")
+                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8"
+            )
         atomic_write_json(run.run_dir / "results.json", results.to_dict())
         print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
         if args.push_to_hub:
@@ -1134,6 +1500,7 @@ def main(argv=None) -> dict | None:
     finally:
         if run.lock is not None:  # the run folder's lock, released however the run ends
             run.lock.release()
+
 
 if __name__ == "__main__":
     try:

@@ -150,8 +150,16 @@ def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
 def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
     src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
     # length filtering already dropped longer pairs; the margin leaves room for a language tag
-    return external.prepare_translation_inputs(model, tokenizer, src, src_lang=src_lang, tgt_lang=tgt_langs,
-                                               text_target=tgt, max_length=max_length + 2, **extra)
+    return external.prepare_translation_inputs(
+        model,
+        tokenizer,
+        src,
+        src_lang=src_lang,
+        tgt_lang=tgt_langs,
+        text_target=tgt,
+        max_length=max_length + 2,
+        **extra,
+    )
 
 
 def accelerator_broadcast(accelerator, obj):
@@ -165,8 +173,9 @@ def accelerator_broadcast(accelerator, obj):
     return box[0]
 
 
-def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool,
-                   args) -> dict | None:
+def evaluate_pairs(
+    accelerator, model, tokenizer, pairs: list[corpus.Pair], directions, bidirectional: bool, args
+) -> dict | None:
     """Translate `pairs` (each evaluated direction) and score them: overall and per direction. Main process only
     gets the scores (others get None)."""
     rows = [((p.src_lang, p.tgt_lang), p.src, p.tgt, p.src_extra) for p in pairs]  # (direction, src, ref, extra)
@@ -178,11 +187,20 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
         if not idx:
             continue
         hyps = evaluation.translate_distributed(
-            accelerator, model, tokenizer, [rows[i][1] for i in idx], [direction[1]] * len(idx),
-            src_lang=direction[0], batch_size=args.eval_batch_size, num_beams=args.num_beams,
-            length_penalty=args.length_penalty, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
+            accelerator,
+            model,
+            tokenizer,
+            [rows[i][1] for i in idx],
+            [direction[1]] * len(idx),
+            src_lang=direction[0],
+            batch_size=args.eval_batch_size,
+            num_beams=args.num_beams,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
             max_length=None,  # evaluation sources are never truncated
-            variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations})
+            variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations},
+        )
         if hyps is not None:
             hyps_all.update(zip(idx, hyps))
     if not accelerator.is_main_process:
@@ -196,15 +214,26 @@ def evaluate_pairs(accelerator, model, tokenizer, pairs: list[corpus.Pair], dire
             if idx:
                 s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx])
                 result["per_direction"][f"{direction[0]}-{direction[1]}"] = {
-                    "bleu": s["bleu"], "chrf": s["chrf"], "pairs": len(idx)}
-    result["examples"] = [{"direction": f"{rows[i][0][0]}-{rows[i][0][1]}", "source": rows[i][1],
-                           "reference": rows[i][2], "translation": hyps_all[i]} for i in order]
+                    "bleu": s["bleu"],
+                    "chrf": s["chrf"],
+                    "pairs": len(idx),
+                }
+    result["examples"] = [
+        {
+            "direction": f"{rows[i][0][0]}-{rows[i][0][1]}",
+            "source": rows[i][1],
+            "reference": rows[i][2],
+            "translation": hyps_all[i],
+        }
+        for i in order
+    ]
     return result
 
 
 @torch.no_grad()
-def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional, max_length,
-                    label_smoothing) -> float:
+def validation_loss(
+    accelerator, model, tokenizer, pairs, batches, bidirectional, max_length, label_smoothing
+) -> float:
     """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
     was_training = model.training
     model.eval()
@@ -212,7 +241,7 @@ def validation_loss(accelerator, model, tokenizer, pairs, batches, bidirectional
     world = accelerator.num_processes
     # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
     # a batch and is not counted
-    padded = batches + batches[:(-len(batches)) % world] if batches else []
+    padded = batches + batches[: (-len(batches)) % world] if batches else []
     loss_kwargs = external.loss_only_kwargs(model)
     for j in range(accelerator.process_index, len(padded), world):
         batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
@@ -273,9 +302,15 @@ class TrainStats:
 
     def _sums(self, accelerator) -> list[float]:
         device = accelerator.device
-        return accelerator.reduce(torch.stack([torch.as_tensor(v, device=device).double() for v in
-                                               [self.loss, self.ntok, self.tokens, self.nonfinite,
-                                                *self.aux.values()]]), "sum").tolist()
+        return accelerator.reduce(
+            torch.stack(
+                [
+                    torch.as_tensor(v, device=device).double()
+                    for v in [self.loss, self.ntok, self.tokens, self.nonfinite, *self.aux.values()]
+                ]
+            ),
+            "sum",
+        ).tolist()
 
     def reduce(self, accelerator) -> dict:
         """The window summed over the processes (the host sync): {"loss" (per target token), "ntok", "tokens",
@@ -283,18 +318,29 @@ class TrainStats:
         token}}."""
         sums = self._sums(accelerator)
         per_token = (lambda x: float(x / sums[1])) if sums[1] else (lambda x: math.nan)
-        return {"loss": per_token(sums[0]), "ntok": sums[1], "tokens": sums[2],
-                "tokens_per_sec": sums[2] / max(self.time, 1e-9), "nonfinite": int(sums[3]),
-                "aux": {name: per_token(sums[4 + j]) for j, name in enumerate(self.aux)}}
+        return {
+            "loss": per_token(sums[0]),
+            "ntok": sums[1],
+            "tokens": sums[2],
+            "tokens_per_sec": sums[2] / max(self.time, 1e-9),
+            "nonfinite": int(sums[3]),
+            "aux": {name: per_token(sums[4 + j]) for j, name in enumerate(self.aux)},
+        }
 
     def step_losses(self, accelerator) -> dict[int, float]:
         """{step: loss per target token} of the window's steps, over all processes (a host sync: for messages)."""
         if not self.steps:
             return {}
         device = accelerator.device
-        sums = accelerator.reduce(torch.stack([torch.stack([torch.as_tensor(x, device=device).double()
-                                                            for x in (loss, ntok)]) for _, loss, ntok in self.steps]),
-                                  "sum").tolist()
+        sums = accelerator.reduce(
+            torch.stack(
+                [
+                    torch.stack([torch.as_tensor(x, device=device).double() for x in (loss, ntok)])
+                    for _, loss, ntok in self.steps
+                ]
+            ),
+            "sum",
+        ).tolist()
         return {step: (a / b if b else math.nan) for (step, _, _), (a, b) in zip(self.steps, sums)}
 
     def state_dict(self, accelerator) -> dict:
@@ -305,10 +351,12 @@ class TrainStats:
         """Continue a carried window: its sums on the main process (they are already summed over the processes)."""
         self.reset()
         sums = [x if main_process else 0.0 for x in state["sums"]]
-        self.loss, self.ntok, self.tokens, self.nonfinite = (torch.tensor(x, dtype=torch.float64, device=device)
-                                                             for x in sums[:4])
-        self.aux = {name: torch.tensor(x, dtype=torch.float64, device=device) for name, x in
-                    zip(state["aux"], sums[4:])}
+        self.loss, self.ntok, self.tokens, self.nonfinite = (
+            torch.tensor(x, dtype=torch.float64, device=device) for x in sums[:4]
+        )
+        self.aux = {
+            name: torch.tensor(x, dtype=torch.float64, device=device) for name, x in zip(state["aux"], sums[4:])
+        }
         self.time, self.skipped = state["time"], state["skipped"]
 
 
@@ -413,8 +461,11 @@ class Trainer:
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
         if self.accelerator.is_main_process and self.log_path.exists():  # drop entries past the resumed step
-            kept = [line for line in self.log_path.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= self.state.step]
+            kept = [
+                line
+                for line in self.log_path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= self.state.step
+            ]
             self.log_path.write_text("".join(line + "\n" for line in kept))
 
     # ---- records
@@ -449,9 +500,12 @@ class Trainer:
             self.stop_nonfinite(f"{bad} parameter tensor(s) hold non-finite values after step {step}", step)
         state.wall_time = self.wall_time()
         checkpointing.save_checkpoint(
-            self.accelerator, self.run.checkpoint_dir, step,
+            self.accelerator,
+            self.run.checkpoint_dir,
+            step,
             {"epoch": state.epoch, "best_step": state.best_step, "settings": self.run.run_settings},
-            {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()})
+            {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()},
+        )
         if self.accelerator.is_main_process:
             keep = max(args.keep_checkpoints, args.average_last)
             protect = {state.best_step} if state.best_step is not None else set()
@@ -464,14 +518,29 @@ class Trainer:
         args, data, state, accelerator = self.args, self.data, self.state, self.accelerator
         if not data.valid_pairs:
             return False
-        record = {"step": step, "valid_loss": validation_loss(accelerator, self.job.unwrapped, data.tokenizer,
-                                                              data.valid_pairs, data.valid_batches,
-                                                              args.bidirectional, args.max_length,
-                                                              args.label_smoothing)}
+        record = {
+            "step": step,
+            "valid_loss": validation_loss(
+                accelerator,
+                self.job.unwrapped,
+                data.tokenizer,
+                data.valid_pairs,
+                data.valid_batches,
+                args.bidirectional,
+                args.max_length,
+                args.label_smoothing,
+            ),
+        }
         if args.eval_bleu_pairs:
-            scores = evaluate_pairs(accelerator, self.job.unwrapped, data.tokenizer,
-                                    data.valid_pairs[:args.eval_bleu_pairs], self.run.eval_directions,
-                                    args.bidirectional, args)
+            scores = evaluate_pairs(
+                accelerator,
+                self.job.unwrapped,
+                data.tokenizer,
+                data.valid_pairs[: args.eval_bleu_pairs],
+                self.run.eval_directions,
+                args.bidirectional,
+                args,
+            )
             if scores is not None:
                 record.update(valid_bleu=scores["bleu"], valid_chrf=scores["chrf"])
         record = accelerator_broadcast(accelerator, record)
@@ -480,8 +549,9 @@ class Trainer:
             self.log(record)
             if args.on_nonfinite == "stop":  # before this step's checkpoint: the weights overflow
                 self.stop_nonfinite(f"the validation loss is not finite ({record['valid_loss']})", step)
-            logger.warning("step %d: the validation loss is not finite (%s): never the best", step,
-                           record["valid_loss"])
+            logger.warning(
+                "step %d: the validation loss is not finite (%s): never the best", step, record["valid_loss"]
+            )
             return False
         # higher is better; BLEU ties (e.g. 0 early on) are broken by the validation loss
         value = [record.get("valid_bleu", 0.0) if args.best_metric == "bleu" else 0.0, -record["valid_loss"]]
@@ -490,8 +560,12 @@ class Trainer:
             state.best_metric, state.best_step = value, step
         state.evals.append(record)
         self.log(record)
-        logger.info("step %d: %s%s", step, ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
-                    " (best)" if best else "")
+        logger.info(
+            "step %d: %s%s",
+            step,
+            ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k != "step"),
+            " (best)" if best else "",
+        )
         return best
 
     # ---- one step
@@ -501,8 +575,9 @@ class Trainer:
         data, state = self.data, self.state
         if data.stream is not None:
             return data.stream.steps(state.stream or {"epoch": state.epoch, "buffer": 0, "row": 0, "step": 0})
-        plan = corpus.StepPlan(data.sampler.epoch(state.epoch), self.accelerator.num_processes,
-                               self.args.gradient_accumulation_steps)
+        plan = corpus.StepPlan(
+            data.sampler.epoch(state.epoch), self.accelerator.num_processes, self.args.gradient_accumulation_steps
+        )
         if isinstance(data.sampler, corpus.SharedEpochs):
             # epochs before the previous one: every process opened them before the collectives of the previous
             # epoch's steps (the previous epoch itself may have had no step left, after a resume at its end)
@@ -513,10 +588,16 @@ class Trainer:
         """This process's micro-batches of one optimizer step, tokenized."""
         acc, rank = self.args.gradient_accumulation_steps, self.accelerator.process_index
         data = self.data
-        return [make_batch(self.job.unwrapped, data.tokenizer,
-                           b if data.stream is not None else data.train_set.pairs(b), self.args.bidirectional,
-                           self.args.max_length)
-                for b in step_batches[rank * acc:(rank + 1) * acc]]
+        return [
+            make_batch(
+                self.job.unwrapped,
+                data.tokenizer,
+                b if data.stream is not None else data.train_set.pairs(b),
+                self.args.bidirectional,
+                self.args.max_length,
+            )
+            for b in step_batches[rank * acc : (rank + 1) * acc]
+        ]
 
     def train_step(self, batches: list[dict]):
         """Forward/backward over this process's micro-batches and one optimizer step. Token counts and losses stay
@@ -529,8 +610,9 @@ class Trainer:
         local_ntok = torch.stack(ntoks).sum()
         local_tokens = local_ntok + sum(b["attention_mask"].sum() for b in batches)
         # the global token count, with the stop flag (a signal received by any process) riding along
-        counts = accelerator.reduce(torch.stack([local_ntok, self.stop_flag.local(self.signals.received is not None)]),
-                                    "sum")
+        counts = accelerator.reduce(
+            torch.stack([local_ntok, self.stop_flag.local(self.signals.received is not None)]), "sum"
+        )
         total_ntok = counts[0]
         self.stop_flag.push(counts[1])
         step_loss = torch.zeros((), dtype=torch.float64, device=accelerator.device)
@@ -572,16 +654,22 @@ class Trainer:
             self.stop_nonfinite("the training loss is not finite")
         self.state.train_tokens += int(sums["tokens"])
         lr = self.job.scheduler.get_last_lr()[0]
-        record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": sums["loss"], "lr": lr,
-                  "tokens_per_sec": sums["tokens_per_sec"]}
+        record = {
+            "step": self.state.step,
+            "epoch": self.epoch_progress(),
+            "loss": sums["loss"],
+            "lr": lr,
+            "tokens_per_sec": sums["tokens_per_sec"],
+        }
         record.update({f"aux/{name}": value for name, value in sums["aux"].items()})
         if grad_norm is not None and (self.args.max_grad_norm > 0 or math.isfinite(grad_norm)):
             record["grad_norm"] = float(grad_norm)
         if self.stats.skipped:
             record["nonfinite_skipped"] = self.stats.skipped
         self.log(record)
-        self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}",
-                                  lr=f"{lr:.2e}", refresh=False)
+        self.progress.set_postfix(
+            loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_sec']:.0f}", lr=f"{lr:.2e}", refresh=False
+        )
         self.last_losses = (self.last_losses + [(record["step"], record["loss"])])[-5:]
         self.stats.reset()
         return record
@@ -601,15 +689,28 @@ class Trainer:
         recent.update(losses)
         shown = ", ".join(f"step {s} {loss:.4g}" for s, loss in sorted(recent.items())[-8:])
         checkpoint = self.last_checkpoint()
-        message = (f"Stopped at step {step}: {what} (--on_nonfinite stop). Last losses: {shown or 'none logged'}. "
-                   + (f"The last checkpoint, with finite weights, is {checkpoint}: resume from it with e.g. a lower "
-                      f"--learning_rate (--resume_from_checkpoint {checkpoint} --allow_changed_settings "
-                      f"learning_rate)" if checkpoint else "No checkpoint was saved before it")
-                   + ", or pass --on_nonfinite skip to skip such steps. No final model was saved.")
-        raise TrainingStopped(message, EXIT_NONFINITE, {
-            "reason": "nonfinite", "step": step, "detected_at_step": self.state.step,
-            "last_losses": {str(s): loss for s, loss in sorted(recent.items())[-8:]},
-            "last_finite_checkpoint": checkpoint})
+        message = (
+            f"Stopped at step {step}: {what} (--on_nonfinite stop). Last losses: {shown or 'none logged'}. "
+            + (
+                f"The last checkpoint, with finite weights, is {checkpoint}: resume from it with e.g. a lower "
+                f"--learning_rate (--resume_from_checkpoint {checkpoint} --allow_changed_settings "
+                f"learning_rate)"
+                if checkpoint
+                else "No checkpoint was saved before it"
+            )
+            + ", or pass --on_nonfinite skip to skip such steps. No final model was saved."
+        )
+        raise TrainingStopped(
+            message,
+            EXIT_NONFINITE,
+            {
+                "reason": "nonfinite",
+                "step": step,
+                "detected_at_step": self.state.step,
+                "last_losses": {str(s): loss for s, loss in sorted(recent.items())[-8:]},
+                "last_finite_checkpoint": checkpoint,
+            },
+        )
 
     def stop_preempted(self) -> None:
         """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step (with the logging window
@@ -621,12 +722,21 @@ class Trainer:
             state.window = None
         checkpoint = self.run.checkpoint_dir / f"step_{state.step}"
         received = self.signals.received or "a stop signal in another process"
-        message = (f"Preempted ({received}): checkpoint {checkpoint} saved at step {state.step}; exiting with "
-                   f"status {self.args.requeue_exit_code}. Continue with --resume_from_checkpoint latest.")
+        message = (
+            f"Preempted ({received}): checkpoint {checkpoint} saved at step {state.step}; exiting with "
+            f"status {self.args.requeue_exit_code}. Continue with --resume_from_checkpoint latest."
+        )
         logger.warning("%s", message)
-        raise TrainingStopped(message, self.args.requeue_exit_code, {
-            "reason": "preempted", "signal": self.signals.received, "step": state.step,
-            "checkpoint": str(checkpoint)})
+        raise TrainingStopped(
+            message,
+            self.args.requeue_exit_code,
+            {
+                "reason": "preempted",
+                "signal": self.signals.received,
+                "step": state.step,
+                "checkpoint": str(checkpoint),
+            },
+        )
 
     # ---- the loop
     def train(self) -> None:
@@ -635,9 +745,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self.job.model.train()
-        self.progress = tqdm(total=self.data.max_steps, initial=self.state.step,
-                             disable=not self.accelerator.is_main_process, desc="training", dynamic_ncols=True,
-                             mininterval=1.0)
+        self.progress = tqdm(
+            total=self.data.max_steps,
+            initial=self.state.step,
+            disable=not self.accelerator.is_main_process,
+            desc="training",
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
         if self.data.stream is not None and self.state.stream_state is not None:
             self.data.stream.load_state_dict(self.state.stream_state)  # the first epoch's drop report so far
         self.signals.install()
@@ -665,7 +780,8 @@ class Trainer:
                 state.stream = None
                 return
             step_loss, ntok, tokens, aux, grad_norm, nonfinite, skipped = self.train_step(
-                self.micro_batches(step_batches))
+                self.micro_batches(step_batches)
+            )
             state.step += 1
             state.step_in_epoch += 1
             if self.data.stream is not None:
@@ -675,8 +791,11 @@ class Trainer:
             if skipped:
                 state.nonfinite_skipped += 1
                 self.stats.skip(tokens, dt)
-                logger.warning("step %d: non-finite loss or gradient: update skipped (%d so far; --on_nonfinite "
-                               "skip)", state.step, state.nonfinite_skipped)
+                logger.warning(
+                    "step %d: non-finite loss or gradient: update skipped (%d so far; --on_nonfinite skip)",
+                    state.step,
+                    state.nonfinite_skipped,
+                )
             else:
                 self.stats.add(step_loss, ntok, tokens, dt, aux, nonfinite, state.step)
             self.progress.update(1)

@@ -63,54 +63,97 @@ def _non_negative_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[3:]),
-                                formatter_class=_HelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[3:]),
+        formatter_class=_HelpFormatter,
+    )
     p.add_argument("--model", help="saved model folder, Hub id, or a training checkpoint folder (or --onnx)")
-    p.add_argument("--onnx", metavar="DIR", help="translate with ONNX Runtime: a folder written by `python -m "
-                   "hf_variants.export_onnx` (instead of --model; with --int8: its int8 graphs)")
+    p.add_argument(
+        "--onnx",
+        metavar="DIR",
+        help="translate with ONNX Runtime: a folder written by `python -m "
+        "hf_variants.export_onnx` (instead of --model; with --int8: its int8 graphs)",
+    )
     p.add_argument("--tokenizer", help="default: the model folder (or the run's tokenizer for a checkpoint)")
-    p.add_argument("--input", required=True,
-                   help="source sentences: a text file, one a line (plain or .gz), or JSONL (see --input_format); "
-                        "'-' reads stdin")
-    p.add_argument("--input_format", choices=["auto", "text", "jsonl"], default="auto",
-                   help="auto: JSONL for names ending in .jsonl / .jsonl.gz, else text. JSONL rows: "
-                        "{\"translation\": {\"en\": ..., \"de\": ...}} (the source side is --src_lang, or the "
-                        "row's one language other than the target), {\"text\": ...} or {\"source\": ...} "
-                        "(optionally with \"target\": ...)")
-    p.add_argument("--output", required=True, help="translations, one a line, aligned with the input; '-' writes "
-                                                    "stdout (the JSON summary then goes to stderr)")
-    p.add_argument("--references", help="reference translations (plain or .gz) to score against; default for "
-                                        "JSONL input: the rows' target side, when every row has one")
-    p.add_argument("--source_annotation", action="append", default=[], metavar="NAME=FILE",
-                   help="a per-sentence model input aligned with --input (e.g. parses=test.en.parses for the "
-                        "syntactic MG-SA); with JSONL input, NAME alone reads each row's NAME (a value, or "
-                        "{lang: value}); repeatable")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="source sentences: a text file, one a line (plain or .gz), or JSONL (see --input_format); "
+        "'-' reads stdin",
+    )
+    p.add_argument(
+        "--input_format",
+        choices=["auto", "text", "jsonl"],
+        default="auto",
+        help="auto: JSONL for names ending in .jsonl / .jsonl.gz, else text. JSONL rows: "
+        '{"translation": {"en": ..., "de": ...}} (the source side is --src_lang, or the '
+        'row\'s one language other than the target), {"text": ...} or {"source": ...} '
+        '(optionally with "target": ...)',
+    )
+    p.add_argument(
+        "--output",
+        required=True,
+        help="translations, one a line, aligned with the input; '-' writes "
+        "stdout (the JSON summary then goes to stderr)",
+    )
+    p.add_argument(
+        "--references",
+        help="reference translations (plain or .gz) to score against; default for "
+        "JSONL input: the rows' target side, when every row has one",
+    )
+    p.add_argument(
+        "--source_annotation",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="a per-sentence model input aligned with --input (e.g. parses=test.en.parses for the "
+        "syntactic MG-SA); with JSONL input, NAME alone reads each row's NAME (a value, or "
+        "{lang: value}); repeatable",
+    )
     p.add_argument("--src_lang")
     p.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
     p.add_argument("--num_beams", type=int, default=4)
     p.add_argument("--length_penalty", type=float, default=0.6)
-    p.add_argument("--max_len_a", type=float, default=1.2,
-                   help="max new tokens = a * source length + b (at most the model's positions - 1)")
+    p.add_argument(
+        "--max_len_a",
+        type=float,
+        default=1.2,
+        help="max new tokens = a * source length + b (at most the model's positions - 1)",
+    )
     p.add_argument("--max_len_b", type=int, default=10)
-    p.add_argument("--max_length", type=int, help="truncate source sentences to this many tokens (default: never; "
-                                                  "longer than the model accepts: an empty line and a warning)")
+    p.add_argument(
+        "--max_length",
+        type=int,
+        help="truncate source sentences to this many tokens (default: never; "
+        "longer than the model accepts: an empty line and a warning)",
+    )
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--results_json", help="write the scores here")
     p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
-    p.add_argument("--progress_interval", type=_non_negative_float, default=10.0, metavar="SECONDS",
-                   help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
-                        "total, rate, ETA) every SECONDS seconds, in place of the bar (0: after every batch)")
+    p.add_argument(
+        "--progress_interval",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
+        "total, rate, ETA) every SECONDS seconds, in place of the bar (0: after every batch)",
+    )
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
-    p.add_argument("--int8", action="store_true",
-                   help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
-                        "activations (hf_variants.quantize_for_cpu); with --onnx, the export's int8 graphs")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
+        "activations (hf_variants.quantize_for_cpu); with --onnx, the export's int8 graphs",
+    )
     return p
 
 
 def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
     import hf_variants  # noqa: F401  (registers the model types)
     from hf_variants.pipeline_translation import check_tokenizer_fits_model
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     path = Path(model_path)
     if (path / checkpointing.MARKER).is_file():  # run_dir/checkpoints/step_N: the run's config + these weights
@@ -121,9 +164,11 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
         candidates = [run_dir / MODEL_CONFIG_DIR, run_dir / "model"]
         config_dir = next((d for d in candidates if (d / "config.json").is_file()), None)
         if config_dir is None:
-            raise FileNotFoundError(f"{path} is a checkpoint, but neither {candidates[0]}/config.json nor "
-                                    f"{candidates[1]}/config.json (the run's config) exists; pass the run's model "
-                                    f"folder instead.")
+            raise FileNotFoundError(
+                f"{path} is a checkpoint, but neither {candidates[0]}/config.json nor "
+                f"{candidates[1]}/config.json (the run's config) exists; pass the run's model "
+                f"folder instead."
+            )
         model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(config_dir))
         if (config_dir / "generation_config.json").is_file():
             from transformers import GenerationConfig
@@ -165,24 +210,27 @@ def _row_source(obj: dict, where: str, src_lang: str | None, tgt_lang: str | Non
     if "translation" in obj:
         sides = obj["translation"]
         if not isinstance(sides, dict):
-            raise DataError(f"{where}: \"translation\" must be an object {{lang: text}}, got "
-                            f"{type(sides).__name__}.")
+            raise DataError(f'{where}: "translation" must be an object {{lang: text}}, got {type(sides).__name__}.')
         lang = src_lang
         if lang is None:
             others = [code for code in sides if code != tgt_lang]
             if len(others) != 1:
-                raise DataError(f"{where}: cannot tell the source side among {sorted(sides)}: pass --src_lang"
-                                f"{'' if tgt_lang else ' and --tgt_lang'}.")
+                raise DataError(
+                    f"{where}: cannot tell the source side among {sorted(sides)}: pass --src_lang"
+                    f"{'' if tgt_lang else ' and --tgt_lang'}."
+                )
             lang = others[0]
         if sides.get(lang) is None:
-            raise DataError(f"{where}: no {lang!r} side in \"translation\" (it has {sorted(sides)}).")
+            raise DataError(f'{where}: no {lang!r} side in "translation" (it has {sorted(sides)}).')
         source, reference = sides[lang], sides.get(tgt_lang) if tgt_lang else None
     else:
         keys = [key for key in TEXT_KEYS if key in obj]
         if len(keys) != 1:
-            found = "both \"text\" and \"source\"" if keys else f"the keys {sorted(obj)}"
-            raise DataError(f"{where}: expected {{\"translation\": {{lang: text}}}}, {{\"text\": ...}} or "
-                            f"{{\"source\": ...}}, found {found}.")
+            found = 'both "text" and "source"' if keys else f"the keys {sorted(obj)}"
+            raise DataError(
+                f'{where}: expected {{"translation": {{lang: text}}}}, {{"text": ...}} or '
+                f'{{"source": ...}}, found {found}.'
+            )
         source, reference, lang = obj[keys[0]], obj.get(TARGET_KEY), src_lang
     for name, value in (("source", source), ("target", reference)):
         if value is not None and not isinstance(value, str):
@@ -210,16 +258,27 @@ def read_jsonl_input(path: str, src_lang: str | None, tgt_lang: str | None, anno
             if isinstance(value, dict):
                 value = value.get(lang) if lang is not None else None
             if value is None and source.strip():
-                raise DataError(f"{where}: no {name!r} for the source (expected \"{name}\": value or "
-                                f"{{\"{lang or 'lang'}\": value}}).")
+                raise DataError(
+                    f'{where}: no {name!r} for the source (expected "{name}": value or {{"{lang or "lang"}": value}}).'
+                )
             annotations[name].append(value)
     with_target = sum(ref is not None for ref in references)
     if 0 < with_target < len(references):
         first = next(i for i, ref in enumerate(references) if ref is None)
-        logger.warning("%d of %d rows of %s have a target side (%s:%d has none): not scoring against them", with_target,
-                       len(references), label, label, first + 1)
-    return sources, (references if with_target == len(references) and references else None), annotations, \
-        source_langs - {None}
+        logger.warning(
+            "%d of %d rows of %s have a target side (%s:%d has none): not scoring against them",
+            with_target,
+            len(references),
+            label,
+            label,
+            first + 1,
+        )
+    return (
+        sources,
+        (references if with_target == len(references) and references else None),
+        annotations,
+        source_langs - {None},
+    )
 
 
 def read_annotation_files(items: list[str], jsonl: bool) -> tuple[dict[str, str], list[str]]:
@@ -244,9 +303,10 @@ def model_input_lengths(model, tokenizer, texts: list[str], batch_size: int, **k
     variant_inputs = kwargs.pop("variant_inputs")
     lengths: list[int] = []
     for start in range(0, len(texts), batch_size):
-        chunk = {name: values[start:start + batch_size] for name, values in variant_inputs.items()}
-        inputs = external.prepare_translation_inputs(model, tokenizer, texts[start:start + batch_size], **kwargs,
-                                                     **chunk)
+        chunk = {name: values[start : start + batch_size] for name, values in variant_inputs.items()}
+        inputs = external.prepare_translation_inputs(
+            model, tokenizer, texts[start : start + batch_size], **kwargs, **chunk
+        )
         mask = inputs.get("attention_mask")
         if mask is None:
             lengths += [inputs["input_ids"].shape[-1]] * inputs["input_ids"].shape[0]
@@ -283,8 +343,12 @@ class ProgressLines:
         rate = self.done / elapsed
         eta = _duration((self.total - self.done) / rate) if rate > 0 else "?"
         percent = 100.0 * self.done / self.total if self.total else 100.0
-        print(f"progress: {self.done}/{self.total} sentences ({percent:.0f}%), {rate:.1f} sentences/s, "
-              f"elapsed {_duration(elapsed)}, ETA {eta}", file=self.stream, flush=True)
+        print(
+            f"progress: {self.done}/{self.total} sentences ({percent:.0f}%), {rate:.1f} sentences/s, "
+            f"elapsed {_duration(elapsed)}, ETA {eta}",
+            file=self.stream,
+            flush=True,
+        )
         self.lines += 1
 
     def __enter__(self):
@@ -323,8 +387,9 @@ def main(argv=None) -> dict:
     if (args.model is None) == (args.onnx is None):
         raise SystemExit("Pass exactly one of --model and --onnx.")
     if args.onnx:
-        from hf_variants import OrtModelForSeq2SeqLM
         from transformers import AutoTokenizer
+
+        from hf_variants import OrtModelForSeq2SeqLM
 
         model = OrtModelForSeq2SeqLM.from_pretrained(args.onnx, precision="int8" if args.int8 else "fp32")
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.onnx)
@@ -341,13 +406,15 @@ def main(argv=None) -> dict:
             tgt_lang = languages[1]
             logger.info("--tgt_lang not given: using %s (the model's languages are %s)", tgt_lang, languages)
         else:
-            raise SystemExit(f"This model translates into several languages ({', '.join(languages)}): pass "
-                             f"--tgt_lang.")
+            raise SystemExit(
+                f"This model translates into several languages ({', '.join(languages)}): pass --tgt_lang."
+            )
     input_label = "stdin" if args.input == STDIO else args.input
     references, references_label, variant_inputs = None, args.references, {}
     if jsonl:
         sources, row_references, variant_inputs, source_langs = read_jsonl_input(
-            args.input, args.src_lang, tgt_lang, annotations_from_rows)
+            args.input, args.src_lang, tgt_lang, annotations_from_rows
+        )
         if source_langs:
             logger.info("%s: source side %s", input_label, ", ".join(sorted(source_langs)))
         if args.references is None and row_references is not None:
@@ -358,8 +425,10 @@ def main(argv=None) -> dict:
     if args.references:
         references = read_lines(args.references)
         if len(references) != len(sources):
-            raise DataError(f"{input_label} has {len(sources)} lines but {args.references} has {len(references)}; "
-                            f"line {min(len(sources), len(references)) + 1} has no counterpart.")
+            raise DataError(
+                f"{input_label} has {len(sources)} lines but {args.references} has {len(references)}; "
+                f"line {min(len(sources), len(references)) + 1} has no counterpart."
+            )
     for name, path in annotation_files.items():
         values = read_lines(path)
         if len(values) != len(sources):
@@ -367,21 +436,39 @@ def main(argv=None) -> dict:
         variant_inputs[name] = values
     keep = [i for i, s in enumerate(sources) if s.strip()]
     if len(keep) < len(sources):
-        logger.warning("%d empty input lines (e.g. line %d): their output lines are empty", len(sources) - len(keep),
-                       next(i for i, s in enumerate(sources) if not s.strip()) + 1)
+        logger.warning(
+            "%d empty input lines (e.g. line %d): their output lines are empty",
+            len(sources) - len(keep),
+            next(i for i, s in enumerate(sources) if not s.strip()) + 1,
+        )
     texts = {i: sources[i].strip() for i in keep}
     common = dict(src_lang=args.src_lang, max_length=args.max_length)
     if tgt_lang is not None:
         common["tgt_lang"] = tgt_lang
     # a source longer than the model's positions: a warning naming its line and an empty output line
     limit = getattr(model.config, "max_position_embeddings", None)
-    lengths = dict(zip(keep, model_input_lengths(model, tokenizer, [texts[i] for i in keep], args.batch_size,
-                                                 variant_inputs={k: [v[i] for i in keep]
-                                                                 for k, v in variant_inputs.items()}, **common)))
+    lengths = dict(
+        zip(
+            keep,
+            model_input_lengths(
+                model,
+                tokenizer,
+                [texts[i] for i in keep],
+                args.batch_size,
+                variant_inputs={k: [v[i] for i in keep] for k, v in variant_inputs.items()},
+                **common,
+            ),
+        )
+    )
     too_long = [i for i in keep if limit is not None and lengths[i] > limit]
     for i in too_long:
-        logger.warning("line %d: %d tokens (special tokens included), more than this model accepts (%d, "
-                       "config.max_position_embeddings); its output line is empty", i + 1, lengths[i], limit)
+        logger.warning(
+            "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
+            "config.max_position_embeddings); its output line is empty",
+            i + 1,
+            lengths[i],
+            limit,
+        )
     skipped = set(too_long)
     todo = [i for i in keep if i not in skipped]
     # the batches evaluation.translate would form: longest first, `batch_size` sentences each
@@ -391,32 +478,56 @@ def main(argv=None) -> dict:
     start = time.time()
     with progress_bar(len(order), args.no_progress, args.progress_interval) as bar:
         for first in range(0, len(order), args.batch_size):
-            idx = order[first:first + args.batch_size]
+            idx = order[first : first + args.batch_size]
             # fairseq's max_len_a/b over the batch's longest source, within the model's positions
             budget = max(1, int(args.max_len_a * max(lengths[i] for i in idx) + args.max_len_b))
             if limit is not None:
                 budget = min(budget, max(1, limit - 1))
-            hyps = evaluation.translate(model, tokenizer, [texts[i] for i in idx], tgt_lang, src_lang=args.src_lang,
-                                        batch_size=len(idx), num_beams=args.num_beams,
-                                        length_penalty=args.length_penalty, max_len_a=0.0, max_len_b=budget,
-                                        max_length=args.max_length,
-                                        variant_inputs={k: [v[i] for i in idx] for k, v in variant_inputs.items()})
+            hyps = evaluation.translate(
+                model,
+                tokenizer,
+                [texts[i] for i in idx],
+                tgt_lang,
+                src_lang=args.src_lang,
+                batch_size=len(idx),
+                num_beams=args.num_beams,
+                length_penalty=args.length_penalty,
+                max_len_a=0.0,
+                max_len_b=budget,
+                max_length=args.max_length,
+                variant_inputs={k: [v[i] for i in idx] for k, v in variant_inputs.items()},
+            )
             for i, hyp in zip(idx, hyps):
                 outputs[i] = hyp.replace("\n", " ")
             bar.update(len(idx))
     elapsed = time.time() - start
     write_output(args.output, outputs)
-    result = {"model": args.model or args.onnx, "onnx": bool(args.onnx), "input": input_label,
-              "output": "stdout" if args.output == STDIO else args.output,
-              "sentences": len(sources), "empty_inputs": len(sources) - len(keep), "too_long_inputs": len(too_long),
-              "too_long_lines": [i + 1 for i in too_long], "max_source_tokens": limit, "tgt_lang": tgt_lang,
-              "num_beams": args.num_beams, "length_penalty": args.length_penalty, "int8": args.int8,
-              "seconds": round(elapsed, 2),
-              "sentences_per_sec": round(len(order) / max(elapsed, 1e-9), 2)}
+    result = {
+        "model": args.model or args.onnx,
+        "onnx": bool(args.onnx),
+        "input": input_label,
+        "output": "stdout" if args.output == STDIO else args.output,
+        "sentences": len(sources),
+        "empty_inputs": len(sources) - len(keep),
+        "too_long_inputs": len(too_long),
+        "too_long_lines": [i + 1 for i in too_long],
+        "max_source_tokens": limit,
+        "tgt_lang": tgt_lang,
+        "num_beams": args.num_beams,
+        "length_penalty": args.length_penalty,
+        "int8": args.int8,
+        "seconds": round(elapsed, 2),
+        "sentences_per_sec": round(len(order) / max(elapsed, 1e-9), 2),
+    }
     if references is not None:
         scores = evaluation.score(outputs, references)
-        result.update(references=references_label, bleu=scores["bleu"], chrf=scores["chrf"],
-                      sacrebleu_signature=scores["sacrebleu_signature"], chrf_signature=scores["chrf_signature"])
+        result.update(
+            references=references_label,
+            bleu=scores["bleu"],
+            chrf=scores["chrf"],
+            sacrebleu_signature=scores["sacrebleu_signature"],
+            chrf_signature=scores["chrf_signature"],
+        )
     if args.results_json:
         Path(args.results_json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
