@@ -10,11 +10,13 @@ Presets follow fairseq's named architectures: one place per preset (`PRESETS`), 
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import difflib
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
@@ -208,6 +210,30 @@ def _resolve_aliases(config_class: type[PretrainedConfig], overrides: Mapping[st
             raise ValueError(f"`{alias}` is an alias of `{target}`: pass only one of them.")
         resolved[target] = value
     return resolved
+
+
+def parse_config_overrides(spec: str | None) -> dict[str, Any]:
+    """`"d_model=128,languages=['en','de'],normalize_before=true"` -> dict: the `--config_overrides` syntax of
+    `training/train.py` and `python -m hf_variants.warm_start` (values parsed as JSON/Python literals, else kept as
+    strings)."""
+    if not spec:
+        return {}
+    out = {}
+    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
+        key, value = (x.strip() for x in item.split("=", 1))
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            out[key] = lowered == "true"
+        elif lowered in ("none", "null"):
+            out[key] = None
+        else:
+            try:
+                out[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                out[key] = value
+    return out
 
 
 def apply_config_overrides(config: PretrainedConfig, overrides: Mapping[str, Any]) -> PretrainedConfig:

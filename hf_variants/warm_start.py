@@ -64,7 +64,6 @@ names the base model (from the saved config's `warm_started_from`).
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import inspect
 import json
@@ -83,6 +82,7 @@ from .configuration_transformer_nmt import (
     _plain,
     _resolve_aliases,
     check_config_field_names,
+    parse_config_overrides,
 )
 from .modeling_mute import project_doubly_stochastic
 from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration
@@ -251,29 +251,6 @@ def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides
         raise ValueError(f"A {model_type} with the base model's settings is not valid: {error}") from error
     _check_overrides_applied(config, resolved)
     return config
-
-
-def parse_config_overrides(spec: str | None) -> dict[str, Any]:
-    """`"merge=plain,unit_types=['identity','swap']"` -> dict: the `--config_overrides` syntax of
-    `training/train.py` (values parsed as JSON/Python literals, else kept as strings)."""
-    if not spec:
-        return {}
-    out = {}
-    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
-        if "=" not in item:
-            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
-        key, value = (x.strip() for x in item.split("=", 1))
-        lowered = value.lower()
-        if lowered in ("true", "false"):
-            out[key] = lowered == "true"
-        elif lowered in ("none", "null"):
-            out[key] = None
-        else:
-            try:
-                out[key] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                out[key] = value
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ the mapping

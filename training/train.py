@@ -18,12 +18,10 @@ through the same loop (training/external.py) for side-by-side comparisons. See t
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import logging
 import math
 import os
-import re
 import shutil
 import sys
 import time
@@ -69,26 +67,11 @@ def str2bool(value: str) -> bool:
 
 
 def parse_overrides(spec: str | None) -> dict:
-    """`"d_model=128,languages=['en','de'],normalize_before=true"` → dict (values parsed as JSON/Python
-    literals, else kept as strings)."""
-    if not spec:
-        return {}
-    out = {}
-    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)", spec):
-        if "=" not in item:
-            raise ValueError(f"--config_overrides: expected key=value, got {item!r}")
-        key, value = (x.strip() for x in item.split("=", 1))
-        lowered = value.lower()
-        if lowered in ("true", "false"):
-            out[key] = lowered == "true"
-        elif lowered in ("none", "null"):
-            out[key] = None
-        else:
-            try:
-                out[key] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                out[key] = value
-    return out
+    """`--config_overrides` -> dict (hf_variants.configuration_transformer_nmt.parse_config_overrides: values parsed
+    as JSON/Python literals, else kept as strings)."""
+    from hf_variants.configuration_transformer_nmt import parse_config_overrides
+
+    return parse_config_overrides(spec)
 
 
 def add_data_args(g) -> None:
