@@ -50,6 +50,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -432,76 +433,76 @@ def _any_failed(accelerator, failed: bool) -> bool:
     return bool(accelerator.reduce(flag, "sum").item() > 0)
 
 
-def save_checkpoint(
-    accelerator,
-    checkpoint_dir: str | os.PathLike,
-    step: int,
-    info: dict | None = None,
-    trainer_state: dict | None = None,
-) -> Path:
-    """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
-    (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
-    folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
-    before the rename. Collective: every process calls it; when any process fails to write its part (e.g. a full
-    disk: `DiskFullError`), the temporary folder is removed and every process raises."""
-    checkpoint_dir = Path(checkpoint_dir)
-    final = checkpoint_dir / f"step_{step}"
-    tmp = checkpoint_dir / f".tmp_step_{step}"
-    needed = _estimated_size(accelerator, checkpoint_dir)
-    if accelerator.is_main_process:
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        for stale in checkpoint_dir.glob(".tmp_step_*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        free = shutil.disk_usage(checkpoint_dir).free
-        if free < needed:
-            logger.warning(
-                "Only %.1f MB free on the file system of %s, and a checkpoint takes about %.1f MB: saving "
-                "step %d will probably fail. Free some space (or lower --keep_checkpoints).",
-                free / MB,
-                checkpoint_dir,
-                needed / MB,
-                step,
-            )
-    accelerator.wait_for_everyone()
-    error = None
+def _prepare_checkpoint_dir(accelerator, checkpoint_dir: Path, step: int, needed: int) -> None:
+    """On the main process: create `checkpoint_dir`, remove the temporary folders of interrupted saves and warn
+    when the free space is smaller than a checkpoint (`needed` bytes)."""
+    if not accelerator.is_main_process:
+        return
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    for stale in checkpoint_dir.glob(".tmp_step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    free = shutil.disk_usage(checkpoint_dir).free
+    if free < needed:
+        logger.warning(
+            "Only %.1f MB free on the file system of %s, and a checkpoint takes about %.1f MB: saving "
+            "step %d will probably fail. Free some space (or lower --keep_checkpoints).",
+            free / MB,
+            checkpoint_dir,
+            needed / MB,
+            step,
+        )
+
+
+def _write_process_part(accelerator, tmp: Path) -> Exception | None:
+    """This process's part of the checkpoint in `tmp`: `accelerator.save_state` and its random states (JSON). The
+    error (None: written) is returned so that every process learns of it (`_any_failed`)."""
     try:
         accelerator.save_state(str(tmp))
         (tmp / RNG_STATE.format(accelerator.process_index)).write_text(json.dumps(rng_state()), encoding="utf-8")
-    except Exception as err:  # noqa: BLE001 - every process learns below that the save failed
-        error = err
+    except Exception as err:  # noqa: BLE001 - every process learns in save_checkpoint that the save failed
         import traceback
 
         seen = err
-        while seen is not None:  # drop the writers' frames: their files close (and their space is freed below)
+        while seen is not None:  # drop the writers' frames: their files close (and their space is freed later)
             traceback.clear_frames(seen.__traceback__)
             seen = seen.__context__
-    if not _any_failed(accelerator, error is not None) and accelerator.is_main_process:
-        try:
-            for pattern in PICKLED_STATE:
-                for file in tmp.glob(pattern):
-                    file.unlink()
-            (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
-            files = _manifest_and_flush(tmp)
-            marker = tmp / MARKER
-            marker.write_text(
-                json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files}, indent=2)
-            )
-            with open(marker, "rb") as f:
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-        except Exception as err:  # noqa: BLE001 - as above
-            error = err
-        else:
-            if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
-                old = checkpoint_dir / f".old_step_{step}"
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-            _fsync_dir(checkpoint_dir)
-    if not _any_failed(accelerator, error is not None):
-        return final
+        return err
+    return None
+
+
+def _seal_checkpoint(tmp: Path, step: int, info: dict | None, trainer_state: dict | None) -> None:
+    """On the main process, once every part is in `tmp`: remove Accelerate's pickled RNG files, write the trainer
+    state and the marker with the manifest, and fsync every file and folder."""
+    for pattern in PICKLED_STATE:
+        for file in tmp.glob(pattern):
+            file.unlink()
+    (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
+    files = _manifest_and_flush(tmp)
+    marker = tmp / MARKER
+    marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files}, indent=2))
+    with open(marker, "rb") as f:
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+
+
+def _publish_checkpoint(tmp: Path, final: Path, checkpoint_dir: Path, step: int) -> None:
+    """Rename the sealed `tmp` to `final` (replacing a checkpoint of this step from an earlier attempt) and fsync
+    `checkpoint_dir`."""
+    if final.exists():  # a checkpoint of this step from an earlier attempt: replace it
+        old = checkpoint_dir / f".old_step_{step}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(checkpoint_dir)
+
+
+def _raise_save_failure(
+    accelerator, error: BaseException | None, tmp: Path, checkpoint_dir: Path, step: int, needed: int
+) -> NoReturn:
+    """After a failed save (collective): remove the partial checkpoint and raise `DiskFullError` (this process ran
+    out of space), or `CheckpointError` (`error` None: another process failed)."""
     full = error is not None and _is_disk_full(error, tmp if tmp.exists() else checkpoint_dir, needed)
     file = _file_being_written(error, tmp) if full else None
     accelerator.wait_for_everyone()
@@ -532,6 +533,37 @@ def save_checkpoint(
         f"Checkpoint step_{step} not saved ({type(error).__name__}: {error}); the partial "
         f"checkpoint was removed and {kept}."
     ) from error
+
+
+def save_checkpoint(
+    accelerator,
+    checkpoint_dir: str | os.PathLike,
+    step: int,
+    info: dict | None = None,
+    trainer_state: dict | None = None,
+) -> Path:
+    """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
+    (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
+    folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
+    before the rename. Collective: every process calls it; when any process fails to write its part (e.g. a full
+    disk: `DiskFullError`), the temporary folder is removed and every process raises."""
+    checkpoint_dir = Path(checkpoint_dir)
+    final = checkpoint_dir / f"step_{step}"
+    tmp = checkpoint_dir / f".tmp_step_{step}"
+    needed = _estimated_size(accelerator, checkpoint_dir)
+    _prepare_checkpoint_dir(accelerator, checkpoint_dir, step, needed)
+    accelerator.wait_for_everyone()
+    error = _write_process_part(accelerator, tmp)
+    if not _any_failed(accelerator, error is not None) and accelerator.is_main_process:
+        try:
+            _seal_checkpoint(tmp, step, info, trainer_state)
+        except Exception as err:  # noqa: BLE001 - every process learns below that the save failed
+            error = err
+        else:
+            _publish_checkpoint(tmp, final, checkpoint_dir, step)
+    if not _any_failed(accelerator, error is not None):
+        return final
+    _raise_save_failure(accelerator, error, tmp, checkpoint_dir, step, needed)
 
 
 def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool = False) -> dict:

@@ -1110,6 +1110,163 @@ def check_languages(
                     )
 
 
+_PAIR_ARRAYS = ("rows", "dirs", "src_len", "tgt_len")  # a pair set's cached arrays, `{name}.npy`
+
+
+@dataclass
+class _PairScan:
+    """The reason codes of every (row, direction), summed up one direction at a time by `_scan_pairs`."""
+
+    counts: np.ndarray  # pairs per reason code (index 0: kept)
+    examples: list[tuple[int, int, int, int, int]]  # (row, direction, code, source length, target length)
+    first_bad: tuple[int, int] | None  # (row, direction) of the first pair dropped for a reason other than too long
+    first_long: tuple[int, int] | None  # ... of the first too long pair
+    per_direction: dict[str, int]  # kept pairs per "src-tgt"
+    kept: dict[str, list[np.ndarray]]  # _PAIR_ARRAYS of the kept pairs, one array per direction
+
+
+def _measured_checks(measured: Measured) -> Callable[[str, str, int], bool]:
+    """`checked(name, lang, row)`: whether the `name` annotation of `lang` failed its check on `row`."""
+
+    def checked(name, lang, row):
+        return measured.column(f"check.{name}.{lang}")[row] > 0
+
+    return checked
+
+
+def _scan_pairs(
+    measured: Measured,
+    n: int,
+    directions: list[tuple[str, str]],
+    annotations: list[str],
+    target_annotations: bool,
+    tag: int,
+    max_length: int | None,
+    skip_absent: bool,
+) -> _PairScan:
+    """`pair_reasons` of the `n` measured rows, one direction at a time (memory: a few arrays of n entries, whatever
+    the number of directions); the report's examples and the first error are then picked in row-major order over
+    (row, direction), as `corpus.build_pairs` does."""
+    langs = list(dict.fromkeys(x for d in directions for x in d))
+    row_dtype = np.int32 if n < 2**31 else np.int64
+    scan = _PairScan(np.zeros(len(REASONS) + 1, dtype=np.int64), [], None, None, {}, {k: [] for k in _PAIR_ARRAYS})
+    for d, direction in enumerate(directions):
+        reason, src_len, tgt_len = pair_reasons(
+            measured.column, n, langs, [direction], annotations, target_annotations, tag, max_length, skip_absent
+        )
+        r, sl, tl = reason[:, 0], src_len[:, 0], tgt_len[:, 0]
+        scan.counts += np.bincount(r[r >= 0], minlength=len(REASONS) + 1)
+        for code in np.unique(r[r > 0]).tolist():
+            for row in np.flatnonzero(r == code)[: corpus.MAX_REPORTED_LOCATIONS].tolist():
+                scan.examples.append((row, d, code, int(sl[row]), int(tl[row])))
+        bad = np.flatnonzero((r > 0) & (r != TOO_LONG))
+        if len(bad) and (scan.first_bad is None or (int(bad[0]), d) < scan.first_bad[:2]):
+            scan.first_bad = (int(bad[0]), d)
+        long_ = np.flatnonzero(r == TOO_LONG)
+        if len(long_) and (scan.first_long is None or (int(long_[0]), d) < scan.first_long[:2]):
+            scan.first_long = (int(long_[0]), d)
+        keep = np.flatnonzero(r == 0)
+        scan.per_direction[f"{direction[0]}-{direction[1]}"] = len(keep)
+        scan.kept["rows"].append(keep.astype(row_dtype))
+        scan.kept["dirs"].append(np.full(len(keep), d, dtype=np.int16))
+        scan.kept["src_len"].append(sl[keep])
+        scan.kept["tgt_len"].append(tl[keep])
+        del reason, src_len, tgt_len, r, sl, tl, keep
+    return scan
+
+
+def _first_bad_pair_error(
+    scan: _PairScan,
+    rows: Rows,
+    directions: list[tuple[str, str]],
+    annotations: list[str],
+    target_annotations: bool,
+    max_length: int | None,
+    checked,
+) -> DataError:
+    """The `DataError` of `on_bad_pairs="error"`: the first bad pair (too long pairs after the others), naming the
+    file and line of the side at fault."""
+    locate = rows.locate
+    row, d = scan.first_bad or scan.first_long
+    s, t = directions[d]
+    code = next(c for (r_, d_, c, _, _) in scan.examples if (r_, d_) == (row, d))
+    ls, lt = next((a, b) for (r_, d_, _, a, b) in scan.examples if (r_, d_) == (row, d))
+    why = REASONS[code - 1]
+    if why == "too_long":
+        where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
+        return DataError(f"{where}: pair longer than --max_length {max_length} tokens (source {ls}, target {lt}).")
+    where, side = _fault(why, row, s, t, annotations, target_annotations, checked, locate)
+    detail = ""
+    if why in ANNOTATION_REASONS:
+        detail = _annotation_detail(rows, row, side, annotations, checked)
+    return DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
+
+
+def _scan_report(
+    split: str,
+    scan: _PairScan,
+    directions: list[tuple[str, str]],
+    annotations: list[str],
+    target_annotations: bool,
+    max_length: int | None,
+    checked,
+    locate: Locator,
+) -> DropReport:
+    """The drop report of a scan: the count of every reason and the first locations of each, in row-major order."""
+    report = DropReport(split)
+    for code in np.flatnonzero(scan.counts[1:]) + 1:
+        report.counts[REASONS[code - 1]] = int(scan.counts[code])
+    for row, d, code, ls, lt in sorted(scan.examples):
+        why = REASONS[code - 1]
+        if len(report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
+            s, t = directions[d]
+            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
+            report.locations.setdefault(why, []).append(where)
+    return report
+
+
+def _kept_pair_arrays(kept: dict[str, list[np.ndarray]], several_directions: bool) -> dict[str, np.ndarray]:
+    """The _PAIR_ARRAYS of the kept pairs in row-major order (row, then direction), the lengths in the smallest dtype
+    that holds them. `kept` (per-direction parts) is emptied as the parts are joined, to free them."""
+    rows_a, dirs_a = np.concatenate(kept.pop("rows")), np.concatenate(kept.pop("dirs"))
+    src_a, tgt_a = np.concatenate(kept.pop("src_len")), np.concatenate(kept.pop("tgt_len"))
+    if several_directions:  # row-major: row, then direction
+        order = np.lexsort((dirs_a, rows_a))
+        rows_a, dirs_a, src_a, tgt_a = rows_a[order], dirs_a[order], src_a[order], tgt_a[order]
+        del order
+    longest = int(max(src_a.max(initial=0), tgt_a.max(initial=0)))
+    len_dtype = np.int16 if longest < 2**15 else np.int32
+    return {"rows": rows_a, "dirs": dirs_a, "src_len": src_a.astype(len_dtype), "tgt_len": tgt_a.astype(len_dtype)}
+
+
+def _write_pair_cache(cache_dir: Path, fp: str, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """`{name}.npy` of each array and `meta.json` into a temporary folder, published as `pairs-{fp}`."""
+    tmp = _new_tmp(cache_dir, f"pairs-{fp}")
+    try:
+        for k, v in arrays.items():
+            np.save(tmp / f"{k}.npy", v)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        _publish(tmp, cache_dir / f"pairs-{fp}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _open_pair_set(final: Path, report: DropReport, pairs_per_direction: dict | None, built: bool, **common):
+    """The `PairSet` over the arrays cached in `final` (memory-mapped)."""
+    arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in _PAIR_ARRAYS}
+    return PairSet(
+        row_index=arrays["rows"],
+        dir_index=arrays["dirs"],
+        src_len=arrays["src_len"],
+        tgt_len=arrays["tgt_len"],
+        report=report,
+        built=built,
+        pairs_per_direction=pairs_per_direction,
+        **common,
+    )
+
+
 def build_pair_set(
     rows: Rows,
     measured: Measured,
@@ -1156,120 +1313,26 @@ def build_pair_set(
     )
     if (final / "meta.json").is_file():
         meta = json.loads((final / "meta.json").read_text())
-        arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
-        return PairSet(
-            row_index=arrays["rows"],
-            dir_index=arrays["dirs"],
-            src_len=arrays["src_len"],
-            tgt_len=arrays["tgt_len"],
-            report=_report_from_dict(split, meta["report"]),
-            pairs_per_direction=meta.get("pairs_per_direction"),
-            **common,
-        )
+        report = _report_from_dict(split, meta["report"])
+        return _open_pair_set(final, report, meta.get("pairs_per_direction"), False, **common)
     n = len(rows)
-    langs = list(dict.fromkeys(x for d in directions for x in d))
-    D = len(directions)
+    checked = _measured_checks(measured)
+    scan = _scan_pairs(measured, n, directions, annotations, target_annotations, tag, max_length, skip_absent)
+    if on_bad_pairs == "error" and (scan.first_bad or scan.first_long):
+        raise _first_bad_pair_error(scan, rows, directions, annotations, target_annotations, max_length, checked)
     locate = rows.locate
-    row_dtype = np.int32 if n < 2**31 else np.int64
-
-    def checked(name, lang, row):
-        return measured.column(f"check.{name}.{lang}")[row] > 0
-
-    # one direction at a time (memory: a few arrays of n entries, whatever the number of directions); the report's
-    # examples and the first error are then picked in row-major order over (row, direction), as build_pairs does
-    counts = np.zeros(len(REASONS) + 1, dtype=np.int64)
-    examples: list[tuple[int, int, int, int, int]] = []  # (row, direction, code, source length, target length)
-    first_bad, first_long = None, None
-    kept_rows, kept_dirs, kept_src, kept_tgt = [], [], [], []
-    per_direction: dict[str, int] = {}
-    for d, direction in enumerate(directions):
-        reason, src_len, tgt_len = pair_reasons(
-            measured.column, n, langs, [direction], annotations, target_annotations, tag, max_length, skip_absent
-        )
-        r, sl, tl = reason[:, 0], src_len[:, 0], tgt_len[:, 0]
-        counts += np.bincount(r[r >= 0], minlength=len(REASONS) + 1)
-        for code in np.unique(r[r > 0]).tolist():
-            for row in np.flatnonzero(r == code)[: corpus.MAX_REPORTED_LOCATIONS].tolist():
-                examples.append((row, d, code, int(sl[row]), int(tl[row])))
-        bad = np.flatnonzero((r > 0) & (r != TOO_LONG))
-        if len(bad) and (first_bad is None or (int(bad[0]), d) < first_bad[:2]):
-            first_bad = (int(bad[0]), d)
-        long_ = np.flatnonzero(r == TOO_LONG)
-        if len(long_) and (first_long is None or (int(long_[0]), d) < first_long[:2]):
-            first_long = (int(long_[0]), d)
-        keep = np.flatnonzero(r == 0)
-        per_direction[f"{direction[0]}-{direction[1]}"] = len(keep)
-        kept_rows.append(keep.astype(row_dtype))
-        kept_dirs.append(np.full(len(keep), d, dtype=np.int16))
-        kept_src.append(sl[keep])
-        kept_tgt.append(tl[keep])
-        del reason, src_len, tgt_len, r, sl, tl, keep
-    if on_bad_pairs == "error" and (first_bad or first_long):
-        row, d = first_bad or first_long
-        s, t = directions[d]
-        code = next(c for (r_, d_, c, _, _) in examples if (r_, d_) == (row, d))
-        ls, lt = next((a, b) for (r_, d_, _, a, b) in examples if (r_, d_) == (row, d))
-        why = REASONS[code - 1]
-        if why == "too_long":
-            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
-            raise DataError(f"{where}: pair longer than --max_length {max_length} tokens (source {ls}, target {lt}).")
-        where, side = _fault(why, row, s, t, annotations, target_annotations, checked, locate)
-        detail = ""
-        if why in ANNOTATION_REASONS:
-            detail = _annotation_detail(rows, row, side, annotations, checked)
-        raise DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
-    report = DropReport(split)
-    for code in np.flatnonzero(counts[1:]) + 1:
-        report.counts[REASONS[code - 1]] = int(counts[code])
-    for row, d, code, ls, lt in sorted(examples):
-        why = REASONS[code - 1]
-        if len(report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
-            s, t = directions[d]
-            where, _ = _fault(why, row, s, t, annotations, target_annotations, checked, locate, ls, lt, max_length)
-            report.locations.setdefault(why, []).append(where)
-    rows_a, dirs_a = np.concatenate(kept_rows), np.concatenate(kept_dirs)
-    src_a, tgt_a = np.concatenate(kept_src), np.concatenate(kept_tgt)
-    del kept_rows, kept_dirs, kept_src, kept_tgt
-    if D > 1:  # row-major: row, then direction
-        order = np.lexsort((dirs_a, rows_a))
-        rows_a, dirs_a, src_a, tgt_a = rows_a[order], dirs_a[order], src_a[order], tgt_a[order]
-        del order
-    longest = int(max(src_a.max(initial=0), tgt_a.max(initial=0)))
-    len_dtype = np.int16 if longest < 2**15 else np.int32
-    arrays = {"rows": rows_a, "dirs": dirs_a, "src_len": src_a.astype(len_dtype), "tgt_len": tgt_a.astype(len_dtype)}
-    del rows_a, dirs_a, src_a, tgt_a
-    tmp = _new_tmp(cache_dir, f"pairs-{fp}")
-    try:
-        for k, v in arrays.items():
-            np.save(tmp / f"{k}.npy", v)
-        (tmp / "meta.json").write_text(
-            json.dumps(
-                {
-                    "pairs": len(arrays["rows"]),
-                    "rows": n,
-                    "report": {"counts": dict(report.counts), "locations": report.locations},
-                    "directions": directions,
-                    "pairs_per_direction": per_direction,
-                },
-                indent=1,
-            )
-        )
-        _publish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    report = _scan_report(split, scan, directions, annotations, target_annotations, max_length, checked, locate)
+    arrays = _kept_pair_arrays(scan.kept, len(directions) > 1)
+    meta = {
+        "pairs": len(arrays["rows"]),
+        "rows": n,
+        "report": {"counts": dict(report.counts), "locations": report.locations},
+        "directions": directions,
+        "pairs_per_direction": scan.per_direction,
+    }
+    _write_pair_cache(cache_dir, fp, arrays, meta)
     del arrays
-    arrays = {k: np.load(final / f"{k}.npy", mmap_mode="r") for k in ("rows", "dirs", "src_len", "tgt_len")}
-    return PairSet(
-        row_index=arrays["rows"],
-        dir_index=arrays["dirs"],
-        src_len=arrays["src_len"],
-        tgt_len=arrays["tgt_len"],
-        report=report,
-        built=True,
-        pairs_per_direction=per_direction,
-        **common,
-    )
+    return _open_pair_set(final, report, scan.per_direction, True, **common)
 
 
 def _report_from_dict(split: str, data: dict) -> DropReport:
@@ -1467,75 +1530,84 @@ class StreamingPairs:
             self.skip_absent,
         )
         flat = reason.reshape(-1)
-        D = len(self.directions)
         first_time = epoch == 0 and int(rows[0]) >= self.reported_until
         bad = np.flatnonzero(flat > 0)
         if len(bad) and (self.on_bad_pairs == "error" or first_time):
-            check_cols = {f"{n_}.{lang}": np.asarray(block[f"check.{n_}.{lang}"]) for n_, lang in self.checks}
-
-            def checked(name, lang, r):
-                return check_cols[f"{name}.{lang}"][r - int(rows[0])] > 0
-
+            checked = self._block_checks(block, rows)
             if self.on_bad_pairs == "error":
                 order = np.concatenate([bad[flat[bad] != TOO_LONG], bad[flat[bad] == TOO_LONG]])
-                i = int(order[0])
-                j, d = divmod(i, D)
-                s, t = self.directions[d]
-                why = REASONS[flat[i] - 1]
-                row = int(rows[j])
-                where, side = _fault(
-                    why,
-                    row,
-                    s,
-                    t,
-                    self.annotations,
-                    self.target_annotations,
-                    checked,
-                    self.locate,
-                    int(src_len[j, d]),
-                    int(tgt_len[j, d]),
-                    self.max_length,
-                )
-                if why == "too_long":
-                    raise DataError(
-                        f"{where}: pair longer than --max_length {self.max_length} tokens (source "
-                        f"{int(src_len[j, d])}, target {int(tgt_len[j, d])})."
-                    )
-                detail = ""
-                if why in ANNOTATION_REASONS:
-                    name = next(n_ for n_ in self.annotations if checked(n_, side, row))
-                    value = block[_ann_col(name, side)][j]
-                    check = corpus.ANNOTATION_CHECKS.get(name)
-                    if value is None:
-                        detail = f"no {name!r} value"
-                    elif check is not None:
-                        problem = check(block[_text_col(side)][j].strip(), json.loads(value))
-                        detail = problem[1] if problem else ""
-                raise DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
-            for i in bad.tolist():
-                j, d = divmod(i, D)
-                s, t = self.directions[d]
-                why = REASONS[flat[i] - 1]
-                self.report.counts[why] += 1
-                if len(self.report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
-                    where, _ = _fault(
-                        why,
-                        int(rows[j]),
-                        s,
-                        t,
-                        self.annotations,
-                        self.target_annotations,
-                        checked,
-                        self.locate,
-                        int(src_len[j, d]),
-                        int(tgt_len[j, d]),
-                        self.max_length,
-                    )
-                    self.report.locations.setdefault(why, []).append(where)
+                raise self._bad_pair_error(block, rows, int(order[0]), flat, src_len, tgt_len, checked)
+            self._report_drops(rows, bad, flat, src_len, tgt_len, checked)
         kept = np.flatnonzero(flat == 0)
         if first_time:
             self.reported_until = int(rows[-1]) + 1
             self.kept_pairs += len(kept)
+        return self._kept_pairs(block, rows, kept), src_len.reshape(-1)[kept], tgt_len.reshape(-1)[kept]
+
+    def _block_checks(self, block: dict, rows: np.ndarray) -> Callable[[str, str, int], bool]:
+        """`checked(name, lang, row)`: whether the `name` annotation of `lang` failed its check on `row` (a row of
+        the block, numbered from the stream's start)."""
+        check_cols = {f"{n_}.{lang}": np.asarray(block[f"check.{n_}.{lang}"]) for n_, lang in self.checks}
+
+        def checked(name, lang, r):
+            return check_cols[f"{name}.{lang}"][r - int(rows[0])] > 0
+
+        return checked
+
+    def _fault_of(self, i: int, rows, flat, src_len, tgt_len, checked):
+        """(reason, row, direction, location, side at fault) of the block's pair `i` (row-major flat index)."""
+        j, d = divmod(i, len(self.directions))
+        s, t = self.directions[d]
+        why = REASONS[flat[i] - 1]
+        row = int(rows[j])
+        where, side = _fault(
+            why,
+            row,
+            s,
+            t,
+            self.annotations,
+            self.target_annotations,
+            checked,
+            self.locate,
+            int(src_len[j, d]),
+            int(tgt_len[j, d]),
+            self.max_length,
+        )
+        return why, row, (s, t), where, side
+
+    def _bad_pair_error(self, block: dict, rows, i: int, flat, src_len, tgt_len, checked) -> DataError:
+        """The `DataError` of `on_bad_pairs="error"` for the block's pair `i`, naming the file and line at fault."""
+        why, row, (s, t), where, side = self._fault_of(i, rows, flat, src_len, tgt_len, checked)
+        j, d = divmod(i, len(self.directions))
+        if why == "too_long":
+            return DataError(
+                f"{where}: pair longer than --max_length {self.max_length} tokens (source "
+                f"{int(src_len[j, d])}, target {int(tgt_len[j, d])})."
+            )
+        detail = ""
+        if why in ANNOTATION_REASONS:
+            name = next(n_ for n_ in self.annotations if checked(n_, side, row))
+            value = block[_ann_col(name, side)][j]
+            check = corpus.ANNOTATION_CHECKS.get(name)
+            if value is None:
+                detail = f"no {name!r} value"
+            elif check is not None:
+                problem = check(block[_text_col(side)][j].strip(), json.loads(value))
+                detail = problem[1] if problem else ""
+        return DataError(f"{where}: {why.replace('_', ' ')} ({s}-{t})" + (f": {detail}" if detail else "."))
+
+    def _report_drops(self, rows, bad: np.ndarray, flat, src_len, tgt_len, checked) -> None:
+        """Count the block's dropped pairs `bad` in `report`, with their locations up to the report's limit."""
+        for i in bad.tolist():
+            why = REASONS[flat[i] - 1]
+            self.report.counts[why] += 1
+            if len(self.report.locations.get(why, [])) < corpus.MAX_REPORTED_LOCATIONS:
+                _, _, _, where, _ = self._fault_of(i, rows, flat, src_len, tgt_len, checked)
+                self.report.locations.setdefault(why, []).append(where)
+
+    def _kept_pairs(self, block: dict, rows, kept: np.ndarray) -> list[Pair]:
+        """The `Pair`s of the block's kept pairs `kept` (row-major flat indices)."""
+        D = len(self.directions)
         j, d = kept // D, kept % D
         pairs = []
         for jj, dd in zip(j.tolist(), d.tolist()):
@@ -1555,7 +1627,7 @@ class StreamingPairs:
                     self.locate(row, t),
                 )
             )
-        return pairs, src_len.reshape(-1)[kept], tgt_len.reshape(-1)[kept]
+        return pairs
 
     def _plan(self, pairs, src_len, tgt_len, epoch: int, buffer: int) -> corpus.StepPlan:
         sampler = corpus.TokenBatchSampler(

@@ -30,6 +30,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -377,13 +378,9 @@ def write_output(path: str, lines: list[str]) -> None:
     checkpointing.atomic_write(path, text)
 
 
-def main(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
-    if args.references == STDIO:
-        raise SystemExit("--references cannot be stdin ('-'); give a file.")
-    jsonl = is_jsonl(args.input, args.input_format)
-    annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
+def load_translation_model(args: argparse.Namespace):
+    """The model and tokenizer of `--model` or `--onnx` (exactly one), the PyTorch model quantized for the CPU with
+    `--int8` (an ONNX model then loads its int8 export)."""
     if (args.model is None) == (args.onnx is None):
         raise SystemExit("Pass exactly one of --model and --onnx.")
     if args.onnx:
@@ -399,8 +396,13 @@ def main(argv=None) -> dict:
         from hf_variants import quantize_for_cpu
 
         quantize_for_cpu(model)
+    return model, tokenizer
+
+
+def target_language(tgt_lang: str | None, model) -> str | None:
+    """`--tgt_lang`, or when it is not given the second language of a two-language model without target-language
+    tags; a model translating into several languages needs it."""
     languages = list(getattr(model.config, "languages", None) or [])
-    tgt_lang = args.tgt_lang
     if tgt_lang is None and languages:
         if len(languages) == 2 and not getattr(model.config, "target_language_tags", False):
             tgt_lang = languages[1]
@@ -409,6 +411,30 @@ def main(argv=None) -> dict:
             raise SystemExit(
                 f"This model translates into several languages ({', '.join(languages)}): pass --tgt_lang."
             )
+    return tgt_lang
+
+
+@dataclass
+class TranslationInput:
+    """The input sentences (one a line), the references they are scored against (None: not scored) and the
+    variant inputs (annotations), line-aligned with them."""
+
+    sources: list[str]
+    label: str  # the input's name in messages ("stdin" for `-`)
+    references: list[str] | None
+    references_label: str | None
+    variant_inputs: dict[str, list[str]]
+
+
+def read_translation_input(
+    args: argparse.Namespace,
+    jsonl: bool,
+    tgt_lang: str | None,
+    annotation_files: dict[str, str],
+    annotations_from_rows: list[str],
+) -> TranslationInput:
+    """`--input` (text or JSONL), the references (`--references`, else the target side of JSONL rows) and the
+    annotation files, each checked to have as many lines as the input."""
     input_label = "stdin" if args.input == STDIO else args.input
     references, references_label, variant_inputs = None, args.references, {}
     if jsonl:
@@ -434,6 +460,25 @@ def main(argv=None) -> dict:
         if len(values) != len(sources):
             raise DataError(f"{input_label} has {len(sources)} lines but {path} has {len(values)}.")
         variant_inputs[name] = values
+    return TranslationInput(sources, input_label, references, references_label, variant_inputs)
+
+
+@dataclass
+class LinePlan:
+    """Which input lines are translated, and in which order."""
+
+    keep: list[int]  # the non-empty lines (0-based)
+    texts: dict[int, str]  # their stripped text
+    lengths: dict[int, int]  # their model input lengths, special tokens included
+    limit: int | None  # config.max_position_embeddings
+    too_long: list[int]  # lines longer than `limit`: an empty output line
+    order: list[int]  # the lines translated, longest first
+
+
+def plan_lines(model, tokenizer, args: argparse.Namespace, inputs: TranslationInput, tgt_lang: str | None) -> LinePlan:
+    """Warn about empty input lines and sources longer than the model's positions (both give an empty output
+    line), and order the others as evaluation.translate would batch them: longest first."""
+    sources, variant_inputs = inputs.sources, inputs.variant_inputs
     keep = [i for i, s in enumerate(sources) if s.strip()]
     if len(keep) < len(sources):
         logger.warning(
@@ -474,7 +519,16 @@ def main(argv=None) -> dict:
     # the batches evaluation.translate would form: longest first, `batch_size` sentences each
     token_counts = tokenizer([texts[i] for i in todo], add_special_tokens=True)["input_ids"] if todo else []
     order = [todo[j] for j in sorted(range(len(todo)), key=lambda j: -len(token_counts[j]))]
-    outputs = [""] * len(sources)
+    return LinePlan(keep, texts, lengths, limit, too_long, order)
+
+
+def translate_lines(
+    model, tokenizer, args: argparse.Namespace, inputs: TranslationInput, plan: LinePlan, tgt_lang: str | None
+) -> tuple[list[str], float]:
+    """The output lines (one per input line; empty where nothing was translated) and the seconds taken: beam search
+    over the planned lines, `--batch_size` a batch, with a progress bar."""
+    outputs = [""] * len(inputs.sources)
+    order, lengths, texts, limit = plan.order, plan.lengths, plan.texts, plan.limit
     start = time.time()
     with progress_bar(len(order), args.no_progress, args.progress_interval) as bar:
         for first in range(0, len(order), args.batch_size):
@@ -495,39 +549,68 @@ def main(argv=None) -> dict:
                 max_len_a=0.0,
                 max_len_b=budget,
                 max_length=args.max_length,
-                variant_inputs={k: [v[i] for i in idx] for k, v in variant_inputs.items()},
+                variant_inputs={k: [v[i] for i in idx] for k, v in inputs.variant_inputs.items()},
             )
             for i, hyp in zip(idx, hyps):
                 outputs[i] = hyp.replace("\n", " ")
             bar.update(len(idx))
-    elapsed = time.time() - start
-    write_output(args.output, outputs)
+    return outputs, time.time() - start
+
+
+def build_result(
+    args: argparse.Namespace,
+    inputs: TranslationInput,
+    plan: LinePlan,
+    outputs: list[str],
+    elapsed: float,
+    tgt_lang: str | None,
+) -> dict:
+    """The run's summary (printed as JSON and written to `--results_json`), with BLEU and chrF when there are
+    references."""
+    sources = inputs.sources
     result = {
         "model": args.model or args.onnx,
         "onnx": bool(args.onnx),
-        "input": input_label,
+        "input": inputs.label,
         "output": "stdout" if args.output == STDIO else args.output,
         "sentences": len(sources),
-        "empty_inputs": len(sources) - len(keep),
-        "too_long_inputs": len(too_long),
-        "too_long_lines": [i + 1 for i in too_long],
-        "max_source_tokens": limit,
+        "empty_inputs": len(sources) - len(plan.keep),
+        "too_long_inputs": len(plan.too_long),
+        "too_long_lines": [i + 1 for i in plan.too_long],
+        "max_source_tokens": plan.limit,
         "tgt_lang": tgt_lang,
         "num_beams": args.num_beams,
         "length_penalty": args.length_penalty,
         "int8": args.int8,
         "seconds": round(elapsed, 2),
-        "sentences_per_sec": round(len(order) / max(elapsed, 1e-9), 2),
+        "sentences_per_sec": round(len(plan.order) / max(elapsed, 1e-9), 2),
     }
-    if references is not None:
-        scores = evaluation.score(outputs, references)
+    if inputs.references is not None:
+        scores = evaluation.score(outputs, inputs.references)
         result.update(
-            references=references_label,
+            references=inputs.references_label,
             bleu=scores["bleu"],
             chrf=scores["chrf"],
             sacrebleu_signature=scores["sacrebleu_signature"],
             chrf_signature=scores["chrf_signature"],
         )
+    return result
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
+    if args.references == STDIO:
+        raise SystemExit("--references cannot be stdin ('-'); give a file.")
+    jsonl = is_jsonl(args.input, args.input_format)
+    annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
+    model, tokenizer = load_translation_model(args)
+    tgt_lang = target_language(args.tgt_lang, model)
+    inputs = read_translation_input(args, jsonl, tgt_lang, annotation_files, annotations_from_rows)
+    plan = plan_lines(model, tokenizer, args, inputs, tgt_lang)
+    outputs, elapsed = translate_lines(model, tokenizer, args, inputs, plan, tgt_lang)
+    write_output(args.output, outputs)
+    result = build_result(args, inputs, plan, outputs, elapsed, tgt_lang)
     if args.results_json:
         Path(args.results_json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
