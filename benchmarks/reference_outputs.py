@@ -14,8 +14,8 @@ import sys
 
 import torch
 
+from hf_variants.model_classes import MODEL_CLASSES
 from hf_variants.phrases import ngram_phrase_index
-from hf_variants.registration import MODEL_CLASSES
 
 V, B, S, T = 61, 3, 9, 7
 L2 = dict(languages=["en", "de"])

@@ -12,6 +12,7 @@ from .configuration_mimo import MimoConfig
 from .configuration_mute import MuteConfig
 from .configuration_tied import TiedTransformerConfig
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+from .model_classes import CONFIG_CLASSES, MODEL_CLASSES
 from .modeling_hysan import HysanForConditionalGeneration, HysanModel
 from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel
 from .modeling_mimo import MimoForConditionalGeneration, MimoModel
@@ -24,7 +25,7 @@ from .modeling_transformer_nmt import (
 )
 from .pipeline_translation import TranslationPipeline
 from .quantization import Int8Linear, quantize_for_cpu
-from .registration import CONFIG_CLASSES, MODEL_CLASSES, register_all
+from .registration import register_all
 
 __version__ = "0.2.0"
 

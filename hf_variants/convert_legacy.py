@@ -64,7 +64,8 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
     """Convert the saved model in `model_dir` (a 0.1 MUTE or MIMO folder) into `output_dir`; returns the model."""
     from transformers import AutoConfig
 
-    from .registration import MODEL_CLASSES, register_all
+    from .model_classes import MODEL_CLASSES
+    from .registration import register_all
 
     register_all()  # the model types, for AutoConfig
 

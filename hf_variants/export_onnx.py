@@ -81,7 +81,7 @@ def step_input_names(model) -> list[str]:
 
 def check_exportable(model, opset: int | None = None) -> None:
     """Raise a ValueError naming the model type, config field or option the exporter cannot express."""
-    from .registration import MODEL_CLASSES
+    from .model_classes import MODEL_CLASSES
 
     config = model.config
     if config.model_type not in MODEL_CLASSES:

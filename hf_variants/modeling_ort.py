@@ -26,6 +26,8 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
+from .model_classes import MODEL_CLASSES
+
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 # what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
@@ -172,8 +174,6 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers), manifest["decoder"])
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
-        from .registration import MODEL_CLASSES
-
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
 
     # ---------------------------------------------------------------------------------------------- loading
@@ -215,8 +215,6 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"precision={precision!r}: {folder} has graphs for {sorted(graphs)} (export with --int8 for int8)."
             )
-        from .registration import MODEL_CLASSES
-
         if manifest.get("model_type") not in MODEL_CLASSES:
             raise ValueError(
                 f"{folder}/{MANIFEST}: unsupported model_type {manifest.get('model_type')!r} "

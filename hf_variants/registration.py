@@ -4,29 +4,8 @@ tools (`python -m hf_variants.convert_legacy`, `.export_ctranslate2`) call it th
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_hysan import HysanConfig
-from .configuration_mgsa import MgsaConfig
-from .configuration_mimo import MimoConfig
-from .configuration_mute import MuteConfig
-from .configuration_tied import TiedTransformerConfig
-from .configuration_transformer_nmt import TransformerNmtConfig
-from .modeling_hysan import HysanForConditionalGeneration, HysanModel
-from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel
-from .modeling_mimo import MimoForConditionalGeneration, MimoModel
-from .modeling_mute import MuteForConditionalGeneration, MuteModel
-from .modeling_tied import TiedTransformerForConditionalGeneration, TiedTransformerModel
-from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration, TransformerNmtModel
+from .model_classes import MODEL_CLASSES
 from .pipeline_translation import TranslationPipeline
-
-# model_type -> (config class, base model class, generation model class).
-MODEL_CLASSES = {
-    "transformer_nmt": (TransformerNmtConfig, TransformerNmtModel, TransformerNmtForConditionalGeneration),
-    "mute_nmt": (MuteConfig, MuteModel, MuteForConditionalGeneration),
-    "hysan_nmt": (HysanConfig, HysanModel, HysanForConditionalGeneration),
-    "mgsa_nmt": (MgsaConfig, MgsaModel, MgsaForConditionalGeneration),
-    "mimo_nmt": (MimoConfig, MimoModel, MimoForConditionalGeneration),
-    "tied_nmt": (TiedTransformerConfig, TiedTransformerModel, TiedTransformerForConditionalGeneration),
-}
 
 
 def _register(config_class, model_class, generation_class) -> None:
@@ -55,9 +34,6 @@ def _restore_translation_task() -> None:
         pt_model=(OrtModelForSeq2SeqLM, AutoModelForSeq2SeqLM),
         type="text",
     )
-
-
-CONFIG_CLASSES = {model_type: classes[0] for model_type, classes in MODEL_CLASSES.items()}
 
 
 def register_all() -> None:

@@ -84,9 +84,10 @@ from .configuration_transformer_nmt import (
     check_config_field_names,
     parse_config_overrides,
 )
+from .model_classes import MODEL_CLASSES
 from .modeling_mute import project_doubly_stochastic
 from .modeling_transformer_nmt import TransformerNmtForConditionalGeneration
-from .registration import MODEL_CLASSES, register_all
+from .registration import register_all
 
 # Fields of the base that define the function it computes (or its vocabulary): the variant keeps them; an override
 # with another value is an error naming both values.
