@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from test_training import TRAIN_SCRIPT, data_dir, free_port, subprocess_env, tiny_args, tokenizer_dir  # noqa: E402,F401
+from test_training import TRAIN_SCRIPT, data_dir, subprocess_env, tiny_args, tokenizer_dir, two_process_launch  # noqa: E402,F401
 
 from training import run_lock  # noqa: E402
 from training.run_lock import HOLDER_NAME, RunLock, RunLockedError  # noqa: E402
@@ -67,24 +67,7 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
         assert holder["pid"] == first.pid and str(TRAIN_SCRIPT) in holder["command"]
         before = sorted(p.relative_to(run) for p in run.rglob("*"))
         t0 = time.time()
-        launch = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            str(TRAIN_SCRIPT),
-            *args,
-        ]
+        launch = two_process_launch(*args)
         double = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         out_double, _ = double.communicate(timeout=240)
         elapsed = time.time() - t0

@@ -21,12 +21,12 @@ if str(ROOT) not in sys.path:
 from test_training import (  # noqa: E402,F401 (fixtures)
     TRAIN_SCRIPT,
     data_dir,
-    free_port,
     read_log,
     subprocess_env,
     tiny_args,
     tokenizer_dir,
     train_losses,
+    two_process_launch,
 )
 
 from training import checkpointing, train  # noqa: E402
@@ -240,27 +240,10 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     random states and exit with --requeue_exit_code; the resumed 2-process run ends exactly as an uninterrupted
     one."""
     steps = 24
-    launch = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-    ]
 
     def command(out, *extra):
-        return (
-            launch
-            + [str(free_port()), str(TRAIN_SCRIPT)]
-            + tiny_args(
+        return two_process_launch(
+            *tiny_args(
                 data_dir, out, *PREEMPT, "--requeue_exit_code", "99", *extra, tokenizer=tokenizer_dir, steps=steps
             )
         )

@@ -119,6 +119,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+def two_process_launch(*train_args) -> list[str]:
+    """`accelerate launch` of train.py as 2 CPU processes (gloo) on a free port, with `train_args`."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(TRAIN_SCRIPT),
+        *train_args,
+    ]
+
+
 def subprocess_env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -604,32 +626,17 @@ def test_two_processes_match_one_process_with_accumulation(data_dir, tokenizer_d
             steps=10,
         )
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(TRAIN_SCRIPT),
-    ]
-    cmd += tiny_args(
-        data_dir,
-        tmp_path / "two",
-        "--gradient_accumulation_steps",
-        "1",
-        "--eval_bleu_pairs",
-        "0",
-        tokenizer=tokenizer_dir,
-        steps=10,
+    cmd = two_process_launch(
+        *tiny_args(
+            data_dir,
+            tmp_path / "two",
+            "--gradient_accumulation_steps",
+            "1",
+            "--eval_bleu_pairs",
+            "0",
+            tokenizer=tokenizer_dir,
+            steps=10,
+        )
     )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-4000:]
