@@ -533,6 +533,84 @@ def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs
 
 
 # --------------------------------------------------------------------------------------------------- building
+def _base_models(results: RunRecord, config: Mapping) -> tuple[str | None, str | None, str | None]:
+    """(the model the run started from, its Hub id or None for a local folder, the pretrained baseline a
+    warm-started variant came from (config `warm_started_from`, hf_variants.warm_start) or None). A variant
+    fine-tuned from a local warm-started folder names that baseline as its Hub base model."""
+    base_model = results.base_model or None
+    base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
+    warm_started_from = config.get("warm_started_from") or None
+    if base_model_hub is None and _is_hub_id(warm_started_from):
+        base_model_hub = warm_started_from
+    return base_model, base_model_hub, warm_started_from
+
+
+def _hyperparameter_rows(results: RunRecord) -> list[tuple[str, str]]:
+    return [
+        (k, _fmt(v))
+        for k, v in redact_secrets(results.hyperparameters or {}).items()
+        if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS
+    ]
+
+
+def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
+    """Steps, epochs, time, throughput, and the settings changed when the run was resumed (train.py
+    --allow_changed_settings, or max_steps and the like)."""
+    rows = [
+        (label, value)
+        for label, value in (
+            ("Optimizer steps", _fmt(results.steps) if results.steps is not None else None),
+            ("Epochs", f"{float(results.epochs):.2f}" if results.epochs is not None else None),
+            ("Wall time", _duration(results.wall_time_sec)),
+            (
+                "Training throughput",
+                f"{float(results.train_tokens_per_sec):,.0f} tokens/s"
+                if results.train_tokens_per_sec is not None
+                else None,
+            ),
+        )
+        if value is not None
+    ]
+    by_step: dict[int, list[str]] = {}
+    for change in results.settings_changes or []:
+        if isinstance(change, Mapping) and "setting" in change:
+            by_step.setdefault(change.get("step"), []).append(
+                f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
+            )
+    return rows + [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
+
+
+def _example_languages(src, tgt, languages: list[str], config: Mapping) -> tuple[str, str | None]:
+    """The usage example's source language and the `tgt_lang` it passes (None: the model takes none). Models that
+    know their languages take (and multilingual ones need) `tgt_lang`; others reject it."""
+    example_src = src or (languages[0] if languages else "en")
+    example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
+    needs_tgt_lang = example_tgt is not None and example_tgt in (config.get("languages") or [])
+    return example_src, example_tgt if needs_tgt_lang else None
+
+
+def _run_template_vars(results: RunRecord) -> dict:
+    """The card's fields that come from the run's record alone: data, scores, hyperparameters, training rows."""
+    return dict(
+        dataset=results.dataset,
+        eval_split=_short_name(str(results.eval_split)) if results.eval_split else None,
+        train_pairs=results.train_pairs,
+        dropped_pairs=results.dropped_pairs,
+        dropped_reasons={k: v for k, v in (results.dropped_reasons or {}).items() if v},
+        hyperparameters=_hyperparameter_rows(results),
+        training=_training_rows(results),
+        bleu=results.bleu,
+        chrf=results.chrf,
+        bleu_signature=results.sacrebleu_signature,
+        chrf_signature=results.chrf_signature,
+        per_direction=[
+            (direction, scores)
+            for direction, scores in (results.per_direction or {}).items()
+            if isinstance(scores, Mapping)
+        ],
+    )
+
+
 def build_model_card(
     model_dir: str | os.PathLike,
     results: RunRecord | Mapping | None,
@@ -567,13 +645,7 @@ def build_model_card(
         params = count_parameters(model_dir)
     model_name = _model_name(repo_id, model_type, results.dataset, languages, src, tgt)
     eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
-    base_model = results.base_model or None
-    base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
-    # a variant warm-started from a pretrained baseline (hf_variants.warm_start) names that model when it was
-    # fine-tuned from a local folder
-    warm_started_from = config.get("warm_started_from") or None
-    if base_model_hub is None and _is_hub_id(warm_started_from):
-        base_model_hub = warm_started_from
+    base_model, base_model_hub, warm_started_from = _base_models(results, config)
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
 
     card_data = ModelCardData(
@@ -589,43 +661,7 @@ def build_model_card(
         eval_results=eval_results or None,
     )
 
-    hyperparameters = {
-        k: v
-        for k, v in redact_secrets(results.hyperparameters or {}).items()
-        if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS
-    }
-    training_rows = [
-        (label, value)
-        for label, value in (
-            ("Optimizer steps", _fmt(results.steps) if results.steps is not None else None),
-            ("Epochs", f"{float(results.epochs):.2f}" if results.epochs is not None else None),
-            ("Wall time", _duration(results.wall_time_sec)),
-            (
-                "Training throughput",
-                f"{float(results.train_tokens_per_sec):,.0f} tokens/s"
-                if results.train_tokens_per_sec is not None
-                else None,
-            ),
-        )
-        if value is not None
-    ]
-    # settings changed when the run was resumed (train.py --allow_changed_settings, or max_steps and the like)
-    by_step: dict[int, list[str]] = {}
-    for change in results.settings_changes or []:
-        if isinstance(change, Mapping) and "setting" in change:
-            by_step.setdefault(change.get("step"), []).append(
-                f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
-            )
-    training_rows += [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
-    per_direction = [
-        (direction, scores)
-        for direction, scores in (results.per_direction or {}).items()
-        if isinstance(scores, Mapping)
-    ]
-    example_src = src or (languages[0] if languages else "en")
-    example_tgt = tgt or next((lang for lang in languages if lang != example_src), None)
-    # Models that know their languages take (and multilingual ones need) `tgt_lang`; others reject it.
-    needs_tgt_lang = example_tgt is not None and example_tgt in (config.get("languages") or [])
+    example_src, example_tgt = _example_languages(src, tgt, languages, config)
 
     directions = [str(d) for d in results.directions or []]
     if not directions and src and tgt:
@@ -637,13 +673,9 @@ def build_model_card(
         directions=directions,
         base_model_hub=base_model_hub,
         fine_tuned=base_model is not None,
-        warm_started_from=(
-            None
-            if not warm_started_from
-            else warm_started_from
-            if _is_hub_id(warm_started_from)
-            else _short_name(str(warm_started_from))
-        ),
+        warm_started_from=warm_started_from
+        if _is_hub_id(warm_started_from) or not warm_started_from
+        else _short_name(str(warm_started_from)),
         warm_started_hub=_is_hub_id(warm_started_from),
         model_id=repo_id or PLACEHOLDER_REPO_ID,
         has_repo_id=repo_id is not None,
@@ -653,26 +685,15 @@ def build_model_card(
         languages=languages,
         multilingual=multilingual,
         direction=f"{src}→{tgt}" if src and tgt else None,
-        dataset=results.dataset,
         dataset_id=dataset_id if dataset_on_hub else None,
         dataset_pretty=dataset_pretty,
         multi30k=(dataset_pretty == "Multi30k"),
-        eval_split=_short_name(str(results.eval_split)) if results.eval_split else None,
-        train_pairs=results.train_pairs,
-        dropped_pairs=results.dropped_pairs,
-        dropped_reasons={k: v for k, v in (results.dropped_reasons or {}).items() if v},
         architecture=_architecture_rows(config, family, params),
         params=params,
         config=config,
-        hyperparameters=[(k, _fmt(v)) for k, v in hyperparameters.items()],
-        training=training_rows,
-        bleu=results.bleu,
-        chrf=results.chrf,
-        bleu_signature=results.sacrebleu_signature,
-        chrf_signature=results.chrf_signature,
-        per_direction=per_direction,
+        **_run_template_vars(results),
         example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
-        example_tgt=example_tgt if needs_tgt_lang else None,
+        example_tgt=example_tgt,
         tokenizer_model=_tokenizer_model(model_dir),
         benchmark=benchmark_summary(model_type, benchmark_dir),
         fmt=_fmt,
