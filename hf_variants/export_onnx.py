@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -318,29 +320,31 @@ def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[s
     return kept
 
 
-def export(
-    model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None, force: bool = False
-) -> Path:
-    """Write `model` as an ONNX folder (see the module docstring). Returns the folder."""
-    import onnx
-    import onnxruntime
-    import onnxscript
+@dataclasses.dataclass
+class _Traced:
+    """What one eager run of the model on the sample fixes for both graphs: the inputs, the encoder fields and the
+    cache layout (layers, heads, head size)."""
 
-    check_exportable(model, opset)
-    output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
-    original_config = model.config
-    model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
-    if model.config._attn_implementation not in ("eager", "sdpa"):
-        model.set_attn_implementation("sdpa")
+    sample: dict[str, torch.Tensor]
+    source_names: list[str]
+    step_names: list[str]
+    start: torch.Tensor
+    encoder_outputs: Any
+    field_names: list[str]
+    num_layers: int
+    self_kv: list
+    cross_kv: list
+
+    @property
+    def kv_names(self) -> list[str]:
+        return [f"{kind}.{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+
+
+def _trace(model) -> _Traced:
     source_names, step_names = source_input_names(model), step_input_names(model)
     sample = _sample_inputs(model, source_names, batch=2, length=SAMPLE_SOURCE_LENGTH)
-    started = time.perf_counter()
     with torch.no_grad():
-        # an eager run fixes the encoder fields and the cache layout (layers, heads, head size)
-        encoder_outputs = model.get_encoder()(**{k: v for k, v in sample.items()}, return_dict=True)
-        field_names = list(_encoder_fields(encoder_outputs))
+        encoder_outputs = model.get_encoder()(**sample, return_dict=True)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         start = torch.full((2, 1), model.config.decoder_start_token_id, dtype=torch.long)
         model(
@@ -351,111 +355,118 @@ def export(
             use_cache=True,
             **{k: sample[k] for k in step_names},
         )
-        num_layers = len(cache.cross_attention_cache.layers)
-        self_kv, cross_kv = _layer_kv(cache.self_attention_cache), _layer_kv(cache.cross_attention_cache)
-    _untie_output_projection(model)
+    return _Traced(
+        sample,
+        source_names,
+        step_names,
+        start,
+        encoder_outputs,
+        list(_encoder_fields(encoder_outputs)),
+        len(cache.cross_attention_cache.layers),
+        _layer_kv(cache.self_attention_cache),
+        _layer_kv(cache.cross_attention_cache),
+    )
 
-    staging = output_dir.with_name(output_dir.name + ".tmp-export")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    batch, src, past = (
+
+def _dims():
+    """The dynamic axes: batch, source length and past (cache) length."""
+    return (
         torch.export.Dim("batch", min=1, max=4096),
         torch.export.Dim("source", min=1, max=4096),
         torch.export.Dim("past", min=0, max=4096),
     )
-    kv_names = [f"{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
 
-    # source graph
-    source_args = (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in source_names])
+
+def _export_source_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
+    batch, src, _ = _dims()
+    sample, names = traced.sample, traced.source_names
     shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch}}
-    source_in = ["input_ids", "attention_mask", *source_names]
-    source_out = [f"encoder_{name}" for name in field_names] + [f"cross_{name}" for name in kv_names]
-    files = GRAPH_FILES["fp32"]
     _torch_export(
-        SourceGraph(model, source_names, step_names, field_names),
-        source_args,
+        SourceGraph(model, names, traced.step_names, traced.field_names),
+        (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in names]),
         (
             shapes["input_ids"],
             shapes["attention_mask"],
-            *([tuple(shapes[k] for k in source_names)] if source_names else []),
+            *([tuple(shapes[k] for k in names)] if names else []),
         ),
-        source_in,
-        source_out,
-        staging / files[0],
+        ["input_ids", "attention_mask", *names],
+        [f"encoder_{name}" for name in traced.field_names] + [f"cross_{name}" for name in traced.kv_names],
+        path,
         opset,
     )
 
-    # step graph (sample: past length 3)
-    field_values = [encoder_outputs[name] for name in field_names]
-    past_kv = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in self_kv for t in kv]
-    cross = [t for kv in cross_kv for t in kv]
-    step_args = (start, sample["attention_mask"], *field_values, *[sample[k] for k in step_names], *past_kv, *cross)
+
+def _export_step_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
+    """The decoder step, traced with a past of length 3."""
+    batch, src, past = _dims()
+    sample, step_names, kv_names = traced.sample, traced.step_names, traced.kv_names
+    field_values = [traced.encoder_outputs[name] for name in traced.field_names]
+    past_kv = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in traced.self_kv for t in kv]
+    cross = [t for kv in traced.cross_kv for t in kv]
     field_shapes = tuple(
         {0: batch, **{axis: src for axis, size in enumerate(value.shape) if axis and size == SAMPLE_SOURCE_LENGTH}}
         for value in field_values
     )
-    step_shapes = (
-        {0: batch},
-        {0: batch, 1: src},
-        (
-            *field_shapes,
-            *[{0: batch} for _ in step_names],
-            *[{0: batch, 2: past} for _ in past_kv],
-            *[{0: batch, 2: src} for _ in cross],
-        ),
-    )
-    step_in = [
-        "decoder_input_ids",
-        "encoder_attention_mask",
-        *[f"encoder_{n}" for n in field_names],
-        *step_names,
-        *[f"past_{n}" for n in kv_names],
-        *[f"cross_{n}" for n in kv_names],
-    ]
-    step_out = ["logits", *[f"present_{n}" for n in kv_names]]
     _torch_export(
-        StepGraph(model, step_names, field_names, type(encoder_outputs), num_layers),
-        step_args,
-        step_shapes,
-        step_in,
-        step_out,
-        staging / files[1],
+        StepGraph(model, step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers),
+        (traced.start, sample["attention_mask"], *field_values, *[sample[k] for k in step_names], *past_kv, *cross),
+        (
+            {0: batch},
+            {0: batch, 1: src},
+            (
+                *field_shapes,
+                *[{0: batch} for _ in step_names],
+                *[{0: batch, 2: past} for _ in past_kv],
+                *[{0: batch, 2: src} for _ in cross],
+            ),
+        ),
+        [
+            "decoder_input_ids",
+            "encoder_attention_mask",
+            *[f"encoder_{n}" for n in traced.field_names],
+            *step_names,
+            *[f"past_{n}" for n in kv_names],
+            *[f"cross_{n}" for n in kv_names],
+        ],
+        ["logits", *[f"present_{n}" for n in kv_names]],
+        path,
         opset,
     )
-    export_seconds = time.perf_counter() - started
-    for name in files:
-        _check_dynamic(staging / name, config_name=original_config.model_type)
 
-    graphs = {"fp32": {"encoder": files[0], "decoder": files[1]}}
-    quantize_seconds, per_tensor = None, []
-    if int8:
-        started = time.perf_counter()
-        for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
-            per_tensor += quantize(staging / fp32_name, staging / int8_name)
-        quantize_seconds = time.perf_counter() - started
-        graphs["int8"] = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
 
-    original_config.save_pretrained(staging)
-    model.generation_config.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+def _quantize_graphs(staging: Path) -> tuple[dict, float, list]:
+    """int8 copies of both graphs: (their file names, seconds, the MatMuls quantized per tensor)."""
+    started, per_tensor = time.perf_counter(), []
+    for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
+        per_tensor += quantize(staging / fp32_name, staging / int8_name)
+    files = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
+    return files, time.perf_counter() - started, per_tensor
+
+
+def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: dict, seconds: dict, per_tensor):
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    files = GRAPH_FILES["fp32"]
     opset_used = next(
         o.version
         for o in onnx.load(str(staging / files[1]), load_external_data=False).opset_import
         if o.domain in ("", "ai.onnx")
     )
-    manifest = {
+    int8 = "int8" in graphs
+    return {
         "format": "hf_variants-onnx-seq2seq",
         "format_version": 1,
-        "model_type": original_config.model_type,
+        "model_type": model_type,
         "graphs": graphs,
         "encoder": _io(staging / files[0]),
         "decoder": _io(staging / files[1]),
-        "num_layers": num_layers,
-        "encoder_fields": field_names,
-        "source_inputs": source_names,
-        "step_inputs": step_names,
-        "tgt_lang_ids_required": _language_ids_required(model, sample) if step_names else False,
+        "num_layers": traced.num_layers,
+        "encoder_fields": traced.field_names,
+        "source_inputs": traced.source_names,
+        "step_inputs": traced.step_names,
+        "tgt_lang_ids_required": _language_ids_required(model, traced.sample) if traced.step_names else False,
         "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}", per_tensor_matmuls=per_tensor)
         if int8
         else None,
@@ -466,9 +477,47 @@ def export(
             "dynamo": True,
             "opset": opset_used,
         },
-        "export_seconds": round(export_seconds, 2),
-        "quantize_seconds": round(quantize_seconds, 2) if quantize_seconds is not None else None,
+        "export_seconds": round(seconds["export"], 2),
+        "quantize_seconds": round(seconds["quantize"], 2) if int8 else None,
     }
+
+
+def export(
+    model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None, force: bool = False
+) -> Path:
+    """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
+    complete. Returns the folder."""
+    check_exportable(model, opset)
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not force:
+        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
+    original_config = model.config
+    model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
+    if model.config._attn_implementation not in ("eager", "sdpa"):
+        model.set_attn_implementation("sdpa")
+    started = time.perf_counter()
+    traced = _trace(model)
+    _untie_output_projection(model)
+
+    staging = output_dir.with_name(output_dir.name + ".tmp-export")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    files = GRAPH_FILES["fp32"]
+    _export_source_graph(model, traced, staging / files[0], opset)
+    _export_step_graph(model, traced, staging / files[1], opset)
+    seconds = {"export": time.perf_counter() - started, "quantize": None}
+    for name in files:
+        _check_dynamic(staging / name, config_name=original_config.model_type)
+
+    graphs, per_tensor = {"fp32": {"encoder": files[0], "decoder": files[1]}}, []
+    if int8:
+        graphs["int8"], seconds["quantize"], per_tensor = _quantize_graphs(staging)
+
+    original_config.save_pretrained(staging)
+    model.generation_config.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, per_tensor)
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if output_dir.exists():
         shutil.rmtree(output_dir)
