@@ -120,7 +120,12 @@ def resolve_language_ids(
     ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
     if ids.shape[0] != batch_size:
         raise ValueError(f"`tgt_lang_ids` has {ids.shape[0]} entries for a batch of {batch_size}.")
-    if not torch.compiler.is_compiling() and ids.numel() and bool(((ids < 0) | (ids >= num_ids)).any()):
+    if torch.compiler.is_compiling() or not ids.numel():
+        return ids
+    outside = ((ids < 0) | (ids >= num_ids)).any()
+    if ids.device.type != "cpu":  # an accelerator asserts on the device: no host sync per training or decoding step
+        torch._assert_async(~outside, f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages)")
+    elif bool(outside):  # on the CPU a read costs nothing: the error names the values
         raise ValueError(
             f"`tgt_lang_ids` must be in [0, {num_ids}) (config.languages={config.languages}), got {ids.tolist()}."
         )

@@ -215,6 +215,10 @@ def test_every_tensor_is_accounted_for():
         keys = set(model.state_dict())
         assert set(report.copied) | set(report.derived) | set(report.initialised) == keys
         assert not set(report.copied) & set(report.initialised)
+        # a tensor the base has under the same name is taken from the base, never initialised anew (a mapping that
+        # missed a renamed or reshaped key would leave it to the variant's random initialisation)
+        assert not set(report.initialised) & set(base.state_dict()), model_type
+        assert report.copied, model_type
 
 
 # ----------------------------------------------------------------------------------------------------- mismatches

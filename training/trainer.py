@@ -248,10 +248,13 @@ def validation_loss(
         out = model(**batch, **loss_kwargs)
         if j >= len(batches):
             continue
-        aux = sum(float(v) for v in (getattr(out, "aux_losses", None) or {}).values())
-        loss = external.translation_loss(model, out, batch["labels"], label_smoothing)
-        ntok = int((batch["labels"] != -100).sum())
-        total += torch.tensor([(float(loss) - aux) * ntok, ntok], dtype=torch.float64, device=total.device)
+        # summed on the device: no host sync per batch (the one read is the reduced total at the end)
+        aux = sum(
+            (v.detach().double() for v in (getattr(out, "aux_losses", None) or {}).values()), total.new_zeros(())
+        )
+        loss = external.translation_loss(model, out, batch["labels"], label_smoothing).detach().double()
+        ntok = (batch["labels"] != -100).sum().double()
+        total += torch.stack([(loss - aux) * ntok, ntok])
     model.train(was_training)
     total = accelerator.reduce(total, "sum")
     return float(total[0] / total[1].clamp(min=1))
