@@ -196,6 +196,7 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     step = checkpoints[-1][0]
     assert 3 <= step < steps, stderr[-2000:]
     assert "SIGTERM received: saving a checkpoint at the next step boundary" in stderr
+    assert "SIGUSR1 received while stopping (after SIGTERM): ignored, the checkpoint is on its way" in stderr
     assert (
         f"train.py: Preempted (SIGTERM): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
         f"exiting with status 143. Continue with --resume_from_checkpoint latest."
