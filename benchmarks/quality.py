@@ -127,7 +127,21 @@ RUNS["baseline_bar_seed2"] = (
     "bar",
     ["--model_type", "transformer_nmt", "--seed", "2"],
 )
-DEFAULT_RUNS = [name for name, spec in RUNS.items() if spec[1] != "bar"]
+# Warm start (issue 31): every variant built by `hf_variants.warm_start` from the warm_base_bar model and fine-tuned
+# WARM_BUDGET steps, beside the base itself fine-tuned the same steps the same way (fresh Adam, warmup, lower peak
+# lr). name -> (label, model type (None: the base itself), warm_start arguments)
+WARM_RUNS: dict[str, tuple[str, str | None, list[str]]] = {
+    "warm_baseline": ("Transformer baseline (the base), fine-tuned", None, []),
+    "warm_hysan": ("HySAN (gated sum), warm-started, fine-tuned", "hysan_nmt", []),
+    "warm_mgsa": ("MG-SA (n-gram, SAN, ON-LSTM), warm-started, fine-tuned", "mgsa_nmt", []),
+    "warm_tied": ("Tied Transformer (blocks from the decoder), warm-started, fine-tuned", "tied_nmt", []),
+    "warm_mute": ("MUTE + bias + seq (4 units), warm-started, fine-tuned", "mute_nmt", []),
+    "warm_mimo": ("MIMO (n=4, one task row), warm-started, fine-tuned", "mimo_nmt", []),
+}
+for _name, (_label, _type, _args) in WARM_RUNS.items():
+    RUNS[_name] = (_label, "warm", [])
+WARM_BASE = "warm_base_bar"
+DEFAULT_RUNS = [name for name, spec in RUNS.items() if spec[1] not in ("bar", "warm")]
 # The bar: MarianMTModel small trained by the team on these 2 cores for 45 min (1,100 steps of 4096 tokens, warmup
 # 500, about 9 epochs; the rest of the recipe as ours) reached 34.0 BLEU / 58.6 chrF on test_2016_flickr.
 BAR_REFERENCE = {
@@ -163,6 +177,39 @@ PAPER_CLAIMS = {  # from the papers, as collected in docs/variants-spec.md
     "tied": "IWSLT14 De-En: 33.27 -> 35.10 (+1.8) with about half the parameters",
     "ml_mimo": "OPUS-100 vs 24-layer multilingual Transformer: En-xx 23.36 -> 24.17, xx-En 30.98 -> 32.19 (+0.8/+1.2)",
 }
+
+
+def warm_budget(args) -> list[str]:
+    return [
+        "--max_steps",
+        str(args.warm_steps),
+        "--max_tokens",
+        "4096",
+        "--warmup_steps",
+        str(args.warm_warmup),
+        "--learning_rate",
+        str(args.warm_lr),
+        "--eval_steps",
+        str(args.warm_steps),
+        "--save_steps",
+        "50",
+    ]
+
+
+def warm_init(name: str) -> Path:
+    """The model a warm_* run starts from: the base's final model, or the variant `hf_variants.warm_start` builds
+    from it (once; rebuilt if its folder is incomplete)."""
+    base = RUNS_DIR / WARM_BASE / "model"
+    if not (base / "config.json").is_file():
+        raise SystemExit(f"[{name}] needs the base model {base}: run `python benchmarks/quality.py --only {WARM_BASE}`")
+    _, model_type, extra = WARM_RUNS[name]
+    if model_type is None:
+        return base
+    out = RUNS_DIR / f"{name}-init"
+    if not (out / "model.safetensors").is_file():
+        cmd = [sys.executable, "-m", "hf_variants.warm_start", "--base", str(base), "--model_type", model_type]
+        subprocess.check_call([*cmd, *extra, "--output_dir", str(out)], cwd=ROOT)
+    return out
 
 
 def common_args(args) -> list[str]:
@@ -245,6 +292,8 @@ def run(name: str, args) -> dict | None:
         print(f"[{name}] done already: {ARCHIVE_DIR / f'{name}.json'}", flush=True)
         return json.loads((ARCHIVE_DIR / f"{name}.json").read_text())
     tok = ensure_tokenizer(group, args.vocab_size)
+    if group == "warm":
+        extra = ["--model_name_or_path", str(warm_init(name)), *extra]
     # the run's own arguments last: they override the common ones (e.g. --seed)
     cmd = [
         sys.executable,
@@ -252,6 +301,7 @@ def run(name: str, args) -> dict | None:
         *(MULTILINGUAL if group == "multi" else BILINGUAL),
         *common_args(args),
         *(BAR_BUDGET if group == "bar" else []),
+        *(warm_budget(args) if group == "warm" else []),
         "--tokenizer",
         str(tok),
         "--output_dir",
@@ -305,6 +355,8 @@ def row(name: str, r: dict, base: dict | None) -> dict:
         "bleu": r["bleu"],
         "chrf": r["chrf"],
         "valid_loss": (r.get("validation") or [{}])[-1].get("valid_loss"),
+        # validation pairs of that loss (None: the whole set); runs archived before the option were on 200
+        "valid_pairs": (r.get("hyperparameters") or {"max_valid_pairs": 200}).get("max_valid_pairs"),
         "train_tokens_per_sec": r["train_tokens_per_sec"],
         "train_time_min": r["train_time_sec"] / 60,
         "wall_time_min": r["wall_time_sec"] / 60,
@@ -390,8 +442,17 @@ def fmt_bleu(x: dict) -> str:
     return f"{x['bleu']:.2f}" + (f" ± {x['bleu_ci95']:.1f}" if x.get("bleu_ci95") is not None else "")
 
 
+VALID_NOTE = (
+    "Valid loss: label-smoothed cross-entropy per target token on the whole validation set (1,014 pairs; "
+    "auxiliary losses excluded), the same measure for every model; ‡: on its first 200 pairs (runs made before the "
+    "whole set was used)."
+)
+
+
 def fmt_loss(x: dict) -> str:
-    return "—" if x.get("valid_loss") is None else f"{x['valid_loss']:.3f}"
+    if x.get("valid_loss") is None:
+        return "—"
+    return f"{x['valid_loss']:.3f}" + (" ‡" if x.get("valid_pairs") else "")
 
 
 def own_baseline_table(rows: list[dict], suffix: str) -> list[str]:
@@ -422,13 +483,53 @@ def own_baseline_table(rows: list[dict], suffix: str) -> list[str]:
     return lines
 
 
+def warm_table(rows: list[dict], args) -> str:
+    """The warm-start table: the base (before fine-tuning), then every warm_* run against the base fine-tuned the
+    same steps the same way."""
+    by_name = {x["name"]: x for x in rows}
+    warm = [by_name[name] for name in WARM_RUNS if name in by_name]
+    if not warm:
+        return ""
+    lines = [
+        f"Warm start: every variant built by `hf_variants.warm_start` from the base (our baseline with Marian's "
+        f"defaults at the bar's budget, `{WARM_BASE}`) and fine-tuned {args.warm_steps} steps of <= 4096 tokens "
+        f"(fresh Adam, warmup {args.warm_warmup}, peak lr {args.warm_lr}, inverse square root decay, otherwise the "
+        "bar's recipe), beside the base fine-tuned the same way; the full test_2016_flickr, beam 4, length penalty "
+        f"0.6; p and ± as above, against the fine-tuned base. {VALID_NOTE}",
+        "",
+        "| model | params | BLEU | chrF | Δ BLEU vs fine-tuned base | p (BLEU / chrF) | valid loss | "
+        "train tok/s (ratio) | train min |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = by_name.get(WARM_BASE)
+    if base is not None:
+        lines.append(
+            f"| {base['label']}, before fine-tuning | {base['params'] / 1e6:.2f}M | {base['bleu']:.2f} | "
+            f"{base['chrf']:.2f} | — | — | {fmt_loss(base)} | {base['train_tokens_per_sec']:.0f} | "
+            f"{base['train_time_min']:.1f} |"
+        )
+    for x in warm:
+        delta = f"{x['delta_bleu_vs_baseline']:+.2f}" if "delta_bleu_vs_baseline" in x else "—"
+        ratio = f" ({x['train_speed_ratio_vs_baseline']:.2f}x)" if "train_speed_ratio_vs_baseline" in x else ""
+        lines.append(
+            f"| {x['label']} | {x['params'] / 1e6:.2f}M | {fmt_bleu(x)} | {x['chrf']:.2f} | {delta} | {fmt_p(x)} | "
+            f"{fmt_loss(x)} | {x['train_tokens_per_sec']:.0f}{ratio} | {x['train_time_min']:.1f} |"
+        )
+    missing = [name for name in WARM_RUNS if name not in by_name]
+    if missing:
+        lines += ["", f"Not run yet: {', '.join(missing)}."]
+    return "\n".join(lines) + "\n"
+
+
 def write_table(args) -> str:
     results = load_results()
     rows = []
     for name, r in results.items():
-        base_name = {"en-de": "baseline", "multi": "ml_baseline", "bar": "baseline_bar"}.get(RUNS[name][1])
+        base_name = {"en-de": "baseline", "multi": "ml_baseline", "bar": "baseline_bar", "warm": "warm_baseline"}.get(
+            RUNS[name][1]
+        )
         rows.append(row(name, r, results.get(base_name) if base_name and name != base_name else None))
-    for group, base_name in (("en-de", "baseline"), ("bar", "baseline_bar")):
+    for group, base_name in (("en-de", "baseline"), ("bar", "baseline_bar"), ("warm", "warm_baseline")):
         paired_bootstrap([x for x in rows if x["group"] == group], base_name)
     # MUTE is also compared with its own backbone (the paper's "Transformer + Relative"), at both budgets
     for suffix in ("", "_bar"):
@@ -439,8 +540,7 @@ def write_table(args) -> str:
     lines = [
         f"Budget: {args.steps} optimizer steps of <= {args.max_tokens} tokens (padding included) for every model, "
         f"warmup {args.warmup}, peak lr {args.lr}, seed {args.seed}; shared {args.vocab_size // 1000}k BPE; "
-        f"scored with beam 4, length penalty 0.6. Valid loss: label-smoothed cross-entropy per target token on 200 "
-        f"validation pairs (auxiliary losses excluded), the same measure for every model. p: sacreBLEU's paired "
+        f"scored with beam 4, length penalty 0.6. {VALID_NOTE} p: sacreBLEU's paired "
         f"bootstrap resampling against the baseline (1,000 resamples of the test sentences; BLEU / chrF); ± is the "
         f"95% interval of BLEU. Both measure test-set sampling only, one training seed per row.",
         "",
@@ -503,6 +603,7 @@ def write_table(args) -> str:
         notes = p_footnotes(bar)
         bar_lines += ["", *notes] if notes else []
         bar_lines += own_baseline_table(rows, "_bar")
+    warm_text = warm_table(rows, args)
     missing = [name for name in DEFAULT_RUNS if name not in results]
     if missing:
         lines += ["", f"Not run yet: {', '.join(missing)}."]
@@ -526,11 +627,15 @@ def write_table(args) -> str:
         "bar_reference": BAR_REFERENCE,
     }
     (RESULTS_DIR / "quality.json").write_text(json.dumps(payload, indent=2) + "\n")
-    (RESULTS_DIR / "quality.md").write_text(text + ("\n" + bar_text if bar_text else ""))
+    (RESULTS_DIR / "quality.md").write_text(
+        text + ("\n" + bar_text if bar_text else "") + ("\n" + warm_text if warm_text else "")
+    )
     write_section("quality", text)  # the tables inside benchmarks/RESULTS.md
     if bar_text:
         write_section("bar", bar_text)
-    return text + bar_text
+    if warm_text:
+        write_section("warm", warm_text)
+    return text + bar_text + warm_text
 
 
 def main(argv=None) -> None:
@@ -551,6 +656,9 @@ def main(argv=None) -> None:
         help="validation pairs for the validation loss (0: the whole validation set; the rows of earlier "
         "checkouts used 200)",
     )
+    parser.add_argument("--warm_steps", type=int, default=200, help="fine-tuning steps of the warm_* runs")
+    parser.add_argument("--warm_lr", type=float, default=5e-4, help="their peak learning rate")
+    parser.add_argument("--warm_warmup", type=int, default=50, help="their warmup steps")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: train.py's choice)")
     args = parser.parse_args(argv)
