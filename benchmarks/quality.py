@@ -201,7 +201,8 @@ def warm_init(name: str) -> Path:
     from it (once; rebuilt if its folder is incomplete)."""
     base = RUNS_DIR / WARM_BASE / "model"
     if not (base / "config.json").is_file():
-        raise SystemExit(f"[{name}] needs the base model {base}: run `python benchmarks/quality.py --only {WARM_BASE}`")
+        hint = f"python benchmarks/quality.py --only {WARM_BASE}"
+        raise SystemExit(f"[{name}] needs the base model {base}: run `{hint}` first")
     _, model_type, extra = WARM_RUNS[name]
     if model_type is None:
         return base
