@@ -122,6 +122,19 @@ RUNS["warm_base_bar"] = (
     "bar",
     ["--model_type", "transformer_nmt", "--config_overrides", "activation_function=gelu,init_method=normal"],
 )
+# issue 31 item 3: the two variants closest to the baseline, from scratch on the stronger defaults (GELU, N(0, 0.02)
+# init), beside warm_base_bar / baseline_marian_defaults_bar
+GELU_NORMAL = "activation_function=gelu,init_method=normal"
+RUNS["hysan_e1_gelu_bar"] = (
+    "HySAN e1, gated sum, with Marian's defaults, the bar's budget",
+    "bar",
+    ["--model_type", "hysan_nmt", "--config_overrides", f"encoder_layers=3,decoder_layers=3,{GELU_NORMAL}"],
+)
+RUNS["mute_gelu_bar"] = (
+    "MUTE (4 units) with Marian's defaults, the bar's budget",
+    "bar",
+    ["--model_type", "mute_nmt", "--config_overrides", f"use_bias_module=False,merge=plain,{GELU_NORMAL}"],
+)
 RUNS["baseline_bar_seed2"] = (
     "Transformer baseline, the bar's budget, seed 2",
     "bar",
