@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .generation_transformer_nmt import check_tokenizer_fits_model
 from .modeling_transformer_nmt import sinusoidal_positions
 
 # our `activation_function` -> CTranslate2's Activation enum name
@@ -86,10 +87,11 @@ def check_exportable(config) -> None:
             raise ValueError(f"CTranslate2 needs `{name}` (a token id), got None.")
 
 
-def vocabulary(tokenizer, vocab_size: int) -> list[str]:
-    """Token strings by id, `vocab_size` of them (ids the tokenizer does not have get unique placeholders)."""
-    if len(tokenizer) > vocab_size:
-        raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}.")
+def vocabulary(tokenizer, config) -> list[str]:
+    """Token strings by id, `config.vocab_size` of them (ids the tokenizer does not have get unique placeholders);
+    a tokenizer larger than the model's vocabulary raises (`check_tokenizer_fits_model`)."""
+    check_tokenizer_fits_model(tokenizer, config)
+    vocab_size = config.vocab_size
     tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     tokens += [f"<ct2_unused_{i}>" for i in range(len(tokens), vocab_size)]
     seen = {}
@@ -194,7 +196,7 @@ def build_spec(model, tokenizer):
         _linear(spec.ffn.linear_1, layer.ffn.fc2)
     _linear(decoder.projection, model.lm_head)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
-    tokens = vocabulary(tokenizer, config.vocab_size)
+    tokens = vocabulary(tokenizer, config)
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     unk = tokenizer.unk_token if tokenizer.unk_token in tokens else tokens[config.pad_token_id or 0]
@@ -224,7 +226,7 @@ def export(model, tokenizer, output_dir: str | Path, quantization: str | None = 
     spec.save(str(staging))
     tokenizer.save_pretrained(staging)
     model.generation_config.save_pretrained(staging)
-    tokens = vocabulary(tokenizer, model.config.vocab_size)
+    tokens = vocabulary(tokenizer, model.config)
     suppress = [[tokens[i]] for i in (model.generation_config.suppress_tokens or [])]
     (staging / "hf_variants_export.json").write_text(
         json.dumps(

@@ -26,6 +26,26 @@ from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
 logger = logging.get_logger(__name__)
 
 
+def check_tokenizer_fits_model(
+    tokenizer, config, tokenizer_name: str | None = None, model_name: str | None = None
+) -> None:
+    """Raise a `ValueError` naming both sizes when `tokenizer` can produce ids the model has no embedding for
+    (`len(tokenizer)` > `config.vocab_size`: a tokenizer from another run or model). A smaller tokenizer is fine
+    (a vocabulary padded to a multiple of 8, Marian's)."""
+    size, vocab_size = len(tokenizer), getattr(config, "vocab_size", None)
+    if vocab_size is None or size <= vocab_size:
+        return
+    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", None)
+    model_name = model_name or getattr(config, "_name_or_path", None)
+    raise ValueError(
+        f"Tokenizer/model mismatch: the tokenizer{f' ({tokenizer_name})' if tokenizer_name else ''} has {size} "
+        f"tokens (len(tokenizer)) but the model{f' ({model_name})' if model_name else ''} has a vocabulary of "
+        f"{vocab_size} "
+        f"(config.vocab_size), so ids >= {vocab_size} have no embedding. Use the tokenizer saved with "
+        f"this model (its folder), or the model trained with this tokenizer."
+    )
+
+
 # ------------------------------------------------------------------------------------------------ generation scope
 _GENERATION_SCOPE: ContextVar[dict | None] = ContextVar("hf_variants_generation_scope", default=None)
 
@@ -183,13 +203,7 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         texts = [texts] if isinstance(texts, str) else list(texts)
         if isinstance(text_target, str):
             text_target = [text_target]
-        vocab_size = self.config.vocab_size
-        if len(tokenizer) > vocab_size:
-            raise ValueError(
-                f"The tokenizer has {len(tokenizer)} tokens, more than this model's vocabulary "
-                f"(config.vocab_size={vocab_size}): its ids from {vocab_size} on have no embedding. Use the tokenizer "
-                f"the model was trained with (saved beside it)."
-            )
+        check_tokenizer_fits_model(tokenizer, self.config)
         tgt_langs = self._target_languages(tgt_lang, len(texts))
         if self.config.languages:
             for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):

@@ -13,24 +13,7 @@ from __future__ import annotations
 
 from transformers import GenerationConfig, Pipeline
 
-
-def check_tokenizer_fits_model(
-    tokenizer, config, tokenizer_name: str | None = None, model_name: str | None = None
-) -> None:
-    """Raise a `ValueError` naming both sizes when `tokenizer` can produce ids the model has no embedding for
-    (`len(tokenizer)` > `config.vocab_size`: a tokenizer from another run or model). A smaller tokenizer is fine
-    (a vocabulary padded to a multiple of 8, Marian's)."""
-    size, vocab_size = len(tokenizer), getattr(config, "vocab_size", None)
-    if vocab_size is None or size <= vocab_size:
-        return
-    tokenizer_name = tokenizer_name or getattr(tokenizer, "name_or_path", None) or "the tokenizer"
-    model_name = model_name or getattr(config, "_name_or_path", None) or "the model"
-    raise ValueError(
-        f"Tokenizer/model mismatch: the tokenizer ({tokenizer_name}) has {size} tokens "
-        f"(len(tokenizer)) but the model ({model_name}) has a vocabulary of {vocab_size} "
-        f"(config.vocab_size), so ids >= {vocab_size} have no embedding. Use the tokenizer saved with "
-        f"this model (its folder), or the model trained with this tokenizer."
-    )
+from .generation_transformer_nmt import check_tokenizer_fits_model
 
 
 class TranslationPipeline(Pipeline):

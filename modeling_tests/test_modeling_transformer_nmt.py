@@ -363,10 +363,20 @@ def _tiny_model(vocab_size):
 
 
 def test_tokenizer_larger_than_the_vocabulary_names_both_sizes(tokenizer):
+    """One check (`check_tokenizer_fits_model`) and one message wherever a tokenizer meets a model: model inputs,
+    the pipeline, translate.py, the CTranslate2 vocabulary."""
+    from hf_variants.export_ctranslate2 import vocabulary
+
     model = _tiny_model(len(tokenizer) - 5)
-    with pytest.raises(ValueError, match=rf"tokenizer has {len(tokenizer)} tokens.*vocab_size={len(tokenizer) - 5}"):
+    message = rf"has {len(tokenizer)} tokens \(len\(tokenizer\)\) .* vocabulary of {len(tokenizer) - 5} "
+    with pytest.raises(ValueError, match=message):
         model.prepare_translation_inputs(tokenizer, ["A man is walking."])
-    _tiny_model(len(tokenizer)).prepare_translation_inputs(tokenizer, ["A man is walking."])  # equal sizes: fine
+    with pytest.raises(ValueError, match=message):
+        vocabulary(tokenizer, model.config)
+    fits = _tiny_model(len(tokenizer) + 3)  # equal or larger vocabularies are fine (padded to a multiple of 8)
+    fits.prepare_translation_inputs(tokenizer, ["A man is walking."])
+    tokens = vocabulary(tokenizer, fits.config)
+    assert len(tokens) == len(tokenizer) + 3 and len(set(tokens)) == len(tokens)
 
 
 def test_input_ids_outside_the_vocabulary_raise_a_value_error():
