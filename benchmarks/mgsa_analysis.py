@@ -8,7 +8,9 @@ BLEU with its brevity penalty, system / reference length ratio and the 1-4 gram 
 the signature of the quality tables), chrF, BLEU and length ratio per source-length bucket (source words), and the
 share of empty outputs, outputs at the decoding length limit (`int(1.2 * source tokens + 10)` new tokens, the
 evaluation's rule: counted with `--tokenizer`, else on words as an upper bound), and outputs that repeat a word
-3-gram (references for comparison).
+3-gram (references for comparison). From the archived results alone (no translations needed, so MG-SA's bar run is
+in it): each bar run's BLEU against the least-squares line of BLEU on valid loss through the other bar runs, and
+its residual in units of the others' residual spread (is "lower loss, lower BLEU" within the usual scatter?).
 
 With `--models LABEL=DIR ...` (a trained run folder, its `model/` or any saved model with its tokenizer), on the
 same model and data: greedy vs beam BLEU (beam 4, length penalty 0.6, as the tables; `--test_pairs`), and on the
@@ -33,6 +35,9 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
+import math
+import statistics
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -207,6 +212,58 @@ def model_report(model_dir: Path, args, test_sources, test_refs) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------------------- loss vs BLEU, archive
+def archived_rows(pattern: str = "*_bar*.json") -> dict[str, tuple[float, float]]:
+    """(valid loss, BLEU) of every archived run matching `pattern` that has both (the bar's runs by default)."""
+    rows = {}
+    for path in sorted(ARCHIVE.glob(pattern)):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        loss = (record.get("validation") or [{}])[-1].get("valid_loss")
+        if loss is not None and record.get("bleu") is not None:
+            rows[path.stem] = (float(loss), float(record["bleu"]))
+    return rows
+
+
+def leave_one_out(rows: dict[str, tuple[float, float]]) -> dict[str, dict]:
+    """For each run: BLEU predicted from its valid loss by the least-squares line through the OTHER runs, its
+    residual, and the residual standard deviation of the other runs about that line (n - 2 degrees of freedom)."""
+    out = {}
+    for name, (loss, bleu) in rows.items():
+        others = [v for k, v in rows.items() if k != name]
+        if len(others) < 3:
+            continue
+        fit = statistics.linear_regression([x for x, _ in others], [y for _, y in others])
+        residuals = [y - (fit.slope * x + fit.intercept) for x, y in others]
+        spread = math.sqrt(sum(r * r for r in residuals) / (len(others) - 2))
+        predicted = fit.slope * loss + fit.intercept
+        out[name] = {
+            "loss": loss,
+            "bleu": bleu,
+            "predicted": predicted,
+            "residual": bleu - predicted,
+            "spread": spread,
+            "slope": fit.slope,
+        }
+    return out
+
+
+def loss_bleu_table(fits: dict[str, dict]) -> str:
+    width = max(len(name) for name in fits)
+    lines = [
+        "Valid loss vs BLEU across the archived bar runs (each run against the least-squares line through the others;"
+        " valid loss: label-smoothed CE on the first 200 validation pairs, as archived)",
+        f"{'run':<{width}}  valid loss    BLEU  predicted  residual  others' residual sd  residual / sd",
+    ]
+    for name, f in sorted(fits.items(), key=lambda item: item[1]["residual"]):
+        lines.append(
+            f"{name:<{width}}  {f['loss']:>10.3f}  {f['bleu']:>6.2f}  {f['predicted']:>9.2f}  {f['residual']:>+8.2f}"
+            f"  {f['spread']:>19.2f}  {f['residual'] / f['spread']:>+13.1f}"
+        )
+    slopes = [f["slope"] for f in fits.values()]
+    lines.append(f"Slope of the lines: {min(slopes):.1f} to {max(slopes):.1f} BLEU per nat of valid loss.")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------------ printing
 def table(title: str, labels: Sequence[str], rows: list[tuple[str, list[str]]]) -> str:
     width = max(10, *(len(label) for label in labels))
@@ -306,6 +363,9 @@ def main(argv=None) -> None:
     parts.append(f"Length limit counted in {limit_note}.")
     if missing:
         parts.append(f"No test translations archived for: {', '.join(missing)} (table fields only).")
+    fits = leave_one_out(archived_rows())
+    if fits:
+        parts.append(loss_bleu_table(fits))
     models = {}
     for spec in args.models:
         label, sep, folder = spec.partition("=")
