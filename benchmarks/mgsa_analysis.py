@@ -131,6 +131,9 @@ def translation_report(hypotheses, sources, references, tokenizer, label: str = 
     out["buckets"] = []
     for low, high in BUCKETS:
         idx = [i for i, n in enumerate(words) if low <= n <= high]
+        if not idx:
+            out["buckets"].append({"range": (low, high), "count": 0, "bleu": math.nan, "ratio": math.nan})
+            continue
         part = bleu_details([hypotheses[i] for i in idx], [references[i] for i in idx])
         out["buckets"].append({"range": (low, high), "count": len(idx), "bleu": part["bleu"], "ratio": part["ratio"]})
     limits = length_limits(sources, tokenizer)

@@ -229,3 +229,32 @@ def test_smoothed_loss_splits_into_nll_and_uniform_term(tokenizer, analysis):
     logp = torch.log_softmax(out.logits[labels != -100].float(), -1)
     assert means["entropy"] == pytest.approx(float(-(logp.exp() * logp).sum(-1).mean()), abs=1e-5)
     assert 0 < means["entropy"] <= math.log(model.config.vocab_size) + 1e-5
+
+
+def test_analysis_translation_metrics_by_hand(analysis):
+    refs = ["Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee .", "Eine Frau liest ein Buch ."]
+    sources = ["A man rides a bike .", "Two dogs play in the snow .", "A woman reads a book ."]
+    same = analysis.translation_report(refs, sources, refs, tokenizer=None)
+    assert same["bleu"] == pytest.approx(100.0) and same["bp"] == 1.0 and same["ratio"] == 1.0
+    assert same["empty"] == 0 and same["at_limit"] == 0 and same["repeated_3gram"] == 0
+    looping = "Ein Mann fährt Fahrrad " * 6  # 24 words + </s>: over int(1.2 * (6 + 1) + 10) = 18 new tokens
+    hyps = ["Ein Mann fährt .", "", looping]
+    got = analysis.translation_report(hyps, sources, refs, tokenizer=None)
+    assert got["empty"] == pytest.approx(1 / 3) and got["at_limit"] == pytest.approx(1 / 3)
+    assert got["repeated_3gram"] == pytest.approx(1 / 3)
+    sys_len, ref_len = 4 + 0 + 24, 5 + 6 + 6  # 13a tokens
+    assert (got["sys_len"], got["ref_len"]) == (sys_len, ref_len) and got["ratio"] == pytest.approx(sys_len / ref_len)
+    short = analysis.translation_report(["Ein Mann .", "Zwei Hunde .", "Eine Frau ."], sources, refs, None)
+    assert short["bp"] == pytest.approx(math.exp(1 - 17 / 9))  # brevity penalty exp(1 - r / c)
+    assert sum(b["count"] for b in short["buckets"]) == 3
+
+
+def test_analysis_leave_one_out_residuals(analysis):
+    # BLEU = 50 - 5 * loss for all but one run, which is 2 BLEU below its prediction
+    rows = {f"r{i}": (3.0 + 0.05 * i, 50 - 5 * (3.0 + 0.05 * i) + 0.1 * (-1) ** i) for i in range(6)}
+    rows["odd"] = (3.1, 50 - 5 * 3.1 - 2.0)
+    fits = analysis.leave_one_out(rows)
+    assert fits["odd"]["predicted"] == pytest.approx(50 - 5 * 3.1, abs=0.15)
+    assert fits["odd"]["residual"] == pytest.approx(-2.0, abs=0.15)
+    assert fits["odd"]["residual"] / fits["odd"]["spread"] < -10
+    assert all(abs(f["residual"]) < 1.0 for name, f in fits.items() if name != "odd")
