@@ -25,6 +25,10 @@ equal or higher NLL: the table splits the difference between two models into the
     python benchmarks/mgsa_analysis.py --runs baseline_bar benchmarks/runs/mgsa_ngram_bar/translations.test.txt \\
         --models baseline=benchmarks/runs/baseline_bar mgsa=benchmarks/runs/mgsa_ngram_bar --test_pairs 300
 
+`--check_tree DIR` runs the checks of `modeling_tests/test_mgsa_invariance.py` that decide a train/inference
+mismatch (encoder alone vs batched, cached decoding vs the teacher-forced loss path, train vs eval mode) on the MG-SA
+code of another source tree, e.g. the commit a run was trained with: `git archive 9f0adfb | tar -x -C /tmp/old`.
+
 `--tokenizer DIR` (the runs' shared BPE, `benchmarks/runs/tokenizer-en-de`, used by default when present) makes
 the length-limit count exact up to batching: the limit of a batch is set by its longest source, so a hypothesis at
 its own sentence's limit is counted (an upper bound of the outputs cut by the limit). The model part runs on the
@@ -215,6 +219,58 @@ def model_report(model_dir: Path, args, test_sources, test_refs) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------------- the code a run was trained with
+TREE_CHECK = """
+import gzip, sys, torch
+sys.path.insert(0, sys.argv[1])
+import hf_variants
+from hf_variants import MgsaConfig, MgsaForConditionalGeneration
+from hf_variants.tokenization import train_tokenizer
+assert hf_variants.__file__.startswith(sys.argv[1]), hf_variants.__file__
+def read(lang, split, n):
+    with gzip.open(f"{sys.argv[2]}/{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\\n") for line, _ in zip(f, range(n))]
+tok = train_tokenizer(read("en", "train", 400) + read("de", "train", 400), vocab_size=500, languages=["en", "de"])
+src = [read("en", "val", 12)[i] for i in (5, 6, 3, 11, 0)]
+torch.manual_seed(0)
+config = MgsaConfig.from_preset("tiny", vocab_size=len(tok), phrase_type="ngram", ngram_sizes=[2, 3, 4],
+                                phrase_composition="san", phrase_interaction="on_lstm")
+model = MgsaForConditionalGeneration(config).eval()
+batch = tok(src, padding=True, return_tensors="pt")
+with torch.no_grad():
+    hidden = model.model.encoder(**batch).last_hidden_state
+    alone = 0.0
+    for i, text in enumerate(src):
+        one = model.model.encoder(**tok([text], return_tensors="pt")).last_hidden_state[0]
+        alone = max(alone, (hidden[i, batch["attention_mask"][i].bool()] - one).abs().max().item())
+    out = model.generate(**batch, num_beams=1, max_new_tokens=8, min_new_tokens=8, output_logits=True,
+                         return_dict_in_generate=True)
+    forced = model(**batch, decoder_input_ids=out.sequences[:, :-1]).logits
+    cached = (torch.stack(out.logits, 1) - forced).abs().max().item()
+    trained = (model.train()(**batch, decoder_input_ids=out.sequences[:, :-1]).logits - forced).abs().max().item()
+print(f"encoder output, alone vs in a right-padded batch: max |diff| {alone:.2e}")
+print(f"greedy cached decoding logits vs teacher-forced (loss path): max |diff| {cached:.2e}")
+print(f"train mode vs eval mode (tiny preset: no dropout): max |diff| {trained:.2e}")
+"""
+
+
+def check_tree(tree: Path) -> str:
+    """The invariance checks of `modeling_tests/test_mgsa_invariance.py` (bar config, tiny dims) on the MG-SA code of
+    another source tree, e.g. the commit a run was trained with (`git archive COMMIT | tar -x -C DIR`), in a child
+    process (that tree's `hf_variants`, this tree's data)."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-c", TREE_CHECK, str(tree.resolve()), str(DATA)],
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    )
+    if result.returncode:
+        raise SystemExit(f"--check_tree {tree}: the check failed:\n{result.stderr[-3000:]}")
+    return f"MG-SA invariances on the code of {tree.resolve()}:\n{result.stdout.strip()}"
+
+
 # ------------------------------------------------------------------------------------------- loss vs BLEU, archive
 def archived_rows(pattern: str = "*_bar*.json") -> dict[str, tuple[float, float]]:
     """(valid loss, BLEU) of every archived run matching `pattern` that has both (the bar's runs by default)."""
@@ -341,6 +397,7 @@ def main(argv=None) -> None:
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--valid_pairs", type=int, default=None, help="first N validation pairs (default: all)")
     parser.add_argument("--test_pairs", type=int, default=None, help="first N test sentences for greedy vs beam")
+    parser.add_argument("--check_tree", type=Path, help="also run the invariance checks on another source tree")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
     args = parser.parse_args(argv)
 
@@ -362,7 +419,9 @@ def main(argv=None) -> None:
         reports[label] = translation_report(read_lines(path), sources, references, tokenizer, f"--runs {spec}")
     if reports:
         parts.append(translation_tables(reports, translation_report(references, sources, references, tokenizer)))
-    limit_note = f"tokens of {tokenizer_dir}" if tokenizer is not None else "words (no --tokenizer: an upper bound)"
+    limit_note = "words (no --tokenizer: an upper bound)"
+    if tokenizer is not None:
+        limit_note = f"tokens of the runs' tokenizer ({Path(tokenizer_dir).parent.name}/{Path(tokenizer_dir).name})"
     parts.append(f"Length limit counted in {limit_note}.")
     if missing:
         parts.append(f"No test translations archived for: {', '.join(missing)} (table fields only).")
@@ -377,6 +436,8 @@ def main(argv=None) -> None:
         models[label] = model_report(Path(folder), args, sources, references)
     if models:
         parts.append(model_tables(models))
+    if args.check_tree:
+        parts.append(check_tree(args.check_tree))
     text = "\n\n".join(parts) + "\n"
     print(text, end="")
     if args.output:

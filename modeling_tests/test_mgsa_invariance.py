@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -258,3 +259,11 @@ def test_analysis_leave_one_out_residuals(analysis):
     assert fits["odd"]["residual"] == pytest.approx(-2.0, abs=0.15)
     assert fits["odd"]["residual"] / fits["odd"]["spread"] < -10
     assert all(abs(f["residual"]) < 1.0 for name, f in fits.items() if name != "odd")
+
+
+def test_analysis_checks_the_code_of_another_tree(analysis):
+    """`--check_tree` runs the invariance checks in a child process on a tree's own hf_variants (here this one)."""
+    report = analysis.check_tree(ROOT)
+    values = [float(v) for v in re.findall(r"max \|diff\| ([0-9.e+-]+)", report)]
+    assert len(values) == 3 and max(values) < 1e-4, report
+    assert str(ROOT) in report
