@@ -248,9 +248,14 @@ with torch.no_grad():
     forced = model(**batch, decoder_input_ids=out.sequences[:, :-1]).logits
     cached = (torch.stack(out.logits, 1) - forced).abs().max().item()
     trained = (model.train()(**batch, decoder_input_ids=out.sequences[:, :-1]).logits - forced).abs().max().item()
+    noisy = MgsaForConditionalGeneration(MgsaConfig(**{**config.to_dict(), "dropout": 0.3, "attention_dropout": 0.3,
+                                                      "activation_dropout": 0.3}))
+    noisy.load_state_dict(model.state_dict())
+    dropped = (noisy.eval()(**batch, decoder_input_ids=out.sequences[:, :-1]).logits - forced).abs().max().item()
 print(f"encoder output, alone vs in a right-padded batch: max |diff| {alone:.2e}")
 print(f"greedy cached decoding logits vs teacher-forced (loss path): max |diff| {cached:.2e}")
 print(f"train mode vs eval mode (tiny preset: no dropout): max |diff| {trained:.2e}")
+print(f"eval mode with dropout 0.3 vs the same weights without dropout: max |diff| {dropped:.2e}")
 """
 
 

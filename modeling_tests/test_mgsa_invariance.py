@@ -265,5 +265,5 @@ def test_analysis_checks_the_code_of_another_tree(analysis):
     """`--check_tree` runs the invariance checks in a child process on a tree's own hf_variants (here this one)."""
     report = analysis.check_tree(ROOT)
     values = [float(v) for v in re.findall(r"max \|diff\| ([0-9.e+-]+)", report)]
-    assert len(values) == 3 and max(values) < 1e-4, report
+    assert len(values) == 4 and max(values) < 1e-4, report
     assert str(ROOT) in report
