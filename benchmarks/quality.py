@@ -135,6 +135,13 @@ RUNS["mute_gelu_bar"] = (
     "bar",
     ["--model_type", "mute_nmt", "--config_overrides", f"use_bias_module=False,merge=plain,{GELU_NORMAL}"],
 )
+# issue 31 item 4: MG-SA at the bar's budget again, for its translations and checkpoint (the first run's are lost):
+# benchmarks/mgsa_analysis.py takes it apart against warm_base_bar / baseline_bar
+RUNS["mgsa_ngram_bar_rerun"] = (
+    "MG-SA n-gram, SAN, ON-LSTM, the bar's budget, rerun",
+    "bar",
+    ["--model_type", "mgsa_nmt"],
+)
 RUNS["baseline_bar_seed2"] = (
     "Transformer baseline, the bar's budget, seed 2",
     "bar",
