@@ -89,8 +89,10 @@ def _(query, key, value, past_key, past_value, num_heads, scale):
     batch, length = key.shape[:2]
     heads, past, head_dim = past_key.shape[1:]
     present = (batch, heads, past + length, head_dim)
-    return query.new_empty(batch, query.shape[1], heads * head_dim), past_key.new_empty(present), past_value.new_empty(
-        present
+    return (
+        query.new_empty(batch, query.shape[1], heads * head_dim),
+        past_key.new_empty(present),
+        past_value.new_empty(present),
     )
 
 
