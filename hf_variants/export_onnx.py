@@ -1,6 +1,7 @@
 """Export any hf_variants model to ONNX (two graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8] [--opset N] [--force]
+        [--no_fuse_attention]
 
 Two graphs, both traced through the model's public forward (`get_encoder()`, then the model with
 `encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the dynamo exporter
@@ -14,6 +15,15 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
+
+Attention fusion (default; `--no_fuse_attention` turns it off): every attention module computing plain scaled
+dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`onnx_attention`:
+encoder self-attention with the source padding mask, decoder self-attention reading `past_*` and writing
+`present_*`, cross-attention on the cached `cross_*` keys/values) instead of ~15 generic nodes; the others (Shaw
+relative positions: MUTE's self-attention by default; HySAN's branch masks) stay generic, and the manifest's
+`attention_fusion` names both, with the reason. The graph inputs and outputs are the same either way. ONNX Runtime
+fuses the residual Add + LayerNorm (SkipLayerNormalization) and int8 MatMul + scale (DynamicQuantizeMatMul) itself
+at session creation (`ORT_ENABLE_ALL`, as `OrtModelForSeq2SeqLM` sets).
 
 Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
 without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
