@@ -3,7 +3,7 @@
 
 The baseline of a dims class (bench_inference's random MarianMTModel weights converted to ours) is exported twice
 (fused: attention as `com.microsoft::MultiHeadAttention`; unfused: generic ONNX ops), fp32 and int8, and each of the
-four graphs pairs decodes the same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, exactly
+four engines decodes the same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, exactly
 `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6) through `OrtModelForSeq2SeqLM.generate`
 at `--threads` 1, calls interleaved (fused fp32, unfused fp32, fused int8, unfused int8, ...) after one warm-up
 each, medians of `--reps`. Both clocks are recorded per call: process CPU time (what the engine computed: the
