@@ -33,6 +33,8 @@ from hf_variants import (
     MuteForConditionalGeneration,
     TiedTransformerConfig,
     TiedTransformerForConditionalGeneration,
+    TransformerNmtConfig,
+    TransformerNmtForConditionalGeneration,
 )
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'hf-variants[onnx]'")
@@ -248,6 +250,29 @@ def test_attention_fusion_recorded(exported):
         graphs = manifest["graphs"][precision]
         assert _ops(folder / graphs["encoder"]) == (0 if reason else config.encoder_layers)
         assert _ops(folder / graphs["decoder"]) == config.decoder_layers * (1 if reason else 2)
+
+
+def test_no_qualifying_attention_is_recorded_not_refused(tokenizer):
+    """Where no module qualifies (here: the encoders of HySAN and of a baseline with Shaw relative positions, on
+    their own), nothing is fused and the manifest's record says why; with fusion off, it says so."""
+    hysan = _random(HysanForConditionalGeneration, HysanConfig, tokenizer)
+    record = export_onnx._fuse(hysan.model.encoder, True)
+    assert record == {
+        "enabled": True,
+        "applied": False,
+        "op": "com.microsoft::MultiHeadAttention",
+        "fused": [],
+        "generic": {f"layers.{i}.self_attn": GENERIC_SELF_ATTENTION["hysan_nmt"] for i in range(2)},
+        "reason": "no attention module qualifies: " + GENERIC_SELF_ATTENTION["hysan_nmt"],
+    }
+    assert not any(type(m).__name__.startswith("Fused") for m in hysan.modules())
+    shaw = TransformerNmtForConditionalGeneration(
+        TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_relative_positions=4)
+    )
+    record = export_onnx._fuse(shaw.model, True)
+    assert record["applied"] and all(name.endswith("encoder_attn") for name in record["fused"])
+    assert set(record["generic"].values()) == {"Shaw relative positions (max_relative_positions=4)"}
+    assert export_onnx._fuse(shaw, False)["reason"] == "disabled (--no_fuse_attention)"
 
 
 def test_fused_graph_modules_equal_generic_in_torch(exported):
