@@ -75,7 +75,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     _, ours = marian_and_ours(args.size, args.vocab)
     inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
-    workdir = Path(tempfile.mkdtemp(prefix="bench_ort_fusion-"))
+    scratch = tempfile.TemporaryDirectory(prefix="bench_ort_fusion-")  # the exports; sessions keep their graphs
+    workdir = Path(scratch.name)
     engines, graphs = {}, {}
     for fused in (True, False):
         kind = "fused" if fused else "unfused"
@@ -89,6 +90,7 @@ def main(argv=None) -> dict:
             graphs[f"{kind}_{precision}"] = node_counts(
                 folder / f"decoder_model{'_int8' if precision == 'int8' else ''}.onnx"
             )
+    scratch.cleanup()
     order = ["fused_fp32", "unfused_fp32", "fused_int8", "unfused_int8"]
     results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "step_graphs": graphs, "rows": {}}
     for beams in args.beams:
