@@ -1,6 +1,7 @@
 """Export any hf_variants model to ONNX (two graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8] [--opset N] [--force]
+        [--no_fuse_attention]
 
 Two graphs, both traced through the model's public forward (`get_encoder()`, then the model with
 `encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the dynamo exporter
@@ -14,6 +15,15 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
+
+Attention fusion (default; `--no_fuse_attention` turns it off): every attention module computing plain scaled
+dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`onnx_attention`:
+encoder self-attention with the source padding mask, decoder self-attention reading `past_*` and writing
+`present_*`, cross-attention on the cached `cross_*` keys/values) instead of ~15 generic nodes; the others (Shaw
+relative positions: MUTE's self-attention by default; HySAN's branch masks) stay generic, and the manifest's
+`attention_fusion` names both, with the reason. The graph inputs and outputs are the same either way. ONNX Runtime
+fuses the residual Add + LayerNorm (SkipLayerNormalization) and int8 MatMul + scale (DynamicQuantizeMatMul) itself
+at session creation (`ORT_ENABLE_ALL`, as `OrtModelForSeq2SeqLM` sets).
 
 Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
 without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
@@ -42,6 +52,9 @@ from typing import Any
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from . import onnx_attention
+from .onnx_attention import source_padding, translation_table
 
 MANIFEST = "onnx_manifest.json"
 GRAPH_FILES = {
@@ -136,20 +149,21 @@ class SourceGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, *extra):
         kwargs = dict(zip(self.source_names, extra))
-        encoder_outputs = self.model.get_encoder()(
-            input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs
-        )
-        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        start = input_ids.new_full((input_ids.shape[0], 1), self.model.config.decoder_start_token_id)
-        self.model(
-            encoder_outputs=encoder_outputs,
-            attention_mask=attention_mask,
-            decoder_input_ids=start,
-            past_key_values=cache,
-            use_cache=True,
-            return_dict=True,
-            **{name: kwargs[name] for name in self.step_names},
-        )
+        with source_padding(attention_mask):  # what fused attentions mask (without fusion: not read)
+            encoder_outputs = self.model.get_encoder()(
+                input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs
+            )
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            start = input_ids.new_full((input_ids.shape[0], 1), self.model.config.decoder_start_token_id)
+            self.model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=attention_mask,
+                decoder_input_ids=start,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=True,
+                **{name: kwargs[name] for name in self.step_names},
+            )
         fields = _encoder_fields(encoder_outputs)
         cross = [t for kv in _layer_kv(cache.cross_attention_cache) for t in kv]
         return (*[fields[name] for name in self.field_names], *cross)
@@ -173,15 +187,16 @@ class StepGraph(nn.Module):
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
         cache = EncoderDecoderCache(DynamicCache(past), DynamicCache(cross))
-        out = self.model(
-            encoder_outputs=self.output_class(**fields),
-            attention_mask=encoder_attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            past_key_values=cache,
-            use_cache=True,
-            return_dict=True,
-            **kwargs,
-        )
+        with source_padding(encoder_attention_mask):
+            out = self.model(
+                encoder_outputs=self.output_class(**fields),
+                attention_mask=encoder_attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=True,
+                **kwargs,
+            )
         present = [t for pair in _layer_kv(out.past_key_values.self_attention_cache) for t in pair]
         return (out.logits, *present)
 
@@ -226,6 +241,7 @@ def _torch_export(module, args, dynamic_shapes, input_names, output_names, path:
         output_names=output_names,
         optimize=True,
         verbose=False,
+        custom_translation_table=translation_table(),  # fused attention (`onnx_attention`), where the model has it
         **kwargs,
     )
     program.save(str(path))
@@ -483,10 +499,18 @@ def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: di
 
 
 def export(
-    model, tokenizer, output_dir: str | Path, int8: bool = False, opset: int | None = None, force: bool = False
+    model,
+    tokenizer,
+    output_dir: str | Path,
+    int8: bool = False,
+    opset: int | None = None,
+    force: bool = False,
+    fuse_attention: bool = True,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
-    complete. Returns the folder."""
+    complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
+    attention becomes one `com.microsoft::MultiHeadAttention` node (`onnx_attention`); the others, and all of them
+    with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons."""
     check_exportable(model, opset)
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
@@ -498,6 +522,7 @@ def export(
     started = time.perf_counter()
     traced = _trace(model)
     _untie_output_projection(model)
+    fusion = _fuse(model, fuse_attention)
 
     staging = output_dir.with_name(output_dir.name + ".tmp-export")
     if staging.exists():
@@ -518,11 +543,25 @@ def export(
     model.generation_config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, per_tensor)
+    manifest["attention_fusion"] = fusion
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if output_dir.exists():
         shutil.rmtree(output_dir)
     staging.rename(output_dir)  # the folder appears complete or not at all
     return output_dir
+
+
+def _fuse(model, enabled: bool) -> dict:
+    """Route the model's qualifying attention modules through MultiHeadAttention (when `enabled`); the manifest's
+    record: whether any is fused, which are (module names), and why the others are not."""
+    if not enabled:
+        return {"enabled": False, "applied": False, "reason": "disabled (--no_fuse_attention)"}
+    modules = onnx_attention.fuse_attention(model)
+    record = {"enabled": True, "applied": bool(modules["fused"]), "op": "com.microsoft::MultiHeadAttention"}
+    record.update(modules)
+    if not modules["fused"]:
+        record["reason"] = "no attention module qualifies: " + "; ".join(sorted(set(modules["generic"].values())))
+    return record
 
 
 def _language_ids_required(model, sample) -> bool:
@@ -552,6 +591,13 @@ def main(argv=None) -> Path:
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
     parser.add_argument("--opset", type=int, help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
+    parser.add_argument(
+        "--no_fuse_attention",
+        dest="fuse_attention",
+        action="store_false",
+        help="keep attention as generic ONNX ops (default: plain scaled dot-product attention becomes ONNX "
+        "Runtime's com.microsoft::MultiHeadAttention; the manifest's attention_fusion says which modules)",
+    )
     args = parser.parse_args(argv)
     try:
         import onnx  # noqa: F401
@@ -567,7 +613,15 @@ def main(argv=None) -> Path:
     except (OSError, ValueError) as error:
         raise SystemExit(f"No tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).") from error
     try:
-        out = export(model, tokenizer, args.output_dir, int8=args.int8, opset=args.opset, force=args.force)
+        out = export(
+            model,
+            tokenizer,
+            args.output_dir,
+            int8=args.int8,
+            opset=args.opset,
+            force=args.force,
+            fuse_attention=args.fuse_attention,
+        )
     except (ValueError, FileExistsError) as error:
         raise SystemExit(str(error)) from error
     manifest = json.loads((out / MANIFEST).read_text())

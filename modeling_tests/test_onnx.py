@@ -2,7 +2,10 @@
 model type on tiny models: fp32 decodes token for token like torch (greedy, beam 4 with length penalty, early
 stopping and several returned sequences), the cached steps equal a full recompute, int8 keeps the first token where
 fp32's margin is decisive, the pipeline and translate.py run through ORT, the graphs run without hf_variants, and
-what the exporter cannot express is refused by name.
+what the exporter cannot express is refused by name. The exports fuse attention into ONNX Runtime's
+MultiHeadAttention where a module qualifies (the default; `onnx_attention`): the fused graphs are the ones compared
+with torch for every model type, and one unfused export of the baseline (`--no_fuse_attention`, through the CLI)
+keeps the generic path tested.
 
 Each model type is exported once per module (fp32 + int8): the export is the slow part (the dynamo exporter: 66-230 s
 a tiny model type on this 2-core machine at load 10-14; expect a third of that on a quiet one)."""
@@ -30,6 +33,8 @@ from hf_variants import (
     MuteForConditionalGeneration,
     TiedTransformerConfig,
     TiedTransformerForConditionalGeneration,
+    TransformerNmtConfig,
+    TransformerNmtForConditionalGeneration,
 )
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'hf-variants[onnx]'")
@@ -38,8 +43,9 @@ pytest.importorskip(
     "onnxscript", reason="onnxscript (the dynamo exporter's) is not installed: pip install 'hf-variants[onnx]'"
 )
 
-from hf_variants import OrtModelForSeq2SeqLM  # noqa: E402
+from hf_variants import OrtModelForSeq2SeqLM, export_onnx, onnx_attention  # noqa: E402
 from hf_variants.export_onnx import export  # noqa: E402
+from hf_variants.modeling_transformer_nmt import TransformerNmtAttention  # noqa: E402
 
 
 def _random(model_class, config_class, tokenizer, **overrides):
@@ -212,10 +218,133 @@ def test_export_seconds_recorded(exported):
     )
 
 
+# model type -> the reason its self-attentions keep the generic path (cross-attention fuses in every type)
+GENERIC_SELF_ATTENTION = {
+    "mute_nmt": "Shaw relative positions (max_relative_positions=16, relative values)",
+    "hysan_nmt": "HysanAttention computes its own attention (modeling_hysan)",
+}
+
+
+def _ops(path, op_type="MultiHeadAttention") -> int:
+    import onnx
+
+    return sum(node.op_type == op_type for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def test_attention_fusion_recorded(exported):
+    """The manifest names the fused modules and why the others are not; the graphs hold one MultiHeadAttention per
+    fused module (the step graph: decoder self- and cross-attention; the source graph: encoder self-attention), in
+    fp32 and int8 alike."""
+    model, folder, _, _, _ = exported
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    fusion, config = manifest["attention_fusion"], model.config
+    assert fusion["enabled"] and fusion["applied"] and fusion["op"] == "com.microsoft::MultiHeadAttention"
+    reason = GENERIC_SELF_ATTENTION.get(config.model_type)
+    assert all(name.endswith("encoder_attn") or reason is None for name in fusion["fused"])
+    assert set(fusion["generic"].values()) == ({reason} if reason else set())
+    assert all(name.endswith("self_attn") for name in fusion["generic"])
+    assert len(fusion["fused"]) + len(fusion["generic"]) == len(
+        [m for m in model.modules() if isinstance(m, TransformerNmtAttention)]
+    )
+    for precision in ("fp32", "int8"):
+        graphs = manifest["graphs"][precision]
+        assert _ops(folder / graphs["encoder"]) == (0 if reason else config.encoder_layers)
+        assert _ops(folder / graphs["decoder"]) == config.decoder_layers * (1 if reason else 2)
+
+
+def test_no_qualifying_attention_is_recorded_not_refused(tokenizer):
+    """Where no module qualifies (here: the encoders of HySAN and of a baseline with Shaw relative positions, on
+    their own), nothing is fused and the manifest's record says why; with fusion off, it says so."""
+    hysan = _random(HysanForConditionalGeneration, HysanConfig, tokenizer)
+    record = export_onnx._fuse(hysan.model.encoder, True)
+    assert record == {
+        "enabled": True,
+        "applied": False,
+        "op": "com.microsoft::MultiHeadAttention",
+        "fused": [],
+        "generic": {f"layers.{i}.self_attn": GENERIC_SELF_ATTENTION["hysan_nmt"] for i in range(2)},
+        "reason": "no attention module qualifies: " + GENERIC_SELF_ATTENTION["hysan_nmt"],
+    }
+    assert not any(type(m).__name__.startswith("Fused") for m in hysan.modules())
+    shaw = TransformerNmtForConditionalGeneration(
+        TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer), max_relative_positions=4)
+    )
+    record = export_onnx._fuse(shaw.model, True)
+    assert record["applied"] and all(name.endswith("encoder_attn") for name in record["fused"])
+    assert set(record["generic"].values()) == {"Shaw relative positions (max_relative_positions=4)"}
+    assert export_onnx._fuse(shaw, False)["reason"] == "disabled (--no_fuse_attention)"
+
+
+def test_fused_graph_modules_equal_generic_in_torch(exported):
+    """The graph wrappers the exporter traces, run in torch with the fused modules (the custom ops' torch
+    implementations: what MultiHeadAttention computes) and without: the same encoder outputs, cross keys/values,
+    logits and grown cache, on a padded batch and a past of 3."""
+    model, _, _, _, _ = exported
+    traced = export_onnx._trace(model)
+    fused = copy.deepcopy(model)
+    assert onnx_attention.fuse_attention(fused)["fused"]
+    sample = traced.sample
+    source_args = (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in traced.source_names])
+    past = [t.new_zeros(t.shape[0], t.shape[1], 3, t.shape[3]).normal_() for kv in traced.self_kv for t in kv]
+    results = []
+    with torch.no_grad():
+        for m in (model, fused):
+            source = export_onnx.SourceGraph(m, traced.source_names, traced.step_names, traced.field_names)(
+                *source_args
+            )
+            fields, cross = source[: len(traced.field_names)], source[len(traced.field_names) :]
+            step = export_onnx.StepGraph(
+                m, traced.step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers
+            )(traced.start, sample["attention_mask"], *fields, *[sample[k] for k in traced.step_names], *past, *cross)
+            results.append((*source, *step))
+    assert sum(type(m).__name__.startswith("Fused") for m in fused.modules()) > 0
+    for generic, fused_value in zip(*results):
+        torch.testing.assert_close(fused_value, generic, atol=1e-5, rtol=1e-4)
+
+
 # ------------------------------------------------------------------------------------- one model type suffices
 @pytest.fixture(scope="module")
 def baseline_export(tokenizer, tmp_path_factory):
     return _export_once("transformer_nmt", tokenizer, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def unfused_export(baseline_export, tokenizer, tmp_path_factory):
+    """The baseline saved and exported by the CLI with `--no_fuse_attention` (fp32 only)."""
+    model, _ = baseline_export
+    model_dir, folder = tmp_path_factory.mktemp("saved"), tmp_path_factory.mktemp("unfused") / "onnx"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    export_onnx.main(["--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"])
+    return folder
+
+
+def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_export, tokenizer):
+    """`--no_fuse_attention`: generic attention ops only, the manifest says so, and fp32 greedy and beam-4 decoding
+    equals the torch model's and the fused export's; the two step graphs' logits agree over a growing cache."""
+    model, fused_folder = baseline_export
+    manifest = json.loads((unfused_export / "onnx_manifest.json").read_text())
+    assert manifest["attention_fusion"] == {
+        "enabled": False,
+        "applied": False,
+        "reason": "disabled (--no_fuse_attention)",
+    }
+    assert sorted(manifest["graphs"]) == ["fp32"]
+    assert _ops(unfused_export / "encoder_model.onnx") == _ops(unfused_export / "decoder_model.onnx") == 0
+    assert _ops(unfused_export / "decoder_model.onnx", "Softmax") == 2 * model.config.decoder_layers
+    unfused = OrtModelForSeq2SeqLM.from_pretrained(unfused_export, num_threads=1)
+    fused = OrtModelForSeq2SeqLM.from_pretrained(fused_folder, precision="fp32", num_threads=1)
+    assert unfused.precision == "fp32"
+    inputs = model.prepare_translation_inputs(tokenizer, SENTENCES)
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=16, **settings)
+        assert torch.equal(unfused.generate(**inputs, max_new_tokens=16, **settings), expected), settings
+        assert torch.equal(fused.generate(**inputs, max_new_tokens=16, **settings), expected), settings
+    sequences = expected[:, :10]
+    logits = [ort(**inputs, decoder_input_ids=sequences).logits for ort in (unfused, fused)]
+    assert logits[0].shape == (len(SENTENCES), 10, model.config.vocab_size)
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
 
 
 def test_graphs_run_without_hf_variants(baseline_export, tokenizer):

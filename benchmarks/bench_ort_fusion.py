@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""ONNX Runtime decoding with and without attention fusion (`export_onnx --no_fuse_attention`), side by side.
+
+The baseline of a dims class (bench_inference's random MarianMTModel weights converted to ours) is exported twice
+(fused: attention as `com.microsoft::MultiHeadAttention`; unfused: generic ONNX ops), fp32 and int8, and each of the
+four engines decodes the same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, exactly
+`--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6) through `OrtModelForSeq2SeqLM.generate`
+at `--threads` 1, calls interleaved (fused fp32, unfused fp32, fused int8, unfused int8, ...) after one warm-up
+each, medians of `--reps`. Both clocks are recorded per call: process CPU time (what the engine computed: the
+number to trust on a shared, busy machine) and wall time. One process is enough at 1 thread (ORT's sessions run
+inline, no pool spins beside another); with more threads, use bench_inference.py (one process per engine).
+
+    python benchmarks/bench_ort_fusion.py [--size small] [--reps 7] [--threads 1]
+
+Prints tok/s per engine and the fused / unfused ratios, the graphs' node counts, the CPU model; writes
+benchmarks/results/ort_fusion.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_inference import _Vocabulary, marian_and_ours  # noqa: E402
+from timing import random_batch  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
+    return names[0] if names else "unknown"
+
+
+def node_counts(path: Path) -> dict:
+    import onnx
+
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    return {"nodes": len(nodes), "ops": dict(Counter(n.op_type for n in nodes).most_common(6))}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", choices=["tiny", "small", "base"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--src_len", type=int, default=15)
+    parser.add_argument("--new_tokens", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--output", default=str(RESULTS_DIR / "ort_fusion.json"))
+    args = parser.parse_args(argv)
+
+    from hf_variants import OrtModelForSeq2SeqLM
+    from hf_variants.export_onnx import export
+
+    torch.set_num_threads(args.threads)
+    _, ours = marian_and_ours(args.size, args.vocab)
+    inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
+    scratch = tempfile.TemporaryDirectory(prefix="bench_ort_fusion-")  # the exports; sessions keep their graphs
+    workdir = Path(scratch.name)
+    engines, graphs = {}, {}
+    for fused in (True, False):
+        kind = "fused" if fused else "unfused"
+        started = time.perf_counter()
+        folder = export(ours, _Vocabulary(args.vocab), workdir / kind, int8=True, fuse_attention=fused)
+        print(f"exported {kind} in {time.perf_counter() - started:.1f} s", flush=True)
+        for precision in ("fp32", "int8"):
+            engines[f"{kind}_{precision}"] = OrtModelForSeq2SeqLM.from_pretrained(
+                folder, precision=precision, num_threads=args.threads
+            )
+            graphs[f"{kind}_{precision}"] = node_counts(
+                folder / f"decoder_model{'_int8' if precision == 'int8' else ''}.onnx"
+            )
+    scratch.cleanup()
+    order = ["fused_fp32", "unfused_fp32", "fused_int8", "unfused_int8"]
+    results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "step_graphs": graphs, "rows": {}}
+    for beams in args.beams:
+        gen = dict(
+            num_beams=beams,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            **({"length_penalty": 0.6} if beams > 1 else {}),
+        )
+        outputs = {name: engines[name].generate(**inputs, **gen) for name in order}  # warm-up
+        if any(out.shape[1] != args.new_tokens + 1 for out in outputs.values()):
+            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens")
+        cpu, wall = {name: [] for name in order}, {name: [] for name in order}
+        for _ in range(args.reps):
+            for name in order:
+                c, w = time.process_time(), time.perf_counter()
+                engines[name].generate(**inputs, **gen)
+                cpu[name].append(time.process_time() - c)
+                wall[name].append(time.perf_counter() - w)
+        tokens = args.batch * args.new_tokens
+        key = "greedy" if beams == 1 else f"beam{beams}"
+        row = {
+            "cpu_tok_s": {name: round(tokens / statistics.median(cpu[name]), 1) for name in order},
+            "wall_tok_s": {name: round(tokens / statistics.median(wall[name]), 1) for name in order},
+            "fp32_tokens_equal": bool(torch.equal(outputs["fused_fp32"], outputs["unfused_fp32"])),
+        }
+        row["ratio_cpu"] = {
+            p: round(row["cpu_tok_s"][f"fused_{p}"] / row["cpu_tok_s"][f"unfused_{p}"], 2) for p in ("fp32", "int8")
+        }
+        row["ratio_wall"] = {
+            p: round(row["wall_tok_s"][f"fused_{p}"] / row["wall_tok_s"][f"unfused_{p}"], 2) for p in ("fp32", "int8")
+        }
+        results["rows"][key] = row
+        print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
+        print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
+        print(f"[{args.size} {key}] fused/unfused cpu {row['ratio_cpu']} wall {row['ratio_wall']}", flush=True)
+    print("step graph nodes:", {name: g["nodes"] for name, g in graphs.items()}, "| CPU:", results["cpu"])
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

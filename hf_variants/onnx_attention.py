@@ -1,0 +1,265 @@
+"""Attention as ONNX Runtime's fused `com.microsoft::MultiHeadAttention` in exported graphs (`export_onnx`).
+
+The dynamo exporter lowers the backbone's attention (`attend`: head split, QK^T, mask, softmax, V, head merge) to
+~15 generic nodes per attention, most of them Transposes and Reshapes that cost a decoding step as much as its
+GEMMs. During an export with fusion, every attention module that computes plain scaled dot-product attention runs
+`fused_forward` instead of its own `forward`: its projections are the module's, and the kernel is one custom torch
+op (`hf_variants_onnx::multi_head_attention`, below) that the exporter translates to ONE `MultiHeadAttention` node
+(`TRANSLATION_TABLE`, passed as `torch.onnx.export(custom_translation_table=...)`):
+
+- encoder self-attention (and the Tied Transformer's shared blocks on the encoder path): queries, keys and values
+  [batch, length, heads * head_dim], the source padding as `key_padding_mask` [batch, source] (int32, 1 = token);
+- decoder self-attention on the step graph's cache: the new token's keys/values [batch, 1, hidden] and the cache
+  as `past_key` / `past_value` [batch, heads, past, head_dim] (BNSH, the layout of the step graph's cache inputs)
+  -> `present_key` / `present_value` (past + 1), which become the step graph's cache outputs;
+- cross-attention on the cached source keys/values [batch, heads, source, head_dim] (BNSH) with the source padding.
+
+MUTE's units and MIMO's streams put n attentions side by side on the head axis (unit k owns heads k*H .. (k+1)*H-1,
+as in the torch kernel call), which is n*H heads of one MultiHeadAttention. `fusion_blocker(module)` names what keeps
+a module on the generic path: Shaw relative positions (a query-dependent score term, and with relative values a
+term on the output), HySAN's per-branch masks, MG-SA's phrase heads (any attention class that overrides the kernel
+call). The op's torch implementation computes what MultiHeadAttention computes (masked keys get `MASK_FILTER_VALUE`
+added before the softmax), so a model with fused modules also runs in torch (`fuse_attention` is tested there
+against the unfused model). Tooling: imported by `export_onnx` only (registers the custom op on import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from .modeling_transformer_nmt import TransformerNmtAttention, self_attention_cache
+
+MASK_FILTER_VALUE = -10000.0  # MultiHeadAttention's default `mask_filter_value`, added to the scores of padded keys
+
+
+@torch.library.custom_op("hf_variants_onnx::multi_head_attention", mutates_args=())
+def multi_head_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_padding_mask: Tensor | None,
+    num_heads: int,
+    scale: float,
+) -> Tensor:
+    """MultiHeadAttention without a cache: query [B, S, N*D]; key/value [B, L, N*D] or BNSH [B, N, L, D];
+    key_padding_mask [B, L] int32 (0 = padding) or None -> [B, S, N*D]."""
+    batch, length = query.shape[:2]
+    q = query.view(batch, length, num_heads, -1).transpose(1, 2)
+    if key.dim() == 3:
+        key = key.view(batch, key.shape[1], num_heads, -1).transpose(1, 2)
+        value = value.view(batch, value.shape[1], num_heads, -1).transpose(1, 2)
+    scores = torch.matmul(q, key.transpose(-1, -2)) * scale
+    if key_padding_mask is not None:
+        scores = scores + (key_padding_mask[:, None, None, :] == 0).to(scores.dtype) * MASK_FILTER_VALUE
+    out = torch.matmul(torch.softmax(scores, dim=-1), value)
+    return out.transpose(1, 2).reshape(batch, length, -1)
+
+
+@multi_head_attention.register_fake
+def _(query, key, value, key_padding_mask, num_heads, scale):
+    hidden = value.shape[-1] * num_heads if value.dim() == 4 else value.shape[-1]
+    return query.new_empty(query.shape[0], query.shape[1], hidden)
+
+
+@torch.library.custom_op("hf_variants_onnx::multi_head_attention_with_past", mutates_args=())
+def multi_head_attention_with_past(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    past_key: Tensor,
+    past_value: Tensor,
+    num_heads: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """MultiHeadAttention on a self-attention cache: query/key/value [B, S, N*D] (the new positions), past [B, N, P,
+    D] -> (output [B, S, N*D], present_key, present_value [B, N, P+S, D]). No causal mask: a decoding step (S = 1)
+    sees the whole cache and itself."""
+    batch, length = key.shape[:2]
+    present_key = torch.cat([past_key, key.view(batch, length, num_heads, -1).transpose(1, 2)], dim=2)
+    present_value = torch.cat([past_value, value.view(batch, length, num_heads, -1).transpose(1, 2)], dim=2)
+    out = multi_head_attention(query, present_key, present_value, None, num_heads, scale)
+    return out, present_key, present_value
+
+
+@multi_head_attention_with_past.register_fake
+def _(query, key, value, past_key, past_value, num_heads, scale):
+    batch, length = key.shape[:2]
+    heads, past, head_dim = past_key.shape[1:]
+    present = (batch, heads, past + length, head_dim)
+    return (
+        query.new_empty(batch, query.shape[1], heads * head_dim),
+        past_key.new_empty(present),
+        past_value.new_empty(present),
+    )
+
+
+def _onnx_op(num_outputs: int):
+    """`com.microsoft::MultiHeadAttention` for onnxscript (the onnx package has no schema for ORT's contrib ops):
+    the inputs up to `past_value`, the first `num_outputs` outputs (output, present_key, present_value)."""
+    import onnx
+    from onnxscript.values import Op, Opset
+
+    schema = onnx.defs.OpSchema
+    optional = schema.FormalParameterOption.Optional
+    inputs = [schema.FormalParameter("query", "T")] + [
+        schema.FormalParameter(name, "M" if name == "key_padding_mask" else "T", param_option=optional)
+        for name in ("key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
+    ]
+    outputs = [schema.FormalParameter("output", "T")] + [
+        schema.FormalParameter(name, "T", param_option=optional) for name in ("present_key", "present_value")
+    ][: num_outputs - 1]
+    attribute, kind = schema.Attribute, schema.AttrType
+    op_schema = schema(
+        "MultiHeadAttention",
+        "com.microsoft",
+        1,
+        inputs=inputs,
+        outputs=outputs,
+        type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[
+            attribute("num_heads", kind.INT, "", required=True),
+            attribute("scale", kind.FLOAT, "", required=False),
+            attribute("mask_filter_value", kind.FLOAT, "", required=False),
+        ],
+    )
+    return Op(Opset("com.microsoft", 1), "MultiHeadAttention", op_schema)
+
+
+def translation_table() -> dict:
+    """The exporter's `custom_translation_table`: each custom op -> a function emitting one MultiHeadAttention."""
+    attention, attention_with_past = _onnx_op(1), _onnx_op(3)
+
+    def to_onnx(query, key, value, key_padding_mask, num_heads: int, scale: float):
+        return attention(
+            query,
+            key,
+            value,
+            None,
+            key_padding_mask,
+            num_heads=num_heads,
+            scale=scale,
+            mask_filter_value=MASK_FILTER_VALUE,
+        )
+
+    def with_past_to_onnx(query, key, value, past_key, past_value, num_heads: int, scale: float):
+        return attention_with_past(
+            query, key, value, None, None, None, past_key, past_value, num_heads=num_heads, scale=scale
+        )
+
+    return {
+        torch.ops.hf_variants_onnx.multi_head_attention.default: to_onnx,
+        torch.ops.hf_variants_onnx.multi_head_attention_with_past.default: with_past_to_onnx,
+    }
+
+
+# ------------------------------------------------------------------------------------------- the modules' side
+def fusion_blocker(module: TransformerNmtAttention) -> str | None:
+    """Why `module` cannot run as MultiHeadAttention (None: it can)."""
+    config = module.config
+    if module.relative_positions is not None or module.relative_embeddings is not None:
+        return (
+            f"Shaw relative positions (max_relative_positions={config.max_relative_positions}"
+            + (", relative values" if config.relative_position_values else "")
+            + ")"
+        )
+    plain = type(module)._project is TransformerNmtAttention._project and (
+        type(module)._attend is TransformerNmtAttention._attend
+    )
+    if not plain and getattr(module, "phrase_memory", "absent") is not None:
+        # MG-SA's class without phrase heads (phrase_memory None) delegates both steps to the backbone's
+        return f"{type(module).__name__} computes its own attention ({type(module).__module__.rsplit('.', 1)[-1]})"
+    return None
+
+
+class _SourceMask:
+    """The source padding of the graph being traced, [B, source] int32: what every fused encoder self-attention
+    and cross-attention masks its keys with (set by the graph wrappers through `source_padding`)."""
+
+    value: Tensor | None = None
+
+
+@contextlib.contextmanager
+def source_padding(attention_mask: Tensor):
+    """Within the block, fused attentions mask source keys with `attention_mask` ([B, source], 0 = padding)."""
+    previous, _SourceMask.value = _SourceMask.value, attention_mask.to(torch.int32)
+    try:
+        yield
+    finally:
+        _SourceMask.value = previous
+
+
+def _merge_heads(module: TransformerNmtAttention, x: Tensor, parts: int) -> tuple[Tensor, ...]:
+    """A projection's output [B, T, parts*d] (or [n, B, T, parts*d] with units) -> `parts` tensors
+    [B, T, heads*D], heads in the kernel's order (unit-major with units)."""
+    if module.num_units is None:
+        return x.split(module.embed_dim, dim=-1) if parts > 1 else (x,)
+    n, b, t, _ = x.shape
+    x = x.view(n, b, t, parts, module.embed_dim).permute(3, 1, 2, 0, 4).reshape(parts, b, t, n * module.embed_dim)
+    return x.unbind(0)
+
+
+def fused_forward(
+    self: TransformerNmtAttention,
+    hidden_states: Tensor,
+    attention_mask=None,
+    key_value_states=None,
+    past_key_values=None,
+    output_attentions: bool = False,
+    **kwargs,
+):
+    """`TransformerNmtAttention.forward` with the kernel as one MultiHeadAttention where the call is one of the
+    three the exported graphs make (see the module docstring); any other call runs the module's own forward."""
+    generic = TransformerNmtAttention.forward
+    if output_attentions or _SourceMask.value is None:
+        return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+    if self.is_cross_attention:
+        if past_key_values is None or not past_key_values.is_updated.get(self.layer_idx):
+            # the source graph computes the cross keys/values here; its attention output is not used
+            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+        layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        (query,) = _merge_heads(self, self.q_proj(hidden_states), 1)
+        out = multi_head_attention(
+            query, layer.keys, layer.values, _SourceMask.value, self.num_heads, float(self.scaling)
+        )
+        return self._project_out(out.view(*out.shape[:2], self.num_heads, self.head_dim), hidden_states), None, None
+    cache = self_attention_cache(past_key_values)
+    query, key, value = _merge_heads(self, self.qkv_proj(hidden_states), 3)
+    if cache is None:
+        if kwargs.get("is_causal", self.is_causal):
+            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+        out = multi_head_attention(query, key, value, _SourceMask.value, self.num_heads, float(self.scaling))
+    else:
+        layers = cache.layers
+        if self.layer_idx >= len(layers) or not layers[self.layer_idx].is_initialized or query.shape[1] != 1:
+            # an empty cache (the source graph's start step, whose self-attention output is not used)
+            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+        layer = layers[self.layer_idx]
+        out, layer.keys, layer.values = multi_head_attention_with_past(
+            query, key, value, layer.keys, layer.values, self.num_heads, float(self.scaling)
+        )
+    return self._project_out(out.view(*out.shape[:2], self.num_heads, self.head_dim), hidden_states), None, None
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def fuse_attention(model) -> dict:
+    """Make every attention module of `model` (in place: the exporter's own copy) that `fusion_blocker` lets through
+    run `fused_forward`. Returns {"fused": [module names], "generic": {module name: reason}}."""
+    fused, generic = [], {}
+    for name, module in model.named_modules():
+        if not isinstance(module, TransformerNmtAttention):
+            continue
+        reason = fusion_blocker(module)
+        if reason is not None:
+            generic[name] = reason
+            continue
+        cls = type(module)
+        if cls not in _FUSED_CLASSES:
+            _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": fused_forward})
+        module.__class__ = _FUSED_CLASSES[cls]
+        fused.append(name)
+    return {"fused": fused, "generic": generic}
