@@ -517,8 +517,15 @@ def export(
         raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
     original_config = model.config
     model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
-    if model.config._attn_implementation not in ("eager", "sdpa"):
-        model.set_attn_implementation("sdpa")
+    implementation = model.config._attn_implementation
+    if getattr(model.config, "max_relative_positions", 0):
+        # torch 2.13's decomposition of SDPA with an additive (relative position) bias gives its output other strides
+        # than the trace saw, and the export fails ("Cannot view a tensor ..."): the same math, traced eagerly
+        implementation = "eager"
+    elif implementation not in ("eager", "sdpa"):
+        implementation = "sdpa"
+    if implementation != model.config._attn_implementation:
+        model.set_attn_implementation(implementation)
     started = time.perf_counter()
     traced = _trace(model)
     _untie_output_projection(model)

@@ -453,3 +453,21 @@ def test_package_imports_without_onnxruntime():
         cwd=str(__import__("conftest").REPO_ROOT),
     )
     assert out.stdout.split() == ["False", "OrtModelForSeq2SeqLM"]
+
+
+def test_relative_positions_export_and_decode_like_torch(tokenizer, tmp_path):
+    """A baseline with Shaw relative positions (keys and values) exports (its attention stays generic: traced with
+    the eager kernel, since torch's SDPA decomposition with an additive bias broke the export) and decodes like
+    torch, greedy and beam; the caller's model keeps its attention implementation."""
+    model = _random(TransformerNmtForConditionalGeneration, TransformerNmtConfig, tokenizer, max_relative_positions=4)
+    before = model.config._attn_implementation
+    folder = export(model, tokenizer, tmp_path / "rel")
+    assert model.config._attn_implementation == before
+    fusion = json.loads((folder / "onnx_manifest.json").read_text())["attention_fusion"]
+    assert any("relative positions" in reason for reason in fusion["generic"].values())
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    inputs = _inputs(model, tokenizer, SENTENCES, None)
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **settings)
+        assert torch.equal(ort.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **settings), expected)
