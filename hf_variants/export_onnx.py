@@ -493,6 +493,7 @@ def export(
         raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
     original_config = model.config
     model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
+    model.requires_grad_(False)  # a traced `scan` (MG-SA's phrase recurrence) would otherwise trace its backward
     if model.config._attn_implementation not in ("eager", "sdpa"):
         model.set_attn_implementation("sdpa")
     started = time.perf_counter()

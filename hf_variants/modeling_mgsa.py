@@ -158,6 +158,8 @@ class PhraseRecurrence(nn.Module):
         n, g, steps, _ = inputs.shape
         hidden = inputs.new_zeros(n, g, self.hidden_size)
         cell = torch.zeros_like(hidden)
+        if torch.compiler.is_exporting():
+            return self._scan(projected, mask, hidden, cell)
         outputs = []
         for s in range(steps):
             new_hidden, new_cell, _ = self.step(projected[:, :, s], hidden, cell)
@@ -166,6 +168,20 @@ class PhraseRecurrence(nn.Module):
             cell = torch.where(keep, new_cell, cell)
             outputs.append(hidden)
         return torch.stack(outputs, dim=2)
+
+    def _scan(self, projected, mask, hidden, cell) -> torch.Tensor:
+        """The loop of `forward` as one traced `scan` (ONNX `Scan`) over the step axis, for torch.export: a Python
+        loop would be unrolled to the sample's step count. The same operations per step, so the same values."""
+        from torch._higher_order_ops.scan import scan
+
+        def combine(state, step):
+            new_hidden, new_cell, _ = self.step(step[0], *state)
+            keep = step[1][:, :, None]
+            state = (torch.where(keep, new_hidden, state[0]), torch.where(keep, new_cell, state[1]))
+            return state, state[0].clone()
+
+        _, outputs = scan(combine, (hidden, cell), (projected.movedim(2, 0), mask.movedim(2, 0)))
+        return outputs.movedim(0, 2)
 
 
 # ---------------------------------------------------------------------------------------------- phrase memory
@@ -186,6 +202,8 @@ class PhraseMemory(nn.Module):
             self.composition_key = nn.Parameter(torch.empty(groups, d, d_g))
         elif self.composition == "lstm":  # last hidden state of an LSTM (d -> d_g in split mode) over the phrase
             self.composition_lstm = PhraseRecurrence(groups, d, composed, ordered=False)
+        # the longest phrase a partition can hold, where the config bounds it (n-gram phrases: the largest n)
+        self.longest_phrase = max(config.ngram_sizes) if config.phrase_type == "ngram" else None
         self.recurrence = None
         if self.interaction != "none":
             self.recurrence = PhraseRecurrence(
@@ -235,7 +253,12 @@ class PhraseMemory(nn.Module):
         starts = F.pad(counts.cumsum(-1), (1, 0))[..., :-1]
         sorted_rank = torch.arange(t, device=ids.device) - starts.gather(-1, sorted_ids.clamp(max=slots - 1))
         rank = torch.empty_like(sorted_rank).scatter_(-1, order, sorted_rank)
-        length = max(int(counts.max()), 1)
+        if torch.compiler.is_exporting() and self.longest_phrase is not None:
+            # a traced graph cannot read the longest phrase from the data: run to the bound (masked steps keep the
+            # state, so the last state is the same)
+            length = self.longest_phrase
+        else:
+            length = max(int(counts.max()), 1)
         sequences = hidden_states.new_zeros(b, slots + 1, g, length, d)  # phrase-major for the recurrence batch
         bi = torch.arange(b, device=ids.device)[:, None, None].expand_as(ids)
         gi = torch.arange(g, device=ids.device)[None, :, None].expand_as(ids)
@@ -501,7 +524,10 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
             if config.ngram_skip_special_tokens:  # the closing </s> and a leading <2xx> tag belong to no phrase
                 words = source_words(real, config.target_language_tags)
             ids = ngram_phrase_index(words, config.ngram_sizes)
-            slots = -(-length // min(config.ngram_sizes))
+            # ceil(length / n) on non-negative operands: exported, a SymInt floor division becomes ONNX `Div`,
+            # which truncates (-(-length // n) would give 0 slots for one token)
+            n = min(config.ngram_sizes)
+            slots = (length + n - 1) // n
         else:
             levels = config.syntactic_levels
             if phrase_index is None:
