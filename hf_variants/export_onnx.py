@@ -95,20 +95,22 @@ def check_exportable(model, opset: int | None = None) -> None:
             f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= {MIN_OPSET}."
         )
     if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
+        why = None
         if config.phrase_type == "syntactic":
             why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
-        elif config.phrase_interaction != "none":
+        elif config.phrase_composition == "lstm":
             why = (
-                f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
-                "phrases, which the trace unrolls to the sample's phrase count"
+                "phrase_composition='lstm' folds the phrase axis into the batch of its recurrence, a shape "
+                "torch.export specializes for sources of 1-2 tokens"
             )
-        else:
-            why = "the phrase count ceil(length / n) is a shape torch.export specializes for sources of 1-2 tokens"
-        raise ValueError(
-            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
-            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: {why}. An MG-SA "
-            "model without phrase heads (mgsa_layers=[]) exports."
-        )
+        if why:
+            raise ValueError(
+                f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
+                f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}, phrase_composition="
+                f"{config.phrase_composition!r}) is not supported: {why}. The n-gram MG-SA (phrase_type='ngram') "
+                "with the 'san' or 'max_pool' composition exports, as does MG-SA without phrase heads "
+                "(mgsa_layers=[])."
+            )
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
 

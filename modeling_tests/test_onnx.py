@@ -55,7 +55,8 @@ BUILDERS = {
     "transformer_nmt": (lambda tok: trained_baseline(tok), None),
     "mute_nmt": (lambda tok: _random(MuteForConditionalGeneration, MuteConfig, tok), None),
     "hysan_nmt": (lambda tok: _random(HysanForConditionalGeneration, HysanConfig, tok), None),
-    "mgsa_nmt": (lambda tok: _random(MgsaForConditionalGeneration, MgsaConfig, tok, mgsa_layers=[]), None),
+    # phrase heads in the small preset's form: n-gram phrases (2, 3, 4), SAN composition, ON-LSTM interaction
+    "mgsa_nmt": (lambda tok: _random(MgsaForConditionalGeneration, MgsaConfig, tok, phrase_type="ngram"), None),
     "mimo_nmt": (
         lambda tok: _random(
             MimoForConditionalGeneration,
@@ -291,8 +292,11 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
     model, folder = baseline_export
     with pytest.raises(ValueError, match="--opset 17 is not supported"):
         export(model, tokenizer, tmp_path / "a", opset=17)
-    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_type="ngram")
-    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads \(mgsa_layers=\[0\]"):
+    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer)  # syntactic phrases (the paper's)
+    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads \(mgsa_layers=\[0\].*values of `phrase_index`"):
+        export(mgsa, tokenizer, tmp_path / "b")
+    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_type="ngram", phrase_composition="lstm")
+    with pytest.raises(ValueError, match=r"phrase_composition='lstm'.*The n-gram MG-SA"):
         export(mgsa, tokenizer, tmp_path / "b")
     with pytest.raises(FileExistsError, match="--force"):
         export(model, tokenizer, folder)
@@ -306,6 +310,72 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         ort.generate(**inputs, output_attentions=True, return_dict_in_generate=True)
     with pytest.raises(ValueError, match="cannot move to cuda"):
         ort.to("cuda")
+
+
+# ------------------------------------------------------------------------------------ MG-SA's phrase heads
+def _random_sources(config, lengths, left_padding=False):
+    """A padded batch of random sources of the given lengths (ids above the special tokens, each row closed by
+    `</s>`) and its attention mask."""
+    generator = torch.Generator().manual_seed(len(lengths) + max(lengths))
+    ids = torch.full((len(lengths), max(lengths)), config.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        span = slice(max(lengths) - length, None) if left_padding else slice(0, length)
+        ids[row, span] = torch.randint(4, config.vocab_size, (length,), generator=generator)
+        ids[row, span.stop - 1 if span.stop else -1] = config.eos_token_id
+        mask[row, span] = 1
+    return ids, mask
+
+
+def _check_phrase_heads(model, ort, lengths):
+    """ORT's encoder gives torch's outputs for each source length alone (the export traced 7 tokens), for a batch
+    of mixed lengths padded on either side, and generate (greedy, beam 4) decodes the mixed batch like torch."""
+    for length in lengths:
+        ids, mask = _random_sources(model.config, [length])
+        with torch.no_grad():
+            expected = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ort.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"source length {length}")
+    mixed = [1, 2, 3, 6, 11, 29]
+    for left_padding in (False, True):
+        ids, mask = _random_sources(model.config, mixed, left_padding)
+        with torch.no_grad():
+            expected = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ort.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"left padding {left_padding}")
+    ids, mask = _random_sources(model.config, mixed)
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **settings)
+        got = ort.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **settings)
+        assert torch.equal(got, expected), settings
+
+
+def test_mgsa_phrase_heads_any_source_length(tokenizer, tmp_path_factory):
+    """The n-gram MG-SA with its ON-LSTM over the phrases (an ONNX Scan, not a loop unrolled to the sample's
+    phrase count) runs any source length from 1 token to max_position_embeddings."""
+    model, folder = _export_once("mgsa_nmt", tokenizer, tmp_path_factory)
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    limit = model.config.max_position_embeddings
+    _check_phrase_heads(model, ort, [1, 2, 3, 4, 5, 8, 9, 64, limit - 1, limit])
+
+
+@pytest.mark.parametrize("interaction,composition", [("lstm", "max_pool"), ("none", "san")])
+def test_mgsa_phrase_interactions_export(interaction, composition, tokenizer, tmp_path):
+    """The other interactions (a plain LSTM, none) and compositions export too; one layer each side keeps the
+    export short."""
+    model = _random(
+        MgsaForConditionalGeneration,
+        MgsaConfig,
+        tokenizer,
+        phrase_type="ngram",
+        phrase_interaction=interaction,
+        phrase_composition=composition,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
+    export(model, tokenizer, tmp_path / "onnx")
+    _check_phrase_heads(model, OrtModelForSeq2SeqLM.from_pretrained(tmp_path / "onnx", num_threads=1), [1, 2, 5, 9])
 
 
 def test_package_imports_without_onnxruntime():
