@@ -11,8 +11,8 @@ every variant of the efficiency table (benchmarks/efficiency.py: its configurati
 - `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
 - `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo;
 - `ort_<model>_fp32`, `ort_<model>_int8` (ONNX Runtime: `python -m hf_variants.export_onnx` of the same weights,
-  `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the exporter takes (not MG-SA's
-  phrase heads), unless `--skip_ort` or onnxruntime is missing.
+  `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the exporter takes (all of
+  them: MG-SA's n-gram phrase heads included), unless `--skip_ort` or onnxruntime is missing.
 
 Every engine runs in its own process (`--worker`; in one process, torch's OpenMP pool and ORT's threads spin against
 each other: torch fp32 measured ~25% slower beside ORT), built from the same seeded weights; the parent sends the

@@ -15,9 +15,11 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
 
-Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
-without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
-exporter says so, naming the config fields. The tokenizer, config, generation config and `onnx_manifest.json`
+Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA):
+MG-SA's n-gram phrase heads with any interaction (their ON-LSTM / LSTM over the phrases is traced as one `scan`, an
+ONNX `Scan` over as many phrases as the source has) and the SAN or max-pool composition. Not exportable, and the
+exporter says so naming the config fields: MG-SA's syntactic phrases (the phrase axis is sized from the values of
+`phrase_index`) and its LSTM composition. The tokenizer, config, generation config and `onnx_manifest.json`
 (graph files, input/output names and dtypes, exporter versions, int8 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
 weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
