@@ -136,14 +136,21 @@ class PhraseRecurrence(nn.Module):
         """One step for all groups: projected input [N, G, gates], state [N, G, hidden] ->
         (hidden, cell, master gates (forget, input) [N, G, hidden] or None)."""
         gates = projected + torch.einsum("ngh,gkh->ngk", hidden, self.weight_hh) + self.bias_hh
+        return self.update(gates, cell)
+
+    def update(self, gates: torch.Tensor, cell: torch.Tensor):
+        """The cell update from the step's gates [..., gates] and cell [..., hidden] (any leading layout) ->
+        (hidden, cell, master gates or None)."""
         nc2 = 2 * self.num_chunks
         out_gate, candidate, in_gate, forget_gate = gates[..., nc2:].chunk(4, dim=-1)
         forget_gate, in_gate = torch.sigmoid(forget_gate), torch.sigmoid(in_gate)
         masters = None
         if self.ordered:
             master_in, master_forget = gates[..., :nc2].chunk(2, dim=-1)
-            master_in = (1.0 - cumax(master_in)).repeat_interleave(self.chunk_size, dim=-1)
-            master_forget = cumax(master_forget).repeat_interleave(self.chunk_size, dim=-1)
+            master_in, master_forget = 1.0 - cumax(master_in), cumax(master_forget)
+            if self.chunk_size > 1:
+                master_in = master_in.repeat_interleave(self.chunk_size, dim=-1)
+                master_forget = master_forget.repeat_interleave(self.chunk_size, dim=-1)
             overlap = master_forget * master_in
             forget_gate = forget_gate * overlap + (master_forget - overlap)
             in_gate = in_gate * overlap + (master_in - overlap)
@@ -171,11 +178,15 @@ class PhraseRecurrence(nn.Module):
 
     def _scan(self, projected, mask, hidden, cell) -> torch.Tensor:
         """The loop of `forward` as one traced `scan` (ONNX `Scan`) over the step axis, for torch.export: a Python
-        loop would be unrolled to the sample's step count. The same operations per step, so the same values."""
+        loop would be unrolled to the sample's step count. The recurrent product as one batched MatMul per step
+        (exported, the einsum of `step` is a chain of reshapes run at every step)."""
         from torch._higher_order_ops.scan import scan
 
+        weight = self.weight_hh.transpose(1, 2)  # [G, hidden, gates]
+
         def combine(state, step):
-            new_hidden, new_cell, _ = self.step(step[0], *state)
+            recurrent = torch.matmul(state[0].transpose(0, 1), weight).transpose(0, 1)
+            new_hidden, new_cell, _ = self.update(step[0] + recurrent + self.bias_hh, state[1])
             keep = step[1][:, :, None]
             state = (torch.where(keep, new_hidden, state[0]), torch.where(keep, new_cell, state[1]))
             return state, state[0].clone()
