@@ -72,10 +72,20 @@ def _language_field(model) -> str | None:
     return getattr(model.model, "language_ids_field", None)
 
 
+def _syntactic_phrases(config) -> bool:
+    return config.model_type == "mgsa_nmt" and config.phrase_type == "syntactic" and _has_phrase_heads(config)
+
+
+def _has_phrase_heads(config) -> bool:
+    return bool(config.mgsa_layers and config.num_phrase_groups)
+
+
 def source_input_names(model) -> list[str]:
     """The variant inputs of the source graph, beside `input_ids` and `attention_mask`: MIMO's and Tied's target
-    language (MG-SA's phrase inputs are refused by `check_exportable`)."""
-    return ["tgt_lang_ids"] if _language_field(model) is not None else []
+    language, the syntactic MG-SA's `phrase_index` [batch, levels, source] (`phrase_tags` only feed its training
+    loss)."""
+    names = ["tgt_lang_ids"] if _language_field(model) is not None else []
+    return names + (["phrase_index"] if _syntactic_phrases(model.config) else [])
 
 
 def step_input_names(model) -> list[str]:
@@ -96,23 +106,13 @@ def check_exportable(model, opset: int | None = None) -> None:
         raise ValueError(
             f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= {MIN_OPSET}."
         )
-    if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
-        why = None
-        if config.phrase_type == "syntactic":
-            why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
-        elif config.phrase_composition == "lstm":
-            why = (
-                "phrase_composition='lstm' folds the phrase axis into the batch of its recurrence, a shape "
-                "torch.export specializes for sources of 1-2 tokens"
-            )
-        if why:
-            raise ValueError(
-                f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
-                f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}, phrase_composition="
-                f"{config.phrase_composition!r}) is not supported: {why}. The n-gram MG-SA (phrase_type='ngram') "
-                "with the 'san' or 'max_pool' composition exports, as does MG-SA without phrase heads "
-                "(mgsa_layers=[])."
-            )
+    if config.model_type == "mgsa_nmt" and _has_phrase_heads(config) and config.phrase_composition == "lstm":
+        raise ValueError(
+            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, phrase_type="
+            f"{config.phrase_type!r}) and phrase_composition='lstm' is not supported: the LSTM composition folds "
+            "the phrase axis into the batch of its recurrence, a shape torch.export specializes for sources of "
+            "1-2 tokens. The 'san' (default) and 'max_pool' compositions export."
+        )
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
 
@@ -216,6 +216,11 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if "tgt_lang_ids" in source_names:
         inputs["tgt_lang_ids"] = torch.zeros(batch, dtype=torch.long)
+    if "phrase_index" in source_names:  # level k: phrases of k + 2 words (the closing </s> in none)
+        words = attention_mask.bool() & (input_ids != config.eos_token_id)
+        rank = words.long().cumsum(-1) - 1
+        levels = torch.arange(2, config.syntactic_levels + 2)[None, :, None]
+        inputs["phrase_index"] = torch.where(words[:, None], rank[:, None] // levels, -1)
     return inputs
 
 
@@ -384,7 +389,12 @@ def _dims():
 def _export_source_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
     batch, src, _ = _dims()
     sample, names = traced.sample, traced.source_names
-    shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch}}
+    shapes = {
+        "input_ids": {0: batch, 1: src},
+        "attention_mask": {0: batch, 1: src},
+        "tgt_lang_ids": {0: batch},
+        "phrase_index": {0: batch, 2: src},
+    }
     _torch_export(
         SourceGraph(model, names, traced.step_names, traced.field_names),
         (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in names]),

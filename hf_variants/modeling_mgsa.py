@@ -559,7 +559,13 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
                 )
             ids = phrase_index[..., :length].to(device=device, dtype=torch.long)
             ids = torch.where(real[:, None, :], ids, torch.full_like(ids, -1))
-            slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
+            if torch.compiler.is_exporting():
+                # a traced graph cannot size an axis from the values: the phrases of a level are numbered 0.. over
+                # the tokens present (`phrase_inputs_from_leaves`), so there are at most `length`; the extra slots
+                # are empty (masked: no token reads them, the recurrence keeps its state over them)
+                slots = length
+            else:
+                slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
         counts = torch.zeros(ids.shape[0], ids.shape[1], slots + 1, dtype=torch.long, device=device)
         counts.scatter_add_(2, torch.where(ids >= 0, ids, slots), torch.ones_like(ids))
         sizes = counts[..., :slots]

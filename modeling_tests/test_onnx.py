@@ -292,11 +292,8 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
     model, folder = baseline_export
     with pytest.raises(ValueError, match="--opset 17 is not supported"):
         export(model, tokenizer, tmp_path / "a", opset=17)
-    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer)  # syntactic phrases (the paper's)
-    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads \(mgsa_layers=\[0\].*values of `phrase_index`"):
-        export(mgsa, tokenizer, tmp_path / "b")
     mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_type="ngram", phrase_composition="lstm")
-    with pytest.raises(ValueError, match=r"phrase_composition='lstm'.*The n-gram MG-SA"):
+    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads .* phrase_composition='lstm' is not supported"):
         export(mgsa, tokenizer, tmp_path / "b")
     with pytest.raises(FileExistsError, match="--force"):
         export(model, tokenizer, folder)
@@ -327,27 +324,40 @@ def _random_sources(config, lengths, left_padding=False):
     return ids, mask
 
 
+def _source_inputs(config, lengths, left_padding=False) -> dict:
+    """`_random_sources` as model inputs; for the syntactic MG-SA also a `phrase_index` (level k: phrases of k + 1
+    words, as a parse's levels nest; the closing </s> in none)."""
+    ids, mask = _random_sources(config, lengths, left_padding)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if config.phrase_type == "syntactic":
+        words = mask.bool() & (ids != config.eos_token_id)
+        rank = words.long().cumsum(-1)[:, None] - 1
+        sizes = torch.arange(1, config.syntactic_levels + 1)[None, :, None]
+        inputs["phrase_index"] = torch.where(words[:, None], rank // sizes, -1)
+    return inputs
+
+
 def _check_phrase_heads(model, ort, lengths):
     """ORT's encoder gives torch's outputs for each source length alone (the export traced 7 tokens), for a batch
     of mixed lengths padded on either side, and generate (greedy, beam 4) decodes the mixed batch like torch."""
     for length in lengths:
-        ids, mask = _random_sources(model.config, [length])
+        inputs = _source_inputs(model.config, [length])
         with torch.no_grad():
-            expected = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = ort.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            expected = model.get_encoder()(**inputs).last_hidden_state
+        got = ort.get_encoder()(**inputs).last_hidden_state
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"source length {length}")
     mixed = [1, 2, 3, 6, 11, 29]
     for left_padding in (False, True):
-        ids, mask = _random_sources(model.config, mixed, left_padding)
+        inputs = _source_inputs(model.config, mixed, left_padding)
         with torch.no_grad():
-            expected = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = ort.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            expected = model.get_encoder()(**inputs).last_hidden_state
+        got = ort.get_encoder()(**inputs).last_hidden_state
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"left padding {left_padding}")
-    ids, mask = _random_sources(model.config, mixed)
+    inputs = _source_inputs(model.config, mixed)
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
         with torch.no_grad():
-            expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **settings)
-        got = ort.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, **settings)
+            expected = model.generate(**inputs, max_new_tokens=12, **settings)
+        got = ort.generate(**inputs, max_new_tokens=12, **settings)
         assert torch.equal(got, expected), settings
 
 
@@ -360,22 +370,41 @@ def test_mgsa_phrase_heads_any_source_length(tokenizer, tmp_path_factory):
     _check_phrase_heads(model, ort, [1, 2, 3, 4, 5, 8, 9, 64, limit - 1, limit])
 
 
-@pytest.mark.parametrize("interaction,composition", [("lstm", "max_pool"), ("none", "san")])
-def test_mgsa_phrase_interactions_export(interaction, composition, tokenizer, tmp_path):
-    """The other interactions (a plain LSTM, none) and compositions export too; one layer each side keeps the
-    export short."""
+def _flat_parse(sentence: str) -> str:
+    """A parse with three levels (S, pairs of words as NP, NN leaves) of a whitespace-tokenized sentence."""
+    words = sentence.split()
+    pairs = [" ".join(f"(NN {w})" for w in words[i : i + 2]) for i in range(0, len(words), 2)]
+    return "(ROOT (S " + " ".join(f"(NP {pair})" for pair in pairs) + "))"
+
+
+@pytest.mark.parametrize(
+    "phrase_type,interaction,composition",
+    [("ngram", "lstm", "max_pool"), ("ngram", "none", "san"), ("syntactic", "on_lstm", "san")],
+)
+def test_mgsa_phrase_interactions_export(phrase_type, interaction, composition, tokenizer, tmp_path):
+    """The other interactions (a plain LSTM, none) and compositions export too, and the syntactic MG-SA (the
+    paper's: `phrase_index` a source input, up to `length` phrase slots a level); one layer each side keeps the
+    export short. Syntactic: the inputs from parses (`prepare_translation_inputs(..., parses=...)`) decode alike."""
     model = _random(
         MgsaForConditionalGeneration,
         MgsaConfig,
         tokenizer,
-        phrase_type="ngram",
+        phrase_type=phrase_type,
         phrase_interaction=interaction,
         phrase_composition=composition,
         encoder_layers=1,
         decoder_layers=1,
     )
     export(model, tokenizer, tmp_path / "onnx")
-    _check_phrase_heads(model, OrtModelForSeq2SeqLM.from_pretrained(tmp_path / "onnx", num_threads=1), [1, 2, 5, 9])
+    ort = OrtModelForSeq2SeqLM.from_pretrained(tmp_path / "onnx", num_threads=1)
+    _check_phrase_heads(model, ort, [1, 2, 5, 9])
+    if phrase_type == "syntactic":
+        inputs = ort.prepare_translation_inputs(tokenizer, SENTENCES, parses=[_flat_parse(s) for s in SENTENCES])
+        with torch.no_grad():
+            expected = model.generate(**inputs, num_beams=4, max_new_tokens=12)
+        assert torch.equal(ort.generate(**inputs, num_beams=4, max_new_tokens=12), expected)
+        with pytest.raises(ValueError, match="needs `phrase_index`"):
+            ort.generate(input_ids=inputs["input_ids"], max_new_tokens=2)
 
 
 def test_package_imports_without_onnxruntime():
