@@ -7,20 +7,21 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
 (`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position table):
 
 - `encoder_model.onnx` (source graph): `input_ids`, `attention_mask` and the variant's source inputs (MIMO/Tied
-  `tgt_lang_ids`) -> the encoder output tensors (`encoder_last_hidden_state`, MIMO's
-  `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`, `cross_value.{i}`),
-  computed once per source by running the decoder one step on a start token;
+  `tgt_lang_ids`, the syntactic MG-SA's `phrase_index`) -> the encoder output tensors (`encoder_last_hidden_state`,
+  MIMO's `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`,
+  `cross_value.{i}`), computed once per source by running the decoder one step on a start token;
 - `decoder_model.onnx` (step graph): `decoder_input_ids` [batch, 1], `encoder_attention_mask`, the encoder output
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
 
 Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA):
-MG-SA's n-gram phrase heads with any interaction (their ON-LSTM / LSTM over the phrases is traced as one `scan`, an
-ONNX `Scan` over as many phrases as the source has) and the SAN or max-pool composition. Not exportable, and the
-exporter says so naming the config fields: MG-SA's syntactic phrases (the phrase axis is sized from the values of
-`phrase_index`) and its LSTM composition. The tokenizer, config, generation config and `onnx_manifest.json`
-(graph files, input/output names and dtypes, exporter versions, int8 settings) are written beside the graphs.
+MG-SA's phrase heads, n-gram or syntactic (then `phrase_index` [batch, levels, source] is an input of the source
+graph, and a level has up to `source` phrase slots), with any interaction (the ON-LSTM / LSTM over the phrases is
+traced as one `scan`, an ONNX `Scan` over the source's phrase slots) and the SAN or max-pool composition. Not
+exportable, and the exporter says so naming the config fields: MG-SA's LSTM composition. The tokenizer, config,
+generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
+settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
 weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
 
