@@ -107,12 +107,12 @@ def check_exportable(model, opset: int | None = None) -> None:
         raise ValueError(
             f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= {MIN_OPSET}."
         )
-    if config.model_type == "mgsa_nmt" and _has_phrase_heads(config) and config.phrase_composition == "lstm":
+    if _syntactic_phrases(config) and config.phrase_composition == "lstm":
         raise ValueError(
-            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, phrase_type="
-            f"{config.phrase_type!r}) and phrase_composition='lstm' is not supported: the LSTM composition folds "
-            "the phrase axis into the batch of its recurrence, a shape torch.export specializes for sources of "
-            "1-2 tokens. The 'san' (default) and 'max_pool' compositions export."
+            f"export_onnx: mgsa_nmt with syntactic phrase heads (mgsa_layers={config.mgsa_layers}, "
+            "phrase_type='syntactic') and phrase_composition='lstm' is not supported: the LSTM composition runs "
+            "as many steps as the longest phrase has tokens, which only the values of `phrase_index` tell (n-gram "
+            "phrases bound it by the largest n). The 'san' (default) and 'max_pool' compositions export."
         )
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")

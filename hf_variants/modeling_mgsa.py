@@ -270,16 +270,19 @@ class PhraseMemory(nn.Module):
             length = self.longest_phrase
         else:
             length = max(int(counts.max()), 1)
-        sequences = hidden_states.new_zeros(b, slots + 1, g, length, d)  # phrase-major for the recurrence batch
-        bi = torch.arange(b, device=ids.device)[:, None, None].expand_as(ids)
+        # one recurrence row per (sentence, slot), phrase-major, built flat: each sentence has slots + 1 rows, the
+        # last collecting its tokens without a phrase (dropped); no slicing and merging of the symbolic slot axis,
+        # which torch.export would specialize
+        rows = slots + 1
+        row = torch.arange(b, device=ids.device)[:, None, None] * rows + torch.where(real, ids, slots)  # [B, G, T]
         gi = torch.arange(g, device=ids.device)[None, :, None].expand_as(ids)
-        slot = torch.where(real, ids, slots)
-        sequences[bi, slot, gi, rank.clamp(max=length - 1)] = hidden_states[:, None].expand(b, g, t, d)
-        sequences = sequences[:, :slots].reshape(b * slots, g, length, d)
-        steps = torch.arange(length, device=ids.device)
-        mask = steps[None, None, :] < counts.transpose(1, 2).reshape(b * slots, g, 1)
+        sequences = hidden_states.new_zeros(b * rows, g, length, d)
+        sequences[row, gi, rank.clamp(max=length - 1)] = hidden_states[:, None].expand(b, g, t, d)
+        sizes = torch.zeros(b * rows, g, dtype=torch.long, device=ids.device)
+        sizes.index_put_((row, gi), torch.ones_like(ids), accumulate=True)
+        mask = torch.arange(length, device=ids.device) < sizes[..., None]
         last = self.composition_lstm(sequences, mask)[:, :, -1]  # masked steps keep the state: last real one
-        return last.view(b, slots, g, -1).transpose(1, 2)
+        return last.view(b, rows, g, last.shape[-1])[:, :slots].transpose(1, 2)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition):
         composed = self.compose(hidden_states, partition)

@@ -292,8 +292,8 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
     model, folder = baseline_export
     with pytest.raises(ValueError, match="--opset 17 is not supported"):
         export(model, tokenizer, tmp_path / "a", opset=17)
-    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_type="ngram", phrase_composition="lstm")
-    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads .* phrase_composition='lstm' is not supported"):
+    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_composition="lstm")  # syntactic
+    with pytest.raises(ValueError, match=r"syntactic phrase heads .* phrase_composition='lstm' is not supported"):
         export(mgsa, tokenizer, tmp_path / "b")
     with pytest.raises(FileExistsError, match="--force"):
         export(model, tokenizer, folder)
@@ -379,12 +379,13 @@ def _flat_parse(sentence: str) -> str:
 
 @pytest.mark.parametrize(
     "phrase_type,interaction,composition",
-    [("ngram", "lstm", "max_pool"), ("ngram", "none", "san"), ("syntactic", "on_lstm", "san")],
+    [("ngram", "lstm", "max_pool"), ("ngram", "none", "lstm"), ("syntactic", "on_lstm", "san")],
 )
 def test_mgsa_phrase_interactions_export(phrase_type, interaction, composition, tokenizer, tmp_path):
-    """The other interactions (a plain LSTM, none) and compositions export too, and the syntactic MG-SA (the
-    paper's: `phrase_index` a source input, up to `length` phrase slots a level); one layer each side keeps the
-    export short. Syntactic: the inputs from parses (`prepare_translation_inputs(..., parses=...)`) decode alike."""
+    """The other interactions (a plain LSTM, none) and compositions (max-pool; an LSTM over each n-gram's tokens,
+    run to the largest n) export too, and the syntactic MG-SA (the paper's: `phrase_index` a source input, up to
+    `length` phrase slots a level); one layer each side keeps the export short. Syntactic: the inputs from parses
+    (`prepare_translation_inputs(..., parses=...)`) decode alike."""
     model = _random(
         MgsaForConditionalGeneration,
         MgsaConfig,
