@@ -18,8 +18,9 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
 Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA):
 MG-SA's phrase heads, n-gram or syntactic (then `phrase_index` [batch, levels, source] is an input of the source
 graph, and a level has up to `source` phrase slots), with any interaction (the ON-LSTM / LSTM over the phrases is
-traced as one `scan`, an ONNX `Scan` over the source's phrase slots) and the SAN or max-pool composition. Not
-exportable, and the exporter says so naming the config fields: MG-SA's LSTM composition. The tokenizer, config,
+traced as one `scan`, an ONNX `Scan` over the source's phrase slots) and any composition. Not exportable, and the
+exporter says so naming the config fields: the syntactic MG-SA with the LSTM composition (as many recurrent steps
+as its longest phrase, which only the values of `phrase_index` tell). The tokenizer, config,
 generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8

@@ -11,7 +11,7 @@ What the paper adds to the Transformer, and nothing else (`docs/variants-spec.md
   partition (n-gram ids derived from the attention mask, counted on the words: the closing `</s>` and a leading
   `<2xx>` tag belong to no phrase; or parse-level ids given as `phrase_index`) -> composition (`max_pool` | `san` |
   `lstm` d -> d_g, eq. 8) -> optional tag classifier on the composed phrases (eq. 9-10) -> interaction (`none` |
-  `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few).
+  `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few; one traced `scan` when exported).
 - The fused QKV holds keys and values only for the heads that project them (docs/variants-spec.md §3.2d): in the
   default `split` mode the phrase heads read K = V = slices of their memory and have no K/V rows.
 - The tag loss (eq. 12) leaves the layer as an auxiliary loss SUM (`{"tag_loss": lambda * L_tag}`); the backbone
