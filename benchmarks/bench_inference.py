@@ -13,7 +13,7 @@ every variant of the efficiency table (benchmarks/efficiency.py: its configurati
 - `ort_<model>_fp32`, `ort_<model>_int8` (ONNX Runtime: `python -m hf_variants.export_onnx` of the same weights,
   attention fused into MultiHeadAttention where it qualifies (the exporter's default; fused against unfused:
   `bench_ort_fusion.py`), `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the
-  exporter takes (not MG-SA's phrase heads), unless `--skip_ort` or onnxruntime is missing.
+  exporter takes (all of them: MG-SA's phrase heads included), unless `--skip_ort` or onnxruntime is missing.
 
 Every engine runs in its own process (`--worker`; in one process, torch's OpenMP pool and ORT's threads spin against
 each other: torch fp32 measured ~25% slower beside ORT), built from the same seeded weights; the parent sends the

@@ -8,9 +8,9 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
 (`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position table):
 
 - `encoder_model.onnx` (source graph): `input_ids`, `attention_mask` and the variant's source inputs (MIMO/Tied
-  `tgt_lang_ids`) -> the encoder output tensors (`encoder_last_hidden_state`, MIMO's
-  `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`, `cross_value.{i}`),
-  computed once per source by running the decoder one step on a start token;
+  `tgt_lang_ids`, the syntactic MG-SA's `phrase_index`) -> the encoder output tensors (`encoder_last_hidden_state`,
+  MIMO's `encoder_streams`) and every decoder layer's cross-attention keys/values (`cross_key.{i}`,
+  `cross_value.{i}`), computed once per source by running the decoder one step on a start token;
 - `decoder_model.onnx` (step graph): `decoder_input_ids` [batch, 1], `encoder_attention_mask`, the encoder output
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
@@ -25,10 +25,14 @@ relative positions: MUTE's self-attention by default; HySAN's branch masks) stay
 fuses the residual Add + LayerNorm (SkipLayerNormalization) and int8 MatMul + scale (DynamicQuantizeMatMul) itself
 at session creation (`ORT_ENABLE_ALL`, as `OrtModelForSeq2SeqLM` sets).
 
-Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA
-without phrase heads); MG-SA's phrase heads do not (their phrase axis is sized in Python from the source), and the
-exporter says so, naming the config fields. The tokenizer, config, generation config and `onnx_manifest.json`
-(graph files, input/output names and dtypes, exporter versions, int8 settings) are written beside the graphs.
+Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA):
+MG-SA's phrase heads, n-gram or syntactic (then `phrase_index` [batch, levels, source] is an input of the source
+graph, and a level has up to `source` phrase slots), with any interaction (the ON-LSTM / LSTM over the phrases is
+traced as one `scan`, an ONNX `Scan` over the source's phrase slots) and any composition. Not exportable, and the
+exporter says so naming the config fields: the syntactic MG-SA with the LSTM composition (as many recurrent steps
+as its longest phrase, which only the values of `phrase_index` tell). The tokenizer, config,
+generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
+settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
 weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
 
@@ -83,10 +87,20 @@ def _language_field(model) -> str | None:
     return getattr(model.model, "language_ids_field", None)
 
 
+def _syntactic_phrases(config) -> bool:
+    return config.model_type == "mgsa_nmt" and config.phrase_type == "syntactic" and _has_phrase_heads(config)
+
+
+def _has_phrase_heads(config) -> bool:
+    return bool(config.mgsa_layers and config.num_phrase_groups)
+
+
 def source_input_names(model) -> list[str]:
     """The variant inputs of the source graph, beside `input_ids` and `attention_mask`: MIMO's and Tied's target
-    language (MG-SA's phrase inputs are refused by `check_exportable`)."""
-    return ["tgt_lang_ids"] if _language_field(model) is not None else []
+    language, the syntactic MG-SA's `phrase_index` [batch, levels, source] (`phrase_tags` only feed its training
+    loss)."""
+    names = ["tgt_lang_ids"] if _language_field(model) is not None else []
+    return names + (["phrase_index"] if _syntactic_phrases(model.config) else [])
 
 
 def step_input_names(model) -> list[str]:
@@ -107,20 +121,12 @@ def check_exportable(model, opset: int | None = None) -> None:
         raise ValueError(
             f"export_onnx: --opset {opset} is not supported: the dynamo exporter needs opset >= {MIN_OPSET}."
         )
-    if config.model_type == "mgsa_nmt" and config.mgsa_layers and config.num_phrase_groups:
-        if config.phrase_type == "syntactic":
-            why = "the phrase axis is sized from the values of `phrase_index` (a data-dependent shape)"
-        elif config.phrase_interaction != "none":
-            why = (
-                f"phrase_interaction={config.phrase_interaction!r} runs its recurrence as a Python loop over the "
-                "phrases, which the trace unrolls to the sample's phrase count"
-            )
-        else:
-            why = "the phrase count ceil(length / n) is a shape torch.export specializes for sources of 1-2 tokens"
+    if _syntactic_phrases(config) and config.phrase_composition == "lstm":
         raise ValueError(
-            f"export_onnx: mgsa_nmt with phrase heads (mgsa_layers={config.mgsa_layers}, num_phrase_groups="
-            f"{config.num_phrase_groups}, phrase_type={config.phrase_type!r}) is not supported: {why}. An MG-SA "
-            "model without phrase heads (mgsa_layers=[]) exports."
+            f"export_onnx: mgsa_nmt with syntactic phrase heads (mgsa_layers={config.mgsa_layers}, "
+            "phrase_type='syntactic') and phrase_composition='lstm' is not supported: the LSTM composition runs "
+            "as many steps as the longest phrase has tokens, which only the values of `phrase_index` tell (n-gram "
+            "phrases bound it by the largest n). The 'san' (default) and 'max_pool' compositions export."
         )
     if not config.is_encoder_decoder:
         raise ValueError(f"export_onnx: {config.model_type} with is_encoder_decoder=False is not supported.")
@@ -227,6 +233,11 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if "tgt_lang_ids" in source_names:
         inputs["tgt_lang_ids"] = torch.zeros(batch, dtype=torch.long)
+    if "phrase_index" in source_names:  # level k: phrases of k + 2 words (the closing </s> in none)
+        words = attention_mask.bool() & (input_ids != config.eos_token_id)
+        rank = words.long().cumsum(-1) - 1
+        levels = torch.arange(2, config.syntactic_levels + 2)[None, :, None]
+        inputs["phrase_index"] = torch.where(words[:, None], rank[:, None] // levels, -1)
     return inputs
 
 
@@ -396,7 +407,12 @@ def _dims():
 def _export_source_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
     batch, src, _ = _dims()
     sample, names = traced.sample, traced.source_names
-    shapes = {"input_ids": {0: batch, 1: src}, "attention_mask": {0: batch, 1: src}, "tgt_lang_ids": {0: batch}}
+    shapes = {
+        "input_ids": {0: batch, 1: src},
+        "attention_mask": {0: batch, 1: src},
+        "tgt_lang_ids": {0: batch},
+        "phrase_index": {0: batch, 2: src},
+    }
     _torch_export(
         SourceGraph(model, names, traced.step_names, traced.field_names),
         (sample["input_ids"], sample["attention_mask"], *[sample[k] for k in names]),
@@ -517,6 +533,7 @@ def export(
         raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
     original_config = model.config
     model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
+    model.requires_grad_(False)  # a traced `scan` (MG-SA's phrase recurrence) would otherwise trace its backward
     implementation = model.config._attn_implementation
     if getattr(model.config, "max_relative_positions", 0):
         # torch 2.13's decomposition of SDPA with an additive (relative position) bias gives its output other strides

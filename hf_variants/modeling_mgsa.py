@@ -11,7 +11,7 @@ What the paper adds to the Transformer, and nothing else (`docs/variants-spec.md
   partition (n-gram ids derived from the attention mask, counted on the words: the closing `</s>` and a leading
   `<2xx>` tag belong to no phrase; or parse-level ids given as `phrase_index`) -> composition (`max_pool` | `san` |
   `lstm` d -> d_g, eq. 8) -> optional tag classifier on the composed phrases (eq. 9-10) -> interaction (`none` |
-  `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few).
+  `lstm` | `on_lstm`, eq. 11; a loop over the phrase steps, which are few; one traced `scan` when exported).
 - The fused QKV holds keys and values only for the heads that project them (docs/variants-spec.md §3.2d): in the
   default `split` mode the phrase heads read K = V = slices of their memory and have no K/V rows.
 - The tag loss (eq. 12) leaves the layer as an auxiliary loss SUM (`{"tag_loss": lambda * L_tag}`); the backbone
@@ -136,14 +136,21 @@ class PhraseRecurrence(nn.Module):
         """One step for all groups: projected input [N, G, gates], state [N, G, hidden] ->
         (hidden, cell, master gates (forget, input) [N, G, hidden] or None)."""
         gates = projected + torch.einsum("ngh,gkh->ngk", hidden, self.weight_hh) + self.bias_hh
+        return self.update(gates, cell)
+
+    def update(self, gates: torch.Tensor, cell: torch.Tensor):
+        """The cell update from the step's gates [..., gates] and cell [..., hidden] (any leading layout) ->
+        (hidden, cell, master gates or None)."""
         nc2 = 2 * self.num_chunks
         out_gate, candidate, in_gate, forget_gate = gates[..., nc2:].chunk(4, dim=-1)
         forget_gate, in_gate = torch.sigmoid(forget_gate), torch.sigmoid(in_gate)
         masters = None
         if self.ordered:
             master_in, master_forget = gates[..., :nc2].chunk(2, dim=-1)
-            master_in = (1.0 - cumax(master_in)).repeat_interleave(self.chunk_size, dim=-1)
-            master_forget = cumax(master_forget).repeat_interleave(self.chunk_size, dim=-1)
+            master_in, master_forget = 1.0 - cumax(master_in), cumax(master_forget)
+            if self.chunk_size > 1:
+                master_in = master_in.repeat_interleave(self.chunk_size, dim=-1)
+                master_forget = master_forget.repeat_interleave(self.chunk_size, dim=-1)
             overlap = master_forget * master_in
             forget_gate = forget_gate * overlap + (master_forget - overlap)
             in_gate = in_gate * overlap + (master_in - overlap)
@@ -158,6 +165,8 @@ class PhraseRecurrence(nn.Module):
         n, g, steps, _ = inputs.shape
         hidden = inputs.new_zeros(n, g, self.hidden_size)
         cell = torch.zeros_like(hidden)
+        if torch.compiler.is_exporting():
+            return self._scan(projected, mask, hidden, cell)
         outputs = []
         for s in range(steps):
             new_hidden, new_cell, _ = self.step(projected[:, :, s], hidden, cell)
@@ -166,6 +175,24 @@ class PhraseRecurrence(nn.Module):
             cell = torch.where(keep, new_cell, cell)
             outputs.append(hidden)
         return torch.stack(outputs, dim=2)
+
+    def _scan(self, projected, mask, hidden, cell) -> torch.Tensor:
+        """The loop of `forward` as one traced `scan` (ONNX `Scan`) over the step axis, for torch.export: a Python
+        loop would be unrolled to the sample's step count. The recurrent product as one batched MatMul per step
+        (exported, the einsum of `step` is a chain of reshapes run at every step)."""
+        from torch._higher_order_ops.scan import scan
+
+        weight = self.weight_hh.transpose(1, 2)  # [G, hidden, gates]
+
+        def combine(state, step):
+            recurrent = torch.matmul(state[0].transpose(0, 1), weight).transpose(0, 1)
+            new_hidden, new_cell, _ = self.update(step[0] + recurrent + self.bias_hh, state[1])
+            keep = step[1][:, :, None]
+            state = (torch.where(keep, new_hidden, state[0]), torch.where(keep, new_cell, state[1]))
+            return state, state[0].clone()
+
+        _, outputs = scan(combine, (hidden, cell), (projected.movedim(2, 0), mask.movedim(2, 0)))
+        return outputs.movedim(0, 2)
 
 
 # ---------------------------------------------------------------------------------------------- phrase memory
@@ -186,6 +213,8 @@ class PhraseMemory(nn.Module):
             self.composition_key = nn.Parameter(torch.empty(groups, d, d_g))
         elif self.composition == "lstm":  # last hidden state of an LSTM (d -> d_g in split mode) over the phrase
             self.composition_lstm = PhraseRecurrence(groups, d, composed, ordered=False)
+        # the longest phrase a partition can hold, where the config bounds it (n-gram phrases: the largest n)
+        self.longest_phrase = max(config.ngram_sizes) if config.phrase_type == "ngram" else None
         self.recurrence = None
         if self.interaction != "none":
             self.recurrence = PhraseRecurrence(
@@ -235,17 +264,25 @@ class PhraseMemory(nn.Module):
         starts = F.pad(counts.cumsum(-1), (1, 0))[..., :-1]
         sorted_rank = torch.arange(t, device=ids.device) - starts.gather(-1, sorted_ids.clamp(max=slots - 1))
         rank = torch.empty_like(sorted_rank).scatter_(-1, order, sorted_rank)
-        length = max(int(counts.max()), 1)
-        sequences = hidden_states.new_zeros(b, slots + 1, g, length, d)  # phrase-major for the recurrence batch
-        bi = torch.arange(b, device=ids.device)[:, None, None].expand_as(ids)
+        if torch.compiler.is_exporting() and self.longest_phrase is not None:
+            # a traced graph cannot read the longest phrase from the data: run to the bound (masked steps keep the
+            # state, so the last state is the same)
+            length = self.longest_phrase
+        else:
+            length = max(int(counts.max()), 1)
+        # one recurrence row per (sentence, slot), phrase-major, built flat: each sentence has slots + 1 rows, the
+        # last collecting its tokens without a phrase (dropped); no slicing and merging of the symbolic slot axis,
+        # which torch.export would specialize
+        rows = slots + 1
+        row = torch.arange(b, device=ids.device)[:, None, None] * rows + torch.where(real, ids, slots)  # [B, G, T]
         gi = torch.arange(g, device=ids.device)[None, :, None].expand_as(ids)
-        slot = torch.where(real, ids, slots)
-        sequences[bi, slot, gi, rank.clamp(max=length - 1)] = hidden_states[:, None].expand(b, g, t, d)
-        sequences = sequences[:, :slots].reshape(b * slots, g, length, d)
-        steps = torch.arange(length, device=ids.device)
-        mask = steps[None, None, :] < counts.transpose(1, 2).reshape(b * slots, g, 1)
+        sequences = hidden_states.new_zeros(b * rows, g, length, d)
+        sequences[row, gi, rank.clamp(max=length - 1)] = hidden_states[:, None].expand(b, g, t, d)
+        sizes = torch.zeros(b * rows, g, dtype=torch.long, device=ids.device)
+        sizes.index_put_((row, gi), torch.ones_like(ids), accumulate=True)
+        mask = torch.arange(length, device=ids.device) < sizes[..., None]
         last = self.composition_lstm(sequences, mask)[:, :, -1]  # masked steps keep the state: last real one
-        return last.view(b, slots, g, -1).transpose(1, 2)
+        return last.view(b, rows, g, last.shape[-1])[:, :slots].transpose(1, 2)
 
     def forward(self, hidden_states: torch.Tensor, partition: PhrasePartition):
         composed = self.compose(hidden_states, partition)
@@ -501,7 +538,10 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
             if config.ngram_skip_special_tokens:  # the closing </s> and a leading <2xx> tag belong to no phrase
                 words = source_words(real, config.target_language_tags)
             ids = ngram_phrase_index(words, config.ngram_sizes)
-            slots = -(-length // min(config.ngram_sizes))
+            # ceil(length / n) on non-negative operands: exported, a SymInt floor division becomes ONNX `Div`,
+            # which truncates (-(-length // n) would give 0 slots for one token)
+            n = min(config.ngram_sizes)
+            slots = (length + n - 1) // n
         else:
             levels = config.syntactic_levels
             if phrase_index is None:
@@ -522,7 +562,13 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
                 )
             ids = phrase_index[..., :length].to(device=device, dtype=torch.long)
             ids = torch.where(real[:, None, :], ids, torch.full_like(ids, -1))
-            slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
+            if torch.compiler.is_exporting():
+                # a traced graph cannot size an axis from the values: the phrases of a level are numbered 0.. over
+                # the tokens present (`phrase_inputs_from_leaves`), so there are at most `length`; the extra slots
+                # are empty (masked: no token reads them, the recurrence keeps its state over them)
+                slots = length
+            else:
+                slots = max(int(ids.max()) + 1, 1) if ids.numel() else 1
         counts = torch.zeros(ids.shape[0], ids.shape[1], slots + 1, dtype=torch.long, device=device)
         counts.scatter_add_(2, torch.where(ids >= 0, ids, slots), torch.ones_like(ids))
         sizes = counts[..., :slots]

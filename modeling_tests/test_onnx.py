@@ -61,7 +61,8 @@ BUILDERS = {
     "transformer_nmt": (lambda tok: trained_baseline(tok), None),
     "mute_nmt": (lambda tok: _random(MuteForConditionalGeneration, MuteConfig, tok), None),
     "hysan_nmt": (lambda tok: _random(HysanForConditionalGeneration, HysanConfig, tok), None),
-    "mgsa_nmt": (lambda tok: _random(MgsaForConditionalGeneration, MgsaConfig, tok, mgsa_layers=[]), None),
+    # phrase heads in the small preset's form: n-gram phrases (2, 3, 4), SAN composition, ON-LSTM interaction
+    "mgsa_nmt": (lambda tok: _random(MgsaForConditionalGeneration, MgsaConfig, tok, phrase_type="ngram"), None),
     "mimo_nmt": (
         lambda tok: _random(
             MimoForConditionalGeneration,
@@ -240,15 +241,19 @@ def test_attention_fusion_recorded(exported):
     fusion, config = manifest["attention_fusion"], model.config
     assert fusion["enabled"] and fusion["applied"] and fusion["op"] == "com.microsoft::MultiHeadAttention"
     reason = GENERIC_SELF_ATTENTION.get(config.model_type)
+    phrase_layers = config.mgsa_layers if config.model_type == "mgsa_nmt" else []  # MG-SA: its phrase-head layers
+    if phrase_layers:
+        reason_mgsa = "MgsaSelfAttention computes its own attention (modeling_mgsa)"
+        assert fusion["generic"] == {f"model.encoder.layers.{i}.self_attn": reason_mgsa for i in phrase_layers}
     assert all(name.endswith("encoder_attn") or reason is None for name in fusion["fused"])
-    assert set(fusion["generic"].values()) == ({reason} if reason else set())
+    assert set(fusion["generic"].values()) == ({reason} if reason else set()) or phrase_layers
     assert all(name.endswith("self_attn") for name in fusion["generic"])
     assert len(fusion["fused"]) + len(fusion["generic"]) == len(
         [m for m in model.modules() if isinstance(m, TransformerNmtAttention)]
     )
     for precision in ("fp32", "int8"):
         graphs = manifest["graphs"][precision]
-        assert _ops(folder / graphs["encoder"]) == (0 if reason else config.encoder_layers)
+        assert _ops(folder / graphs["encoder"]) == (0 if reason else config.encoder_layers - len(phrase_layers))
         assert _ops(folder / graphs["decoder"]) == config.decoder_layers * (1 if reason else 2)
 
 
@@ -420,8 +425,8 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
     model, folder = baseline_export
     with pytest.raises(ValueError, match="--opset 17 is not supported"):
         export(model, tokenizer, tmp_path / "a", opset=17)
-    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_type="ngram")
-    with pytest.raises(ValueError, match=r"mgsa_nmt with phrase heads \(mgsa_layers=\[0\]"):
+    mgsa = _random(MgsaForConditionalGeneration, MgsaConfig, tokenizer, phrase_composition="lstm")  # syntactic
+    with pytest.raises(ValueError, match=r"syntactic phrase heads .* phrase_composition='lstm' is not supported"):
         export(mgsa, tokenizer, tmp_path / "b")
     with pytest.raises(FileExistsError, match="--force"):
         export(model, tokenizer, folder)
@@ -435,6 +440,105 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         ort.generate(**inputs, output_attentions=True, return_dict_in_generate=True)
     with pytest.raises(ValueError, match="cannot move to cuda"):
         ort.to("cuda")
+
+
+# ------------------------------------------------------------------------------------ MG-SA's phrase heads
+def _random_sources(config, lengths, left_padding=False):
+    """A padded batch of random sources of the given lengths (ids above the special tokens, each row closed by
+    `</s>`) and its attention mask."""
+    generator = torch.Generator().manual_seed(len(lengths) + max(lengths))
+    ids = torch.full((len(lengths), max(lengths)), config.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        span = slice(max(lengths) - length, None) if left_padding else slice(0, length)
+        ids[row, span] = torch.randint(4, config.vocab_size, (length,), generator=generator)
+        ids[row, span.stop - 1 if span.stop else -1] = config.eos_token_id
+        mask[row, span] = 1
+    return ids, mask
+
+
+def _source_inputs(config, lengths, left_padding=False) -> dict:
+    """`_random_sources` as model inputs; for the syntactic MG-SA also a `phrase_index` (level k: phrases of k + 1
+    words, as a parse's levels nest; the closing </s> in none)."""
+    ids, mask = _random_sources(config, lengths, left_padding)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if config.phrase_type == "syntactic":
+        words = mask.bool() & (ids != config.eos_token_id)
+        rank = words.long().cumsum(-1)[:, None] - 1
+        sizes = torch.arange(1, config.syntactic_levels + 1)[None, :, None]
+        inputs["phrase_index"] = torch.where(words[:, None], rank // sizes, -1)
+    return inputs
+
+
+def _check_phrase_heads(model, ort, lengths):
+    """ORT's encoder gives torch's outputs for each source length alone (the export traced 7 tokens), for a batch
+    of mixed lengths padded on either side, and generate (greedy, beam 4) decodes the mixed batch like torch."""
+    for length in lengths:
+        inputs = _source_inputs(model.config, [length])
+        with torch.no_grad():
+            expected = model.get_encoder()(**inputs).last_hidden_state
+        got = ort.get_encoder()(**inputs).last_hidden_state
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"source length {length}")
+    mixed = [1, 2, 3, 6, 11, 29]
+    for left_padding in (False, True):
+        inputs = _source_inputs(model.config, mixed, left_padding)
+        with torch.no_grad():
+            expected = model.get_encoder()(**inputs).last_hidden_state
+        got = ort.get_encoder()(**inputs).last_hidden_state
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5, msg=f"left padding {left_padding}")
+    inputs = _source_inputs(model.config, mixed)
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=12, **settings)
+        got = ort.generate(**inputs, max_new_tokens=12, **settings)
+        assert torch.equal(got, expected), settings
+
+
+def test_mgsa_phrase_heads_any_source_length(tokenizer, tmp_path_factory):
+    """The n-gram MG-SA with its ON-LSTM over the phrases (an ONNX Scan, not a loop unrolled to the sample's
+    phrase count) runs any source length from 1 token to max_position_embeddings."""
+    model, folder = _export_once("mgsa_nmt", tokenizer, tmp_path_factory)
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    limit = model.config.max_position_embeddings
+    _check_phrase_heads(model, ort, [1, 2, 3, 4, 5, 8, 9, 64, limit - 1, limit])
+
+
+def _flat_parse(sentence: str) -> str:
+    """A parse with three levels (S, pairs of words as NP, NN leaves) of a whitespace-tokenized sentence."""
+    words = sentence.split()
+    pairs = [" ".join(f"(NN {w})" for w in words[i : i + 2]) for i in range(0, len(words), 2)]
+    return "(ROOT (S " + " ".join(f"(NP {pair})" for pair in pairs) + "))"
+
+
+@pytest.mark.parametrize(
+    "phrase_type,interaction,composition",
+    [("ngram", "lstm", "max_pool"), ("ngram", "none", "lstm"), ("syntactic", "on_lstm", "san")],
+)
+def test_mgsa_phrase_interactions_export(phrase_type, interaction, composition, tokenizer, tmp_path):
+    """The other interactions (a plain LSTM, none) and compositions (max-pool; an LSTM over each n-gram's tokens,
+    run to the largest n) export too, and the syntactic MG-SA (the paper's: `phrase_index` a source input, up to
+    `length` phrase slots a level); one layer each side keeps the export short. Syntactic: the inputs from parses
+    (`prepare_translation_inputs(..., parses=...)`) decode alike."""
+    model = _random(
+        MgsaForConditionalGeneration,
+        MgsaConfig,
+        tokenizer,
+        phrase_type=phrase_type,
+        phrase_interaction=interaction,
+        phrase_composition=composition,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
+    export(model, tokenizer, tmp_path / "onnx")
+    ort = OrtModelForSeq2SeqLM.from_pretrained(tmp_path / "onnx", num_threads=1)
+    _check_phrase_heads(model, ort, [1, 2, 5, 9])
+    if phrase_type == "syntactic":
+        inputs = ort.prepare_translation_inputs(tokenizer, SENTENCES, parses=[_flat_parse(s) for s in SENTENCES])
+        with torch.no_grad():
+            expected = model.generate(**inputs, num_beams=4, max_new_tokens=12)
+        assert torch.equal(ort.generate(**inputs, num_beams=4, max_new_tokens=12), expected)
+        with pytest.raises(ValueError, match="needs `phrase_index`"):
+            ort.generate(input_ids=inputs["input_ids"], max_new_tokens=2)
 
 
 def test_package_imports_without_onnxruntime():
