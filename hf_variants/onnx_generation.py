@@ -38,6 +38,7 @@ processors or stopping criteria, `return_dict_in_generate` / scores, streamers, 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from pathlib import Path
@@ -318,6 +319,8 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
     config = generation_config
     if mode == "greedy" and config.do_sample:
         raise SearchOpRefused("sampling (do_sample=True)")
+    if model_kwargs.get("use_cache") is False:
+        raise SearchOpRefused("use_cache=False (every step recomputed: the loop)")
     for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
         if getattr(config, flag, False):
             raise SearchOpRefused(f"{flag}=True (the op returns the sequences only)")
@@ -373,6 +376,8 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
         num_beams, returned, length_penalty, early_stopping = 1, 1, 1.0, True
         fill = config._pad_token_tensor
         fill = int(fill) if fill is not None else eos
+    pad = config._pad_token_tensor
+    pad = int(pad) if pad is not None else None
     mask = [1] * vocab_size
     for i in suppressed:
         mask[i] = 0
@@ -389,8 +394,11 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
             "early_stopping": early_stopping,
             "no_repeat_ngram_size": ngram,
             "eos_token_id": eos,
-            # the op pads with this id: eos (which a kept hypothesis never holds) marks where each one ends
-            "pad_token_id": eos,
+            # the op feeds this id to finished sentences and pads its output with it, which marks where each
+            # hypothesis ended (the op drops the eos): the pad id where it is never generated (suppressed), as
+            # transformers' greedy search feeds it (int8 graphs quantize activations per batch: the same feeds
+            # give the same scales), else eos (which a kept hypothesis never holds)
+            "pad_token_id": pad if pad is not None and pad in suppressed else eos,
             "decoder_start_token_id": int(input_ids[0, 0]),
         },
         "fill": fill,
@@ -438,13 +446,17 @@ class SearchOpRunner:
         }
         (sequences,) = self.session(settings["attributes"]).run(None, feeds)
         sequences = torch.from_numpy(sequences.reshape(-1, sequences.shape[-1]).astype(np.int64))
-        eos = settings["attributes"]["eos_token_id"]
-        ends = sequences[:, 1:] == eos
-        # the length of each row: through its first eos (the op's padding starts there), else all of it
-        lengths = torch.where(ends.any(1), ends.int().argmax(1) + 2, sequences.shape[1])
+        attributes = settings["attributes"]
+        ends = sequences[:, 1:] == attributes["pad_token_id"]
+        ended = ends.any(1)
+        # a hypothesis that ended with eos is followed by the op's padding: eos goes where that starts
+        first = ends.int().argmax(1) + 1
+        rows = ended.nonzero().reshape(-1)
+        sequences[rows, first[rows]] = attributes["eos_token_id"]
+        lengths = torch.where(ended, first + 1, sequences.shape[1])
         positions = torch.arange(sequences.shape[1])
         sequences = sequences.masked_fill(positions[None, :] >= lengths[:, None], settings["fill"])
-        return sequences[:, : int(lengths.max())], lengths, ends.any(1)
+        return sequences[:, : int(lengths.max())], lengths, ended
 
 
 def _rows(value, rows: torch.Tensor):
@@ -532,3 +544,28 @@ def decode_with_search_op(
         )
     logger.info("generate(): %s", model.last_decoding["reason"])
     return sequences
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a folder written by `python -m hf_variants.export_onnx`")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "int8"])
+    parser.add_argument("--output", help="the .onnx file (default: MODEL/search_model[_int8].onnx)")
+    parser.add_argument("--early_stopping", action="store_true", help="the op's early_stopping attribute")
+    parser.add_argument("--no_repeat_ngram_size", type=int, default=0)
+    args = parser.parse_args(argv)
+    import onnx
+
+    folder = Path(args.model)
+    output = Path(args.output or folder / f"search_model{'_int8' if args.precision == 'int8' else ''}.onnx")
+    try:
+        model = build_search_model(folder, args.precision, args.early_stopping, args.no_repeat_ngram_size)
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(str(error)) from error
+    onnx.save(model, str(output))
+    print(f"Saved the BeamSearch model to {output}")
+    return output
+
+
+if __name__ == "__main__":
+    main()
