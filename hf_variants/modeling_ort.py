@@ -29,7 +29,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from .model_classes import MODEL_CLASSES
-from .onnx_generation import SearchOpRunner, decode_with_search_op, search_op_refusal
+from .onnx_generation import SearchOpRunner, decode_with_search_op, defer_encoder, search_op_refusal
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -431,12 +431,21 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             self._search_op_runner = SearchOpRunner(self.folder, self.precision, self.session_options, self.providers)
         return self._search_op_runner
 
+    def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
+        """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take
+        the op: an empty placeholder, filled by `with_encoder_outputs` if the loop runs after all."""
+        if model_kwargs.get("encoder_outputs") is None and defer_encoder(self, config, model_input_name, model_kwargs):
+            model_kwargs["encoder_outputs"] = OrtEncoderOutput()
+            return model_kwargs
+        return super()._maybe_prepare_encoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, model_input_name, config
+        )
+
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw):
         """Greedy search in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._sample, generation_config=generation_config, **args)
-        found = decode_with_search_op(self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
-        return found if found is not None else loop(input_ids, **kw)
+        return decode_with_search_op(self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
 
     def _beam_search(
         self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
@@ -444,8 +453,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """Beam search in the BeamSearch op where it fits; else transformers' `_beam_search`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._beam_search, generation_config=generation_config, **args)
-        found = decode_with_search_op(self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
-        return found if found is not None else loop(input_ids, **kw)
+        return decode_with_search_op(self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
 
     # --------------------------------------------------------------------------------------------- forward
     def forward(

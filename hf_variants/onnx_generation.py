@@ -1,9 +1,12 @@
 """The whole decoding loop inside ONNX Runtime: our two exported graphs wrapped in ORT's `com.microsoft::BeamSearch`
 contrib op (T5 mode, `model_type=1`), so that greedy and beam search run without a Python step per token.
 
-    model = OrtModelForSeq2SeqLM.from_pretrained(OUT)      # uses the op where the decoding fits it (see below)
-    model.generate(**inputs, num_beams=4)                  # model.last_decoding says which path ran and why
-    model.generate(**inputs, num_beams=4, use_search_op=False)   # transformers' Python loop over the step graph
+    model = OrtModelForSeq2SeqLM.from_pretrained(OUT)    # uses the op where it decodes as transformers does
+    model.generate(**inputs, num_beams=1)                # greedy: in the op; model.last_decoding says so
+    model.generate(**inputs, num_beams=4, early_stopping=True)   # in the op (exact, see below)
+    model.generate(**inputs, num_beams=4)                # early_stopping=False: transformers' loop, unless...
+    model.generate(**inputs, num_beams=4, use_search_op=True)    # ...forced into the op (results may differ)
+    model.generate(**inputs, use_search_op=False)        # always transformers' Python loop over the step graph
 
     python -m hf_variants.onnx_generation --model OUT [--precision int8] [--output search_model_int8.onnx]
 
@@ -27,13 +30,22 @@ as the exporter wrote it, read-only folders work, and nothing can go stale when 
 re-quantized; building takes well under a second for the presets). `--output` writes one to a file: it runs on plain
 onnxruntime, without hf_variants.
 
-What the op path takes (`search_op_settings`; anything else falls back to transformers' loop, and
-`model.last_decoding["reason"]` names what): greedy (`num_beams=1`, no sampling) and beam search with
-`length_penalty`, `early_stopping` True/False (not "never"), `num_return_sequences`, `max_length` /
-`max_new_tokens`, `min_length` / `min_new_tokens` (eos suppressed while the sequence is shorter, as ORT's min_length
-does), `no_repeat_ngram_size`, the model's token suppression (`suppress_tokens`); not sampling, other logits
-processors or stopping criteria, `return_dict_in_generate` / scores, streamers, or the variant inputs of MIMO and Tied
-(`tgt_lang_ids`: ORT's subgraphs take no per-sentence inputs beyond the source).
+What the op takes (`search_op_settings`; anything else runs in transformers' loop, and
+`model.last_decoding["reason"]` names what): greedy search (`num_beams=1`, no sampling) and beam search with
+`length_penalty`, `early_stopping`, `num_return_sequences`, `max_length` / `max_new_tokens`, `min_length` /
+`min_new_tokens` (eos suppressed while the sequence is shorter, as ORT's min_length does), `no_repeat_ngram_size`,
+the model's token suppression (`suppress_tokens`, as `vocab_mask`); not sampling, other logits processors or
+stopping criteria, `return_dict_in_generate` / scores, streamers, `use_cache=False`, or the variant inputs of MIMO
+and Tied (`tgt_lang_ids`: ORT's subgraphs take no per-sentence inputs beyond the source).
+
+Where the op's beam search differs from transformers' (`decode_with_search_op`): ORT scores a hypothesis that
+reaches `max_length` by its length with the start token and admits every running beam at that step (transformers:
+the generated length, the top `num_beams` candidates), so by default sentences where a returned hypothesis reached
+`max_length` are decoded again in the loop (with `length_penalty >= 0` the others are provably the same); and its
+early-stop check for `early_stopping=False` compares the best of the step's 2 * num_beams candidates, read at offset
+`batch * num_beams` for every sentence (`BeamSearchScorer::Process`, beam_search_scorer.cc), with the worst kept
+hypothesis, where transformers compares the best running beam, so that setting takes the loop unless
+`use_search_op=True`. Greedy search is the same in both.
 """
 
 from __future__ import annotations
@@ -471,6 +483,40 @@ def _rows(value, rows: torch.Tensor):
     return value
 
 
+def defer_encoder(model, generation_config, model_input_name, model_kwargs: dict) -> bool:
+    """Whether generate() may leave the source graph to the op (called before it would run it): a call that asks
+    for greedy or beam search, nothing the op cannot return, and no encoder input but the mask, on a model the op
+    takes. The op decides per call; where it then declines, the loop computes the encoder outputs
+    (`with_encoder_outputs`)."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    config = generation_config
+    return (
+        model.search_op_mode() != "never"
+        and not model.search_op_refusal
+        and model_input_name == "input_ids"
+        and config.get_generation_mode() in (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH)
+        and not any(
+            getattr(config, flag, False)
+            for flag in ("return_dict_in_generate", "output_attentions", "output_hidden_states", "output_scores")
+        )
+        and all(v is None or k in ("attention_mask", "use_cache") for k, v in model_kwargs.items())
+    )
+
+
+def with_encoder_outputs(model, inputs_tensor, expand: int, model_kwargs: dict) -> dict:
+    """`model_kwargs` with the encoder outputs generate() left to the op (an empty placeholder) computed, repeated
+    `expand` times per sentence as generate() repeats them."""
+    encoder_outputs = model_kwargs.get("encoder_outputs")
+    if encoder_outputs is None or encoder_outputs.last_hidden_state is not None:
+        return model_kwargs
+    mask = model_kwargs.get("attention_mask")
+    encoded = model.encode(inputs_tensor, mask[::expand] if mask is not None else None)
+    for key, value in encoded.items():
+        encoded[key] = value.repeat_interleave(expand, dim=0) if expand > 1 else value
+    return dict(model_kwargs, encoder_outputs=encoded)
+
+
 def _pad_to(sequences: torch.Tensor, length: int, fill: int) -> torch.Tensor:
     if sequences.shape[1] >= length:
         return sequences
@@ -480,8 +526,8 @@ def _pad_to(sequences: torch.Tensor, length: int, fill: int) -> torch.Tensor:
 def decode_with_search_op(
     model, mode, input_ids, generation_config, loop, inputs_tensor, logits_processor, stopping_criteria, **kwargs
 ):
-    """The sequences of one `generate()` decoding through the BeamSearch op, or None when the call does not fit it
-    (the caller then runs transformers' loop); `model.last_decoding` records the path taken and why.
+    """The sequences of one `generate()` decoding: through the BeamSearch op where the call fits it, else through
+    `loop` (transformers' decoding method); `model.last_decoding` records the path taken and why.
 
     `model.search_op_mode()`: "never"; "exact" (the default): greedy search, and beam search with
     `early_stopping=True` and `length_penalty >= 0`, whose results equal transformers' (sentences where a returned
@@ -517,11 +563,11 @@ def decode_with_search_op(
             )
         except SearchOpRefused as refused:
             reason = str(refused)
+    expand = input_ids.shape[0] // inputs_tensor.shape[0] if inputs_tensor is not None else 1
     if settings is None:
         model.last_decoding = {"path": "python_loop", "reason": reason}
         logger.info("generate(): transformers' decoding loop (%s)", reason)
-        return None
-    expand = input_ids.shape[0] // inputs_tensor.shape[0]
+        return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     mask = model_kwargs.get("attention_mask")
     mask = mask[::expand] if mask is not None else torch.ones_like(inputs_tensor)
     sequences, lengths, ended = model.search_op_runner().run(inputs_tensor, mask, settings)
@@ -531,6 +577,7 @@ def decode_with_search_op(
     if redo.any():
         sentences = redo.nonzero().reshape(-1)
         rows = (sentences[:, None] * expand + torch.arange(expand)[None, :]).reshape(-1)
+        model_kwargs = with_encoder_outputs(model, inputs_tensor, expand, model_kwargs)
         again = loop(input_ids[rows], **{k: _rows(v, rows) for k, v in model_kwargs.items()})
         out_rows = (sentences[:, None] * returned + torch.arange(returned)[None, :]).reshape(-1)
         kept = torch.ones(sequences.shape[0], dtype=torch.bool)

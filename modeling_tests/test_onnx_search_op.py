@@ -175,3 +175,18 @@ def test_refusal_names_the_reason(tmp_path, tokenizer, tmp_path_factory):
         onnx_generation.build_search_model(folder)
     with pytest.raises(SystemExit, match="tgt_lang_ids"):
         onnx_generation.main(["--model", str(folder), "--output", str(tmp_path / "x.onnx")])
+
+
+def test_generate_leaves_the_source_graph_to_the_op(baseline, monkeypatch):
+    """On the op path generate() does not run the source graph (the op's subgraph does); where the loop runs after
+    all (sampling is decided before; a re-decoded sentence after), the source graph runs once, and decodes right."""
+    model, _, ort, inputs = baseline
+    calls = []
+    run = ort.source_graph.run
+    monkeypatch.setattr(ort.source_graph, "run", lambda *a, **k: calls.append(1) or run(*a, **k))
+    ort.generate(**inputs, num_beams=4, early_stopping=True, max_new_tokens=60)
+    assert ort.last_decoding["path"] == "search_op" and not calls
+    got, expected = _both(model, ort, inputs, num_beams=4, early_stopping=True, max_new_tokens=8)
+    assert ort.last_decoding["redecoded"] and len(calls) == 1 and torch.equal(got, expected)
+    got, expected = _both(model, ort, inputs, num_beams=4, length_penalty=0.6, max_new_tokens=8)
+    assert ort.last_decoding["path"] == "python_loop" and len(calls) == 2 and torch.equal(got, expected)
