@@ -35,8 +35,9 @@ What the op takes (`search_op_settings`; anything else runs in transformers' loo
 `length_penalty`, `early_stopping`, `num_return_sequences`, `max_length` / `max_new_tokens`, `min_length` /
 `min_new_tokens` (eos suppressed while the sequence is shorter, as ORT's min_length does), `no_repeat_ngram_size`,
 the model's token suppression (`suppress_tokens`, as `vocab_mask`); not sampling, other logits processors or
-stopping criteria, `return_dict_in_generate` / scores, streamers, `use_cache=False`, or the variant inputs of MIMO
-and Tied (`tgt_lang_ids`: ORT's subgraphs take no per-sentence inputs beyond the source).
+stopping criteria, `return_dict_in_generate` / scores, streamers, `use_cache=False`. MIMO's and Tied's target
+language (`tgt_lang_ids`, one per sentence) is an input of the op's graph that its subgraphs read from the outer
+scope; the decoder subgraph repeats it for the beams of each sentence.
 
 Where the op's beam search differs from transformers' (`decode_with_search_op`): ORT scores a hypothesis that
 reaches `max_length` by its length with the start token and admits every running beam at that step (transformers:
@@ -88,13 +89,12 @@ def _consumed(graph) -> set[str]:
 
 
 def search_op_refusal(manifest: dict, step_graph=None) -> str | None:
-    """Why the model type cannot run in the BeamSearch op (None when it can)."""
-    if manifest["step_inputs"] or manifest["source_inputs"]:
-        names = sorted(set(manifest["step_inputs"]) | set(manifest["source_inputs"]))
-        return (
-            f"{manifest['model_type']} reads {names} besides the source, and ORT's BeamSearch subgraphs take only "
-            "the source ids and mask"
-        )
+    """Why the model type cannot run in the BeamSearch op (None when it can): an input beside the source and the
+    target language (MG-SA's phrase inputs, refused by the exporter anyway), or an encoder output beside the hidden
+    states that the step graph reads (ORT passes the decoder only `encoder_hidden_states`)."""
+    other = sorted((set(manifest["step_inputs"]) | set(manifest["source_inputs"])) - {"tgt_lang_ids"})
+    if other:
+        return f"{manifest['model_type']} reads {other} besides the source and tgt_lang_ids"
     if step_graph is not None:
         used = _consumed(step_graph)
         extra = [f for f in manifest["encoder_fields"] if f != "last_hidden_state" and f"encoder_{f}" in used]
@@ -139,6 +139,10 @@ def _encoder_subgraph(manifest: dict, source, step):
         helper.make_node("Constant", [], ["empty_past_bound"], value=helper.make_tensor("b", int64, [1], [0])),
         helper.make_node("Constant", [], ["empty_past_axis"], value=helper.make_tensor("a", int64, [1], [2])),
     ]
+    if manifest["source_inputs"]:  # the target language: the op graph's input, read from the outer scope
+        head.append(helper.make_node("Identity", ["tgt_lang_ids"], [f"{src}tgt_lang_ids"]))
+    if manifest["step_inputs"]:
+        head.append(helper.make_node("Identity", ["tgt_lang_ids"], [f"{first}tgt_lang_ids"]))
     for name in manifest["encoder_fields"]:
         middle.append(helper.make_node("Identity", [f"{src}encoder_{name}"], [f"{first}encoder_{name}"]))
     for i in range(n):
@@ -200,6 +204,20 @@ def _decoder_subgraph(manifest: dict, step, uses_hidden: bool):
         _value_info("input_ids", TensorProto.INT32, [batch, 1]),
         _value_info("encoder_attention_mask", TensorProto.INT32, [batch, source]),
     ]
+    if manifest["step_inputs"]:
+        # the target language of each row: the op graph's `tgt_lang_ids` [batch] (outer scope) repeated for the
+        # beams of its sentence (rows / batch of them), as generate() repeats it
+        head += [
+            helper.make_node("Shape", ["input_ids"], ["tgt_lang_rows"], start=0, end=1),
+            helper.make_node("Shape", ["tgt_lang_ids"], ["tgt_lang_batch"]),
+            helper.make_node("Div", ["tgt_lang_rows", "tgt_lang_batch"], ["tgt_lang_beams"]),
+            helper.make_node("Concat", ["tgt_lang_batch", "tgt_lang_beams"], ["tgt_lang_grid"], axis=0),
+            helper.make_node("Constant", [], ["tgt_lang_axis"], value=helper.make_tensor("a", int64, [1], [1])),
+            helper.make_node("Unsqueeze", ["tgt_lang_ids", "tgt_lang_axis"], ["tgt_lang_column"]),
+            helper.make_node("Expand", ["tgt_lang_column", "tgt_lang_grid"], ["tgt_lang_expanded"]),
+            helper.make_node("Constant", [], ["tgt_lang_flat"], value=helper.make_tensor("f", int64, [1], [-1])),
+            helper.make_node("Reshape", ["tgt_lang_expanded", "tgt_lang_flat"], [f"{pre}tgt_lang_ids"]),
+        ]
     if uses_hidden:
         new_inputs.append(_renamed_info(inputs[f"{pre}encoder_last_hidden_state"], "encoder_hidden_states"))
         head.append(helper.make_node("Identity", ["encoder_hidden_states"], [f"{pre}encoder_last_hidden_state"]))
@@ -291,6 +309,7 @@ def build_search_model(
             _value_info("repetition_penalty", TensorProto.FLOAT, scalar),
             _value_info("vocab_mask", TensorProto.INT32, [vocab_size]),
             _value_info("attention_mask", TensorProto.INT32, ["batch_size", "sequence_length"]),
+            *([_value_info("tgt_lang_ids", TensorProto.INT64, ["batch_size"])] if manifest["source_inputs"] else []),
         ],
         [_value_info("sequences", TensorProto.INT32, ["batch_size", "num_return_sequences", "max_length"])],
     )
@@ -337,8 +356,8 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
         if getattr(config, flag, False):
             raise SearchOpRefused(f"{flag}=True (the op returns the sequences only)")
     extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _ALLOWED_MODEL_KWARGS)
-    if extra or model_kwargs.get("tgt_lang_ids") is not None:
-        raise SearchOpRefused(f"model inputs {extra or ['tgt_lang_ids']} (the op's subgraphs take only the source)")
+    if extra:
+        raise SearchOpRefused(f"model inputs {extra} (the op's subgraphs take the source and tgt_lang_ids)")
     if input_ids.shape[1] != 1:
         raise SearchOpRefused(f"a decoder prompt of {input_ids.shape[1]} tokens (the op starts from one start token)")
     eos = config._eos_token_tensor
@@ -438,7 +457,7 @@ class SearchOpRunner:
             )
         return self.sessions[key]
 
-    def run(self, source_ids, attention_mask, settings: dict):
+    def run(self, source_ids, attention_mask, settings: dict, tgt_lang_ids=None):
         """sequences [batch * num_return_sequences, length] as transformers returns them (the start token, the
         tokens, eos where a hypothesis ended, then the fill id `settings["fill"]`, cut to the longest), each row's
         length, and whether it ended with eos."""
@@ -456,6 +475,8 @@ class SearchOpRunner:
             "repetition_penalty": np.array([1.0], np.float32),
             "vocab_mask": np.array(inputs["vocab_mask"], np.int32),
         }
+        if tgt_lang_ids is not None:
+            feeds["tgt_lang_ids"] = tgt_lang_ids.numpy().astype(np.int64)
         (sequences,) = self.session(settings["attributes"]).run(None, feeds)
         sequences = torch.from_numpy(sequences.reshape(-1, sequences.shape[-1]).astype(np.int64))
         attributes = settings["attributes"]
@@ -500,7 +521,7 @@ def defer_encoder(model, generation_config, model_input_name, model_kwargs: dict
             getattr(config, flag, False)
             for flag in ("return_dict_in_generate", "output_attentions", "output_hidden_states", "output_scores")
         )
-        and all(v is None or k in ("attention_mask", "use_cache") for k, v in model_kwargs.items())
+        and all(v is None or k in ("attention_mask", "use_cache", "tgt_lang_ids") for k, v in model_kwargs.items())
     )
 
 
@@ -510,8 +531,12 @@ def with_encoder_outputs(model, inputs_tensor, expand: int, model_kwargs: dict) 
     encoder_outputs = model_kwargs.get("encoder_outputs")
     if encoder_outputs is None or encoder_outputs.last_hidden_state is not None:
         return model_kwargs
-    mask = model_kwargs.get("attention_mask")
-    encoded = model.encode(inputs_tensor, mask[::expand] if mask is not None else None)
+    mask, tgt_lang_ids = model_kwargs.get("attention_mask"), model_kwargs.get("tgt_lang_ids")
+    encoded = model.encode(
+        inputs_tensor,
+        mask[::expand] if mask is not None else None,
+        tgt_lang_ids=tgt_lang_ids[::expand] if tgt_lang_ids is not None else None,
+    )
     for key, value in encoded.items():
         encoded[key] = value.repeat_interleave(expand, dim=0) if expand > 1 else value
     return dict(model_kwargs, encoder_outputs=encoded)
@@ -570,7 +595,19 @@ def decode_with_search_op(
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     mask = model_kwargs.get("attention_mask")
     mask = mask[::expand] if mask is not None else torch.ones_like(inputs_tensor)
-    sequences, lengths, ended = model.search_op_runner().run(inputs_tensor, mask, settings)
+    tgt_lang_ids = None
+    if "tgt_lang_ids" in model.manifest["source_inputs"]:
+        tgt_lang_ids = model_kwargs.get("tgt_lang_ids")
+        batch = inputs_tensor.shape[0]
+        tgt_lang_ids = (
+            tgt_lang_ids[::expand] if tgt_lang_ids is not None else model._default_input("tgt_lang_ids", batch)
+        )
+    try:
+        sequences, lengths, ended = model.search_op_runner().run(inputs_tensor, mask, settings, tgt_lang_ids)
+    except (ValueError, OSError) as error:  # build_search_model's refusal, or the folder gone since loading
+        model.search_op_refusal = str(error)
+        model.last_decoding = {"path": "python_loop", "reason": str(error)}
+        return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     model.last_decoding = {"path": "search_op", "reason": f"{mode} search in com.microsoft::BeamSearch"}
     returned = settings["inputs"]["num_return_sequences"]
     redo = ~ended.reshape(-1, returned).all(1) if mode == "beam" and policy == "exact" else ended[:0]

@@ -1,14 +1,17 @@
 """Decoding inside ONNX Runtime's `com.microsoft::BeamSearch` op (`hf_variants.onnx_generation`): the exported
 graphs wrapped as the op's subgraphs decode greedy and early-stopping beam search token for token like torch fp32
 (length penalty, returned sequences, max/min length, no_repeat_ngram_size, the model's token suppression), on the
-trained tiny baseline and on every model type the op takes (MUTE, HySAN, MG-SA without phrase heads; MIMO and Tied
-read `tgt_lang_ids`, which the op's subgraphs cannot take, and fall back to transformers' loop); the loop is taken
-where the op cannot reproduce transformers (sampling, scores, custom processors, early_stopping=False unless forced),
-and the op's model written to a file runs on plain onnxruntime.
+trained tiny baseline and on every model type that exports (MUTE, HySAN, MG-SA without phrase heads, and MIMO and
+Tied with one target language per sentence); the loop is taken where the op cannot reproduce transformers
+(sampling, scores, custom processors, early_stopping=False unless forced), and the op's model written to a file
+runs on plain onnxruntime.
 
 The exports are test_onnx.py's (`_export_once`: one per model type and test session)."""
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -24,7 +27,6 @@ from test_onnx import BUILDERS, _export_once, _inputs  # noqa: E402
 from hf_variants import OrtModelForSeq2SeqLM, onnx_generation  # noqa: E402
 
 SENTENCES = read_sentences("en", "val", n=8)
-OP_TYPES = ["transformer_nmt", "mute_nmt", "hysan_nmt", "mgsa_nmt"]
 
 
 def _ort(model_type, tokenizer, tmp_path_factory, precision="fp32"):
@@ -113,17 +115,19 @@ def test_loop_where_the_op_cannot_reproduce_transformers(baseline):
 
 @pytest.mark.parametrize("model_type", [t for t in BUILDERS if t != "transformer_nmt"])
 def test_every_model_type(model_type, tokenizer, tmp_path_factory):
-    """The op takes every type without per-sentence inputs and decodes like torch; MIMO and Tied (`tgt_lang_ids`)
-    run in the loop, naming the input."""
+    """The op decodes every type like torch; MIMO's and Tied's target language (a different one per sentence here)
+    reaches the op's subgraphs, repeated per beam. Random weights: beam hypotheses run to the length limit and
+    are decoded again in the loop, greedy search is the op's alone."""
     model, _, ort = _ort(model_type, tokenizer, tmp_path_factory)
-    inputs = _inputs(model, tokenizer, SENTENCES[:4], BUILDERS[model_type][1])
+    langs = BUILDERS[model_type][1]
+    inputs = _inputs(model, tokenizer, SENTENCES[:4], langs)
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6, early_stopping=True)):
         got, expected = _both(model, ort, inputs, max_new_tokens=10, **settings)
+        assert ort.last_decoding["path"] == "search_op", ort.last_decoding
         assert torch.equal(got, expected), (model_type, settings)
-        if model_type in OP_TYPES:
-            assert ort.last_decoding["path"] == "search_op", ort.last_decoding
-        else:
-            assert ort.last_decoding["path"] == "python_loop" and "tgt_lang_ids" in ort.last_decoding["reason"]
+    if langs:  # the language is read: another one changes the output
+        other = _inputs(model, tokenizer, SENTENCES[:4], langs[::-1])
+        assert not torch.equal(ort.generate(**other, num_beams=1, max_new_tokens=10), got)
 
 
 def test_int8_through_the_op(tokenizer, tmp_path_factory):
@@ -168,13 +172,21 @@ def test_search_model_file_runs_without_hf_variants(baseline, tmp_path):
         assert row[: len(tokens)] == tokens and set(row[len(tokens) :]) <= {pad}
 
 
-def test_refusal_names_the_reason(tmp_path, tokenizer, tmp_path_factory):
-    """Building the op's model for a type with per-sentence inputs raises, naming the inputs."""
-    _, folder = _export_once("mimo_nmt", tokenizer, tmp_path_factory)
-    with pytest.raises(ValueError, match="tgt_lang_ids"):
-        onnx_generation.build_search_model(folder)
-    with pytest.raises(SystemExit, match="tgt_lang_ids"):
-        onnx_generation.main(["--model", str(folder), "--output", str(tmp_path / "x.onnx")])
+def test_refusal_names_the_reason(baseline, tmp_path):
+    """A folder whose graphs read an input the op cannot pass (the syntactic MG-SA's `phrase_index`, here written
+    into a copy of the baseline's manifest) is refused by name: by the builder and the CLI, and by generate(),
+    which decodes in the loop."""
+    _, folder, _, inputs = baseline
+    copy = tmp_path / "onnx"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "onnx_manifest.json").read_text())
+    manifest["step_inputs"] = ["phrase_index"]
+    (copy / "onnx_manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"reads \['phrase_index'\] besides the source"):
+        onnx_generation.build_search_model(copy)
+    with pytest.raises(SystemExit, match="phrase_index"):
+        onnx_generation.main(["--model", str(copy), "--output", str(tmp_path / "x.onnx")])
+    assert "phrase_index" in OrtModelForSeq2SeqLM.from_pretrained(copy, precision="fp32").search_op_refusal
 
 
 def test_generate_leaves_the_source_graph_to_the_op(baseline, monkeypatch):
