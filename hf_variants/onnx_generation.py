@@ -42,11 +42,11 @@ scope; the decoder subgraph repeats it for the beams of each sentence.
 Where the op's beam search differs from transformers' (`decode_with_search_op`): ORT scores a hypothesis that
 reaches `max_length` by its length with the start token and admits every running beam at that step (transformers:
 the generated length, the top `num_beams` candidates), so by default sentences where a returned hypothesis reached
-`max_length` are decoded again in the loop (with `length_penalty >= 0` the others are provably the same); and its
-early-stop check for `early_stopping=False` compares the best of the step's 2 * num_beams candidates, read at offset
-`batch * num_beams` for every sentence (`BeamSearchScorer::Process`, beam_search_scorer.cc), with the worst kept
-hypothesis, where transformers compares the best running beam, so that setting takes the loop unless
-`use_search_op=True`. Greedy search is the same in both.
+`max_length` are decoded again in the loop (with `early_stopping=True` and `length_penalty >= 0` the others are
+provably the same); and its early-stop check for `early_stopping=False` compares the best of the step's
+2 * num_beams candidates, read at offset `batch * num_beams` for every sentence (`BeamSearchScorer::Process`,
+beam_search_scorer.cc), with the worst kept hypothesis, where transformers compares the best running beam, so that
+setting takes the loop unless `use_search_op=True`. Greedy search is the same in both.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _consumed(graph) -> set[str]:
     for node in graph.node:
         names.update(node.input)
         for attribute in node.attribute:
-            if attribute.g is not None and attribute.HasField("g"):
+            if attribute.HasField("g"):
                 names |= _consumed(attribute.g)
             for sub in attribute.graphs:
                 names |= _consumed(sub)
