@@ -11,7 +11,10 @@ search (length penalty, early stopping, `num_return_sequences`), sampling, `max_
 processors, streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
 `prepare_translation_inputs`) behave as on the torch model. The self-attention cache is a list of tensors that ONNX
 Runtime writes in place (IO binding on torch buffers: no copy per step); beam search reorders it like the torch
-cache. CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
+cache. Greedy search and beam search with `early_stopping=True` run instead as one call of ONNX Runtime's
+`com.microsoft::BeamSearch` op over the same graphs, with the same output (`onnx_generation`; `generate(...,
+use_search_op=False)` keeps the loop, `model.last_decoding` says which ran). CPU only (onnxruntime's
+CPUExecutionProvider). Outputs with attentions or hidden states are not available.
 """
 
 from __future__ import annotations

@@ -604,7 +604,7 @@ def decode_with_search_op(
         )
     try:
         sequences, lengths, ended = model.search_op_runner().run(inputs_tensor, mask, settings, tgt_lang_ids)
-    except (ValueError, OSError) as error:  # build_search_model's refusal, or the folder gone since loading
+    except (ValueError, OSError, ImportError) as error:  # the builder's refusal, the folder gone, no onnx package
         model.search_op_refusal = str(error)
         model.last_decoding = {"path": "python_loop", "reason": str(error)}
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
