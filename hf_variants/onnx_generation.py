@@ -103,6 +103,34 @@ def search_op_refusal(manifest: dict, step_graph=None) -> str | None:
     return None
 
 
+def _prefixed(model, prefix: str):
+    """A copy of `model` with `prefix` before every value and node name, in its subgraphs too (a Scan body's
+    references to the outer graph included, which `onnx.compose.add_prefix` leaves unprefixed). Local functions
+    keep their names (their bodies have their own scope)."""
+
+    def name(value: str) -> str:
+        return prefix + value if value else value
+
+    def visit(graph) -> None:
+        for node in graph.node:
+            node.name = name(node.name)
+            node.input[:] = [name(x) for x in node.input]
+            node.output[:] = [name(x) for x in node.output]
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    visit(attribute.g)
+                for sub in attribute.graphs:
+                    visit(sub)
+        for value in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
+            value.name = name(value.name)
+        for sparse in graph.sparse_initializer:
+            sparse.values.name = name(sparse.values.name)
+
+    model = copy.deepcopy(model)
+    visit(model.graph)
+    return model
+
+
 def _value_info(name: str, elem_type: int, shape: list):
     import onnx
 
@@ -123,11 +151,10 @@ def _encoder_subgraph(manifest: dict, source, step):
     """Source graph + the first decoder step (from `decoder_input_ids`, on an empty cache) as ORT's
     encoder_decoder_init subgraph. Both graphs' names are prefixed (`source/`, `first_step/`): a subgraph may not
     redefine a name of the op's graph (`input_ids`, `attention_mask`)."""
-    from onnx import TensorProto, compose, helper
+    from onnx import TensorProto, helper
 
     n, src, first = manifest["num_layers"], SOURCE_PREFIX, FIRST_STEP_PREFIX
-    source = compose.add_prefix(source, src, rename_functions=False)
-    step = compose.add_prefix(step, first, rename_functions=False)
+    source, step = _prefixed(source, src), _prefixed(step, first)
     int64 = TensorProto.INT64
     head = [
         helper.make_node("Cast", ["encoder_input_ids"], [f"{src}input_ids"], to=int64),
@@ -187,10 +214,10 @@ def _encoder_subgraph(manifest: dict, source, step):
 
 def _decoder_subgraph(manifest: dict, step, uses_hidden: bool):
     """The step graph (names prefixed `step/`) under ORT's T5 decoder names, int32 ids cast inside."""
-    from onnx import TensorProto, compose, helper
+    from onnx import TensorProto, helper
 
     n, pre = manifest["num_layers"], STEP_PREFIX
-    step = compose.add_prefix(step, pre, rename_functions=False)
+    step = _prefixed(step, pre)
     inputs = {v.name: v for v in step.graph.input}
     ids, mask = inputs[f"{pre}decoder_input_ids"], inputs[f"{pre}encoder_attention_mask"]
     batch = ids.type.tensor_type.shape.dim[0].dim_param or ids.type.tensor_type.shape.dim[0].dim_value
