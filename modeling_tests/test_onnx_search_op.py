@@ -1,10 +1,10 @@
 """Decoding inside ONNX Runtime's `com.microsoft::BeamSearch` op (`hf_variants.onnx_generation`): the exported
 graphs wrapped as the op's subgraphs decode greedy and early-stopping beam search token for token like torch fp32
 (length penalty, returned sequences, max/min length, no_repeat_ngram_size, the model's token suppression), on the
-trained tiny baseline and on every model type that exports (MUTE, HySAN, MG-SA without phrase heads, and MIMO and
-Tied with one target language per sentence); the loop is taken where the op cannot reproduce transformers
-(sampling, scores, custom processors, early_stopping=False unless forced), and the op's model written to a file
-runs on plain onnxruntime.
+trained tiny baseline and on every model type of test_onnx.py (MUTE, HySAN, MG-SA, and MIMO and Tied with one
+target language per sentence; a graph reading another input, the syntactic MG-SA's `phrase_index`, is refused);
+the loop is taken where the op cannot reproduce transformers (sampling, scores, custom processors,
+early_stopping=False unless forced), and the op's model written to a file runs on plain onnxruntime.
 
 The exports are test_onnx.py's (`_export_once`: one per model type and test session)."""
 
