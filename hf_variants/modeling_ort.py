@@ -11,14 +11,19 @@ search (length penalty, early stopping, `num_return_sequences`), sampling, `max_
 processors, streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
 `prepare_translation_inputs`) behave as on the torch model. The self-attention cache is a list of tensors that ONNX
 Runtime writes in place (IO binding on torch buffers: no copy per step); beam search reorders it like the torch
-cache. CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
+cache. Greedy search and beam search with `early_stopping=True` run instead as one call of ONNX Runtime's
+`com.microsoft::BeamSearch` op over the same graphs, with the same output (`onnx_generation`; `generate(...,
+use_search_op=False)` keeps the loop, `model.last_decoding` says which ran). CPU only (onnxruntime's
+CPUExecutionProvider). Outputs with attentions or hidden states are not available.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +32,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from .model_classes import MODEL_CLASSES
+from .onnx_generation import SearchOpRunner, decode_with_search_op, defer_encoder, search_op_refusal
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -45,6 +51,7 @@ _IGNORED_LOADING_KWARGS = {
     "subfolder",
 }
 _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
+_USE_SEARCH_OP: ContextVar[bool | None] = ContextVar("hf_variants_use_search_op", default=None)
 
 
 @dataclass
@@ -175,6 +182,11 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
+        # greedy and beam search in ONNX Runtime's BeamSearch op where the call fits it (`onnx_generation`);
+        # `last_decoding` says which path the last generate() took and why
+        self.use_search_op, self.last_decoding, self._search_op_runner = None, None, None
+        self.session_options, self.providers = session_options, providers
+        self.search_op_refusal = search_op_refusal(manifest)
 
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
@@ -398,6 +410,53 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             shapes[f"present_{name}"] = (batch, tensor.shape[1], tensor.shape[2] + 1, tensor.shape[3])
         out = self.step_graph.run(feeds, shapes)
         return out["logits"], OrtCache([out[f"present_{name}"] for name in kinds])
+
+    # -------------------------------------------------------------------------------------- decoding in ORT
+    def generate(self, inputs=None, generation_config=None, *, use_search_op: bool | None = None, **kwargs):
+        """The torch model's `generate()`; the decoding ONNX Runtime's BeamSearch op reproduces runs in it (the whole
+        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True. The rest runs in
+        transformers' loop over the step graph. `use_search_op=False` forces the loop, True takes the op for beam
+        search with early_stopping=False too (its results may differ from transformers' on some sentences); the
+        default is the attribute `use_search_op` (None). `last_decoding` says which path ran and why."""
+        token = _USE_SEARCH_OP.set(self.use_search_op if use_search_op is None else use_search_op)
+        try:
+            return super().generate(inputs, generation_config, **kwargs)
+        finally:
+            _USE_SEARCH_OP.reset(token)
+
+    def search_op_mode(self) -> str:
+        """The op's use in this generate() call: "never" (use_search_op=False), "exact" (None: where the op decodes
+        as transformers does), "always" (True)."""
+        return {None: "exact", True: "always", False: "never"}[_USE_SEARCH_OP.get()]
+
+    def search_op_runner(self) -> SearchOpRunner:
+        if self._search_op_runner is None:
+            self._search_op_runner = SearchOpRunner(self.folder, self.precision, self.session_options, self.providers)
+        return self._search_op_runner
+
+    def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
+        """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take
+        the op: an empty placeholder, filled by `with_encoder_outputs` if the loop runs after all."""
+        if model_kwargs.get("encoder_outputs") is None and defer_encoder(self, config, model_input_name, model_kwargs):
+            model_kwargs["encoder_outputs"] = OrtEncoderOutput()
+            return model_kwargs
+        return super()._maybe_prepare_encoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, model_input_name, config
+        )
+
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw):
+        """Greedy search in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
+        args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
+        loop = partial(super()._sample, generation_config=generation_config, **args)
+        return decode_with_search_op(self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
+
+    def _beam_search(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
+    ):
+        """Beam search in the BeamSearch op where it fits; else transformers' `_beam_search`."""
+        args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
+        loop = partial(super()._beam_search, generation_config=generation_config, **args)
+        return decode_with_search_op(self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
 
     # --------------------------------------------------------------------------------------------- forward
     def forward(

@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""ONNX Runtime decoding: the whole loop in ORT's `com.microsoft::BeamSearch` op (`hf_variants.onnx_generation`)
+against transformers' Python loop over the step graph, side by side.
+
+The baseline of a dims class (bench_inference's random MarianMTModel weights converted to ours) is exported once
+(fused attention, fp32 and int8); each precision decodes the same batch (`--batch` 32 sources of up to `--src_len`
+15 tokens, exactly `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6) through
+`OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op) and `use_search_op=False` (the loop) at
+`--threads` 1, calls interleaved (op fp32, loop fp32, op int8, loop int8, ...) after one warm-up each, medians of
+`--reps`; process CPU time and wall time per call. Every hypothesis runs to the length limit here (random weights,
+min = max new tokens), where the default policy would decode beam search again in the loop to stay exact
+(`decode_with_search_op`), so beam search is forced into the op (`use_search_op=True`): the rows time the op's
+beam search itself, and `tokens_equal` / `rows_equal` say how far its hypotheses agree with the loop's.
+
+    python benchmarks/bench_ort_search_op.py [--size small] [--reps 5] [--threads 1]
+
+Prints tok/s per engine, the op / loop ratios and the CPU model; writes benchmarks/results/ort_search_op.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench_inference import _Vocabulary, marian_and_ours  # noqa: E402
+from bench_ort_fusion import cpu_model  # noqa: E402
+from timing import random_batch  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", choices=["tiny", "small", "base"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--src_len", type=int, default=15)
+    parser.add_argument("--new_tokens", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--output", default=str(RESULTS_DIR / "ort_search_op.json"))
+    args = parser.parse_args(argv)
+
+    from hf_variants import OrtModelForSeq2SeqLM
+    from hf_variants.export_onnx import export
+
+    torch.set_num_threads(args.threads)
+    _, ours = marian_and_ours(args.size, args.vocab)
+    inputs, _ = random_batch(args.batch, args.src_len, 2, args.vocab)
+    # the exported folder lives until the end: the op's sessions are built from it on first use of each setting
+    scratch = tempfile.TemporaryDirectory(prefix="bench_ort_search_op-")
+    started = time.perf_counter()
+    folder = export(ours, _Vocabulary(args.vocab), Path(scratch.name) / "onnx", int8=True)
+    print(f"exported in {time.perf_counter() - started:.1f} s", flush=True)
+    models = {
+        p: OrtModelForSeq2SeqLM.from_pretrained(folder, precision=p, num_threads=args.threads)
+        for p in ("fp32", "int8")
+    }
+    engines = {f"{path}_{p}": (models[p], path == "op") for p in ("fp32", "int8") for path in ("op", "loop")}
+    order = list(engines)
+    results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "batch": args.batch, "rows": {}}
+    for beams in args.beams:
+        gen = dict(
+            num_beams=beams,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            **({"length_penalty": 0.6} if beams > 1 else {}),
+        )
+
+        def run(name):
+            model, op = engines[name]
+            out = model.generate(**inputs, **gen, use_search_op=op)
+            expected = "search_op" if op else "python_loop"
+            if model.last_decoding["path"] != expected:
+                raise RuntimeError(f"{name}: {model.last_decoding}")
+            return out
+
+        outputs = {name: run(name) for name in order}  # warm-up
+        if any(out.shape[1] != args.new_tokens + 1 for out in outputs.values()):
+            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens")
+        cpu, wall = {name: [] for name in order}, {name: [] for name in order}
+        for _ in range(args.reps):
+            for name in order:
+                c, w = time.process_time(), time.perf_counter()
+                run(name)
+                cpu[name].append(time.process_time() - c)
+                wall[name].append(time.perf_counter() - w)
+        tokens = args.batch * args.new_tokens
+        key = "greedy" if beams == 1 else f"beam{beams}"
+        row = {
+            "cpu_tok_s": {name: round(tokens / statistics.median(cpu[name]), 1) for name in order},
+            "wall_tok_s": {name: round(tokens / statistics.median(wall[name]), 1) for name in order},
+        }
+        for p in ("fp32", "int8"):
+            op, loop = outputs[f"op_{p}"], outputs[f"loop_{p}"]
+            row[f"tokens_equal_{p}"] = round(float((op == loop).float().mean()), 4)
+            row[f"rows_equal_{p}"] = round(float((op == loop).all(1).float().mean()), 4)
+        row["ratio_cpu"] = {
+            p: round(row["cpu_tok_s"][f"op_{p}"] / row["cpu_tok_s"][f"loop_{p}"], 2) for p in ("fp32", "int8")
+        }
+        row["ratio_wall"] = {
+            p: round(row["wall_tok_s"][f"op_{p}"] / row["wall_tok_s"][f"loop_{p}"], 2) for p in ("fp32", "int8")
+        }
+        results["rows"][key] = row
+        print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
+        print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
+        print(
+            f"[{args.size} {key}] op/loop cpu {row['ratio_cpu']} wall {row['ratio_wall']}; rows equal fp32 "
+            f"{row['rows_equal_fp32']} int8 {row['rows_equal_int8']}",
+            flush=True,
+        )
+    scratch.cleanup()
+    print("CPU:", results["cpu"])
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
