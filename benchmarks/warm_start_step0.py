@@ -135,10 +135,19 @@ def main(argv=None) -> None:
     base, _ = load_base(str(args.base))
     sources = read("val", args.source_lang, args.pairs)
     targets = read("val", args.target_lang, args.pairs)
-    batches = [
-        base.prepare_translation_inputs(tokenizer, sources[i : i + 50], text_target=targets[i : i + 50], max_length=64)
-        for i in range(0, len(sources), 50)
-    ]
+    # each model prepares its own inputs (the same ids; a base that names its languages, as train.py's do, makes
+    # MIMO / Tied read the target language's id)
+    lang = {"tgt_lang": args.target_lang} if base.config.languages else {}
+
+    def inputs_for(model):
+        return [
+            model.prepare_translation_inputs(
+                tokenizer, sources[i : i + 50], text_target=targets[i : i + 50], max_length=64, **lang
+            )
+            for i in range(0, len(sources), 50)
+        ]
+
+    batches = inputs_for(base)
     with torch.no_grad():
         reference = [base(**batch).logits.float() for batch in batches]
     rows = [{"setting": "base (transformer_nmt)", **evaluate(base, reference, batches)}]
@@ -150,7 +159,7 @@ def main(argv=None) -> None:
                 "model_type": model_type,
                 "overrides": overrides,
                 **kwargs,
-                **evaluate(model, reference, batches),
+                **evaluate(model, reference, inputs_for(model)),
             }
         )
     base_loss = rows[0]["loss"]
