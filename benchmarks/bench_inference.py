@@ -483,17 +483,21 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
         "",
         "| model | model type | steps | sentences | "
         + " | ".join(f"BLEU {k}" for k in kinds)
-        + " | BLEU int8 - fp32 | chrF fp32 | chrF int8 |",
-        "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|",
+        + " | BLEU int8 - fp32 | BLEU ort_int8 - ort_fp32 | chrF fp32 | chrF int8 |",
+        "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|---:|",
     ]
     for r in records:
         cells = " | ".join(f"{r[f'bleu_{k}']:.2f}" if f"bleu_{k}" in r else "—" for k in kinds)
         delta = r["bleu_int8_minus_fp32"] if abs(r["bleu_int8_minus_fp32"]) >= 0.005 else 0.0  # no "-0.00"
+        ort_delta = "—"
+        if "bleu_ort_int8" in r and "bleu_ort_fp32" in r:
+            d = r["bleu_ort_int8"] - r["bleu_ort_fp32"]
+            ort_delta = f"{d if abs(d) >= 0.005 else 0.0:+.2f}"
         folder = Path(r["model"])
         name = r.get("label") or (folder.parent.name if folder.name == "model" else folder.name)  # RUN/model: RUN
         lines.append(
             f"| {name} | {r.get('model_type', '?')} | "
-            f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | "
+            f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | {ort_delta} | "
             f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |"
         )
     table = "\n".join(lines) + "\n"
