@@ -56,18 +56,23 @@ def node_counts(path: Path) -> dict:
     return {"nodes": len(nodes), "ops": dict(Counter(n.op_type for n in nodes).most_common(6))}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def decoding_parser(doc: str, reps: int, output: str) -> argparse.ArgumentParser:
+    """The arguments of the ORT decoding benchmarks (this one and bench_ort_search_op.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="small", choices=["tiny", "small", "base"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--src_len", type=int, default=15)
     parser.add_argument("--new_tokens", type=int, default=20)
     parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--output", default=str(RESULTS_DIR / "ort_fusion.json"))
-    args = parser.parse_args(argv)
+    parser.add_argument("--output", default=str(RESULTS_DIR / output))
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = decoding_parser(__doc__, 7, "ort_fusion.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
     from hf_variants.export_onnx import export

@@ -19,7 +19,6 @@ Prints tok/s per engine, the op / loop ratios and the CPU model; writes benchmar
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,24 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_inference import _Vocabulary, marian_and_ours  # noqa: E402
-from bench_ort_fusion import cpu_model  # noqa: E402
+from bench_ort_fusion import cpu_model, decoding_parser  # noqa: E402
 from timing import random_batch  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", default="small", choices=["tiny", "small", "base"])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--src_len", type=int, default=15)
-    parser.add_argument("--new_tokens", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--output", default=str(RESULTS_DIR / "ort_search_op.json"))
-    args = parser.parse_args(argv)
+    args = decoding_parser(__doc__, 5, "ort_search_op.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
     from hf_variants.export_onnx import export
