@@ -57,8 +57,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from . import onnx_attention
-from .onnx_attention import source_padding, translation_table
+from .onnx_attention import fuse_attention, source_padding, translation_table
 
 MANIFEST = "onnx_manifest.json"
 GRAPH_FILES = {
@@ -580,7 +579,7 @@ def _fuse(model, enabled: bool) -> dict:
     record: whether any is fused, which are (module names), and why the others are not."""
     if not enabled:
         return {"enabled": False, "applied": False, "reason": "disabled (--no_fuse_attention)"}
-    modules = onnx_attention.fuse_attention(model)
+    modules = fuse_attention(model)
     record = {"enabled": True, "applied": bool(modules["fused"]), "op": "com.microsoft::MultiHeadAttention"}
     record.update(modules)
     if not modules["fused"]:

@@ -360,38 +360,18 @@ class SearchOpRefused(Exception):
 _ALLOWED_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "use_cache", "past_key_values", "tgt_lang_ids"}
 
 
-def search_op_settings(model, input_ids, logits_processor, stopping_criteria, generation_config, mode, model_kwargs):
-    """The op's inputs and attributes for a `generate()` call that transformers prepared (`mode` "greedy" from
-    `_sample`, "beam" from `_beam_search`): what its logits processors and stopping criteria do, mapped to the op.
-    Raises SearchOpRefused naming the first thing the op cannot do."""
+def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[set, int, int]:
+    """What the logits processors of a `generate()` call do, as the op's settings: (token ids never generated, the
+    length before which eos is suppressed, no_repeat_ngram_size). Raises SearchOpRefused for anything else."""
     from transformers.generation.logits_process import (
         MinLengthLogitsProcessor,
         MinNewTokensLengthLogitsProcessor,
         NoRepeatNGramLogitsProcessor,
         SuppressTokensLogitsProcessor,
     )
-    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     from .generation_transformer_nmt import TokenSuppressionLogitsProcessor
 
-    config = generation_config
-    if mode == "greedy" and config.do_sample:
-        raise SearchOpRefused("sampling (do_sample=True)")
-    if model_kwargs.get("use_cache") is False:
-        raise SearchOpRefused("use_cache=False (every step recomputed: the loop)")
-    for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
-        if getattr(config, flag, False):
-            raise SearchOpRefused(f"{flag}=True (the op returns the sequences only)")
-    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _ALLOWED_MODEL_KWARGS)
-    if extra:
-        raise SearchOpRefused(f"model inputs {extra} (the op's subgraphs take the source and tgt_lang_ids)")
-    if input_ids.shape[1] != 1:
-        raise SearchOpRefused(f"a decoder prompt of {input_ids.shape[1]} tokens (the op starts from one start token)")
-    eos = config._eos_token_tensor
-    if eos is None or eos.numel() != 1:
-        raise SearchOpRefused(f"eos_token_id={config.eos_token_id} (the op takes exactly one end token)")
-    eos = int(eos.reshape(-1)[0])
-    vocab_size = model.config.vocab_size
     suppressed, min_length, ngram = set(), 0, 0
     rules = []
     for processor in logits_processor:
@@ -416,6 +396,34 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
             min_length = max(min_length, int(length))  # eos suppressed while the sequence is shorter: ORT's rule
         else:
             raise SearchOpRefused(f"tokens {ids} suppressed up to a length (the op suppresses only eos so)")
+    return suppressed, min_length, ngram
+
+
+def search_op_settings(model, input_ids, logits_processor, stopping_criteria, generation_config, mode, model_kwargs):
+    """The op's inputs and attributes for a `generate()` call that transformers prepared (`mode` "greedy" from
+    `_sample`, "beam" from `_beam_search`): what its logits processors and stopping criteria do, mapped to the op.
+    Raises SearchOpRefused naming the first thing the op cannot do."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    config = generation_config
+    if mode == "greedy" and config.do_sample:
+        raise SearchOpRefused("sampling (do_sample=True)")
+    if model_kwargs.get("use_cache") is False:
+        raise SearchOpRefused("use_cache=False (every step recomputed: the loop)")
+    for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
+        if getattr(config, flag, False):
+            raise SearchOpRefused(f"{flag}=True (the op returns the sequences only)")
+    extra = sorted(k for k, v in model_kwargs.items() if v is not None and k not in _ALLOWED_MODEL_KWARGS)
+    if extra:
+        raise SearchOpRefused(f"model inputs {extra} (the op's subgraphs take the source and tgt_lang_ids)")
+    if input_ids.shape[1] != 1:
+        raise SearchOpRefused(f"a decoder prompt of {input_ids.shape[1]} tokens (the op starts from one start token)")
+    eos = config._eos_token_tensor
+    if eos is None or eos.numel() != 1:
+        raise SearchOpRefused(f"eos_token_id={config.eos_token_id} (the op takes exactly one end token)")
+    eos = int(eos.reshape(-1)[0])
+    vocab_size = model.config.vocab_size
+    suppressed, min_length, ngram = _processor_settings(logits_processor, vocab_size, eos)
     for criterion in stopping_criteria:
         if type(criterion) is EosTokenCriteria and criterion.eos_token_id.reshape(-1).tolist() == [eos]:
             continue
