@@ -428,6 +428,7 @@ def bleu_mode(args) -> dict:
                     for i, r in zip(idx, results):
                         out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
                 hyps[kind] = out
+    ort_weights = None
     if ort_module() is not None and not args.skip_ort:  # ONNX Runtime fp32 / int8 of the same weights
         from hf_variants import OrtModelForSeq2SeqLM
         from hf_variants.export_onnx import export as export_onnx
@@ -438,6 +439,8 @@ def bleu_mode(args) -> dict:
             except ValueError as error:
                 print(f"no ORT rows: {error}")
             else:
+                manifest = json.loads((folder / "onnx_manifest.json").read_text())
+                ort_weights = manifest["int8"]["weights"]
                 for precision in ("fp32", "int8"):
                     ort = OrtModelForSeq2SeqLM.from_pretrained(
                         folder, precision=precision, num_threads=args.threads or None
@@ -457,6 +460,7 @@ def bleu_mode(args) -> dict:
         **{f"bleu_{k}": round(s["bleu"], 2) for k, s in scores.items()},
         **{f"chrf_{k}": round(s["chrf"], 2) for k, s in scores.items()},
         "bleu_int8_minus_fp32": round(scores["int8"]["bleu"] - scores["fp32"]["bleu"], 2),
+        **({"ort_int8_weights": ort_weights} if ort_weights else {}),
     }
     print(json.dumps(result, indent=2))
     return result
@@ -479,12 +483,13 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
     lines = [
         "test_2016_flickr, beam 4, length penalty 0.6, sacreBLEU; int8 = `quantize_for_cpu` (per-token "
         "activations, oneDNN); CTranslate2 for the baseline only; ort = ONNX Runtime (`export_onnx`, int8: "
-        "u8 weights per channel, dynamic activations).",
+        "weights per channel in the format of the column `ORT int8 weights` (`--int8_weights`), dynamic "
+        "activations).",
         "",
         "| model | model type | steps | sentences | "
         + " | ".join(f"BLEU {k}" for k in kinds)
-        + " | BLEU int8 - fp32 | BLEU ort_int8 - ort_fp32 | chrF fp32 | chrF int8 |",
-        "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|---:|",
+        + " | BLEU int8 - fp32 | BLEU ort_int8 - ort_fp32 | ORT int8 weights | chrF fp32 | chrF int8 |",
+        "|---|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---|---:|---:|",
     ]
     for r in records:
         cells = " | ".join(f"{r[f'bleu_{k}']:.2f}" if f"bleu_{k}" in r else "—" for k in kinds)
@@ -493,11 +498,13 @@ def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> Non
         if "bleu_ort_int8" in r and "bleu_ort_fp32" in r:
             d = r["bleu_ort_int8"] - r["bleu_ort_fp32"]
             ort_delta = f"{d if abs(d) >= 0.005 else 0.0:+.2f}"
+        # records from before `--int8_weights` existed were exported with u8 weights
+        ort_weights = r.get("ort_int8_weights", "u8") if "bleu_ort_int8" in r else "—"
         folder = Path(r["model"])
         name = r.get("label") or (folder.parent.name if folder.name == "model" else folder.name)  # RUN/model: RUN
         lines.append(
             f"| {name} | {r.get('model_type', '?')} | "
-            f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | {ort_delta} | "
+            f"{r.get('steps', '?')} | {r['sentences']} | {cells} | {delta:+.2f} | {ort_delta} | {ort_weights} | "
             f"{r['chrf_fp32']:.2f} | {r['chrf_int8']:.2f} |"
         )
     table = "\n".join(lines) + "\n"

@@ -71,6 +71,48 @@ def decoding_parser(doc: str, reps: int, output: str) -> argparse.ArgumentParser
     return parser
 
 
+def generation_settings(beams: int, new_tokens: int) -> dict:
+    """The benchmarks' decoding: exactly `new_tokens` new tokens, greedy or beam search with length penalty 0.6."""
+    return dict(
+        num_beams=beams,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        **({"length_penalty": 0.6} if beams > 1 else {}),
+    )
+
+
+def time_decoding(run, order: list[str], args) -> tuple[dict, dict]:
+    """`run(name)` decodes the benchmark batch with engine `name`. One warm-up call each (their outputs are
+    returned, checked to hold `args.new_tokens` new tokens), then `args.reps` rounds of calls interleaved in `order`;
+    tok/s from the medians of process CPU time (what the engine computed: the number to trust on a busy machine) and
+    of wall time."""
+    outputs = {name: run(name) for name in order}
+    if any(out.shape[1] != args.new_tokens + 1 for out in outputs.values()):
+        raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens")
+    cpu, wall = {name: [] for name in order}, {name: [] for name in order}
+    for _ in range(args.reps):
+        for name in order:
+            c, w = time.process_time(), time.perf_counter()
+            run(name)
+            cpu[name].append(time.process_time() - c)
+            wall[name].append(time.perf_counter() - w)
+    tokens = args.batch * args.new_tokens
+    row = {
+        "cpu_tok_s": {name: round(tokens / statistics.median(cpu[name]), 1) for name in order},
+        "wall_tok_s": {name: round(tokens / statistics.median(wall[name]), 1) for name in order},
+    }
+    return outputs, row
+
+
+def ratios(row: dict, numerator: str, denominator: str) -> dict:
+    """`numerator` / `denominator` tok/s of a `time_decoding` row, per clock."""
+    return {
+        clock: round(row[f"{clock}_tok_s"][numerator] / row[f"{clock}_tok_s"][denominator], 2)
+        for clock in ("cpu", "wall")
+    }
+
+
 def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 7, "ort_fusion.json").parse_args(argv)
 
@@ -99,36 +141,13 @@ def main(argv=None) -> dict:
     order = ["fused_fp32", "unfused_fp32", "fused_int8", "unfused_int8"]
     results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "step_graphs": graphs, "rows": {}}
     for beams in args.beams:
-        gen = dict(
-            num_beams=beams,
-            max_new_tokens=args.new_tokens,
-            min_new_tokens=args.new_tokens,
-            do_sample=False,
-            **({"length_penalty": 0.6} if beams > 1 else {}),
-        )
-        outputs = {name: engines[name].generate(**inputs, **gen) for name in order}  # warm-up
-        if any(out.shape[1] != args.new_tokens + 1 for out in outputs.values()):
-            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens")
-        cpu, wall = {name: [] for name in order}, {name: [] for name in order}
-        for _ in range(args.reps):
-            for name in order:
-                c, w = time.process_time(), time.perf_counter()
-                engines[name].generate(**inputs, **gen)
-                cpu[name].append(time.process_time() - c)
-                wall[name].append(time.perf_counter() - w)
-        tokens = args.batch * args.new_tokens
+        gen = generation_settings(beams, args.new_tokens)
+        outputs, row = time_decoding(lambda name: engines[name].generate(**inputs, **gen), order, args)
         key = "greedy" if beams == 1 else f"beam{beams}"
-        row = {
-            "cpu_tok_s": {name: round(tokens / statistics.median(cpu[name]), 1) for name in order},
-            "wall_tok_s": {name: round(tokens / statistics.median(wall[name]), 1) for name in order},
-            "fp32_tokens_equal": bool(torch.equal(outputs["fused_fp32"], outputs["unfused_fp32"])),
-        }
-        row["ratio_cpu"] = {
-            p: round(row["cpu_tok_s"][f"fused_{p}"] / row["cpu_tok_s"][f"unfused_{p}"], 2) for p in ("fp32", "int8")
-        }
-        row["ratio_wall"] = {
-            p: round(row["wall_tok_s"][f"fused_{p}"] / row["wall_tok_s"][f"unfused_{p}"], 2) for p in ("fp32", "int8")
-        }
+        row["fp32_tokens_equal"] = bool(torch.equal(outputs["fused_fp32"], outputs["unfused_fp32"]))
+        by_clock = {p: ratios(row, f"fused_{p}", f"unfused_{p}") for p in ("fp32", "int8")}
+        row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
+        row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
         results["rows"][key] = row
         print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
         print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))

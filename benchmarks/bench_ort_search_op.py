@@ -20,7 +20,6 @@ Prints tok/s per engine, the op / loop ratios and the CPU model; writes benchmar
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_inference import _Vocabulary, marian_and_ours  # noqa: E402
-from bench_ort_fusion import cpu_model, decoding_parser  # noqa: E402
+from bench_ort_fusion import (  # noqa: E402
+    cpu_model,
+    decoding_parser,
+    generation_settings,
+    ratios,
+    time_decoding,
+)
 from timing import random_batch  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -60,13 +65,7 @@ def main(argv=None) -> dict:
     order = list(engines)
     results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "batch": args.batch, "rows": {}}
     for beams in args.beams:
-        gen = dict(
-            num_beams=beams,
-            max_new_tokens=args.new_tokens,
-            min_new_tokens=args.new_tokens,
-            do_sample=False,
-            **({"length_penalty": 0.6} if beams > 1 else {}),
-        )
+        gen = generation_settings(beams, args.new_tokens)
 
         def run(name):
             model, op = engines[name]
@@ -76,32 +75,15 @@ def main(argv=None) -> dict:
                 raise RuntimeError(f"{name}: {model.last_decoding}")
             return out
 
-        outputs = {name: run(name) for name in order}  # warm-up
-        if any(out.shape[1] != args.new_tokens + 1 for out in outputs.values()):
-            raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens")
-        cpu, wall = {name: [] for name in order}, {name: [] for name in order}
-        for _ in range(args.reps):
-            for name in order:
-                c, w = time.process_time(), time.perf_counter()
-                run(name)
-                cpu[name].append(time.process_time() - c)
-                wall[name].append(time.perf_counter() - w)
-        tokens = args.batch * args.new_tokens
+        outputs, row = time_decoding(run, order, args)
         key = "greedy" if beams == 1 else f"beam{beams}"
-        row = {
-            "cpu_tok_s": {name: round(tokens / statistics.median(cpu[name]), 1) for name in order},
-            "wall_tok_s": {name: round(tokens / statistics.median(wall[name]), 1) for name in order},
-        }
         for p in ("fp32", "int8"):
             op, loop = outputs[f"op_{p}"], outputs[f"loop_{p}"]
             row[f"tokens_equal_{p}"] = round(float((op == loop).float().mean()), 4)
             row[f"rows_equal_{p}"] = round(float((op == loop).all(1).float().mean()), 4)
-        row["ratio_cpu"] = {
-            p: round(row["cpu_tok_s"][f"op_{p}"] / row["cpu_tok_s"][f"loop_{p}"], 2) for p in ("fp32", "int8")
-        }
-        row["ratio_wall"] = {
-            p: round(row["wall_tok_s"][f"op_{p}"] / row["wall_tok_s"][f"loop_{p}"], 2) for p in ("fp32", "int8")
-        }
+        by_clock = {p: ratios(row, f"op_{p}", f"loop_{p}") for p in ("fp32", "int8")}
+        row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
+        row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
         results["rows"][key] = row
         print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
         print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))

@@ -1,7 +1,7 @@
 """Export any hf_variants model to ONNX (two graphs) for ONNX Runtime, in float32 and optionally int8.
 
-    python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8] [--opset N] [--force]
-        [--no_fuse_attention]
+    python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]]
+        [--opset N] [--force] [--no_fuse_attention]
 
 Two graphs, both traced through the model's public forward (`get_encoder()`, then the model with
 `encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the dynamo exporter
@@ -34,7 +34,8 @@ as its longest phrase, which only the values of `phrase_index` tell). The tokeni
 generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
-weights of every MatMul, the output projection included, activations quantized per call; see `INT8_SETTINGS`).
+weights of every MatMul, the output projection included, activations quantized per call; `--int8_weights`: the
+weight format, see `INT8_WEIGHTS`).
 
 Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (generate, pipeline). The graphs run on plain
 onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python code). Needs
@@ -65,19 +66,24 @@ GRAPH_FILES = {
     "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx"),
 }
 
-# onnxruntime.quantization.quantize_dynamic settings, chosen by measurement: unsigned 8-bit weights, one scale per
-# output channel, full range. Relative logit error against fp32 (`small` baseline, random weights, 32 x 20 teacher-
-# forced steps, an AVX512-VNNI CPU): u8 per channel 0.0097, s8 per channel 0.0102, s8 per channel with reduce_range
-# 0.0168, u8 / s8 per tensor 0.0137 / 0.0139; speeds equal within the noise of a shared machine. On AVX2 without VNNI
-# MLAS multiplies u8 activations by s8 weights with saturating 16-bit sums: full-range s8 weights saturate there
-# (issue 32: relative error 0.12-0.19), and reduce_range gives up a bit (twice the error above); u8 weights take the
-# u8u8 kernel, which does not saturate, at full range, on every CPU.
-INT8_SETTINGS = {
-    "weight_type": "QUInt8",
-    "per_channel": True,
-    "reduce_range": False,
-    "op_types_to_quantize": ["MatMul", "Gemm"],
+# onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
+# output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
+# measurement (`benchmarks/bench_ort_int8_weights.py`, the `small` baseline and its MatMul shapes, 1 thread, an AVX-512
+# VNNI CPU, 2026-11-26):
+# - "s8_reduce_range" (default): signed 8-bit weights in 7 bits. MLAS multiplies u8 activations by s8 weights, the
+#   VNNI instruction's own pair (vpdpbusd): 2-4x faster than "u8" per MatMul on VNNI CPUs (32 x 512 @ 512 x 8000, the
+#   output projection: 716 us vs 2838 us), equal to it on AVX2 without VNNI, where MLAS sums u8 x s8 products in
+#   saturating 16 bits: the 7-bit range keeps those sums from saturating (full-range s8 weights saturate there:
+#   issue 32 measured relative errors of 0.12-0.19), so the same graph is right on every CPU.
+# - "u8": unsigned 8-bit weights at full range, the u8 x u8 kernel (no VNNI): about half the error, 2-4x slower on
+#   VNNI CPUs.
+# Full-range s8 is not offered: it is silently wrong on AVX2 CPUs, and an exported folder moves between machines.
+INT8_WEIGHTS = {
+    "s8_reduce_range": {"weight_type": "QInt8", "per_channel": True, "reduce_range": True},
+    "u8": {"weight_type": "QUInt8", "per_channel": True, "reduce_range": False},
 }
+DEFAULT_INT8_WEIGHTS = "s8_reduce_range"
+QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
 MIN_OPSET = 18  # the dynamo exporter's lowest
 SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
 
@@ -297,8 +303,9 @@ def _check_dynamic(path: Path, config_name: str) -> None:
                 )
 
 
-def quantize(source: Path, target: Path) -> list[str]:
-    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_SETTINGS`), written to `target`.
+def quantize(source: Path, target: Path, weights: str = DEFAULT_INT8_WEIGHTS) -> list[str]:
+    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_WEIGHTS[weights]`), written to
+    `target`.
     MatMuls whose weight is not 2-D (MUTE's and MIMO's stacked unit weights [units, in, out], whose per-channel zero
     points ORT's MatMulInteger rejects) get one scale per tensor in a second pass; their names are returned."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -307,7 +314,7 @@ def quantize(source: Path, target: Path) -> list[str]:
     # exporter's graphs (dynamic shapes from torch.export) do not need
     logging.getLogger().addFilter(_PREPROCESS_HINT)
     try:
-        return _quantize(source, target, QuantType, quantize_dynamic)
+        return _quantize(source, target, INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
     finally:
         logging.getLogger().removeFilter(_PREPROCESS_HINT)
 
@@ -316,7 +323,7 @@ def _PREPROCESS_HINT(record) -> bool:
     return "pre-processing before quantization" not in record.getMessage()
 
 
-def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[str]:
+def _quantize(source: Path, target: Path, settings: dict, QuantType, quantize_dynamic) -> list[str]:
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
@@ -325,20 +332,20 @@ def _quantize(source: Path, target: Path, QuantType, quantize_dynamic) -> list[s
     quantize_dynamic(
         str(source),
         str(target),
-        weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
-        per_channel=INT8_SETTINGS["per_channel"],
-        reduce_range=INT8_SETTINGS["reduce_range"],
-        op_types_to_quantize=INT8_SETTINGS["op_types_to_quantize"],
+        weight_type=getattr(QuantType, settings["weight_type"]),
+        per_channel=settings["per_channel"],
+        reduce_range=settings["reduce_range"],
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
         nodes_to_exclude=kept,
         extra_options={"DefaultTensorType": 1},
     )  # FLOAT, for outputs of ops without shape inference
-    if kept and INT8_SETTINGS["per_channel"]:
+    if kept and settings["per_channel"]:
         quantize_dynamic(
             str(target),
             str(target),
-            weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+            weight_type=getattr(QuantType, settings["weight_type"]),
             per_channel=False,
-            reduce_range=INT8_SETTINGS["reduce_range"],
+            reduce_range=settings["reduce_range"],
             op_types_to_quantize=["MatMul"],
             nodes_to_quantize=kept,
             extra_options={"DefaultTensorType": 1},
@@ -465,16 +472,16 @@ def _export_step_graph(model, traced: _Traced, path: Path, opset: int | None) ->
     )
 
 
-def _quantize_graphs(staging: Path) -> tuple[dict, float, list]:
+def _quantize_graphs(staging: Path, weights: str) -> tuple[dict, float, list]:
     """int8 copies of both graphs: (their file names, seconds, the MatMuls quantized per tensor)."""
     started, per_tensor = time.perf_counter(), []
     for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
-        per_tensor += quantize(staging / fp32_name, staging / int8_name)
+        per_tensor += quantize(staging / fp32_name, staging / int8_name, weights)
     files = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
     return files, time.perf_counter() - started, per_tensor
 
 
-def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: dict, seconds: dict, per_tensor):
+def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: dict, seconds: dict, int8: dict):
     import onnx
     import onnxruntime
     import onnxscript
@@ -485,7 +492,6 @@ def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: di
         for o in onnx.load(str(staging / files[1]), load_external_data=False).opset_import
         if o.domain in ("", "ai.onnx")
     )
-    int8 = "int8" in graphs
     return {
         "format": "hf_variants-onnx-seq2seq",
         "format_version": 1,
@@ -498,9 +504,7 @@ def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: di
         "source_inputs": traced.source_names,
         "step_inputs": traced.step_names,
         "tgt_lang_ids_required": _language_ids_required(model, traced.sample) if traced.step_names else False,
-        "int8": dict(INT8_SETTINGS, quantizer=f"onnxruntime {onnxruntime.__version__}", per_tensor_matmuls=per_tensor)
-        if int8
-        else None,
+        "int8": dict(int8, quantizer=f"onnxruntime {onnxruntime.__version__}") if int8 else None,
         "exporter": {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
@@ -521,12 +525,16 @@ def export(
     opset: int | None = None,
     force: bool = False,
     fuse_attention: bool = True,
+    int8_weights: str = DEFAULT_INT8_WEIGHTS,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
     attention becomes one `com.microsoft::MultiHeadAttention` node (`onnx_attention`); the others, and all of them
-    with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons."""
+    with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
+    `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`."""
     check_exportable(model, opset)
+    if int8_weights not in INT8_WEIGHTS:
+        raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
@@ -558,14 +566,20 @@ def export(
     for name in files:
         _check_dynamic(staging / name, config_name=original_config.model_type)
 
-    graphs, per_tensor = {"fp32": {"encoder": files[0], "decoder": files[1]}}, []
+    graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
-        graphs["int8"], seconds["quantize"], per_tensor = _quantize_graphs(staging)
+        graphs["int8"], seconds["quantize"], per_tensor = _quantize_graphs(staging, int8_weights)
+        int8_record = dict(
+            INT8_WEIGHTS[int8_weights],
+            weights=int8_weights,
+            op_types_to_quantize=QUANTIZED_OP_TYPES,
+            per_tensor_matmuls=per_tensor,
+        )
 
     original_config.save_pretrained(staging)
     model.generation_config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, per_tensor)
+    manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, int8_record)
     manifest["attention_fusion"] = fusion
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if output_dir.exists():
@@ -612,6 +626,13 @@ def main(argv=None) -> Path:
     parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
+    parser.add_argument(
+        "--int8_weights",
+        choices=sorted(INT8_WEIGHTS),
+        default=DEFAULT_INT8_WEIGHTS,
+        help="int8 weight format (see INT8_WEIGHTS): s8_reduce_range (default; VNNI's fast kernel, right on every "
+        "CPU) or u8 (about half the error, 2-4x slower MatMuls on VNNI CPUs)",
+    )
     parser.add_argument("--opset", type=int, help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)")
     parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
     parser.add_argument(
@@ -641,6 +662,7 @@ def main(argv=None) -> Path:
             tokenizer,
             args.output_dir,
             int8=args.int8,
+            int8_weights=args.int8_weights,
             opset=args.opset,
             force=args.force,
             fuse_attention=args.fuse_attention,

@@ -171,18 +171,24 @@ def test_inference_bleu_records(tmp_path, monkeypatch):
     bench.record_bleu(result("runs/b/model", 20.0, 20.1, bleu_ct2_int8=19.9), path, results_md)
     bench.record_bleu(result("runs/a/model", 31.0, 30.5), path, results_md)  # a rerun of a
     bench.record_bleu(result("runs/c/model", 10.0, 10.0, bleu_ort_fp32=10.0, bleu_ort_int8=9.79), path, results_md)
+    ort = dict(bleu_ort_fp32=12.0, bleu_ort_int8=12.1, ort_int8_weights="s8_reduce_range")
+    bench.record_bleu(result("runs/d/model", 12.0, 12.0, **ort), path, results_md)
     records = json.loads(path.read_text())
     assert [(r["model"], r["bleu_fp32"]) for r in records] == [
         ("runs/b/model", 20.0),
         ("runs/a/model", 31.0),
         ("runs/c/model", 10.0),
+        ("runs/d/model", 12.0),
     ]
     text = results_md.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "\nold\n" not in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| model ")]
+    # an ORT record without `ort_int8_weights` predates the option: its int8 graphs had u8 weights
     assert rows == [
-        "| b | transformer_nmt | 200 | 1000 | 20.00 | 20.10 | 19.90 | — | — | +0.10 | — | 50.00 | 49.50 |",
-        "| a | transformer_nmt | 200 | 1000 | 31.00 | 30.50 | — | — | — | -0.50 | — | 50.00 | 49.50 |",
-        "| c | transformer_nmt | 200 | 1000 | 10.00 | 10.00 | — | 10.00 | 9.79 | +0.00 | -0.21 | 50.00 | 49.50 |",
+        "| b | transformer_nmt | 200 | 1000 | 20.00 | 20.10 | 19.90 | — | — | +0.10 | — | — | 50.00 | 49.50 |",
+        "| a | transformer_nmt | 200 | 1000 | 31.00 | 30.50 | — | — | — | -0.50 | — | — | 50.00 | 49.50 |",
+        "| c | transformer_nmt | 200 | 1000 | 10.00 | 10.00 | — | 10.00 | 9.79 | +0.00 | -0.21 | u8 | 50.00 | 49.50 |",
+        "| d | transformer_nmt | 200 | 1000 | 12.00 | 12.00 | — | 12.00 | 12.10 | +0.00 | +0.10 | s8_reduce_range | "
+        "50.00 | 49.50 |",
     ]
     sys.modules.pop("bench_inference", None)
