@@ -32,7 +32,7 @@ __version__ = "0.2.0"
 
 def __getattr__(name):
     # ONNX Runtime classes load on first use: `import hf_variants` does not need onnxruntime
-    if name in ("OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache"):
+    if name in ("OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache", "OrtSharedCache"):
         from . import modeling_ort
 
         return getattr(modeling_ort, name)

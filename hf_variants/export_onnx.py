@@ -58,13 +58,22 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from .onnx_attention import fuse_attention, source_padding, translation_table
+from .onnx_attention import (
+    SharedBufferCache,
+    fuse_attention,
+    source_padding,
+    translation_table,
+    unfused_decoder_self_attention,
+)
 
 MANIFEST = "onnx_manifest.json"
 GRAPH_FILES = {
     "fp32": ("encoder_model.onnx", "decoder_model.onnx"),
     "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx"),
 }
+SHARED_CACHE_FILES = {"fp32": "decoder_model_shared_cache.onnx", "int8": "decoder_model_shared_cache_int8.onnx"}
+SHARED_CACHE_OP = "com.microsoft::DecoderMaskedMultiHeadAttention"
+SHARED_CACHE_INPUTS = ["past_sequence_length", "beam_width", "cache_indirection"]
 
 # onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
 # output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
@@ -210,6 +219,41 @@ class StepGraph(nn.Module):
             )
         present = [t for pair in _layer_kv(out.past_key_values.self_attention_cache) for t in pair]
         return (out.logits, *present)
+
+
+class SharedCacheStepGraph(nn.Module):
+    """One decoder step on the shared self-attention buffers (`SharedBufferCache`): the step graph's inputs with
+    the per-layer buffers [rows, heads, capacity, head_dim] in place of the past, and `past_sequence_length`,
+    `beam_width`, `cache_indirection` after them; returns the logits and the buffers (each layer's position
+    `past_sequence_length` written by DecoderMaskedMultiHeadAttention)."""
+
+    def __init__(self, model, step_names: list[str], field_names: list[str], output_class, num_layers: int):
+        super().__init__()
+        self.model, self.step_names, self.field_names = model, step_names, field_names
+        self.output_class, self.num_layers = output_class, num_layers
+        self.eval()
+
+    def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
+        n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
+        fields = dict(zip(self.field_names, flat[:n_fields]))
+        kwargs = dict(zip(self.step_names, flat[n_fields : n_fields + n_step]))
+        rest = flat[n_fields + n_step :]
+        buffers = [(rest[2 * i], rest[2 * i + 1]) for i in range(n)]
+        past_sequence_length, beam_width, cache_indirection = rest[2 * n : 2 * n + 3]
+        cross = [(rest[2 * n + 3 + 2 * i], rest[2 * n + 4 + 2 * i]) for i in range(n)]
+        shared = SharedBufferCache(buffers, past_sequence_length, beam_width, cache_indirection)
+        cache = EncoderDecoderCache(shared, DynamicCache(cross))
+        with source_padding(encoder_attention_mask):
+            out = self.model(
+                encoder_outputs=self.output_class(**fields),
+                attention_mask=encoder_attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                past_key_values=cache,
+                use_cache=True,
+                return_dict=True,
+                **kwargs,
+            )
+        return (out.logits, *[t for pair in _layer_kv(shared) for t in pair])
 
 
 def _untie_output_projection(model) -> None:
@@ -472,6 +516,105 @@ def _export_step_graph(model, traced: _Traced, path: Path, opset: int | None) ->
     )
 
 
+def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
+    """The decoder step on shared buffers, traced on 4 rows (2 sentences x 2 beams: the sample's batch repeated,
+    so that no axis of the sample has size 1), a capacity of 11 and 3 filled positions."""
+    batch, src, _ = _dims()
+    capacity = torch.export.Dim("capacity", min=2, max=4096)
+    sentences, beams = torch.export.Dim("sentences", min=1, max=4096), torch.export.Dim("beams", min=1, max=4096)
+    sample, step_names, kv_names = traced.sample, traced.step_names, traced.kv_names
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(2, dim=0)
+
+    field_values = [rows(traced.encoder_outputs[name]) for name in traced.field_names]
+    buffers = [t.new_zeros(2 * t.shape[0], t.shape[1], 11, t.shape[3]) for kv in traced.self_kv for t in kv]
+    for buffer in buffers:
+        buffer[:, :, :3].normal_()
+    indirection = torch.randint(0, 2, (traced.start.shape[0], 2, 11), dtype=torch.int32)
+    bookkeeping = [torch.tensor([3], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), indirection]
+    cross = [rows(t) for kv in traced.cross_kv for t in kv]
+    field_shapes = tuple(
+        {0: batch, **{axis: src for axis, size in enumerate(value.shape) if axis and size == SAMPLE_SOURCE_LENGTH}}
+        for value in field_values
+    )
+    _torch_export(
+        SharedCacheStepGraph(model, step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers),
+        (
+            rows(traced.start),
+            rows(sample["attention_mask"]),
+            *field_values,
+            *[rows(sample[k]) for k in step_names],
+            *buffers,
+            *bookkeeping,
+            *cross,
+        ),
+        (
+            {0: batch},
+            {0: batch, 1: src},
+            (
+                *field_shapes,
+                *[{0: batch} for _ in step_names],
+                *[{0: batch, 2: capacity} for _ in buffers],
+                None,
+                None,
+                {0: sentences, 1: beams, 2: capacity},
+                *[{0: batch, 2: src} for _ in cross],
+            ),
+        ),
+        [
+            "decoder_input_ids",
+            "encoder_attention_mask",
+            *[f"encoder_{n}" for n in traced.field_names],
+            *step_names,
+            *[f"past_{n}" for n in kv_names],
+            *SHARED_CACHE_INPUTS,
+            *[f"cross_{n}" for n in kv_names],
+        ],
+        ["logits", *[f"present_{n}" for n in kv_names]],
+        path,
+        opset,
+    )
+
+
+def _shared_cache_refusal(model, fusion: dict, enabled: bool) -> str | None:
+    """Why no shared-cache step graph is written (None: it is): every decoder self-attention must be fused."""
+    if not enabled:
+        return "disabled (shared_cache=False)"
+    if not fusion["enabled"]:
+        return "attention fusion disabled (--no_fuse_attention)"
+    unfused = unfused_decoder_self_attention(model)
+    if unfused:
+        return "decoder self-attention not fused: " + "; ".join(f"{name}: {why}" for name, why in unfused.items())
+    return None
+
+
+def _shared_cache_record(model, staging: Path, num_layers: int, seconds: float) -> dict:
+    """The manifest's `shared_cache` entry of a written shared-cache graph: its files, inputs/outputs, which outputs
+    alias which inputs; the graph holds one DecoderMaskedMultiHeadAttention per decoder layer (checked: a module
+    that fell back to the generic path while traced would not read the buffers)."""
+    import onnx
+
+    path = staging / SHARED_CACHE_FILES["fp32"]
+    nodes = onnx.load(str(path), load_external_data=False).graph.node
+    found = sum(node.op_type == SHARED_CACHE_OP.split("::")[1] for node in nodes)
+    expected = num_layers
+    if found != expected:
+        raise RuntimeError(
+            f"export_onnx: the shared-cache step graph of {model.config.model_type} holds {found} "
+            f"DecoderMaskedMultiHeadAttention nodes, not one per cache layer ({expected})."
+        )
+    io = _io(path)
+    return {
+        "written": True,
+        "op": SHARED_CACHE_OP,
+        "graphs": {"fp32": SHARED_CACHE_FILES["fp32"]},
+        "decoder": io,
+        "aliases": {v["name"]: "past_" + v["name"][len("present_") :] for v in io["outputs"][1:]},
+        "export_seconds": round(seconds, 2),
+    }
+
+
 def _quantize_graphs(staging: Path, weights: str) -> tuple[dict, float, list]:
     """int8 copies of both graphs: (their file names, seconds, the MatMuls quantized per tensor)."""
     started, per_tensor = time.perf_counter(), []
@@ -526,12 +669,15 @@ def export(
     force: bool = False,
     fuse_attention: bool = True,
     int8_weights: str = DEFAULT_INT8_WEIGHTS,
+    shared_cache: bool = True,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
     attention becomes one `com.microsoft::MultiHeadAttention` node (`onnx_attention`); the others, and all of them
     with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
-    `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`."""
+    `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`. `shared_cache`: also write the
+    shared-cache step graph where every decoder self-attention is fused (the manifest's `shared_cache` says whether
+    it was written, or why not)."""
     check_exportable(model, opset)
     if int8_weights not in INT8_WEIGHTS:
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
@@ -562,6 +708,12 @@ def export(
     files = GRAPH_FILES["fp32"]
     _export_source_graph(model, traced, staging / files[0], opset)
     _export_step_graph(model, traced, staging / files[1], opset)
+    shared = {"written": False, "reason": _shared_cache_refusal(model, fusion, shared_cache)}
+    if shared["reason"] is None:
+        shared_started = time.perf_counter()
+        _export_shared_cache_graph(model, traced, staging / SHARED_CACHE_FILES["fp32"], opset)
+        shared = _shared_cache_record(model, staging, traced.num_layers, time.perf_counter() - shared_started)
+        files = (*files, SHARED_CACHE_FILES["fp32"])
     seconds = {"export": time.perf_counter() - started, "quantize": None}
     for name in files:
         _check_dynamic(staging / name, config_name=original_config.model_type)
@@ -569,6 +721,12 @@ def export(
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
         graphs["int8"], seconds["quantize"], per_tensor = _quantize_graphs(staging, int8_weights)
+        if shared["written"]:
+            quantize_started = time.perf_counter()
+            quantize(staging / SHARED_CACHE_FILES["fp32"], staging / SHARED_CACHE_FILES["int8"], int8_weights)
+            shared["graphs"]["int8"] = SHARED_CACHE_FILES["int8"]
+            shared["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
+            seconds["quantize"] += time.perf_counter() - quantize_started
         int8_record = dict(
             INT8_WEIGHTS[int8_weights],
             weights=int8_weights,
@@ -581,6 +739,7 @@ def export(
     tokenizer.save_pretrained(staging)
     manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, int8_record)
     manifest["attention_fusion"] = fusion
+    manifest["shared_cache"] = shared
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if output_dir.exists():
         shutil.rmtree(output_dir)

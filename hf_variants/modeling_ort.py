@@ -52,6 +52,9 @@ _IGNORED_LOADING_KWARGS = {
 }
 _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
 _USE_SEARCH_OP: ContextVar[bool | None] = ContextVar("hf_variants_use_search_op", default=None)
+# (beam width, max_length) of the generate() decoding in progress: the shared cache's grouping and first capacity
+_DECODING: ContextVar[tuple[int, int] | None] = ContextVar("hf_variants_ort_decoding", default=None)
+DEFAULT_SHARED_CACHE_CAPACITY = 64  # outside generate() (a plain forward over a cache): grows by doubling
 
 
 @dataclass
@@ -78,6 +81,67 @@ class OrtCache:
     is_compileable = False
 
 
+class OrtSharedCache:
+    """The self-attention cache of the shared-cache step graph (`decoder_model_shared_cache*.onnx`, ONNX Runtime's
+    DecoderMaskedMultiHeadAttention with `past_present_share_buffer=1`): per layer, key and value buffers [rows,
+    heads, capacity, head_dim] that every step binds as both input and output (ORT writes the new position in
+    place: no copy of the past per step), the filled length, and the beam bookkeeping the op reads:
+    `beam_width` W (rows = sentences * W; 1 for greedy search and sampling) and `indirection` int32 [rows / W, W,
+    capacity], for each row and filled position the beam of the same sentence whose buffer row holds it. Beam
+    search's `reorder_cache` permutes the indirection (rows x length int32) instead of the buffers. A full buffer
+    grows to twice its capacity (one copy) before the next step."""
+
+    is_compileable = False
+
+    def __init__(self, layer_shapes: list[tuple[int, int]], rows: int, capacity: int, beam_width: int = 1):
+        """`layer_shapes`: (heads, head_dim) per layer; `tensors`: key and value buffer of each layer, in order."""
+        if beam_width < 1 or rows % beam_width:
+            beam_width = 1  # not rows of whole sentences: every row its own group (reorders then regroup)
+        self.rows, self.capacity, self.length, self.beam_width = rows, max(1, capacity), 0, beam_width
+        # never read beyond `length` (ONNX Runtime neither: tested with NaN there), so not zeroed
+        self.tensors = [
+            torch.empty(rows, heads, self.capacity, head_dim) for heads, head_dim in layer_shapes for _ in range(2)
+        ]
+        self.indirection = torch.zeros(rows // beam_width, beam_width, self.capacity, dtype=torch.int32)
+        self._own_beam = (torch.arange(rows) % beam_width).to(torch.int32)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def reserve(self) -> None:
+        """Room for one more position: a full buffer grows to twice its capacity (the filled part copied)."""
+        if self.length < self.capacity:
+            return
+        capacity, filled = 2 * self.capacity, self.length
+        grown = []
+        for tensor in self.tensors:
+            new = tensor.new_empty(tensor.shape[0], tensor.shape[1], capacity, tensor.shape[3])
+            new[:, :, :filled] = tensor[:, :, :filled]
+            grown.append(new)
+        indirection = self.indirection.new_zeros(*self.indirection.shape[:2], capacity)
+        indirection[..., :filled] = self.indirection[..., :filled]
+        self.tensors, self.indirection, self.capacity = grown, indirection, capacity
+
+    def advance(self) -> None:
+        """After a step wrote position `length` of every row's own buffer row: record it, one position more."""
+        self.indirection.view(self.rows, self.capacity)[:, self.length] = self._own_beam
+        self.length += 1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row r continues the hypothesis of row beam_idx[r]: it takes that row's indirection (the buffers stay).
+        A source outside r's sentence (W rows) regroups the whole batch as one sentence first."""
+        beam_idx = beam_idx.to(torch.long)
+        row = torch.arange(self.rows)
+        if not torch.equal(beam_idx // self.beam_width, row // self.beam_width):
+            absolute = self.indirection.view(self.rows, self.capacity) + (row // self.beam_width * self.beam_width)[
+                :, None
+            ].to(torch.int32)
+            self.beam_width, self._own_beam = self.rows, row.to(torch.int32)
+            self.indirection = absolute.view(1, self.rows, self.capacity)
+        table = self.indirection.view(self.rows, self.capacity)
+        table[:, : self.length] = table[beam_idx, : self.length]
+
+
 def _session(path: Path, options, providers):
     import onnxruntime
 
@@ -94,7 +158,14 @@ class _Graph:
         self.outputs = [v["name"] for v in io["outputs"]]
         self.output_dtypes = {v["name"]: v["dtype"] for v in io["outputs"]}
 
-    def run(self, feeds: dict[str, torch.Tensor], output_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    def run(
+        self,
+        feeds: dict[str, torch.Tensor],
+        output_shapes: dict[str, tuple],
+        output_buffers: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """`output_buffers`: outputs written into the given tensors (the shared cache's buffers, also bound as
+        inputs) instead of new ones."""
         binding = self.session.io_binding()
         keep = []
         for name, dtype in self.inputs.items():
@@ -106,7 +177,10 @@ class _Graph:
         results = {}
         for name in self.outputs:
             dtype = self.output_dtypes[name]
-            tensor = torch.empty(output_shapes[name], dtype=_TORCH[dtype])
+            if output_buffers and name in output_buffers:
+                tensor = output_buffers[name]
+            else:
+                tensor = torch.empty(output_shapes[name], dtype=_TORCH[dtype])
             results[name] = tensor
             binding.bind_output(name, "cpu", 0, _NUMPY[dtype], list(tensor.shape), tensor.data_ptr())
         self.session.run_with_iobinding(binding)
@@ -168,6 +242,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         session_options=None,
         providers=None,
         generation_config: GenerationConfig | None = None,
+        shared_cache: bool | None = None,
     ):
         PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
         if generation_config is not None:
@@ -179,6 +254,20 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             _session(folder / files["encoder"], session_options, providers), manifest["encoder"]
         )
         self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers), manifest["decoder"])
+        # the Python loop's steps on shared buffers where the folder has that graph (`OrtSharedCache`)
+        shared = manifest.get("shared_cache") or {"written": False, "reason": "exported before shared-cache graphs"}
+        self.shared_cache_graph = None
+        if shared_cache and not (shared["written"] and precision in shared["graphs"]):
+            raise ValueError(
+                f"shared_cache=True: {folder} has no shared-cache step graph for precision={precision!r} "
+                f"({shared.get('reason') or 'exported without --int8'})."
+            )
+        if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
+            path = folder / shared["graphs"][precision]
+            self.shared_cache_graph = _Graph(_session(path, session_options, providers), shared["decoder"])
+        # None: a generate() call's first step picks the capacity (its max_length); an int: that first capacity
+        self.shared_cache_capacity: int | None = None
+        self._cache_path = None
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
@@ -197,9 +286,13 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         num_threads: int | None = None,
         session_options=None,
         providers=None,
+        shared_cache: bool | None = None,
         **kwargs,
     ):
-        """Load a folder written by `python -m hf_variants.export_onnx`. Loading arguments of torch models that
+        """Load a folder written by `python -m hf_variants.export_onnx`. `shared_cache`: the Python decoding loop
+        steps on preallocated buffers (the folder's shared-cache step graph, `OrtSharedCache`) where the folder has
+        one (None, the default), always (True: an error where it has none) or never (False: the step graph's
+        concatenated cache, as folders without that graph do). Loading arguments of torch models that
         `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
         mean nothing here; any other argument raises a TypeError naming it."""
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
@@ -252,7 +345,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             generation_config = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation_config = None
-        return ort_class(config, folder, manifest, precision, session_options, providers, generation_config)
+        return ort_class(
+            config, folder, manifest, precision, session_options, providers, generation_config, shared_cache
+        )
 
     # -------------------------------------------------------------------------------------- torch-model API
     @property
@@ -357,10 +452,16 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         raise ValueError(f"The syntactic MG-SA needs `{name}` (from `prepare_translation_inputs(..., parses=...)`).")
 
     def _shapes(self, graph: _Graph, **dims) -> dict[str, tuple]:
-        """Output shapes of `graph` from the manifest's symbolic shapes and the given dimension values."""
+        """Output shapes of `graph` from the manifest's symbolic shapes and the given dimension values (outputs
+        with a dimension not given are left out: bound to buffers by the caller)."""
         shapes = {}
-        io = self.manifest["encoder" if graph is self.source_graph else "decoder"]
+        if graph is self.shared_cache_graph:
+            io = self.manifest["shared_cache"]["decoder"]
+        else:
+            io = self.manifest["encoder" if graph is self.source_graph else "decoder"]
         for value in io["outputs"]:
+            if any(isinstance(d, str) and d != "past + 1" and d not in dims for d in value["shape"]):
+                continue
             shape = []
             for d in value["shape"]:
                 if isinstance(d, int):
@@ -391,6 +492,11 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             ]
         for name in self.manifest["step_inputs"]:
             feeds[name] = tgt_lang_ids if tgt_lang_ids is not None else self._default_input(name, batch)
+        for name in kinds:
+            feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
+        if self.shared_cache_graph is not None and (cache is None or isinstance(cache, OrtSharedCache)):
+            return self._shared_cache_step(feeds, kinds, encoder_outputs, attention_mask, cache, batch)
+        self._cache_path = "concatenated"
         if cache is None:
             past = []
             for i in range(n):
@@ -403,13 +509,47 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             past = cache.tensors
         for name, tensor in zip(kinds, past):
             feeds[f"past_{name}"] = tensor
-        for name in kinds:
-            feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
         shapes = self._shapes(self.step_graph, batch=batch, source=attention_mask.shape[1], past=past[0].shape[2])
         for name, tensor in zip(kinds, past):  # per-layer head counts of the cache (MUTE/MIMO units)
             shapes[f"present_{name}"] = (batch, tensor.shape[1], tensor.shape[2] + 1, tensor.shape[3])
         out = self.step_graph.run(feeds, shapes)
         return out["logits"], OrtCache([out[f"present_{name}"] for name in kinds])
+
+    def _shared_cache_step(self, feeds, kinds, encoder_outputs, attention_mask, cache, batch):
+        """`_step` on the shared-cache graph: the buffers bound as both input and output (written in place)."""
+        self._cache_path = "shared_buffer"
+        if cache is None:
+            decoding = _DECODING.get()
+            beam_width, max_length = decoding if decoding is not None else (1, DEFAULT_SHARED_CACHE_CAPACITY)
+            capacity = self.shared_cache_capacity or max_length
+            shapes = []
+            for i in range(self.num_layers):
+                cross = encoder_outputs[f"cross_key.{i}"]
+                shapes.append((cross.shape[1], cross.shape[3]))
+            cache = OrtSharedCache(shapes, batch, capacity, beam_width)
+        cache.reserve()
+        buffers = dict(zip(kinds, cache.tensors))
+        for name, tensor in buffers.items():
+            feeds[f"past_{name}"] = tensor
+        feeds["past_sequence_length"] = torch.tensor([cache.length], dtype=torch.int32)
+        feeds["beam_width"] = torch.tensor([cache.beam_width], dtype=torch.int32)
+        feeds["cache_indirection"] = cache.indirection
+        shapes = self._shapes(self.shared_cache_graph, batch=batch, source=attention_mask.shape[1])
+        out = self.shared_cache_graph.run(feeds, shapes, {f"present_{name}": t for name, t in buffers.items()})
+        cache.advance()
+        return out["logits"], cache
+
+    def _decoding(self, generation_config, loop_call):
+        """Run one generate() decoding (`loop_call()`) with its beam width and max_length known to the shared
+        cache's first step; `last_decoding["cache"]` names the cache the Python loop used."""
+        token = _DECODING.set((generation_config.num_beams or 1, generation_config.max_length or 1))
+        self._cache_path = None
+        try:
+            return loop_call()
+        finally:
+            _DECODING.reset(token)
+            if self._cache_path is not None and isinstance(self.last_decoding, dict):
+                self.last_decoding["cache"] = self._cache_path
 
     # -------------------------------------------------------------------------------------- decoding in ORT
     def generate(self, inputs=None, generation_config=None, *, use_search_op: bool | None = None, **kwargs):
@@ -448,7 +588,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """Greedy search in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._sample, generation_config=generation_config, **args)
-        return decode_with_search_op(self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
+        return self._decoding(
+            generation_config,
+            lambda: decode_with_search_op(
+                self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw
+            ),
+        )
 
     def _beam_search(
         self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
@@ -456,7 +601,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """Beam search in the BeamSearch op where it fits; else transformers' `_beam_search`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._beam_search, generation_config=generation_config, **args)
-        return decode_with_search_op(self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw)
+        return self._decoding(
+            generation_config,
+            lambda: decode_with_search_op(
+                self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw
+            ),
+        )
 
     # --------------------------------------------------------------------------------------------- forward
     def forward(
@@ -505,9 +655,11 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             attention_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long)
         if decoder_input_ids is None:
             decoder_input_ids = torch.full((attention_mask.shape[0], 1), self.config.decoder_start_token_id)
-        cache = past_key_values if isinstance(past_key_values, OrtCache) else None
+        cache = past_key_values if isinstance(past_key_values, (OrtCache, OrtSharedCache)) else None
         if past_key_values is not None and cache is None and past_key_values.get_seq_length() > 0:
-            raise TypeError("OrtModelForSeq2SeqLM keeps its own cache (OrtCache); a torch cache cannot be read.")
+            raise TypeError(
+                "OrtModelForSeq2SeqLM keeps its own cache (OrtCache, OrtSharedCache); a torch cache cannot be read."
+            )
         start = cache.get_seq_length() if cache is not None else 0
         if use_cache is False:
             cache, start = None, 0
@@ -550,9 +702,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         }
 
     @staticmethod
-    def _reorder_cache(past_key_values: OrtCache, beam_idx: torch.LongTensor) -> OrtCache:
+    def _reorder_cache(past_key_values: OrtCache | OrtSharedCache, beam_idx: torch.LongTensor):
         """Beam search's reordering of the self-attention cache (the cross-attention keys/values are equal within
-        a sentence's beams, as in the torch model)."""
+        a sentence's beams, as in the torch model): a copy of the concatenated cache's rows, or the shared cache's
+        indirection permuted."""
         past_key_values.reorder_cache(beam_idx)
         return past_key_values
 
@@ -571,4 +724,4 @@ class _LanguageIds(torch.nn.Module):
         self.language_ids_field = language_ids_field
 
 
-__all__ = ["OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache"]
+__all__ = ["OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache", "OrtSharedCache"]

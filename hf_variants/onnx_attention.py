@@ -29,6 +29,7 @@ import contextlib
 
 import torch
 from torch import Tensor
+from transformers.cache_utils import DynamicCache
 
 from .modeling_transformer_nmt import TransformerNmtAttention, self_attention_cache
 
@@ -96,6 +97,52 @@ def _(query, key, value, past_key, past_value, num_heads, scale):
     )
 
 
+@torch.library.custom_op("hf_variants_onnx::decoder_masked_multi_head_attention", mutates_args=())
+def decoder_masked_multi_head_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    past_key: Tensor,
+    past_value: Tensor,
+    past_sequence_length: Tensor,
+    beam_width: Tensor,
+    cache_indirection: Tensor,
+    num_heads: int,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """DecoderMaskedMultiHeadAttention on a preallocated self-attention buffer (`past_present_share_buffer=1`): one
+    new position per row. query/key/value [rows, 1, N*D]; past_key/past_value [rows, N, capacity, D], positions
+    0 .. past-1 filled (`past_sequence_length` int32 [1] = past < capacity); `beam_width` int32 [1] = W (rows =
+    sentences * W); `cache_indirection` int32 [rows / W, W, capacity]: row r = s*W + w reads position t < past from
+    buffer row s*W + cache_indirection[s, w, t] (a beam of the same sentence), and its new position `past` from its
+    own key/value, which it writes at `past` of its own buffer row. Returns (output [rows, 1, N*D], present_key,
+    present_value: the buffers with that position written; ONNX Runtime writes it in place where the buffers are
+    bound as both input and output). As ONNX Runtime's CPU kernel computes it (tested against it)."""
+    rows, heads, capacity, head_dim = past_key.shape
+    past, beams = int(past_sequence_length.reshape(-1)[0]), int(beam_width.reshape(-1)[0])
+    present_key, present_value = past_key.clone(), past_value.clone()
+    present_key[:, :, past] = key.reshape(rows, heads, head_dim)
+    present_value[:, :, past] = value.reshape(rows, heads, head_dim)
+    row = torch.arange(rows, device=query.device)
+    source = (row // beams * beams)[:, None] + cache_indirection.reshape(rows, capacity)[:, :past].long()
+    source = torch.cat([source, row[:, None]], dim=1)  # [rows, past + 1]: the buffer row of each position
+    position = torch.arange(past + 1, device=query.device)
+    keys = present_key[source, :, position].transpose(1, 2)  # [rows, past + 1, N, D] -> BNSH
+    values = present_value[source, :, position].transpose(1, 2)
+    out = multi_head_attention(query, keys.contiguous(), values.contiguous(), None, num_heads, scale)
+    return out, present_key, present_value
+
+
+@decoder_masked_multi_head_attention.register_fake
+def _(query, key, value, past_key, past_value, past_sequence_length, beam_width, cache_indirection, num_heads, scale):
+    rows, heads, _, head_dim = past_key.shape
+    return (
+        query.new_empty(rows, query.shape[1], heads * head_dim),
+        past_key.new_empty(past_key.shape),
+        (past_value.new_empty(past_value.shape)),
+    )
+
+
 def _onnx_op(num_outputs: int):
     """`com.microsoft::MultiHeadAttention` for onnxscript (the onnx package has no schema for ORT's contrib ops):
     the inputs up to `past_value`, the first `num_outputs` outputs (output, present_key, present_value)."""
@@ -128,8 +175,43 @@ def _onnx_op(num_outputs: int):
     return Op(Opset("com.microsoft", 1), "MultiHeadAttention", op_schema)
 
 
+def _decoder_masked_onnx_op():
+    """`com.microsoft::DecoderMaskedMultiHeadAttention` for onnxscript: inputs up to `cache_indirection`; outputs
+    (output, present_key, present_value)."""
+    import onnx
+    from onnxscript.values import Op, Opset
+
+    schema = onnx.defs.OpSchema
+    optional = schema.FormalParameterOption.Optional
+    int32 = ("mask_index", "past_sequence_length", "beam_width", "cache_indirection")
+    names = ("key", "value", "mask_index", "attention_bias", "past_key", "past_value") + int32[1:]
+    inputs = [schema.FormalParameter("query", "T")] + [
+        schema.FormalParameter(name, "M" if name in int32 else "T", param_option=optional) for name in names
+    ]
+    outputs = [schema.FormalParameter("output", "T")] + [
+        schema.FormalParameter(name, "T", param_option=optional) for name in ("present_key", "present_value")
+    ]
+    attribute, kind = schema.Attribute, schema.AttrType
+    op_schema = schema(
+        "DecoderMaskedMultiHeadAttention",
+        "com.microsoft",
+        1,
+        inputs=inputs,
+        outputs=outputs,
+        type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
+        attributes=[
+            attribute("num_heads", kind.INT, "", required=True),
+            attribute("past_present_share_buffer", kind.INT, "", required=False),
+            attribute("scale", kind.FLOAT, "", required=False),
+            attribute("mask_filter_value", kind.FLOAT, "", required=False),
+        ],
+    )
+    return Op(Opset("com.microsoft", 1), "DecoderMaskedMultiHeadAttention", op_schema)
+
+
 def translation_table() -> dict:
-    """The exporter's `custom_translation_table`: each custom op -> a function emitting one MultiHeadAttention."""
+    """The exporter's `custom_translation_table`: each custom op -> a function emitting its one node
+    (MultiHeadAttention, DecoderMaskedMultiHeadAttention)."""
     attention, attention_with_past = _onnx_op(1), _onnx_op(3)
 
     def to_onnx(query, key, value, key_padding_mask, num_heads: int, scale: float):
@@ -149,9 +231,31 @@ def translation_table() -> dict:
             query, key, value, None, None, None, past_key, past_value, num_heads=num_heads, scale=scale
         )
 
+    decoder_masked = _decoder_masked_onnx_op()
+
+    def decoder_masked_to_onnx(
+        query, key, value, past_key, past_value, past_sequence_length, beam_width, cache_indirection, num_heads, scale
+    ):
+        return decoder_masked(
+            query,
+            key,
+            value,
+            None,
+            None,
+            past_key,
+            past_value,
+            past_sequence_length,
+            beam_width,
+            cache_indirection,
+            num_heads=num_heads,
+            past_present_share_buffer=1,
+            scale=scale,
+        )
+
     return {
         torch.ops.hf_variants_onnx.multi_head_attention.default: to_onnx,
         torch.ops.hf_variants_onnx.multi_head_attention_with_past.default: with_past_to_onnx,
+        torch.ops.hf_variants_onnx.decoder_masked_multi_head_attention.default: decoder_masked_to_onnx,
     }
 
 
@@ -231,6 +335,22 @@ def fused_forward(
         if kwargs.get("is_causal", self.is_causal):
             return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
         out = multi_head_attention(query, key, value, _SourceMask.value, self.num_heads, float(self.scaling))
+    elif isinstance(cache, SharedBufferCache):
+        if query.shape[1] != 1:
+            raise ValueError(f"The shared-cache step takes one new position per row, not {query.shape[1]}.")
+        layer = cache.layers[self.layer_idx]
+        out, layer.keys, layer.values = decoder_masked_multi_head_attention(
+            query,
+            key,
+            value,
+            layer.keys,
+            layer.values,
+            cache.past_sequence_length,
+            cache.beam_width,
+            cache.cache_indirection,
+            self.num_heads,
+            float(self.scaling),
+        )
     else:
         layers = cache.layers
         if self.layer_idx >= len(layers) or not layers[self.layer_idx].is_initialized or query.shape[1] != 1:
@@ -243,7 +363,42 @@ def fused_forward(
     return self._project_out(out.view(*out.shape[:2], self.num_heads, self.head_dim), hidden_states), None, None
 
 
+class SharedBufferCache(DynamicCache):
+    """The self-attention cache of the shared-cache step graph (`export_onnx`) while it is traced: per layer the
+    preallocated buffers [rows, heads, capacity, head_dim] as the layer's keys/values, and what
+    DecoderMaskedMultiHeadAttention reads beside them: `past_sequence_length` (int32 [1], the filled positions),
+    `beam_width` (int32 [1]) and `cache_indirection` (int32 [rows / beam_width, beam_width, capacity]). Every fused
+    decoder self-attention (`fused_forward`) runs `decoder_masked_multi_head_attention` on its layer and leaves the
+    written buffers as the layer's keys/values. `get_seq_length()` is the filled length as a 0-d tensor (what a
+    static cache gives): the queries' position, computed in the graph from `past_sequence_length`."""
+
+    is_compileable = False  # a decoding step attends to every filled position: no mask (self_attention_mask)
+
+    def __init__(self, buffers, past_sequence_length: Tensor, beam_width: Tensor, cache_indirection: Tensor):
+        super().__init__(buffers)
+        self.past_sequence_length, self.beam_width = past_sequence_length, beam_width
+        self.cache_indirection = cache_indirection
+
+    def get_seq_length(self, layer_idx: int = 0) -> Tensor:
+        return self.past_sequence_length.reshape(()).long()
+
+
 _FUSED_CLASSES: dict[type, type] = {}
+
+
+def unfused_decoder_self_attention(model) -> dict[str, str]:
+    """The decoder self-attention modules of `model` that `fuse_attention` did not make fused, by module name, with
+    the reason (`fusion_blocker`); {} where all are fused (the shared-cache step graph needs every one)."""
+    decoder = model.get_decoder()
+    modules = [m for m in decoder.modules() if isinstance(m, TransformerNmtAttention) and not m.is_cross_attention]
+    names = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(id(module), name)
+    return {
+        names.get(id(m), type(m).__name__): fusion_blocker(m) or "not fused (attention fusion disabled)"
+        for m in modules
+        if type(m) not in _FUSED_CLASSES.values()
+    }
 
 
 def fuse_attention(model) -> dict:
