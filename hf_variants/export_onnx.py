@@ -1,11 +1,12 @@
-"""Export any hf_variants model to ONNX (two graphs) for ONNX Runtime, in float32 and optionally int8.
+"""Export any hf_variants model to ONNX (two or three graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]]
-        [--opset N] [--force] [--no_fuse_attention]
+        [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
 
-Two graphs, both traced through the model's public forward (`get_encoder()`, then the model with
-`encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the dynamo exporter
-(`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position table):
+Two graphs (three with fused decoder self-attention), all traced through the model's public forward (`get_encoder()`,
+then the model with `encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the
+dynamo exporter (`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position
+table):
 
 - `encoder_model.onnx` (source graph): `input_ids`, `attention_mask` and the variant's source inputs (MIMO/Tied
   `tgt_lang_ids`, the syntactic MG-SA's `phrase_index`) -> the encoder output tensors (`encoder_last_hidden_state`,
@@ -14,7 +15,18 @@ Two graphs, both traced through the model's public forward (`get_encoder()`, the
 - `decoder_model.onnx` (step graph): `decoder_input_ids` [batch, 1], `encoder_attention_mask`, the encoder output
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
-  `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1).
+  `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1);
+- `decoder_model_shared_cache.onnx` (shared-cache step graph, written where every decoder self-attention is fused,
+  see below): the step graph's inputs with preallocated buffers as `past_key.{i}` / `past_value.{i}` [batch,
+  heads, capacity, head_dim] (positions 0 .. past-1 filled) and `past_sequence_length` (int32 [1]), `beam_width`
+  (int32 [1]), `cache_indirection` (int32 [batch / beam_width, beam_width, capacity]: for each row and filled
+  position, the beam of the same sentence whose buffer row holds it) before the cross keys/values -> `logits` and
+  `present_key.{i}`, `present_value.{i}`: the buffers with position `past` written, in place where the caller binds
+  the same memory as input and output (each decoder self-attention is ONE `com.microsoft::DecoderMaskedMultiHead
+  Attention` with `past_present_share_buffer=1`). A decoding step then copies no cache, and beam search reorders
+  the indirection instead of the cache (`OrtModelForSeq2SeqLM`'s Python loop, `OrtSharedCache`). The manifest's
+  `shared_cache` names the files, inputs and outputs, or why the graph is not written (the modules left generic).
+  The step graph is written either way: ORT's BeamSearch op (`onnx_generation`) and every other consumer read it.
 
 Attention fusion (default; `--no_fuse_attention` turns it off): every attention module computing plain scaled
 dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`onnx_attention`:
@@ -33,7 +45,8 @@ exporter says so naming the config fields: the syntactic MG-SA with the LSTM com
 as its longest phrase, which only the values of `phrase_index` tell). The tokenizer, config,
 generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
 settings) are written beside the graphs.
-`--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (onnxruntime's `quantize_dynamic`: int8
+`--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (and `decoder_model_shared_cache_int8.onnx`
+where the shared-cache graph is written; onnxruntime's `quantize_dynamic`: int8
 weights of every MatMul, the output projection included, activations quantized per call; `--int8_weights`: the
 weight format, see `INT8_WEIGHTS`).
 
@@ -580,12 +593,16 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
 def _shared_cache_refusal(model, fusion: dict, enabled: bool) -> str | None:
     """Why no shared-cache step graph is written (None: it is): every decoder self-attention must be fused."""
     if not enabled:
-        return "disabled (shared_cache=False)"
+        return "disabled (--no_shared_cache)"
     if not fusion["enabled"]:
         return "attention fusion disabled (--no_fuse_attention)"
-    unfused = unfused_decoder_self_attention(model)
-    if unfused:
-        return "decoder self-attention not fused: " + "; ".join(f"{name}: {why}" for name, why in unfused.items())
+    by_reason: dict[str, list[str]] = {}
+    for name, why in unfused_decoder_self_attention(model).items():
+        by_reason.setdefault(why, []).append(name)
+    if by_reason:
+        return "decoder self-attention not fused: " + "; ".join(
+            f"{why} ({', '.join(names)})" for why, names in by_reason.items()
+        )
     return None
 
 
@@ -801,6 +818,13 @@ def main(argv=None) -> Path:
         help="keep attention as generic ONNX ops (default: plain scaled dot-product attention becomes ONNX "
         "Runtime's com.microsoft::MultiHeadAttention; the manifest's attention_fusion says which modules)",
     )
+    parser.add_argument(
+        "--no_shared_cache",
+        dest="shared_cache",
+        action="store_false",
+        help="do not write the shared-cache step graph (default: written where every decoder self-attention is "
+        "fused; the manifest's shared_cache says whether, or why not)",
+    )
     args = parser.parse_args(argv)
     try:
         import onnx  # noqa: F401
@@ -825,6 +849,7 @@ def main(argv=None) -> Path:
             opset=args.opset,
             force=args.force,
             fuse_attention=args.fuse_attention,
+            shared_cache=args.shared_cache,
         )
     except (ValueError, FileExistsError) as error:
         raise SystemExit(str(error)) from error

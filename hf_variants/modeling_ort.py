@@ -5,16 +5,21 @@
     outputs = model.generate(**inputs, num_beams=4)            # transformers' generate(): every decoding mode
     pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`
 
-The object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()`
-drives the two ONNX graphs (the source graph once per batch, the step graph once per new token), so greedy and beam
-search (length penalty, early stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits
-processors, streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
-`prepare_translation_inputs`) behave as on the torch model. The self-attention cache is a list of tensors that ONNX
-Runtime writes in place (IO binding on torch buffers: no copy per step); beam search reorders it like the torch
-cache. Greedy search and beam search with `early_stopping=True` run instead as one call of ONNX Runtime's
-`com.microsoft::BeamSearch` op over the same graphs, with the same output (`onnx_generation`; `generate(...,
-use_search_op=False)` keeps the loop, `model.last_decoding` says which ran). CPU only (onnxruntime's
-CPUExecutionProvider). Outputs with attentions or hidden states are not available.
+The object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()` drives
+the two ONNX graphs (the source graph once per batch, the step graph once per new token), so greedy and beam search
+(length penalty, early stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits processors,
+streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
+`prepare_translation_inputs`) behave as on the torch model. Where the folder has the shared-cache step graph
+(`export_onnx`: every decoder self-attention fused), the self-attention cache is a set of preallocated buffers
+(`OrtSharedCache`) bound as both input and output of every step (IO binding on torch tensors): ONNX Runtime's
+DecoderMaskedMultiHeadAttention writes the new position in place, and beam search permutes the cache indirection (which
+beam holds each position) instead of copying the cache; `from_pretrained(..., shared_cache=False)` keeps the step
+graph's cache (past -> present, one position longer: a list of tensors that ONNX Runtime writes into torch buffers,
+reordered by copy like the torch cache), which folders without that graph use. Greedy search and beam search with
+`early_stopping=True` run instead as one call of ONNX Runtime's `com.microsoft::BeamSearch` op over the same graphs,
+with the same output (`onnx_generation`; `generate(..., use_search_op=False)` keeps the loop, `model.last_decoding`
+says which ran, and for the loop which cache). CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions
+or hidden states are not available.
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bo
 _USE_SEARCH_OP: ContextVar[bool | None] = ContextVar("hf_variants_use_search_op", default=None)
 # (beam width, max_length) of the generate() decoding in progress: the shared cache's grouping and first capacity
 _DECODING: ContextVar[tuple[int, int] | None] = ContextVar("hf_variants_ort_decoding", default=None)
-DEFAULT_SHARED_CACHE_CAPACITY = 64  # outside generate() (a plain forward over a cache): grows by doubling
+# the shared cache's first capacity: a generate() call's max_length up to this (a plain forward over a cache: this);
+# a full buffer grows by doubling
+DEFAULT_SHARED_CACHE_CAPACITY = 64
 
 
 @dataclass
@@ -265,7 +272,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
             path = folder / shared["graphs"][precision]
             self.shared_cache_graph = _Graph(_session(path, session_options, providers), shared["decoder"])
-        # None: a generate() call's first step picks the capacity (its max_length); an int: that first capacity
+        # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         self._cache_path = None
         self.num_layers = manifest["num_layers"]
@@ -521,7 +528,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         if cache is None:
             decoding = _DECODING.get()
             beam_width, max_length = decoding if decoding is not None else (1, DEFAULT_SHARED_CACHE_CAPACITY)
-            capacity = self.shared_cache_capacity or max_length
+            capacity = self.shared_cache_capacity or min(max_length, DEFAULT_SHARED_CACHE_CAPACITY)
             shapes = []
             for i in range(self.num_layers):
                 cross = encoder_outputs[f"cross_key.{i}"]

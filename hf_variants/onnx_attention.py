@@ -12,7 +12,11 @@ op (`hf_variants_onnx::multi_head_attention`, below) that the exporter translate
 - decoder self-attention on the step graph's cache: the new token's keys/values [batch, 1, hidden] and the cache
   as `past_key` / `past_value` [batch, heads, past, head_dim] (BNSH, the layout of the step graph's cache inputs)
   -> `present_key` / `present_value` (past + 1), which become the step graph's cache outputs;
-- cross-attention on the cached source keys/values [batch, heads, source, head_dim] (BNSH) with the source padding.
+- cross-attention on the cached source keys/values [batch, heads, source, head_dim] (BNSH) with the source padding;
+- decoder self-attention on the shared-cache step graph's buffers (`SharedBufferCache`): ONE
+  `com.microsoft::DecoderMaskedMultiHeadAttention` (`past_present_share_buffer=1`; custom op
+  `hf_variants_onnx::decoder_masked_multi_head_attention`) reading the buffers [batch, heads, capacity, head_dim],
+  `past_sequence_length`, `beam_width` and `cache_indirection`, and writing the new position into the buffers.
 
 MUTE's units and MIMO's streams put n attentions side by side on the head axis (unit k owns heads k*H .. (k+1)*H-1,
 as in the torch kernel call), which is n*H heads of one MultiHeadAttention. `fusion_blocker(module)` names what keeps

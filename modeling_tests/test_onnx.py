@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 from conftest import LANGUAGES, read_sentences, run_without_package
@@ -43,7 +45,7 @@ pytest.importorskip(
     "onnxscript", reason="onnxscript (the dynamo exporter's) is not installed: pip install 'hf-variants[onnx]'"
 )
 
-from hf_variants import OrtModelForSeq2SeqLM, export_onnx, onnx_attention  # noqa: E402
+from hf_variants import OrtCache, OrtModelForSeq2SeqLM, OrtSharedCache, export_onnx, onnx_attention  # noqa: E402
 from hf_variants.export_onnx import export  # noqa: E402
 from hf_variants.modeling_transformer_nmt import TransformerNmtAttention  # noqa: E402
 
@@ -337,6 +339,7 @@ def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_ex
         "reason": "disabled (--no_fuse_attention)",
     }
     assert sorted(manifest["graphs"]) == ["fp32"]
+    assert manifest["shared_cache"] == {"written": False, "reason": "attention fusion disabled (--no_fuse_attention)"}
     assert _ops(unfused_export / "encoder_model.onnx") == _ops(unfused_export / "decoder_model.onnx") == 0
     assert _ops(unfused_export / "decoder_model.onnx", "Softmax") == 2 * model.config.decoder_layers
     unfused = OrtModelForSeq2SeqLM.from_pretrained(unfused_export, num_threads=1)
@@ -600,9 +603,224 @@ def test_relative_positions_export_and_decode_like_torch(tokenizer, tmp_path):
     assert model.config._attn_implementation == before
     fusion = json.loads((folder / "onnx_manifest.json").read_text())["attention_fusion"]
     assert any("relative positions" in reason for reason in fusion["generic"].values())
+    shared = json.loads((folder / "onnx_manifest.json").read_text())["shared_cache"]
+    assert shared == {
+        "written": False,
+        "reason": "decoder self-attention not fused: Shaw relative positions (max_relative_positions=4) "
+        "(model.decoder.layers.0.self_attn, model.decoder.layers.1.self_attn)",
+    }
+    assert not (folder / export_onnx.SHARED_CACHE_FILES["fp32"]).exists()
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    assert ort.shared_cache_graph is None
     inputs = _inputs(model, tokenizer, SENTENCES, None)
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
         with torch.no_grad():
             expected = model.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **settings)
         assert torch.equal(ort.generate(**inputs, max_new_tokens=12, min_new_tokens=12, **settings), expected)
+
+
+# ------------------------------------------------------------------- the shared-cache step graph (DMMHA)
+def _dmmha_session(heads: int):
+    """One com.microsoft::DecoderMaskedMultiHeadAttention node (past_present_share_buffer=1), every axis dynamic."""
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper
+
+    inputs = ["query", "key", "value", "", "", "past_key", "past_value", "past_sequence_length", "beam_width"]
+    node = helper.make_node(
+        "DecoderMaskedMultiHeadAttention",
+        [*inputs, "cache_indirection"],
+        ["output", "present_key", "present_value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        past_present_share_buffer=1,
+        scale=0.3,
+    )
+    value = helper.make_tensor_value_info
+    f, i = TensorProto.FLOAT, TensorProto.INT32
+    buffer = ["rows", heads, "capacity", "head_dim"]
+    graph = helper.make_graph(
+        [node],
+        "dmmha",
+        [value(name, f, ["rows", 1, "hidden"]) for name in ("query", "key", "value")]
+        + [value("past_key", f, buffer), value("past_value", f, buffer)]
+        + [value("past_sequence_length", i, [1]), value("beam_width", i, [1])]
+        + [value("cache_indirection", i, ["sentences", "beams", "capacity"])],
+        [
+            value("output", f, ["rows", 1, "hidden"]),
+            value("present_key", f, buffer),
+            value("present_value", f, buffer),
+        ],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    onnx.checker.check_model(model)
+    return onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_decoder_masked_attention_torch_equals_ort(beams):
+    """The custom op's torch implementation computes what ONNX Runtime's DecoderMaskedMultiHeadAttention computes on
+    shared buffers with a random cache indirection (each row reads each past position from a random beam of its
+    sentence): the same output, the new position written at `past` of the row's own buffer row, the rest
+    untouched; in place where the same buffers are bound as input and output (IO binding)."""
+    heads, head_dim, capacity, past, rows = 2, 4, 9, 5, 6
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(rows, 1, heads * head_dim, generator=generator) for _ in range(3))
+    past_key, past_value = (torch.randn(rows, heads, capacity, head_dim, generator=generator) for _ in range(2))
+    indirection = torch.randint(0, beams, (rows // beams, beams, capacity), generator=generator, dtype=torch.int32)
+    if beams > 1:
+        assert (indirection[..., :past] != torch.arange(beams, dtype=torch.int32)[None, :, None]).any()
+    bookkeeping = (torch.tensor([past], dtype=torch.int32), torch.tensor([beams], dtype=torch.int32), indirection)
+    out, present_key, present_value = onnx_attention.decoder_masked_multi_head_attention(
+        query, key, value, past_key, past_value, *bookkeeping, heads, 0.3
+    )
+    feeds = dict(query=query, key=key, value=value, past_key=past_key, past_value=past_value)
+    feeds.update(zip(("past_sequence_length", "beam_width", "cache_indirection"), bookkeeping))
+    session = _dmmha_session(heads)
+    expected = session.run(None, {name: t.numpy() for name, t in feeds.items()})
+    for got, want in zip((out, present_key, present_value), expected):
+        torch.testing.assert_close(got, torch.from_numpy(want), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(present_key[:, :, past], key.view(rows, heads, head_dim))
+    assert torch.equal(present_key[:, :, :past], past_key[:, :, :past])
+    # a reference written out: row s*W + w reads position t from buffer row s*W + indirection[s, w, t]
+    row = torch.arange(rows)
+    source = torch.cat([(row // beams * beams)[:, None] + indirection.view(rows, capacity)[:, :past], row[:, None]], 1)
+    keys = torch.stack([present_key[source[r], :, torch.arange(past + 1)] for r in range(rows)])  # [rows, T, N, D]
+    values = torch.stack([present_value[source[r], :, torch.arange(past + 1)] for r in range(rows)])
+    scores = torch.einsum("rnd,rtnd->rnt", query.view(rows, heads, head_dim), keys) * 0.3
+    reference = torch.einsum("rnt,rtnd->rnd", scores.softmax(-1), values).reshape(rows, 1, -1)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    # IO binding: the buffers bound as input and output are written in place
+    buffer_key, buffer_value = past_key.clone(), past_value.clone()
+    binding = session.io_binding()
+    for name, tensor in {**feeds, "past_key": buffer_key, "past_value": buffer_value}.items():
+        dtype = {torch.float32: np.float32, torch.int32: np.int32}[tensor.dtype]
+        binding.bind_input(name, "cpu", 0, dtype, list(tensor.shape), tensor.data_ptr())
+    binding.bind_output("output")
+    for name, tensor in (("present_key", buffer_key), ("present_value", buffer_value)):
+        binding.bind_output(name, "cpu", 0, np.float32, list(tensor.shape), tensor.data_ptr())
+    session.run_with_iobinding(binding)
+    torch.testing.assert_close(torch.from_numpy(binding.copy_outputs_to_cpu()[0]), out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(buffer_key, present_key, atol=0, rtol=0)
+    torch.testing.assert_close(buffer_value, present_value, atol=0, rtol=0)
+
+
+def test_shared_cache_graph_recorded(exported):
+    """Where every decoder self-attention is fused, the export writes the shared-cache step graph (fp32 and int8):
+    one DecoderMaskedMultiHeadAttention per decoder layer (past_present_share_buffer=1), the step graph's inputs
+    with the buffers and the three bookkeeping inputs, outputs aliasing the buffers; elsewhere (MUTE's and HySAN's
+    self-attention stay generic) the manifest says why, and the loop keeps the concatenated cache."""
+    import onnx
+
+    model, folder, ort, ort8, _ = exported
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    shared, reason = manifest["shared_cache"], GENERIC_SELF_ATTENTION.get(model.config.model_type)
+    if reason is not None:
+        names = ", ".join(f"model.decoder.layers.{i}.self_attn" for i in range(model.config.decoder_layers))
+        assert shared == {"written": False, "reason": f"decoder self-attention not fused: {reason} ({names})"}
+        assert ort.shared_cache_graph is None and ort8.shared_cache_graph is None
+        with pytest.raises(ValueError, match="has no shared-cache step graph .*" + re.escape(reason)):
+            OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", shared_cache=True)
+        return
+    assert shared["written"] and shared["graphs"] == export_onnx.SHARED_CACHE_FILES
+    assert ort.shared_cache_graph is not None and ort8.shared_cache_graph is not None
+    step = [v["name"] for v in manifest["decoder"]["inputs"]]
+    names = [v["name"] for v in shared["decoder"]["inputs"]]
+    first_cross = step.index("cross_key.0")
+    assert names == step[:first_cross] + export_onnx.SHARED_CACHE_INPUTS + step[first_cross:]
+    assert [v["name"] for v in shared["decoder"]["outputs"]] == [v["name"] for v in manifest["decoder"]["outputs"]]
+    assert shared["aliases"]["present_value.1"] == "past_value.1"
+    for precision in ("fp32", "int8"):
+        nodes = onnx.load(str(folder / shared["graphs"][precision]), load_external_data=False).graph.node
+        dmmha = [n for n in nodes if n.op_type == "DecoderMaskedMultiHeadAttention"]
+        assert len(dmmha) == model.config.decoder_layers
+        assert all(
+            {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}["past_present_share_buffer"] == 1
+            for n in dmmha
+        )
+        assert _ops(folder / shared["graphs"][precision]) == model.config.decoder_layers  # cross-attention
+
+
+SHARED_CACHE_TYPES = ["transformer_nmt", "mimo_nmt"]  # the baseline, and MIMO's streams (3 x the heads)
+
+
+@pytest.fixture(scope="module", params=SHARED_CACHE_TYPES)
+def shared_export(request, tokenizer, tmp_path_factory):
+    model, folder = _export_once(request.param, tokenizer, tmp_path_factory)
+    return model, folder, BUILDERS[request.param][1]
+
+
+def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenizer):
+    """transformers' loop over the shared-cache graph (greedy; beam 4 with length penalty, 2 returned sequences,
+    early_stopping False and True) gives the torch model's tokens and the concatenated cache's; so does a first
+    capacity of 2 positions (the buffers grow 2 -> 4 -> 8 -> 16 while decoding)."""
+    model, folder, langs = shared_export
+    shared = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    concat = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1, shared_cache=False)
+    assert shared.shared_cache_graph is not None and concat.shared_cache_graph is None
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    for settings in (
+        dict(num_beams=1),
+        dict(num_beams=4, length_penalty=0.6, num_return_sequences=2),
+        dict(num_beams=4, length_penalty=1.3, early_stopping=True, num_return_sequences=2),
+    ):
+        with torch.no_grad():
+            expected = model.generate(**inputs, max_new_tokens=16, **settings)
+        for ort, capacity, cache in (
+            (shared, None, "shared_buffer"),
+            (shared, 2, "shared_buffer"),
+            (concat, None, "concatenated"),
+        ):
+            ort.shared_cache_capacity = capacity
+            got = ort.generate(**inputs, max_new_tokens=16, use_search_op=False, **settings)
+            assert ort.last_decoding == {"path": "python_loop", "reason": "use_search_op=False", "cache": cache}
+            assert torch.equal(got, expected), (settings, capacity, cache)
+    assert expected.shape[1] > 8
+
+
+def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
+    """Cached steps through `forward` with a reorder after each step (arbitrary rows, across sentences: the cache
+    regroups the batch as one sentence) give the concatenated cache's logits, fp32 and int8; the shared cache's
+    length is `get_seq_length()`, its buffers keep their storage until they grow."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    rows = inputs["input_ids"].shape[0]
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, model.config.vocab_size, (rows, 7), generator=generator)
+    tokens[:, 0] = model.config.decoder_start_token_id
+    orders = [torch.randint(0, rows, (rows,), generator=generator) for _ in range(tokens.shape[1])]
+    for precision in ("fp32", "int8"):
+        logits = []
+        for shared_cache in (True, False):
+            ort = OrtModelForSeq2SeqLM.from_pretrained(
+                folder, precision=precision, num_threads=1, shared_cache=shared_cache
+            )
+            ort.shared_cache_capacity = 4
+            encoder_outputs = ort.get_encoder()(**inputs)
+            extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+            cache, steps, history = None, [], tokens[:, :0]
+            for position in range(tokens.shape[1]):
+                history = torch.cat([history, tokens[:, position : position + 1]], 1)
+                out = ort(
+                    attention_mask=inputs["attention_mask"],
+                    decoder_input_ids=history,
+                    encoder_outputs=encoder_outputs,
+                    past_key_values=cache,
+                    **extra,
+                )
+                cache = out.past_key_values
+                assert cache.get_seq_length() == position + 1
+                if position == 1 and shared_cache:
+                    pointers = [t.data_ptr() for t in cache.tensors]
+                if position == 2 and shared_cache:
+                    assert [t.data_ptr() for t in cache.tensors] == pointers and cache.capacity == 4
+                steps.append(out.logits)
+                cache = ort._reorder_cache(cache, orders[position])
+                history = history[orders[position]]
+            assert isinstance(cache, OrtSharedCache if shared_cache else OrtCache)
+            if shared_cache:
+                assert cache.capacity == 8 and cache.beam_width == rows
+            logits.append(torch.cat(steps, 1))
+        torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
