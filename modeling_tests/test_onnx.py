@@ -287,7 +287,8 @@ def test_no_qualifying_attention_is_recorded_not_refused(tokenizer):
 def test_fused_graph_modules_equal_generic_in_torch(exported):
     """The graph wrappers the exporter traces, run in torch with the fused modules (the custom ops' torch
     implementations: what MultiHeadAttention computes) and without: the same encoder outputs, cross keys/values,
-    logits and grown cache, on a padded batch and a past of 3."""
+    logits and grown cache, on a padded batch and a past of 3; where every decoder self-attention is fused, the
+    shared-cache step on buffers read through a cache indirection too."""
     model, _, _, _, _ = exported
     traced = export_onnx._trace(model)
     fused = copy.deepcopy(model)
@@ -309,6 +310,29 @@ def test_fused_graph_modules_equal_generic_in_torch(exported):
     assert sum(type(m).__name__.startswith("Fused") for m in fused.modules()) > 0
     for generic, fused_value in zip(*results):
         torch.testing.assert_close(fused_value, generic, atol=1e-5, rtol=1e-4)
+    if onnx_attention.unfused_decoder_self_attention(fused):
+        return
+    # the shared-cache step on buffers of capacity 6 whose 2 rows (one sentence, 2 beams) read the past through a
+    # cache indirection: the generic step's logits on the past it points to, and that step's new position written
+    indirection = torch.tensor([[[1, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]]], dtype=torch.int32)
+    buffers = [t.new_zeros(t.shape[0], t.shape[1], 6, t.shape[3]) for t in past]
+    pointed = []
+    for buffer, tensor in zip(buffers, past):
+        buffer[:, :, :3] = tensor
+        pointed.append(torch.stack([buffer[indirection[0, :, t].long(), :, t] for t in range(3)], dim=2))
+    bookkeeping = (torch.tensor([3], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), indirection)
+    graphs = (export_onnx.StepGraph, export_onnx.SharedCacheStepGraph)
+    with torch.no_grad():
+        steps = [
+            graph(m, traced.step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers)(
+                traced.start, sample["attention_mask"], *fields, *[sample[k] for k in traced.step_names], *kv, *cross
+            )
+            for graph, m, kv in zip(graphs, (model, fused), (pointed, [*buffers, *bookkeeping]))
+        ]
+    torch.testing.assert_close(steps[1][0], steps[0][0], atol=1e-5, rtol=1e-4)
+    for present, written in zip(steps[0][1:], steps[1][1:]):
+        assert written.shape[2] == 6
+        torch.testing.assert_close(written[:, :, 3], present[:, :, 3], atol=1e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------- one model type suffices
