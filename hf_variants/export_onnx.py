@@ -615,11 +615,10 @@ def _shared_cache_record(model, staging: Path, num_layers: int, seconds: float) 
     path = staging / SHARED_CACHE_FILES["fp32"]
     nodes = onnx.load(str(path), load_external_data=False).graph.node
     found = sum(node.op_type == SHARED_CACHE_OP.split("::")[1] for node in nodes)
-    expected = num_layers
-    if found != expected:
+    if found != num_layers:
         raise RuntimeError(
             f"export_onnx: the shared-cache step graph of {model.config.model_type} holds {found} "
-            f"DecoderMaskedMultiHeadAttention nodes, not one per cache layer ({expected})."
+            f"DecoderMaskedMultiHeadAttention nodes, not one per cache layer ({num_layers})."
         )
     io = _io(path)
     return {

@@ -124,6 +124,11 @@ def decoder_masked_multi_head_attention(
     bound as both input and output). As ONNX Runtime's CPU kernel computes it (tested against it)."""
     rows, heads, capacity, head_dim = past_key.shape
     past, beams = int(past_sequence_length.reshape(-1)[0]), int(beam_width.reshape(-1)[0])
+    if not 0 <= past < capacity or beams < 1 or rows % beams:
+        raise ValueError(
+            f"decoder_masked_multi_head_attention: past_sequence_length={past} must lie in [0, capacity={capacity}) "
+            f"and beam_width={beams} divide the {rows} rows."
+        )
     present_key, present_value = past_key.clone(), past_value.clone()
     present_key[:, :, past] = key.reshape(rows, heads, head_dim)
     present_value[:, :, past] = value.reshape(rows, heads, head_dim)
@@ -143,7 +148,7 @@ def _(query, key, value, past_key, past_value, past_sequence_length, beam_width,
     return (
         query.new_empty(rows, query.shape[1], heads * head_dim),
         past_key.new_empty(past_key.shape),
-        (past_value.new_empty(past_value.shape)),
+        past_value.new_empty(past_value.shape),
     )
 
 
