@@ -149,6 +149,23 @@ class OrtSharedCache:
         table[:, : self.length] = table[beam_idx, : self.length]
 
 
+def default_session_options(threads: int, spinning: bool):
+    """ONNX Runtime session options of `OrtModelForSeq2SeqLM.from_pretrained` without `session_options`: all graph
+    optimizations, `threads` intra-op threads (0: ORT's default), one inter-op thread. `spinning`: whether idle
+    intra-op threads busy-wait for the next run. Off for the graphs of transformers' Python loop: between two runs
+    torch computes the search on the same cores, and ORT's spinning threads took them (small baseline, beam 4, 2
+    threads: 1203 tok/s spinning, 2225 not); on for the BeamSearch op, where ORT runs the whole loop (greedy, 2
+    threads: 11639 vs 8653). One thread has no idle thread to spin."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
 def _session(path: Path, options, providers):
     import onnxruntime
 
@@ -250,6 +267,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         providers=None,
         generation_config: GenerationConfig | None = None,
         shared_cache: bool | None = None,
+        search_op_session_options=None,
     ):
         PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
         if generation_config is not None:
@@ -282,6 +300,8 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         # `last_decoding` says which path the last generate() took and why
         self.use_search_op, self.last_decoding, self._search_op_runner = None, None, None
         self.session_options, self.providers = session_options, providers
+        # the BeamSearch op's sessions: their own options where from_pretrained made them (thread spinning on)
+        self.search_op_session_options = search_op_session_options or session_options
         self.search_op_refusal = search_op_refusal(manifest)
 
     # ---------------------------------------------------------------------------------------------- loading
@@ -317,7 +337,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 f"hf_variants.export_onnx --model MODEL --output_dir {folder}`."
             )
         try:
-            import onnxruntime
+            import onnxruntime  # noqa: F401  (the error below, before any session)
         except ImportError as error:
             raise ImportError("OrtModelForSeq2SeqLM needs onnxruntime: pip install 'hf-variants[onnx]'.") from error
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -342,18 +362,25 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__},
             )
             cls._ort_classes[config.model_type] = ort_class
+        search_op_session_options = None
         if session_options is None:
-            session_options = onnxruntime.SessionOptions()
-            session_options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
             threads = num_threads if num_threads is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
-            session_options.intra_op_num_threads = threads
-            session_options.inter_op_num_threads = 1
+            session_options = default_session_options(threads, spinning=False)
+            search_op_session_options = default_session_options(threads, spinning=True)
         try:
             generation_config = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation_config = None
         return ort_class(
-            config, folder, manifest, precision, session_options, providers, generation_config, shared_cache
+            config,
+            folder,
+            manifest,
+            precision,
+            session_options,
+            providers,
+            generation_config,
+            shared_cache,
+            search_op_session_options,
         )
 
     # -------------------------------------------------------------------------------------- torch-model API
@@ -578,7 +605,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
     def search_op_runner(self) -> SearchOpRunner:
         if self._search_op_runner is None:
-            self._search_op_runner = SearchOpRunner(self.folder, self.precision, self.session_options, self.providers)
+            self._search_op_runner = SearchOpRunner(
+                self.folder, self.precision, self.search_op_session_options, self.providers
+            )
         return self._search_op_runner
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):

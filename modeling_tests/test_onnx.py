@@ -381,6 +381,31 @@ def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_ex
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
 
 
+def test_default_session_options_spin_only_in_the_search_op(baseline_export):
+    """Without `session_options`, the graphs of transformers' Python loop get idle intra-op threads that do not
+    busy-wait (torch computes the search between two runs, on the same cores), the BeamSearch op's sessions keep
+    ORT's spinning; given options are used everywhere, unchanged."""
+    import onnxruntime
+
+    _, folder = baseline_export
+    key = "session.intra_op.allow_spinning"
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, num_threads=2)
+    for graph in (ort.source_graph, ort.step_graph, ort.shared_cache_graph):
+        options = graph.session.get_session_options()
+        assert options.get_session_config_entry(key) == "0" and options.intra_op_num_threads == 2
+    runner = ort.search_op_runner()
+    assert runner.session_options.get_session_config_entry(key) == "1"
+    assert runner.session_options.intra_op_num_threads == 2
+    mine = onnxruntime.SessionOptions()
+    mine.intra_op_num_threads = 1
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, session_options=mine)
+    assert ort.search_op_runner().session_options is mine
+    options = ort.step_graph.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    with pytest.raises(Exception, match=key):  # the entry was never set: ORT's default
+        options.get_session_config_entry(key)
+
+
 def test_graphs_run_without_hf_variants(baseline_export, tokenizer):
     """The exported graphs need onnxruntime only: a process that cannot import hf_variants decodes greedily with
     the two sessions and the manifest's names, and gets the torch model's tokens."""
