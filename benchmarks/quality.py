@@ -142,6 +142,14 @@ RUNS["mgsa_ngram_bar_rerun"] = (
     "bar",
     ["--model_type", "mgsa_nmt"],
 )
+# ... and with the one functional default that changed since the first run (git 9f0adfb): n-gram phrases counted
+# over every real token, the closing `</s>` included (`ngram_skip_special_tokens=False`, the layout of hf_variants
+# <= 0.2): whether that, not the seed or the retrained tokenizer, cost the first run its -1.05 BLEU
+RUNS["mgsa_ngram_bar_eos_phrase"] = (
+    "MG-SA n-gram, SAN, ON-LSTM, the bar's budget, </s> inside the last phrase (the first run's phrases)",
+    "bar",
+    ["--model_type", "mgsa_nmt", "--config_overrides", "ngram_skip_special_tokens=False"],
+)
 RUNS["baseline_bar_seed2"] = (
     "Transformer baseline, the bar's budget, seed 2",
     "bar",
