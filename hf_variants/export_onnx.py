@@ -212,14 +212,20 @@ class StepGraph(nn.Module):
         self.output_class, self.num_layers = output_class, num_layers
         self.eval()
 
+    def self_attention_cache(self, tensors: tuple):
+        """The self-attention cache from the graph's cache inputs (before the cross keys/values) and their count:
+        here the past keys/values of every layer."""
+        n = self.num_layers
+        return DynamicCache([(tensors[2 * i], tensors[2 * i + 1]) for i in range(n)]), 2 * n
+
     def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
         n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
         fields = dict(zip(self.field_names, flat[:n_fields]))
         kwargs = dict(zip(self.step_names, flat[n_fields : n_fields + n_step]))
-        kv = flat[n_fields + n_step :]
-        past = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
-        cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
-        cache = EncoderDecoderCache(DynamicCache(past), DynamicCache(cross))
+        rest = flat[n_fields + n_step :]
+        self_cache, used = self.self_attention_cache(rest)
+        cross = [(rest[used + 2 * i], rest[used + 2 * i + 1]) for i in range(n)]
+        cache = EncoderDecoderCache(self_cache, DynamicCache(cross))
         with source_padding(encoder_attention_mask):
             out = self.model(
                 encoder_outputs=self.output_class(**fields),
@@ -234,39 +240,17 @@ class StepGraph(nn.Module):
         return (out.logits, *present)
 
 
-class SharedCacheStepGraph(nn.Module):
+class SharedCacheStepGraph(StepGraph):
     """One decoder step on the shared self-attention buffers (`SharedBufferCache`): the step graph's inputs with
     the per-layer buffers [rows, heads, capacity, head_dim] in place of the past, and `past_sequence_length`,
     `beam_width`, `cache_indirection` after them; returns the logits and the buffers (each layer's position
     `past_sequence_length` written by DecoderMaskedMultiHeadAttention)."""
 
-    def __init__(self, model, step_names: list[str], field_names: list[str], output_class, num_layers: int):
-        super().__init__()
-        self.model, self.step_names, self.field_names = model, step_names, field_names
-        self.output_class, self.num_layers = output_class, num_layers
-        self.eval()
-
-    def forward(self, decoder_input_ids, encoder_attention_mask, *flat):
-        n_fields, n_step, n = len(self.field_names), len(self.step_names), self.num_layers
-        fields = dict(zip(self.field_names, flat[:n_fields]))
-        kwargs = dict(zip(self.step_names, flat[n_fields : n_fields + n_step]))
-        rest = flat[n_fields + n_step :]
-        buffers = [(rest[2 * i], rest[2 * i + 1]) for i in range(n)]
-        past_sequence_length, beam_width, cache_indirection = rest[2 * n : 2 * n + 3]
-        cross = [(rest[2 * n + 3 + 2 * i], rest[2 * n + 4 + 2 * i]) for i in range(n)]
-        shared = SharedBufferCache(buffers, past_sequence_length, beam_width, cache_indirection)
-        cache = EncoderDecoderCache(shared, DynamicCache(cross))
-        with source_padding(encoder_attention_mask):
-            out = self.model(
-                encoder_outputs=self.output_class(**fields),
-                attention_mask=encoder_attention_mask,
-                decoder_input_ids=decoder_input_ids,
-                past_key_values=cache,
-                use_cache=True,
-                return_dict=True,
-                **kwargs,
-            )
-        return (out.logits, *[t for pair in _layer_kv(shared) for t in pair])
+    def self_attention_cache(self, tensors: tuple):
+        n = self.num_layers
+        buffers = [(tensors[2 * i], tensors[2 * i + 1]) for i in range(n)]
+        past_sequence_length, beam_width, cache_indirection = tensors[2 * n : 2 * n + 3]
+        return SharedBufferCache(buffers, past_sequence_length, beam_width, cache_indirection), 2 * n + 3
 
 
 def _untie_output_projection(model) -> None:
