@@ -354,10 +354,29 @@ def quantize(source: Path, target: Path, weights: str = DEFAULT_INT8_WEIGHTS) ->
     # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
     # exporter's graphs (dynamic shapes from torch.export) do not need
     logging.getLogger().addFilter(_PREPROCESS_HINT)
+    folded = _fold_constants(source)
     try:
-        return _quantize(source, target, INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
+        return _quantize(folded, target, INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
     finally:
         logging.getLogger().removeFilter(_PREPROCESS_HINT)
+        folded.unlink(missing_ok=True)
+
+
+def _fold_constants(source: Path) -> Path:
+    """A copy of `source` with its constant subgraphs folded (ONNX Runtime's basic optimizations: constant folding
+    and redundant-node removal, the same on every execution provider), written beside it. quantize_dynamic only
+    quantizes a MatMul whose weight is an initializer: the exporter writes MUTE's unit and MIMO's stream weights
+    [n, in, out] as initializers followed by Transposes and Reshapes, which left every one of them in float32 (MIMO's
+    step graph: 1 of 19 MatMuls quantized, 19 of 19 folded). Small MIMO, 1 thread, int8 against int8 without
+    folding: greedy 1.86x, beam 4 1.53x (process CPU time, under load)."""
+    import onnxruntime
+
+    folded = source.with_name(source.stem + ".folded.onnx")
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(folded)
+    onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return folded
 
 
 def _PREPROCESS_HINT(record) -> bool:

@@ -509,6 +509,78 @@ def _quantized_weights(path) -> list:
     return [numpy_helper.to_array(initializers[name]) for name in names if name in initializers]
 
 
+def test_int8_quantizes_every_constant_matmul(exported):
+    """Every MatMul of the int8 graphs whose weight is a constant (an initializer, or computed from initializers
+    only: MUTE's unit and MIMO's stream weights pass through Transposes and Reshapes) has integer weights: the
+    exporter folds constants before quantizing."""
+    import onnx
+
+    model, folder, _, _, _ = exported
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    files = list(manifest["graphs"]["int8"].values())
+    if manifest.get("shared_cache", {}).get("written"):
+        files.append(manifest["shared_cache"]["graphs"]["int8"])
+    for name in files:
+        graph = onnx.load(str(folder / name)).graph
+        constant = {init.name for init in graph.initializer}
+        for node in graph.node:  # topological order
+            if node.op_type == "Constant" or (node.input and all(i in constant for i in node.input if i)):
+                constant.update(node.output)
+        float_constant = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in constant]
+        assert not float_constant, f"{model.config.model_type} {name}: float MatMuls on constants {float_constant}"
+        assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+
+
+def test_quantize_folds_weights_computed_from_constants(tmp_path):
+    """A MatMul whose weight is computed from an initializer (a Transpose; a Reshape to [n, in, out], as the
+    exporter writes the small MUTE's and MIMO's stacked weights) is quantized: `quantize` folds constants first
+    (quantize_dynamic alone leaves both in float32); the int8 outputs stay close to float32."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8)).astype(np.float32) * 0.3
+    w3 = rng.standard_normal((4 * 8, 16)).astype(np.float32) * 0.3
+    nodes = [
+        helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["y"], name="projection"),
+        helper.make_node("Reshape", ["w3", "shape"], ["w3r"]),
+        helper.make_node("MatMul", ["xs", "w3r"], ["ys"], name="stacked"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 8]),
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [4, "M", 8]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 16]),
+            helper.make_tensor_value_info("ys", TensorProto.FLOAT, [4, "M", 16]),
+        ],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(w3, "w3"),
+            numpy_helper.from_array(np.array([4, 8, 16], np.int64), "shape"),
+        ],
+    )
+    source, target = tmp_path / "g.onnx", tmp_path / "g_int8.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(source))
+    assert export_onnx.quantize(source, target) == ["stacked"]  # the 3-D weight: one scale per tensor
+    ops = [n.op_type for n in onnx.load(str(target)).graph.node]
+    assert "MatMul" not in ops and ops.count("MatMulInteger") + ops.count("DynamicQuantizeMatMul") == 2, ops
+    assert not list(tmp_path.glob("*.folded.onnx"))  # the folded copy is removed
+    feeds = {
+        "x": rng.standard_normal((5, 8)).astype(np.float32),
+        "xs": rng.standard_normal((4, 5, 8)).astype(np.float32),
+    }
+    expected = onnxruntime.InferenceSession(str(source)).run(None, feeds)
+    for got, want in zip(onnxruntime.InferenceSession(str(target)).run(None, feeds), expected):
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05
+
+
 @pytest.mark.parametrize("weights, dtype, low, high", [("s8_reduce_range", "int8", -64, 64), ("u8", "uint8", 0, 255)])
 def test_int8_weight_formats(baseline_export, tmp_path, weights, dtype, low, high):
     """`int8_weights`: s8_reduce_range stores signed weights in [-64, 64] (MLAS's u8 x s8 kernels: VNNI's pair, and no
