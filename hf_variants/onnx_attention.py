@@ -152,24 +152,25 @@ def _(query, key, value, past_key, past_value, past_sequence_length, beam_width,
     )
 
 
-def _onnx_op(num_outputs: int):
-    """`com.microsoft::MultiHeadAttention` for onnxscript (the onnx package has no schema for ORT's contrib ops):
-    the inputs up to `past_value`, the first `num_outputs` outputs (output, present_key, present_value)."""
+def _contrib_op(name: str, input_names: tuple, int32_inputs: tuple, num_outputs: int, attributes: tuple):
+    """ONNX Runtime's `com.microsoft::<name>` attention op for onnxscript (the onnx package has no schema for ORT's
+    contrib ops): `query`, then the optional `input_names` (those in `int32_inputs` int32, the others float), the
+    first `num_outputs` of (output, present_key, present_value); `num_heads` and the optional float `scale` and
+    `mask_filter_value` attributes, plus the optional int `attributes`."""
     import onnx
     from onnxscript.values import Op, Opset
 
     schema = onnx.defs.OpSchema
     optional = schema.FormalParameterOption.Optional
     inputs = [schema.FormalParameter("query", "T")] + [
-        schema.FormalParameter(name, "M" if name == "key_padding_mask" else "T", param_option=optional)
-        for name in ("key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
+        schema.FormalParameter(n, "M" if n in int32_inputs else "T", param_option=optional) for n in input_names
     ]
     outputs = [schema.FormalParameter("output", "T")] + [
-        schema.FormalParameter(name, "T", param_option=optional) for name in ("present_key", "present_value")
+        schema.FormalParameter(n, "T", param_option=optional) for n in ("present_key", "present_value")
     ][: num_outputs - 1]
     attribute, kind = schema.Attribute, schema.AttrType
     op_schema = schema(
-        "MultiHeadAttention",
+        name,
         "com.microsoft",
         1,
         inputs=inputs,
@@ -177,45 +178,26 @@ def _onnx_op(num_outputs: int):
         type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
         attributes=[
             attribute("num_heads", kind.INT, "", required=True),
+            *[attribute(a, kind.INT, "", required=False) for a in attributes],
             attribute("scale", kind.FLOAT, "", required=False),
             attribute("mask_filter_value", kind.FLOAT, "", required=False),
         ],
     )
-    return Op(Opset("com.microsoft", 1), "MultiHeadAttention", op_schema)
+    return Op(Opset("com.microsoft", 1), name, op_schema)
+
+
+def _onnx_op(num_outputs: int):
+    """`com.microsoft::MultiHeadAttention`: the inputs up to `past_value`, the first `num_outputs` outputs."""
+    names = ("key", "value", "bias", "key_padding_mask", "attention_bias", "past_key", "past_value")
+    return _contrib_op("MultiHeadAttention", names, ("key_padding_mask",), num_outputs, ())
 
 
 def _decoder_masked_onnx_op():
-    """`com.microsoft::DecoderMaskedMultiHeadAttention` for onnxscript: inputs up to `cache_indirection`; outputs
-    (output, present_key, present_value)."""
-    import onnx
-    from onnxscript.values import Op, Opset
-
-    schema = onnx.defs.OpSchema
-    optional = schema.FormalParameterOption.Optional
+    """`com.microsoft::DecoderMaskedMultiHeadAttention`: inputs up to `cache_indirection`; outputs (output,
+    present_key, present_value)."""
     int32 = ("mask_index", "past_sequence_length", "beam_width", "cache_indirection")
     names = ("key", "value", "mask_index", "attention_bias", "past_key", "past_value") + int32[1:]
-    inputs = [schema.FormalParameter("query", "T")] + [
-        schema.FormalParameter(name, "M" if name in int32 else "T", param_option=optional) for name in names
-    ]
-    outputs = [schema.FormalParameter("output", "T")] + [
-        schema.FormalParameter(name, "T", param_option=optional) for name in ("present_key", "present_value")
-    ]
-    attribute, kind = schema.Attribute, schema.AttrType
-    op_schema = schema(
-        "DecoderMaskedMultiHeadAttention",
-        "com.microsoft",
-        1,
-        inputs=inputs,
-        outputs=outputs,
-        type_constraints=[("T", ["tensor(float)"], ""), ("M", ["tensor(int32)"], "")],
-        attributes=[
-            attribute("num_heads", kind.INT, "", required=True),
-            attribute("past_present_share_buffer", kind.INT, "", required=False),
-            attribute("scale", kind.FLOAT, "", required=False),
-            attribute("mask_filter_value", kind.FLOAT, "", required=False),
-        ],
-    )
-    return Op(Opset("com.microsoft", 1), "DecoderMaskedMultiHeadAttention", op_schema)
+    return _contrib_op("DecoderMaskedMultiHeadAttention", names, int32, 3, ("past_present_share_buffer",))
 
 
 def translation_table() -> dict:
