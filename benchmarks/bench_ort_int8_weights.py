@@ -47,7 +47,7 @@ from bench_ort_fusion import (  # noqa: E402
 )
 from timing import random_batch  # noqa: E402
 
-from hf_variants.export_onnx import INT8_WEIGHTS  # noqa: E402
+from hf_variants.onnx_quantization import INT8_WEIGHTS  # noqa: E402
 
 
 def _session(path: Path, threads: int):
@@ -63,7 +63,7 @@ def matmul_sessions(k: int, n: int, workdir: Path, threads: int) -> dict:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from hf_variants.export_onnx import quantize
+    from hf_variants.onnx_quantization import quantize
 
     weight = np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float32) * k**-0.5
     graph = helper.make_graph(

@@ -46,9 +46,9 @@ as its longest phrase, which only the values of `phrase_index` tell). The tokeni
 generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (and `decoder_model_shared_cache_int8.onnx`
-where the shared-cache graph is written; onnxruntime's `quantize_dynamic`: int8
-weights of every MatMul, the output projection included, activations quantized per call; `--int8_weights`: the
-weight format, see `INT8_WEIGHTS`).
+where the shared-cache graph is written; `onnx_quantization.quantize`: onnxruntime's `quantize_dynamic` after folding
+constants and splitting stacked unit weights, int8 weights of every MatMul per output channel, the output projection
+included, activations quantized per call; `--int8_weights`: the weight format, see `INT8_WEIGHTS`).
 
 Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (generate, pipeline). The graphs run on plain
 onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python code). Needs
@@ -61,7 +61,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import logging
 import shutil
 import time
 from pathlib import Path
@@ -78,6 +77,7 @@ from .onnx_attention import (
     translation_table,
     unfused_decoder_self_attention,
 )
+from .onnx_quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS, QUANTIZED_OP_TYPES, quantize
 
 MANIFEST = "onnx_manifest.json"
 GRAPH_FILES = {
@@ -88,24 +88,6 @@ SHARED_CACHE_FILES = {"fp32": "decoder_model_shared_cache.onnx", "int8": "decode
 SHARED_CACHE_OP = "com.microsoft::DecoderMaskedMultiHeadAttention"
 SHARED_CACHE_INPUTS = ["past_sequence_length", "beam_width", "cache_indirection"]
 
-# onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
-# output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
-# measurement (`benchmarks/bench_ort_int8_weights.py`, the `small` baseline and its MatMul shapes, 1 thread, an AVX-512
-# VNNI CPU, 2026-11-26):
-# - "s8_reduce_range" (default): signed 8-bit weights in 7 bits. MLAS multiplies u8 activations by s8 weights, the
-#   VNNI instruction's own pair (vpdpbusd): 2-4x faster than "u8" per MatMul on VNNI CPUs (32 x 512 @ 512 x 8000, the
-#   output projection: 716 us vs 2838 us), equal to it on AVX2 without VNNI, where MLAS sums u8 x s8 products in
-#   saturating 16 bits: the 7-bit range keeps those sums from saturating (full-range s8 weights saturate there:
-#   issue 32 measured relative errors of 0.12-0.19), so the same graph is right on every CPU.
-# - "u8": unsigned 8-bit weights at full range, the u8 x u8 kernel (no VNNI): about half the error, 2-4x slower on
-#   VNNI CPUs.
-# Full-range s8 is not offered: it is silently wrong on AVX2 CPUs, and an exported folder moves between machines.
-INT8_WEIGHTS = {
-    "s8_reduce_range": {"weight_type": "QInt8", "per_channel": True, "reduce_range": True},
-    "u8": {"weight_type": "QUInt8", "per_channel": True, "reduce_range": False},
-}
-DEFAULT_INT8_WEIGHTS = "s8_reduce_range"
-QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
 MIN_OPSET = 18  # the dynamo exporter's lowest
 SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
 
@@ -344,75 +326,6 @@ def _check_dynamic(path: Path, config_name: str) -> None:
                 )
 
 
-def quantize(source: Path, target: Path, weights: str = DEFAULT_INT8_WEIGHTS) -> list[str]:
-    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_WEIGHTS[weights]`), written to
-    `target`.
-    MatMuls whose weight is not 2-D (MUTE's and MIMO's stacked unit weights [units, in, out], whose per-channel zero
-    points ORT's MatMulInteger rejects) get one scale per tensor in a second pass; their names are returned."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
-    # exporter's graphs (dynamic shapes from torch.export) do not need
-    logging.getLogger().addFilter(_PREPROCESS_HINT)
-    folded = _fold_constants(source)
-    try:
-        return _quantize(folded, target, INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
-    finally:
-        logging.getLogger().removeFilter(_PREPROCESS_HINT)
-        folded.unlink(missing_ok=True)
-
-
-def _fold_constants(source: Path) -> Path:
-    """A copy of `source` with its constant subgraphs folded (ONNX Runtime's basic optimizations: constant folding
-    and redundant-node removal, the same on every execution provider), written beside it. quantize_dynamic only
-    quantizes a MatMul whose weight is an initializer: the exporter writes MUTE's unit and MIMO's stream weights
-    [n, in, out] as initializers followed by Transposes and Reshapes, which left every one of them in float32 (MIMO's
-    step graph: 1 of 19 MatMuls quantized, 19 of 19 folded). Small MIMO, 1 thread, int8 against int8 without
-    folding: greedy 1.86x, beam 4 1.53x (process CPU time, under load)."""
-    import onnxruntime
-
-    folded = source.with_name(source.stem + ".folded.onnx")
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.optimized_model_filepath = str(folded)
-    onnxruntime.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    return folded
-
-
-def _PREPROCESS_HINT(record) -> bool:
-    return "pre-processing before quantization" not in record.getMessage()
-
-
-def _quantize(source: Path, target: Path, settings: dict, QuantType, quantize_dynamic) -> list[str]:
-    import onnx
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    ranks = {init.name: len(init.dims) for init in graph.initializer}
-    kept = [node.name for node in graph.node if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2]
-    quantize_dynamic(
-        str(source),
-        str(target),
-        weight_type=getattr(QuantType, settings["weight_type"]),
-        per_channel=settings["per_channel"],
-        reduce_range=settings["reduce_range"],
-        op_types_to_quantize=QUANTIZED_OP_TYPES,
-        nodes_to_exclude=kept,
-        extra_options={"DefaultTensorType": 1},
-    )  # FLOAT, for outputs of ops without shape inference
-    if kept and settings["per_channel"]:
-        quantize_dynamic(
-            str(target),
-            str(target),
-            weight_type=getattr(QuantType, settings["weight_type"]),
-            per_channel=False,
-            reduce_range=settings["reduce_range"],
-            op_types_to_quantize=["MatMul"],
-            nodes_to_quantize=kept,
-            extra_options={"DefaultTensorType": 1},
-        )
-    return kept
-
-
 @dataclasses.dataclass
 class _Traced:
     """What one eager run of the model on the sample fixes for both graphs: the inputs, the encoder fields and the
@@ -634,13 +547,14 @@ def _shared_cache_record(model, staging: Path, num_layers: int, seconds: float) 
     }
 
 
-def _quantize_graphs(staging: Path, weights: str) -> tuple[dict, float, list]:
-    """int8 copies of both graphs: (their file names, seconds, the MatMuls quantized per tensor)."""
-    started, per_tensor = time.perf_counter(), []
+def _quantize_graphs(staging: Path, weights: str) -> tuple[dict, float, dict]:
+    """int8 copies of both graphs: (their file names, seconds, per graph file what `quantize` rewrote: the MatMuls
+    split per unit and those quantized per tensor)."""
+    started, rewritten = time.perf_counter(), {}
     for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
-        per_tensor += quantize(staging / fp32_name, staging / int8_name, weights)
+        rewritten[int8_name] = quantize(staging / fp32_name, staging / int8_name, weights)
     files = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
-    return files, time.perf_counter() - started, per_tensor
+    return files, time.perf_counter() - started, rewritten
 
 
 def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: dict, seconds: dict, int8: dict):
@@ -739,10 +653,11 @@ def export(
 
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
-        graphs["int8"], seconds["quantize"], per_tensor = _quantize_graphs(staging, int8_weights)
+        graphs["int8"], seconds["quantize"], rewritten = _quantize_graphs(staging, int8_weights)
         if shared["written"]:
             quantize_started = time.perf_counter()
-            quantize(staging / SHARED_CACHE_FILES["fp32"], staging / SHARED_CACHE_FILES["int8"], int8_weights)
+            name = SHARED_CACHE_FILES["int8"]
+            rewritten[name] = quantize(staging / SHARED_CACHE_FILES["fp32"], staging / name, int8_weights)
             shared["graphs"]["int8"] = SHARED_CACHE_FILES["int8"]
             shared["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
             seconds["quantize"] += time.perf_counter() - quantize_started
@@ -750,7 +665,8 @@ def export(
             INT8_WEIGHTS[int8_weights],
             weights=int8_weights,
             op_types_to_quantize=QUANTIZED_OP_TYPES,
-            per_tensor_matmuls=per_tensor,
+            split_stacked_matmuls={name: len(r["split"]) for name, r in rewritten.items()},
+            per_tensor_matmuls=[m for r in rewritten.values() for m in r["per_tensor"]],
         )
 
     original_config.save_pretrained(staging)

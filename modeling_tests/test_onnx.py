@@ -45,7 +45,14 @@ pytest.importorskip(
     "onnxscript", reason="onnxscript (the dynamo exporter's) is not installed: pip install 'hf-variants[onnx]'"
 )
 
-from hf_variants import OrtCache, OrtModelForSeq2SeqLM, OrtSharedCache, export_onnx, onnx_attention  # noqa: E402
+from hf_variants import (  # noqa: E402
+    OrtCache,
+    OrtModelForSeq2SeqLM,
+    OrtSharedCache,
+    export_onnx,
+    onnx_attention,
+    onnx_quantization,
+)
 from hf_variants.export_onnx import export  # noqa: E402
 from hf_variants.modeling_transformer_nmt import TransformerNmtAttention  # noqa: E402
 
@@ -531,18 +538,19 @@ def test_int8_quantizes_every_constant_matmul(exported):
         assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
 
 
-def test_quantize_folds_weights_computed_from_constants(tmp_path):
-    """A MatMul whose weight is computed from an initializer (a Transpose; a Reshape to [n, in, out], as the
-    exporter writes the small MUTE's and MIMO's stacked weights) is quantized: `quantize` folds constants first
-    (quantize_dynamic alone leaves both in float32); the int8 outputs stay close to float32."""
+def _stacked_weight_graph(path, unit_scales, units_axis=4):
+    """A graph as the exporter writes MUTE's / MIMO's stacked linears, saved to `path`: `ys` = MatMul(`xs` [units,
+    M, 8], Reshape(initializer) [units, 8, 16]), unit k's weights scaled by `unit_scales[k]`, beside `y` =
+    MatMul(`x`, Transpose(initializer)) (the untied output projection); `units_axis` is the first axis of `xs` as the
+    graph declares it (a size, or a name: unknown). Returns the weights' arrays and feeds."""
     import numpy as np
     import onnx
-    import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
+    units = len(unit_scales)
     w = rng.standard_normal((16, 8)).astype(np.float32) * 0.3
-    w3 = rng.standard_normal((4 * 8, 16)).astype(np.float32) * 0.3
+    w3 = rng.standard_normal((units, 8, 16)).astype(np.float32) * np.array(unit_scales, np.float32)[:, None, None]
     nodes = [
         helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
         helper.make_node("MatMul", ["x", "wt"], ["y"], name="projection"),
@@ -554,31 +562,76 @@ def test_quantize_folds_weights_computed_from_constants(tmp_path):
         "g",
         [
             helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 8]),
-            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [4, "M", 8]),
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [units_axis, "M", 8]),
         ],
         [
             helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 16]),
-            helper.make_tensor_value_info("ys", TensorProto.FLOAT, [4, "M", 16]),
+            helper.make_tensor_value_info("ys", TensorProto.FLOAT, [units_axis, "M", 16]),
         ],
         [
             numpy_helper.from_array(w, "w"),
-            numpy_helper.from_array(w3, "w3"),
-            numpy_helper.from_array(np.array([4, 8, 16], np.int64), "shape"),
+            numpy_helper.from_array(w3.reshape(units * 8, 16), "w3"),
+            numpy_helper.from_array(np.array([units, 8, 16], np.int64), "shape"),
         ],
     )
-    source, target = tmp_path / "g.onnx", tmp_path / "g_int8.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(source))
-    assert export_onnx.quantize(source, target) == ["stacked"]  # the 3-D weight: one scale per tensor
-    ops = [n.op_type for n in onnx.load(str(target)).graph.node]
-    assert "MatMul" not in ops and ops.count("MatMulInteger") + ops.count("DynamicQuantizeMatMul") == 2, ops
-    assert not list(tmp_path.glob("*.folded.onnx"))  # the folded copy is removed
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     feeds = {
         "x": rng.standard_normal((5, 8)).astype(np.float32),
-        "xs": rng.standard_normal((4, 5, 8)).astype(np.float32),
+        "xs": rng.standard_normal((units, 5, 8)).astype(np.float32),
     }
+    return feeds
+
+
+def test_quantize_folds_weights_computed_from_constants(tmp_path):
+    """A MatMul whose weight is computed from an initializer (a Transpose; a Reshape to [n, in, out], as the
+    exporter writes the small MUTE's and MIMO's stacked weights) is quantized: `quantize` folds constants first
+    (quantize_dynamic alone leaves both in float32); the int8 outputs stay close to float32."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    source, target = tmp_path / "g.onnx", tmp_path / "g_int8.onnx"
+    feeds = _stacked_weight_graph(source, [0.3] * 4)
+    assert onnx_quantization.quantize(source, target) == {"split": ["stacked"], "per_tensor": []}
+    ops = [n.op_type for n in onnx.load(str(target)).graph.node]
+    # the projection and the stacked weight's 4 units, every one on integer weights
+    assert "MatMul" not in ops and ops.count("MatMulInteger") + ops.count("DynamicQuantizeMatMul") == 5, ops
+    assert not list(tmp_path.glob("*.folded.onnx"))  # the folded copy is removed
     expected = onnxruntime.InferenceSession(str(source)).run(None, feeds)
     for got, want in zip(onnxruntime.InferenceSession(str(target)).run(None, feeds), expected):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05
+
+
+def test_stacked_weights_quantize_per_unit_and_channel(tmp_path):
+    """Units whose weights differ 300x in range (the units of a trained MUTE differ, less): split per unit, every
+    unit's int8 output is within 3% of float32 (each unit's columns have their own scales); kept stacked (the units
+    axis unknown to the graph: no split), ONE scale per tensor leaves the smallest unit with a far larger error. The
+    split itself changes no float32 output (1e-6)."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    scales = [1.0, 0.3, 0.03, 0.003]
+    errors, feeds = {}, None
+    for units_axis in (4, "units"):
+        source, target = tmp_path / f"g_{units_axis}.onnx", tmp_path / f"g_{units_axis}_int8.onnx"
+        feeds = _stacked_weight_graph(source, scales, units_axis)
+        rewritten = onnx_quantization.quantize(source, target)
+        assert rewritten == (
+            {"split": ["stacked"], "per_tensor": []} if units_axis == 4 else {"split": [], "per_tensor": ["stacked"]}
+        )
+        want = onnxruntime.InferenceSession(str(source)).run(["ys"], feeds)[0]
+        got = onnxruntime.InferenceSession(str(target)).run(["ys"], feeds)[0]
+        errors[units_axis] = [np.linalg.norm(got[k] - want[k]) / np.linalg.norm(want[k]) for k in range(len(scales))]
+    assert max(errors[4]) < 0.03, errors
+    assert errors["units"][-1] > 5 * errors[4][-1] and errors["units"][-1] > 0.1, errors
+
+    model = onnx.load(str(onnx_quantization._fold_constants(tmp_path / "g_4.onnx")))
+    assert onnx_quantization.split_stacked_matmuls(model) == ["stacked"]
+    assert not [i.name for i in model.graph.initializer if len(i.dims) == 3]  # the stacked weight is gone
+    split = onnxruntime.InferenceSession(model.SerializeToString()).run(["ys"], feeds)[0]
+    want = onnxruntime.InferenceSession(str(tmp_path / "g_4.onnx")).run(["ys"], feeds)[0]
+    np.testing.assert_allclose(split, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("weights, dtype, low, high", [("s8_reduce_range", "int8", -64, 64), ("u8", "uint8", 0, 255)])
@@ -588,7 +641,7 @@ def test_int8_weight_formats(baseline_export, tmp_path, weights, dtype, low, hig
     output projection included. (The default's decoding: test_int8_keeps_decisive_first_tokens, every model type.)"""
     model, folder = baseline_export
     target = tmp_path / f"decoder_{weights}.onnx"
-    export_onnx.quantize(folder / "decoder_model.onnx", target, weights)
+    onnx_quantization.quantize(folder / "decoder_model.onnx", target, weights)
     tensors = _quantized_weights(target)
     assert len(tensors) >= 4 and all(t.dtype.name == dtype for t in tensors)
     assert any(t.shape == (model.config.d_model, model.config.vocab_size) for t in tensors)
