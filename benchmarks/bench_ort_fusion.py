@@ -113,6 +113,14 @@ def ratios(row: dict, numerator: str, denominator: str) -> dict:
     }
 
 
+def write_results(results: dict, output: str) -> dict:
+    """Print the CPU model beside the numbers and write `results` as JSON to `output`; returns `results`."""
+    print("CPU:", results["cpu"])
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
 def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 7, "ort_fusion.json").parse_args(argv)
 

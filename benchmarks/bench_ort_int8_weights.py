@@ -24,7 +24,6 @@ bound; BLEU on trained models: `bench_inference.py --bleu_model`.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from bench_ort_fusion import (  # noqa: E402
     generation_settings,
     ratios,
     time_decoding,
+    write_results,
 )
 from timing import random_batch  # noqa: E402
 
@@ -159,10 +159,7 @@ def main(argv=None) -> dict:
         print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
         print(f"[{args.size} {key}] ratio vs u8 {row['ratio_vs_u8']}", flush=True)
     scratch.cleanup()
-    print("CPU:", results["cpu"])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return write_results(results, args.output)
 
 
 if __name__ == "__main__":

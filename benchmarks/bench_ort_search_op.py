@@ -19,7 +19,6 @@ Prints tok/s per engine, the op / loop ratios and the CPU model; writes benchmar
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from bench_ort_fusion import (  # noqa: E402
     generation_settings,
     ratios,
     time_decoding,
+    write_results,
 )
 from timing import random_batch  # noqa: E402
 
@@ -93,10 +93,7 @@ def main(argv=None) -> dict:
             flush=True,
         )
     scratch.cleanup()
-    print("CPU:", results["cpu"])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return write_results(results, args.output)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from bench_ort_fusion import (  # noqa: E402
     generation_settings,
     ratios,
     time_decoding,
+    write_results,
 )
 from timing import random_batch  # noqa: E402
 
@@ -109,10 +110,7 @@ def main(argv=None) -> dict:
             f"fp32 {row['tokens_equal_fp32']} int8 {row['tokens_equal_int8']}",
             flush=True,
         )
-    print("CPU:", results["cpu"])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return write_results(results, args.output)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_inference import _Vocabulary  # noqa: E402
-from bench_ort_fusion import cpu_model, decoding_parser, generation_settings, ratios, time_decoding  # noqa: E402
+from bench_ort_fusion import (  # noqa: E402
+    cpu_model,
+    decoding_parser,
+    generation_settings,
+    ratios,
+    time_decoding,
+    write_results,
+)
 from bench_ort_int8_weights import accuracy  # noqa: E402
 from efficiency import build, language_inputs  # noqa: E402
 from timing import random_batch  # noqa: E402
@@ -114,10 +121,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_ort_stacked_weights-") as scratch:
         for name in args.models:
             results[name] = bench_model(name, args, Path(scratch))
-    print("CPU:", results["cpu"])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return write_results(results, args.output)
 
 
 if __name__ == "__main__":

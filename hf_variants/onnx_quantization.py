@@ -5,10 +5,11 @@ that let it quantize every constant MatMul per output channel.
 1. folds constant subgraphs (ONNX Runtime's basic optimizations): the exporter writes MUTE's unit and MIMO's
    stream weights as initializers followed by Transposes and Reshapes, and quantize_dynamic only quantizes a
    MatMul whose weight is an initializer;
-2. splits every MatMul on a stacked weight [n, in, out] (n units side by side: `StackedLinear`) into n MatMuls on
-   [in, out] weights (`split_stacked_matmuls`): ONNX Runtime's MatMulInteger takes per-channel zero points on 2-D
-   weights only, so a stacked weight would get ONE scale for all n units (the trained small MUTE: int8 BLEU 0.35
-   below float32, its units' weights differing in range);
+2. splits every MatMul on a stacked weight [n, in, out] (n units side by side: `StackedLinear`, MUTE's relative
+   embeddings) into n MatMuls on [in, out] weights (`split_stacked_matmuls`): ONNX Runtime's MatMulInteger takes
+   per-channel zero points on 2-D weights only, so a stacked weight would get ONE scale for all n units (the trained
+   small MUTE: int8 BLEU 0.35 below float32, 0.19 split). The split costs 2-7% of int8 decoding speed (small MUTE
+   and MIMO, 1 thread: `benchmarks/bench_ort_stacked_weights.py`);
 3. quantizes every MatMul/Gemm on a constant weight with `INT8_WEIGHTS[weights]` (activations per call), and any
    weight left of another rank per tensor (none in the exporter's graphs; the names are returned).
 
@@ -85,47 +86,46 @@ def _fold_constants(source: Path) -> Path:
 
 def split_stacked_matmuls(model) -> list[str]:
     """Rewrite, in place, every MatMul of `model` (an onnx ModelProto) whose weight is a 3-D initializer [n, in, out]
-    and whose input is [n, M, in] (n known from the graph's shapes) as Split(input) -> n MatMuls on the weight's
-    slices [in, out] -> Concat: the same function (unit k's rows meet unit k's weight), with 2-D weights that
-    quantize per output channel. Returns the names of the split nodes; a stacked weight no other node reads is
-    removed."""
+    and whose input is [..., n, M, in] (rank 3 or more; n known from the graph's shapes: the units' axis, which the
+    weight's first axis broadcasts against) as Split(input, that axis) -> n MatMuls on the weight's slices [in, out]
+    -> Concat(that axis): the same function (unit k's rows meet unit k's weight), with 2-D weights that quantize per
+    output channel. Stacked weights: `StackedLinear`'s [units, in, out] on [units, M, in] and the MUTE units' Shaw
+    relative embeddings [units, 2k + 1, head_dim] on [batch, units, heads x length, ...]. Returns the names of the
+    split nodes; a stacked weight no other node reads is removed."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
     dims = {v.name: v.type.tensor_type.shape.dim for v in (*graph.value_info, *graph.input)}
-    nodes, split = [], []
+    nodes, split, slices = [], [], {}
     for node in graph.node:
         weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         shape = dims.get(node.input[0])
-        if weight is None or len(weight.dims) != 3 or shape is None or len(shape) != 3:
-            nodes.append(node)
+        axis = len(shape) - 3 if shape is not None else -1
+        if weight is None or len(weight.dims) != 3 or axis < 0 or shape[axis].dim_value != weight.dims[0]:
+            nodes.append(node)  # (an unknown size has dim_value 0)
             continue
-        units = weight.dims[0]
-        if not shape[0].HasField("dim_value") or shape[0].dim_value != units:
-            nodes.append(node)
-            continue
-        stacked, base = numpy_helper.to_array(weight), node.name or node.output[0]
+        units, base = weight.dims[0], node.name or node.output[0]
+        if weight.name not in slices:
+            stacked = numpy_helper.to_array(weight)
+            slices[weight.name] = [f"{weight.name}/unit{k}" for k in range(units)]
+            graph.initializer.extend(numpy_helper.from_array(stacked[k], slices[weight.name][k]) for k in range(units))
         sizes = f"{base}/unit_sizes"
         graph.initializer.append(numpy_helper.from_array(_ones(units), sizes))
         rows = [f"{base}/unit{k}_input" for k in range(units)]
         outputs = [f"{base}/unit{k}_output" for k in range(units)]
-        nodes.append(helper.make_node("Split", [node.input[0], sizes], rows, name=f"{base}/split", axis=0))
-        for k in range(units):
-            graph.initializer.append(numpy_helper.from_array(stacked[k], f"{weight.name}/unit{k}"))
-            matmul = helper.make_node(
-                "MatMul", [rows[k], f"{weight.name}/unit{k}"], [outputs[k]], name=f"{base}/unit{k}"
-            )
-            nodes.append(matmul)
-        nodes.append(helper.make_node("Concat", outputs, list(node.output), name=f"{base}/concat", axis=0))
+        nodes.append(helper.make_node("Split", [node.input[0], sizes], rows, name=f"{base}/split", axis=axis))
+        for k, unit_weight in enumerate(slices[weight.name]):
+            nodes.append(helper.make_node("MatMul", [rows[k], unit_weight], [outputs[k]], name=f"{base}/unit{k}"))
+        nodes.append(helper.make_node("Concat", outputs, list(node.output), name=f"{base}/concat", axis=axis))
         split.append(node.name)
     if split:
         del graph.node[:]
         graph.node.extend(nodes)
         read = {name for node in graph.node for name in node.input}
-        unread = [init for init in graph.initializer if len(init.dims) == 3 and init.name not in read]
-        for init in unread:
-            graph.initializer.remove(init)
+        for name in slices:
+            if name not in read:
+                graph.initializer.remove(weights[name])
     return split
 
 

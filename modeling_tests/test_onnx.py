@@ -538,11 +538,12 @@ def test_int8_quantizes_every_constant_matmul(exported):
         assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
 
 
-def _stacked_weight_graph(path, unit_scales, units_axis=4):
+def _stacked_weight_graph(path, unit_scales, units_axis=4, batch=False):
     """A graph as the exporter writes MUTE's / MIMO's stacked linears, saved to `path`: `ys` = MatMul(`xs` [units,
     M, 8], Reshape(initializer) [units, 8, 16]), unit k's weights scaled by `unit_scales[k]`, beside `y` =
-    MatMul(`x`, Transpose(initializer)) (the untied output projection); `units_axis` is the first axis of `xs` as the
-    graph declares it (a size, or a name: unknown). Returns the weights' arrays and feeds."""
+    MatMul(`x`, Transpose(initializer)) (the untied output projection); `units_axis` is the units' axis of `xs` as
+    the graph declares it (a size, or a name: unknown); `batch`: `xs` is [batch, units, M, 8] (MUTE's relative
+    embeddings [units, 2k + 1, head_dim] meet [batch, units, heads x length, head_dim]). Returns the feeds."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -562,11 +563,11 @@ def _stacked_weight_graph(path, unit_scales, units_axis=4):
         "g",
         [
             helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 8]),
-            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [units_axis, "M", 8]),
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [*(["B"] if batch else []), units_axis, "M", 8]),
         ],
         [
             helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", 16]),
-            helper.make_tensor_value_info("ys", TensorProto.FLOAT, [units_axis, "M", 16]),
+            helper.make_tensor_value_info("ys", TensorProto.FLOAT, [*(["B"] if batch else []), units_axis, "M", 16]),
         ],
         [
             numpy_helper.from_array(w, "w"),
@@ -577,7 +578,7 @@ def _stacked_weight_graph(path, unit_scales, units_axis=4):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     feeds = {
         "x": rng.standard_normal((5, 8)).astype(np.float32),
-        "xs": rng.standard_normal((units, 5, 8)).astype(np.float32),
+        "xs": rng.standard_normal((*((2,) if batch else ()), units, 5, 8)).astype(np.float32),
     }
     return feeds
 
@@ -602,11 +603,13 @@ def test_quantize_folds_weights_computed_from_constants(tmp_path):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.05
 
 
-def test_stacked_weights_quantize_per_unit_and_channel(tmp_path):
+@pytest.mark.parametrize("batch", [False, True], ids=["units_first", "batch_then_units"])
+def test_stacked_weights_quantize_per_unit_and_channel(tmp_path, batch):
     """Units whose weights differ 300x in range (the units of a trained MUTE differ, less): split per unit, every
     unit's int8 output is within 3% of float32 (each unit's columns have their own scales); kept stacked (the units
     axis unknown to the graph: no split), ONE scale per tensor leaves the smallest unit with a far larger error. The
-    split itself changes no float32 output (1e-6)."""
+    split itself changes no float32 output (1e-6). Inputs [units, M, in] (`StackedLinear`) and [batch, units, M, in]
+    (MUTE's relative embeddings)."""
     import numpy as np
     import onnx
     import onnxruntime
@@ -615,13 +618,13 @@ def test_stacked_weights_quantize_per_unit_and_channel(tmp_path):
     errors, feeds = {}, None
     for units_axis in (4, "units"):
         source, target = tmp_path / f"g_{units_axis}.onnx", tmp_path / f"g_{units_axis}_int8.onnx"
-        feeds = _stacked_weight_graph(source, scales, units_axis)
+        feeds = _stacked_weight_graph(source, scales, units_axis, batch)
         rewritten = onnx_quantization.quantize(source, target)
         assert rewritten == (
             {"split": ["stacked"], "per_tensor": []} if units_axis == 4 else {"split": [], "per_tensor": ["stacked"]}
         )
-        want = onnxruntime.InferenceSession(str(source)).run(["ys"], feeds)[0]
-        got = onnxruntime.InferenceSession(str(target)).run(["ys"], feeds)[0]
+        want = np.moveaxis(onnxruntime.InferenceSession(str(source)).run(["ys"], feeds)[0], -3, 0)
+        got = np.moveaxis(onnxruntime.InferenceSession(str(target)).run(["ys"], feeds)[0], -3, 0)
         errors[units_axis] = [np.linalg.norm(got[k] - want[k]) / np.linalg.norm(want[k]) for k in range(len(scales))]
     assert max(errors[4]) < 0.03, errors
     assert errors["units"][-1] > 5 * errors[4][-1] and errors["units"][-1] > 0.1, errors
