@@ -223,7 +223,11 @@ def worker(args) -> None:
             workdir / size / f"ort_{model_name}", precision=precision, num_threads=args.threads or None
         )
         extra = language_inputs(model, args.batch)
-        run = lambda gen: model.generate(**inputs, **extra, **gen).shape[1] - 1  # noqa: E731
+
+        def run(gen):
+            length = model.generate(**inputs, **extra, **gen).shape[1] - 1
+            return length, model.last_decoding["path"]  # the BeamSearch op or transformers' loop
+
     elif name.startswith("ct2_"):
         _, ours = marian_and_ours(size, args.vocab)
         translator = ct2_engines(ours, args, workdir / size / name)[name]
@@ -241,14 +245,14 @@ def worker(args) -> None:
                 min_decoding_length=args.new_tokens,
                 max_decoding_length=args.new_tokens,
             )
-            return min(len(r.hypotheses[0]) for r in results)
+            return min(len(r.hypotheses[0]) for r in results), None
     else:
         engines, _ = torch_engines(size, args, only=name)
         model, extra = engines[name]
 
         def run(gen):
             with torch.inference_mode():
-                return model.generate(**inputs, **extra, **gen).shape[1] - 1
+                return model.generate(**inputs, **extra, **gen).shape[1] - 1, None
 
     timer = CLOCKS[args.clock]
     print(json.dumps({"ready": name}), flush=True)
@@ -262,11 +266,12 @@ def worker(args) -> None:
             **({"length_penalty": 0.6} if beams > 1 else {}),
         )
         start = timer()
-        length = run(gen)
-        print(json.dumps({"seconds": timer() - start, "length": length}), flush=True)
+        length, path = run(gen)
+        print(json.dumps({"seconds": timer() - start, "length": length, "path": path}), flush=True)
 
 
-def bench_size(size: str, args, workdir: Path) -> dict:
+def bench_size(size: str, args, workdir: Path) -> tuple[dict, dict]:
+    """tok/s per decoding and engine, and the decoding path of each ORT engine (`last_decoding["path"]`)."""
     (workdir / size).mkdir(parents=True, exist_ok=True)
     names = engine_names(size, args, workdir / size)
     forwarded = (
@@ -287,7 +292,7 @@ def bench_size(size: str, args, workdir: Path) -> dict:
         time.sleep(args.pause)  # let the process's idle threads stop spinning before the next engine runs
         return answer
 
-    rows = {}
+    rows, paths = {}, {}
     try:
         for name in names:
             procs[name] = subprocess.Popen(
@@ -309,15 +314,18 @@ def bench_size(size: str, args, workdir: Path) -> dict:
             reply(name)  # built (one process at a time: no build beside a timing)
         for beams in (1, 4):
             lengths, times = {}, {name: [] for name in names}
+            key = "greedy" if beams == 1 else f"beam{beams}"
             for name in names:
-                lengths[name] = call(name, beams)["length"]  # warm-up
+                answer = call(name, beams)  # warm-up
+                lengths[name] = answer["length"]
+                if answer.get("path"):
+                    paths.setdefault(key, {})[name] = answer["path"]
             for _ in range(args.reps):
                 for name in names:
                     times[name].append(call(name, beams)["seconds"])
             seconds = {name: statistics.median(t) for name, t in times.items()}
             if set(lengths.values()) != {args.new_tokens}:  # equal work, or the tok/s do not compare
                 raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens: {lengths}")
-            key = "greedy" if beams == 1 else f"beam{beams}"
             tokens = args.batch * args.new_tokens
             rows[key] = {name: round(tokens / s, 1) for name, s in seconds.items()}
             print(
@@ -327,6 +335,8 @@ def bench_size(size: str, args, workdir: Path) -> dict:
                 f"[{size} {key}] ratios: " + " | ".join(f"{k} {v:.2f}x" for k, v in ratios(rows[key]).items()),
                 flush=True,
             )
+            if paths.get(key):
+                print(f"[{size} {key}] ORT decoding: {paths[key]}", flush=True)
     finally:
         for proc in procs.values():
             try:
@@ -334,7 +344,7 @@ def bench_size(size: str, args, workdir: Path) -> dict:
                 proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
-    return rows
+    return rows, paths
 
 
 def ratios(row: dict) -> dict:
@@ -359,7 +369,7 @@ def ratios(row: dict) -> dict:
     return out
 
 
-def markdown(results: dict, args) -> str:
+def markdown(results: dict, args, paths: dict | None = None) -> str:
     lines = [
         f"Batch {args.batch} x up to {args.src_len} source tokens, exactly {args.new_tokens} new tokens, "
         f"{args.threads or 'default'} thread(s) (torch and CTranslate2), median of {args.reps} interleaved runs, "
@@ -379,6 +389,13 @@ def markdown(results: dict, args) -> str:
         ]
         for key, row in rows.items():
             lines.append(f"| {key} | " + " | ".join(f"{v:.2f}x" for v in ratios(row).values()) + " |")
+        for key, by_engine in (paths or {}).get(size, {}).items():
+            ways = sorted(set(by_engine.values()))
+            lines += [
+                "",
+                f"ORT {key}: "
+                + ", ".join(f"{way} ({sum(v == way for v in by_engine.values())} engines)" for way in ways),
+            ]
         lines.append("")
     return "\n".join(lines)
 
@@ -556,7 +573,9 @@ def main(argv=None) -> dict:
     if ctranslate2_module() is None and not args.skip_ct2:
         print("ctranslate2 is not installed (pip install 'hf-variants[deploy]'): no CTranslate2 engines.")
     with tempfile.TemporaryDirectory() as tmp:
-        results = {size: bench_size(size, args, Path(tmp)) for size in args.sizes}
+        measured = {size: bench_size(size, args, Path(tmp)) for size in args.sizes}
+    results = {size: rows for size, (rows, _) in measured.items()}
+    paths = {size: by_key for size, (_, by_key) in measured.items() if by_key}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and not k.startswith("worker")}
@@ -566,12 +585,13 @@ def main(argv=None) -> dict:
                 "settings": settings,
                 "results": results,
                 "ratios": {s: {k: ratios(r) for k, r in rows.items()} for s, rows in results.items()},
+                "ort_decoding_paths": paths,
             },
             indent=2,
         )
         + "\n"
     )
-    table = markdown(results, args)
+    table = markdown(results, args, paths)
     out.with_suffix(".md").write_text(table)
     write_section(out.name, table)
     return results

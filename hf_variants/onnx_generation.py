@@ -4,7 +4,8 @@ contrib op (T5 mode, `model_type=1`), so that greedy and beam search run without
     model = OrtModelForSeq2SeqLM.from_pretrained(OUT)    # uses the op where it decodes as transformers does
     model.generate(**inputs, num_beams=1)                # greedy: in the op; model.last_decoding says so
     model.generate(**inputs, num_beams=4, early_stopping=True)   # in the op (exact, see below)
-    model.generate(**inputs, num_beams=4)                # early_stopping=False: transformers' loop, unless...
+    model.generate(**inputs, num_beams=4)                # early_stopping=False: transformers' loop (the op where
+                                                         # min_new_tokens == max_new_tokens), unless...
     model.generate(**inputs, num_beams=4, use_search_op=True)    # ...forced into the op (results may differ)
     model.generate(**inputs, use_search_op=False)        # always transformers' Python loop over the step graph
 
@@ -43,10 +44,12 @@ Where the op's beam search differs from transformers' (`decode_with_search_op`):
 reaches `max_length` by its length with the start token and admits every running beam at that step (transformers:
 the generated length, the top `num_beams` candidates), so by default sentences where a returned hypothesis reached
 `max_length` are decoded again in the loop (with `early_stopping=True` and `length_penalty >= 0` the others are
-provably the same); and its early-stop check for `early_stopping=False` compares the best of the step's
+provably the same; where eos is suppressed up to `max_length`, as `min_new_tokens == max_new_tokens` asks, every
+hypothesis has that length and the op's search is transformers' for every setting: `fixed_length`); and its
+early-stop check for `early_stopping=False` compares the best of the step's
 2 * num_beams candidates, read at offset `batch * num_beams` for every sentence (`BeamSearchScorer::Process`,
 beam_search_scorer.cc), with the worst kept hypothesis, where transformers compares the best running beam, so that
-setting takes the loop unless `use_search_op=True`. Greedy search is the same in both.
+setting takes the loop unless `use_search_op=True` or the length is fixed. Greedy search is the same in both.
 """
 
 from __future__ import annotations
@@ -583,13 +586,24 @@ def _pad_to(sequences: torch.Tensor, length: int, fill: int) -> torch.Tensor:
     return torch.cat([sequences, sequences.new_full((sequences.shape[0], length - sequences.shape[1]), fill)], 1)
 
 
+def fixed_length(settings: dict) -> bool:
+    """Whether eos stays suppressed up to `max_length` (`min_length >= max_length`, as `min_new_tokens ==
+    max_new_tokens` asks), so that every hypothesis has `max_length` tokens. Then the op's beam search is exactly
+    transformers' for every `early_stopping` and `length_penalty`: no hypothesis finishes before the last step, so
+    neither early-stop check can fire (both need `num_beams` finished hypotheses of a sentence), and at the last step
+    both return the best running beams by summed log-probability (equal lengths: the two length terms, with or
+    without the start token, scale every hypothesis of a sentence alike)."""
+    return settings["inputs"]["min_length"] >= settings["inputs"]["max_length"]
+
+
 def decode_with_search_op(
     model, mode, input_ids, generation_config, loop, inputs_tensor, logits_processor, stopping_criteria, **kwargs
 ):
     """The sequences of one `generate()` decoding: through the BeamSearch op where the call fits it, else through
     `loop` (transformers' decoding method); `model.last_decoding` records the path taken and why.
 
-    `model.search_op_mode()`: "never"; "exact" (the default): greedy search, and beam search with
+    `model.search_op_mode()`: "never"; "exact" (the default): greedy search, beam search where no hypothesis can
+    end before `max_length` (`fixed_length`: any `early_stopping`, any `length_penalty`), and beam search with
     `early_stopping=True` and `length_penalty >= 0`, whose results equal transformers' (sentences where a returned
     hypothesis reached `max_length` are decoded again by `loop`, transformers' decoding method: ORT scores such a
     hypothesis by its length with the start token and admits every running beam at that step, transformers by its
@@ -609,13 +623,6 @@ def decode_with_search_op(
         reason = "a streamer" if streamer is not None else "synced_gpus"
     elif inputs_tensor is None or inputs_tensor.dtype not in (torch.long, torch.int32):
         reason = "no source input_ids (inputs_embeds)"
-    elif mode == "beam" and policy == "exact" and generation_config.early_stopping is not True:
-        reason = (
-            f"beam search with early_stopping={generation_config.early_stopping!r}: ORT's early-stop check differs "
-            "from transformers' (use_search_op=True takes the op anyway)"
-        )
-    elif mode == "beam" and policy == "exact" and generation_config.length_penalty < 0:
-        reason = "beam search with a negative length_penalty (use_search_op=True takes the op anyway)"
     if reason is None:
         try:
             settings = search_op_settings(
@@ -623,6 +630,18 @@ def decode_with_search_op(
             )
         except SearchOpRefused as refused:
             reason = str(refused)
+    # exact beam search in the op: early stopping with a length penalty >= 0, or any setting when no hypothesis can
+    # end before max_length (`fixed_length`)
+    exact_beam = mode == "beam" and policy == "exact" and settings is not None and not fixed_length(settings)
+    if exact_beam and generation_config.early_stopping is not True:
+        reason = (
+            f"beam search with early_stopping={generation_config.early_stopping!r}: ORT's early-stop check differs "
+            "from transformers' (use_search_op=True takes the op anyway)"
+        )
+    elif exact_beam and generation_config.length_penalty < 0:
+        reason = "beam search with a negative length_penalty (use_search_op=True takes the op anyway)"
+    if reason is not None:
+        settings = None
     expand = input_ids.shape[0] // inputs_tensor.shape[0] if inputs_tensor is not None else 1
     if settings is None:
         model.last_decoding = {"path": "python_loop", "reason": reason}
@@ -645,7 +664,7 @@ def decode_with_search_op(
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     model.last_decoding = {"path": "search_op", "reason": f"{mode} search in com.microsoft::BeamSearch"}
     returned = settings["inputs"]["num_return_sequences"]
-    redo = ~ended.reshape(-1, returned).all(1) if mode == "beam" and policy == "exact" else ended[:0]
+    redo = ~ended.reshape(-1, returned).all(1) if exact_beam else ended[:0]
     if redo.any():
         sentences = redo.nonzero().reshape(-1)
         rows = (sentences[:, None] * expand + torch.arange(expand)[None, :]).reshape(-1)

@@ -80,6 +80,27 @@ def test_sentences_reaching_max_length_are_decoded_again(baseline):
         assert torch.equal(got, expected), settings
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_beams=4, length_penalty=0.6),  # early_stopping=False: the loop unless the length is fixed
+        dict(num_beams=3, length_penalty=-0.5, early_stopping=True, num_return_sequences=2),
+    ],
+)
+def test_fixed_length_beam_search_in_the_op(baseline, settings):
+    """Where eos is suppressed up to max_length (min_new_tokens == max_new_tokens, the benchmarks' decoding), every
+    hypothesis has that length: the op's beam search is transformers' for any early_stopping and length_penalty, so
+    it runs there, decodes no sentence again, and gives torch's sequences; one token shorter a minimum is not fixed
+    length, and the same settings take the loop."""
+    model, _, ort, inputs = baseline
+    got, expected = _both(model, ort, inputs, max_new_tokens=12, min_new_tokens=12, **settings)
+    assert ort.last_decoding["path"] == "search_op" and "redecoded" not in ort.last_decoding, ort.last_decoding
+    assert torch.equal(got, expected) and expected.shape[1] == 13, settings
+    got, expected = _both(model, ort, inputs, max_new_tokens=12, min_new_tokens=11, **settings)
+    assert ort.last_decoding["path"] == "python_loop", ort.last_decoding
+    assert torch.equal(got, expected), settings
+
+
 class _Ban(LogitsProcessor):
     def __call__(self, input_ids, scores):
         return scores.index_fill(-1, torch.tensor([5]), -float("inf"))
