@@ -92,6 +92,7 @@ def split_stacked_matmuls(model) -> list[str]:
     output channel. Stacked weights: `StackedLinear`'s [units, in, out] on [units, M, in] and the MUTE units' Shaw
     relative embeddings [units, 2k + 1, head_dim] on [batch, units, heads x length, ...]. Returns the names of the
     split nodes; a stacked weight no other node reads is removed."""
+    import numpy as np
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -111,7 +112,7 @@ def split_stacked_matmuls(model) -> list[str]:
             slices[weight.name] = [f"{weight.name}/unit{k}" for k in range(units)]
             graph.initializer.extend(numpy_helper.from_array(stacked[k], slices[weight.name][k]) for k in range(units))
         sizes = f"{base}/unit_sizes"
-        graph.initializer.append(numpy_helper.from_array(_ones(units), sizes))
+        graph.initializer.append(numpy_helper.from_array(np.ones(units, dtype=np.int64), sizes))
         rows = [f"{base}/unit{k}_input" for k in range(units)]
         outputs = [f"{base}/unit{k}_output" for k in range(units)]
         nodes.append(helper.make_node("Split", [node.input[0], sizes], rows, name=f"{base}/split", axis=axis))
@@ -127,12 +128,6 @@ def split_stacked_matmuls(model) -> list[str]:
             if name not in read:
                 graph.initializer.remove(weights[name])
     return split
-
-
-def _ones(units: int):
-    import numpy as np
-
-    return np.ones(units, dtype=np.int64)
 
 
 def _PREPROCESS_HINT(record) -> bool:

@@ -615,7 +615,7 @@ def test_stacked_weights_quantize_per_unit_and_channel(tmp_path, batch):
     import onnxruntime
 
     scales = [1.0, 0.3, 0.03, 0.003]
-    errors, feeds = {}, None
+    errors = {}
     for units_axis in (4, "units"):
         source, target = tmp_path / f"g_{units_axis}.onnx", tmp_path / f"g_{units_axis}_int8.onnx"
         feeds = _stacked_weight_graph(source, scales, units_axis, batch)
