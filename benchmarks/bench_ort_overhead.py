@@ -72,12 +72,14 @@ def graph_runs(folder: Path, precision: str, options, inputs: dict, beams: int, 
     import json
 
     import numpy as np
-    import onnxruntime
+
+    from hf_variants.onnx_generation import inference_session
 
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
     files = manifest["graphs"][precision]
-    source = onnxruntime.InferenceSession(str(folder / files["encoder"]), sess_options=options)
-    step = onnxruntime.InferenceSession(str(folder / files["decoder"]), sess_options=options)
+    providers = ["CPUExecutionProvider"]
+    source = inference_session(str(folder / files["encoder"]), options, providers)  # the op's optimizers
+    step = inference_session(str(folder / files["decoder"]), options, providers)
     source_feeds = {"input_ids": inputs["input_ids"].numpy(), "attention_mask": inputs["attention_mask"].numpy()}
     encoded = dict(zip([o.name for o in source.get_outputs()], source.run(None, source_feeds)))
     batch = source_feeds["input_ids"].shape[0]

@@ -37,7 +37,14 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from .model_classes import MODEL_CLASSES
-from .onnx_generation import SearchOpRunner, decode_with_search_op, defer_encoder, search_op_refusal
+from .onnx_generation import (
+    DISABLED_OPTIMIZERS,
+    SearchOpRunner,
+    decode_with_search_op,
+    defer_encoder,
+    inference_session,
+    search_op_refusal,
+)
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -166,12 +173,6 @@ def default_session_options(threads: int, spinning: bool):
     return options
 
 
-def _session(path: Path, options, providers):
-    import onnxruntime
-
-    return onnxruntime.InferenceSession(str(path), sess_options=options, providers=providers)
-
-
 class _Graph:
     """One InferenceSession run through IO binding on torch tensors: inputs are read where they are, outputs are
     written into torch buffers allocated here (shapes given by the caller)."""
@@ -268,6 +269,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         generation_config: GenerationConfig | None = None,
         shared_cache: bool | None = None,
         search_op_session_options=None,
+        disabled_optimizers=DISABLED_OPTIMIZERS,
     ):
         PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
         if generation_config is not None:
@@ -275,10 +277,13 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         self.folder, self.manifest, self.precision = folder, manifest, precision
         files = manifest["graphs"][precision]
         providers = providers or ["CPUExecutionProvider"]
-        self.source_graph = _Graph(
-            _session(folder / files["encoder"], session_options, providers), manifest["encoder"]
-        )
-        self.step_graph = _Graph(_session(folder / files["decoder"], session_options, providers), manifest["decoder"])
+        self.disabled_optimizers = tuple(disabled_optimizers)
+
+        def session(name: str):
+            return inference_session(str(folder / name), session_options, providers, self.disabled_optimizers)
+
+        self.source_graph = _Graph(session(files["encoder"]), manifest["encoder"])
+        self.step_graph = _Graph(session(files["decoder"]), manifest["decoder"])
         # the Python loop's steps on shared buffers where the folder has that graph (`OrtSharedCache`)
         shared = manifest.get("shared_cache") or {"written": False, "reason": "exported before shared-cache graphs"}
         self.shared_cache_graph = None
@@ -288,8 +293,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 f"({shared.get('reason') or 'exported without --int8'})."
             )
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
-            path = folder / shared["graphs"][precision]
-            self.shared_cache_graph = _Graph(_session(path, session_options, providers), shared["decoder"])
+            self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         self._cache_path = None
@@ -314,12 +318,15 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         session_options=None,
         providers=None,
         shared_cache: bool | None = None,
+        disabled_optimizers=DISABLED_OPTIMIZERS,
         **kwargs,
     ):
         """Load a folder written by `python -m hf_variants.export_onnx`. `shared_cache`: the Python decoding loop
         steps on preallocated buffers (the folder's shared-cache step graph, `OrtSharedCache`) where the folder has
         one (None, the default), always (True: an error where it has none) or never (False: the step graph's
-        concatenated cache, as folders without that graph do). Loading arguments of torch models that
+        concatenated cache, as folders without that graph do). `disabled_optimizers`: ONNX Runtime graph
+        transformers every session leaves out (default `onnx_generation.DISABLED_OPTIMIZERS`, which says why; `()`
+        runs them all). Loading arguments of torch models that
         `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
         mean nothing here; any other argument raises a TypeError naming it."""
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
@@ -381,6 +388,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             generation_config,
             shared_cache,
             search_op_session_options,
+            disabled_optimizers,
         )
 
     # -------------------------------------------------------------------------------------- torch-model API
@@ -606,7 +614,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     def search_op_runner(self) -> SearchOpRunner:
         if self._search_op_runner is None:
             self._search_op_runner = SearchOpRunner(
-                self.folder, self.precision, self.search_op_session_options, self.providers
+                self.folder, self.precision, self.search_op_session_options, self.providers, self.disabled_optimizers
             )
         return self._search_op_runner
 

@@ -66,6 +66,21 @@ logger = logging.get_logger(__name__)
 
 MANIFEST = "onnx_manifest.json"
 SOURCE_PREFIX, FIRST_STEP_PREFIX, STEP_PREFIX = "source/", "first_step/", "step/"
+# ONNX Runtime graph transformers our sessions leave out (`OrtModelForSeq2SeqLM.from_pretrained(disabled_optimizers=)`
+# changes it): SkipLayerNormFusion. Its CPU kernel (onnxruntime 1.32) took 2.9-7.2x the time of the Add +
+# LayerNormalization it replaces (one per sublayer: 9 per decoder step of the small model), and whole decodings
+# ran 1.04-1.13x faster without it (small, 1 thread; `benchmarks/bench_ort_skip_layer_norm.py`)
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+
+def inference_session(model, options, providers, disabled_optimizers=DISABLED_OPTIMIZERS):
+    """An `onnxruntime.InferenceSession` on `model` (a path or a serialized model) with ONNX Runtime's graph
+    transformers named in `disabled_optimizers` left out."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(
+        model, sess_options=options, providers=providers, disabled_optimizers=list(disabled_optimizers)
+    )
 
 
 def _load(folder: Path, precision: str):
@@ -479,19 +494,25 @@ class SearchOpRunner:
     """The BeamSearch op sessions of one `OrtModelForSeq2SeqLM` (one per precision and attribute set, built on
     first use) and the conversion of its output to transformers' `generate()` output."""
 
-    def __init__(self, folder: Path, precision: str, session_options=None, providers=None):
+    def __init__(
+        self,
+        folder: Path,
+        precision: str,
+        session_options=None,
+        providers=None,
+        disabled_optimizers=DISABLED_OPTIMIZERS,
+    ):
         self.folder, self.precision = Path(folder), precision
         self.session_options, self.providers = session_options, providers or ["CPUExecutionProvider"]
+        self.disabled_optimizers = disabled_optimizers
         self.sessions = {}
 
     def session(self, attributes: dict):
-        import onnxruntime
-
         key = tuple(sorted(attributes.items()))
         if key not in self.sessions:
             model = build_search_model(self.folder, self.precision, **attributes)
-            self.sessions[key] = onnxruntime.InferenceSession(
-                model.SerializeToString(), sess_options=self.session_options, providers=self.providers
+            self.sessions[key] = inference_session(
+                model.SerializeToString(), self.session_options, self.providers, self.disabled_optimizers
             )
         return self.sessions[key]
 

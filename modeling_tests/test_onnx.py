@@ -413,6 +413,40 @@ def test_default_session_options_spin_only_in_the_search_op(baseline_export):
         options.get_session_config_entry(key)
 
 
+def test_sessions_leave_skip_layer_norm_unfused(baseline_export, tokenizer, tmp_path):
+    """Every session (the loop's graphs and the BeamSearch op's model) runs the residual Add + LayerNormalization as
+    two nodes: ORT's SkipLayerNormFusion is left out (`DISABLED_OPTIMIZERS`: its CPU kernel is the slower one), and
+    the decoding is still torch's; `disabled_optimizers=()` gets the fused op back. The graphs ORT optimized are read
+    back from `optimized_model_filepath` (each session writes its own there)."""
+    import onnx
+    import onnxruntime
+
+    model, folder = baseline_export
+    inputs = model.prepare_translation_inputs(tokenizer, SENTENCES[:4])
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1, max_new_tokens=12)
+
+    def optimized_ops(**kwargs) -> list[set]:
+        ops = []
+        for graph in ("loop", "op"):
+            options = onnxruntime.SessionOptions()
+            options.optimized_model_filepath = str(tmp_path / f"{graph}.onnx")
+            ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", session_options=options, **kwargs)
+            if graph == "op":  # the op's session is built on first use
+                assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12), expected)
+                assert ort.last_decoding["path"] == "search_op"
+            optimized = onnx.load(str(tmp_path / f"{graph}.onnx"))
+            nodes = list(optimized.graph.node)
+            nodes += [n for node in nodes for a in node.attribute if a.type == a.GRAPH for n in a.g.node]
+            ops.append({node.op_type for node in nodes})
+        return ops
+
+    for ops in optimized_ops():
+        assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops, ops
+    for ops in optimized_ops(disabled_optimizers=()):
+        assert "SkipLayerNormalization" in ops, ops
+
+
 def test_graphs_run_without_hf_variants(baseline_export, tokenizer):
     """The exported graphs need onnxruntime only: a process that cannot import hf_variants decodes greedily with
     the two sessions and the manifest's names, and gets the torch model's tokens."""
@@ -987,8 +1021,10 @@ def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenize
 
 def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
     """Cached steps through `forward` with a reorder after each step (arbitrary rows, across sentences: the cache
-    regroups the batch as one sentence) give the concatenated cache's logits, fp32 and int8; the shared cache's
-    length is `get_seq_length()`, its buffers keep their storage until they grow."""
+    regroups the batch as one sentence) give the concatenated cache's logits, fp32 to 1e-4, int8 to 1% of their
+    range (the two attention kernels differ by ~1e-7, which can move one dynamically quantized activation by one
+    step: up to 0.03 on logits of 13.7 measured); the shared cache's length is `get_seq_length()`, its buffers keep
+    their storage until they grow."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     rows = inputs["input_ids"].shape[0]
@@ -1028,4 +1064,7 @@ def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
             if shared_cache:
                 assert cache.capacity == 8 and cache.beam_width == rows
             logits.append(torch.cat(steps, 1))
-        torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+        if precision == "fp32":
+            torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+        else:  # a wrong row or position moves logits by O(1); a quantization step, by a small fraction
+            assert (logits[0] - logits[1]).abs().max() < 0.01 * logits[1].abs().max(), precision
