@@ -651,15 +651,15 @@ def decode_with_search_op(
             )
         except SearchOpRefused as refused:
             reason = str(refused)
-    # exact beam search in the op: early stopping with a length penalty >= 0, or any setting when no hypothesis can
-    # end before max_length (`fixed_length`)
-    exact_beam = mode == "beam" and policy == "exact" and settings is not None and not fixed_length(settings)
-    if exact_beam and generation_config.early_stopping is not True:
+    # beam search the "exact" policy checks: the op is exact with early stopping and a length penalty >= 0 (sentences
+    # reaching max_length decoded again), and for any setting when no hypothesis can end before max_length
+    checked_beam = mode == "beam" and policy == "exact" and settings is not None and not fixed_length(settings)
+    if checked_beam and generation_config.early_stopping is not True:
         reason = (
             f"beam search with early_stopping={generation_config.early_stopping!r}: ORT's early-stop check differs "
             "from transformers' (use_search_op=True takes the op anyway)"
         )
-    elif exact_beam and generation_config.length_penalty < 0:
+    elif checked_beam and generation_config.length_penalty < 0:
         reason = "beam search with a negative length_penalty (use_search_op=True takes the op anyway)"
     if reason is not None:
         settings = None
@@ -685,7 +685,7 @@ def decode_with_search_op(
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     model.last_decoding = {"path": "search_op", "reason": f"{mode} search in com.microsoft::BeamSearch"}
     returned = settings["inputs"]["num_return_sequences"]
-    redo = ~ended.reshape(-1, returned).all(1) if exact_beam else ended[:0]
+    redo = ~ended.reshape(-1, returned).all(1) if checked_beam else ended[:0]
     if redo.any():
         sentences = redo.nonzero().reshape(-1)
         rows = (sentences[:, None] * expand + torch.arange(expand)[None, :]).reshape(-1)
