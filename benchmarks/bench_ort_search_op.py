@@ -7,10 +7,10 @@ The baseline of a dims class (bench_inference's random MarianMTModel weights con
 15 tokens, exactly `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6) through
 `OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op) and `use_search_op=False` (the loop) at
 `--threads` 1, calls interleaved (op fp32, loop fp32, op int8, loop int8, ...) after one warm-up each, medians of
-`--reps`; process CPU time and wall time per call. Every hypothesis runs to the length limit here (random weights,
-min = max new tokens), where the default policy would decode beam search again in the loop to stay exact
-(`decode_with_search_op`), so beam search is forced into the op (`use_search_op=True`): the rows time the op's
-beam search itself, and `tokens_equal` / `rows_equal` say how far its hypotheses agree with the loop's.
+`--reps`; process CPU time and wall time per call. Every hypothesis has the length limit here (min = max new
+tokens), where the op's beam search is transformers' (`onnx_generation.fixed_length`: the default policy takes the
+op too); `tokens_equal` / `rows_equal` say how far the op's hypotheses agree with the loop's (fp32: all; int8:
+activation scales depend on the rows quantized together, which differ between the two paths).
 
     python benchmarks/bench_ort_search_op.py [--size small] [--reps 5] [--threads 1]
 

@@ -8,7 +8,7 @@ that let it quantize every constant MatMul per output channel.
 2. splits every MatMul on a stacked weight [n, in, out] (n units side by side: `StackedLinear`, MUTE's relative
    embeddings) into n MatMuls on [in, out] weights (`split_stacked_matmuls`): ONNX Runtime's MatMulInteger takes
    per-channel zero points on 2-D weights only, so a stacked weight would get ONE scale for all n units (the trained
-   small MUTE: int8 BLEU 0.35 below float32, 0.19 split). The split costs 2-7% of int8 decoding speed (small MUTE
+   small MUTE: int8 BLEU 0.35 below float32, 0.19 split). The split costs 2-6% of int8 decoding speed (small MUTE
    and MIMO, 1 thread: `benchmarks/bench_ort_stacked_weights.py`);
 3. quantizes every MatMul/Gemm on a constant weight with `INT8_WEIGHTS[weights]` (activations per call), and any
    weight left of another rank per tensor (none in the exporter's graphs; the names are returned).
@@ -53,7 +53,7 @@ def quantize(
 
     # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
     # exporter's graphs (dynamic shapes from torch.export) do not need
-    logging.getLogger().addFilter(_PREPROCESS_HINT)
+    logging.getLogger().addFilter(_without_preprocess_hint)
     folded = _fold_constants(Path(source))
     try:
         model = onnx.load(str(folded))
@@ -63,7 +63,7 @@ def quantize(
         per_tensor = _quantize(folded, Path(target), INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
         return {"split": split, "per_tensor": per_tensor}
     finally:
-        logging.getLogger().removeFilter(_PREPROCESS_HINT)
+        logging.getLogger().removeFilter(_without_preprocess_hint)
         folded.unlink(missing_ok=True)
 
 
@@ -130,7 +130,7 @@ def split_stacked_matmuls(model) -> list[str]:
     return split
 
 
-def _PREPROCESS_HINT(record) -> bool:
+def _without_preprocess_hint(record) -> bool:
     return "pre-processing before quantization" not in record.getMessage()
 
 
