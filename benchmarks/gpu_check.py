@@ -146,7 +146,7 @@ def check_bf16_training(model, row, src, mask, labels, extra, args, device) -> N
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = model(input_ids=src, attention_mask=mask, labels=labels, **extra).loss
         loss.backward()
-        losses[name] = float(loss)
+        losses[name] = float(loss.detach())
         grads[name] = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
     row["bf16_loss_rel_diff"] = round(abs(losses["bf16"] - losses["fp32"]) / abs(losses["fp32"]), 5)
     row["bf16_grad_cosine"] = round(float(torch.nn.functional.cosine_similarity(grads["fp32"], grads["bf16"], 0)), 5)
