@@ -7,7 +7,8 @@ The baseline of a dims class (bench_inference's random MarianMTModel weights con
 tokens, exactly `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6), four timings at
 `--threads` threads, interleaved, after one warm-up each, medians of `--reps` (process CPU time and wall time):
 
-- `generate`: `OrtModelForSeq2SeqLM.generate` (which runs the op: greedy, and the fixed-length beam search);
+- `generate`: `OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op; greedy search's default is
+  `onnx_greedy`, timed by bench_ort_search_op.py);
 - `op`: the op's session run alone, on the feeds that generate() passed it;
 - `graphs`: the work inside the op without the op: the source graph once at `batch` rows, then the step graph
   `new_tokens` times on the concatenated cache (past lengths 0 .. new_tokens - 1; the first step at `batch` rows,
@@ -58,7 +59,7 @@ def captured_op_call(model, inputs: dict, gen: dict):
 
     runner.session = lambda attributes: _Recorder(original(attributes))
     try:
-        model.generate(**inputs, **gen)
+        model.generate(**inputs, **gen, use_search_op=True)
     finally:
         runner.session = original
     if model.last_decoding["path"] != "search_op":
@@ -131,7 +132,7 @@ def main(argv=None) -> dict:
             model = OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision, num_threads=args.threads)
             session, feeds = captured_op_call(model, inputs, gen)
             graphs, source = graph_runs(folder, precision, options, inputs, beams, args.new_tokens)
-            calls[f"generate_{precision}"] = lambda model=model: model.generate(**inputs, **gen)
+            calls[f"generate_{precision}"] = lambda model=model: model.generate(**inputs, **gen, use_search_op=True)
             calls[f"op_{precision}"] = lambda session=session, feeds=feeds: session.run(None, feeds)
             calls[f"graphs_{precision}"] = graphs
             calls[f"source_{precision}"] = source

@@ -18,8 +18,9 @@ graph's cache (past -> present, one position longer: a list of tensors that ONNX
 reordered by copy like the torch cache), which folders without that graph use. Greedy search and beam search with
 `early_stopping=True` run instead as one call of ONNX Runtime's `com.microsoft::BeamSearch` op over the same graphs,
 with the same output (`onnx_generation`; `generate(..., use_search_op=False)` keeps the loop, `model.last_decoding`
-says which ran, and for the loop which cache). CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions
-or hidden states are not available.
+says which ran, and for the loop which cache); on a folder with the shared-cache graph, greedy search runs on it with
+every input and output bound once (`onnx_greedy`, `shared_cache_greedy`; `use_search_op=True` takes the op). CPU
+only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .onnx_generation import (
     inference_session,
     search_op_refusal,
 )
+from .onnx_greedy import greedy_search
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -191,25 +193,34 @@ class _Graph:
     ) -> dict[str, torch.Tensor]:
         """`output_buffers`: outputs written into the given tensors (the shared cache's buffers, also bound as
         inputs) instead of new ones."""
-        binding = self.session.io_binding()
-        keep = []
+        results = {
+            name: output_buffers[name]
+            if output_buffers and name in output_buffers
+            else torch.empty(output_shapes[name], dtype=_TORCH[self.output_dtypes[name]])
+            for name in self.outputs
+        }
+        binding, _inputs = self.bind(feeds, results)
+        self.session.run_with_iobinding(binding)
+        return results
+
+    def bind(self, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]):
+        """An IO binding of every input to `feeds` and every output to `outputs` (torch tensors, read and written
+        where they are), and the input tensors it reads: a feed of another dtype or layout is bound as a converted
+        copy, which the caller keeps alive as long as the binding runs (so a binding reused across runs sees
+        in-place changes of the feeds that needed no conversion only)."""
+        binding, inputs = self.session.io_binding(), {}
         for name, dtype in self.inputs.items():
             tensor = feeds[name]
             if tensor.dtype != _TORCH[dtype] or not tensor.is_contiguous():
                 tensor = tensor.to(_TORCH[dtype]).contiguous()
-            keep.append(tensor)
+            inputs[name] = tensor
             binding.bind_input(name, "cpu", 0, _NUMPY[dtype], list(tensor.shape), tensor.data_ptr())
-        results = {}
         for name in self.outputs:
-            dtype = self.output_dtypes[name]
-            if output_buffers and name in output_buffers:
-                tensor = output_buffers[name]
-            else:
-                tensor = torch.empty(output_shapes[name], dtype=_TORCH[dtype])
-            results[name] = tensor
-            binding.bind_output(name, "cpu", 0, _NUMPY[dtype], list(tensor.shape), tensor.data_ptr())
-        self.session.run_with_iobinding(binding)
-        return results
+            tensor = outputs[name]
+            binding.bind_output(
+                name, "cpu", 0, _NUMPY[self.output_dtypes[name]], list(tensor.shape), tensor.data_ptr()
+            )
+        return binding, inputs
 
 
 class _OrtEncoder:
@@ -526,16 +537,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """One step of the step graph: token_ids [batch, 1] -> logits [batch, 1, vocab], the grown cache."""
         batch = token_ids.shape[0]
         n = self.num_layers
-        kinds = [f"{kind}.{i}" for i in range(n) for kind in ("key", "value")]
-        feeds = {"decoder_input_ids": token_ids, "encoder_attention_mask": attention_mask}
-        for name in self.manifest["encoder_fields"]:
-            feeds[f"encoder_{name}"] = encoder_outputs[
-                f"encoder_{name}" if name != "last_hidden_state" else "last_hidden_state"
-            ]
-        for name in self.manifest["step_inputs"]:
-            feeds[name] = tgt_lang_ids if tgt_lang_ids is not None else self._default_input(name, batch)
-        for name in kinds:
-            feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
+        feeds, kinds = self._step_feeds(token_ids, encoder_outputs, attention_mask, tgt_lang_ids)
         if self.shared_cache_graph is not None and (cache is None or isinstance(cache, OrtSharedCache)):
             return self._shared_cache_step(feeds, kinds, encoder_outputs, attention_mask, cache, batch)
         self._cache_path = "concatenated"
@@ -557,18 +559,37 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         out = self.step_graph.run(feeds, shapes)
         return out["logits"], OrtCache([out[f"present_{name}"] for name in kinds])
 
+    def _step_feeds(self, token_ids, encoder_outputs, attention_mask, tgt_lang_ids) -> tuple[dict, list[str]]:
+        """The step graphs' inputs but the self-attention cache, and the cache's names (`key.0`, `value.0`, ...)."""
+        kinds = [f"{kind}.{i}" for i in range(self.num_layers) for kind in ("key", "value")]
+        feeds = {"decoder_input_ids": token_ids, "encoder_attention_mask": attention_mask}
+        for name in self.manifest["encoder_fields"]:
+            feeds[f"encoder_{name}"] = encoder_outputs[
+                f"encoder_{name}" if name != "last_hidden_state" else "last_hidden_state"
+            ]
+        for name in self.manifest["step_inputs"]:
+            value = tgt_lang_ids if tgt_lang_ids is not None else self._default_input(name, token_ids.shape[0])
+            feeds[name] = value
+        for name in kinds:
+            feeds[f"cross_{name}"] = encoder_outputs[f"cross_{name}"]
+        return feeds, kinds
+
+    def _new_shared_cache(self, encoder_outputs, rows: int, max_length: int, beam_width: int) -> OrtSharedCache:
+        """Empty shared-cache buffers for `rows` rows, the first capacity `max_length` up to the default."""
+        capacity = self.shared_cache_capacity or min(max_length, DEFAULT_SHARED_CACHE_CAPACITY)
+        shapes = []
+        for i in range(self.num_layers):
+            cross = encoder_outputs[f"cross_key.{i}"]
+            shapes.append((cross.shape[1], cross.shape[3]))
+        return OrtSharedCache(shapes, rows, capacity, beam_width)
+
     def _shared_cache_step(self, feeds, kinds, encoder_outputs, attention_mask, cache, batch):
         """`_step` on the shared-cache graph: the buffers bound as both input and output (written in place)."""
         self._cache_path = "shared_buffer"
         if cache is None:
             decoding = _DECODING.get()
             beam_width, max_length = decoding if decoding is not None else (1, DEFAULT_SHARED_CACHE_CAPACITY)
-            capacity = self.shared_cache_capacity or min(max_length, DEFAULT_SHARED_CACHE_CAPACITY)
-            shapes = []
-            for i in range(self.num_layers):
-                cross = encoder_outputs[f"cross_key.{i}"]
-                shapes.append((cross.shape[1], cross.shape[3]))
-            cache = OrtSharedCache(shapes, batch, capacity, beam_width)
+            cache = self._new_shared_cache(encoder_outputs, batch, max_length, beam_width)
         cache.reserve()
         buffers = dict(zip(kinds, cache.tensors))
         for name, tensor in buffers.items():
@@ -596,10 +617,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     # -------------------------------------------------------------------------------------- decoding in ORT
     def generate(self, inputs=None, generation_config=None, *, use_search_op: bool | None = None, **kwargs):
         """The torch model's `generate()`; the decoding ONNX Runtime's BeamSearch op reproduces runs in it (the whole
-        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True. The rest runs in
-        transformers' loop over the step graph. `use_search_op=False` forces the loop, True takes the op for beam
-        search with early_stopping=False too (its results may differ from transformers' on some sentences); the
-        default is the attribute `use_search_op` (None). `last_decoding` says which path ran and why."""
+        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True; greedy search runs
+        instead bound on the shared-cache graph where the folder has one (`shared_cache_greedy`). The rest runs in
+        transformers' loop over the step graph. `use_search_op=False` forces the loop, True takes the op (greedy
+        search too, and beam search with early_stopping=False, whose results may differ from transformers' on some
+        sentences); the default is the attribute `use_search_op` (None). `last_decoding` says which path ran and
+        why."""
         token = _USE_SEARCH_OP.set(self.use_search_op if use_search_op is None else use_search_op)
         try:
             return super().generate(inputs, generation_config, **kwargs)
@@ -617,6 +640,18 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
                 self.folder, self.precision, self.search_op_session_options, self.providers, self.disabled_optimizers
             )
         return self._search_op_runner
+
+    def shared_cache_greedy(self, source_ids, attention_mask, settings: dict, tgt_lang_ids=None):
+        """Greedy search of `source_ids` on the shared-cache step graph, its inputs and outputs bound once
+        (`onnx_greedy`), with the BeamSearch op's settings (`onnx_generation.search_op_settings`): the sequences, as
+        transformers' greedy search returns them."""
+        batch = source_ids.shape[0]
+        source_lang = tgt_lang_ids if "tgt_lang_ids" in self.manifest["source_inputs"] else None
+        encoded = self.encode(source_ids, attention_mask, tgt_lang_ids=source_lang)
+        start = torch.full((batch, 1), settings["attributes"]["decoder_start_token_id"], dtype=torch.long)
+        feeds, kinds = self._step_feeds(start, encoded, attention_mask, tgt_lang_ids)
+        cache = self._new_shared_cache(encoded, batch, settings["inputs"]["max_length"], beam_width=1)
+        return greedy_search(self.shared_cache_graph, feeds, kinds, cache, settings, self.config.vocab_size)
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
         """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take

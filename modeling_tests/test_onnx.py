@@ -433,8 +433,8 @@ def test_sessions_leave_skip_layer_norm_unfused(baseline_export, tokenizer, tmp_
             options.optimized_model_filepath = str(tmp_path / f"{graph}.onnx")
             ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", session_options=options, **kwargs)
             if graph == "op":  # the op's session is built on first use
-                assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12), expected)
-                assert ort.last_decoding["path"] == "search_op"
+                got = ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=True)
+                assert torch.equal(got, expected) and ort.last_decoding["path"] == "search_op"
             optimized = onnx.load(str(tmp_path / f"{graph}.onnx"))
             nodes = list(optimized.graph.node)
             nodes += [n for node in nodes for a in node.attribute if a.type == a.GRAPH for n in a.g.node]
@@ -1017,6 +1017,37 @@ def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenize
             assert ort.last_decoding == {"path": "python_loop", "reason": "use_search_op=False", "cache": cache}
             assert torch.equal(got, expected), (settings, capacity, cache)
     assert expected.shape[1] > 8
+
+
+def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
+    """Greedy search by default runs bound on the shared-cache graph (`onnx_greedy`: inputs and outputs bound once,
+    tokens and length written in place): torch fp32's sequences (rows ending early padded, the width where every
+    row had ended; a minimum length; a first capacity of 2, so the buffers grow and are bound again), the
+    concatenated step graph never run; in int8 exactly the loop's sequences on the same graph (the same feeds per
+    step, finished rows fed the pad id)."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    eos = model.config.eos_token_id
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    monkeypatch.setattr(ort.step_graph, "run", None)  # never called: the shared-cache graph decodes
+    for capacity, settings in ((None, {}), (None, dict(min_new_tokens=12)), (2, dict(max_new_tokens=40))):
+        ort.shared_cache_capacity = capacity
+        settings = {"max_new_tokens": 16, **settings}
+        with torch.no_grad():
+            expected = model.generate(**inputs, num_beams=1, **settings)
+        got = ort.generate(**inputs, num_beams=1, **settings)
+        assert ort.last_decoding["path"] == "shared_cache_greedy", ort.last_decoding
+        assert torch.equal(got, expected), (capacity, settings)
+        if "min_new_tokens" in settings:
+            assert (expected[:, 1:13] != eos).all()
+    if model.config.model_type == "transformer_nmt":  # trained: sentences end, at different steps
+        ends = (expected == eos).int().argmax(1)
+        assert (ends > 0).sum() >= 2 and len(set(ends[ends > 0].tolist())) > 1, ends
+    ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    bound = ort8.generate(**inputs, num_beams=1, max_new_tokens=16)
+    assert ort8.last_decoding["path"] == "shared_cache_greedy"
+    loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
+    assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop)
 
 
 def test_shared_cache_steps_any_reorder(shared_export, tokenizer):

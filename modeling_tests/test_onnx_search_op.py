@@ -34,10 +34,10 @@ def _ort(model_type, tokenizer, tmp_path_factory, precision="fp32"):
     return model, folder, OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision, num_threads=1)
 
 
-def _both(model, ort, inputs, **settings):
+def _both(model, ort, inputs, use_search_op=None, **settings):
     with torch.no_grad():
         expected = model.generate(**inputs, **settings)
-    return ort.generate(**inputs, **settings), expected
+    return ort.generate(**inputs, use_search_op=use_search_op, **settings), expected
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +57,10 @@ def baseline(tokenizer, tmp_path_factory):
     ],
 )
 def test_search_op_decodes_like_torch(baseline, settings):
-    """The op alone (no sentence decoded again) gives torch fp32's sequences, padding and width included."""
+    """The op alone (no sentence decoded again) gives torch fp32's sequences, padding and width included (greedy
+    search forced into the op: by default it runs bound on the shared-cache graph, test_shared_cache_greedy)."""
     model, _, ort, inputs = baseline
-    got, expected = _both(model, ort, inputs, **settings)
+    got, expected = _both(model, ort, inputs, use_search_op=True if settings["num_beams"] == 1 else None, **settings)
     assert ort.last_decoding["path"] == "search_op" and "redecoded" not in ort.last_decoding, ort.last_decoding
     assert torch.equal(got, expected), settings
     assert expected.shape[1] > 8  # decoded past a few steps
@@ -143,9 +144,15 @@ def test_every_model_type(model_type, tokenizer, tmp_path_factory):
     langs = BUILDERS[model_type][1]
     inputs = _inputs(model, tokenizer, SENTENCES[:4], langs)
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6, early_stopping=True)):
-        got, expected = _both(model, ort, inputs, max_new_tokens=10, **settings)
+        got, expected = _both(model, ort, inputs, max_new_tokens=10, use_search_op=True, **settings)
         assert ort.last_decoding["path"] == "search_op", ort.last_decoding
         assert torch.equal(got, expected), (model_type, settings)
+    # greedy by default: bound on the shared-cache graph where the type has one (every decoder self-attention
+    # fused), else the op; the same sequences either way
+    default = ort.generate(**inputs, num_beams=1, max_new_tokens=10)
+    bound = ort.shared_cache_graph is not None
+    assert ort.last_decoding["path"] == ("shared_cache_greedy" if bound else "search_op"), ort.last_decoding
+    assert torch.equal(default, _both(model, ort, inputs, num_beams=1, max_new_tokens=10)[1]), model_type
     if langs:  # the language is read: another one changes the output
         other = _inputs(model, tokenizer, SENTENCES[:4], langs[::-1])
         assert not torch.equal(ort.generate(**other, num_beams=1, max_new_tokens=10), got)
@@ -156,7 +163,7 @@ def test_int8_through_the_op(tokenizer, tmp_path_factory):
     computed per call, so a different first step or batch layout can move a near tie)."""
     model, _, ort8 = _ort("transformer_nmt", tokenizer, tmp_path_factory, precision="int8")
     inputs = model.prepare_translation_inputs(tokenizer, read_sentences("en", "val", n=16))
-    op = ort8.generate(**inputs, num_beams=1, max_new_tokens=16)
+    op = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=True)
     assert ort8.last_decoding["path"] == "search_op"
     loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
     width = min(op.shape[1], loop.shape[1])
