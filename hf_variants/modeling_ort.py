@@ -305,6 +305,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             )
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
             self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
+        self._greedy_graph = None  # the shared-cache graph of `shared_cache_greedy` (`_bound_greedy_graph`)
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         self._cache_path = None
@@ -651,7 +652,22 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         start = torch.full((batch, 1), settings["attributes"]["decoder_start_token_id"], dtype=torch.long)
         feeds, kinds = self._step_feeds(start, encoded, attention_mask, tgt_lang_ids)
         cache = self._new_shared_cache(encoded, batch, settings["inputs"]["max_length"], beam_width=1)
-        return greedy_search(self.shared_cache_graph, feeds, kinds, cache, settings, self.config.vocab_size)
+        return greedy_search(self._bound_greedy_graph(), feeds, kinds, cache, settings, self.config.vocab_size)
+
+    def _bound_greedy_graph(self) -> _Graph:
+        """The shared-cache graph for `shared_cache_greedy`: in a session of its own, built on first use, with the
+        BeamSearch op's session options (idle intra-op threads spin where from_pretrained chose the options: between
+        two runs only numpy picks the tokens, so a spinning thread takes no core from torch, as it would in
+        transformers' loop). With one intra-op thread there is no idle thread: the loop's session serves."""
+        options = self.search_op_session_options
+        if options is self.session_options or options is None or options.intra_op_num_threads == 1:
+            return self.shared_cache_graph
+        if self._greedy_graph is None:
+            shared = self.manifest["shared_cache"]
+            path = str(self.folder / shared["graphs"][self.precision])
+            session = inference_session(path, options, self.providers, self.disabled_optimizers)
+            self._greedy_graph = _Graph(session, shared["decoder"])
+        return self._greedy_graph
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
         """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take

@@ -1048,6 +1048,27 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     assert ort8.last_decoding["path"] == "shared_cache_greedy"
     loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
     assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop)
+    assert ort8._greedy_graph is None  # one intra-op thread: the loop's session serves
+
+
+def _spinning(graph) -> str:
+    return graph.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_shared_cache_greedy_session_spins_with_several_threads(shared_export, tokenizer):
+    """With 2 intra-op threads the bound greedy search runs the shared-cache graph in a session of its own whose
+    idle threads spin (the BeamSearch op's options: between two runs only numpy works), while transformers' loop
+    keeps its non-spinning session (torch works between runs on the same cores); both decode like torch."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES[:4], langs)
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=2)
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1, max_new_tokens=12)
+    assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12), expected)
+    assert ort.last_decoding["path"] == "shared_cache_greedy"
+    assert ort._greedy_graph is not None and ort._greedy_graph.session is not ort.shared_cache_graph.session
+    assert _spinning(ort._greedy_graph) == "1" and _spinning(ort.shared_cache_graph) == "0"
+    assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=False), expected)
 
 
 def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
