@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -52,7 +53,7 @@ def sync(device: torch.device) -> None:
 
 
 def timed(fns: dict, reps: int, device: torch.device) -> dict:
-    """Median wall seconds of each zero-argument function, interleaved after one warm-up each."""
+    """Median wall seconds of each zero-argument function (CUDA-synchronized), interleaved after one warm-up each."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
@@ -164,7 +165,7 @@ def check_bf16_training(model, row, src, mask, labels, extra, args, device) -> N
         fit.append(loss.detach())
     fit = [float(x) for x in fit]  # one host sync, after the loop
     row["bf16_fit_first_last"] = [round(fit[0], 4), round(fit[-1], 4)]
-    row["bf16_fit_all_finite"] = all(map(lambda x: x == x and abs(x) != float("inf"), fit))
+    row["bf16_fit_all_finite"] = all(map(math.isfinite, fit))
     row["bf16_fit_trains"] = fit[-1] < fit[0]
     model.eval()
 
