@@ -203,6 +203,10 @@ class _Graph:
         self.session.run_with_iobinding(binding)
         return results
 
+    def input_dtype(self, name: str) -> torch.dtype:
+        """The torch dtype of input `name` (a tensor of it is bound where it is, not converted)."""
+        return _TORCH[self.inputs[name]]
+
     def bind(self, feeds: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]):
         """An IO binding of every input to `feeds` and every output to `outputs` (torch tensors, read and written
         where they are), and the input tensors it reads: a feed of another dtype or layout is bound as a converted

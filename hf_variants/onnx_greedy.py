@@ -20,8 +20,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_INTEGERS = {"int64": torch.long, "int32": torch.int32}
-
 
 def greedy_search(graph, feeds: dict, kinds: list[str], cache, settings: dict, vocab_size: int):
     """Greedy search from the start token in `feeds["decoder_input_ids"]` ([rows, 1]).
@@ -38,9 +36,9 @@ def greedy_search(graph, feeds: dict, kinds: list[str], cache, settings: dict, v
     never = np.flatnonzero(np.asarray(inputs["vocab_mask"]) == 0)
     rows = cache.rows
     # written in place between runs: the binding reads these tensors (allocated in the graph's dtypes: not copied)
-    tokens = feeds["decoder_input_ids"].to(_INTEGERS[graph.inputs["decoder_input_ids"]]).clone()
+    tokens = feeds["decoder_input_ids"].to(graph.input_dtype("decoder_input_ids")).clone()
     tokens_now = tokens.numpy()
-    length = torch.zeros(1, dtype=_INTEGERS[graph.inputs["past_sequence_length"]])
+    length = torch.zeros(1, dtype=graph.input_dtype("past_sequence_length"))
     length_now = length.numpy()
     logits = torch.empty(rows, 1, vocab_size)
     scores = logits.numpy()[:, 0]
