@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """ONNX Runtime decoding: the whole loop in ORT's `com.microsoft::BeamSearch` op (`hf_variants.onnx_generation`)
-against transformers' Python loop over the step graph, and greedy search bound on the shared-cache graph
-(`hf_variants.onnx_greedy`, greedy's default path), side by side.
+against transformers' Python loop over the step graph, and greedy and beam search bound on the shared-cache graph
+(`hf_variants.onnx_bound`, the default path), side by side.
 
 The baseline of a dims class (bench_inference's random MarianMTModel weights converted to ours) is exported once
 (fused attention, fp32 and int8); each precision decodes the same batch (`--batch` 32 sources of up to `--src_len`
 15 tokens, exactly `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6) through
-`OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op), `use_search_op=False` (the loop) and, for
-greedy search, the default (`bound`: the shared-cache graph bound once) at `--threads` 1, calls interleaved (op fp32,
+`OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op), `use_search_op=False` (the loop) and the
+default (`bound`: the shared-cache graph bound once) at `--threads` 1, calls interleaved (op fp32,
 loop fp32, bound fp32, op int8, ...) after one warm-up each, medians of `--reps`; process CPU time and wall time per
 call. Every hypothesis has the length limit here (min = max new
 tokens), where the op's beam search is transformers' (`onnx_generation.fixed_length`: the default policy takes the
@@ -63,17 +63,19 @@ def main(argv=None) -> dict:
         p: OrtModelForSeq2SeqLM.from_pretrained(folder, precision=p, num_threads=args.threads)
         for p in ("fp32", "int8")
     }
-    # path -> (use_search_op, the path generate() must report); "bound": greedy search's default path
-    paths = {"op": (True, "search_op"), "loop": (False, "python_loop"), "bound": (None, "shared_cache_greedy")}
+    # path -> (use_search_op, the path generate() must report); "bound": the default path
+    paths = {"op": (True, "search_op"), "loop": (False, "python_loop"), "bound": (None, "shared_cache_{mode}")}
     results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "batch": args.batch, "rows": {}}
     for beams in args.beams:
         gen = generation_settings(beams, args.new_tokens)
-        kinds = ("op", "loop", "bound") if beams == 1 else ("op", "loop")
+        kinds = ("op", "loop", "bound")
+        mode = "greedy" if beams == 1 else "beam"
         order = [f"{kind}_{p}" for p in ("fp32", "int8") for kind in kinds]
 
         def run(name):
             kind, precision = name.split("_")
             model, (use_search_op, expected) = models[precision], paths[kind]
+            expected = expected.format(mode=mode)
             out = model.generate(**inputs, **gen, use_search_op=use_search_op)
             if model.last_decoding["path"] != expected:
                 raise RuntimeError(f"{name}: {model.last_decoding}")
@@ -85,11 +87,9 @@ def main(argv=None) -> dict:
             op, loop = outputs[f"op_{p}"], outputs[f"loop_{p}"]
             row[f"tokens_equal_{p}"] = round(float((op == loop).float().mean()), 4)
             row[f"rows_equal_{p}"] = round(float((op == loop).all(1).float().mean()), 4)
-            if "bound" in kinds:  # the bound greedy search and the loop run the same graph: the same sequences
-                row[f"bound_rows_equal_loop_{p}"] = round(
-                    float((outputs[f"bound_{p}"] == loop).all(1).float().mean()), 4
-                )
-                row[f"bound_over_op_{p}"] = ratios(row, f"bound_{p}", f"op_{p}")
+            # the bound search and the loop run the same graph: the same sequences
+            row[f"bound_rows_equal_loop_{p}"] = round(float((outputs[f"bound_{p}"] == loop).all(1).float().mean()), 4)
+            row[f"bound_over_op_{p}"] = ratios(row, f"bound_{p}", f"op_{p}")
         by_clock = {p: ratios(row, f"op_{p}", f"loop_{p}") for p in ("fp32", "int8")}
         row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
         row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
@@ -101,13 +101,12 @@ def main(argv=None) -> dict:
             f"{row['rows_equal_fp32']} int8 {row['rows_equal_int8']}",
             flush=True,
         )
-        if "bound" in kinds:
-            print(
-                f"[{args.size} {key}] bound/op fp32 {row['bound_over_op_fp32']} int8 {row['bound_over_op_int8']}; "
-                f"bound rows equal to the loop's fp32 {row['bound_rows_equal_loop_fp32']} int8 "
-                f"{row['bound_rows_equal_loop_int8']}",
-                flush=True,
-            )
+        print(
+            f"[{args.size} {key}] bound/op fp32 {row['bound_over_op_fp32']} int8 {row['bound_over_op_int8']}; "
+            f"bound rows equal to the loop's fp32 {row['bound_rows_equal_loop_fp32']} int8 "
+            f"{row['bound_rows_equal_loop_int8']}",
+            flush=True,
+        )
     scratch.cleanup()
     return write_results(results, args.output)
 

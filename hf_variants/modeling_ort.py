@@ -38,6 +38,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from .model_classes import MODEL_CLASSES
+from .onnx_bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, greedy_search
 from .onnx_generation import (
     DISABLED_OPTIMIZERS,
     SearchOpRunner,
@@ -46,7 +47,6 @@ from .onnx_generation import (
     inference_session,
     search_op_refusal,
 )
-from .onnx_greedy import greedy_search
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -119,7 +119,15 @@ class OrtSharedCache:
             torch.empty(rows, heads, self.capacity, head_dim) for heads, head_dim in layer_shapes for _ in range(2)
         ]
         self.indirection = torch.zeros(rows // beam_width, beam_width, self.capacity, dtype=torch.int32)
-        self._own_beam = (torch.arange(rows) % beam_width).to(torch.int32)
+        self._set_grouping(beam_width)
+
+    def _set_grouping(self, beam_width: int) -> None:
+        """Beams of `beam_width` rows; `_table`: the indirection as a numpy [rows, capacity] view (the per-step
+        writes below are numpy's: a tenth of torch's indexing time on these small tables)."""
+        self.beam_width = beam_width
+        self._own_beam = (np.arange(self.rows) % beam_width).astype(np.int32)
+        self._sentence = np.arange(self.rows) // beam_width
+        self._table = self.indirection.view(self.rows, self.capacity).numpy()
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
@@ -137,25 +145,22 @@ class OrtSharedCache:
         indirection = self.indirection.new_zeros(*self.indirection.shape[:2], capacity)
         indirection[..., :filled] = self.indirection[..., :filled]
         self.tensors, self.indirection, self.capacity = grown, indirection, capacity
+        self._set_grouping(self.beam_width)
 
     def advance(self) -> None:
         """After a step wrote position `length` of every row's own buffer row: record it, one position more."""
-        self.indirection.view(self.rows, self.capacity)[:, self.length] = self._own_beam
+        self._table[:, self.length] = self._own_beam
         self.length += 1
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def reorder_cache(self, beam_idx: torch.LongTensor | np.ndarray) -> None:
         """Row r continues the hypothesis of row beam_idx[r]: it takes that row's indirection (the buffers stay).
         A source outside r's sentence (W rows) regroups the whole batch as one sentence first."""
-        beam_idx = beam_idx.to(torch.long)
-        row = torch.arange(self.rows)
-        if not torch.equal(beam_idx // self.beam_width, row // self.beam_width):
-            absolute = self.indirection.view(self.rows, self.capacity) + (row // self.beam_width * self.beam_width)[
-                :, None
-            ].to(torch.int32)
-            self.beam_width, self._own_beam = self.rows, row.to(torch.int32)
-            self.indirection = absolute.view(1, self.rows, self.capacity)
-        table = self.indirection.view(self.rows, self.capacity)
-        table[:, : self.length] = table[beam_idx, : self.length]
+        beam_idx = np.asarray(beam_idx.cpu() if isinstance(beam_idx, torch.Tensor) else beam_idx, dtype=np.int64)
+        if not np.array_equal(beam_idx // self.beam_width, self._sentence):
+            absolute = self._table + (self._sentence * self.beam_width)[:, None].astype(np.int32)
+            self.indirection = torch.from_numpy(absolute).view(1, self.rows, self.capacity)
+            self._set_grouping(self.rows)
+        self._table[:, : self.length] = self._table[beam_idx, : self.length]
 
 
 def default_session_options(threads: int, spinning: bool):
@@ -309,7 +314,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             )
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
             self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
-        self._greedy_graph = None  # the shared-cache graph of `shared_cache_greedy` (`_bound_greedy_graph`)
+        # `shared_cache_search`'s sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam
+        # search's selection graph (`_beam_head`)
+        self._bound_step_graph, self._beam_head_graph = None, None
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         self._cache_path = None
@@ -646,32 +653,64 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             )
         return self._search_op_runner
 
-    def shared_cache_greedy(self, source_ids, attention_mask, settings: dict, tgt_lang_ids=None):
-        """Greedy search of `source_ids` on the shared-cache step graph, its inputs and outputs bound once
-        (`onnx_greedy`), with the BeamSearch op's settings (`onnx_generation.search_op_settings`): the sequences, as
-        transformers' greedy search returns them."""
-        batch = source_ids.shape[0]
-        source_lang = tgt_lang_ids if "tgt_lang_ids" in self.manifest["source_inputs"] else None
+    def shared_cache_search(
+        self, mode: str, source_ids, attention_mask, settings: dict, tgt_lang_ids=None, early_stopping=True
+    ) -> torch.Tensor:
+        """Greedy (`mode` "greedy") or beam search ("beam") of `source_ids` [sentences, length] on the shared-cache
+        step graph, its inputs and outputs bound once (`onnx_bound`), with the BeamSearch op's settings mapping
+        (`onnx_generation.search_op_settings`) and generation_config's `early_stopping`: the sequences, as
+        transformers' greedy or beam search returns them. `tgt_lang_ids`: one per decoding row (sentences *
+        num_beams, as generate() expands them) or None."""
+        beams = settings["inputs"]["num_beams"] if mode == "beam" else 1
+        sentences, max_length = source_ids.shape[0], settings["inputs"]["max_length"]
+        sentence_lang = tgt_lang_ids[::beams] if tgt_lang_ids is not None else None
+        source_lang = sentence_lang if "tgt_lang_ids" in self.manifest["source_inputs"] else None
         encoded = self.encode(source_ids, attention_mask, tgt_lang_ids=source_lang)
-        start = torch.full((batch, 1), settings["attributes"]["decoder_start_token_id"], dtype=torch.long)
-        feeds, kinds = self._step_feeds(start, encoded, attention_mask, tgt_lang_ids)
-        cache = self._new_shared_cache(encoded, batch, settings["inputs"]["max_length"], beam_width=1)
-        return greedy_search(self._bound_greedy_graph(), feeds, kinds, cache, settings, self.config.vocab_size)
+        start = torch.full((sentences, 1), settings["attributes"]["decoder_start_token_id"], dtype=torch.long)
+        graph, vocab = self._bound_graph(), self.config.vocab_size
+        feeds, kinds = self._step_feeds(start, encoded, attention_mask, sentence_lang)
+        first_length = max_length if mode == "greedy" else 2  # beam search: only the first step at these rows
+        first = BoundStep(graph, feeds, kinds, self._new_shared_cache(encoded, sentences, first_length, 1), vocab)
+        if mode == "greedy":
+            return greedy_search(first, settings)
+        # the beams of a sentence in adjacent rows, as generate() expands its inputs
+        encoded = {name: tensor.repeat_interleave(beams, 0) for name, tensor in encoded.items()}
+        attention_mask = attention_mask.repeat_interleave(beams, 0)
+        feeds, kinds = self._step_feeds(start.repeat_interleave(beams, 0), encoded, attention_mask, tgt_lang_ids)
+        cache = self._new_shared_cache(encoded, sentences * beams, max_length, beam_width=beams)
+        step = BoundStep(graph, feeds, kinds, cache, vocab)
+        return beam_search(step, self._beam_head(), settings, early_stopping, first=first)
 
-    def _bound_greedy_graph(self) -> _Graph:
-        """The shared-cache graph for `shared_cache_greedy`: in a session of its own, built on first use, with the
-        BeamSearch op's session options (idle intra-op threads spin where from_pretrained chose the options: between
-        two runs only numpy picks the tokens, so a spinning thread takes no core from torch, as it would in
-        transformers' loop). With one intra-op thread there is no idle thread: the loop's session serves."""
+    def _bound_options(self):
+        """The session options of `shared_cache_search`'s graphs: the BeamSearch op's (idle intra-op threads spin
+        where from_pretrained chose the options: between two runs only numpy works, so a spinning thread takes no
+        core from torch, as it would in transformers' loop), or None where the loop's sessions serve (one intra-op
+        thread: no idle thread to spin; or the same options)."""
         options = self.search_op_session_options
         if options is self.session_options or options is None or options.intra_op_num_threads == 1:
+            return None
+        return options
+
+    def _bound_graph(self) -> _Graph:
+        """The shared-cache graph for `shared_cache_search`: the loop's, or in a session of its own with
+        `_bound_options()`, built on first use."""
+        options = self._bound_options()
+        if options is None:
             return self.shared_cache_graph
-        if self._greedy_graph is None:
+        if self._bound_step_graph is None:
             shared = self.manifest["shared_cache"]
             path = str(self.folder / shared["graphs"][self.precision])
             session = inference_session(path, options, self.providers, self.disabled_optimizers)
-            self._greedy_graph = _Graph(session, shared["decoder"])
-        return self._greedy_graph
+            self._bound_step_graph = _Graph(session, shared["decoder"])
+        return self._bound_step_graph
+
+    def _beam_head(self) -> _Graph:
+        """Beam search's per-step selection graph (`onnx_bound.beam_head_model`), built on first use."""
+        if self._beam_head_graph is None:
+            options = self._bound_options() or self.session_options
+            session = inference_session(beam_head_model(self.config.vocab_size), options, self.providers, self.disabled_optimizers)
+            self._beam_head_graph = _Graph(session, BEAM_HEAD_IO)
+        return self._beam_head_graph
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
         """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take

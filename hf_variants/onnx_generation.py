@@ -425,8 +425,8 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     config = generation_config
-    if mode == "greedy" and config.do_sample:
-        raise SearchOpRefused("sampling (do_sample=True)")
+    if config.do_sample:
+        raise SearchOpRefused("sampling (do_sample=True)" if mode == "greedy" else "beam sampling (do_sample=True)")
     if model_kwargs.get("use_cache") is False:
         raise SearchOpRefused("use_cache=False (every step recomputed: the loop)")
     for flag in ("return_dict_in_generate", "output_scores", "output_logits"):
@@ -449,8 +449,10 @@ def search_op_settings(model, input_ids, logits_processor, stopping_criteria, ge
         if type(criterion) is not MaxLengthCriteria:
             raise SearchOpRefused(f"the stopping criterion {type(criterion).__name__}")
     if mode == "beam":
-        if config.early_stopping not in (True, False):
-            raise SearchOpRefused(f"early_stopping={config.early_stopping!r} (the op takes True or False)")
+        if config.early_stopping not in (True, False, "never"):
+            raise SearchOpRefused(
+                f"early_stopping={config.early_stopping!r} (transformers takes True, False, 'never')"
+            )
         num_beams, returned = config.num_beams, config.num_return_sequences or 1
         length_penalty, early_stopping = float(config.length_penalty), bool(config.early_stopping)
         fill = config._pad_token_tensor  # transformers' beam search pads with pad_token_id, or eos when that is 0
@@ -618,17 +620,37 @@ def fixed_length(settings: dict) -> bool:
     return settings["inputs"]["min_length"] >= settings["inputs"]["max_length"]
 
 
-def bound_greedy(model, mode: str, policy: str, settings: dict) -> bool:
-    """Whether a greedy search the op would run goes to `OrtModelForSeq2SeqLM.shared_cache_greedy` instead (the
-    graph's inputs and outputs bound once, `onnx_greedy`: 1.19-1.22x the op's tok/s at small dims, 1 thread): the
-    default policy ("exact"; `use_search_op=True` keeps the op), a folder with the shared-cache step graph, and no
+def bound_search(model, mode: str, policy: str, settings: dict) -> bool:
+    """Whether a greedy or beam search the op would run goes to `OrtModelForSeq2SeqLM.shared_cache_search` instead
+    (the shared-cache graph's inputs and outputs bound once, `onnx_bound`; greedy: 1.19-1.22x the op's tok/s at small
+    dims, 1 thread; beam search: transformers' own bookkeeping, so exact for every `early_stopping`): the default
+    policy ("exact"; `use_search_op=True` keeps the op), a folder with the shared-cache step graph, and no
     no_repeat_ngram_size."""
     return (
-        mode == "greedy"
-        and policy == "exact"
+        policy == "exact"
         and model.shared_cache_graph is not None
         and not settings["attributes"]["no_repeat_ngram_size"]
     )
+
+
+def op_refusal(mode: str, policy: str, settings: dict, generation_config) -> str | None:
+    """Why the op does not run a beam search transformers' settings ask for, or None: early_stopping="never" (the
+    op takes True or False), and under the "exact" policy the settings where its results may differ from
+    transformers' (`decode_with_search_op`)."""
+    if mode != "beam":
+        return None
+    if generation_config.early_stopping == "never":
+        return "early_stopping='never' (the op takes True or False)"
+    if policy != "exact" or fixed_length(settings):
+        return None
+    if generation_config.early_stopping is not True:
+        return (
+            f"beam search with early_stopping={generation_config.early_stopping!r}: ORT's early-stop check differs "
+            "from transformers' (use_search_op=True takes the op anyway)"
+        )
+    if generation_config.length_penalty < 0:
+        return "beam search with a negative length_penalty (use_search_op=True takes the op anyway)"
+    return None
 
 
 def decode_with_search_op(
@@ -667,16 +689,9 @@ def decode_with_search_op(
             )
         except SearchOpRefused as refused:
             reason = str(refused)
-    # beam search the "exact" policy checks: the op is exact with early stopping and a length penalty >= 0 (sentences
-    # reaching max_length decoded again), and for any setting when no hypothesis can end before max_length
-    checked_beam = mode == "beam" and policy == "exact" and settings is not None and not fixed_length(settings)
-    if checked_beam and generation_config.early_stopping is not True:
-        reason = (
-            f"beam search with early_stopping={generation_config.early_stopping!r}: ORT's early-stop check differs "
-            "from transformers' (use_search_op=True takes the op anyway)"
-        )
-    elif checked_beam and generation_config.length_penalty < 0:
-        reason = "beam search with a negative length_penalty (use_search_op=True takes the op anyway)"
+    bound = settings is not None and bound_search(model, mode, policy, settings)
+    if settings is not None and not bound:
+        reason = op_refusal(mode, policy, settings, generation_config)
     if reason is not None:
         settings = None
     expand = input_ids.shape[0] // inputs_tensor.shape[0] if inputs_tensor is not None else 1
@@ -686,6 +701,16 @@ def decode_with_search_op(
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     mask = model_kwargs.get("attention_mask")
     mask = mask[::expand] if mask is not None else torch.ones_like(inputs_tensor)
+    if bound:
+        sequences = model.shared_cache_search(
+            mode, inputs_tensor, mask, settings, model_kwargs.get("tgt_lang_ids"), generation_config.early_stopping
+        )
+        model.last_decoding = {
+            "path": f"shared_cache_{mode}",
+            "reason": f"{mode} search on the shared-cache step graph, inputs and outputs bound once",
+        }
+        logger.info("generate(): %s", model.last_decoding["reason"])
+        return sequences
     tgt_lang_ids = None
     if "tgt_lang_ids" in model.manifest["source_inputs"]:
         tgt_lang_ids = model_kwargs.get("tgt_lang_ids")
@@ -693,14 +718,6 @@ def decode_with_search_op(
         tgt_lang_ids = (
             tgt_lang_ids[::expand] if tgt_lang_ids is not None else model._default_input("tgt_lang_ids", batch)
         )
-    if bound_greedy(model, mode, policy, settings):
-        sequences = model.shared_cache_greedy(inputs_tensor, mask, settings, model_kwargs.get("tgt_lang_ids"))
-        model.last_decoding = {
-            "path": "shared_cache_greedy",
-            "reason": "greedy search on the shared-cache step graph, inputs and outputs bound once",
-        }
-        logger.info("generate(): %s", model.last_decoding["reason"])
-        return sequences
     try:
         sequences, lengths, ended = model.search_op_runner().run(inputs_tensor, mask, settings, tgt_lang_ids)
     except (ValueError, OSError, ImportError) as error:  # the builder's refusal, the folder gone, no onnx package
@@ -709,6 +726,7 @@ def decode_with_search_op(
         return loop(input_ids, **with_encoder_outputs(model, inputs_tensor, expand, kwargs))
     model.last_decoding = {"path": "search_op", "reason": f"{mode} search in com.microsoft::BeamSearch"}
     returned = settings["inputs"]["num_return_sequences"]
+    checked_beam = mode == "beam" and policy == "exact" and not fixed_length(settings)
     redo = ~ended.reshape(-1, returned).all(1) if checked_beam else ended[:0]
     if redo.any():
         sentences = redo.nonzero().reshape(-1)

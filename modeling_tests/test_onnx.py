@@ -1048,7 +1048,111 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     assert ort8.last_decoding["path"] == "shared_cache_greedy"
     loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
     assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop)
-    assert ort8._greedy_graph is None  # one intra-op thread: the loop's session serves
+    assert ort8._bound_step_graph is None  # one intra-op thread: the loop's session serves
+
+
+def _counted(method, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return method(*args, **kwargs)
+
+    return counted
+
+
+BOUND_BEAM_SETTINGS = (  # 16 new tokens: every decoding reaches max_length; 40: the trained baseline's stop earlier
+    dict(num_beams=4, length_penalty=0.6, num_return_sequences=2),  # the generation config's early_stopping
+    dict(num_beams=4, length_penalty=1.3, early_stopping=True, num_return_sequences=4),
+    dict(num_beams=3, length_penalty=2.0, early_stopping="never", num_return_sequences=3),
+    dict(num_beams=4, length_penalty=-0.5, early_stopping=False),
+    dict(num_beams=4, length_penalty=1.0, min_new_tokens=10, num_return_sequences=2),
+    dict(num_beams=2, early_stopping=True, max_new_tokens=40),
+    dict(num_beams=2, length_penalty=1.0, early_stopping=False, max_new_tokens=40),
+    dict(num_beams=3, length_penalty=0.0, early_stopping=False, max_new_tokens=40),
+    dict(num_beams=2, length_penalty=0.0, early_stopping="never", max_new_tokens=40),
+)
+
+
+def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
+    """Beam search by default runs bound on the shared-cache graph (`onnx_bound.beam_search`: the step graph and the
+    selection graph bound once, transformers' bookkeeping in numpy) and returns torch fp32's sequences for every
+    early_stopping (True, False, "never"), length penalties of both signs, num_return_sequences up to num_beams,
+    an odd beam width, a minimum length, and a first capacity of 2 (the buffers grow and are bound again), in as
+    many steps as transformers' loop (which stops the trained model's decodings before max_length where a setting
+    lets it); the concatenated step graph never runs. In int8 exactly the loop's sequences on the same graph. Beam
+    sampling takes the loop."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    eos = model.config.eos_token_id
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    monkeypatch.setattr(ort.step_graph, "run", None)  # never called: the shared-cache graph decodes
+    steps, session = [], ort.shared_cache_graph.session
+    monkeypatch.setattr(session, "run_with_iobinding", _counted(session.run_with_iobinding, steps))
+    ended, stopped_early = set(), set()
+    for capacity in (None, 2):
+        ort.shared_cache_capacity = capacity
+        for settings in BOUND_BEAM_SETTINGS if capacity is None else BOUND_BEAM_SETTINGS[:1]:
+            settings = {"max_new_tokens": 16 if capacity is None else 30, **settings}
+            max_steps = settings["max_new_tokens"]
+            with torch.no_grad():
+                expected = model.generate(**inputs, **settings)
+            steps.clear()
+            got = ort.generate(**inputs, **settings)
+            assert ort.last_decoding["path"] == "shared_cache_beam", ort.last_decoding
+            assert torch.equal(got, expected), (capacity, settings)
+            bound_steps = len(steps)
+            steps.clear()
+            assert torch.equal(ort.generate(**inputs, use_search_op=False, **settings), expected)
+            assert bound_steps == len(steps), settings  # transformers' stopping rules: as many steps
+            stopped_early.add(bound_steps < max_steps)
+            ended.update((expected == eos).int().argmax(1).tolist())
+            if "min_new_tokens" in settings:
+                assert (expected[:, 1:11] != eos).all()
+    if model.config.model_type == "transformer_nmt":  # trained: hypotheses end, at different steps
+        assert len(ended - {0}) > 2 and stopped_early == {True, False}, (ended, stopped_early)
+    ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    for settings in BOUND_BEAM_SETTINGS[:2]:
+        bound = ort8.generate(**inputs, max_new_tokens=16, **settings)
+        assert ort8.last_decoding["path"] == "shared_cache_beam"
+        loop = ort8.generate(**inputs, max_new_tokens=16, use_search_op=False, **settings)
+        assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop), settings
+    ort8.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=True)
+    assert ort8.last_decoding == {
+        "path": "python_loop",
+        "reason": "beam sampling (do_sample=True)",
+        "cache": "shared_buffer",
+    }
+
+
+@pytest.mark.parametrize("vocab_size", [8000, 500, 503])
+def test_beam_head_top_k_equals_torch(vocab_size, monkeypatch):
+    """Beam search's candidate graph (`onnx_bound.beam_head_model`): each row's k best log-probabilities and their
+    token ids, as torch's log_softmax + topk give them (values to 2e-6: ORT's and torch's log-softmax kernels), with
+    the two-level top-k (vocabularies with a block size: 8000, 500; also k above the block count, where every
+    block is a candidate) and without (503, prime); the two-level graph equals the plain one exactly."""
+    import onnxruntime
+
+    from hf_variants import onnx_bound
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1
+    block = onnx_bound._block_size(vocab_size)
+    assert (block is None) == (vocab_size == 503)
+    sessions = {"default": onnxruntime.InferenceSession(onnx_bound.beam_head_model(vocab_size), options)}
+    if block is not None:
+        monkeypatch.setattr(onnx_bound, "_block_size", lambda vocab: None)
+        sessions["plain"] = onnxruntime.InferenceSession(onnx_bound.beam_head_model(vocab_size), options)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(12, 1, vocab_size, generator=generator) * 3
+    for k in (9, 12) + ((vocab_size // block + 5,) if block else ()):
+        expected = torch.log_softmax(logits[:, 0], -1).topk(k)
+        outputs = {}
+        for name, session in sessions.items():
+            values, indices = session.run(None, {"logits": logits.numpy(), "k": np.array([k])})
+            assert np.array_equal(indices, expected.indices.numpy()), (name, k)
+            assert np.abs(values - expected.values.numpy()).max() < 2e-6, (name, k)
+            outputs[name] = values, indices
+        if "plain" in outputs:
+            assert all(np.array_equal(a, b) for a, b in zip(outputs["default"], outputs["plain"]))
 
 
 def _spinning(graph) -> str:
@@ -1066,8 +1170,8 @@ def test_shared_cache_greedy_session_spins_with_several_threads(shared_export, t
         expected = model.generate(**inputs, num_beams=1, max_new_tokens=12)
     assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12), expected)
     assert ort.last_decoding["path"] == "shared_cache_greedy"
-    assert ort._greedy_graph is not None and ort._greedy_graph.session is not ort.shared_cache_graph.session
-    assert _spinning(ort._greedy_graph) == "1" and _spinning(ort.shared_cache_graph) == "0"
+    assert ort._bound_step_graph is not None and ort._bound_step_graph.session is not ort.shared_cache_graph.session
+    assert _spinning(ort._bound_step_graph) == "1" and _spinning(ort.shared_cache_graph) == "0"
     assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=False), expected)
 
 
