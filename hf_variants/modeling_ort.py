@@ -18,8 +18,9 @@ graph's cache (past -> present, one position longer: a list of tensors that ONNX
 reordered by copy like the torch cache), which folders without that graph use. Greedy search and beam search with
 `early_stopping=True` run instead as one call of ONNX Runtime's `com.microsoft::BeamSearch` op over the same graphs,
 with the same output (`onnx_generation`; `generate(..., use_search_op=False)` keeps the loop, `model.last_decoding`
-says which ran, and for the loop which cache); on a folder with the shared-cache graph, greedy search runs on it with
-every input and output bound once (`onnx_greedy`, `shared_cache_greedy`; `use_search_op=True` takes the op). CPU
+says which ran, and for the loop which cache); on a folder with the shared-cache graph, greedy and beam search (every
+`early_stopping`) run on it with every input and output bound once and transformers' bookkeeping in numpy
+(`onnx_bound`, `shared_cache_search`; `use_search_op=True` takes the op). CPU
 only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
 """
 
@@ -323,7 +324,8 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
-        # greedy and beam search in ONNX Runtime's BeamSearch op where the call fits it (`onnx_generation`);
+        # greedy and beam search bound on the shared-cache graph or in ONNX Runtime's BeamSearch op where the call
+        # fits (`onnx_generation`);
         # `last_decoding` says which path the last generate() took and why
         self.use_search_op, self.last_decoding, self._search_op_runner = None, None, None
         self.session_options, self.providers = session_options, providers
@@ -629,8 +631,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     # -------------------------------------------------------------------------------------- decoding in ORT
     def generate(self, inputs=None, generation_config=None, *, use_search_op: bool | None = None, **kwargs):
         """The torch model's `generate()`; the decoding ONNX Runtime's BeamSearch op reproduces runs in it (the whole
-        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True; greedy search runs
-        instead bound on the shared-cache graph where the folder has one (`shared_cache_greedy`). The rest runs in
+        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True; greedy and beam
+        search (every early_stopping) run instead bound on the shared-cache graph where the folder has one
+        (`shared_cache_search`). The rest runs in
         transformers' loop over the step graph. `use_search_op=False` forces the loop, True takes the op (greedy
         search too, and beam search with early_stopping=False, whose results may differ from transformers' on some
         sentences); the default is the attribute `use_search_op` (None). `last_decoding` says which path ran and
@@ -708,13 +711,16 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """Beam search's per-step selection graph (`onnx_bound.beam_head_model`), built on first use."""
         if self._beam_head_graph is None:
             options = self._bound_options() or self.session_options
-            session = inference_session(beam_head_model(self.config.vocab_size), options, self.providers, self.disabled_optimizers)
+            session = inference_session(
+                beam_head_model(self.config.vocab_size), options, self.providers, self.disabled_optimizers
+            )
             self._beam_head_graph = _Graph(session, BEAM_HEAD_IO)
         return self._beam_head_graph
 
     def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
-        """generate()'s source-graph run, left to the BeamSearch op (which runs it itself) where the call may take
-        the op: an empty placeholder, filled by `with_encoder_outputs` if the loop runs after all."""
+        """generate()'s source-graph run, left to the BeamSearch op or the bound search (which run it themselves)
+        where the call may take them: an empty placeholder, filled by `with_encoder_outputs` if the loop runs after
+        all."""
         if model_kwargs.get("encoder_outputs") is None and defer_encoder(self, config, model_input_name, model_kwargs):
             model_kwargs["encoder_outputs"] = OrtEncoderOutput()
             return model_kwargs
@@ -723,7 +729,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         )
 
     def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw):
-        """Greedy search in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
+        """Greedy search bound or in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._sample, generation_config=generation_config, **args)
         return self._decoding(
@@ -736,7 +742,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     def _beam_search(
         self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
     ):
-        """Beam search in the BeamSearch op where it fits; else transformers' `_beam_search`."""
+        """Beam search bound or in the BeamSearch op where it fits; else transformers' `_beam_search`."""
         args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
         loop = partial(super()._beam_search, generation_config=generation_config, **args)
         return self._decoding(

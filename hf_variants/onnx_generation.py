@@ -2,9 +2,11 @@
 contrib op (T5 mode, `model_type=1`), so that greedy and beam search run without a Python step per token.
 
     model = OrtModelForSeq2SeqLM.from_pretrained(OUT)    # uses the op where it decodes as transformers does
-    model.generate(**inputs, num_beams=1)                # greedy: in the op, or bound on the shared-cache graph
-                                                         # where the folder has one (onnx_greedy); last_decoding
-    model.generate(**inputs, num_beams=4, early_stopping=True)   # in the op (exact, see below)
+    model.generate(**inputs, num_beams=1)                # greedy: bound on the shared-cache graph where the
+                                                         # folder has one (onnx_bound), else in the op
+    model.generate(**inputs, num_beams=4)                # beam, any early_stopping: bound on the shared-cache
+                                                         # graph where the folder has one (onnx_bound); else
+    model.generate(**inputs, num_beams=4, early_stopping=True)   # in the op (exact, see below); and
     model.generate(**inputs, num_beams=4)                # early_stopping=False: transformers' loop (the op where
                                                          # min_new_tokens == max_new_tokens), unless...
     model.generate(**inputs, num_beams=4, use_search_op=True)    # ...forced into the op (results may differ)
@@ -567,10 +569,10 @@ def _rows(value, rows: torch.Tensor):
 
 
 def defer_encoder(model, generation_config, model_input_name, model_kwargs: dict) -> bool:
-    """Whether generate() may leave the source graph to the op (called before it would run it): a call that asks
-    for greedy or beam search, nothing the op cannot return, and no encoder input but the mask, on a model the op
-    takes. The op decides per call; where it then declines, the loop computes the encoder outputs
-    (`with_encoder_outputs`)."""
+    """Whether generate() may leave the source graph to the op or the bound search (called before it would run
+    it): a call that asks for greedy or beam search, nothing the op cannot return, and no encoder input but the
+    mask, on a model the op takes. `decode_with_search_op` decides per call; where it then declines, the loop
+    computes the encoder outputs (`with_encoder_outputs`)."""
     from transformers.generation.configuration_utils import GenerationMode
 
     config = generation_config
@@ -656,10 +658,11 @@ def op_refusal(mode: str, policy: str, settings: dict, generation_config) -> str
 def decode_with_search_op(
     model, mode, input_ids, generation_config, loop, inputs_tensor, logits_processor, stopping_criteria, **kwargs
 ):
-    """The sequences of one `generate()` decoding: through the BeamSearch op where the call fits it (greedy search
-    under the default policy on a folder with the shared-cache graph: through `model.shared_cache_greedy`, with the
-    op's settings, `bound_greedy`), else through `loop` (transformers' decoding method); `model.last_decoding`
-    records the path taken and why.
+    """The sequences of one `generate()` decoding: where the call fits the op's settings, under the default policy on
+    a folder with the shared-cache graph through `model.shared_cache_search` (greedy and beam search bound on that
+    graph, `bound_search`: exact for every `early_stopping`), else through the BeamSearch op where `op_refusal`
+    allows; else through `loop` (transformers' decoding method); `model.last_decoding` records the path taken and
+    why. The policies below are the op's.
 
     `model.search_op_mode()`: "never"; "exact" (the default): greedy search, beam search where no hypothesis can
     end before `max_length` (`fixed_length`: any `early_stopping`, any `length_penalty`), and beam search with

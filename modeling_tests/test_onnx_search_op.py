@@ -29,9 +29,9 @@ from hf_variants import OrtModelForSeq2SeqLM, onnx_generation  # noqa: E402
 SENTENCES = read_sentences("en", "val", n=8)
 
 
-def _ort(model_type, tokenizer, tmp_path_factory, precision="fp32"):
+def _ort(model_type, tokenizer, tmp_path_factory, precision="fp32", **options):
     model, folder = _export_once(model_type, tokenizer, tmp_path_factory)
-    return model, folder, OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision, num_threads=1)
+    return model, folder, OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision, num_threads=1, **options)
 
 
 def _both(model, ort, inputs, use_search_op=None, **settings):
@@ -42,7 +42,9 @@ def _both(model, ort, inputs, use_search_op=None, **settings):
 
 @pytest.fixture(scope="module")
 def baseline(tokenizer, tmp_path_factory):
-    model, folder, ort = _ort("transformer_nmt", tokenizer, tmp_path_factory)
+    """The baseline loaded without its shared-cache graph (`shared_cache=False`), so that the default policy takes the
+    op where it fits: with that graph, greedy and beam search run bound on it (`onnx_bound`; test_onnx.py)."""
+    model, folder, ort = _ort("transformer_nmt", tokenizer, tmp_path_factory, shared_cache=False)
     return model, folder, ort, model.prepare_translation_inputs(tokenizer, SENTENCES)
 
 
@@ -57,10 +59,9 @@ def baseline(tokenizer, tmp_path_factory):
     ],
 )
 def test_search_op_decodes_like_torch(baseline, settings):
-    """The op alone (no sentence decoded again) gives torch fp32's sequences, padding and width included (greedy
-    search forced into the op: by default it runs bound on the shared-cache graph, test_shared_cache_greedy)."""
+    """The op alone (no sentence decoded again) gives torch fp32's sequences, padding and width included."""
     model, _, ort, inputs = baseline
-    got, expected = _both(model, ort, inputs, use_search_op=True if settings["num_beams"] == 1 else None, **settings)
+    got, expected = _both(model, ort, inputs, **settings)
     assert ort.last_decoding["path"] == "search_op" and "redecoded" not in ort.last_decoding, ort.last_decoding
     assert torch.equal(got, expected), settings
     assert expected.shape[1] > 8  # decoded past a few steps
@@ -147,12 +148,14 @@ def test_every_model_type(model_type, tokenizer, tmp_path_factory):
         got, expected = _both(model, ort, inputs, max_new_tokens=10, use_search_op=True, **settings)
         assert ort.last_decoding["path"] == "search_op", ort.last_decoding
         assert torch.equal(got, expected), (model_type, settings)
-    # greedy by default: bound on the shared-cache graph where the type has one (every decoder self-attention
-    # fused), else the op; the same sequences either way
-    default = ort.generate(**inputs, num_beams=1, max_new_tokens=10)
+    # by default: bound on the shared-cache graph where the type has one (every decoder self-attention fused), else
+    # the op; the same sequences either way
     bound = ort.shared_cache_graph is not None
-    assert ort.last_decoding["path"] == ("shared_cache_greedy" if bound else "search_op"), ort.last_decoding
-    assert torch.equal(default, _both(model, ort, inputs, num_beams=1, max_new_tokens=10)[1]), model_type
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6, early_stopping=True)):
+        mode = "greedy" if settings["num_beams"] == 1 else "beam"
+        default, expected = _both(model, ort, inputs, max_new_tokens=10, **settings)
+        assert ort.last_decoding["path"] == (f"shared_cache_{mode}" if bound else "search_op"), ort.last_decoding
+        assert torch.equal(default, expected), (model_type, settings)
     if langs:  # the language is read: another one changes the output
         other = _inputs(model, tokenizer, SENTENCES[:4], langs[::-1])
         assert not torch.equal(ort.generate(**other, num_beams=1, max_new_tokens=10), got)
