@@ -7,8 +7,8 @@ The baseline of a dims class (bench_inference's random MarianMTModel weights con
 tokens, exactly `--new_tokens` 20 new tokens, greedy and beam 4 with length penalty 0.6), four timings at
 `--threads` threads, interleaved, after one warm-up each, medians of `--reps` (process CPU time and wall time):
 
-- `generate`: `OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op; greedy search's default is
-  `onnx_greedy`, timed by bench_ort_search_op.py);
+- `generate`: `OrtModelForSeq2SeqLM.generate` with `use_search_op=True` (the op; the default on this folder is
+  `onnx_bound`, greedy and beam search bound on the shared-cache graph, timed by bench_ort_search_op.py);
 - `op`: the op's session run alone, on the feeds that generate() passed it;
 - `graphs`: the work inside the op without the op: the source graph once at `batch` rows, then the step graph
   `new_tokens` times on the concatenated cache (past lengths 0 .. new_tokens - 1; the first step at `batch` rows,

@@ -1,5 +1,5 @@
 """Greedy and beam search on the shared-cache step graph with every input and output bound once
-(`OrtModelForSeq2SeqLM.shared_cache_greedy` / `shared_cache_beam`).
+(`OrtModelForSeq2SeqLM.shared_cache_search`).
 
 transformers' loop (and ONNX Runtime's BeamSearch op, less so) spends a step's time around the graph as well as in
 it: feeds gathered and bound, logits copied and processed, the cache handed on. On the shared-cache step graph
@@ -9,12 +9,13 @@ the indirection. So `BoundStep` binds the graph's inputs and outputs once (IO bi
 of them) and per step only writes those in place and runs the graph.
 
 - `greedy_search` takes the argmax of the logits buffer in numpy.
-- `beam_search` runs a second, small graph on the logits buffer (`beam_head_model`: log-softmax, the suppressed
-  tokens, the running beams' scores, and the top 2 * num_beams candidates of each sentence; ONNX Runtime's kernels
-  take 1.4-2 ms a step where torch's log_softmax and topk take 2.1 ms, small, 1 thread) and does transformers' beam
-  search bookkeeping (`GenerationMixin._beam_search`: finished hypotheses, length penalty, every `early_stopping`,
-  `num_return_sequences`) in numpy on those [sentences, 2 * num_beams] candidates, with transformers' float32
-  arithmetic and order of operations, so its sequences are transformers'.
+- `beam_search` runs a second, small graph on the logits buffer (`beam_head_model`: log-softmax and each row's top
+  2 * num_beams + (suppressed tokens) by a two-level TopK; 1.2 ms a step at 128 rows x 8000 tokens where torch's
+  log_softmax and topk over the sentences take 2.1 ms, small, 1 thread) and does transformers' beam search
+  bookkeeping (`GenerationMixin._beam_search`: the sentences' top 2 * num_beams, finished hypotheses, length
+  penalty, every `early_stopping`, `num_return_sequences`) in numpy on those [rows, k] candidates, with
+  transformers' float32 arithmetic and order of operations, so its sequences are transformers'. Its first step runs
+  once per sentence (the beams are equal there), as the op and CTranslate2 run it.
 
 Both decode with the logits processors the BeamSearch op takes (`onnx_generation.search_op_settings`: tokens never
 generated, eos suppressed below a minimum length; not no_repeat_ngram_size), feed every row what transformers feeds
@@ -23,7 +24,8 @@ stops. No imports of the model's module: the graphs (`_Graph`), the feeds and th
 `OrtModelForSeq2SeqLM`.
 
 Measured (small baseline, batch 32, 20 new tokens, 1 thread, AMD EPYC; `python benchmarks/bench_ort_search_op.py --size
-small --threads 1 --reps 5`): greedy 1.19x (fp32) / 1.22x (int8) the BeamSearch op's tok/s.
+small --threads 1 --reps 5`, session 8): the BeamSearch op's tok/s times greedy 1.08 (fp32) / 1.39 (int8), beam 4
+1.10 / 1.20.
 """
 
 from __future__ import annotations
@@ -299,9 +301,10 @@ def beam_search(
             scores = scores + np.where(joined, _ZERO, _EXCLUDED)
             merged = np.concatenate([finished_scores, scores], axis=1)
             kept = np.argsort(-merged, axis=1, kind="stable")[:, :beams]
-            grown = np.full((sentences, keep, finished_sequences.shape[2]), fill, dtype=np.int64)
-            grown[:, :, : length + 1] = candidates
-            finished_sequences = np.concatenate([finished_sequences, grown], axis=1)[at, kept]
+            # every hypothesis so far ends within the filled width: the columns after it hold the fill id
+            width = length + 1
+            filled = np.concatenate([finished_sequences[:, :, :width], candidates], axis=1)[at, kept]
+            finished_sequences[:, :, :width] = filled
             finished_scores = merged[at, kept]
             lengths = np.full((sentences, keep), length + 1 - prompt)
             finished_lengths = np.concatenate([finished_lengths, lengths], axis=1)[at, kept]

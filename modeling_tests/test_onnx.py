@@ -1020,7 +1020,7 @@ def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenize
 
 
 def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
-    """Greedy search by default runs bound on the shared-cache graph (`onnx_greedy`: inputs and outputs bound once,
+    """Greedy search by default runs bound on the shared-cache graph (`onnx_bound`: inputs and outputs bound once,
     tokens and length written in place): torch fp32's sequences (rows ending early padded, the width where every
     row had ended; a minimum length; a first capacity of 2, so the buffers grow and are bound again), the
     concatenated step graph never run; in int8 exactly the loop's sequences on the same graph (the same feeds per
@@ -1159,10 +1159,11 @@ def _spinning(graph) -> str:
     return graph.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
 
 
-def test_shared_cache_greedy_session_spins_with_several_threads(shared_export, tokenizer):
-    """With 2 intra-op threads the bound greedy search runs the shared-cache graph in a session of its own whose
-    idle threads spin (the BeamSearch op's options: between two runs only numpy works), while transformers' loop
-    keeps its non-spinning session (torch works between runs on the same cores); both decode like torch."""
+def test_bound_search_sessions_with_several_threads(shared_export, tokenizer):
+    """With 2 intra-op threads the bound greedy and beam search run the shared-cache graph in a session of its own
+    whose idle threads spin (the BeamSearch op's options: between two runs only numpy works), while transformers'
+    loop keeps its non-spinning session (torch works between runs on the same cores); beam search's candidates
+    graph runs on one thread (no pool of its own to spin against the step graph's); all decode like torch."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES[:4], langs)
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=2)
@@ -1173,6 +1174,13 @@ def test_shared_cache_greedy_session_spins_with_several_threads(shared_export, t
     assert ort._bound_step_graph is not None and ort._bound_step_graph.session is not ort.shared_cache_graph.session
     assert _spinning(ort._bound_step_graph) == "1" and _spinning(ort.shared_cache_graph) == "0"
     assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=False), expected)
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=3, max_new_tokens=12)
+    assert torch.equal(ort.generate(**inputs, num_beams=3, max_new_tokens=12), expected)
+    assert ort.last_decoding["path"] == "shared_cache_beam"
+    head = ort._beam_head_graph.session.get_session_options()
+    assert head.intra_op_num_threads == 1 and _spinning(ort._beam_head_graph) == "0"
+    assert ort._bound_step_graph.session.get_session_options().intra_op_num_threads == 2
 
 
 def test_shared_cache_steps_any_reorder(shared_export, tokenizer):

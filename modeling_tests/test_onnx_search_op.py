@@ -115,6 +115,8 @@ def test_loop_where_the_op_cannot_reproduce_transformers(baseline):
     cases = [
         (dict(do_sample=True, top_k=20), "sampling"),
         (dict(num_beams=4, length_penalty=0.6), "early_stopping=False"),  # the saved paper decoding's
+        (dict(num_beams=3, length_penalty=0.0, early_stopping="never"), "early_stopping='never'"),
+        (dict(num_beams=2, do_sample=True), "beam sampling"),
         (dict(num_beams=1, use_search_op=False), "use_search_op=False"),
         (dict(num_beams=1, use_cache=False), "use_cache=False"),
         (dict(num_beams=1, logits_processor=LogitsProcessorList([_Ban()])), "_Ban"),
