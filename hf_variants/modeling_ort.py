@@ -316,7 +316,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
             self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
         # `shared_cache_search`'s sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam
-        # search's selection graph (`_beam_head`)
+        # search's candidates graph (`_beam_head`)
         self._bound_step_graph, self._beam_head_graph = None, None
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
