@@ -210,6 +210,85 @@ def _first_position_to_beams(first, cache, beams: int) -> None:
         every.view(sentences, beams, heads, -1, head_dim)[:, :, :, :1] = one[:, None, :, :1]
 
 
+class _Candidates:
+    """The candidates graph (`beam_head_model`) bound on a step's logits buffer: `run(first)` runs it and returns each
+    row's best `per_row` log-probabilities and token ids ([rows, per_row] numpy views, valid until the next run).
+    With `first` (the step graph at one row per sentence), the first step's candidates come from there: the first
+    beam of each sentence holds them, the other beams none (-inf: transformers scores them -1e9 + log-probability,
+    never in a sentence's top candidates)."""
+
+    def __init__(self, head, step: BoundStep, first: BoundStep | None, per_row: int, beams: int):
+        self.head, self.beams = head, beams
+        self.values, self.indices, self._bindings = {}, {}, {}
+        for name, source in (("step", step), ("first", first)):
+            if source is None:
+                continue
+            rows = source.scores.shape[0]
+            values, indices = torch.empty(rows, per_row), torch.empty(rows, per_row, dtype=torch.long)
+            feeds = {"logits": source.logits, "k": torch.tensor([per_row])}
+            # the binding and the tensors it reads, alive as long as it runs
+            self._bindings[name] = head.bind(feeds, {"values": values, "indices": indices}), values, indices
+            self.values[name], self.indices[name] = values.numpy(), indices.numpy()
+
+    def run(self, first: bool) -> tuple[np.ndarray, np.ndarray]:
+        name = "first" if first else "step"
+        self.head.session.run_with_iobinding(self._bindings[name][0][0])
+        values, indices = self.values["step"], self.indices["step"]
+        if first:
+            sentences, per_row = self.values["first"].shape
+            values.reshape(sentences, self.beams, per_row)[:] = -np.inf
+            values[:: self.beams] = self.values["first"]
+            indices.reshape(sentences, self.beams, per_row)[:] = self.indices["first"][:, None]
+        return values, indices
+
+
+class _Finished:
+    """transformers' finished hypotheses of each sentence (`_update_finished_beams`): num_beams slots of sequences
+    (as wide as max_length, the fill id after each end), scores (length-penalized; -1e9 while a slot is empty),
+    generated lengths and whether the slot holds a finished hypothesis."""
+
+    def __init__(self, start: np.ndarray, max_length: int, fill: int):
+        sentences, beams, _ = start.shape
+        self.sequences = np.full((sentences, beams, max(max_length, 1)), fill, dtype=np.int64)
+        self.sequences[:, :, :1] = start
+        self.scores = np.full((sentences, beams), _EXCLUDED, dtype=np.float32)
+        self.lengths = np.zeros((sentences, beams), dtype=np.int64)
+        self.done = np.zeros((sentences, beams), dtype=bool)
+
+    def join(self, candidates, values, joined, generated: int, penalty: float, improvable, early_stopping) -> None:
+        """Candidates ([sentences, k, generated + 1] sequences, their summed log-probabilities `values`) that ended
+        and are among the top num_beams (`joined`) replace finished hypotheses they outscore, as transformers scores
+        them: by `generated ** penalty`, excluded where the sentence cannot improve (or, early_stopping=True, is
+        full)."""
+        beams, at = self.scores.shape[1], np.arange(self.scores.shape[0])[:, None]
+        scores = values / (generated**penalty)
+        if early_stopping is True:
+            scores = scores + np.where(self.done.all(1, keepdims=True), _EXCLUDED, _ZERO)
+        scores = scores + np.where(improvable[:, None], _ZERO, _EXCLUDED)
+        scores = scores + np.where(joined, _ZERO, _EXCLUDED)
+        merged = np.concatenate([self.scores, scores], axis=1)
+        kept = np.argsort(-merged, axis=1, kind="stable")[:, :beams]
+        # every hypothesis so far ends within the candidates' width: the columns after it hold the fill id
+        width = candidates.shape[2]
+        self.sequences[:, :, :width] = np.concatenate([self.sequences[:, :, :width], candidates], axis=1)[at, kept]
+        self.scores = merged[at, kept]
+        lengths = np.full(joined.shape, generated)
+        self.lengths = np.concatenate([self.lengths, lengths], axis=1)[at, kept]
+        self.done = np.concatenate([self.done, joined], axis=1)[at, kept]
+
+    def may_improve(self, best_running: np.ndarray, best_length: int, penalty: float) -> np.ndarray:
+        """transformers' early-stop check per sentence: can its best running beam (`best_running`, scored as if
+        `best_length` tokens long) beat its worst finished hypothesis (any while a slot is empty)?"""
+        worst = np.where(self.done, self.scores.min(1, keepdims=True), _EXCLUDED)
+        return (best_running[:, None] / (best_length**penalty) > worst).any(1)
+
+    def output(self, returned: int, prompt: int) -> torch.Tensor:
+        """The best `returned` hypotheses of each sentence, as wide as the longest of them."""
+        out = self.sequences[:, :returned].reshape(-1, self.sequences.shape[2])
+        width = prompt + int(self.lengths[:, :returned].max(initial=0))
+        return torch.from_numpy(np.ascontiguousarray(out[:, :width]))
+
+
 def beam_search(
     step: BoundStep, head, settings: dict, early_stopping: bool | str, first: BoundStep | None = None
 ) -> torch.Tensor:
@@ -223,9 +302,8 @@ def beam_search(
     beams. Returns the sequences [sentences * num_return_sequences, length] as transformers returns
     them (best first; the fill id after each hypothesis' end; as wide as the longest returned hypothesis)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
-    eos, fill, max_length = attributes["eos_token_id"], settings["fill"], inputs["max_length"]
-    min_length, penalty = inputs["min_length"], float(inputs["length_penalty"])
-    beams, returned = inputs["num_beams"], inputs["num_return_sequences"]
+    eos, max_length, min_length = attributes["eos_token_id"], inputs["max_length"], inputs["min_length"]
+    penalty, beams = float(inputs["length_penalty"]), inputs["num_beams"]
     rows, vocab = step.scores.shape
     sentences, keep = rows // beams, 2 * beams  # transformers keeps (1 + number of eos ids) * num_beams candidates
     prompt = 1  # the start token
@@ -235,95 +313,46 @@ def beam_search(
     suppressed[_never(settings)] = True
     eos_suppressed = suppressed[eos]
     per_row = min(vocab, keep + int(suppressed.sum()) + (min_length > prompt))
-    values, indices = torch.empty(rows, per_row), torch.empty(rows, per_row, dtype=torch.long)
-    feeds = {"logits": step.logits, "k": torch.tensor([per_row])}
-    binding, _keep = head.bind(feeds, {"values": values, "indices": indices})  # `_keep`: what the binding reads
-    values, indices = values.numpy(), indices.numpy()
-    if first is not None:
-        first_values, first_indices = (
-            torch.empty(sentences, per_row),
-            torch.empty(sentences, per_row, dtype=torch.long),
-        )
-        feeds = {"logits": first.logits, "k": torch.tensor([per_row])}
-        first_binding, _first_keep = head.bind(feeds, {"values": first_values, "indices": first_indices})
-        first_values, first_indices = first_values.numpy(), first_indices.numpy()
+    head_run = _Candidates(head, step, first, per_row, beams)
 
-    # transformers' state: running beams (sequences, scores), finished hypotheses (sequences, scores, generated
-    # lengths, whether finished), and per sentence whether its finished hypotheses may still improve
+    # transformers' state: running beams (sequences, scores), finished hypotheses, and per sentence whether its
+    # finished hypotheses may still improve
     running_sequences = step.tokens.reshape(sentences, beams, 1).astype(np.int64)
     running_scores = np.zeros((sentences, beams), dtype=np.float32)
     running_scores[:, 1:] = _EXCLUDED  # only the first beam's tokens at the first step: the beams are equal
-    finished_sequences = np.full((sentences, beams, max(max_length, 1)), fill, dtype=np.int64)
-    finished_sequences[:, :, :1] = running_sequences
-    finished_scores = np.full((sentences, beams), _EXCLUDED, dtype=np.float32)
-    finished_lengths = np.zeros((sentences, beams), dtype=np.int64)
-    is_finished = np.zeros((sentences, beams), dtype=bool)
+    finished = _Finished(running_sequences, max_length, settings["fill"])
     improvable = np.ones(sentences, dtype=bool)
     top_beams = np.arange(keep) < beams  # only the top num_beams candidates may finish
-    first_rows = (np.arange(sentences) * beams)[:, None]
-    at = np.arange(sentences)[:, None]
+    first_rows, at = (np.arange(sentences) * beams)[:, None], np.arange(sentences)[:, None]
 
     length = prompt
     while length < max_length:
-        if first is not None and length == prompt:
+        at_first = first is not None and length == prompt
+        if at_first:
             first.run()
-            head.session.run_with_iobinding(first_binding)
             _first_position_to_beams(first.cache, step.cache, beams)
-            # the other beams' candidates score -1e9 + log-probability in transformers: never in the top `keep`
-            values.reshape(sentences, beams, per_row)[:] = -np.inf
-            values[::beams] = first_values
-            indices.reshape(sentences, beams, per_row)[:] = first_indices[:, None]
         else:
             step.run()
-            head.session.run_with_iobinding(binding)
+        values, indices = head_run.run(at_first)
         suppressed[eos] = eos_suppressed or length < min_length
         # the sentence's top `keep` of log-probability + beam score, as transformers' topk over num_beams * vocab
         accumulated = np.where(suppressed[indices], -np.inf, values) + running_scores.reshape(rows, 1)
         accumulated = accumulated.reshape(sentences, beams * per_row)
         best = np.argsort(-accumulated, axis=1, kind="stable")[:, :keep]
-        beam = best // per_row
-        token = indices.reshape(sentences, beams * per_row)[at, best]
-        top_values = accumulated[at, best]
+        beam, token, top_values = best // per_row, indices.reshape(sentences, -1)[at, best], accumulated[at, best]
         candidates = np.concatenate([running_sequences[at, beam], token[:, :, None]], axis=2)  # [sentences, k, len]
-        ended = token == eos
-        if length + 1 >= max_length:
-            ended[:] = True
-        # the best num_beams candidates that did not end run on
+        ended = (token == eos) | (length + 1 >= max_length)
+        # the best num_beams candidates that did not end run on; the top num_beams that ended may join the finished
         running_candidates = top_values + np.where(ended, _EXCLUDED, _ZERO)
         chosen = np.argsort(-running_candidates, axis=1, kind="stable")[:, :beams]
-        # the top num_beams candidates that ended join the finished hypotheses if they score higher
         joined = ended & top_beams
         if joined.any():
-            scores = top_values / ((length + 1 - prompt) ** penalty)
-            if early_stopping is True:
-                scores = scores + np.where(is_finished.all(1, keepdims=True), _EXCLUDED, _ZERO)
-            scores = scores + np.where(improvable[:, None], _ZERO, _EXCLUDED)
-            scores = scores + np.where(joined, _ZERO, _EXCLUDED)
-            merged = np.concatenate([finished_scores, scores], axis=1)
-            kept = np.argsort(-merged, axis=1, kind="stable")[:, :beams]
-            # every hypothesis so far ends within the filled width: the columns after it hold the fill id
-            width = length + 1
-            filled = np.concatenate([finished_sequences[:, :, :width], candidates], axis=1)[at, kept]
-            finished_sequences[:, :, :width] = filled
-            finished_scores = merged[at, kept]
-            lengths = np.full((sentences, keep), length + 1 - prompt)
-            finished_lengths = np.concatenate([finished_lengths, lengths], axis=1)[at, kept]
-            is_finished = np.concatenate([is_finished, joined], axis=1)[at, kept]
-        running_sequences = candidates[at, chosen]
-        running_scores = running_candidates[at, chosen]
-        source_rows = (first_rows + beam[at, chosen]).reshape(-1)
+            finished.join(candidates, top_values, joined, length + 1 - prompt, penalty, improvable, early_stopping)
+        running_sequences, running_scores = candidates[at, chosen], running_candidates[at, chosen]
         length += 1
-        # transformers' early-stop check: can a running beam still beat the worst finished hypothesis?
-        if early_stopping == "never" and penalty > 0.0:
-            best_length = max_length - prompt
-        else:
-            best_length = length - prompt
-        best_possible = running_scores[:, :1] / (best_length**penalty)
-        worst = np.where(is_finished, finished_scores.min(1, keepdims=True), _EXCLUDED)
-        improvable &= (best_possible > worst).any(1)
-        if not improvable.any() or (early_stopping is True and is_finished.all()) or ended.all():
+        best_length = max_length - prompt if early_stopping == "never" and penalty > 0.0 else length - prompt
+        improvable &= finished.may_improve(running_scores[:, 0], best_length, penalty)
+        if not improvable.any() or (early_stopping is True and finished.done.all()) or ended.all():
             break
-        step.advance(running_sequences[:, :, -1].reshape(-1), source_rows)
-    out = finished_sequences[:, :returned].reshape(sentences * returned, -1)
-    width = prompt + int(finished_lengths[:, :returned].max(initial=0))
-    return torch.from_numpy(np.ascontiguousarray(out[:, :width]))
+        step.advance(running_sequences[:, :, -1].reshape(-1), (first_rows + beam[at, chosen]).reshape(-1))
+    return finished.output(inputs["num_return_sequences"], prompt)
