@@ -75,7 +75,7 @@ from .onnx_attention import (
     fuse_attention,
     source_padding,
     translation_table,
-    unfused_decoder_self_attention,
+    unfused_decoder_attention,
 )
 from .onnx_quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS, QUANTIZED_OP_TYPES, quantize
 
@@ -87,6 +87,9 @@ GRAPH_FILES = {
 SHARED_CACHE_FILES = {"fp32": "decoder_model_shared_cache.onnx", "int8": "decoder_model_shared_cache_int8.onnx"}
 SHARED_CACHE_OP = "com.microsoft::DecoderMaskedMultiHeadAttention"
 SHARED_CACHE_INPUTS = ["past_sequence_length", "beam_width", "cache_indirection"]
+# the manifest's shared_cache["cross_attention"]: the graph's cross keys/values come once per sentence (absent in
+# folders exported before: once per row)
+CROSS_PER_SENTENCE = "per_sentence"
 
 MIN_OPSET = 18  # the dynamo exporter's lowest
 SAMPLE_SOURCE_LENGTH = 7  # the source length of the export's sample: a size no other axis has (found by value)
@@ -188,6 +191,10 @@ class StepGraph(nn.Module):
     """One decoder step on explicit tensors: the cache is rebuilt as an `EncoderDecoderCache` from the past
     self-attention and the cross-attention keys/values (cross-attention marked computed by the cache)."""
 
+    # whether the model gets the source padding as its `attention_mask` (per row) besides the fused attentions
+    # (`source_padding`)
+    model_reads_source_padding = True
+
     def __init__(self, model, step_names: list[str], field_names: list[str], output_class, num_layers: int):
         super().__init__()
         self.model, self.step_names, self.field_names = model, step_names, field_names
@@ -211,7 +218,7 @@ class StepGraph(nn.Module):
         with source_padding(encoder_attention_mask):
             out = self.model(
                 encoder_outputs=self.output_class(**fields),
-                attention_mask=encoder_attention_mask,
+                attention_mask=encoder_attention_mask if self.model_reads_source_padding else None,
                 decoder_input_ids=decoder_input_ids,
                 past_key_values=cache,
                 use_cache=True,
@@ -226,7 +233,11 @@ class SharedCacheStepGraph(StepGraph):
     """One decoder step on the shared self-attention buffers (`SharedBufferCache`): the step graph's inputs with
     the per-layer buffers [rows, heads, capacity, head_dim] in place of the past, and `past_sequence_length`,
     `beam_width`, `cache_indirection` after them; returns the logits and the buffers (each layer's position
-    `past_sequence_length` written by DecoderMaskedMultiHeadAttention)."""
+    `past_sequence_length` written by DecoderMaskedMultiHeadAttention). The source padding comes once per sentence
+    and only the fused cross-attentions read it (every decoder attention is fused here): the model's own
+    cross-attention mask would pair it with the rows."""
+
+    model_reads_source_padding = False
 
     def self_attention_cache(self, tensors: tuple):
         n = self.num_layers
@@ -447,7 +458,9 @@ def _export_step_graph(model, traced: _Traced, path: Path, opset: int | None) ->
 
 def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
     """The decoder step on shared buffers, traced on 4 rows (2 sentences x 2 beams: the sample's batch repeated,
-    so that no axis of the sample has size 1), a capacity of 11 and 3 filled positions."""
+    so that no axis of the sample has size 1), a capacity of 11 and 3 filled positions. The source padding
+    (`encoder_attention_mask`) and the cross-attention keys/values come once per sentence (`sentences`: the
+    indirection's first axis; rows = sentences x beam width), the other inputs once per row."""
     batch, src, _ = _dims()
     capacity = torch.export.Dim("capacity", min=2, max=4096)
     sentences, beams = torch.export.Dim("sentences", min=1, max=4096), torch.export.Dim("beams", min=1, max=4096)
@@ -462,7 +475,7 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
         buffer[:, :, :3].normal_()
     indirection = torch.randint(0, 2, (traced.start.shape[0], 2, 11), dtype=torch.int32)
     bookkeeping = [torch.tensor([3], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), indirection]
-    cross = [rows(t) for kv in traced.cross_kv for t in kv]
+    cross = [t for kv in traced.cross_kv for t in kv]
     field_shapes = tuple(
         {0: batch, **{axis: src for axis, size in enumerate(value.shape) if axis and size == SAMPLE_SOURCE_LENGTH}}
         for value in field_values
@@ -471,7 +484,7 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
         SharedCacheStepGraph(model, step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers),
         (
             rows(traced.start),
-            rows(sample["attention_mask"]),
+            sample["attention_mask"],
             *field_values,
             *[rows(sample[k]) for k in step_names],
             *buffers,
@@ -480,7 +493,7 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
         ),
         (
             {0: batch},
-            {0: batch, 1: src},
+            {0: sentences, 1: src},
             (
                 *field_shapes,
                 *[{0: batch} for _ in step_names],
@@ -488,7 +501,7 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
                 None,
                 None,
                 {0: sentences, 1: beams, 2: capacity},
-                *[{0: batch, 2: src} for _ in cross],
+                *[{0: sentences, 2: src} for _ in cross],
             ),
         ),
         [
@@ -507,16 +520,16 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
 
 
 def _shared_cache_refusal(model, fusion: dict, enabled: bool) -> str | None:
-    """Why no shared-cache step graph is written (None: it is): every decoder self-attention must be fused."""
+    """Why no shared-cache step graph is written (None: it is): every decoder attention must be fused."""
     if not enabled:
         return "disabled (--no_shared_cache)"
     if not fusion["enabled"]:
         return "attention fusion disabled (--no_fuse_attention)"
     by_reason: dict[str, list[str]] = {}
-    for name, why in unfused_decoder_self_attention(model).items():
+    for name, why in unfused_decoder_attention(model).items():
         by_reason.setdefault(why, []).append(name)
     if by_reason:
-        return "decoder self-attention not fused: " + "; ".join(
+        return "decoder attention not fused: " + "; ".join(
             f"{why} ({', '.join(names)})" for why, names in by_reason.items()
         )
     return None
@@ -543,6 +556,7 @@ def _shared_cache_record(model, staging: Path, num_layers: int, seconds: float) 
         "graphs": {"fp32": SHARED_CACHE_FILES["fp32"]},
         "decoder": io,
         "aliases": {v["name"]: "past_" + v["name"][len("present_") :] for v in io["outputs"][1:]},
+        "cross_attention": CROSS_PER_SENTENCE,
         "export_seconds": round(seconds, 2),
     }
 

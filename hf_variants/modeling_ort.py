@@ -50,6 +50,7 @@ from .onnx_generation import (
 )
 
 MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
+CROSS_PER_SENTENCE = "per_sentence"  # export_onnx.CROSS_PER_SENTENCE
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 # what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
 _IGNORED_LOADING_KWARGS = {
@@ -315,6 +316,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             )
         if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
             self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
+        # whether that graph takes the source padding and the cross-attention keys/values once per sentence (rows =
+        # sentences x beam width) or, exported before, once per row (a graph of either kind also takes them per
+        # row: each row its own sentence, as transformers' loop feeds them)
+        self._cross_per_sentence = shared.get("cross_attention") == CROSS_PER_SENTENCE
         # `shared_cache_search`'s sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam
         # search's candidates graph (`_beam_head`)
         self._bound_step_graph, self._beam_head_graph = None, None
@@ -676,9 +681,14 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         first = BoundStep(graph, feeds, kinds, self._new_shared_cache(encoded, sentences, first_length, 1), vocab)
         if mode == "greedy":
             return greedy_search(first, settings)
-        # the beams of a sentence in adjacent rows, as generate() expands its inputs
-        encoded = {name: tensor.repeat_interleave(beams, 0) for name, tensor in encoded.items()}
-        attention_mask = attention_mask.repeat_interleave(beams, 0)
+        # the beams of a sentence in adjacent rows, as generate() expands its inputs; the source padding and the
+        # cross-attention keys/values once per sentence where the graph takes them so
+        per_sentence = self._cross_per_sentence
+        encoded = {
+            name: tensor if per_sentence and name.startswith("cross_") else tensor.repeat_interleave(beams, 0)
+            for name, tensor in encoded.items()
+        }
+        attention_mask = attention_mask if per_sentence else attention_mask.repeat_interleave(beams, 0)
         feeds, kinds = self._step_feeds(start.repeat_interleave(beams, 0), encoded, attention_mask, tgt_lang_ids)
         cache = self._new_shared_cache(encoded, sentences * beams, max_length, beam_width=beams)
         step = BoundStep(graph, feeds, kinds, cache, vocab)

@@ -13,6 +13,9 @@ op (`hf_variants_onnx::multi_head_attention`, below) that the exporter translate
   as `past_key` / `past_value` [batch, heads, past, head_dim] (BNSH, the layout of the step graph's cache inputs)
   -> `present_key` / `present_value` (past + 1), which become the step graph's cache outputs;
 - cross-attention on the cached source keys/values [batch, heads, source, head_dim] (BNSH) with the source padding;
+  in the shared-cache step graph the keys/values and the padding come once per sentence, and each sentence's rows
+  (its beams) are the queries of one MultiHeadAttention (custom op `hf_variants_onnx::sentence_cross_attention`:
+  Reshape, MultiHeadAttention, Reshape);
 - decoder self-attention on the shared-cache step graph's buffers (`SharedBufferCache`): ONE
   `com.microsoft::DecoderMaskedMultiHeadAttention` (`past_present_share_buffer=1`; custom op
   `hf_variants_onnx::decoder_masked_multi_head_attention`) reading the buffers [batch, heads, capacity, head_dim],
@@ -99,6 +102,34 @@ def _(query, key, value, past_key, past_value, num_heads, scale):
         past_key.new_empty(present),
         past_value.new_empty(present),
     )
+
+
+@torch.library.custom_op("hf_variants_onnx::sentence_cross_attention", mutates_args=())
+def sentence_cross_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    key_padding_mask: Tensor,
+    num_heads: int,
+    scale: float,
+) -> Tensor:
+    """Cross-attention of `rows` = sentences * G decoding rows (the G beams of a sentence adjacent, as generate()
+    expands them) on the sources of the sentences: query [rows, S, N*D]; key/value BNSH [sentences, N, L, D];
+    key_padding_mask [sentences, L] int32 (0 = padding) -> [rows, S, N*D]. As ONE MultiHeadAttention whose
+    queries are each sentence's G*S rows: the keys/values are read once per sentence rather than once per row
+    (beam 4: a quarter of the memory traffic, and per head one product of G queries instead of G of one)."""
+    rows, length, hidden = query.shape
+    sentences = key.shape[0]
+    if rows % sentences:
+        raise ValueError(f"sentence_cross_attention: {rows} rows are not whole groups of {sentences} sentences.")
+    grouped = query.reshape(sentences, rows // sentences * length, hidden)
+    out = multi_head_attention(grouped, key, value, key_padding_mask, num_heads, scale)
+    return out.reshape(rows, length, hidden)
+
+
+@sentence_cross_attention.register_fake
+def _(query, key, value, key_padding_mask, num_heads, scale):
+    return query.new_empty(query.shape)
 
 
 @torch.library.custom_op("hf_variants_onnx::decoder_masked_multi_head_attention", mutates_args=())
@@ -222,6 +253,25 @@ def translation_table() -> dict:
             query, key, value, None, None, None, past_key, past_value, num_heads=num_heads, scale=scale
         )
 
+    def sentence_cross_to_onnx(query, key, value, key_padding_mask, num_heads: int, scale: float):
+        from onnxscript import opset18 as op
+
+        # [rows, S, hidden] -> [sentences, rows / sentences * S, hidden] -> MultiHeadAttention -> [rows, S, hidden]
+        shape = op.Concat(
+            op.Shape(key, start=0, end=1), op.Constant(value_ints=[-1]), op.Shape(query, start=2), axis=0
+        )
+        out = attention(
+            op.Reshape(query, shape),
+            key,
+            value,
+            None,
+            key_padding_mask,
+            num_heads=num_heads,
+            scale=scale,
+            mask_filter_value=MASK_FILTER_VALUE,
+        )
+        return op.Reshape(out, op.Shape(query))
+
     decoder_masked = _decoder_masked_onnx_op()
 
     def decoder_masked_to_onnx(
@@ -246,6 +296,7 @@ def translation_table() -> dict:
     return {
         torch.ops.hf_variants_onnx.multi_head_attention.default: to_onnx,
         torch.ops.hf_variants_onnx.multi_head_attention_with_past.default: with_past_to_onnx,
+        torch.ops.hf_variants_onnx.sentence_cross_attention.default: sentence_cross_to_onnx,
         torch.ops.hf_variants_onnx.decoder_masked_multi_head_attention.default: decoder_masked_to_onnx,
     }
 
@@ -316,9 +367,13 @@ def fused_forward(
             return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
         layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
         (query,) = _merge_heads(self, self.q_proj(hidden_states), 1)
-        out = multi_head_attention(
-            query, layer.keys, layer.values, _SourceMask.value, self.num_heads, float(self.scaling)
+        # the shared-cache step graph takes the cross keys/values once per sentence; the other graphs once per row
+        kernel = (
+            sentence_cross_attention
+            if isinstance(self_attention_cache(past_key_values), SharedBufferCache)
+            else multi_head_attention
         )
+        out = kernel(query, layer.keys, layer.values, _SourceMask.value, self.num_heads, float(self.scaling))
         return self._project_out(out.view(*out.shape[:2], self.num_heads, self.head_dim), hidden_states), None, None
     cache = self_attention_cache(past_key_values)
     query, key, value = _merge_heads(self, self.qkv_proj(hidden_states), 3)
@@ -377,11 +432,12 @@ class SharedBufferCache(DynamicCache):
 _FUSED_CLASSES: dict[type, type] = {}
 
 
-def unfused_decoder_self_attention(model) -> dict[str, str]:
-    """The decoder self-attention modules of `model` that `fuse_attention` did not make fused, by module name, with
-    the reason (`fusion_blocker`); {} where all are fused (the shared-cache step graph needs every one)."""
+def unfused_decoder_attention(model) -> dict[str, str]:
+    """The decoder attention modules (self- and cross-attention) of `model` that `fuse_attention` did not make fused,
+    by module name, with the reason (`fusion_blocker`); {} where all are fused (the shared-cache step graph needs
+    every one: its self-attention reads the shared buffers, its cross-attention the keys/values per sentence)."""
     decoder = model.get_decoder()
-    modules = [m for m in decoder.modules() if isinstance(m, TransformerNmtAttention) and not m.is_cross_attention]
+    modules = [m for m in decoder.modules() if isinstance(m, TransformerNmtAttention)]
     names = {}
     for name, module in model.named_modules(remove_duplicate=False):
         names.setdefault(id(module), name)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -317,10 +318,14 @@ def test_fused_graph_modules_equal_generic_in_torch(exported):
     assert sum(type(m).__name__.startswith("Fused") for m in fused.modules()) > 0
     for generic, fused_value in zip(*results):
         torch.testing.assert_close(fused_value, generic, atol=1e-5, rtol=1e-4)
-    if onnx_attention.unfused_decoder_self_attention(fused):
+    if onnx_attention.unfused_decoder_attention(fused):
         return
     # the shared-cache step on buffers of capacity 6 whose 2 rows (one sentence, 2 beams) read the past through a
-    # cache indirection: the generic step's logits on the past it points to, and that step's new position written
+    # cache indirection and the sentence's source padding and cross keys/values: the generic step's logits on the
+    # past it points to and the sentence's padding and keys/values repeated per row, and that step's new position
+    # written
+    sentence = [sample["attention_mask"][-1:], *[t[-1:] for t in cross]]  # the sample's padded sentence
+    per_row = [t.repeat(2, *[1] * (t.dim() - 1)) for t in sentence]
     indirection = torch.tensor([[[1, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]]], dtype=torch.int32)
     buffers = [t.new_zeros(t.shape[0], t.shape[1], 6, t.shape[3]) for t in past]
     pointed = []
@@ -332,9 +337,11 @@ def test_fused_graph_modules_equal_generic_in_torch(exported):
     with torch.no_grad():
         steps = [
             graph(m, traced.step_names, traced.field_names, type(traced.encoder_outputs), traced.num_layers)(
-                traced.start, sample["attention_mask"], *fields, *[sample[k] for k in traced.step_names], *kv, *cross
+                traced.start, source[0], *fields, *[sample[k] for k in traced.step_names], *kv, *source[1:]
             )
-            for graph, m, kv in zip(graphs, (model, fused), (pointed, [*buffers, *bookkeeping]))
+            for graph, m, kv, source in zip(
+                graphs, (model, fused), (pointed, [*buffers, *bookkeeping]), (per_row, sentence)
+            )
         ]
     torch.testing.assert_close(steps[1][0], steps[0][0], atol=1e-5, rtol=1e-4)
     for present, written in zip(steps[0][1:], steps[1][1:]):
@@ -819,7 +826,7 @@ def test_relative_positions_export_and_decode_like_torch(tokenizer, tmp_path):
     shared = json.loads((folder / "onnx_manifest.json").read_text())["shared_cache"]
     assert shared == {
         "written": False,
-        "reason": "decoder self-attention not fused: Shaw relative positions (max_relative_positions=4) "
+        "reason": "decoder attention not fused: Shaw relative positions (max_relative_positions=4) "
         "(model.decoder.layers.0.self_attn, model.decoder.layers.1.self_attn)",
     }
     assert not (folder / export_onnx.SHARED_CACHE_FILES["fp32"]).exists()
@@ -959,7 +966,7 @@ def test_shared_cache_graph_recorded(exported):
     shared, reason = manifest["shared_cache"], GENERIC_SELF_ATTENTION.get(model.config.model_type)
     if reason is not None:
         names = ", ".join(f"model.decoder.layers.{i}.self_attn" for i in range(model.config.decoder_layers))
-        assert shared == {"written": False, "reason": f"decoder self-attention not fused: {reason} ({names})"}
+        assert shared == {"written": False, "reason": f"decoder attention not fused: {reason} ({names})"}
         assert ort.shared_cache_graph is None and ort8.shared_cache_graph is None
         with pytest.raises(ValueError, match="has no shared-cache step graph .*" + re.escape(reason)):
             OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", shared_cache=True)
@@ -1121,6 +1128,52 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
         "reason": "beam sampling (do_sample=True)",
         "cache": "shared_buffer",
     }
+
+
+def _bound_shapes(graph, monkeypatch) -> list[dict]:
+    """Spy on `graph.bind`: per binding, the shapes of the rows' tokens, the source padding and layer 0's cross
+    keys."""
+    bound, bind = [], graph.bind
+    names = ("decoder_input_ids", "encoder_attention_mask", "cross_key.0")
+
+    def spy(feeds, outputs):
+        bound.append({name: tuple(feeds[name].shape) for name in names})
+        return bind(feeds, outputs)
+
+    monkeypatch.setattr(graph, "bind", spy)
+    return bound
+
+
+def test_shared_cache_beam_source_once_per_sentence(shared_export, tokenizer, tmp_path, monkeypatch):
+    """Bound beam search feeds the shared-cache graph the source padding and the cross-attention keys/values once
+    per sentence (the manifest's `cross_attention`: "per_sentence"; the graph groups each sentence's beams as the
+    queries of one MultiHeadAttention) and every other input per row; a folder exported before (no
+    `cross_attention` in its manifest: a graph that takes them per row) gets them per row, as transformers' loop
+    feeds them to either graph. Both decode beam search as torch does."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    sentences, settings = inputs["input_ids"].shape[0], dict(num_beams=4, max_new_tokens=16, num_return_sequences=2)
+    with torch.no_grad():
+        expected = model.generate(**inputs, **settings)
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    assert manifest["shared_cache"]["cross_attention"] == "per_sentence"
+    before = tmp_path / "exported_before"
+    shutil.copytree(folder, before)
+    del manifest["shared_cache"]["cross_attention"]
+    (before / "onnx_manifest.json").write_text(json.dumps(manifest))
+    for path, source_rows in ((folder, sentences), (before, 4 * sentences)):
+        ort = OrtModelForSeq2SeqLM.from_pretrained(path, precision="fp32", num_threads=1)
+        bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
+        assert torch.equal(ort.generate(**inputs, **settings), expected), path
+        assert ort.last_decoding["path"] == "shared_cache_beam"
+        first, beams = bound  # the first step once per sentence, then the beams
+        assert first["decoder_input_ids"][0] == first["encoder_attention_mask"][0] == sentences
+        assert first["cross_key.0"][0] == sentences
+        assert beams["decoder_input_ids"][0] == 4 * sentences
+        assert beams["encoder_attention_mask"][0] == beams["cross_key.0"][0] == source_rows, (path, beams)
+        bound.clear()
+        assert torch.equal(ort.generate(**inputs, use_search_op=False, **settings), expected), path
+        assert {shapes["cross_key.0"][0] for shapes in bound} == {4 * sentences}  # the loop: per row
 
 
 @pytest.mark.parametrize("vocab_size", [8000, 500, 503])
