@@ -256,9 +256,15 @@ def translation_table() -> dict:
     def sentence_cross_to_onnx(query, key, value, key_padding_mask, num_heads: int, scale: float):
         from onnxscript import opset18 as op
 
-        # [rows, S, hidden] -> [sentences, rows / sentences * S, hidden] -> MultiHeadAttention -> [rows, S, hidden]
+        # [rows, S, hidden] -> [sentences, rows / sentences * S, hidden] -> MultiHeadAttention -> [rows, S, hidden].
+        # The shapes come from the source padding (one tensor for every layer) and the query's static axes, so
+        # that ONNX Runtime folds them (constant folding, common subexpressions) to one Shape + Concat per graph
+        # rather than nodes per layer (about 4 us each at small dims, 1 thread: 2% of a greedy step)
         shape = op.Concat(
-            op.Shape(key, start=0, end=1), op.Constant(value_ints=[-1]), op.Shape(query, start=2), axis=0
+            op.Shape(key_padding_mask, start=0, end=1),
+            op.Constant(value_ints=[-1]),
+            op.Shape(query, start=2),
+            axis=0,
         )
         out = attention(
             op.Reshape(query, shape),
@@ -270,7 +276,7 @@ def translation_table() -> dict:
             scale=scale,
             mask_filter_value=MASK_FILTER_VALUE,
         )
-        return op.Reshape(out, op.Shape(query))
+        return op.Reshape(out, op.Concat(op.Constant(value_ints=[-1]), op.Shape(query, start=1), axis=0))
 
     decoder_masked = _decoder_masked_onnx_op()
 
