@@ -37,7 +37,7 @@ from bench_ort_fusion import (  # noqa: E402
     cpu_model,
     decoding_parser,
     generation_settings,
-    ratios,
+    paired_row,
     time_decoding,
     write_results,
 )
@@ -84,20 +84,8 @@ def main(argv=None) -> dict:
             return out
 
         outputs, row = time_decoding(run, list(engines), args)
-        for p in ("fp32", "int8"):
-            row[f"tokens_equal_{p}"] = bool(torch.equal(outputs[f"per_sentence_{p}"], outputs[f"per_row_{p}"]))
-        by_clock = {p: ratios(row, f"per_sentence_{p}", f"per_row_{p}") for p in ("fp32", "int8")}
-        row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
-        row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
         key = f"beam{beams}"
-        results["rows"][key] = row
-        print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
-        print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
-        print(
-            f"[{args.size} {key}] per_sentence/per_row cpu {row['ratio_cpu']} wall {row['ratio_wall']}; tokens "
-            f"equal fp32 {row['tokens_equal_fp32']} int8 {row['tokens_equal_int8']}",
-            flush=True,
-        )
+        results["rows"][key] = paired_row(row, outputs, "per_sentence", "per_row", f"{args.size} {key}")
     return write_results(results, args.output)
 
 

@@ -35,7 +35,7 @@ from bench_ort_fusion import (  # noqa: E402
     cpu_model,
     decoding_parser,
     generation_settings,
-    ratios,
+    paired_row,
     time_decoding,
     write_results,
 )
@@ -97,19 +97,7 @@ def main(argv=None) -> dict:
 
         outputs, row = time_decoding(run, order, args)
         key = "greedy" if beams == 1 else f"beam{beams}"
-        for p in ("fp32", "int8"):
-            row[f"tokens_equal_{p}"] = bool(torch.equal(outputs[f"shared_{p}"], outputs[f"concat_{p}"]))
-        by_clock = {p: ratios(row, f"shared_{p}", f"concat_{p}") for p in ("fp32", "int8")}
-        row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
-        row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
-        results["rows"][key] = row
-        print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
-        print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
-        print(
-            f"[{args.size} {key}] shared/concat cpu {row['ratio_cpu']} wall {row['ratio_wall']}; tokens equal "
-            f"fp32 {row['tokens_equal_fp32']} int8 {row['tokens_equal_int8']}",
-            flush=True,
-        )
+        results["rows"][key] = paired_row(row, outputs, "shared", "concat", f"{args.size} {key}")
     return write_results(results, args.output)
 
 

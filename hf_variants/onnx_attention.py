@@ -266,16 +266,7 @@ def translation_table() -> dict:
             op.Shape(query, start=2),
             axis=0,
         )
-        out = attention(
-            op.Reshape(query, shape),
-            key,
-            value,
-            None,
-            key_padding_mask,
-            num_heads=num_heads,
-            scale=scale,
-            mask_filter_value=MASK_FILTER_VALUE,
-        )
+        out = to_onnx(op.Reshape(query, shape), key, value, key_padding_mask, num_heads, scale)
         return op.Reshape(out, op.Concat(op.Constant(value_ints=[-1]), op.Shape(query, start=1), axis=0))
 
     decoder_masked = _decoder_masked_onnx_op()
