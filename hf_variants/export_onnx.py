@@ -16,7 +16,7 @@ table):
   tensors, the decoder-side variant inputs (`tgt_lang_ids`), the self-attention cache (`past_key.{i}`,
   `past_value.{i}` [batch, heads, past, head_dim]; past 0 at the first step) and the cross keys/values ->
   `logits` [batch, 1, vocab] and `present_key.{i}`, `present_value.{i}` (past + 1);
-- `decoder_model_shared_cache.onnx` (shared-cache step graph, written where every decoder self-attention is fused,
+- `decoder_model_shared_cache.onnx` (shared-cache step graph, written where every decoder attention is fused,
   see below): the step graph's inputs with preallocated buffers as `past_key.{i}` / `past_value.{i}` [batch,
   heads, capacity, head_dim] (positions 0 .. past-1 filled) and `past_sequence_length` (int32 [1]), `beam_width`
   (int32 [1]), `cache_indirection` (int32 [batch / beam_width, beam_width, capacity]: for each row and filled
@@ -24,7 +24,10 @@ table):
   `present_key.{i}`, `present_value.{i}`: the buffers with position `past` written, in place where the caller binds
   the same memory as input and output (each decoder self-attention is ONE `com.microsoft::DecoderMaskedMultiHead
   Attention` with `past_present_share_buffer=1`). A decoding step then copies no cache, and beam search reorders
-  the indirection instead of the cache (`OrtModelForSeq2SeqLM`'s Python loop, `OrtSharedCache`). The manifest's
+  the indirection instead of the cache (`OrtModelForSeq2SeqLM`'s Python loop, `OrtSharedCache`). The source
+  padding `encoder_attention_mask` and the cross keys/values come once per sentence ([batch / beam_width, ...]:
+  each cross-attention takes a sentence's beams as the queries of one MultiHeadAttention; the manifest's
+  `shared_cache["cross_attention"]` is "per_sentence"; one per row is one sentence per row). The manifest's
   `shared_cache` names the files, inputs and outputs, or why the graph is not written (the modules left generic).
   The step graph is written either way: ORT's BeamSearch op (`onnx_generation`) and every other consumer read it.
 
@@ -87,8 +90,8 @@ GRAPH_FILES = {
 SHARED_CACHE_FILES = {"fp32": "decoder_model_shared_cache.onnx", "int8": "decoder_model_shared_cache_int8.onnx"}
 SHARED_CACHE_OP = "com.microsoft::DecoderMaskedMultiHeadAttention"
 SHARED_CACHE_INPUTS = ["past_sequence_length", "beam_width", "cache_indirection"]
-# the manifest's shared_cache["cross_attention"]: the graph's cross keys/values come once per sentence (absent in
-# folders exported before: once per row)
+# the manifest's shared_cache["cross_attention"]: the graph takes the source padding and the cross-attention
+# keys/values once per sentence (absent in folders exported before: once per row)
 CROSS_PER_SENTENCE = "per_sentence"
 
 MIN_OPSET = 18  # the dynamo exporter's lowest
@@ -623,7 +626,7 @@ def export(
     attention becomes one `com.microsoft::MultiHeadAttention` node (`onnx_attention`); the others, and all of them
     with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
     `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`. `shared_cache`: also write the
-    shared-cache step graph where every decoder self-attention is fused (the manifest's `shared_cache` says whether
+    shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says whether
     it was written, or why not)."""
     check_exportable(model, opset)
     if int8_weights not in INT8_WEIGHTS:
@@ -754,7 +757,7 @@ def main(argv=None) -> Path:
         "--no_shared_cache",
         dest="shared_cache",
         action="store_false",
-        help="do not write the shared-cache step graph (default: written where every decoder self-attention is "
+        help="do not write the shared-cache step graph (default: written where every decoder attention is "
         "fused; the manifest's shared_cache says whether, or why not)",
     )
     args = parser.parse_args(argv)

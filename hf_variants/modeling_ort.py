@@ -10,7 +10,7 @@ the two ONNX graphs (the source graph once per batch, the step graph once per ne
 (length penalty, early stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits processors,
 streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
 `prepare_translation_inputs`) behave as on the torch model. Where the folder has the shared-cache step graph
-(`export_onnx`: every decoder self-attention fused), the self-attention cache is a set of preallocated buffers
+(`export_onnx`: every decoder attention fused), the self-attention cache is a set of preallocated buffers
 (`OrtSharedCache`) bound as both input and output of every step (IO binding on torch tensors): ONNX Runtime's
 DecoderMaskedMultiHeadAttention writes the new position in place, and beam search permutes the cache indirection (which
 beam holds each position) instead of copying the cache; `from_pretrained(..., shared_cache=False)` keeps the step

@@ -295,7 +295,7 @@ def test_no_qualifying_attention_is_recorded_not_refused(tokenizer):
 def test_fused_graph_modules_equal_generic_in_torch(exported):
     """The graph wrappers the exporter traces, run in torch with the fused modules (the custom ops' torch
     implementations: what MultiHeadAttention computes) and without: the same encoder outputs, cross keys/values,
-    logits and grown cache, on a padded batch and a past of 3; where every decoder self-attention is fused, the
+    logits and grown cache, on a padded batch and a past of 3; where every decoder attention is fused, the
     shared-cache step on buffers read through a cache indirection too."""
     model, _, _, _, _ = exported
     traced = export_onnx._trace(model)
@@ -955,7 +955,7 @@ def test_folder_without_shared_cache_graph_decodes_as_before(baseline_export, to
 
 
 def test_shared_cache_graph_recorded(exported):
-    """Where every decoder self-attention is fused, the export writes the shared-cache step graph (fp32 and int8):
+    """Where every decoder attention is fused, the export writes the shared-cache step graph (fp32 and int8):
     one DecoderMaskedMultiHeadAttention per decoder layer (past_present_share_buffer=1), the step graph's inputs
     with the buffers and the three bookkeeping inputs, outputs aliasing the buffers; elsewhere (MUTE's and HySAN's
     self-attention stay generic) the manifest says why, and the loop keeps the concatenated cache."""

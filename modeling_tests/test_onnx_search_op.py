@@ -150,7 +150,7 @@ def test_every_model_type(model_type, tokenizer, tmp_path_factory):
         got, expected = _both(model, ort, inputs, max_new_tokens=10, use_search_op=True, **settings)
         assert ort.last_decoding["path"] == "search_op", ort.last_decoding
         assert torch.equal(got, expected), (model_type, settings)
-    # by default: bound on the shared-cache graph where the type has one (every decoder self-attention fused), else
+    # by default: bound on the shared-cache graph where the type has one (every decoder attention fused), else
     # the op; the same sequences either way
     bound = ort.shared_cache_graph is not None
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6, early_stopping=True)):
