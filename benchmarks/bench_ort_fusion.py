@@ -113,16 +113,27 @@ def ratios(row: dict, numerator: str, denominator: str) -> dict:
     }
 
 
+def clock_ratios(row: dict, first: str, second: str) -> None:
+    """Add to a `time_decoding` row `ratio_cpu` / `ratio_wall`: per precision (fp32, int8), engine
+    `<first>_<precision>`'s tok/s over `<second>_<precision>`'s."""
+    by_clock = {p: ratios(row, f"{first}_{p}", f"{second}_{p}") for p in ("fp32", "int8")}
+    row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
+    row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
+
+
+def print_rates(row: dict, label: str) -> None:
+    """Print a `time_decoding` row's tok/s per engine, CPU time and wall time."""
+    print(f"[{label}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
+    print(f"[{label}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
+
+
 def paired_row(row: dict, outputs: dict, first: str, second: str, label: str) -> dict:
     """Complete and print a `time_decoding` row of engines `<first>_<precision>` and `<second>_<precision>` (fp32,
     int8): whether each pair decoded the same tokens, and first / second tok/s per precision and clock."""
     for p in ("fp32", "int8"):
         row[f"tokens_equal_{p}"] = bool(torch.equal(outputs[f"{first}_{p}"], outputs[f"{second}_{p}"]))
-    by_clock = {p: ratios(row, f"{first}_{p}", f"{second}_{p}") for p in ("fp32", "int8")}
-    row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
-    row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
-    print(f"[{label}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
-    print(f"[{label}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
+    clock_ratios(row, first, second)
+    print_rates(row, label)
     print(
         f"[{label}] {first}/{second} cpu {row['ratio_cpu']} wall {row['ratio_wall']}; tokens equal "
         f"fp32 {row['tokens_equal_fp32']} int8 {row['tokens_equal_int8']}",

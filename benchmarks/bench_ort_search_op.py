@@ -33,9 +33,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench_inference import _Vocabulary, marian_and_ours  # noqa: E402
 from bench_ort_fusion import (  # noqa: E402
+    clock_ratios,
     cpu_model,
     decoding_parser,
     generation_settings,
+    print_rates,
     ratios,
     time_decoding,
     write_results,
@@ -90,12 +92,9 @@ def main(argv=None) -> dict:
             # the bound search and the loop run the same graph: the same sequences
             row[f"bound_rows_equal_loop_{p}"] = round(float((outputs[f"bound_{p}"] == loop).all(1).float().mean()), 4)
             row[f"bound_over_op_{p}"] = ratios(row, f"bound_{p}", f"op_{p}")
-        by_clock = {p: ratios(row, f"op_{p}", f"loop_{p}") for p in ("fp32", "int8")}
-        row["ratio_cpu"] = {p: r["cpu"] for p, r in by_clock.items()}
-        row["ratio_wall"] = {p: r["wall"] for p, r in by_clock.items()}
+        clock_ratios(row, "op", "loop")
         results["rows"][key] = row
-        print(f"[{args.size} {key}] cpu tok/s " + " | ".join(f"{n} {v}" for n, v in row["cpu_tok_s"].items()))
-        print(f"[{args.size} {key}] wall tok/s " + " | ".join(f"{n} {v}" for n, v in row["wall_tok_s"].items()))
+        print_rates(row, f"{args.size} {key}")
         print(
             f"[{args.size} {key}] op/loop cpu {row['ratio_cpu']} wall {row['ratio_wall']}; rows equal fp32 "
             f"{row['rows_equal_fp32']} int8 {row['rows_equal_int8']}",
