@@ -39,7 +39,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from .model_classes import MODEL_CLASSES
-from .onnx_bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, greedy_search
+from .onnx_bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
 from .onnx_generation import (
     DISABLED_OPTIMIZERS,
     SearchOpRunner,
@@ -153,6 +153,16 @@ class OrtSharedCache:
         """After a step wrote position `length` of every row's own buffer row: record it, one position more."""
         self._table[:, self.length] = self._own_beam
         self.length += 1
+
+    def keep(self, sentences: np.ndarray) -> None:
+        """Only the rows of `sentences` (indices of this batch's sentences, increasing; each its `beam_width` rows)
+        go on: their filled positions and indirection moved to the buffers' first rows, in place (`compact_rows`),
+        the buffers' views of those rows kept (a batch that `reorder_cache` regrouped is one sentence)."""
+        sentences, width, filled = np.asarray(sentences), self.beam_width, self.length
+        rows = (sentences[:, None] * width + np.arange(width)).reshape(-1)
+        self.tensors = [compact_rows(tensor, rows, filled) for tensor in self.tensors]
+        self.indirection, self.rows = compact_rows(self.indirection, sentences, filled), len(rows)
+        self._set_grouping(width)
 
     def reorder_cache(self, beam_idx: torch.LongTensor | np.ndarray) -> None:
         """Row r continues the hypothesis of row beam_idx[r]: it takes that row's indirection (the buffers stay).
@@ -325,6 +335,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         self._bound_step_graph, self._beam_head_graph = None, None
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
+        # `shared_cache_search` takes finished sentences out of the batch (`onnx_bound.DROP_SHARE`), as CTranslate2
+        # does; False decodes every row to the end, as transformers' loop does (int8: activations are quantized per
+        # batch, so tokens may differ where the rows do)
+        self.drop_finished = True
         self._cache_path = None
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
@@ -668,19 +682,35 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         step graph, its inputs and outputs bound once (`onnx_bound`), with the BeamSearch op's settings mapping
         (`onnx_generation.search_op_settings`) and generation_config's `early_stopping`: the sequences, as
         transformers' greedy or beam search returns them. `tgt_lang_ids`: one per decoding row (sentences *
-        num_beams, as generate() expands them) or None."""
+        num_beams, as generate() expands them) or None. Finished sentences leave the batch where `drop_finished`."""
         beams = settings["inputs"]["num_beams"] if mode == "beam" else 1
-        sentences, max_length = source_ids.shape[0], settings["inputs"]["max_length"]
+        max_length = settings["inputs"]["max_length"]
+        start = settings["attributes"]["decoder_start_token_id"]
+        first, step = self.bound_steps(source_ids, attention_mask, start, beams, max_length, tgt_lang_ids)
+        if mode == "greedy":
+            return greedy_search(first, settings, drop=self.drop_finished)
+        head = self._beam_head()
+        return beam_search(step, head, settings, early_stopping, first=first, drop=self.drop_finished)
+
+    def bound_steps(self, source_ids, attention_mask, start_id: int, beams: int, max_length: int, tgt_lang_ids=None):
+        """`shared_cache_search`'s bound steps (`onnx_bound.BoundStep`) of `source_ids` [sentences, length], its
+        source graph run, every row at the start token `start_id`: (at one row per sentence, at sentences * `beams`
+        rows or None where `beams` is 1), with a cache for up to `max_length` positions (beam search's first step
+        only at the first). Every feed is this decoding's own (`BoundStep.keep` compacts them in place): the source
+        graph's outputs, and copies of the caller's padding and language ids."""
+        sentences = source_ids.shape[0]
+        attention_mask = attention_mask.clone()
+        tgt_lang_ids = tgt_lang_ids.clone() if tgt_lang_ids is not None else None
         sentence_lang = tgt_lang_ids[::beams] if tgt_lang_ids is not None else None
         source_lang = sentence_lang if "tgt_lang_ids" in self.manifest["source_inputs"] else None
         encoded = self.encode(source_ids, attention_mask, tgt_lang_ids=source_lang)
-        start = torch.full((sentences, 1), settings["attributes"]["decoder_start_token_id"], dtype=torch.long)
+        start = torch.full((sentences, 1), start_id, dtype=torch.long)
         graph, vocab = self._bound_graph(), self.config.vocab_size
         feeds, kinds = self._step_feeds(start, encoded, attention_mask, sentence_lang)
-        first_length = max_length if mode == "greedy" else 2  # beam search: only the first step at these rows
+        first_length = max_length if beams == 1 else 2  # beam search: only the first step at these rows
         first = BoundStep(graph, feeds, kinds, self._new_shared_cache(encoded, sentences, first_length, 1), vocab)
-        if mode == "greedy":
-            return greedy_search(first, settings)
+        if beams == 1:
+            return first, None
         # the beams of a sentence in adjacent rows, as generate() expands its inputs; the source padding and the
         # cross-attention keys/values once per sentence where the graph takes them so
         per_sentence = self._cross_per_sentence
@@ -691,8 +721,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         attention_mask = attention_mask if per_sentence else attention_mask.repeat_interleave(beams, 0)
         feeds, kinds = self._step_feeds(start.repeat_interleave(beams, 0), encoded, attention_mask, tgt_lang_ids)
         cache = self._new_shared_cache(encoded, sentences * beams, max_length, beam_width=beams)
-        step = BoundStep(graph, feeds, kinds, cache, vocab)
-        return beam_search(step, self._beam_head(), settings, early_stopping, first=first)
+        return first, BoundStep(graph, feeds, kinds, cache, vocab)
 
     def _bound_options(self):
         """The session options of `shared_cache_search`'s step graph: the BeamSearch op's (idle intra-op threads spin

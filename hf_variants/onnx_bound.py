@@ -18,9 +18,12 @@ of them) and per step only writes those in place and runs the graph.
   once per sentence (the beams are equal there), as the op and CTranslate2 run it.
 
 Both decode with the logits processors the BeamSearch op takes (`onnx_generation.search_op_settings`: tokens never
-generated, eos suppressed below a minimum length; not no_repeat_ngram_size), feed every row what transformers feeds
-it (int8 graphs quantize activations per batch: the same feeds give the same scales), and stop where transformers
-stops. No imports of the model's module: the graphs (`_Graph`), the feeds and the cache come from
+generated, eos suppressed below a minimum length; not no_repeat_ngram_size) and stop where transformers stops. With
+`drop=True` (`OrtModelForSeq2SeqLM.drop_finished`, the default) finished sentences leave the batch
+(`BoundStep.keep`) once an eighth of it has finished, as CTranslate2 drops them; transformers decodes them to the
+batch's end. Their sequences and the others' stay the same in fp32; int8 graphs quantize activations per batch, so
+there tokens may differ where the batch does. With drop=False every row gets what transformers feeds it: in int8 the
+loop's sequences. No imports of the model's module: the graphs (`_Graph`), the feeds and the cache come from
 `OrtModelForSeq2SeqLM`.
 
 Measured (small baseline, batch 32, 20 new tokens, 1 thread, AMD EPYC; `python benchmarks/bench_ort_search_op.py --size
@@ -36,6 +39,9 @@ import torch
 # transformers' beam search: the "impossible" score of unfinished and excluded hypotheses (float32, as it adds it)
 _EXCLUDED = np.float32(-1.0e9)
 _ZERO = np.float32(0.0)
+# the share of a batch's sentences that must have finished before `greedy_search` / `beam_search` (drop=True) take
+# them out of the batch (`_worth_dropping`)
+DROP_SHARE = 0.125
 
 
 class BoundStep:
@@ -82,17 +88,66 @@ class BoundStep:
         self.tokens[:, 0] = tokens
         self.length[0] = self.cache.length
 
+    def keep(self, sentences: np.ndarray) -> None:
+        """After `advance`: only the rows of `sentences` (indices of the batch's sentences, increasing; each its
+        beam width's rows) go on. Their cache positions, tokens and every feed with a row (or sentence) per row (or
+        sentence) move to the first rows of their tensors, in place (`compact_rows`: the feeds must be this
+        decoding's own), and the next `run` binds those rows."""
+        cache = self.cache
+        count, width = cache.rows // cache.beam_width, cache.beam_width
+        rows = (sentences[:, None] * width + np.arange(width)).reshape(-1)
+        feeds = {}
+        for name, tensor in self.feeds.items():
+            if name in ("past_sequence_length", "beam_width"):
+                feeds[name] = tensor
+            elif tensor.shape[0] == cache.rows:
+                feeds[name] = compact_rows(tensor, rows)
+            elif tensor.shape[0] == count:  # the shared-cache graph's source inputs once per sentence
+                feeds[name] = compact_rows(tensor, sentences)
+            else:
+                raise ValueError(f"BoundStep.keep: input {name!r} has {tensor.shape[0]} rows, not {cache.rows}.")
+        cache.keep(sentences)
+        self.feeds, self.tokens = feeds, feeds["decoder_input_ids"].numpy()
+        self.logits = self.logits[: cache.rows]
+        self.scores = self.logits.numpy()[:, 0]
+        self._binding, self._capacity, self._keep = None, None, None
+
+
+def compact_rows(tensor: torch.Tensor, kept: np.ndarray, positions: int | None = None) -> torch.Tensor:
+    """`tensor`'s rows `kept` (increasing indices) moved to its first len(kept) rows, in place, and the view of those
+    rows. Only the rows that move are copied (in numpy, one thread: torch's intra-op pool would spin against ONNX
+    Runtime's between two steps), so dropping a batch's last rows, which finish first in length-sorted batches,
+    copies nothing; `positions`: of each row only the first `positions` along axis 2 (a cache's filled part)."""
+    moved = np.flatnonzero(kept != np.arange(len(kept)))
+    if moved.size:
+        array = tensor.numpy()
+        if positions is None:
+            array[moved] = array[kept[moved]]  # the right side is a copy: overlapping rows are safe
+        else:
+            array[moved, :, :positions] = array[kept[moved], :, :positions]
+    return tensor[: len(kept)]
+
+
+def _worth_dropping(live: np.ndarray) -> bool:
+    """Whether the batch drops its finished sentences (`live`: per sentence, whether it goes on): when at least
+    `DROP_SHARE` of them (and one) have finished. A drop copies the cache's filled positions and binds the graph
+    again (about a step's work on a tenth of the rows; measured in `benchmarks/bench_real_data.py`)."""
+    finished = live.size - int(live.sum())
+    return finished > 0 and finished >= DROP_SHARE * live.size
+
 
 def _never(settings: dict) -> np.ndarray:
     """The token ids never generated (`search_op_settings`' vocabulary mask)."""
     return np.flatnonzero(np.asarray(settings["inputs"]["vocab_mask"]) == 0)
 
 
-def greedy_search(step: BoundStep, settings: dict) -> torch.Tensor:
+def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.Tensor:
     """Greedy search from the start tokens of `step` (beam width 1), with `settings`
     (`onnx_generation.search_op_settings`' mapping). Returns the sequences [rows, length] as transformers returns
     them: the start token, the tokens, eos where a row ended, then the fill id, cut at the step where every row had
-    ended or at max_length."""
+    ended or at max_length. Finished rows are fed the fill id, as transformers feeds them; `drop`: they leave the
+    batch instead once `_worth_dropping` says so (the other rows' tokens stay the same, but in int8 graphs, whose
+    activations are quantized per batch)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
     eos, fill, max_length = attributes["eos_token_id"], settings["fill"], inputs["max_length"]
     min_length, never = inputs["min_length"], _never(settings)
@@ -100,6 +155,7 @@ def greedy_search(step: BoundStep, settings: dict) -> torch.Tensor:
     sequences = np.full((rows, max(max_length, 1)), fill, dtype=np.int64)
     sequences[:, 0] = step.tokens[:, 0]
     running = np.ones(rows, dtype=bool)
+    alive = np.arange(rows)  # the rows of `sequences` the batch holds, in its order
     width = 1
     while width < max_length:
         scores = step.run()
@@ -108,12 +164,16 @@ def greedy_search(step: BoundStep, settings: dict) -> torch.Tensor:
         if width < min_length:
             scores[:, eos] = -np.inf
         chosen = np.where(running, scores.argmax(1), fill)
-        sequences[:, width] = chosen
+        sequences[alive, width] = chosen
         width += 1
         running &= chosen != eos
         if not running.any():
             break
-        step.advance(chosen)  # finished rows are fed the fill id, as transformers feeds them
+        step.advance(chosen)
+        if drop and _worth_dropping(running):
+            kept = np.flatnonzero(running)
+            step.keep(kept)
+            alive, running = alive[kept], running[kept]
     return torch.from_numpy(sequences[:, :width])
 
 
@@ -218,17 +278,20 @@ class _Candidates:
     never in a sentence's top candidates)."""
 
     def __init__(self, head, step: BoundStep, first: BoundStep | None, per_row: int, beams: int):
-        self.head, self.beams = head, beams
+        self.head, self.beams, self.per_row = head, beams, per_row
         self.values, self.indices, self._bindings = {}, {}, {}
-        for name, source in (("step", step), ("first", first)):
-            if source is None:
-                continue
-            rows = source.scores.shape[0]
-            values, indices = torch.empty(rows, per_row), torch.empty(rows, per_row, dtype=torch.long)
-            feeds = {"logits": source.logits, "k": torch.tensor([per_row])}
-            # the binding and the tensors it reads, alive as long as it runs
-            self._bindings[name] = head.bind(feeds, {"values": values, "indices": indices}), values, indices
-            self.values[name], self.indices[name] = values.numpy(), indices.numpy()
+        self.bind("step", step)
+        if first is not None:
+            self.bind("first", first)
+
+    def bind(self, name: str, source: BoundStep) -> None:
+        """Bind the graph on `source`'s logits buffer (again after `BoundStep.keep`) as `name`."""
+        rows = source.scores.shape[0]
+        values, indices = torch.empty(rows, self.per_row), torch.empty(rows, self.per_row, dtype=torch.long)
+        feeds = {"logits": source.logits, "k": torch.tensor([self.per_row])}
+        # the binding and the tensors it reads, alive as long as it runs
+        self._bindings[name] = self.head.bind(feeds, {"values": values, "indices": indices}), values, indices
+        self.values[name], self.indices[name] = values.numpy(), indices.numpy()
 
     def run(self, first: bool) -> tuple[np.ndarray, np.ndarray]:
         name = "first" if first else "step"
@@ -255,31 +318,36 @@ class _Finished:
         self.lengths = np.zeros((sentences, beams), dtype=np.int64)
         self.done = np.zeros((sentences, beams), dtype=bool)
 
-    def join(self, candidates, values, joined, generated: int, penalty: float, improvable, early_stopping) -> None:
-        """Candidates ([sentences, k, generated + 1] sequences, their summed log-probabilities `values`) that ended
-        and are among the top num_beams (`joined`) replace finished hypotheses they outscore, as transformers scores
-        them: by `generated ** penalty`, excluded where the sentence cannot improve (or, early_stopping=True, is
-        full)."""
-        beams, at = self.scores.shape[1], np.arange(self.scores.shape[0])[:, None]
+    def join(
+        self, alive, candidates, values, joined, generated: int, penalty: float, improvable, early_stopping
+    ) -> None:
+        """Candidates of the sentences `alive` ([len(alive), k, generated + 1] sequences, their summed
+        log-probabilities `values`) that ended and are among the top num_beams (`joined`) replace finished hypotheses
+        they outscore, as transformers scores them: by `generated ** penalty`, excluded where the sentence cannot
+        improve (or, early_stopping=True, is full)."""
+        beams, at = self.scores.shape[1], np.arange(len(alive))[:, None]
+        done = self.done[alive]
         scores = values / (generated**penalty)
         if early_stopping is True:
-            scores = scores + np.where(self.done.all(1, keepdims=True), _EXCLUDED, _ZERO)
+            scores = scores + np.where(done.all(1, keepdims=True), _EXCLUDED, _ZERO)
         scores = scores + np.where(improvable[:, None], _ZERO, _EXCLUDED)
         scores = scores + np.where(joined, _ZERO, _EXCLUDED)
-        merged = np.concatenate([self.scores, scores], axis=1)
+        merged = np.concatenate([self.scores[alive], scores], axis=1)
         kept = np.argsort(-merged, axis=1, kind="stable")[:, :beams]
         # every hypothesis so far ends within the candidates' width: the columns after it hold the fill id
         width = candidates.shape[2]
-        self.sequences[:, :, :width] = np.concatenate([self.sequences[:, :, :width], candidates], axis=1)[at, kept]
-        self.scores = merged[at, kept]
+        sequences = np.concatenate([self.sequences[alive, :, :width], candidates], axis=1)[at, kept]
+        self.sequences[alive, :, :width] = sequences
+        self.scores[alive] = merged[at, kept]
         lengths = np.full(joined.shape, generated)
-        self.lengths = np.concatenate([self.lengths, lengths], axis=1)[at, kept]
-        self.done = np.concatenate([self.done, joined], axis=1)[at, kept]
+        self.lengths[alive] = np.concatenate([self.lengths[alive], lengths], axis=1)[at, kept]
+        self.done[alive] = np.concatenate([done, joined], axis=1)[at, kept]
 
-    def may_improve(self, best_running: np.ndarray, best_length: int, penalty: float) -> np.ndarray:
-        """transformers' early-stop check per sentence: can its best running beam (`best_running`, scored as if
-        `best_length` tokens long) beat its worst finished hypothesis (any while a slot is empty)?"""
-        worst = np.where(self.done, self.scores.min(1, keepdims=True), _EXCLUDED)
+    def may_improve(self, alive, best_running: np.ndarray, best_length: int, penalty: float) -> np.ndarray:
+        """transformers' early-stop check per sentence of `alive`: can its best running beam (`best_running`,
+        scored as if `best_length` tokens long) beat its worst finished hypothesis (any while a slot is empty)?"""
+        scores, done = self.scores[alive], self.done[alive]
+        worst = np.where(done, scores.min(1, keepdims=True), _EXCLUDED)
         return (best_running[:, None] / (best_length**penalty) > worst).any(1)
 
     def output(self, returned: int, prompt: int) -> torch.Tensor:
@@ -290,7 +358,12 @@ class _Finished:
 
 
 def beam_search(
-    step: BoundStep, head, settings: dict, early_stopping: bool | str, first: BoundStep | None = None
+    step: BoundStep,
+    head,
+    settings: dict,
+    early_stopping: bool | str,
+    first: BoundStep | None = None,
+    drop: bool = False,
 ) -> torch.Tensor:
     """transformers' beam search (`GenerationMixin._beam_search`) from the start tokens of `step` (rows = sentences *
     num_beams, beams of a sentence adjacent; the cache's beam width num_beams), with `settings`
@@ -299,8 +372,11 @@ def beam_search(
     `beam_head_model`. `first`: the step graph bound at one row per sentence (beam width 1, the same graph): the
     first step runs there, since every beam of a sentence holds the same start token (transformers runs it on every
     beam; ONNX Runtime's BeamSearch op and CTranslate2 once per sentence), and its cache position is copied to the
-    beams. Returns the sequences [sentences * num_return_sequences, length] as transformers returns
-    them (best first; the fill id after each hypothesis' end; as wide as the longest returned hypothesis)."""
+    beams. `drop`: a sentence whose hypotheses can no longer change (transformers' early-stop check says it cannot
+    improve) leaves the batch once `_worth_dropping` says so, where transformers runs it on to the end (its tokens
+    and the others' stay the same, but in int8 graphs, whose activations are quantized per batch). Returns the
+    sequences [sentences * num_return_sequences, length] as transformers returns them (best first; the fill id
+    after each hypothesis' end; as wide as the longest returned hypothesis)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
     eos, max_length, min_length = attributes["eos_token_id"], inputs["max_length"], inputs["min_length"]
     penalty, beams = float(inputs["length_penalty"]), inputs["num_beams"]
@@ -323,7 +399,9 @@ def beam_search(
     finished = _Finished(running_sequences, max_length, settings["fill"])
     improvable = np.ones(sentences, dtype=bool)
     top_beams = np.arange(keep) < beams  # only the top num_beams candidates may finish
-    first_rows, at = (np.arange(sentences) * beams)[:, None], np.arange(sentences)[:, None]
+    # the sentences the batch holds (`finished`'s indices), in its order; per sentence of the batch its first row
+    alive = np.arange(sentences)
+    first_rows, at = (alive * beams)[:, None], alive[:, None]
 
     length = prompt
     while length < max_length:
@@ -336,10 +414,10 @@ def beam_search(
         values, indices = head_run.run(at_first)
         suppressed[eos] = eos_suppressed or length < min_length
         # the sentence's top `keep` of log-probability + beam score, as transformers' topk over num_beams * vocab
-        accumulated = np.where(suppressed[indices], -np.inf, values) + running_scores.reshape(rows, 1)
-        accumulated = accumulated.reshape(sentences, beams * per_row)
+        accumulated = np.where(suppressed[indices], -np.inf, values) + running_scores.reshape(-1, 1)
+        accumulated = accumulated.reshape(len(alive), beams * per_row)
         best = np.argsort(-accumulated, axis=1, kind="stable")[:, :keep]
-        beam, token, top_values = best // per_row, indices.reshape(sentences, -1)[at, best], accumulated[at, best]
+        beam, token, top_values = best // per_row, indices.reshape(len(alive), -1)[at, best], accumulated[at, best]
         candidates = np.concatenate([running_sequences[at, beam], token[:, :, None]], axis=2)  # [sentences, k, len]
         ended = (token == eos) | (length + 1 >= max_length)
         # the best num_beams candidates that did not end run on; the top num_beams that ended may join the finished
@@ -347,12 +425,24 @@ def beam_search(
         chosen = np.argsort(-running_candidates, axis=1, kind="stable")[:, :beams]
         joined = ended & top_beams
         if joined.any():
-            finished.join(candidates, top_values, joined, length + 1 - prompt, penalty, improvable, early_stopping)
+            finished.join(
+                alive, candidates, top_values, joined, length + 1 - prompt, penalty, improvable, early_stopping
+            )
         running_sequences, running_scores = candidates[at, chosen], running_candidates[at, chosen]
         length += 1
         best_length = max_length - prompt if early_stopping == "never" and penalty > 0.0 else length - prompt
-        improvable &= finished.may_improve(running_scores[:, 0], best_length, penalty)
+        improvable &= finished.may_improve(alive, running_scores[:, 0], best_length, penalty)
+        # a dropped sentence could not improve, so the batch's `improvable` stands for every sentence's; and
+        # `ended.all()` (every candidate of every sentence ended) holds only at max_length, where it holds for the
+        # dropped sentences too (a beam has one eos among a sentence's 2 * num_beams candidates)
         if not improvable.any() or (early_stopping is True and finished.done.all()) or ended.all():
             break
         step.advance(running_sequences[:, :, -1].reshape(-1), (first_rows + beam[at, chosen]).reshape(-1))
+        if drop and _worth_dropping(improvable):
+            kept = np.flatnonzero(improvable)
+            step.keep(kept)
+            head_run.bind("step", step)
+            alive, improvable = alive[kept], improvable[kept]
+            running_sequences, running_scores = running_sequences[kept], running_scores[kept]
+            first_rows, at = (np.arange(len(alive)) * beams)[:, None], np.arange(len(alive))[:, None]
     return finished.output(inputs["num_return_sequences"], prompt)

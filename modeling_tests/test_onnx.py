@@ -1030,13 +1030,15 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     """Greedy search by default runs bound on the shared-cache graph (`onnx_bound`: inputs and outputs bound once,
     tokens and length written in place): torch fp32's sequences (rows ending early padded, the width where every
     row had ended; a minimum length; a first capacity of 2, so the buffers grow and are bound again), the
-    concatenated step graph never run; in int8 exactly the loop's sequences on the same graph (the same feeds per
-    step, finished rows fed the pad id)."""
+    concatenated step graph never run, finished rows taken out of the batch (`drop_finished`, the trained
+    baseline's sentences end at different steps); in int8, decoding every row to the end (drop_finished=False),
+    exactly the loop's sequences on the same graph (the same feeds per step, finished rows fed the pad id)."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     eos = model.config.eos_token_id
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
     monkeypatch.setattr(ort.step_graph, "run", None)  # never called: the shared-cache graph decodes
+    bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
     for capacity, settings in ((None, {}), (None, dict(min_new_tokens=12)), (2, dict(max_new_tokens=40))):
         ort.shared_cache_capacity = capacity
         settings = {"max_new_tokens": 16, **settings}
@@ -1047,10 +1049,13 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
         assert torch.equal(got, expected), (capacity, settings)
         if "min_new_tokens" in settings:
             assert (expected[:, 1:13] != eos).all()
+    rows = [shapes["decoder_input_ids"][0] for shapes in bound]
     if model.config.model_type == "transformer_nmt":  # trained: sentences end, at different steps
         ends = (expected == eos).int().argmax(1)
         assert (ends > 0).sum() >= 2 and len(set(ends[ends > 0].tolist())) > 1, ends
+        assert min(rows) < len(SENTENCES), rows  # finished rows left the batch
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    ort8.drop_finished = False
     bound = ort8.generate(**inputs, num_beams=1, max_new_tokens=16)
     assert ort8.last_decoding["path"] == "shared_cache_greedy"
     loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
@@ -1085,8 +1090,9 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
     early_stopping (True, False, "never"), length penalties of both signs, num_return_sequences up to num_beams,
     an odd beam width, a minimum length, and a first capacity of 2 (the buffers grow and are bound again), in as
     many steps as transformers' loop (which stops the trained model's decodings before max_length where a setting
-    lets it); the concatenated step graph never runs. In int8 exactly the loop's sequences on the same graph. Beam
-    sampling takes the loop."""
+    lets it), finished sentences taken out of the batch (`drop_finished`: the trained baseline's, whose sentences
+    finish at different steps); the concatenated step graph never runs. In int8, decoding every sentence to the end
+    (drop_finished=False), exactly the loop's sequences on the same graph. Beam sampling takes the loop."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     eos = model.config.eos_token_id
@@ -1094,7 +1100,8 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
     monkeypatch.setattr(ort.step_graph, "run", None)  # never called: the shared-cache graph decodes
     steps, session = [], ort.shared_cache_graph.session
     monkeypatch.setattr(session, "run_with_iobinding", _counted(session.run_with_iobinding, steps))
-    ended, stopped_early = set(), set()
+    bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
+    ended, stopped_early, dropped = set(), set(), set()
     for capacity in (None, 2):
         ort.shared_cache_capacity = capacity
         for settings in BOUND_BEAM_SETTINGS if capacity is None else BOUND_BEAM_SETTINGS[:1]:
@@ -1103,7 +1110,10 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
             with torch.no_grad():
                 expected = model.generate(**inputs, **settings)
             steps.clear()
+            bound.clear()
             got = ort.generate(**inputs, **settings)
+            rows = [shapes["decoder_input_ids"][0] for shapes in bound[1:]]  # after the first step's binding
+            dropped.add(min(rows) < rows[0])
             assert ort.last_decoding["path"] == "shared_cache_beam", ort.last_decoding
             assert torch.equal(got, expected), (capacity, settings)
             bound_steps = len(steps)
@@ -1116,7 +1126,9 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
                 assert (expected[:, 1:11] != eos).all()
     if model.config.model_type == "transformer_nmt":  # trained: hypotheses end, at different steps
         assert len(ended - {0}) > 2 and stopped_early == {True, False}, (ended, stopped_early)
+        assert True in dropped  # with as many steps as the loop, whose batch keeps every sentence
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    ort8.drop_finished = False
     for settings in BOUND_BEAM_SETTINGS[:2]:
         bound = ort8.generate(**inputs, max_new_tokens=16, **settings)
         assert ort8.last_decoding["path"] == "shared_cache_beam"
@@ -1166,14 +1178,53 @@ def test_shared_cache_beam_source_once_per_sentence(shared_export, tokenizer, tm
         bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
         assert torch.equal(ort.generate(**inputs, **settings), expected), path
         assert ort.last_decoding["path"] == "shared_cache_beam"
-        first, beams = bound  # the first step once per sentence, then the beams
+        first, beams, *dropped = bound  # the first step once per sentence, then the beams (then fewer sentences)
         assert first["decoder_input_ids"][0] == first["encoder_attention_mask"][0] == sentences
         assert first["cross_key.0"][0] == sentences
         assert beams["decoder_input_ids"][0] == 4 * sentences
-        assert beams["encoder_attention_mask"][0] == beams["cross_key.0"][0] == source_rows, (path, beams)
+        for shapes in [beams, *dropped]:
+            rows = shapes["decoder_input_ids"][0]
+            sources = rows // 4 if source_rows == sentences else rows
+            assert shapes["encoder_attention_mask"][0] == shapes["cross_key.0"][0] == sources, (path, shapes)
         bound.clear()
         assert torch.equal(ort.generate(**inputs, use_search_op=False, **settings), expected), path
         assert {shapes["cross_key.0"][0] for shapes in bound} == {4 * sentences}  # the loop: per row
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_bound_step_keep_equals_full_batch(shared_export, tokenizer, beams):
+    """`BoundStep.keep` (finished sentences leaving a bound batch, `drop_finished`): at every following step the
+    kept rows' logits equal those rows' in the full batch (fp32), greedy (a row per sentence) and 2 beams (the
+    source padding and cross keys/values once per sentence, the beams of each sentence trading places every step),
+    with MIMO's language inputs too."""
+    model, folder, langs = shared_export
+    inputs = _inputs(model, tokenizer, SENTENCES, langs)
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    sentences = inputs["input_ids"].shape[0]
+    lang = inputs.get("tgt_lang_ids")
+    assert (lang is not None) == bool(langs)
+    lang = lang.repeat_interleave(beams, 0) if lang is not None else None
+    start = model.generation_config.decoder_start_token_id
+
+    def bound():
+        first, step = ort.bound_steps(inputs["input_ids"], inputs["attention_mask"], start, beams, 12, lang)
+        return first if beams == 1 else step
+
+    full, part = bound(), bound()
+    kept = np.array([0, 2, 5])
+    rows = np.arange(sentences * beams)  # the full batch's rows that `part` holds, in its order
+    swap = np.arange(sentences * beams) ^ (beams - 1)  # row r continues row swap[r] (greedy: itself)
+    for position in range(8):
+        logits = full.run().copy()
+        assert part.run().shape == (len(rows), logits.shape[1])
+        np.testing.assert_allclose(part.scores, logits[rows], rtol=0, atol=1e-5, err_msg=f"position {position}")
+        tokens = logits.argmax(1)
+        full.advance(tokens, swap if beams > 1 else None)
+        part.advance(tokens[rows], np.searchsorted(rows, swap[rows]) if beams > 1 else None)
+        if position == 2:
+            part.keep(kept)
+            rows = (kept[:, None] * beams + np.arange(beams)).reshape(-1)
+    assert len(rows) == 3 * beams and part.cache.length == full.cache.length == 8
 
 
 @pytest.mark.parametrize("vocab_size", [8000, 500, 503])
