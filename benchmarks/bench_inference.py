@@ -44,7 +44,6 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402
-from timing import CLOCKS, random_batch  # noqa: E402
+from timing import CLOCKS, EngineProcesses, random_batch  # noqa: E402
 
 from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
 from hf_variants.convert_marian import convert_marian  # noqa: E402
@@ -277,52 +276,22 @@ def bench_size(size: str, args, workdir: Path) -> tuple[dict, dict]:
     forwarded = (
         [a for a in sys.argv[1:] if a not in ("--sizes", *args.sizes)] if args._forward is None else args._forward
     )
-    procs = {}
-
-    def reply(name):
-        line = procs[name].stdout.readline()
-        if not line:
-            raise RuntimeError(f"The worker process of engine {name} exited (its error is printed above).")
-        return json.loads(line)
-
-    def call(name, beams):
-        procs[name].stdin.write(f"{beams}\n")
-        procs[name].stdin.flush()
-        answer = reply(name)
-        time.sleep(args.pause)  # let the process's idle threads stop spinning before the next engine runs
-        return answer
-
     rows, paths = {}, {}
-    try:
+    with EngineProcesses(pause=args.pause) as engines:
         for name in names:
-            procs[name] = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    *forwarded,
-                    "--worker",
-                    name,
-                    "--worker_size",
-                    size,
-                    "--workdir",
-                    str(workdir),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            reply(name)  # built (one process at a time: no build beside a timing)
+            worker_argv = ["--worker", name, "--worker_size", size, "--workdir", str(workdir)]
+            engines.start(name, [sys.executable, str(Path(__file__).resolve()), *forwarded, *worker_argv])
         for beams in (1, 4):
             lengths, times = {}, {name: [] for name in names}
             key = "greedy" if beams == 1 else f"beam{beams}"
             for name in names:
-                answer = call(name, beams)  # warm-up
+                answer = engines.call(name, beams)  # warm-up
                 lengths[name] = answer["length"]
                 if answer.get("path"):
                     paths.setdefault(key, {})[name] = answer["path"]
             for _ in range(args.reps):
                 for name in names:
-                    times[name].append(call(name, beams)["seconds"])
+                    times[name].append(engines.call(name, beams)["seconds"])
             seconds = {name: statistics.median(t) for name, t in times.items()}
             if set(lengths.values()) != {args.new_tokens}:  # equal work, or the tok/s do not compare
                 raise RuntimeError(f"Output lengths differ from {args.new_tokens} new tokens: {lengths}")
@@ -337,13 +306,6 @@ def bench_size(size: str, args, workdir: Path) -> tuple[dict, dict]:
             )
             if paths.get(key):
                 print(f"[{size} {key}] ORT decoding: {paths[key]}", flush=True)
-    finally:
-        for proc in procs.values():
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=60)
-            except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
     return rows, paths
 
 

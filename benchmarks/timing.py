@@ -4,9 +4,11 @@ baseline of the same dims (its config, a random batch, training and decoding spe
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import statistics
+import subprocess
 import time
 
 import torch
@@ -151,3 +153,42 @@ def peak_memory_mb(fn) -> float:
         value = f.read()
     os.waitpid(pid, 0)
     return float(value) if value else float("nan")
+
+
+class EngineProcesses:
+    """Engines each in a process of their own (in one process, torch's OpenMP pool and ONNX Runtime's threads spin
+    against each other), called one at a time: `start(name, argv)` launches `argv` and waits for its first JSON line
+    (built: one process builds at a time, none beside a timing); `call(name, request)` writes the request as a line
+    and returns the JSON line it answers, then pauses `pause` seconds (idle threads stop spinning before the next
+    engine runs). Use as a context manager: the processes end with it."""
+
+    def __init__(self, pause: float = 0.0):
+        self.pause, self.procs = pause, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs.values():
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+
+    def _reply(self, name: str) -> dict:
+        line = self.procs[name].stdout.readline()
+        if not line:
+            raise RuntimeError(f"The worker process of engine {name} exited (its error is printed above).")
+        return json.loads(line)
+
+    def start(self, name: str, argv: list[str]) -> dict:
+        self.procs[name] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return self._reply(name)
+
+    def call(self, name: str, request) -> dict:
+        self.procs[name].stdin.write(f"{request}\n")
+        self.procs[name].stdin.flush()
+        answer = self._reply(name)
+        time.sleep(self.pause)
+        return answer
