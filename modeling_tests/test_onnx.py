@@ -1031,14 +1031,16 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     tokens and length written in place): torch fp32's sequences (rows ending early padded, the width where every
     row had ended; a minimum length; a first capacity of 2, so the buffers grow and are bound again), the
     concatenated step graph never run, finished rows taken out of the batch (`drop_finished`, the trained
-    baseline's sentences end at different steps); in int8, decoding every row to the end (drop_finished=False),
-    exactly the loop's sequences on the same graph (the same feeds per step, finished rows fed the pad id)."""
+    baseline's sentences end at different steps; the caller's inputs untouched); in int8, decoding every row to the
+    end (drop_finished=False), exactly the loop's sequences on the same graph (the same feeds per step, finished
+    rows fed the pad id)."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     eos = model.config.eos_token_id
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
     monkeypatch.setattr(ort.step_graph, "run", None)  # never called: the shared-cache graph decodes
     bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
+    given = {name: tensor.clone() for name, tensor in inputs.items()}
     for capacity, settings in ((None, {}), (None, dict(min_new_tokens=12)), (2, dict(max_new_tokens=40))):
         ort.shared_cache_capacity = capacity
         settings = {"max_new_tokens": 16, **settings}
@@ -1050,6 +1052,7 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
         if "min_new_tokens" in settings:
             assert (expected[:, 1:13] != eos).all()
     rows = [shapes["decoder_input_ids"][0] for shapes in bound]
+    assert all(torch.equal(inputs[name], given[name]) for name in given)  # the drops compact copies, not the inputs
     if model.config.model_type == "transformer_nmt":  # trained: sentences end, at different steps
         ends = (expected == eos).int().argmax(1)
         assert (ends > 0).sum() >= 2 and len(set(ends[ends > 0].tolist())) > 1, ends
