@@ -388,15 +388,13 @@ def bleu_mode(args) -> dict:
             suppress = [[t] for t in tokenizer.convert_ids_to_tokens(model.generation_config.suppress_tokens or [])]
             # the batches and length limit of `evaluation.translate`: length-sorted batches of --batch sources,
             # at most max_len_a * (longest source) + max_len_b new tokens per batch
-            order = sorted(range(len(tokens)), key=lambda i: -len(tokens[i]))
             for kind, compute in (("ct2_fp32", "float32"), ("ct2_int8", "int8")):
                 translator = ctranslate2.Translator(
                     str(path), device="cpu", compute_type=compute, intra_threads=args.threads or 0
                 )
                 out = [""] * len(tokens)
-                for start in range(0, len(order), args.batch):
-                    idx = order[start : start + args.batch]
-                    limit = max(1, int(evaluation.MAX_LEN_A * len(tokens[idx[0]]) + evaluation.MAX_LEN_B))
+                for idx in evaluation.length_sorted_batches([len(t) for t in tokens], args.batch):
+                    limit = evaluation.new_token_limit(len(tokens[idx[0]]))
                     results = translator.translate_batch(
                         [tokens[i] for i in idx],
                         beam_size=4,

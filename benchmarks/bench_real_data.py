@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_inference import ctranslate2_module, ort_module  # noqa: E402
+from bench_ort_fusion import cpu_model  # noqa: E402
 from report import write_section  # noqa: E402
 from timing import EngineProcesses  # noqa: E402
 
@@ -51,11 +52,11 @@ def test_set(args, tokenizer) -> tuple[list[str], list[list[int]], list[list[int
     """The sources, their token ids, and the batches (index lists, longest sources first) `evaluation.translate`
     makes of them."""
     from training.corpus import read_lines
+    from training.evaluation import length_sorted_batches
 
     sources = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.src}.gz"))[: args.limit]
     ids = tokenizer(sources)["input_ids"]
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-    return sources, ids, [order[start : start + args.batch] for start in range(0, len(order), args.batch)]
+    return sources, ids, length_sorted_batches([len(row) for row in ids], args.batch)
 
 
 def prepare(args, workdir: Path) -> list[str]:
@@ -90,7 +91,7 @@ def engine(name: str, args, workdir: Path):
     _, ids, _ = test_set(args, tokenizer)
 
     def limit(batch):
-        return max(1, int(evaluation.MAX_LEN_A * max(len(ids[i]) for i in batch) + evaluation.MAX_LEN_B))
+        return evaluation.new_token_limit(max(len(ids[i]) for i in batch))
 
     if name.startswith("ct2_"):
         import ctranslate2
@@ -190,20 +191,11 @@ def ratios(rows: dict) -> dict:
     }
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), as `lscpu` names it."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown CPU")
-
-
 def markdown(results: dict, args) -> str:
     lines = [
         f"`{args.model}` on test_2016_flickr {args.src}-{args.tgt} ({args.limit or 1000} sentences), batches of "
         f"{args.batch} sources, {args.threads} thread(s) per engine, median of {args.reps} interleaved runs; "
-        f"{cpu_name()}, torch {torch.__version__}.",
+        f"{cpu_model()}, torch {torch.__version__}.",
         "",
         "| decoding | engine | sentences/s | new tokens | BLEU |",
         "|---|---|---:|---:|---:|",

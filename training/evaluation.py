@@ -39,6 +39,18 @@ def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequen
 MAX_LEN_A, MAX_LEN_B = 1.2, 10  # fairseq's max_len_a / max_len_b: new tokens per batch = a * longest source + b
 
 
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """`translate`'s batches: the indices of `lengths` (source lengths in tokens), longest first, `batch_size` a
+    batch."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def new_token_limit(source_length: int, max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B) -> int:
+    """`translate`'s max_new_tokens for a batch whose longest source has `source_length` tokens."""
+    return max(1, int(max_len_a * source_length + max_len_b))
+
+
 @torch.no_grad()
 def translate(
     model,
@@ -76,11 +88,9 @@ def translate(
     was_training = model.training
     model.eval()
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
     out: list[str | None] = [None] * len(texts)
     try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in length_sorted_batches(lengths, batch_size):
             langs = [tgt_langs[i] for i in idx]
             kwargs = {"src_lang": src_lang, "max_length": max_length}
             kwargs.update({name: [values[i] for i in idx] for name, values in variant_inputs.items()})
@@ -92,7 +102,7 @@ def translate(
                 **inputs,
                 num_beams=num_beams,
                 **beam_settings,
-                max_new_tokens=max(1, int(max_len_a * src_len + max_len_b)),
+                max_new_tokens=new_token_limit(src_len, max_len_a, max_len_b),
                 **generate_kwargs,
             )
             for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):
