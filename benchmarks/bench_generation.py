@@ -18,7 +18,7 @@ import torch
 from timing import CLOCKS, interleaved, peak_memory_mb
 from transformers import MarianConfig, MarianMTModel
 
-from hf_variants.convert_marian import convert_marian
+from hf_variants.convert.marian import convert_marian
 
 SIZES = {
     "small": dict(

@@ -59,7 +59,7 @@ from report import write_section  # noqa: E402
 from timing import CLOCKS, EngineProcesses, random_batch  # noqa: E402
 
 from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
-from hf_variants.convert_marian import convert_marian  # noqa: E402
+from hf_variants.convert.marian import convert_marian  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 DATA_DIR = ROOT / "training" / "data" / "multi30k"
@@ -155,7 +155,7 @@ def ct2_engines(ours, args, workdir: Path) -> dict:
     ctranslate2 = ctranslate2_module()
     if ctranslate2 is None or args.skip_ct2:
         return {}
-    from hf_variants.export_ctranslate2 import export
+    from hf_variants.deploy.ctranslate2 import export
 
     path = export(ours, _Vocabulary(args.vocab), workdir / "ct2", force=True)
     return {
@@ -180,7 +180,7 @@ def ort_exports(size: str, args, workdir: Path) -> dict:
         return {}
     from efficiency import build
 
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     _, ours = marian_and_ours(size, args.vocab)
     models = {"ours": ours}
@@ -380,7 +380,7 @@ def bleu_mode(args) -> dict:
     hyps["int8"] = evaluation.translate(quantize_for_cpu(copy.deepcopy(model)), tokenizer, sources, tgt_lang, **gen)
     ctranslate2 = ctranslate2_module()
     if model.config.model_type == "transformer_nmt" and ctranslate2 is not None and not args.skip_ct2:
-        from hf_variants.export_ctranslate2 import export
+        from hf_variants.deploy.ctranslate2 import export
 
         with tempfile.TemporaryDirectory() as tmp:
             path = export(model, tokenizer, Path(tmp) / "ct2")
@@ -408,7 +408,7 @@ def bleu_mode(args) -> dict:
     ort_weights = None
     if ort_module() is not None and not args.skip_ort:  # ONNX Runtime fp32 / int8 of the same weights
         from hf_variants import OrtModelForSeq2SeqLM
-        from hf_variants.export_onnx import export as export_onnx
+        from hf_variants.onnx.export import export as export_onnx
 
         with tempfile.TemporaryDirectory() as tmp:
             try:

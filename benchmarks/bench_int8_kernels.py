@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from timing import CLOCKS, interleaved, random_batch  # noqa: E402
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration  # noqa: E402
-from hf_variants.quantization import quantize_for_cpu, quantize_weight  # noqa: E402
+from hf_variants.deploy.int8 import quantize_for_cpu, quantize_weight  # noqa: E402
 
 # (in, out) of the baseline's linears at small and base dims: qkv, ffn in/out, output projection (vocab 8000)
 SHAPES = [(256, 768), (256, 1024), (1024, 256), (256, 8000), (512, 1536), (512, 2048), (2048, 512), (512, 8000)]
@@ -62,7 +62,7 @@ def torchao_quantize(model: torch.nn.Module) -> torch.nn.Module:
 
 def kernels(weight: torch.Tensor, bias: torch.Tensor) -> dict:
     """Each candidate as a function of x, built from the same fp32 weight."""
-    from hf_variants.quantization import Int8Linear
+    from hf_variants.deploy.int8 import Int8Linear
 
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0])
     linear.weight.data.copy_(weight)

@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     args.output = args.output or str(RESULTS_DIR / f"ort_cross_per_sentence_{args.size}.json")
 
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     torch.set_num_threads(args.threads)
     _, ours = marian_and_ours(args.size, args.vocab)

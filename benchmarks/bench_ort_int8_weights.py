@@ -47,7 +47,7 @@ from bench_ort_fusion import (  # noqa: E402
 )
 from timing import random_batch  # noqa: E402
 
-from hf_variants.onnx_quantization import INT8_WEIGHTS  # noqa: E402
+from hf_variants.onnx.quantization import INT8_WEIGHTS  # noqa: E402
 
 
 def _session(path: Path, threads: int):
@@ -63,7 +63,7 @@ def matmul_sessions(k: int, n: int, workdir: Path, threads: int) -> dict:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from hf_variants.onnx_quantization import quantize
+    from hf_variants.onnx.quantization import quantize
 
     weight = np.random.default_rng(k * n).standard_normal((k, n)).astype(np.float32) * k**-0.5
     graph = helper.make_graph(
@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 5, "ort_int8_weights.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     torch.set_num_threads(args.threads)
     _, ours = marian_and_ours(args.size, args.vocab)

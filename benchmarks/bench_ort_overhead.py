@@ -74,7 +74,7 @@ def graph_runs(folder: Path, precision: str, options, inputs: dict, beams: int, 
 
     import numpy as np
 
-    from hf_variants.onnx_generation import inference_session
+    from hf_variants.onnx.generation import inference_session
 
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
     files = manifest["graphs"][precision]
@@ -115,8 +115,8 @@ def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 5, "ort_overhead.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
-    from hf_variants.modeling_ort import default_session_options
+    from hf_variants.onnx.export import export
+    from hf_variants.onnx.modeling import default_session_options
 
     torch.set_num_threads(args.threads)
     _, ours = marian_and_ours(args.size, args.vocab)

@@ -51,7 +51,7 @@ def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 5, "ort_search_op.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     torch.set_num_threads(args.threads)
     _, ours = marian_and_ours(args.size, args.vocab)

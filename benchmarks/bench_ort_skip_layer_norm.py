@@ -49,7 +49,7 @@ def kernel_times(threads: int, runs: int = 300) -> dict:
     import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
-    from hf_variants.modeling_ort import default_session_options
+    from hf_variants.onnx.modeling import default_session_options
 
     out = {}
     for rows, width in ((32, 256), (128, 256), (32, 512), (128, 512)):
@@ -108,7 +108,7 @@ def main(argv=None) -> dict:
     args = decoding_parser(__doc__, 5, "ort_skip_layer_norm.json").parse_args(argv)
 
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     torch.set_num_threads(args.threads)
     results = {"cpu": cpu_model(), "size": args.size, "threads": args.threads, "batch": args.batch}

@@ -51,7 +51,7 @@ ENGINES = ("fp32", "int8_split", "int8_stacked")
 
 def stacked_copy(folder: Path, target: Path) -> Path:
     """A copy of the exported `folder` whose int8 graphs are quantized from its float32 graphs without the split."""
-    from hf_variants.onnx_quantization import quantize
+    from hf_variants.onnx.quantization import quantize
 
     shutil.copytree(folder, target)
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
@@ -77,7 +77,7 @@ def load(args, name: str):
 
 def bench_model(name: str, args, workdir: Path) -> dict:
     from hf_variants import OrtModelForSeq2SeqLM
-    from hf_variants.export_onnx import export
+    from hf_variants.onnx.export import export
 
     model, tokenizer = load(args, name)
     started = time.perf_counter()

@@ -70,11 +70,11 @@ def prepare(args, workdir: Path) -> list[str]:
     names = [name for name in args.engines if not name.startswith("ct2_") or ctranslate2_module() is not None]
     names = [name for name in names if not name.startswith("ort_") or ort_module() is not None]
     if any(name.startswith("ct2_") for name in names):
-        from hf_variants.export_ctranslate2 import export
+        from hf_variants.deploy.ctranslate2 import export
 
         export(model, tokenizer, workdir / "ct2")
     if any(name.startswith("ort_") for name in names):
-        from hf_variants.export_onnx import export
+        from hf_variants.onnx.export import export
 
         started = time.perf_counter()
         export(model, tokenizer, workdir / "onnx", int8=True)

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import hf_variants  # noqa: F401, E402 (registers the model types)
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration  # noqa: E402
-from hf_variants.warm_start import load_base, warm_start  # noqa: E402
+from hf_variants.convert.warm_start import load_base, warm_start  # noqa: E402
 
 DATA = ROOT / "training" / "data" / "multi30k"
 

@@ -12,6 +12,7 @@ from .configuration_mimo import MimoConfig
 from .configuration_mute import MuteConfig
 from .configuration_tied import TiedTransformerConfig
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
+from .deploy.int8 import Int8Linear, quantize_for_cpu
 from .model_classes import CONFIG_CLASSES, MODEL_CLASSES
 from .modeling_hysan import HysanForConditionalGeneration, HysanModel
 from .modeling_mgsa import MgsaForConditionalGeneration, MgsaModel
@@ -24,7 +25,6 @@ from .modeling_transformer_nmt import (
     TransformerNmtPreTrainedModel,
 )
 from .pipeline_translation import TranslationPipeline
-from .quantization import Int8Linear, quantize_for_cpu
 from .registration import register_all
 
 __version__ = "0.2.0"
@@ -33,7 +33,7 @@ __version__ = "0.2.0"
 def __getattr__(name):
     # ONNX Runtime classes load on first use: `import hf_variants` does not need onnxruntime
     if name in ("OrtModelForSeq2SeqLM", "OrtEncoderOutput", "OrtCache", "OrtSharedCache"):
-        from . import modeling_ort
+        from .onnx import modeling as modeling_ort
 
         return getattr(modeling_ort, name)
     raise AttributeError(f"module 'hf_variants' has no attribute {name!r}")

@@ -1,6 +1,10 @@
 """Registration of every hf_variants model type with transformers' Auto classes (and `auto_map` on save), and the
-`translation` pipeline task transformers 5 removed. `import hf_variants` runs `register_all()`; the command-line
-tools (`python -m hf_variants.convert_legacy`, `.export_ctranslate2`) call it themselves."""
+`translation` pipeline task transformers 5 removed. `import hf_variants` runs `register_all()` once; every module
+of the package (the command-line tools of `hf_variants.onnx`, `.deploy` and `.convert` included) is imported after
+it, so none calls it again.
+
+This module sits above the runtime subpackages (it names `OrtModelForSeq2SeqLM` for the pipeline task): nothing in
+`hf_variants.onnx`, `.deploy` or `.convert` imports it."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -25,9 +29,11 @@ def _restore_translation_task() -> None:
     the registry changes."""
     from transformers import pipelines
 
-    from .modeling_ort import OrtModelForSeq2SeqLM  # a folder from export_onnx (onnxruntime loads on use)
+    from .onnx.modeling import OrtModelForSeq2SeqLM  # a folder from export_onnx (onnxruntime loads on use)
 
     pipelines.REMOVED_TASKS.pop("translation", None)
+    if pipelines.PIPELINE_REGISTRY.supported_tasks.get("translation", {}).get("impl") is TranslationPipeline:
+        return  # registered already (a second call would log "Overwriting pipeline")
     pipelines.PIPELINE_REGISTRY.register_pipeline(
         "translation",
         pipeline_class=TranslationPipeline,

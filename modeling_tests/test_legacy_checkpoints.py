@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_variants
-from hf_variants.convert_legacy import convert_checkpoint
+from hf_variants.convert.legacy import convert_checkpoint
 
 FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
 UNCHANGED = ["transformer_nmt", "hysan_nmt", "mgsa_nmt", "tied_nmt"]

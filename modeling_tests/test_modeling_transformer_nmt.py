@@ -33,7 +33,7 @@ class TestTransformerNmtPreNormRelative(NmtModelTester):
 def marian_pair():
     from transformers import MarianConfig, MarianMTModel
 
-    from hf_variants.convert_marian import convert_marian
+    from hf_variants.convert.marian import convert_marian
 
     torch.manual_seed(0)
     config = MarianConfig(
@@ -365,7 +365,7 @@ def _tiny_model(vocab_size):
 def test_tokenizer_larger_than_the_vocabulary_names_both_sizes(tokenizer):
     """One check (`check_tokenizer_fits_model`) and one message wherever a tokenizer meets a model: model inputs,
     the pipeline, translate.py, the CTranslate2 vocabulary."""
-    from hf_variants.export_ctranslate2 import vocabulary
+    from hf_variants.deploy.ctranslate2 import vocabulary
 
     model = _tiny_model(len(tokenizer) - 5)
     message = rf"has {len(tokenizer)} tokens \(len\(tokenizer\)\) .* vocabulary of {len(tokenizer) - 5} "

@@ -50,12 +50,12 @@ from hf_variants import (  # noqa: E402
     OrtCache,
     OrtModelForSeq2SeqLM,
     OrtSharedCache,
-    export_onnx,
-    onnx_attention,
-    onnx_quantization,
 )
-from hf_variants.export_onnx import export  # noqa: E402
 from hf_variants.modeling_transformer_nmt import TransformerNmtAttention  # noqa: E402
+from hf_variants.onnx import attention as onnx_attention  # noqa: E402
+from hf_variants.onnx import export as export_onnx  # noqa: E402
+from hf_variants.onnx import quantization as onnx_quantization  # noqa: E402
+from hf_variants.onnx.export import export  # noqa: E402
 
 
 def _random(model_class, config_class, tokenizer, **overrides):
@@ -1238,7 +1238,7 @@ def test_beam_head_top_k_equals_torch(vocab_size, monkeypatch):
     block is a candidate) and without (503, prime); the two-level graph equals the plain one exactly."""
     import onnxruntime
 
-    from hf_variants import onnx_bound
+    from hf_variants.onnx import bound as onnx_bound
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = 1

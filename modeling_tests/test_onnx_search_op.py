@@ -24,7 +24,8 @@ pytest.importorskip("onnxscript", reason="onnxscript is not installed: pip insta
 
 from test_onnx import BUILDERS, _export_once, _inputs  # noqa: E402
 
-from hf_variants import OrtModelForSeq2SeqLM, onnx_generation  # noqa: E402
+from hf_variants import OrtModelForSeq2SeqLM  # noqa: E402
+from hf_variants.onnx import generation as onnx_generation  # noqa: E402
 
 SENTENCES = read_sentences("en", "val", n=8)
 

@@ -25,7 +25,7 @@ from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
 import hf_variants
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.warm_start import main, warm_start
+from hf_variants.convert.warm_start import main, warm_start
 
 VOCAB = 60
 

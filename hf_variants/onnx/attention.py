@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
-from .modeling_transformer_nmt import TransformerNmtAttention, self_attention_cache
+from ..modeling_transformer_nmt import TransformerNmtAttention, self_attention_cache
 
 MASK_FILTER_VALUE = -10000.0  # MultiHeadAttention's default `mask_filter_value`, added to the scores of padded keys
 

@@ -391,7 +391,7 @@ def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[se
         SuppressTokensLogitsProcessor,
     )
 
-    from .generation_transformer_nmt import TokenSuppressionLogitsProcessor
+    from ..generation_transformer_nmt import TokenSuppressionLogitsProcessor
 
     suppressed, min_length, ngram = set(), 0, 0
     rules = []

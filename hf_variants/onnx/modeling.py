@@ -38,9 +38,9 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
-from .model_classes import MODEL_CLASSES
-from .onnx_bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
-from .onnx_generation import (
+from ..model_classes import MODEL_CLASSES
+from .bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
+from .generation import (
     DISABLED_OPTIMIZERS,
     SearchOpRunner,
     decode_with_search_op,
