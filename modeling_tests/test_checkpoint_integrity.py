@@ -17,8 +17,8 @@ if str(ROOT) not in sys.path:
 
 from test_training import data_dir, read_log, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
 
-from training import checkpointing, train  # noqa: E402
-from training.checkpointing import CheckpointError, DiskFullError  # noqa: E402
+from hf_variants.training import checkpointing, train  # noqa: E402
+from hf_variants.training.checkpointing import CheckpointError, DiskFullError  # noqa: E402
 
 # checkpoints at steps 2 and 4
 COMMON = [

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
 
 import hf_variants  # noqa: E402
 from hf_variants.configuration_transformer_nmt import apply_config_overrides  # noqa: E402
-from training import train  # noqa: E402
+from hf_variants.training import train  # noqa: E402
 
 CONFIGS = hf_variants.CONFIG_CLASSES
 TINY_OVERRIDES = {"mgsa_nmt": {"phrase_type": "ngram"}}  # no parses needed

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training import corpus  # noqa: E402
-from training.corpus import DataError, DropReport  # noqa: E402
+from hf_variants.training import corpus  # noqa: E402
+from hf_variants.training.corpus import DataError, DropReport  # noqa: E402
 
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 

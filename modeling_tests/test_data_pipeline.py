@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training import corpus, data_pipeline  # noqa: E402
-from training.corpus import DataError, DropReport  # noqa: E402
+from hf_variants.training import cache_store, corpus, data_pipeline, measure, sources  # noqa: E402
+from hf_variants.training.corpus import DataError, DropReport  # noqa: E402
 
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 
@@ -247,8 +247,8 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
     """Block-wise reading keeps corpus.py's errors: different line counts (also of an annotation file), invalid
     UTF-8 (the line, across read blocks), TSV field counts, invalid JSON; CRLF and a last line without newline
     read as corpus.read_lines reads them."""
-    monkeypatch.setattr(data_pipeline, "READ_BLOCK_BYTES", 7)  # many tiny blocks
-    monkeypatch.setattr(data_pipeline, "WRITE_BATCH_ROWS", 3)
+    monkeypatch.setattr(sources, "READ_BLOCK_BYTES", 7)  # many tiny blocks
+    monkeypatch.setattr(sources, "WRITE_BATCH_ROWS", 3)
     cache = tmp_path / "cache"
     write(tmp_path / "a.en", ["one", "two", "three", "four"])
     write(tmp_path / "a.de", ["eins", "zwei", "drei"])
@@ -303,7 +303,7 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
 def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message):
     """One JSONL line parser (corpus.parse_jsonl_line) for the in-memory loader, the Arrow pipeline and
     translate.py: each names the file and line with the same message."""
-    from training import translate
+    from hf_variants.training import translate
 
     path = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "a", "de": "x"}}), line, "{}"])
     errors = []
@@ -380,8 +380,8 @@ def test_cache_is_reused_and_invalidated(tok, tmp_path, monkeypatch):
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(data_pipeline, "_measure", no_tokenizing)
-    monkeypatch.setattr(data_pipeline, "iter_row_blocks", no_tokenizing)
+    monkeypatch.setattr(measure, "_measure", no_tokenizing)
+    monkeypatch.setattr(sources, "iter_row_blocks", no_tokenizing)
     rows2, measured2, again = pipeline(source, tok, [("en", "de")], cache, max_length=30)
     assert not (rows2.built or measured2.built or again.built)
     assert isinstance(again.src_len, np.memmap)  # memory-mapped, not read into memory
@@ -421,7 +421,7 @@ def test_cache_is_reused_and_invalidated(tok, tmp_path, monkeypatch):
 
 def test_parallel_workers_give_the_same_counts(tok, tmp_path, monkeypatch):
     """`Dataset.map` in 2 worker processes counts exactly what one process counts."""
-    monkeypatch.setattr(data_pipeline, "ROWS_PER_WORKER", 100)
+    monkeypatch.setattr(measure, "ROWS_PER_WORKER", 100)
     write(tmp_path / "t.en", head(MULTI30K / "train.en.gz", 500))
     write(tmp_path / "t.de", head(MULTI30K / "train.de.gz", 500))
     source = data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"])
@@ -635,8 +635,8 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
 
     import datasets
 
-    monkeypatch.setattr(data_pipeline, "WRITE_BATCH_ROWS", 7)  # many record batches
-    monkeypatch.setattr(data_pipeline, "RELEASE_EVERY_BYTES", 4096)  # released page by page while parsing
+    monkeypatch.setattr(sources, "WRITE_BATCH_ROWS", 7)  # many record batches
+    monkeypatch.setattr(cache_store, "RELEASE_EVERY_BYTES", 4096)  # released page by page while parsing
     write(tmp_path / "t.en", head(MULTI30K / "train.en.gz", 300))
     write(tmp_path / "t.de", head(MULTI30K / "train.de.gz", 300))
     source = data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"])
@@ -671,7 +671,7 @@ def test_rows_file_mapped_without_resident_headers_equals_from_file(tmp_path, mo
 def test_rows_file_has_a_record_batch_per_block(tmp_path, monkeypatch):
     """The rows' Arrow file holds one record batch per block of WRITE_BATCH_ROWS rows (not datasets' default of
     1000-row batches, whose per-batch objects cost every process ~100 MB of heap at 40M rows)."""
-    monkeypatch.setattr(data_pipeline, "WRITE_BATCH_ROWS", 2500)
+    monkeypatch.setattr(sources, "WRITE_BATCH_ROWS", 2500)
     write(tmp_path / "t.en", head(MULTI30K / "train.en.gz", 2600))
     write(tmp_path / "t.de", head(MULTI30K / "train.de.gz", 2600))
     source = data_pipeline.SplitSource.from_dir(tmp_path, "t", ["en", "de"])

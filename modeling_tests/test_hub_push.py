@@ -335,7 +335,7 @@ def test_training_script_push_to_hub(hub, tmp_path, monkeypatch):
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.syspath_prepend(str(root))
-    from training import train
+    from hf_variants.training import train
 
     data = tmp_path / "multi30k"
     data.mkdir()
@@ -624,3 +624,81 @@ def test_pushed_repo_has_card_code_and_weights(published, model_type):
     assert f'from_pretrained("{local["repo_id"]}", trust_remote_code=True)' in card.text
     assert f"{results['params']:,}" in card.text
     assert TOKEN.encode() not in b"".join(files.values())
+
+
+# ======================================================================= 4. transformers' own push_to_hub
+def saved_run_with_card(root: Path):
+    """A tiny real model saved as a training run saves it (run/model + results.json) with its generated card."""
+    from model_cards.card import card_from_run
+
+    from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+
+    config = TransformerNmtConfig.from_preset(
+        "tiny", vocab_size=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1
+    )
+    model_dir = root / "run" / "model"
+    TransformerNmtForConditionalGeneration(config).save_pretrained(model_dir)
+    results = {
+        "model_type": "transformer_nmt",
+        "source_lang": "en",
+        "target_lang": "fr",
+        "languages": ["en", "fr"],
+        "dataset": "data/train.tsv",
+        "eval_split": "data/test.tsv",
+        "bleu": 3.25,
+        "chrf": 21.5,
+        "hyperparameters": {"train_file": "data/train.tsv", "test_file": "data/test.tsv", "learning_rate": 0.002},
+    }
+    (model_dir.parent / "results.json").write_text(json.dumps(results))
+    card_from_run(model_dir.parent)  # as train.py does at the end of a run (no --hub_model_id: a placeholder id)
+    return model_dir, results
+
+
+@pytest.fixture
+def transformers_hub(hub, monkeypatch):
+    """`hub`, also for transformers' push_to_hub (its shared HfApi and huggingface_hub's endpoint are fixed at
+    import time)."""
+    import transformers.utils.hub as transformers_hub_utils
+
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(transformers_hub_utils, "_hf_api", HfApi(endpoint=hub.url, library_name="transformers"))
+    return hub
+
+
+def test_model_push_to_hub_uploads_the_run_card(transformers_hub, tmp_path):
+    """`AutoModelForSeq2SeqLM.from_pretrained(run/model).push_to_hub(repo)` uploads the run's card (with the repo id in
+    its usage snippet), not transformers' placeholder card; a model whose weights changed since does not claim it."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    hub = transformers_hub
+    model_dir, results = saved_run_with_card(tmp_path)
+    local_card = (model_dir / "README.md").read_text(encoding="utf-8")
+    assert '"ORG/NAME"' in local_card
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    model.push_to_hub("org/pushed-by-transformers", token=TOKEN)
+    remote = hub.files("org/pushed-by-transformers")
+    uploaded = remote["README.md"].decode()
+    assert uploaded == "\n".join(
+        line for line in local_card.replace('"ORG/NAME"', '"org/pushed-by-transformers"').split("\n")
+        if not line.startswith("Replace `ORG/NAME`")
+    )
+    card = ModelCard(uploaded)
+    assert [(r.metric_type, r.metric_value) for r in card.data.eval_results] == [("bleu", 3.25), ("chrf", 21.5)]
+    assert "automatically generated" not in uploaded and "ORG/NAME" not in uploaded
+    assert 'from_pretrained("org/pushed-by-transformers", trust_remote_code=True)' in uploaded
+    assert remote["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()
+    # save_pretrained(push_to_hub=True) into another folder: the same card
+    model.save_pretrained(tmp_path / "copy", push_to_hub=True, repo_id="org/saved-and-pushed", token=TOKEN)
+    assert ModelCard(hub.files("org/saved-and-pushed")["README.md"].decode()).data.eval_results == card.data.eval_results
+    # fine-tuned weights: the run's card no longer describes them
+    with torch_no_grad():
+        next(model.parameters()).add_(1.0)
+    model.push_to_hub("org/changed", token=TOKEN)
+    changed = hub.files("org/changed")["README.md"].decode()
+    assert "automatically generated" in changed and "3.25" not in changed
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 
 from conftest import read_sentences  # noqa: E402
 
-from training import corpus, data_pipeline, train, translate  # noqa: E402
+from hf_variants.training import corpus, data_pipeline, train, translate  # noqa: E402
 
 BOM = "\ufeff"
 

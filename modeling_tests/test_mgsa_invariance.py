@@ -31,9 +31,9 @@ from conftest import read_sentences
 from torch.nn import functional as F
 
 from hf_variants import MgsaConfig, MgsaForConditionalGeneration
-from training import external
-from training.corpus import Pair
-from training.trainer import make_batch
+from hf_variants.training import external
+from hf_variants.training.corpus import Pair
+from hf_variants.training.trainer import make_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [read_sentences("en", "val", n=12)[i] for i in (5, 6, 3, 11, 0)]  # 22, 9, 14, 8, 10 words

@@ -18,7 +18,7 @@ import hf_variants  # noqa: F401  (registers the model types and the translation
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
 
 sys.path.insert(0, str(REPO_ROOT))
-from training import translate  # noqa: E402
+from hf_variants.training import translate  # noqa: E402
 
 
 def saved_model(tokenizer, path):

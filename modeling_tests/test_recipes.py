@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from training import train  # noqa: E402
+from hf_variants.training import train  # noqa: E402
 
 README = ROOT / "training" / "README.md"
 MULTI30K = ROOT / "training" / "data" / "multi30k"

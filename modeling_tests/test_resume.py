@@ -19,9 +19,9 @@ if str(ROOT) not in sys.path:
 
 from test_training import data_dir, read_log, tiny_args, tokenizer_dir, train_losses  # noqa: E402,F401 (fixtures)
 
-from training import checkpointing, train  # noqa: E402
-from training.checkpointing import CheckpointError  # noqa: E402
-from training.settings import SettingsChangedError  # noqa: E402
+from hf_variants.training import checkpointing, train  # noqa: E402
+from hf_variants.training.checkpointing import CheckpointError  # noqa: E402
+from hf_variants.training.settings import SettingsChangedError  # noqa: E402
 
 # dropout on, so an exact resume needs the random states too; checkpoints at steps 2 and 4
 COMMON = [
@@ -323,7 +323,7 @@ def test_tampered_checkpoint_files_are_refused(tmp_path):
 
 
 def test_settings_diff_classes():
-    from training import settings
+    from hf_variants.training import settings
 
     args = train.parse_args(["--max_steps", "10"])
     saved = settings.run_settings(args, num_processes=1, mixed_precision="no", device="cpu")

@@ -19,8 +19,8 @@ if str(ROOT) not in sys.path:
 
 from test_training import TRAIN_SCRIPT, data_dir, subprocess_env, tiny_args, tokenizer_dir, two_process_launch  # noqa: E402,F401
 
-from training import run_lock  # noqa: E402
-from training.run_lock import HOLDER_NAME, RunLock, RunLockedError  # noqa: E402
+from hf_variants.training import run_lock  # noqa: E402
+from hf_variants.training.run_lock import HOLDER_NAME, RunLock, RunLockedError  # noqa: E402
 
 
 def wait_for(predicate, timeout, what):
@@ -90,7 +90,7 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
 
 
 HOLD = (
-    "import sys, time; sys.path.insert(0, {root!r}); from training.run_lock import RunLock; "
+    "import sys, time; sys.path.insert(0, {root!r}); from hf_variants.training.run_lock import RunLock; "
     "RunLock({run!r}).acquire(); print('locked', flush=True); time.sleep(120)"
 )
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CACHES = """
 import datasets, evaluate, huggingface_hub.constants, transformers.utils.hub
-from training import data_pipeline
+from hf_variants.training import data_pipeline
 print(data_pipeline.default_cache_dir())
 print(datasets.config.HF_DATASETS_CACHE)
 print(transformers.utils.hub.HF_MODULES_CACHE)

@@ -12,8 +12,8 @@ if str(ROOT) not in sys.path:
 
 from test_training import data_dir, head, read_log, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
 
-from training import train  # noqa: E402
-from training.corpus import DataError  # noqa: E402
+from hf_variants.training import train  # noqa: E402
+from hf_variants.training.corpus import DataError  # noqa: E402
 
 
 def test_run_translation_flag_names_are_aliases():
@@ -251,7 +251,7 @@ def test_bad_numeric_flags_are_refused_at_parse_time(flags, message, capsys):
 def test_zero_cadences_mean_only_at_the_end():
     args = train.parse_args(["--eval_steps", "0"])
     assert (args.eval_steps, args.save_steps) == (0, 0)  # --save_steps follows --eval_steps
-    from training.trainer import every
+    from hf_variants.training.trainer import every
 
     assert [s for s in range(1, 10) if every(s, 0)] == [] and [s for s in range(1, 10) if every(s, 4)] == [4, 8]
 

@@ -13,8 +13,8 @@ if str(ROOT) not in sys.path:
 
 from test_training import data_dir, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
 
-from training import corpus, external, train  # noqa: E402
-from training.trainer import Trainer, TrainStats  # noqa: E402
+from hf_variants.training import corpus, external, train  # noqa: E402
+from hf_variants.training.trainer import Trainer, TrainStats  # noqa: E402
 
 
 def test_stages_one_by_one(data_dir, tokenizer_dir, tmp_path):

@@ -29,7 +29,7 @@ from test_training import (  # noqa: E402,F401 (fixtures)
     two_process_launch,
 )
 
-from training import checkpointing, train  # noqa: E402
+from hf_variants.training import checkpointing, train  # noqa: E402
 
 DIVERGING = [
     "--learning_rate",

@@ -24,9 +24,9 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_variants import TransformerNmtConfig  # noqa: E402
 from hf_variants.tokenization import train_tokenizer  # noqa: E402
-from training import checkpointing, evaluation, train  # noqa: E402
-from training.corpus import DataError  # noqa: E402
-from training.settings import SettingsChangedError  # noqa: E402
+from hf_variants.training import checkpointing, evaluation, train  # noqa: E402
+from hf_variants.training.corpus import DataError  # noqa: E402
+from hf_variants.training.settings import SettingsChangedError  # noqa: E402
 
 MULTI30K = ROOT / "training" / "data" / "multi30k"
 TRAIN_SCRIPT = ROOT / "training" / "train.py"
@@ -348,7 +348,7 @@ def test_translate_script(baseline_run, data_dir, tmp_path):
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [ref_lines]).score)
     assert scores["empty_inputs"] == 1 and scores["sacrebleu_signature"].startswith("nrefs:1")
     # the translations are the model's: the same beam search in-process gives the same lines
-    from training.translate import load_model_and_tokenizer
+    from hf_variants.training.translate import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(run_dir / "model"))
     direct = evaluation.translate(model, tok, [sources[0], sources[5]], "de", num_beams=2, max_len_b=4)
@@ -449,7 +449,7 @@ def test_marian_through_the_same_loop(data_dir, tokenizer_dir, tmp_path):
     with the script's label smoothing (Marian's own loss has none)."""
     from transformers import MarianMTModel
 
-    from training import external
+    from hf_variants.training import external
 
     out = tmp_path / "marian"
     results = train.main(tiny_args(data_dir, out, "--model_type", "marian", tokenizer=tokenizer_dir))

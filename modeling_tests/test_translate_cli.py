@@ -26,8 +26,8 @@ from hf_variants import (  # noqa: E402
     TransformerNmtConfig,
     TransformerNmtForConditionalGeneration,
 )
-from training import evaluation, translate  # noqa: E402
-from training.corpus import DataError  # noqa: E402
+from hf_variants.training import evaluation, translate  # noqa: E402
+from hf_variants.training.corpus import DataError  # noqa: E402
 
 SCRIPT = ROOT / "training" / "translate.py"
 GEN = ["--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4", "--no_progress"]

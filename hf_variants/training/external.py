@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hf_variants.loss_transformer_nmt import smoothed_cross_entropy
+from ..loss_transformer_nmt import smoothed_cross_entropy
 
 EXTERNAL_MODEL_TYPES = ("marian",)
 
@@ -23,7 +23,7 @@ def build_config(model_type: str, preset: str, fields: dict):
     are ours: d_model, encoder_layers, ..., so a preset carries over unchanged) and the tokenizer's ids."""
     from transformers import MarianConfig
 
-    from hf_variants import TransformerNmtConfig
+    from ..configuration_transformer_nmt import TransformerNmtConfig
 
     if model_type != "marian":
         raise ValueError(f"Unknown external --model_type {model_type!r}; supported: {EXTERNAL_MODEL_TYPES}")

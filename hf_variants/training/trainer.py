@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from training import checkpointing, corpus, evaluation, external
+from . import checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
 

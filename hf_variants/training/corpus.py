@@ -392,7 +392,7 @@ def check_parse(sentence: str, parse) -> tuple[str, str] | None:
     brackets, text outside the tree, not a parse at all) or `parse_mismatch` (leaves that differ from the
     sentence). Uses the model's own reader and aligner (`hf_variants.phrases`), so what passes here is what the
     model accepts when it builds the batch."""
-    from hf_variants.phrases import align_leaves, as_tree
+    from ..phrases import align_leaves, as_tree
 
     try:
         tree = as_tree(parse)

@@ -1,0 +1,1060 @@
+#!/usr/bin/env python
+"""Train any hf_variants model type on parallel text with Accelerate: one loop for every variant.
+
+The defaults are the embedded main job: the bundled Multi30k en→de, the `small` preset of the baseline, a few
+minutes on 2 CPU cores, ending with `runs/<name>/model` (loads with `from_pretrained`), BLEU/chrF on
+test_2016_flickr and a few translations printed:
+
+    accelerate launch training/train.py                 # or: python training/train.py
+    accelerate launch training/train.py --model_type mute_nmt --preset small
+    accelerate launch --multi_gpu --num_processes 2 training/train.py   # 2 CPU processes (gloo) without GPUs
+
+Variants plug in through the model's interface only (no per-variant branches here): `prepare_translation_inputs`
+builds every batch, `.loss` already holds the auxiliary losses that `.aux_losses` lists (logged separately), and
+`after_optimizer_step()` runs after every optimizer step. `--model_type marian` trains transformers' MarianMTModel
+through the same loop (training/external.py) for side-by-side comparisons. See training/README.md for every option.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch  # noqa: E402
+
+from model_cards.run_record import RunRecord  # noqa: E402
+
+from . import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
+from .corpus import DataError, DropReport  # noqa: E402
+from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
+    CHECKOUT,
+    DEFAULT_DATA_DIR,
+    FRACTIONS,
+    NON_NEGATIVE,
+    POSITIVE_INTS,
+    RUNS_DIR,
+    TRACKERS,
+    add_checkpoints_args,
+    add_data_args,
+    add_evaluation_args,
+    add_model_args,
+    add_optimisation_args,
+    add_output_args,
+    add_tokenizer_args,
+    build_parser,
+    numeric_flag_errors,
+    parse_args,
+    parse_overrides,
+    parse_report_to,
+    str2bool,
+    tracker_init_kwargs,
+)
+from .trainer import (  # noqa: E402,F401 (batch helpers re-exported)
+    EXIT_NONFINITE,
+    MODEL_CONFIG_DIR,
+    Job,
+    RunContext,
+    RunData,
+    Trainer,
+    TrainingStopped,
+    TrainState,
+    accelerator_broadcast,
+    batch_texts,
+    evaluate_pairs,
+    make_batch,
+    validation_loss,
+)
+
+logger = logging.getLogger("hf_variants.train")
+
+
+# ----------------------------------------------------------------------------------------------------- the run
+def setup_logging(accelerator, run_dir: Path) -> None:
+    level = logging.INFO if accelerator.is_main_process else logging.WARNING
+    handlers = [logging.StreamHandler(sys.stdout)]
+    if accelerator.is_main_process:
+        handlers.append(logging.FileHandler(run_dir / "train.log"))
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=level, handlers=handlers, force=True
+    )
+    for noisy in ("transformers", "datasets", "evaluate", "accelerate"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if accelerator.is_main_process else logging.ERROR)
+    # Accelerate's safetensors save leaves out tied copies of the embeddings and says so at every checkpoint;
+    # `checkpointing.load_model_weights` checks on load that only such tied copies are missing.
+    logging.getLogger("accelerate.utils.other").addFilter(
+        lambda record: "Removed shared tensor" not in record.getMessage()
+    )
+
+
+def resolve_languages(args) -> tuple[list[str], list[tuple[str, str]]]:
+    if args.languages:
+        languages = [corpus.check_language_code(x, "--languages") for x in args.languages]
+        if len(set(languages)) != len(languages) or len(languages) < 2:
+            raise DataError(f"--languages needs at least two distinct codes, got {languages}.")
+        directions = corpus.parse_directions(args.directions, languages)
+    else:
+        s = corpus.check_language_code(args.source_lang, "--source_lang")
+        t = corpus.check_language_code(args.target_lang, "--target_lang")
+        if s == t:
+            raise DataError("--source_lang and --target_lang are the same.")
+        languages, directions = [s, t], [(s, t)]
+    if args.bidirectional:
+        reverse = [(t, s) for s, t in directions]
+        if any(d in directions for d in reverse):
+            raise DataError(
+                "--bidirectional trains both directions of each pair: list each pair once in "
+                "--directions (e.g. en-de, not en-de,de-en)."
+            )
+    return languages, directions
+
+
+def split_source(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.SplitSource | None:
+    """Where one split comes from (the configured files, folder or `datasets` dataset); None when the split is not
+    configured (or, for a `datasets` dataset, when it has no such split and none was named). `hub_splits`: the
+    dataset's `DatasetDict`."""
+    file_arg = getattr(args, f"{split}_file")
+    if args.train_file or file_arg:
+        if not file_arg:
+            return None
+        return data_pipeline.SplitSource.from_file(file_arg, args.source_annotations)
+    if args.dataset_name:
+        if args.source_annotations:
+            raise DataError("--source_annotations are read from per-language files or JSONL, not from --dataset_name.")
+        if hub_splits is None:
+            hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name)
+        split_name = corpus.resolve_split(list(hub_splits), getattr(args, f"{split}_split"), split, args.dataset_name)
+        if split_name is None:
+            logger.info("%s has no %s split (splits: %s)", args.dataset_name, split, ", ".join(hub_splits))
+            return None
+        setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
+        return data_pipeline.SplitSource.from_hub(
+            hub_splits[split_name], args.dataset_name, split_name, args.dataset_config_name
+        )
+    prefix = getattr(args, f"{split}_prefix")
+    if not prefix:
+        return None
+    return data_pipeline.SplitSource.from_dir(args.data_dir, prefix, languages, args.source_annotations)
+
+
+def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.Rows | None:
+    """One split's rows (stage 1 of training/data_pipeline.py: read once, then memory-mapped from the cache),
+    limited to the first --max_{split}_pairs rows."""
+    source = split_source(args, split, languages, hub_splits)
+    if source is None:
+        return None
+    limit = {"train": args.max_train_pairs, "valid": args.max_valid_pairs, "test": args.max_test_pairs}[split]
+    rows = data_pipeline.load_rows(source, languages, args.source_annotations, args.data_cache_dir)
+    return rows.head(limit)
+
+
+def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
+    """Directions evaluated: with --bidirectional, each listed pair in both directions."""
+    return directions + [(t, s) for s, t in directions] if bidirectional else list(directions)
+
+
+def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: bool = False):
+    """The run's tokenizer: --tokenizer, the model's, the resumed run's, or a shared one trained (by the main
+    process, which calls this first; the others then load what it saved) on the training text, or on a
+    deterministic sample of it when it has more than --tokenizer_sample_lines sentences (`train_rows`: the cached
+    rows, or with --streaming the split's source, whose first rows are the sample)."""
+    from transformers import AutoTokenizer
+
+    saved = run_dir / "tokenizer"
+    if args.tokenizer:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    elif args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    elif (resuming or not accelerator.is_main_process) and (saved / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(saved)  # resumed run, or the main process trained it
+    else:
+        from ..tokenization import train_tokenizer
+
+        if isinstance(train_rows, data_pipeline.SplitSource):
+            texts, used, total = data_pipeline.stream_tokenizer_sample(
+                train_rows, languages, args.tokenizer_sample_lines
+            )
+            label = train_rows.label
+        else:
+            texts, used, total = data_pipeline.tokenizer_sample(train_rows, languages, args.tokenizer_sample_lines)
+            label = train_rows.meta["label"]
+        if total is None:
+            what = (
+                f"the first {used:,} rows of the streamed {label} ({used * len(languages):,} sentences; "
+                f"--tokenizer_sample_lines {args.tokenizer_sample_lines})"
+            )
+        elif used < total:
+            what = (
+                f"a deterministic sample of {used:,} of the {total:,} training rows of {label} "
+                f"({used * len(languages):,} sentences; --tokenizer_sample_lines {args.tokenizer_sample_lines})"
+            )
+        else:
+            what = f"all {total:,} training rows of {label} ({total * len(languages):,} sentences)"
+        logger.info(
+            "Training a shared %s tokenizer (vocab %d) on %s [%s]",
+            args.tokenizer_model,
+            args.vocab_size,
+            what,
+            ", ".join(languages),
+        )
+        t0 = time.time()
+        tmp = run_dir / ".tmp_tokenizer"
+        shutil.rmtree(tmp, ignore_errors=True)
+        train_tokenizer(
+            texts,
+            vocab_size=args.vocab_size,
+            model=args.tokenizer_model,
+            languages=languages,
+            min_frequency=args.tokenizer_min_frequency,
+            output_dir=tmp,
+        )
+        shutil.rmtree(saved, ignore_errors=True)  # left by an earlier attempt that never checkpointed
+        os.replace(tmp, saved)
+        logger.info("Tokenizer trained in %.1f s", time.time() - t0)
+        tokenizer = AutoTokenizer.from_pretrained(saved)
+    if accelerator.is_main_process and not (saved / "tokenizer.json").is_file():
+        tokenizer.save_pretrained(saved)
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        if getattr(tokenizer, name) is None:
+            raise ValueError(f"The tokenizer has no {name.removesuffix('_id')}.")
+    return tokenizer
+
+
+def resolve_target_language_tags(args, num_target_languages: int) -> bool:
+    """`--target_language_tags`; "auto" asks the model type (`default_target_language_tags`: tags when the run has
+    several target languages, never for tied_nmt, whose direction embedding is the signal)."""
+    if args.target_language_tags != "auto":
+        return args.target_language_tags == "true"
+    from ..model_classes import CONFIG_CLASSES
+
+    config_class = CONFIG_CLASSES.get(args.model_type)
+    if config_class is None:  # --model_type marian and other comparisons
+        return num_target_languages > 1
+    return config_class.default_target_language_tags(num_target_languages)
+
+
+def main_process_first(accelerator, build):
+    """`build()` on the main process, then on the others (which then find its results in the cache and the run
+    folder). An error on the main process is raised on every process, instead of leaving the others waiting."""
+    if accelerator.num_processes == 1:
+        return build()
+    result, error = None, None
+    if accelerator.is_main_process:
+        try:
+            result = build()
+        except Exception as err:  # noqa: BLE001 - re-raised below, after telling the other processes
+            error = err
+    accelerator.wait_for_everyone()
+    failed = accelerator_broadcast(accelerator, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if failed is not None:
+        raise DataError(f"The main process failed while preparing the data: {failed}")
+    if not accelerator.is_main_process:
+        result = build()
+    accelerator.wait_for_everyone()
+    return result
+
+
+def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: bool):
+    """Rows, tokenizer, token counts and pairs of every split (training/data_pipeline.py), built on the first
+    launch (main process first) and memory-mapped from the cache afterwards."""
+    workers = args.preprocessing_num_workers or (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
+    stream_source = split_source(args, "train", languages, hub_splits) if args.streaming else None
+    rows = {
+        split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
+        for split in ("train", "valid", "test")
+    }
+    if rows["train"] is None and stream_source is None:
+        raise DataError("No training data.")
+    for split, r in rows.items():
+        if r is not None:
+            data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
+    tokenizer = build_tokenizer(
+        args, accelerator, run_dir, stream_source or rows["train"], languages, resuming=resuming
+    )
+    target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
+    checks = [
+        (name, lang)
+        for name in args.source_annotations
+        for lang in dict.fromkeys(x for d in directions for x in (d if args.bidirectional else d[:1]))
+    ]
+    tok_fp = data_pipeline.tokenizer_fingerprint(tokenizer)
+    sets, reports = {}, {"train": DropReport("train"), "eval": DropReport("eval")}
+    sets["stream"] = stream_source
+    for split, r in rows.items():
+        if r is None:
+            sets[split] = None
+            continue
+        measured = data_pipeline.measure(r, tokenizer, languages, checks, args.data_cache_dir, workers, tok_fp)
+        report = reports["train" if split == "train" else "eval"]
+        pair_set = data_pipeline.build_pair_set(
+            r,
+            measured,
+            directions,
+            annotations=args.source_annotations,
+            target_annotations=args.bidirectional,
+            tag=int(target_tags),
+            max_length=None if split == "test" else args.max_length,
+            on_bad_pairs=args.on_bad_pairs,
+            split=report.split,
+            cache_dir=args.data_cache_dir,
+            skip_absent=len(languages) > 2,
+        )
+        for reason, count in pair_set.report.counts.items():
+            report.counts[reason] += count
+            where = report.locations.setdefault(reason, [])
+            where.extend(pair_set.report.locations.get(reason, [])[: corpus.MAX_REPORTED_LOCATIONS - len(where)])
+        sets[split] = pair_set
+    return tokenizer, target_tags, sets, reports
+
+
+def build_model(args, tokenizer, languages: list[str], target_tags: bool):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from ..configuration_transformer_nmt import apply_config_overrides
+    from ..model_classes import CONFIG_CLASSES
+
+    overrides = parse_overrides(args.config_overrides)
+    fields = dict(label_smoothing=args.label_smoothing)
+    if args.dropout is not None:
+        fields["dropout"] = args.dropout
+    if args.model_name_or_path:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        known = list(getattr(config, "languages", []) or [])
+        missing = [lang for lang in languages if known and lang not in known]
+        if missing:
+            raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
+        # names checked and values validated as when building a config (`label_smoothing` is no Marian field)
+        config = apply_config_overrides(
+            config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
+        )
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
+        return model
+    known = sorted(CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
+    if args.model_type not in known:
+        raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {known}")
+    fields.update(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+        languages=list(languages),
+        target_language_tags=target_tags,
+    )
+    fields.update(overrides)
+    if args.model_type in external.EXTERNAL_MODEL_TYPES:  # e.g. transformers' MarianMTModel, for comparisons
+        config = external.build_config(args.model_type, args.preset, fields)
+    else:
+        config = CONFIG_CLASSES[args.model_type].from_preset(args.preset, **fields)
+    return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def apply_optimizer_settings(optimizer, scheduler, args) -> None:
+    """Write this invocation's optimizer and schedule settings into the state restored from a checkpoint (which
+    holds the saved ones): Adam's betas, epsilon and weight decay, the peak learning rate, and the current learning
+    rate recomputed from the schedule (with the new warmup) at the restored step."""
+    for group in optimizer.param_groups:
+        group.update(
+            betas=(args.adam_beta1, args.adam_beta2),
+            eps=args.adam_epsilon,
+            weight_decay=args.weight_decay,
+            initial_lr=args.learning_rate,
+        )
+    scheduler.base_lrs = [args.learning_rate for _ in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def build_model_like(model):
+    """A fresh (non-distributed) instance of `model`'s class and config, in float32 on CPU."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    return type(model)._from_config(config) if hasattr(type(model), "_from_config") else type(model)(config)
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields each shared tensor once
+
+
+def atomic_write_json(path: Path, data) -> None:
+    checkpointing.atomic_write(path, json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def use_cpu(args) -> bool:
+    """CPU when asked (`--cpu`, `accelerate launch --cpu`) or when no accelerator device exists."""
+    from accelerate.utils import is_mlu_available, is_mps_available, is_npu_available, is_xpu_available
+
+    if args.cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        return True
+    return not (
+        torch.cuda.is_available()
+        or is_mps_available()
+        or is_xpu_available()
+        or is_npu_available()
+        or is_mlu_available()
+    )
+
+
+def write_model_card(model_dir: Path, results: RunRecord, repo_id: str | None) -> None:
+    """The model card (model_cards.card) as `model_dir/README.md`, so the saved model carries it however it is
+    uploaded later (`hf upload`, `push_to_hub`). Models from outside hf_variants (`--model_type marian`) have no
+    card template: none is written. A failure is logged, never fatal: the trained model is saved regardless."""
+    from model_cards.card import FAMILIES, build_model_card
+
+    if results.model_type not in FAMILIES:
+        logger.info("No model card for %s (not an hf_variants model type)", results.model_type)
+        return
+    try:
+        build_model_card(model_dir, results, repo_id=repo_id).save(model_dir / "README.md")
+    except Exception:  # noqa: BLE001 - reported, and `python -m model_cards.card RUN_DIR` rewrites it
+        logger.exception(
+            "Could not write the model card into %s/README.md (rerun `python -m model_cards.card RUN_DIR` once fixed)",
+            model_dir,
+        )
+
+
+def push(run_dir: Path, args) -> None:
+    """Upload of run_dir/model with its card (model_cards.publish; the card is rebuilt from results.json with the
+    repository id)."""
+    from model_cards.publish import push_to_hub
+
+    url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
+    logger.info("Pushed to %s", url)
+
+
+# ------------------------------------------------------------------------------------------------------ stages
+def run_name_for(args, directions) -> str:
+    """--run_name, or <model_type>-<directions>[-bi][-<preset> unless small]."""
+    dir_label = "_".join(f"{s}-{t}" for s, t in directions) if len(directions) <= 3 else "multi"
+    preset_label = "" if args.preset == "small" or args.model_name_or_path else f"-{args.preset}"
+    return args.run_name or f"{args.model_type}-{dir_label}{'-bi' if args.bidirectional else ''}{preset_label}"
+
+
+def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list[str], run_lock.RunLock | None]:
+    """Lock the run folder (training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
+    earlier run in the folder unless resumed or overwritten, on the main process; every process stops when it
+    refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped (logged once
+    logging is set up) and the lock (None on the other processes)."""
+    found = {"skipped": []}
+
+    def prepare():  # the main process, holding the lock
+        found["resume"] = resume = checkpointing.resolve_resume(
+            args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"]
+        )
+        if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
+            if args.overwrite_output_dir:
+                run_lock.clear_run_dir(run_dir)
+            elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
+                raise FileExistsError(
+                    f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
+                    f"continue it or --overwrite_output_dir to start over."
+                )
+
+    lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
+    return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
+
+
+def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> list[dict]:
+    """The settings this invocation changes against the checkpoint to resume (refused unless allowed)."""
+    if resume is None:
+        return []
+    saved = checkpointing.check_resumable(resume)
+    changes = settings.resume_changes(
+        saved.get("settings", {}), run_settings, set(args.allow_changed_settings or ()), where=str(resume)
+    )
+    for change in changes:
+        logger.log(
+            logging.INFO if change["free"] else logging.WARNING,
+            "Resuming %s with %s changed: %s -> %s%s",
+            resume.name,
+            change["setting"],
+            json.dumps(change["from"]),
+            json.dumps(change["to"]),
+            "" if change["free"] else " (allowed by --allow_changed_settings; recorded)",
+        )
+    return changes
+
+
+def set_cpu_threads(args, accelerator) -> None:
+    if accelerator.device.type == "cpu":
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(args.num_threads or max(1, cores // max(local_processes, 1)))
+
+
+def setup_run(args) -> RunContext:
+    """Stage 1: languages and directions, the Accelerator, the run folder, logging, the checkpoint to resume and
+    the settings it changes (checked before anything is loaded)."""
+    import datetime
+
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    languages, directions = resolve_languages(args)
+    trackers = [t for t in args.report_to if t != "none"]
+    run_name = run_name_for(args, directions)
+    run_dir = Path(args.output_dir) if args.output_dir else RUNS_DIR / run_name
+    accelerator = Accelerator(
+        # Without cpu=True, accelerate 1.15 leaves a multi-process launch on a machine without accelerators as
+        # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
+        cpu=use_cpu(args),
+        mixed_precision=args.mixed_precision,
+        log_with=trackers or None,
+        project_dir=str(run_dir / "logs"),
+        step_scheduler_with_optimizer=False,  # the scheduler steps once per optimizer step, whatever the world size
+        # the other processes wait for the main one while it builds the data cache (first launch on a new corpus)
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=args.ddp_timeout))],
+    )
+    resume, skipped, lock = prepare_run_dir(accelerator, run_dir, args)
+    try:
+        setup_logging(accelerator, run_dir)
+        for message in skipped:  # damaged checkpoints `latest` passed over
+            logger.warning(message)
+        # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
+        run_settings = settings.run_settings(
+            args,
+            num_processes=accelerator.num_processes,
+            mixed_precision=str(accelerator.mixed_precision),
+            device=accelerator.device.type,
+        )
+        settings_changes = resume_settings_changes(args, resume, run_settings)
+    except BaseException:  # a refused resume: the run folder is free again
+        if lock is not None:
+            lock.release()
+        raise
+    set_cpu_threads(args, accelerator)
+    logger.info(
+        "Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process",
+        run_dir,
+        accelerator.num_processes,
+        accelerator.distributed_type,
+        accelerator.mixed_precision,
+        torch.get_num_threads(),
+    )
+    return RunContext(
+        args=args,
+        accelerator=accelerator,
+        run_name=run_name,
+        run_dir=run_dir,
+        languages=languages,
+        directions=directions,
+        eval_directions=pair_directions(directions, args.bidirectional),
+        trackers=trackers,
+        resume=resume,
+        run_settings=run_settings,
+        settings_changes=settings_changes,
+        session_start=time.time(),
+        lock=lock,
+    )
+
+
+def direction_label(directions, bidirectional: bool) -> str:
+    return ", ".join(f"{s}-{t}" for s, t in directions) + (" both ways" if bidirectional else "")
+
+
+def build_stream(run: RunContext, sets: dict, tokenizer, target_tags: bool):
+    """--streaming: the training split read as a stream, tokenized and length-bucketed in buffers."""
+    args, accelerator = run.args, run.accelerator
+    return data_pipeline.StreamingPairs(
+        sets["stream"],
+        run.languages,
+        run.directions,
+        tokenizer,
+        annotations=args.source_annotations,
+        target_annotations=args.bidirectional,
+        tag=int(target_tags),
+        max_length=args.max_length,
+        on_bad_pairs=args.on_bad_pairs,
+        buffer_rows=args.stream_buffer_rows,
+        max_tokens=args.max_tokens,
+        max_sentences=args.max_sentences,
+        seed=args.seed,
+        examples_per_item=2 if args.bidirectional else 1,
+        num_processes=accelerator.num_processes,
+        accumulation_steps=args.gradient_accumulation_steps,
+        skip_absent=len(run.languages) > 2,
+    )
+
+
+def build_sampler(run: RunContext, train_set):
+    """The token-batch sampler of the cached training pairs (one copy of each epoch's batches per node in a
+    multi-process run)."""
+    args, accelerator = run.args, run.accelerator
+    sampler = corpus.TokenBatchSampler(
+        train_set.src_len,
+        train_set.tgt_len,
+        args.max_tokens,
+        args.max_sentences,
+        seed=args.seed,
+        shuffle=True,
+        examples_per_item=2 if args.bidirectional else 1,
+    )
+    if accelerator.num_processes > 1:  # one copy of each epoch's batches, computed by each node's main process
+        # (the local one: a run folder on a node's own disk works too; on a shared one they write the same files)
+        sampler = corpus.SharedEpochs(
+            sampler, run.run_dir / "epoch_batches", accelerator.is_local_main_process, timeout=args.ddp_timeout
+        )
+    return sampler
+
+
+def count_steps(run: RunContext, sampler) -> tuple[int | None, int]:
+    """(optimizer steps per epoch or None for a stream, the run's optimizer steps), logged."""
+    args, accelerator = run.args, run.accelerator
+    if sampler is None:
+        logger.info(
+            "%d optimizer steps of micro-batches of <= %d tokens x %d processes x %d accumulation",
+            args.max_steps,
+            args.max_tokens,
+            accelerator.num_processes,
+            args.gradient_accumulation_steps,
+        )
+        return None, args.max_steps
+    steps_per_epoch = len(
+        corpus.StepPlan(sampler.epoch(0), accelerator.num_processes, args.gradient_accumulation_steps)
+    )
+    max_steps = math.ceil(args.num_epochs * steps_per_epoch) if args.num_epochs else args.max_steps
+    logger.info(
+        "%d optimizer steps (%d per epoch: %d micro-batches of <= %d tokens x %d processes x %d accumulation)",
+        max_steps,
+        steps_per_epoch,
+        len(sampler.epoch(0)),
+        args.max_tokens,
+        accelerator.num_processes,
+        args.gradient_accumulation_steps,
+    )
+    return steps_per_epoch, max_steps
+
+
+def load_data(run: RunContext) -> RunData:
+    """Stage 2: rows, tokenizer and pairs of every split (built by the main process first, memory-mapped from the
+    cache afterwards), the training batches and the run's length in optimizer steps. Seeds the run afterwards."""
+    from accelerate.utils import set_seed
+
+    args, accelerator = run.args, run.accelerator
+    t_data = time.time()
+    tokenizer, target_tags, sets, reports = main_process_first(
+        accelerator,
+        lambda: prepare_data(
+            args,
+            accelerator,
+            run.run_dir,
+            run.languages,
+            run.directions,
+            run.eval_directions,
+            resuming=run.resume is not None,
+        ),
+    )
+    train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
+    # seeded after the data: building a cache or finding it must not change the random states of the run
+    set_seed(args.seed)
+    valid_pairs = sets["valid"].to_pairs() if sets["valid"] is not None else []
+    test_pairs = sets["test"].to_pairs() if sets["test"] is not None else []
+    stream = build_stream(run, sets, tokenizer, target_tags) if args.streaming else None
+    label = direction_label(run.directions, args.bidirectional)
+    if stream is not None:
+        train_report = stream.report
+        logger.info(
+            "Data: %s streamed in buffers of %d rows (%s), %d validation, %d test; %s (ready in %.1f s)",
+            sets["stream"].label,
+            args.stream_buffer_rows,
+            label,
+            len(valid_pairs),
+            len(test_pairs),
+            eval_report.summary(),
+            time.time() - t_data,
+        )
+    else:
+        if not len(train_set):
+            raise DataError(f"No training pairs left ({train_report.summary()}).")
+        logger.info(
+            "Data: %d training pairs (%s), %d validation, %d test; %s; %s (ready in %.1f s)",
+            len(train_set),
+            label,
+            len(valid_pairs),
+            len(test_pairs),
+            train_report.summary(),
+            eval_report.summary(),
+            time.time() - t_data,
+        )
+    if train_set is not None and len(run.directions) > 1 and train_set.pairs_per_direction:
+        logger.info(
+            "Training pairs per direction: %s",
+            ", ".join(f"{d} {n:,}" for d, n in train_set.pairs_per_direction.items()),
+        )
+    sampler = build_sampler(run, train_set) if train_set is not None else None
+    valid_set = sets["valid"]
+    valid_batches = corpus.TokenBatchSampler(
+        valid_set.src_len if valid_set is not None else [],
+        valid_set.tgt_len if valid_set is not None else [],
+        args.max_tokens,
+        args.max_sentences,
+        shuffle=False,
+        examples_per_item=2 if args.bidirectional else 1,
+    ).batches(0)
+    steps_per_epoch, max_steps = count_steps(run, sampler)
+    return RunData(
+        tokenizer=tokenizer,
+        target_tags=target_tags,
+        train_set=train_set,
+        stream=stream,
+        sampler=sampler,
+        valid_pairs=valid_pairs,
+        valid_batches=valid_batches,
+        test_pairs=test_pairs,
+        train_report=train_report,
+        eval_report=eval_report,
+        steps_per_epoch=steps_per_epoch,
+        max_steps=max_steps,
+    )
+
+
+def check_source_annotations(model, args) -> None:
+    """A model that reads per-sentence source annotations (e.g. the syntactic MG-SA's parses) needs them passed."""
+    required = dict(getattr(model.config, "required_source_annotations", None) or {})
+    missing = {name: hint for name, hint in required.items() if name not in args.source_annotations}
+    if missing:
+        name, hint = next(iter(missing.items()))
+        raise DataError(
+            f"{model.config.model_type} with this config reads the source annotation {name!r} of every "
+            f"sentence: pass --source_annotations {' '.join(missing)} (files <prefix>.<lang>.{name}[.gz] "
+            f'beside the text files, one a line, or a top-level {{"{name}": {{lang: value}}}} in JSONL '
+            f"rows), {hint}."
+        )
+
+
+def resume_job(run: RunContext, job: Job) -> None:
+    """Load the checkpoint to resume into the prepared job: model, optimizer, random states, progress and the
+    scheduler; settings allowed to change take their new values."""
+    args, resume = run.args, run.resume
+    changed = {c["setting"] for c in run.settings_changes}
+    saved_state = checkpointing.load_checkpoint(run.accelerator, resume, missing_rng_ok="num_processes" in changed)
+    try:
+        job.state.load_state_dict(saved_state["train_state"])
+        job.scheduler.load_state_dict(saved_state["scheduler"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise checkpointing.CheckpointError(
+            f"{resume / checkpointing.TRAINER_STATE} is malformed ({type(err).__name__}: {err})."
+        ) from None
+    if changed & settings.OPTIMIZER_SETTINGS:
+        apply_optimizer_settings(job.optimizer, job.scheduler, args)
+    job.state.settings_changes += [{"step": job.state.step, **c} for c in run.settings_changes]
+    logger.info(
+        "Resumed from %s: step %d, epoch %d (+%d steps)",
+        resume,
+        job.state.step,
+        job.state.epoch,
+        job.state.step_in_epoch,
+    )
+
+
+def generation_defaults(generation_config, args):
+    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6), as the model's default."""
+    generation_config.num_beams = args.num_beams
+    if args.num_beams > 1:  # a length penalty only applies to beam search
+        generation_config.length_penalty = args.length_penalty
+    return generation_config
+
+
+def save_model_config(run_dir: Path, model, args) -> None:
+    """run_dir/model_config (config.json, generation_config.json), written when the run starts: with the run's
+    tokenizer/ it lets `translate.py --model RUN/checkpoints/step_N` load a checkpoint of a run still training."""
+    import copy
+
+    target = run_dir / MODEL_CONFIG_DIR
+    tmp = run_dir / f".tmp_{MODEL_CONFIG_DIR}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.config.save_pretrained(tmp)
+    generation_defaults(copy.deepcopy(model.generation_config), args).save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def build_job(run: RunContext, data: RunData) -> Job:
+    """Stage 3: model, optimizer and schedule, prepared by the Accelerator; the checkpoint to resume loaded into
+    them; the trackers started with the run's hyperparameters."""
+    from transformers import get_scheduler
+
+    args, accelerator = run.args, run.accelerator
+    model = build_model(args, data.tokenizer, run.languages, data.target_tags)
+    check_source_annotations(model, args)
+    params = count_parameters(model)
+    logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+    )
+    scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    job = Job(
+        model=model,
+        unwrapped=accelerator.unwrap_model(model),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=TrainState(),
+        params=params,
+    )
+    if accelerator.is_main_process:
+        save_model_config(run.run_dir, job.unwrapped, args)
+    if run.resume is not None:
+        resume_job(run, job)
+    elif args.resume_from_checkpoint:
+        logger.info("No checkpoint to resume from in %s: starting from scratch", run.checkpoint_dir)
+    job.hyperparameters = {k: v for k, v in vars(args).items() if k not in ("hub_token", "allow_changed_settings")}
+    job.hyperparameters.update(
+        max_steps=data.max_steps,
+        steps_per_epoch=data.steps_per_epoch,
+        num_processes=accelerator.num_processes,
+        target_language_tags=data.target_tags,
+        languages=run.languages,
+        directions=[f"{s}-{t}" for s, t in run.directions],
+    )
+    if run.trackers:
+        project, init_kwargs = tracker_init_kwargs(run.trackers, run.run_name, run.run_dir)
+        accelerator.init_trackers(
+            project,
+            config={k: v for k, v in job.hyperparameters.items() if isinstance(v, (int, float, str, bool))},
+            init_kwargs=init_kwargs,
+        )
+    return job
+
+
+def load_final_model(trainer: Trainer):
+    """The final model, built from checkpoint weights (the last step is always checkpointed) as a plain module on
+    every process: the same code path for DDP, FSDP (full state dict checkpoints) and single-process runs. Returns
+    (model, where its weights came from)."""
+    args, state, checkpoint_dir = trainer.args, trainer.state, trainer.run.checkpoint_dir
+    checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
+    if args.average_last and args.average_last > 1:
+        chosen = [p for _, p in checkpoints[-args.average_last :]]
+        if len(chosen) < args.average_last:
+            logger.warning(
+                "--average_last %d: only %d checkpoints exist; averaging those", args.average_last, len(chosen)
+            )
+        weights = checkpointing.average_checkpoints(chosen)
+        final_source = f"average of {', '.join(p.name for p in chosen)}"
+    elif args.final_model == "best" and state.best_step is not None:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.best_step}")
+        final_source = f"best validated checkpoint step_{state.best_step}"
+    else:
+        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
+        final_source = f"last step {state.step}"
+    logger.info("Final model: %s", final_source)
+    bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise TrainingStopped(
+            f"The final model ({final_source}) holds non-finite values in {len(bad)} tensor(s) "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): not saved.",
+            EXIT_NONFINITE,
+            {"reason": "nonfinite_final_model", "step": state.step, "final_model": final_source},
+        )
+    final_model = build_model_like(trainer.job.unwrapped)
+    checkpointing.load_model_weights(final_model, weights)
+    final_model.to(trainer.accelerator.device).eval()
+    return final_model, final_source
+
+
+def final_eval_split(args, data: RunData) -> tuple[str, list, str]:
+    """(split name, pairs, label) of the final evaluation: the test split, else the validation split."""
+    eval_split, eval_pairs = "test", data.test_pairs
+    if not eval_pairs:
+        eval_split, eval_pairs = "valid", data.valid_pairs
+    split_label = {
+        "test": args.test_file or args.test_prefix or args.test_split,
+        "valid": args.valid_file or args.valid_prefix or args.valid_split,
+    }[eval_split]
+    if args.dataset_name:
+        split_label = {"test": args.test_split, "valid": args.valid_split}[eval_split]
+    return eval_split, eval_pairs, str(split_label)
+
+
+def build_results(
+    trainer: Trainer,
+    final_model,
+    final_source: str | None,
+    scores: dict | None,
+    eval_split_label: str | None,
+    eval_pairs: list,
+    wall_time: float,
+) -> RunRecord:
+    """The run record written as results.json (and read by the model card)."""
+    args, run, data, state = trainer.args, trainer.run, trainer.data, trainer.state
+    directions, train_report, eval_report = run.directions, data.train_report, data.eval_report
+    return RunRecord(
+        **{
+            "model_type": final_model.config.model_type,
+            "variant": args.variant_name,  # the card falls back to the model family's name
+            "preset": None if args.model_name_or_path else args.preset,
+            "source_lang": directions[0][0] if len(directions) == 1 else None,
+            "target_lang": directions[0][1] if len(directions) == 1 else None,
+            "languages": run.languages,
+            "directions": [f"{s}-{t}" for s, t in run.eval_directions],
+            "bidirectional": args.bidirectional,
+            "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
+            "eval_split": eval_split_label,
+            "eval_pairs": len(eval_pairs),
+            "bleu": scores["bleu"] if scores else None,
+            "chrf": scores["chrf"] if scores else None,
+            "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
+            "chrf_signature": scores["chrf_signature"] if scores else None,
+            "params": trainer.job.params,
+            "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
+            "wall_time_sec": wall_time,
+            "train_time_sec": state.train_time,
+            "train_pairs": len(data.train_set) if data.stream is None else data.stream.kept_pairs,
+            "dropped_pairs": train_report.total,
+            "dropped_reasons": dict(sorted(train_report.counts.items())),
+            "dropped_examples": train_report.to_dict()["examples"],
+            "eval_dropped_pairs": eval_report.total,
+            "eval_dropped_reasons": dict(sorted(eval_report.counts.items())),
+            "steps": state.step,
+            "epochs": round(trainer.epoch_progress(), 3),
+            "final_model": final_source,
+            "best_step": state.best_step,
+            "validation": state.evals,
+            "hyperparameters": trainer.job.hyperparameters,
+            "base_model": args.model_name_or_path,
+            "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
+            "num_processes": trainer.accelerator.num_processes,
+            # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
+            # the values of the last part of the run
+            "settings_changes": state.settings_changes,
+            "nonfinite_skipped": state.nonfinite_skipped,
+        }
+    )
+
+
+def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRecord) -> Path:
+    """run_dir/model, complete with its card, replacing the previous one in one rename."""
+    model_dir = run_dir / "model"
+    tmp = run_dir / ".tmp_model"
+    shutil.rmtree(tmp, ignore_errors=True)
+    generation_defaults(final_model.generation_config, args)
+    final_model.save_pretrained(tmp)
+    tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
+    tokenizer.save_pretrained(tmp)
+    write_model_card(tmp, results, args.hub_model_id)
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    os.replace(tmp, model_dir)
+    return model_dir
+
+
+def print_summary(
+    run_dir: Path, args, results: RunRecord, scores: dict | None, eval_split: str, model_dir: Path, train_report
+) -> None:
+    print(
+        f"\n{'=' * 80}\n{results.model_type} on {results.dataset} "
+        f"({', '.join(results.directions)}), {results.steps} steps, {results.wall_time_sec / 60:.1f} min"
+    )
+    if scores:
+        print(
+            f"{eval_split} ({results.eval_split}, {results.eval_pairs} pairs): BLEU {scores['bleu']:.2f}  "
+            f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}"
+        )
+        for e in scores["examples"][: args.num_examples]:
+            print(
+                f"\n[{e['direction']}] SRC: {e['source']}\n         REF: {e['reference']}\n"
+                f"         HYP: {e['translation']}"
+            )
+    print(
+        f"\nTrain pairs {results.train_pairs}, dropped {train_report.total} "
+        f"{dict(train_report.counts) if train_report.total else ''}; "
+        f"{results.train_tokens_per_sec:.0f} tokens/s"
+    )
+    print(
+        f"Model: {model_dir}  (AutoModelForSeq2SeqLM.from_pretrained after `import hf_variants`)\n"
+        f"Results: {run_dir / 'results.json'}\n{'=' * 80}"
+    )
+
+
+def finish(trainer: Trainer) -> dict | None:
+    """Stage 5: the final model (best, last or averaged checkpoint), its evaluation on the test split (else the
+    validation split), results.json, run_dir/model with its card, the summary, and the upload. Returns the results
+    on the main process (None on the others)."""
+    args, run, data, accelerator = trainer.args, trainer.run, trainer.data, trainer.accelerator
+    final_model, final_source = load_final_model(trainer)
+    eval_split, eval_pairs, split_label = final_eval_split(args, data)
+    scores = None
+    if eval_pairs:
+        scores = evaluate_pairs(
+            accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions, args.bidirectional, args
+        )
+    wall_time = trainer.wall_time()
+    results = None
+    if accelerator.is_main_process:
+        results = build_results(trainer, final_model, final_source, scores, split_label, eval_pairs, wall_time)
+        model_dir = save_final_model(run.run_dir, args, final_model, data.tokenizer, results)
+        if scores:
+            (run.run_dir / f"translations.{eval_split}.txt").write_text(
+                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8"
+            )
+        atomic_write_json(run.run_dir / "results.json", results.to_dict())
+        print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
+        if args.push_to_hub:
+            push(run.run_dir, args)
+    if run.trackers:
+        accelerator.end_training()
+    accelerator.wait_for_everyone()
+    return results.to_dict() if results is not None else None
+
+
+def record_stop(trainer: Trainer, stop: TrainingStopped) -> None:
+    """A run stopped before its end: a non-finite loss or model writes results.json with `stopped` (why, the step,
+    the last losses and the last finite checkpoint) and no final model; a preempted one writes nothing more (its
+    checkpoint is the record)."""
+    run, accelerator = trainer.run, trainer.accelerator
+    if accelerator.is_main_process and stop.details["reason"] != "preempted":
+        record = build_results(trainer, trainer.job.unwrapped, None, None, None, [], trainer.wall_time())
+        record.stopped = stop.details
+        atomic_write_json(run.run_dir / "results.json", record.to_dict())
+    logger.error("%s", stop)
+    if run.trackers:
+        accelerator.end_training()
+
+
+def main(argv=None) -> dict | None:
+    """setup_run → load_data → build_job → Trainer.train → finish. A run stopped early (a non-finite loss, a
+    preemption signal) raises `TrainingStopped`, whose `exit_code` the command line exits with."""
+    args = parse_args(argv)
+    run = setup_run(args)
+    try:
+        data = load_data(run)
+        job = build_job(run, data)
+        trainer = Trainer(run, data, job)
+        try:
+            trainer.train()
+            return finish(trainer)
+        except TrainingStopped as stop:
+            record_stop(trainer, stop)
+            raise
+    finally:
+        if run.lock is not None:  # the run folder's lock, released however the run ends
+            run.lock.release()
+
+
+def cli() -> None:
+    """The command line (`python -m hf_variants.training.train`, `hf-variants-train`, `training/train.py`)."""
+    try:
+        main()
+    except TrainingStopped as stopped:
+        print(f"train.py: {stopped}", file=sys.stderr)
+        sys.exit(stopped.exit_code)
+
+
+if __name__ == "__main__":
+    cli()
