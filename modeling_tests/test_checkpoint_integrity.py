@@ -1,4 +1,4 @@
-"""Damaged checkpoints and full disks (training/checkpointing.py): every checkpoint lists its files' sizes and
+"""Damaged checkpoints and full disks (hf_variants/training/checkpointing.py): every checkpoint lists its files' sizes and
 SHA-256; a resume names the damaged file and `latest` falls back to the newest intact checkpoint; checkpoints
 without the list still resume; a save on a full file system (a real tmpfs) names the file and the space, leaves no
 partial folder, and the previous checkpoint resumes."""

@@ -360,7 +360,7 @@ def test_target_language_tags_auto_is_off_for_tied():
     wins."""
     import importlib
 
-    train = importlib.import_module("training.train")
+    train = importlib.import_module("hf_variants.training.train")
     assert TiedTransformerConfig.default_target_language_tags(2) is False
     assert TransformerNmtConfig.default_target_language_tags(2) is True
     assert TransformerNmtConfig.default_target_language_tags(1) is False

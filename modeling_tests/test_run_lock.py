@@ -1,4 +1,4 @@
-"""One run per run folder (training/run_lock.py): a second train.py into a running run's --output_dir is refused
+"""One run per run folder (hf_variants/training/run_lock.py): a second train.py into a running run's --output_dir is refused
 naming the first (also under a 2-process launch, whose ranks all exit), and the lock of a process that died is
 taken over with a message."""
 
@@ -75,8 +75,8 @@ def test_second_launch_is_refused_while_the_first_runs(data_dir, tokenizer_dir, 
         assert "Training a shared" not in out_double and "optimizer steps" not in out_double
         # both ranks of the 2-process launch stop (rank 1 told by rank 0), none waits for a collective
         assert double.returncode != 0, out_double[-3000:]
-        assert f"[rank1]: training.run_lock.RunLockedError: {refusal}" in out_double, out_double[-3000:]
-        assert f"[rank0]: training.run_lock.RunLockedError: {refusal}" in out_double, out_double[-3000:]
+        assert f"[rank1]: hf_variants.training.run_lock.RunLockedError: {refusal}" in out_double, out_double[-3000:]
+        assert f"[rank0]: hf_variants.training.run_lock.RunLockedError: {refusal}" in out_double, out_double[-3000:]
         assert elapsed < 200  # refused at startup: a hang would wait for --ddp_timeout
         assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing of the first run touched
     finally:
@@ -111,7 +111,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
         holder.kill()
         holder.wait()
     assert json.loads((run / HOLDER_NAME).read_text())["pid"] == holder.pid  # left behind by the killed process
-    with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run) as lock:
+    with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(run) as lock:
         assert lock.took_over["pid"] == holder.pid
         assert json.loads((run / HOLDER_NAME).read_text())["pid"] == os.getpid()
     assert (
@@ -140,11 +140,11 @@ def test_holder_file_checks(tmp_path, caplog):
         with pytest.raises(RunLockedError, match=rf"PID {sleeper.pid}, .*its lock file is not locked"):
             RunLock(run).acquire()
         plant(pid=sleeper.pid, pid_start=run_lock._process_start_tick(sleeper.pid) + 1)  # PID reused since
-        with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run):
+        with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(run):
             pass
         assert f"PID {sleeper.pid} now belongs to another process" in caplog.text
         plant(pid=sleeper.pid, boot_id="another-boot")
-        with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run):
+        with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(run):
             pass
         assert "the machine has restarted since" in caplog.text
         plant(host="other-node", pid=sleeper.pid)  # fresh heartbeat on another host
@@ -152,7 +152,7 @@ def test_holder_file_checks(tmp_path, caplog):
             RunLock(run).acquire()
         old = time.time() - run_lock.STALE_AFTER_S - 60
         os.utime(run / HOLDER_NAME, (old, old))
-        with caplog.at_level(logging.WARNING, logger="training.run_lock"), RunLock(run) as lock:
+        with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(run) as lock:
             assert lock.took_over["host"] == "other-node"
         assert "its heartbeat stopped 3.0 min ago" in caplog.text
     finally:

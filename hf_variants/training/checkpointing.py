@@ -9,7 +9,7 @@ A checkpoint is `run_dir/checkpoints/step_N/`:
   the learning-rate scheduler's state, as JSON;
 - `rng_state_{rank}.json`: every process's random states (Python, NumPy, torch CPU and accelerator devices), as
   JSON;
-- `checkpoint.json`: the step, the format version, the run's settings (`training/settings.py`) and the manifest
+- `checkpoint.json`: the step, the format version, the run's settings (`hf_variants/training/settings.py`) and the manifest
   `files`: the size and SHA-256 of every other file of the checkpoint, written last.
 
 Accelerate's own pickles (`random_states_*.pkl`, and `custom_checkpoint_*.pkl` of objects registered for

@@ -12,7 +12,7 @@ test_2016_flickr and a few translations printed:
 Variants plug in through the model's interface only (no per-variant branches here): `prepare_translation_inputs`
 builds every batch, `.loss` already holds the auxiliary losses that `.aux_losses` lists (logged separately), and
 `after_optimizer_step()` runs after every optimizer step. `--model_type marian` trains transformers' MarianMTModel
-through the same loop (training/external.py) for side-by-side comparisons. See training/README.md for every option.
+through the same loop (hf_variants/training/external.py) for side-by-side comparisons. See training/README.md for every option.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
 
 
 def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.Rows | None:
-    """One split's rows (stage 1 of training/data_pipeline.py: read once, then memory-mapped from the cache),
+    """One split's rows (stage 1 of hf_variants/training/data_pipeline.py: read once, then memory-mapped from the cache),
     limited to the first --max_{split}_pairs rows."""
     source = split_source(args, split, languages, hub_splits)
     if source is None:
@@ -262,7 +262,7 @@ def main_process_first(accelerator, build):
 
 
 def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: bool):
-    """Rows, tokenizer, token counts and pairs of every split (training/data_pipeline.py), built on the first
+    """Rows, tokenizer, token counts and pairs of every split (hf_variants/training/data_pipeline.py), built on the first
     launch (main process first) and memory-mapped from the cache afterwards."""
     workers = args.preprocessing_num_workers or (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -443,7 +443,7 @@ def run_name_for(args, directions) -> str:
 
 
 def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list[str], run_lock.RunLock | None]:
-    """Lock the run folder (training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
+    """Lock the run folder (hf_variants/training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
     earlier run in the folder unless resumed or overwritten, on the main process; every process stops when it
     refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped (logged once
     logging is set up) and the lock (None on the other processes)."""
