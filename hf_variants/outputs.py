@@ -241,6 +241,73 @@ def _exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
+def staging_path(output: str | os.PathLike, command: str) -> Path:
+    """The hidden temporary sibling `command` writes `output` into (`.NAME.tmp-COMMAND`)."""
+    output = Path(os.path.expanduser(os.fspath(output)))
+    return output.with_name(f".{output.name}.tmp-{command}")
+
+
+def start_output_dir(
+    output: str | os.PathLike, *, command: str, force: bool = False, flag: str = "--output_dir"
+) -> Path:
+    """Check `output` (`check_output_dir`) and return an empty temporary sibling to write it into (a leftover of
+    an interrupted run of `command` is removed first). `commit_output_dir` puts it in place; `discard_output_dir`
+    removes it after a failure."""
+    check_output_dir(output, command=command, force=force, flag=flag)
+    staging = staging_path(output, command)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(staging):
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging)
+        else:
+            staging.unlink()
+    staging.mkdir()
+    return staging
+
+
+def discard_output_dir(output: str | os.PathLike, command: str) -> None:
+    """Remove the temporary folder of an unfinished write of `output` by `command`, if any."""
+    staging = staging_path(output, command)
+    if staging.is_dir() and not staging.is_symlink():
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def commit_output_dir(
+    staging: str | os.PathLike,
+    output: str | os.PathLike,
+    *,
+    command: str,
+    force: bool = False,
+    flag: str = "--output_dir",
+    log: Callable[[str], None] | None = print,
+) -> Path:
+    """Add the manifest to the complete folder `staging` and put it in place of `output` (checked again: absent,
+    empty, or with `force` a folder `command` wrote, whose files are listed through `log` before they go). The old
+    folder is swapped out in one step where the system can (Linux renameat2), else by two renames."""
+    staging, output = Path(staging), Path(os.path.expanduser(os.fspath(output)))
+    files = _files_under(staging)
+    (staging / OUTPUT_MANIFEST).write_text(
+        json.dumps({"format": _MANIFEST_FORMAT, "command": command, "files": files}, indent=1) + "\n"
+    )
+    # the folder may have changed while the command worked: check it again right before replacing it
+    replaced = check_output_dir(output, command=command, force=force, flag=flag)
+    if replaced and log is not None:
+        log(
+            f"--force: replacing {output} ({len(replaced)} file(s) {command} wrote before: "
+            f"{', '.join(replaced[:8])}{' ...' if len(replaced) > 8 else ''})"
+        )
+    if output.is_dir() and _exchange(staging, output):
+        shutil.rmtree(staging)  # now the old output
+    elif output.is_dir():
+        old = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
+        output.rename(old)
+        staging.rename(output)
+        shutil.rmtree(old)
+    else:
+        staging.rename(output)
+    return output
+
+
 @contextlib.contextmanager
 def atomic_output_dir(
     output: str | os.PathLike,
@@ -254,34 +321,10 @@ def atomic_output_dir(
     without an error, the manifest is added and the folder replaces `output` (checked with `check_output_dir`
     first: absent, empty, or with `force` a folder `command` wrote). On an error the temporary folder is removed
     and `output` is left as it was."""
-    output = Path(os.path.expanduser(os.fspath(output)))
-    replaced = check_output_dir(output, command=command, force=force, flag=flag)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
-    staging.mkdir()
+    staging = start_output_dir(output, command=command, force=force, flag=flag)
     try:
         yield staging
-        files = _files_under(staging)
-        (staging / OUTPUT_MANIFEST).write_text(
-            json.dumps({"format": _MANIFEST_FORMAT, "command": command, "files": files}, indent=1) + "\n"
-        )
-        # the folder may have changed while the command worked: check it again right before replacing it
-        replaced = check_output_dir(output, command=command, force=force, flag=flag)
-        if replaced and log is not None:
-            log(
-                f"--force: replacing {output} ({len(replaced)} file(s) {command} wrote before: "
-                f"{', '.join(replaced[:8])}{' ...' if len(replaced) > 8 else ''})"
-            )
-        if output.is_dir() and _exchange(staging, output):
-            shutil.rmtree(staging)  # now the old output
-        else:
-            if output.is_dir():
-                old = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
-                output.rename(old)
-                staging.rename(output)
-                shutil.rmtree(old)
-            else:
-                staging.rename(output)
+        commit_output_dir(staging, output, command=command, force=force, flag=flag, log=log)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

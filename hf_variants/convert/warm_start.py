@@ -87,6 +87,14 @@ from ..configuration_transformer_nmt import (
 from ..model_classes import MODEL_CLASSES
 from ..modeling_mute import project_doubly_stochastic
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
+from ..outputs import (
+    atomic_output_dir,
+    check_not_an_input,
+    check_output_dir,
+    int_in_range,
+    is_inside_folder,
+)
+from ..sizing import check_fits
 
 # Fields of the base that define the function it computes (or its vocabulary): the variant keeps them; an override
 # with another value is an error naming both values.
@@ -128,6 +136,8 @@ TRAINING_FIELDS = (
     "use_cache",
 )
 VARIANT_TYPES = ("mute_nmt", "hysan_nmt", "mgsa_nmt", "mimo_nmt", "tied_nmt")
+COMMAND = "warm_start"  # recorded in the output folder's manifest: what `--force` may replace
+REPORT_FILE = "warm_start.json"
 TIED_INITS = ("decoder", "encoder")
 PHRASE_HEADS_OUTPUTS = ("zero", "copy")
 # Files of a model folder that belong to its tokenizer (copied as they are).
@@ -472,6 +482,8 @@ def warm_start(
     phrase_heads_output: str = "zero",
     seed: int = 0,
     return_report: bool = False,
+    force: bool = False,
+    allow_large_model: bool = False,
 ):
     """A `model_type` model (eval mode) starting from the pretrained baseline `base` (a folder, Hub id, or
     `TransformerNmtForConditionalGeneration`; a MarianMTModel folder is converted first), saved to `output_dir`
@@ -482,15 +494,27 @@ def warm_start(
     `warm_started_from` (default: `base` as given; pass the Hub id of a converted opus-mt model). `tied_init`:
     `"decoder"` or `"encoder"` (Tied only); `phrase_heads_output`: `"zero"` or `"copy"` (MG-SA only). New parameters
     are initialised under `torch.manual_seed(seed)` (the global RNG is left as it was). With `return_report` the
-    result is `(model, WarmStartReport)`."""
+    result is `(model, WarmStartReport)`.
+
+    `output_dir` is checked before the base loads: it may not be, hold or lie inside the base folder, and a
+    non-empty one is replaced only with `force` and only when this function wrote it (`hf_variants.outputs`). The
+    variant's size is estimated from its config before it is built (`hf_variants.sizing.check_fits`, the base
+    and the variant in memory together): one that would not fit raises `ModelTooLargeError` naming the fields,
+    unless `allow_large_model`."""
     if tied_init not in TIED_INITS:
         raise ValueError(f"`tied_init` must be one of {TIED_INITS}, got {tied_init!r}.")
     if phrase_heads_output not in PHRASE_HEADS_OUTPUTS:
         raise ValueError(f"`phrase_heads_output` must be one of {PHRASE_HEADS_OUTPUTS}, got {phrase_heads_output!r}.")
     overrides = parse_config_overrides(config_overrides) if isinstance(config_overrides, str) else config_overrides
+    base_dir = base if isinstance(base, (str, os.PathLike)) else None
+    if output_dir is not None:
+        check_not_an_input(output_dir, {"--base": base_dir})
+        check_output_dir(output_dir, command=COMMAND, force=force)
     base_model, label = load_base(base)
     config = variant_config(base_model.config, model_type, overrides)
     config.warm_started_from = base_model_id or label
+    if not allow_large_model:  # the variant, and its state dict while it is filled
+        check_fits(config, training=False, extra_models=1, override_flag="--allow_large_model")
     generation_class = MODEL_CLASSES[model_type][2]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -506,37 +530,92 @@ def warm_start(
     variant.generation_config = copy.deepcopy(base_model.generation_config)
     variant.eval()
     if output_dir is not None:
-        save_warm_start(variant, output_dir, base if isinstance(base, (str, os.PathLike)) else None, report)
+        save_warm_start(variant, output_dir, base_dir, report, force=force)
     return (variant, report) if return_report else variant
 
 
-def save_warm_start(model, output_dir, base_dir=None, report: WarmStartReport | None = None) -> list[str]:
+def save_warm_start(
+    model, output_dir, base_dir=None, report: WarmStartReport | None = None, *, force: bool = False
+) -> list[str]:
     """Save `model` to `output_dir` with the tokenizer files of `base_dir` (a local folder) and the report
-    (`warm_start.json`); returns the tokenizer files copied."""
-    output = Path(output_dir)
-    model.save_pretrained(output)
+    (`warm_start.json`); returns the tokenizer files copied. The folder is written atomically (a temporary sibling,
+    then renamed); it may not be, hold or lie inside `base_dir`, and a non-empty one is replaced only with `force`
+    and only when a warm start wrote it."""
+    if base_dir is not None:
+        check_not_an_input(output_dir, {"--base": base_dir})
     copied = []
-    if base_dir is not None and Path(base_dir).is_dir():
-        for name in TOKENIZER_FILES:
-            if (Path(base_dir) / name).is_file():
-                shutil.copy2(Path(base_dir) / name, output / name)
-                copied.append(name)
-    if report is not None:
-        (output / "warm_start.json").write_text(
-            json.dumps(
-                {
-                    "base": report.base,
-                    "model_type": report.model_type,
-                    "copied": report.copied,
-                    "derived": report.derived,
-                    "initialised": report.initialised,
-                    "unused_base_tensors": report.unused,
-                },
-                indent=1,
+    with atomic_output_dir(output_dir, command=COMMAND, force=force) as staging:
+        model.save_pretrained(staging)
+        if base_dir is not None and Path(base_dir).is_dir():
+            for name in TOKENIZER_FILES:
+                if (Path(base_dir) / name).is_file():
+                    shutil.copy2(Path(base_dir) / name, staging / name)
+                    copied.append(name)
+        if report is not None:
+            (staging / REPORT_FILE).write_text(
+                json.dumps(
+                    {
+                        "base": report.base,
+                        "model_type": report.model_type,
+                        "copied": report.copied,
+                        "derived": report.derived,
+                        "initialised": report.initialised,
+                        "unused_base_tensors": report.unused,
+                    },
+                    indent=1,
+                )
+                + "\n"
             )
-            + "\n"
-        )
     return copied
+
+
+def load_warm_start_report(folder: str | os.PathLike) -> WarmStartReport:
+    """The `warm_start.json` of a warm-started model folder, read as untrusted input: a ValueError naming the file
+    and the field when it is not JSON, a field has the wrong type, or the file is a link leaving the folder."""
+    path = Path(folder) / REPORT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {folder} was not written by a warm start.")
+    if not is_inside_folder(folder, REPORT_FILE):
+        raise ValueError(f"{path} points outside {folder}; refusing to read it.")
+    if path.stat().st_size > 256 * 1024 * 1024:
+        raise ValueError(f"{path} is {path.stat().st_size} bytes: too large for a warm-start report.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+
+    def field_of(name, kind):
+        value = data.get(name)
+        ok = isinstance(value, str) if kind is str else isinstance(value, kind)
+        if ok and kind is dict:
+            ok = all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        if ok and kind is list:
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            what = {str: "a string", dict: "an object of strings", list: "a list of strings"}[kind]
+            raise ValueError(f"{path}: `{name}` must be {what}, got {type(value).__name__}.")
+        return value
+
+    model_type = field_of("model_type", str)
+    if model_type not in VARIANT_TYPES:
+        raise ValueError(f"{path}: `model_type` must be one of {list(VARIANT_TYPES)}, got {model_type!r}.")
+    return WarmStartReport(
+        base=field_of("base", str),
+        model_type=model_type,
+        copied=field_of("copied", dict),
+        derived=field_of("derived", dict),
+        initialised=field_of("initialised", dict),
+        unused=field_of("unused_base_tensors", list),
+    )
+
+
+def _overrides_flag(text: str) -> dict[str, Any]:
+    try:
+        return parse_config_overrides(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def main(argv=None) -> None:
@@ -546,18 +625,33 @@ def main(argv=None) -> None:
     parser.add_argument("--base", required=True, help="folder (or Hub id) of a transformer_nmt or MarianMTModel")
     parser.add_argument("--model_type", required=True, choices=VARIANT_TYPES)
     parser.add_argument(
-        "--config_overrides", action="append", default=[], help="key=value,... variant fields (repeatable)"
+        "--config_overrides",
+        action="append",
+        default=[],
+        type=_overrides_flag,
+        help="key=value,... variant fields (repeatable)",
     )
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--base_model_id", help="recorded as `warm_started_from` (default: --base)")
     parser.add_argument("--tied_init", choices=TIED_INITS, default="decoder")
     parser.add_argument("--phrase_heads_output", choices=PHRASE_HEADS_OUTPUTS, default="zero")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_in_range(0, 2**63 - 1), default=0)
+    parser.add_argument(
+        "--force", action="store_true", help="replace a non-empty --output_dir that a warm start wrote before"
+    )
+    parser.add_argument(
+        "--allow_large_model",
+        action="store_true",
+        help="build the variant even when its estimated size exceeds the available memory",
+    )
     args = parser.parse_args(argv)
     overrides: dict[str, Any] = {}
-    for spec in args.config_overrides:
-        overrides.update(parse_config_overrides(spec))
+    for parsed in args.config_overrides:
+        overrides.update(parsed)
     try:
+        # before anything loads: the output is no input, and can be written
+        check_not_an_input(args.output_dir, {"--base": args.base})
+        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
         _, report = warm_start(
             args.base,
             args.model_type,
@@ -568,8 +662,10 @@ def main(argv=None) -> None:
             phrase_heads_output=args.phrase_heads_output,
             seed=args.seed,
             return_report=True,
+            force=args.force,
+            allow_large_model=args.allow_large_model,
         )
-    except ValueError as error:
+    except (ValueError, FileExistsError) as error:  # OutputPathError and ModelTooLargeError are ValueErrors
         parser.exit(2, f"error: {error}\n")
     print(report.summary())
     tokenizer = [n for n in TOKENIZER_FILES if (Path(args.output_dir) / n).is_file()]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,11 @@ import torch
 
 from ..generation_transformer_nmt import check_tokenizer_fits_model
 from ..modeling_transformer_nmt import sinusoidal_positions
+from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, is_inside_folder
+
+COMMAND = "export_ctranslate2"  # recorded in the output folder's manifest: what `--force` may replace
+MANIFEST = "hf_variants_export.json"  # what translate_batch needs to decode like our generate
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 # our `activation_function` -> CTranslate2's Activation enum name
 ACTIVATIONS = {
@@ -212,65 +217,97 @@ def build_spec(model, tokenizer):
 
 def export(model, tokenizer, output_dir: str | Path, quantization: str | None = None, force: bool = False) -> Path:
     """Write `model` (a transformer_nmt model) as a CTranslate2 model folder, with the tokenizer and the
-    generation config next to it. Returns the folder."""
+    generation config next to it. Returns the folder. The folder is written atomically (a temporary sibling,
+    renamed when complete); it may not be, hold or lie inside the folder the model was loaded from, and a non-empty
+    one is replaced only with `force` and only when this export wrote it (`hf_variants.outputs`)."""
     output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
+    check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
+    check_output_dir(output_dir, command=COMMAND, force=force)
     spec = build_spec(model.eval(), tokenizer)
     spec.validate()
     spec.optimize(quantization=quantization)
-    staging = output_dir.with_name(output_dir.name + ".tmp-export")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    spec.save(str(staging))
-    tokenizer.save_pretrained(staging)
-    model.generation_config.save_pretrained(staging)
-    tokens = vocabulary(tokenizer, model.config)
-    suppress = [[tokens[i]] for i in (model.generation_config.suppress_tokens or [])]
-    (staging / "hf_variants_export.json").write_text(
-        json.dumps(
-            {
-                "source_model_type": model.config.model_type,
-                "quantization": quantization or "float32",
-                "suppress_sequences": suppress,
-            },
-            indent=2,
+    with atomic_output_dir(output_dir, command=COMMAND, force=force) as staging:
+        spec.save(str(staging))
+        tokenizer.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)
+        tokens = vocabulary(tokenizer, model.config)
+        suppress = [[tokens[i]] for i in (model.generation_config.suppress_tokens or [])]
+        (staging / MANIFEST).write_text(
+            json.dumps(
+                {
+                    "source_model_type": model.config.model_type,
+                    "quantization": quantization or "float32",
+                    "suppress_sequences": suppress,
+                },
+                indent=2,
+            )
+            + "\n"
         )
-        + "\n"
-    )  # what translate_batch needs to decode like our generate
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    staging.rename(output_dir)  # the folder appears complete or not at all
     return output_dir
 
 
-def main(argv=None) -> Path:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+def read_export_manifest(folder: str | os.PathLike) -> dict:
+    """The export's `hf_variants_export.json`, read as untrusted input: a ValueError naming the file and the field
+    when it is not JSON, a field has the wrong type, or the file is a link leaving the folder."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {folder} was not written by export_ctranslate2.")
+    if not is_inside_folder(folder, MANIFEST):
+        raise ValueError(f"{path} points outside {folder}; refusing to read it.")
+    if path.stat().st_size > 64 * 1024 * 1024:
+        raise ValueError(f"{path} is {path.stat().st_size} bytes: too large for an export manifest.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    for name in ("source_model_type", "quantization"):
+        if not isinstance(data.get(name), str):
+            raise ValueError(f"{path}: `{name}` must be a string, got {type(data.get(name)).__name__}.")
+    if data["quantization"] not in QUANTIZATIONS:
+        raise ValueError(f"{path}: `quantization` must be one of {list(QUANTIZATIONS)}, got {data['quantization']!r}.")
+    suppress = data.get("suppress_sequences")
+    if not (
+        isinstance(suppress, list)
+        and all(isinstance(seq, list) and seq and all(isinstance(t, str) for t in seq) for seq in suppress)
+    ):
+        raise ValueError(f"{path}: `suppress_sequences` must be a list of non-empty lists of token strings.")
+    return {k: data[k] for k in ("source_model_type", "quantization", "suppress_sequences")}
 
+
+def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="saved transformer_nmt model folder")
     parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="store the weights quantized (default: float32)")
     parser.add_argument(
-        "--quantization",
-        choices=["int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32"],
-        help="store the weights quantized (default: float32)",
+        "--force", action="store_true", help="replace a non-empty --output_dir that export_ctranslate2 wrote before"
     )
-    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
     args = parser.parse_args(argv)
+    try:  # before anything loads: the output is no input, and can be written
+        check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
+        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"error: {error}\n")
     try:
         import ctranslate2  # noqa: F401
     except ImportError as error:
         raise SystemExit(
             f"The CTranslate2 export needs the ctranslate2 package: pip install 'hf-variants[deploy]' ({error})."
         ) from error
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     except (OSError, ValueError) as error:
         raise SystemExit(f"No tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).") from error
-    out = export(model, tokenizer, args.output_dir, args.quantization, args.force)
+    try:
+        out = export(model, tokenizer, args.output_dir, args.quantization, args.force)
+    except (ValueError, FileExistsError) as error:
+        raise SystemExit(f"error: {error}") from error
     print(f"Saved the CTranslate2 model to {out}")
     return out
 

@@ -64,7 +64,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,14 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from ..outputs import (
+    check_not_an_input,
+    check_output_dir,
+    commit_output_dir,
+    discard_output_dir,
+    int_in_range,
+    start_output_dir,
+)
 from .attention import (
     SharedBufferCache,
     fuse_attention,
@@ -83,6 +90,7 @@ from .attention import (
 from .quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS, QUANTIZED_OP_TYPES, quantize
 
 MANIFEST = "onnx_manifest.json"
+COMMAND = "export_onnx"  # recorded in the output folder's manifest: what `--force` may replace
 GRAPH_FILES = {
     "fp32": ("encoder_model.onnx", "decoder_model.onnx"),
     "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx"),
@@ -632,8 +640,8 @@ def export(
     if int8_weights not in INT8_WEIGHTS:
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
     output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not force:
-        raise FileExistsError(f"{output_dir} exists and is not empty; pass --force to overwrite it.")
+    check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
+    check_output_dir(output_dir, command=COMMAND, force=force)
     original_config = model.config
     model = copy.deepcopy(model).eval()  # the export unties the output projection of its own copy
     model.requires_grad_(False)  # a traced `scan` (MG-SA's phrase recurrence) would otherwise trace its backward
@@ -651,10 +659,7 @@ def export(
     _untie_output_projection(model)
     fusion = _fuse(model, fuse_attention)
 
-    staging = output_dir.with_name(output_dir.name + ".tmp-export")
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging = start_output_dir(output_dir, command=COMMAND, force=force)  # a failed export's leftover is removed
     files = GRAPH_FILES["fp32"]
     _export_source_graph(model, traced, staging / files[0], opset)
     _export_step_graph(model, traced, staging / files[1], opset)
@@ -693,10 +698,8 @@ def export(
     manifest["attention_fusion"] = fusion
     manifest["shared_cache"] = shared
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    staging.rename(output_dir)  # the folder appears complete or not at all
-    return output_dir
+    # the folder appears complete or not at all; --force replaces only a folder this export wrote
+    return commit_output_dir(staging, output_dir, command=COMMAND, force=force)
 
 
 def _fuse(model, enabled: bool) -> dict:
@@ -741,8 +744,12 @@ def main(argv=None) -> Path:
         help="int8 weight format (see INT8_WEIGHTS): s8_reduce_range (default; VNNI's fast kernel, right on every "
         "CPU) or u8 (about half the error, 2-4x slower MatMuls on VNNI CPUs)",
     )
-    parser.add_argument("--opset", type=int, help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)")
-    parser.add_argument("--force", action="store_true", help="overwrite a non-empty --output_dir")
+    parser.add_argument(
+        "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace a non-empty --output_dir that export_onnx wrote before"
+    )
     parser.add_argument(
         "--no_fuse_attention",
         dest="fuse_attention",
@@ -758,6 +765,11 @@ def main(argv=None) -> Path:
         "fused; the manifest's shared_cache says whether, or why not)",
     )
     args = parser.parse_args(argv)
+    try:  # before anything loads: the output is no input, and can be written
+        check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
+        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"error: {error}\n")
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -785,6 +797,8 @@ def main(argv=None) -> Path:
         )
     except (ValueError, FileExistsError) as error:
         raise SystemExit(str(error)) from error
+    finally:
+        discard_output_dir(args.output_dir, COMMAND)  # an export that failed leaves no temporary folder
     manifest = json.loads((out / MANIFEST).read_text())
     print(
         f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
