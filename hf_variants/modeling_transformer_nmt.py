@@ -826,6 +826,18 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
         """Called by `from_pretrained` on the loaded model (MUTE: a stored M counts as projected; MG-SA: unused
         K/V rows of an older layout are sliced away)."""
 
+    def _upload_modified_files(self, working_dir, repo_id, *args, **kwargs):
+        """transformers' upload of `push_to_hub` / `save_pretrained(push_to_hub=True)`, with the model card of the
+        folder this model was loaded from (a training run's `model/README.md`) in place of transformers'
+        placeholder card, when the weights are still that folder's (a card describes the weights it was written
+        for). A card the repository already has is kept, as transformers does."""
+        readme = os.path.join(working_dir, "README.md")
+        card = saved_model_card(self, repo_id)
+        if card is not None and (not os.path.isfile(readme) or _is_placeholder_card(readme)):
+            with open(readme, "w", encoding="utf-8") as f:
+                f.write(card)
+        return super()._upload_modified_files(working_dir, repo_id, *args, **kwargs)
+
     def _output_flags(self, output_attentions, output_hidden_states, return_dict=None) -> tuple[bool, bool, bool]:
         """The forward's output flags, each falling back to the config when not given."""
         config = self.config
@@ -834,6 +846,40 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
             bool(config.output_hidden_states if output_hidden_states is None else output_hidden_states),
             bool(config.return_dict if return_dict is None else return_dict),
         )
+
+
+# The usage snippet's repository id in a card written before the repository was known (model_cards.card).
+CARD_PLACEHOLDER_REPO_ID = "ORG/NAME"
+
+
+def _is_placeholder_card(path: str) -> bool:
+    """Whether README.md at `path` is the card transformers writes for a repository without one."""
+    with open(path, encoding="utf-8") as f:
+        return "has been automatically generated" in f.read()
+
+
+def saved_model_card(model: PreTrainedModel, repo_id: str | None = None) -> str | None:
+    """The README.md of the local folder `model` was loaded from (`config.name_or_path`) when the model's weights
+    equal the folder's saved ones, with the card's placeholder repository id replaced by `repo_id`; else None."""
+    folder = getattr(model.config, "name_or_path", None) or ""
+    readme = os.path.join(folder, "README.md")
+    weights = os.path.join(folder, "model.safetensors")
+    if not (os.path.isdir(folder) and os.path.isfile(readme) and os.path.isfile(weights)):
+        return None
+    state = model.state_dict()
+    with safe_open(weights, framework="pt") as saved:
+        for name in saved.keys():
+            tensor = state.get(name)
+            if tensor is None or not torch.equal(tensor.detach().cpu(), saved.get_tensor(name)):
+                return None
+    with open(readme, encoding="utf-8") as f:
+        card = f.read()
+    if repo_id:
+        card = "\n".join(
+            line for line in card.split("\n") if not line.startswith(f"Replace `{CARD_PLACEHOLDER_REPO_ID}`")
+        )
+        card = card.replace(f'"{CARD_PLACEHOLDER_REPO_ID}"', f'"{repo_id}"')
+    return card
 
 
 # ----------------------------------------------------------------------------------------------------------- stacks

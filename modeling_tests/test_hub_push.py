@@ -629,9 +629,8 @@ def test_pushed_repo_has_card_code_and_weights(published, model_type):
 # ======================================================================= 4. transformers' own push_to_hub
 def saved_run_with_card(root: Path):
     """A tiny real model saved as a training run saves it (run/model + results.json) with its generated card."""
-    from model_cards.card import card_from_run
-
     from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+    from model_cards.card import card_from_run
 
     config = TransformerNmtConfig.from_preset(
         "tiny", vocab_size=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1
@@ -661,6 +660,7 @@ def transformers_hub(hub, monkeypatch):
     import transformers.utils.hub as transformers_hub_utils
 
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(transformers_hub_utils, "_hf_api", HfApi(endpoint=hub.url, library_name="transformers"))
     return hub
 
@@ -679,7 +679,8 @@ def test_model_push_to_hub_uploads_the_run_card(transformers_hub, tmp_path):
     remote = hub.files("org/pushed-by-transformers")
     uploaded = remote["README.md"].decode()
     assert uploaded == "\n".join(
-        line for line in local_card.replace('"ORG/NAME"', '"org/pushed-by-transformers"').split("\n")
+        line
+        for line in local_card.replace('"ORG/NAME"', '"org/pushed-by-transformers"').split("\n")
         if not line.startswith("Replace `ORG/NAME`")
     )
     card = ModelCard(uploaded)
@@ -689,7 +690,9 @@ def test_model_push_to_hub_uploads_the_run_card(transformers_hub, tmp_path):
     assert remote["model.safetensors"] == (model_dir / "model.safetensors").read_bytes()
     # save_pretrained(push_to_hub=True) into another folder: the same card
     model.save_pretrained(tmp_path / "copy", push_to_hub=True, repo_id="org/saved-and-pushed", token=TOKEN)
-    assert ModelCard(hub.files("org/saved-and-pushed")["README.md"].decode()).data.eval_results == card.data.eval_results
+    assert (
+        ModelCard(hub.files("org/saved-and-pushed")["README.md"].decode()).data.eval_results == card.data.eval_results
+    )
     # fine-tuned weights: the run's card no longer describes them
     with torch_no_grad():
         next(model.parameters()).add_(1.0)
