@@ -122,6 +122,11 @@ def _inputs(model, tokenizer, sentences, langs):
 SENTENCES = read_sentences("en", "val", n=6)
 
 
+def _loop(ort, **kwargs) -> torch.Tensor:
+    """transformers' own loop over the ORT graphs: asking for the scores, which the bound search does not return."""
+    return ort.generate(**kwargs, return_dict_in_generate=True, output_scores=True).sequences
+
+
 def test_fp32_generate_equals_torch(exported, tokenizer):
     model, folder, ort, _, langs = exported
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
@@ -138,6 +143,18 @@ def test_fp32_generate_equals_torch(exported, tokenizer):
             expected = model.generate(**inputs, max_new_tokens=16, **settings)
         got = ort.generate(**ort_inputs, max_new_tokens=16, **settings)
         assert torch.equal(got, expected), settings
+        bound = ort.shared_cache_graph is not None
+        path = ("bound_greedy" if settings["num_beams"] == 1 else "bound_beam") if bound else "loop"
+        assert ort.last_decoding["path"] == path, ort.last_decoding
+        # transformers' loop (what the bound search does not return: the scores) decodes the same
+        loop = ort.generate(**ort_inputs, max_new_tokens=16, return_dict_in_generate=True, **settings)
+        assert torch.equal(loop.sequences, expected), settings
+        cache = "shared_buffer" if bound else "concatenated"
+        assert ort.last_decoding["path"] == "loop" and ort.last_decoding["cache"] == cache, ort.last_decoding
+        assert (
+            ort.last_decoding["reason"] == "return_dict_in_generate=True (the bound search returns the sequences only)"
+            or not bound
+        )
     assert expected.shape[1] > 8  # decoded past a few steps
     for settings in (
         dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
@@ -214,9 +231,11 @@ def test_pipeline_through_ort(exported, tokenizer):
     gen = dict(num_beams=2, max_new_tokens=8)
     expected = pipeline("translation", model=model, tokenizer=tokenizer)(SENTENCES[:3], **kwargs, **gen)
     assert pipeline("translation", model=ort, tokenizer=tokenizer)(SENTENCES[:3], **kwargs, **gen) == expected
-    by_path = pipeline("translation", model=str(folder))
-    assert isinstance(by_path.model, OrtModelForSeq2SeqLM) and by_path.model.precision == "int8"
-    assert len(by_path(SENTENCES[:3], **kwargs, **gen)) == 3
+    by_path = pipeline("translation", model=str(folder))  # fp32 by default, as from_pretrained and translate.py
+    assert isinstance(by_path.model, OrtModelForSeq2SeqLM) and by_path.model.precision == "fp32"
+    assert by_path(SENTENCES[:3], **kwargs, **gen) == expected
+    int8 = pipeline("translation", model=str(folder), model_kwargs={"precision": "int8"})
+    assert int8.model.precision == "int8" and len(int8(SENTENCES[:3], **kwargs, **gen)) == 3
 
 
 def test_export_seconds_recorded(exported):
@@ -395,9 +414,9 @@ def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_ex
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
 
 
-def test_default_session_options_spin_only_in_the_search_op(baseline_export):
+def test_default_session_options_spin_only_in_the_bound_search(baseline_export):
     """Without `session_options`, the graphs of transformers' Python loop get idle intra-op threads that do not
-    busy-wait (torch computes the search between two runs, on the same cores), the BeamSearch op's sessions keep
+    busy-wait (torch computes the search between two runs, on the same cores), the bound search's step graph keeps
     ORT's spinning; given options are used everywhere, unchanged."""
     import onnxruntime
 
@@ -407,13 +426,12 @@ def test_default_session_options_spin_only_in_the_search_op(baseline_export):
     for graph in (ort.source_graph, ort.step_graph, ort.shared_cache_graph):
         options = graph.session.get_session_options()
         assert options.get_session_config_entry(key) == "0" and options.intra_op_num_threads == 2
-    runner = ort.search_op_runner()
-    assert runner.session_options.get_session_config_entry(key) == "1"
-    assert runner.session_options.intra_op_num_threads == 2
+    bound = ort._bound_graph().session.get_session_options()
+    assert bound.get_session_config_entry(key) == "1" and bound.intra_op_num_threads == 2
     mine = onnxruntime.SessionOptions()
     mine.intra_op_num_threads = 1
     ort = OrtModelForSeq2SeqLM.from_pretrained(folder, session_options=mine)
-    assert ort.search_op_runner().session_options is mine
+    assert ort.bound_session_options is mine and ort._bound_graph() is ort.shared_cache_graph
     options = ort.step_graph.session.get_session_options()
     assert options.intra_op_num_threads == 1
     with pytest.raises(Exception, match=key):  # the entry was never set: ORT's default
@@ -421,10 +439,10 @@ def test_default_session_options_spin_only_in_the_search_op(baseline_export):
 
 
 def test_sessions_leave_skip_layer_norm_unfused(baseline_export, tokenizer, tmp_path):
-    """Every session (the loop's graphs and the BeamSearch op's model) runs the residual Add + LayerNormalization as
-    two nodes: ORT's SkipLayerNormFusion is left out (`DISABLED_OPTIMIZERS`: its CPU kernel is the slower one), and
-    the decoding is still torch's; `disabled_optimizers=()` gets the fused op back. The graphs ORT optimized are read
-    back from `optimized_model_filepath` (each session writes its own there)."""
+    """Every session runs the residual Add + LayerNormalization as two nodes: ORT's SkipLayerNormFusion is left out
+    (`DISABLED_OPTIMIZERS`: its CPU kernel is the slower one), and the decoding is still torch's;
+    `disabled_optimizers=()` gets the fused op back. The graph ORT optimized is read back from
+    `optimized_model_filepath` (the last session built writes it: the shared-cache step graph)."""
     import onnx
     import onnxruntime
 
@@ -433,25 +451,17 @@ def test_sessions_leave_skip_layer_norm_unfused(baseline_export, tokenizer, tmp_
     with torch.no_grad():
         expected = model.generate(**inputs, num_beams=1, max_new_tokens=12)
 
-    def optimized_ops(**kwargs) -> list[set]:
-        ops = []
-        for graph in ("loop", "op"):
-            options = onnxruntime.SessionOptions()
-            options.optimized_model_filepath = str(tmp_path / f"{graph}.onnx")
-            ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", session_options=options, **kwargs)
-            if graph == "op":  # the op's session is built on first use
-                got = ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=True)
-                assert torch.equal(got, expected) and ort.last_decoding["path"] == "search_op"
-            optimized = onnx.load(str(tmp_path / f"{graph}.onnx"))
-            nodes = list(optimized.graph.node)
-            nodes += [n for node in nodes for a in node.attribute if a.type == a.GRAPH for n in a.g.node]
-            ops.append({node.op_type for node in nodes})
-        return ops
+    def optimized_ops(**kwargs) -> set:
+        options = onnxruntime.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", session_options=options, **kwargs)
+        got = ort.generate(**inputs, num_beams=1, max_new_tokens=12)
+        assert torch.equal(got, expected) and ort.last_decoding["path"] == "bound_greedy"
+        return {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
 
-    for ops in optimized_ops():
-        assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops, ops
-    for ops in optimized_ops(disabled_optimizers=()):
-        assert "SkipLayerNormalization" in ops, ops
+    ops = optimized_ops()
+    assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops, ops
+    assert "SkipLayerNormalization" in optimized_ops(disabled_optimizers=()), ops
 
 
 def test_graphs_run_without_hf_variants(baseline_export, tokenizer):
@@ -500,7 +510,7 @@ def test_graphs_run_without_hf_variants(baseline_export, tokenizer):
 def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
     """training/translate.py --onnx DIR: the same translations as --model (greedy: no length-penalty warning)."""
     sys.path.insert(0, str(__import__("conftest").REPO_ROOT))
-    from training import translate
+    from hf_variants.training import translate
 
     model, folder = baseline_export
     model = copy.deepcopy(model)
@@ -544,6 +554,11 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         ort.generate(**inputs, output_attentions=True, return_dict_in_generate=True)
     with pytest.raises(ValueError, match="cannot move to cuda"):
         ort.to("cuda")
+    # settings of decoding paths the package dropped: an error naming them, not silence
+    with pytest.raises(TypeError, match="`use_search_op=` is gone"):
+        ort.generate(**inputs, use_search_op=True)
+    with pytest.raises(TypeError, match="`shared_cache=` is gone"):
+        OrtModelForSeq2SeqLM.from_pretrained(folder, shared_cache=False)
 
 
 def _quantized_weights(path) -> list:
@@ -931,27 +946,84 @@ def test_decoder_masked_attention_torch_equals_ort(beams):
         )
 
 
-def test_folder_without_shared_cache_graph_decodes_as_before(baseline_export, tokenizer, tmp_path):
-    """A folder exported before the shared-cache graph (no `shared_cache` in its manifest, no such file) loads and
-    decodes through the step graph's concatenated cache, like torch; `shared_cache=True` says why it cannot."""
-    import shutil
+def _damaged(folder, tmp_path, name, damage):
+    """A copy of the export `folder` (graphs linked, not copied) whose manifest `damage(manifest, copy)` changed."""
+    copy_dir = tmp_path / name
+    copy_dir.mkdir()
+    for path in folder.iterdir():
+        if path.suffix == ".onnx" or path.name.endswith(".onnx.data"):
+            (copy_dir / path.name).hardlink_to(path)
+        elif path.is_file():
+            shutil.copy(path, copy_dir / path.name)
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    text = damage(manifest, copy_dir)
+    (copy_dir / "onnx_manifest.json").write_text(text if isinstance(text, str) else json.dumps(manifest))
+    return copy_dir
 
-    model, folder = baseline_export
-    old = tmp_path / "old"
-    shutil.copytree(folder, old)
-    manifest = json.loads((old / "onnx_manifest.json").read_text())
-    for name in manifest.pop("shared_cache")["graphs"].values():
-        (old / name).unlink()
-    (old / "onnx_manifest.json").write_text(json.dumps(manifest))
-    ort = OrtModelForSeq2SeqLM.from_pretrained(old, precision="fp32", num_threads=1)
-    assert ort.shared_cache_graph is None
-    inputs = model.prepare_translation_inputs(tokenizer, SENTENCES[:3])
-    with torch.no_grad():
-        expected = model.generate(**inputs, num_beams=4, max_new_tokens=10)
-    assert torch.equal(ort.generate(**inputs, num_beams=4, max_new_tokens=10, use_search_op=False), expected)
-    assert ort.last_decoding["cache"] == "concatenated"
-    with pytest.raises(ValueError, match="no shared-cache step graph .*exported before shared-cache graphs"):
-        OrtModelForSeq2SeqLM.from_pretrained(old, precision="fp32", shared_cache=True)
+
+def _set(path: str, value):
+    """A damage that sets the manifest entry at the dotted `path` to `value` (None: deletes it)."""
+
+    def damage(manifest, folder):
+        *parents, last = path.split(".")
+        node = manifest
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        if value is None:
+            del node[last]
+        else:
+            node[int(last) if last.isdigit() else last] = value(folder) if callable(value) else value
+
+    return damage
+
+
+def _outside_link(folder):
+    """A symlink inside `folder` to a graph outside it."""
+    outside = folder.parent / "outside"
+    outside.mkdir(exist_ok=True)
+    shutil.copy(folder / "encoder_model.onnx", outside / "encoder_model.onnx")
+    (folder / "linked.onnx").symlink_to(outside / "encoder_model.onnx")
+    return "linked.onnx"
+
+
+# the damaged manifest entry -> (the damage, what the error says)
+DAMAGED_MANIFESTS = {
+    "absolute": ("graphs.fp32.encoder", lambda folder: str((folder / "encoder_model.onnx").resolve()), "relative"),
+    "parent": ("graphs.fp32.decoder", lambda folder: f"../{folder.name}/decoder_model.onnx", "'..'"),
+    "symlink_outside": ("graphs.fp32.encoder", _outside_link, "resolves outside"),
+    "missing_file": ("graphs.fp32.encoder", "nothing.onnx", "not a file"),
+    "shared_cache_parent": ("shared_cache.graphs.int8", "../decoder_model_shared_cache_int8.onnx", "'..'"),
+    "graph_not_string": ("graphs.int8.decoder", 7, "must be a file name, got int"),
+    "num_layers_string": ("num_layers", "2", "must be an integer, got str"),
+    "dtype": ("decoder.inputs.0.dtype", "float16", "must be one of"),
+    "shape": ("encoder.outputs.0.shape", {"a": 1}, "must be a list, got dict"),
+    "no_shared_cache": ("shared_cache", None, "must be an object, got NoneType"),
+    "step_inputs": ("step_inputs", "tgt_lang_ids", "must be a list of strings"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_MANIFESTS))
+def test_damaged_manifest_refused(baseline_export, tmp_path, case):
+    """Every file the exporter wrote is untrusted when read back: a manifest naming a graph outside its folder
+    (absolute, `..`, a symlink pointing out), a missing graph, or a field of the wrong type is refused before any
+    graph is opened, the error naming the manifest and the entry; the intact copy loads."""
+    _, folder = baseline_export
+    entry, value, message = DAMAGED_MANIFESTS[case]
+    damaged = _damaged(folder, tmp_path, case, _set(entry, value))
+    with pytest.raises(
+        ValueError, match=re.escape(f"{damaged / 'onnx_manifest.json'}: entry '") + ".*" + re.escape(message)
+    ) as error:
+        OrtModelForSeq2SeqLM.from_pretrained(damaged)
+    assert entry.split(".")[0] in str(error.value)
+    intact = _damaged(folder, tmp_path, "intact", lambda manifest, copy_dir: None)
+    assert OrtModelForSeq2SeqLM.from_pretrained(intact, precision="int8").precision == "int8"
+
+
+def test_manifest_not_json_refused(baseline_export, tmp_path):
+    _, folder = baseline_export
+    damaged = _damaged(folder, tmp_path, "torn", lambda manifest, copy_dir: json.dumps(manifest)[:200])
+    with pytest.raises(ValueError, match=re.escape(str(damaged / "onnx_manifest.json")) + ": not valid JSON"):
+        OrtModelForSeq2SeqLM.from_pretrained(damaged)
 
 
 def test_shared_cache_graph_recorded(exported):
@@ -968,8 +1040,9 @@ def test_shared_cache_graph_recorded(exported):
         names = ", ".join(f"model.decoder.layers.{i}.self_attn" for i in range(model.config.decoder_layers))
         assert shared == {"written": False, "reason": f"decoder attention not fused: {reason} ({names})"}
         assert ort.shared_cache_graph is None and ort8.shared_cache_graph is None
-        with pytest.raises(ValueError, match="has no shared-cache step graph .*" + re.escape(reason)):
-            OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", shared_cache=True)
+        ort.generate(input_ids=torch.tensor([[5, 6, model.config.eos_token_id]]), num_beams=2, max_new_tokens=3)
+        assert ort.last_decoding["path"] == "loop" and ort.last_decoding["cache"] == "concatenated"
+        assert reason in ort.last_decoding["reason"]
         return
     assert shared["written"] and shared["graphs"] == export_onnx.SHARED_CACHE_FILES
     assert ort.shared_cache_graph is not None and ort8.shared_cache_graph is not None
@@ -1005,8 +1078,9 @@ def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenize
     capacity of 2 positions (the buffers grow 2 -> 4 -> 8 -> 16 while decoding; greedy and beam 4)."""
     model, folder, langs = shared_export
     shared = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
-    concat = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1, shared_cache=False)
-    assert shared.shared_cache_graph is not None and concat.shared_cache_graph is None
+    concat = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    concat.shared_cache_graph = None  # as a folder without that graph (MUTE, HySAN): the step graph's cache
+    assert shared.shared_cache_graph is not None
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     for settings in (
         dict(num_beams=1),
@@ -1020,8 +1094,11 @@ def test_shared_cache_loop_decodes_like_torch_and_concat(shared_export, tokenize
             runs.append((shared, 2, "shared_buffer"))
         for ort, capacity, cache in runs:
             ort.shared_cache_capacity = capacity
-            got = ort.generate(**inputs, max_new_tokens=16, use_search_op=False, **settings)
-            assert ort.last_decoding == {"path": "python_loop", "reason": "use_search_op=False", "cache": cache}
+            got = _loop(ort, **inputs, max_new_tokens=16, **settings)
+            reason = "return_dict_in_generate=True (the bound search returns the sequences only)"
+            if ort is concat:
+                reason = "no shared-cache step graph (none for precision='fp32')"
+            assert ort.last_decoding == {"path": "loop", "reason": reason, "cache": cache}
             assert torch.equal(got, expected), (settings, capacity, cache)
     assert expected.shape[1] > 8
 
@@ -1047,7 +1124,7 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
         with torch.no_grad():
             expected = model.generate(**inputs, num_beams=1, **settings)
         got = ort.generate(**inputs, num_beams=1, **settings)
-        assert ort.last_decoding["path"] == "shared_cache_greedy", ort.last_decoding
+        assert ort.last_decoding["path"] == "bound_greedy", ort.last_decoding
         assert torch.equal(got, expected), (capacity, settings)
         if "min_new_tokens" in settings:
             assert (expected[:, 1:13] != eos).all()
@@ -1060,8 +1137,8 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
     ort8.drop_finished = False
     bound = ort8.generate(**inputs, num_beams=1, max_new_tokens=16)
-    assert ort8.last_decoding["path"] == "shared_cache_greedy"
-    loop = ort8.generate(**inputs, num_beams=1, max_new_tokens=16, use_search_op=False)
+    assert ort8.last_decoding["path"] == "bound_greedy"
+    loop = _loop(ort8, **inputs, num_beams=1, max_new_tokens=16)
     assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop)
     assert ort8._bound_step_graph is None  # one intra-op thread: the loop's session serves
 
@@ -1117,11 +1194,11 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
             got = ort.generate(**inputs, **settings)
             rows = [shapes["decoder_input_ids"][0] for shapes in bound[1:]]  # after the first step's binding
             dropped.add(min(rows) < rows[0])
-            assert ort.last_decoding["path"] == "shared_cache_beam", ort.last_decoding
+            assert ort.last_decoding["path"] == "bound_beam", ort.last_decoding
             assert torch.equal(got, expected), (capacity, settings)
             bound_steps = len(steps)
             steps.clear()
-            assert torch.equal(ort.generate(**inputs, use_search_op=False, **settings), expected)
+            assert torch.equal(_loop(ort, **inputs, **settings), expected)
             assert bound_steps == len(steps), settings  # transformers' stopping rules: as many steps
             stopped_early.add(bound_steps < max_steps)
             ended.update((expected == eos).int().argmax(1).tolist())
@@ -1134,12 +1211,12 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
     ort8.drop_finished = False
     for settings in BOUND_BEAM_SETTINGS[:2]:
         bound = ort8.generate(**inputs, max_new_tokens=16, **settings)
-        assert ort8.last_decoding["path"] == "shared_cache_beam"
-        loop = ort8.generate(**inputs, max_new_tokens=16, use_search_op=False, **settings)
+        assert ort8.last_decoding["path"] == "bound_beam"
+        loop = _loop(ort8, **inputs, max_new_tokens=16, **settings)
         assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop), settings
     ort8.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=True)
     assert ort8.last_decoding == {
-        "path": "python_loop",
+        "path": "loop",
         "reason": "beam sampling (do_sample=True)",
         "cache": "shared_buffer",
     }
@@ -1159,12 +1236,11 @@ def _bound_shapes(graph, monkeypatch) -> list[dict]:
     return bound
 
 
-def test_shared_cache_beam_source_once_per_sentence(shared_export, tokenizer, tmp_path, monkeypatch):
+def test_shared_cache_beam_source_once_per_sentence(shared_export, tokenizer, monkeypatch):
     """Bound beam search feeds the shared-cache graph the source padding and the cross-attention keys/values once
     per sentence (the manifest's `cross_attention`: "per_sentence"; the graph groups each sentence's beams as the
-    queries of one MultiHeadAttention) and every other input per row; a folder exported before (no
-    `cross_attention` in its manifest: a graph that takes them per row) gets them per row, as transformers' loop
-    feeds them to either graph. Both decode beam search as torch does."""
+    queries of one MultiHeadAttention) and every other input per row; transformers' loop feeds them per row (each
+    row its own sentence), which the graph takes too. Both decode beam search as torch does."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     sentences, settings = inputs["input_ids"].shape[0], dict(num_beams=4, max_new_tokens=16, num_return_sequences=2)
@@ -1172,26 +1248,20 @@ def test_shared_cache_beam_source_once_per_sentence(shared_export, tokenizer, tm
         expected = model.generate(**inputs, **settings)
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
     assert manifest["shared_cache"]["cross_attention"] == "per_sentence"
-    before = tmp_path / "exported_before"
-    shutil.copytree(folder, before)
-    del manifest["shared_cache"]["cross_attention"]
-    (before / "onnx_manifest.json").write_text(json.dumps(manifest))
-    for path, source_rows in ((folder, sentences), (before, 4 * sentences)):
-        ort = OrtModelForSeq2SeqLM.from_pretrained(path, precision="fp32", num_threads=1)
-        bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
-        assert torch.equal(ort.generate(**inputs, **settings), expected), path
-        assert ort.last_decoding["path"] == "shared_cache_beam"
-        first, beams, *dropped = bound  # the first step once per sentence, then the beams (then fewer sentences)
-        assert first["decoder_input_ids"][0] == first["encoder_attention_mask"][0] == sentences
-        assert first["cross_key.0"][0] == sentences
-        assert beams["decoder_input_ids"][0] == 4 * sentences
-        for shapes in [beams, *dropped]:
-            rows = shapes["decoder_input_ids"][0]
-            sources = rows // 4 if source_rows == sentences else rows
-            assert shapes["encoder_attention_mask"][0] == shapes["cross_key.0"][0] == sources, (path, shapes)
-        bound.clear()
-        assert torch.equal(ort.generate(**inputs, use_search_op=False, **settings), expected), path
-        assert {shapes["cross_key.0"][0] for shapes in bound} == {4 * sentences}  # the loop: per row
+    ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp32", num_threads=1)
+    bound = _bound_shapes(ort.shared_cache_graph, monkeypatch)
+    assert torch.equal(ort.generate(**inputs, **settings), expected)
+    assert ort.last_decoding["path"] == "bound_beam"
+    first, beams, *dropped = bound  # the first step once per sentence, then the beams (then fewer sentences)
+    assert first["decoder_input_ids"][0] == first["encoder_attention_mask"][0] == sentences
+    assert first["cross_key.0"][0] == sentences
+    assert beams["decoder_input_ids"][0] == 4 * sentences
+    for shapes in [beams, *dropped]:
+        rows = shapes["decoder_input_ids"][0]
+        assert shapes["encoder_attention_mask"][0] == shapes["cross_key.0"][0] == rows // 4, shapes
+    bound.clear()
+    assert torch.equal(_loop(ort, **inputs, **settings), expected)
+    assert {shapes["cross_key.0"][0] for shapes in bound} == {4 * sentences}  # the loop: per row
 
 
 @pytest.mark.parametrize("beams", [1, 2])
@@ -1277,14 +1347,14 @@ def test_bound_search_sessions_with_several_threads(shared_export, tokenizer):
     with torch.no_grad():
         expected = model.generate(**inputs, num_beams=1, max_new_tokens=12)
     assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12), expected)
-    assert ort.last_decoding["path"] == "shared_cache_greedy"
+    assert ort.last_decoding["path"] == "bound_greedy"
     assert ort._bound_step_graph is not None and ort._bound_step_graph.session is not ort.shared_cache_graph.session
     assert _spinning(ort._bound_step_graph) == "1" and _spinning(ort.shared_cache_graph) == "0"
-    assert torch.equal(ort.generate(**inputs, num_beams=1, max_new_tokens=12, use_search_op=False), expected)
+    assert torch.equal(_loop(ort, **inputs, num_beams=1, max_new_tokens=12), expected)
     with torch.no_grad():
         expected = model.generate(**inputs, num_beams=3, max_new_tokens=12)
     assert torch.equal(ort.generate(**inputs, num_beams=3, max_new_tokens=12), expected)
-    assert ort.last_decoding["path"] == "shared_cache_beam"
+    assert ort.last_decoding["path"] == "bound_beam"
     head = ort._beam_head_graph.session.get_session_options()
     assert head.intra_op_num_threads == 1 and _spinning(ort._beam_head_graph) == "0"
     assert ort._bound_step_graph.session.get_session_options().intra_op_num_threads == 2
@@ -1306,9 +1376,9 @@ def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
     for precision in ("fp32", "int8"):
         logits = []
         for shared_cache in (True, False):
-            ort = OrtModelForSeq2SeqLM.from_pretrained(
-                folder, precision=precision, num_threads=1, shared_cache=shared_cache
-            )
+            ort = OrtModelForSeq2SeqLM.from_pretrained(folder, precision=precision, num_threads=1)
+            if not shared_cache:
+                ort.shared_cache_graph = None  # the step graph's concatenated cache, as MUTE's and HySAN's folders
             ort.shared_cache_capacity = 4
             encoder_outputs = ort.get_encoder()(**inputs)
             extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
@@ -1339,3 +1409,51 @@ def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
             torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
         else:  # a wrong row or position moves logits by O(1); a quantization step, by a small fraction
             assert (logits[0] - logits[1]).abs().max() < 0.01 * logits[1].abs().max(), precision
+
+
+def test_runtime_class_mro():
+    """The runtime classes built per model type (`OrtModelForSeq2SeqLM.ort_class`): their MRO is OrtModelForSeq2SeqLM
+    followed by the torch class's own MRO, OrtModelForSeq2SeqLM owns every method the runtime depends on, and the
+    generation code comes from the torch classes."""
+    from transformers import GenerationMixin, PreTrainedModel
+
+    from hf_variants.generation_transformer_nmt import TransformerNmtGenerationMixin
+    from hf_variants.model_classes import MODEL_CLASSES
+
+    runtime = ("__init__", "forward", "get_encoder", "to", "save_pretrained", "generate", "_sample", "_beam_search")
+    runtime += ("prepare_inputs_for_generation", "_reorder_cache", "_maybe_prepare_encoder_kwargs_for_generation")
+    for model_type, (_, _, torch_class) in MODEL_CLASSES.items():
+        cls = OrtModelForSeq2SeqLM.ort_class(model_type)
+        assert cls is OrtModelForSeq2SeqLM.ort_class(model_type)  # made once
+        mro = cls.__mro__
+        # the torch class's own MRO behind OrtModelForSeq2SeqLM: a name OrtModelForSeq2SeqLM does not define
+        # resolves exactly as on the torch model
+        assert mro == (cls, OrtModelForSeq2SeqLM, *torch_class.__mro__), mro
+        assert PreTrainedModel in torch_class.__mro__ and GenerationMixin in torch_class.__mro__
+
+        def owner(name):
+            return next(klass for klass in mro if name in vars(klass))
+
+        assert {name: owner(name) for name in runtime} == dict.fromkeys(runtime, OrtModelForSeq2SeqLM)
+        assert owner("prepare_translation_inputs") is TransformerNmtGenerationMixin
+        assert owner("_get_logits_processor") is TransformerNmtGenerationMixin
+        assert owner("_encode_sources") in torch_class.__mro__[:-3] and owner("_encode_sources") is not GenerationMixin
+
+
+def test_runtime_model_holds_no_weights_and_logs_its_precision(baseline_export, caplog):
+    """fp32 is the default precision of from_pretrained (as of the pipeline and translate.py); the loaded graphs are
+    logged once per load, naming the precision; the instance has no torch parameters or layers."""
+    _, folder = baseline_export
+    with caplog.at_level("INFO", logger="hf_variants.onnx.modeling"):
+        ort = OrtModelForSeq2SeqLM.from_pretrained(folder)
+        ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8")
+    loads = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Loaded the")]
+    assert loads == [
+        f"Loaded the fp32 ONNX graphs of {folder}: decoder_model.onnx, encoder_model.onnx, "
+        "decoder_model_shared_cache.onnx",
+        f"Loaded the int8 ONNX graphs of {folder}: decoder_model_int8.onnx, encoder_model_int8.onnx, "
+        "decoder_model_shared_cache_int8.onnx",
+    ]
+    assert ort.precision == "fp32" and ort8.precision == "int8"
+    assert list(ort.parameters()) == [] and list(ort.buffers()) == []
+    assert [type(m).__name__ for m in ort.modules()] == [type(ort).__name__, "_LanguageIds"]

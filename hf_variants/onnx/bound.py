@@ -1,7 +1,7 @@
-"""Greedy and beam search on the shared-cache step graph with every input and output bound once
-(`OrtModelForSeq2SeqLM.shared_cache_search`).
+"""Greedy and beam search on the shared-cache step graph with every input and output bound once (the default path
+of `OrtModelForSeq2SeqLM.generate()`, chosen by `decoding.choose()`).
 
-transformers' loop (and ONNX Runtime's BeamSearch op, less so) spends a step's time around the graph as well as in
+transformers' loop spends a step's time around the graph as well as in
 it: feeds gathered and bound, logits copied and processed, the cache handed on. On the shared-cache step graph
 (`OrtSharedCache`: the self-attention cache in buffers that DecoderMaskedMultiHeadAttention writes in place, beams
 reordered through the cache indirection) nothing of a step's inputs moves but the new tokens, the filled length and
@@ -15,10 +15,10 @@ of them) and per step only writes those in place and runs the graph.
   bookkeeping (`GenerationMixin._beam_search`: the sentences' top 2 * num_beams, finished hypotheses, length
   penalty, every `early_stopping`, `num_return_sequences`) in numpy on those [rows, k] candidates, with
   transformers' float32 arithmetic and order of operations, so its sequences are transformers'. Its first step runs
-  once per sentence (the beams are equal there), as the op and CTranslate2 run it.
+  once per sentence (the beams are equal there), as CTranslate2 runs it.
 
-Both decode with the logits processors the BeamSearch op takes (`onnx_generation.search_op_settings`: tokens never
-generated, eos suppressed below a minimum length; not no_repeat_ngram_size) and stop where transformers stops. With
+Both decode with the logits processors `decoding.search_settings` maps (tokens never generated, eos suppressed
+below a minimum length; not no_repeat_ngram_size) and stop where transformers stops. With
 `drop=True` (`OrtModelForSeq2SeqLM.drop_finished`, the default) finished sentences leave the batch
 (`BoundStep.keep`) once an eighth of it has finished, as CTranslate2 drops them; transformers decodes them to the
 batch's end. Their sequences and the others' stay the same in fp32; int8 graphs quantize activations per batch, so
@@ -26,9 +26,9 @@ there tokens may differ where the batch does. With drop=False every row gets wha
 loop's sequences. No imports of the model's module: the graphs (`_Graph`), the feeds and the cache come from
 `OrtModelForSeq2SeqLM`.
 
-Measured (small baseline, batch 32, 20 new tokens, 1 thread, AMD EPYC; `python benchmarks/bench_ort_search_op.py --size
-small --threads 1 --reps 5`, session 8): the BeamSearch op's tok/s times greedy 1.08 (fp32) / 1.39 (int8), beam 4
-1.10 / 1.20.
+Measured against ONNX Runtime's `com.microsoft::BeamSearch` op running the same graphs' whole loop (small baseline,
+batch 32, 20 new tokens, 1 thread, AMD EPYC): the op's tok/s times greedy 1.08 (fp32) / 1.39 (int8), beam 4 1.10 /
+1.20; the op is no longer used.
 """
 
 from __future__ import annotations
@@ -140,13 +140,13 @@ def _worth_dropping(live: np.ndarray) -> bool:
 
 
 def _never(settings: dict) -> np.ndarray:
-    """The token ids never generated (`search_op_settings`' vocabulary mask)."""
+    """The token ids never generated (`decoding.search_settings`' vocabulary mask)."""
     return np.flatnonzero(np.asarray(settings["inputs"]["vocab_mask"]) == 0)
 
 
 def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.Tensor:
     """Greedy search from the start tokens of `step` (beam width 1), with `settings`
-    (`onnx_generation.search_op_settings`' mapping). Returns the sequences [rows, length] as transformers returns
+    (`decoding.search_settings`' mapping). Returns the sequences [rows, length] as transformers returns
     them: the start token, the tokens, eos where a row ended, then the fill id, cut at the step where every row had
     ended or at max_length. Finished rows are fed the fill id, as transformers feeds them; `drop`: they leave the
     batch instead once `_worth_dropping` says so (the other rows' tokens stay the same, but in int8 graphs, whose
@@ -370,11 +370,11 @@ def beam_search(
 ) -> torch.Tensor:
     """transformers' beam search (`GenerationMixin._beam_search`) from the start tokens of `step` (rows = sentences *
     num_beams, beams of a sentence adjacent; the cache's beam width num_beams), with `settings`
-    (`onnx_generation.search_op_settings`' mapping: num_beams, length_penalty, num_return_sequences, max_length,
+    (`decoding.search_settings`' mapping: num_beams, length_penalty, num_return_sequences, max_length,
     the processors) and generation_config's `early_stopping` (True, False or "never"). `head`: the `_Graph` of
     `beam_head_model`. `first`: the step graph bound at one row per sentence (beam width 1, the same graph): the
     first step runs there, since every beam of a sentence holds the same start token (transformers runs it on every
-    beam; ONNX Runtime's BeamSearch op and CTranslate2 once per sentence), and its cache position is copied to the
+    beam; CTranslate2 once per sentence), and its cache position is copied to the
     beams. `drop`: a sentence whose hypotheses can no longer change (transformers' early-stop check says it cannot
     improve) leaves the batch once `_worth_dropping` says so, where transformers runs it on to the end (its tokens
     and the others' stay the same, but in int8 graphs, whose activations are quantized per batch). Returns the

@@ -5,32 +5,31 @@
     outputs = model.generate(**inputs, num_beams=4)            # transformers' generate(): every decoding mode
     pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`
 
-The object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()` drives
-the two ONNX graphs (the source graph once per batch, the step graph once per new token), so greedy and beam search
-(length penalty, early stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits processors,
-streamers, and the package's conveniences (`tgt_lang`, the default length rule, the length checks,
-`prepare_translation_inputs`) behave as on the torch model. Where the folder has the shared-cache step graph
-(`export_onnx`: every decoder attention fused), the self-attention cache is a set of preallocated buffers
-(`OrtSharedCache`) bound as both input and output of every step (IO binding on torch tensors): ONNX Runtime's
-DecoderMaskedMultiHeadAttention writes the new position in place, and beam search permutes the cache indirection (which
-beam holds each position) instead of copying the cache; `from_pretrained(..., shared_cache=False)` keeps the step
-graph's cache (past -> present, one position longer: a list of tensors that ONNX Runtime writes into torch buffers,
-reordered by copy like the torch cache), which folders without that graph use. Greedy search and beam search with
-`early_stopping=True` run instead as one call of ONNX Runtime's `com.microsoft::BeamSearch` op over the same graphs,
-with the same output (`onnx_generation`; `generate(..., use_search_op=False)` keeps the loop, `model.last_decoding`
-says which ran, and for the loop which cache); on a folder with the shared-cache graph, greedy and beam search (every
-`early_stopping`) run on it with every input and output bound once and transformers' bookkeeping in numpy
-(`onnx_bound`, `shared_cache_search`; `use_search_op=True` takes the op). CPU
-only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
+`from_pretrained` loads the fp32 graphs unless asked for `precision="int8"` (a folder exported with `--int8` has
+both) and logs which graphs it loaded. The object is the model type's generation class without its weights:
+transformers' `GenerationMixin.generate()` prepares each call, so greedy and beam search (length penalty, early
+stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits processors, streamers, and the
+package's conveniences (`tgt_lang`, the default length rule, the length checks, `prepare_translation_inputs`) behave
+as on the torch model. Which decoding runs is decided in one place, `decoding.choose()` (its docstring has the
+table); `model.last_decoding` records the path and why:
+
+- greedy and beam search run bound on the shared-cache step graph (`bound`: every input and output bound once,
+  transformers' bookkeeping in numpy), where the folder has that graph (`export_onnx`: every decoder attention
+  fused; MUTE and HySAN have none);
+- the rest runs in transformers' own loop over the step graph: on the shared-cache graph where the folder has it
+  (`OrtSharedCache`: preallocated buffers bound as both input and output of every step, written in place by ONNX
+  Runtime's DecoderMaskedMultiHeadAttention; beam search permutes a cache indirection instead of copying the
+  cache), else on the step graph's cache (`OrtCache`: past -> present, one position longer, reordered by copy like
+  the torch cache).
+
+CPU only (onnxruntime's CPUExecutionProvider). Outputs with attentions or hidden states are not available.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -40,17 +39,11 @@ from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
 from ..model_classes import MODEL_CLASSES
 from .bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
-from .generation import (
-    DISABLED_OPTIMIZERS,
-    SearchOpRunner,
-    decode_with_search_op,
-    defer_encoder,
-    inference_session,
-    search_op_refusal,
-)
+from .decoding import BOUND_GREEDY, LOOP, choose, may_skip_encoder
+from .manifest import MANIFEST, read_manifest
 
-MANIFEST = "onnx_manifest.json"  # export_onnx.MANIFEST (not imported: export_onnx imports the exporter's packages)
-CROSS_PER_SENTENCE = "per_sentence"  # export_onnx.CROSS_PER_SENTENCE
+logger = logging.getLogger(__name__)
+
 _NUMPY = {"float": np.float32, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
 # what `pipeline()` and the Auto classes pass to `from_pretrained` that means nothing for an exported folder
 _IGNORED_LOADING_KWARGS = {
@@ -66,13 +59,31 @@ _IGNORED_LOADING_KWARGS = {
     "_commit_hash",
     "subfolder",
 }
+# arguments that selected decoding paths no longer in the package: a clear error instead of silence
+_REMOVED_ARGUMENTS = {
+    "use_search_op": "ONNX Runtime's BeamSearch op is no longer used: greedy and beam search run bound on the "
+    "shared-cache graph, everything else in transformers' loop (see `hf_variants.onnx.decoding`)",
+    "shared_cache": "the step graph is chosen by the folder: the shared-cache graph where the export wrote it",
+}
 _TORCH = {"float": torch.float32, "int64": torch.long, "int32": torch.int32, "bool": torch.bool}
-_USE_SEARCH_OP: ContextVar[bool | None] = ContextVar("hf_variants_use_search_op", default=None)
-# (beam width, max_length) of the generate() decoding in progress: the shared cache's grouping and first capacity
-_DECODING: ContextVar[tuple[int, int] | None] = ContextVar("hf_variants_ort_decoding", default=None)
 # the shared cache's first capacity: a generate() call's max_length up to this (a plain forward over a cache: this);
 # a full buffer grows by doubling
 DEFAULT_SHARED_CACHE_CAPACITY = 64
+# ONNX Runtime graph transformers every session leaves out (`from_pretrained(disabled_optimizers=)` changes it):
+# SkipLayerNormFusion. Its CPU kernel (onnxruntime 1.32) took 2.9-7.2x the time of the Add + LayerNormalization it
+# replaces (one per sublayer: 9 per decoder step of the small model), and whole decodings ran 1.04-1.13x faster
+# without it (small, 1 thread)
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+
+def inference_session(model, options, providers, disabled_optimizers=DISABLED_OPTIMIZERS):
+    """An `onnxruntime.InferenceSession` on `model` (a path or a serialized model) with ONNX Runtime's graph
+    transformers named in `disabled_optimizers` left out."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(
+        model, sess_options=options, providers=providers, disabled_optimizers=list(disabled_optimizers)
+    )
 
 
 @dataclass
@@ -180,8 +191,9 @@ def default_session_options(threads: int, spinning: bool):
     optimizations, `threads` intra-op threads (0: ORT's default), one inter-op thread. `spinning`: whether idle
     intra-op threads busy-wait for the next run. Off for the graphs of transformers' Python loop: between two runs
     torch computes the search on the same cores, and ORT's spinning threads took them (small baseline, beam 4, 2
-    threads: 1203 tok/s spinning, 2225 not); on for the BeamSearch op, where ORT runs the whole loop (greedy, 2
-    threads: 11639 vs 8653). One thread has no idle thread to spin."""
+    threads: 1203 tok/s spinning, 2225 not); on for the bound search's step graph, where between two runs only numpy
+    works (a whole decoding inside ONNX Runtime, greedy, 2 threads: 11639 tok/s spinning, 8653 not). One thread has
+    no idle thread to spin."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -282,10 +294,10 @@ class _OrtEncoder:
 class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
     """An exported hf_variants model on ONNX Runtime, used like the torch model (see the module docstring).
 
-    `from_pretrained(folder, precision=None, num_threads=None, session_options=None, providers=None)` returns an
+    `from_pretrained(folder, precision="fp32", num_threads=None, session_options=None, providers=None)` returns an
     instance of the model type's class (e.g. `OrtTransformerNmtForConditionalGeneration`, a subclass of this one
-    and of the torch generation class, without its weights): `precision` "fp32" or "int8" (default: int8 when the
-    folder has int8 graphs)."""
+    and of the torch generation class, without its weights): `precision` "fp32" (the default) or "int8" (a folder
+    exported with `--int8`)."""
 
     _auto_class = None
     _ort_classes: dict[str, type] = {}
@@ -299,11 +311,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         session_options=None,
         providers=None,
         generation_config: GenerationConfig | None = None,
-        shared_cache: bool | None = None,
-        search_op_session_options=None,
+        bound_session_options=None,
         disabled_optimizers=DISABLED_OPTIMIZERS,
     ):
-        PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights
+        PreTrainedModel.__init__(self, config)  # not the torch class's __init__: no weights (see `ort_class`)
         if generation_config is not None:
             self.generation_config = generation_config
         self.folder, self.manifest, self.precision = folder, manifest, precision
@@ -316,61 +327,47 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
         self.source_graph = _Graph(session(files["encoder"]), manifest["encoder"])
         self.step_graph = _Graph(session(files["decoder"]), manifest["decoder"])
-        # the Python loop's steps on shared buffers where the folder has that graph (`OrtSharedCache`)
-        shared = manifest.get("shared_cache") or {"written": False, "reason": "exported before shared-cache graphs"}
+        # the shared-cache step graph where the folder has it for this precision (the bound search and the loop
+        # step on it), else None (the loop steps on `step_graph`'s concatenated cache)
+        shared = manifest["shared_cache"]
         self.shared_cache_graph = None
-        if shared_cache and not (shared["written"] and precision in shared["graphs"]):
-            raise ValueError(
-                f"shared_cache=True: {folder} has no shared-cache step graph for precision={precision!r} "
-                f"({shared.get('reason') or 'exported without --int8'})."
-            )
-        if shared_cache is not False and shared["written"] and precision in shared["graphs"]:
+        if shared["written"] and precision in shared["graphs"]:
             self.shared_cache_graph = _Graph(session(shared["graphs"][precision]), shared["decoder"])
-        # whether that graph takes the source padding and the cross-attention keys/values once per sentence (rows =
-        # sentences x beam width) or, exported before, once per row (a graph of either kind also takes them per
-        # row: each row its own sentence, as transformers' loop feeds them)
-        self._cross_per_sentence = shared.get("cross_attention") == CROSS_PER_SENTENCE
-        # `shared_cache_search`'s sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam
-        # search's candidates graph (`_beam_head`)
+        # the bound search's sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam search's
+        # candidates graph (`_beam_head`)
         self._bound_step_graph, self._beam_head_graph = None, None
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
-        # `shared_cache_search` takes finished sentences out of the batch (`onnx_bound.DROP_SHARE`), as CTranslate2
-        # does; False decodes every row to the end, as transformers' loop does (int8: activations are quantized per
+        # the bound search takes finished sentences out of the batch (`bound.DROP_SHARE`), as CTranslate2 does;
+        # False decodes every row to the end, as transformers' loop does (int8: activations are quantized per
         # batch, so tokens may differ where the rows do)
         self.drop_finished = True
-        self._cache_path = None
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
-        # greedy and beam search bound on the shared-cache graph or in ONNX Runtime's BeamSearch op where the call
-        # fits (`onnx_generation`);
-        # `last_decoding` says which path the last generate() took and why
-        self.use_search_op, self.last_decoding, self._search_op_runner = None, None, None
+        # the path the last generate() decoding took and why (`decoding.Decision.record()`)
+        self.last_decoding = None
         self.session_options, self.providers = session_options, providers
-        # the BeamSearch op's sessions: their own options where from_pretrained made them (thread spinning on)
-        self.search_op_session_options = search_op_session_options or session_options
-        self.search_op_refusal = search_op_refusal(manifest)
+        # the bound search's step-graph session options: their own where from_pretrained made them (spinning on)
+        self.bound_session_options = bound_session_options or session_options
 
     # ---------------------------------------------------------------------------------------------- loading
     @classmethod
     def from_pretrained(
         cls,
         pretrained_model_name_or_path,
-        precision: str | None = None,
+        precision: str = "fp32",
         num_threads: int | None = None,
         session_options=None,
         providers=None,
-        shared_cache: bool | None = None,
         disabled_optimizers=DISABLED_OPTIMIZERS,
         **kwargs,
     ):
-        """Load a folder written by `python -m hf_variants.export_onnx`. `shared_cache`: the Python decoding loop
-        steps on preallocated buffers (the folder's shared-cache step graph, `OrtSharedCache`) where the folder has
-        one (None, the default), always (True: an error where it has none) or never (False: the step graph's
-        concatenated cache, as folders without that graph do). `disabled_optimizers`: ONNX Runtime graph
-        transformers every session leaves out (default `onnx_generation.DISABLED_OPTIMIZERS`, which says why; `()`
-        runs them all). Loading arguments of torch models that
+        """Load a folder written by `python -m hf_variants.export_onnx`: its fp32 graphs, or with
+        `precision="int8"` its int8 graphs (logged once at load). The manifest is read as untrusted input
+        (`manifest.read_manifest`: every graph inside the folder, every field's type checked).
+        `disabled_optimizers`: ONNX Runtime graph transformers every session leaves out (default
+        `DISABLED_OPTIMIZERS`, which says why; `()` runs them all). Loading arguments of torch models that
         `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
         mean nothing here; any other argument raises a TypeError naming it."""
         dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
@@ -378,51 +375,41 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             raise TypeError(
                 f"OrtModelForSeq2SeqLM computes in float32 (precision='int8' for int8 weights), not dtype={dtype}."
             )
+        removed = sorted(set(kwargs) & set(_REMOVED_ARGUMENTS))
+        if removed:
+            raise TypeError(
+                f"OrtModelForSeq2SeqLM.from_pretrained: `{removed[0]}=` is gone: {_REMOVED_ARGUMENTS[removed[0]]}."
+            )
         unknown = sorted(set(kwargs) - _IGNORED_LOADING_KWARGS)
         if unknown:
             raise TypeError(f"OrtModelForSeq2SeqLM.from_pretrained got unexpected arguments {unknown}.")
         folder = Path(pretrained_model_name_or_path)
-        if not (folder / MANIFEST).is_file():
-            raise FileNotFoundError(
-                f"{folder} has no {MANIFEST}: export the model first with `python -m "
-                f"hf_variants.export_onnx --model MODEL --output_dir {folder}`."
-            )
+        manifest = read_manifest(folder)
         try:
             import onnxruntime  # noqa: F401  (the error below, before any session)
         except ImportError as error:
             raise ImportError("OrtModelForSeq2SeqLM needs onnxruntime: pip install 'hf-variants[onnx]'.") from error
-        manifest = json.loads((folder / MANIFEST).read_text())
         graphs = manifest["graphs"]
-        precision = precision or ("int8" if "int8" in graphs else "fp32")
         if precision not in graphs:
             raise ValueError(
                 f"precision={precision!r}: {folder} has graphs for {sorted(graphs)} (export with --int8 for int8)."
             )
-        if manifest.get("model_type") not in MODEL_CLASSES:
+        if manifest["model_type"] not in MODEL_CLASSES:
             raise ValueError(
-                f"{folder}/{MANIFEST}: unsupported model_type {manifest.get('model_type')!r} "
+                f"{folder / MANIFEST}: unsupported model_type {manifest['model_type']!r} "
                 f"(supported: {sorted(MODEL_CLASSES)})."
             )
         config = MODEL_CLASSES[manifest["model_type"]][0].from_pretrained(folder)
-        torch_class = MODEL_CLASSES[config.model_type][2]
-        ort_class = cls._ort_classes.get(config.model_type)
-        if ort_class is None:
-            ort_class = type(
-                f"Ort{torch_class.__name__}",
-                (OrtModelForSeq2SeqLM, torch_class),
-                {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__},
-            )
-            cls._ort_classes[config.model_type] = ort_class
-        search_op_session_options = None
+        bound_session_options = None
         if session_options is None:
             threads = num_threads if num_threads is not None else int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
             session_options = default_session_options(threads, spinning=False)
-            search_op_session_options = default_session_options(threads, spinning=True)
+            bound_session_options = default_session_options(threads, spinning=True)
         try:
             generation_config = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation_config = None
-        return ort_class(
+        model = cls.ort_class(config.model_type)(
             config,
             folder,
             manifest,
@@ -430,10 +417,41 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             session_options,
             providers,
             generation_config,
-            shared_cache,
-            search_op_session_options,
+            bound_session_options,
             disabled_optimizers,
         )
+        shared = manifest["shared_cache"]
+        logger.info(
+            "Loaded the %s ONNX graphs of %s: %s%s",
+            precision,
+            folder,
+            ", ".join(sorted(graphs[precision].values())),
+            f", {shared['graphs'][precision]}" if model.shared_cache_graph is not None else "",
+        )
+        return model
+
+    @classmethod
+    def ort_class(cls, model_type: str) -> type:
+        """The runtime class of `model_type`: `Ort<TorchClass>(OrtModelForSeq2SeqLM, TorchClass)`, made once per model
+        type, so that the torch class's generation code (`generate`'s conveniences, `prepare_translation_inputs` and
+        MG-SA's `_encode_sources`, the language inputs, the merged logits processors) runs on ONNX Runtime. Its MRO is
+        safe: it is the new class, `OrtModelForSeq2SeqLM`, then exactly the torch class's own MRO (C3 can place
+        `OrtModelForSeq2SeqLM`'s bases `PreTrainedModel` and `GenerationMixin` where the torch class has them, since it
+        derives from both in that order), so a name `OrtModelForSeq2SeqLM` does not define resolves as on the torch
+        model, and every method it defines (`__init__`, `forward`, `get_encoder`, `to`, `save_pretrained`, `generate`,
+        `_sample`, `_beam_search`, the cache hooks) wins; `__init__` calls only `PreTrainedModel.__init__`, so no torch
+        layer is built and the instance holds no weights. `test_onnx.py` checks the MRO, these owners and that no
+        parameter exists."""
+        ort_class = cls._ort_classes.get(model_type)
+        if ort_class is None:
+            torch_class = MODEL_CLASSES[model_type][2]
+            ort_class = type(
+                f"Ort{torch_class.__name__}",
+                (OrtModelForSeq2SeqLM, torch_class),
+                {"__module__": __name__, "__doc__": OrtModelForSeq2SeqLM.__doc__},
+            )
+            cls._ort_classes[model_type] = ort_class
+        return ort_class
 
     # -------------------------------------------------------------------------------------- torch-model API
     @property
@@ -527,7 +545,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return result
 
     def _default_input(self, name: str, batch: int) -> torch.Tensor:
+        """The value of a graph input the caller did not give: the target language of a single-direction model
+        (`config.default_target_language()`), or 0 for a model that does not need it; else a ValueError."""
         if name == "tgt_lang_ids":
+            default = getattr(self.config, "default_target_language", lambda: None)()
+            if default is not None:
+                return torch.full((batch,), self.config.language_id(default), dtype=torch.long)
             if self.manifest.get("tgt_lang_ids_required"):
                 raise ValueError(
                     f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the "
@@ -564,19 +587,18 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         token_ids: torch.Tensor,
         encoder_outputs: OrtEncoderOutput,
         attention_mask: torch.Tensor,
-        cache: OrtCache | None,
+        cache: OrtCache | OrtSharedCache | None,
         tgt_lang_ids: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, OrtCache]:
-        """One step of the step graph: token_ids [batch, 1] -> logits [batch, 1, vocab], the grown cache."""
+    ) -> tuple[torch.Tensor, OrtCache | OrtSharedCache]:
+        """One step of the step graph: token_ids [batch, 1] -> logits [batch, 1, vocab], the grown cache (on the
+        shared-cache graph where the folder has it)."""
         batch = token_ids.shape[0]
-        n = self.num_layers
         feeds, kinds = self._step_feeds(token_ids, encoder_outputs, attention_mask, tgt_lang_ids)
         if self.shared_cache_graph is not None and (cache is None or isinstance(cache, OrtSharedCache)):
             return self._shared_cache_step(feeds, kinds, encoder_outputs, attention_mask, cache, batch)
-        self._cache_path = "concatenated"
         if cache is None:
             past = []
-            for i in range(n):
+            for i in range(self.num_layers):
                 k, v = encoder_outputs[f"cross_key.{i}"], encoder_outputs[f"cross_value.{i}"]
                 past += [
                     k.new_empty(k.shape[0], k.shape[1], 0, k.shape[3]),
@@ -617,12 +639,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return OrtSharedCache(shapes, rows, capacity, beam_width)
 
     def _shared_cache_step(self, feeds, kinds, encoder_outputs, attention_mask, cache, batch):
-        """`_step` on the shared-cache graph: the buffers bound as both input and output (written in place)."""
-        self._cache_path = "shared_buffer"
+        """`_step` on the shared-cache graph: the buffers bound as both input and output (written in place). A
+        forward without a cache starts one of one beam per row (generate()'s loop passes its own, `_run_loop`)."""
         if cache is None:
-            decoding = _DECODING.get()
-            beam_width, max_length = decoding if decoding is not None else (1, DEFAULT_SHARED_CACHE_CAPACITY)
-            cache = self._new_shared_cache(encoder_outputs, batch, max_length, beam_width)
+            cache = self._new_shared_cache(encoder_outputs, batch, DEFAULT_SHARED_CACHE_CAPACITY, 1)
         cache.reserve()
         buffers = dict(zip(kinds, cache.tensors))
         for name, tensor in buffers.items():
@@ -635,69 +655,144 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         cache.advance()
         return out["logits"], cache
 
-    def _decoding(self, generation_config, loop_call):
-        """Run one generate() decoding (`loop_call()`) with its beam width and max_length known to the shared
-        cache's first step; `last_decoding["cache"]` names the cache the Python loop used."""
-        token = _DECODING.set((generation_config.num_beams or 1, generation_config.max_length or 1))
-        self._cache_path = None
-        try:
-            return loop_call()
-        finally:
-            _DECODING.reset(token)
-            if self._cache_path is not None and isinstance(self.last_decoding, dict):
-                self.last_decoding["cache"] = self._cache_path
+    # -------------------------------------------------------------------------------------------- decoding
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """The torch model's `generate()` (`tgt_lang=`, the length rule, the checks); each decoding then runs on
+        the path `decoding.choose()` picks, recorded in `last_decoding`."""
+        removed = sorted(set(kwargs) & set(_REMOVED_ARGUMENTS))
+        if removed:
+            raise TypeError(f"generate(): `{removed[0]}=` is gone: {_REMOVED_ARGUMENTS[removed[0]]}.")
+        return super().generate(inputs, generation_config, **kwargs)
 
-    # -------------------------------------------------------------------------------------- decoding in ORT
-    def generate(self, inputs=None, generation_config=None, *, use_search_op: bool | None = None, **kwargs):
-        """The torch model's `generate()`; the decoding ONNX Runtime's BeamSearch op reproduces runs in it (the whole
-        loop in ORT, `onnx_generation`): greedy search, and beam search with early_stopping=True; greedy and beam
-        search (every early_stopping) run instead bound on the shared-cache graph where the folder has one
-        (`shared_cache_search`). The rest runs in
-        transformers' loop over the step graph. `use_search_op=False` forces the loop, True takes the op (greedy
-        search too, and beam search with early_stopping=False, whose results may differ from transformers' on some
-        sentences); the default is the attribute `use_search_op` (None). `last_decoding` says which path ran and
-        why."""
-        token = _USE_SEARCH_OP.set(self.use_search_op if use_search_op is None else use_search_op)
-        try:
-            return super().generate(inputs, generation_config, **kwargs)
-        finally:
-            _USE_SEARCH_OP.reset(token)
+    def _bound_available(self) -> bool | str:
+        """True where the bound search can run (the shared-cache graph loaded), else why not."""
+        if self.shared_cache_graph is not None:
+            return True
+        shared = self.manifest["shared_cache"]
+        return shared.get("reason") or f"none for precision={self.precision!r}"
 
-    def search_op_mode(self) -> str:
-        """The op's use in this generate() call: "never" (use_search_op=False), "exact" (None: where the op decodes
-        as transformers does), "always" (True)."""
-        return {None: "exact", True: "always", False: "never"}[_USE_SEARCH_OP.get()]
+    def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
+        """generate()'s source-graph run, left to the bound search (which runs it itself) where the call may take
+        it: an empty placeholder, filled by `_with_encoder_outputs` if the loop runs after all."""
+        if model_kwargs.get("encoder_outputs") is None and may_skip_encoder(
+            self._bound_available() is True, config, model_input_name, model_kwargs
+        ):
+            model_kwargs["encoder_outputs"] = OrtEncoderOutput()
+            return model_kwargs
+        return super()._maybe_prepare_encoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, model_input_name, config
+        )
 
-    def search_op_runner(self) -> SearchOpRunner:
-        if self._search_op_runner is None:
-            self._search_op_runner = SearchOpRunner(
-                self.folder, self.precision, self.search_op_session_options, self.providers, self.disabled_optimizers
+    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw):
+        """Greedy search bound on the shared-cache graph where `decoding.choose()` says so; else (and sampling)
+        transformers' `_sample`."""
+        return self._decode(
+            "greedy",
+            super()._sample,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            inputs_tensor,
+            kw,
+        )
+
+    def _beam_search(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
+    ):
+        """Beam search bound on the shared-cache graph where `decoding.choose()` says so; else transformers'
+        `_beam_search`."""
+        return self._decode(
+            "beam",
+            super()._beam_search,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            inputs_tensor,
+            kw,
+        )
+
+    def _decode(
+        self, mode, loop, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor, kw
+    ):
+        """One generate() decoding on the path `decoding.choose()` picks: the bound search, or `loop` (transformers'
+        decoding method)."""
+        decision = choose(
+            mode,
+            bound_available=self._bound_available(),
+            input_ids=input_ids,
+            inputs_tensor=inputs_tensor,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            model_kwargs=kw,
+            vocab_size=self.config.vocab_size,
+        )
+        self.last_decoding = decision.record()
+        logger.info("generate(): %s (%s)", decision.path, decision.reason)
+        expand = input_ids.shape[0] // inputs_tensor.shape[0] if inputs_tensor is not None else 1
+        if decision.path == LOOP:
+            kw = self._with_encoder_outputs(inputs_tensor, expand, kw)
+            if self.shared_cache_graph is not None and kw.get("use_cache") is not False:
+                beams = generation_config.num_beams if mode == "beam" else 1
+                kw["past_key_values"] = self._new_shared_cache(
+                    kw["encoder_outputs"], input_ids.shape[0], generation_config.max_length or 1, beams
+                )
+            self.last_decoding["cache"] = "shared_buffer" if self.shared_cache_graph is not None else "concatenated"
+            return loop(
+                input_ids,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                generation_config=generation_config,
+                **kw,
             )
-        return self._search_op_runner
+        mask = kw.get("attention_mask")
+        mask = mask[::expand] if mask is not None else torch.ones_like(inputs_tensor)
+        return self._bound_search(
+            decision, inputs_tensor, mask, kw.get("tgt_lang_ids"), generation_config.early_stopping
+        )
 
-    def shared_cache_search(
-        self, mode: str, source_ids, attention_mask, settings: dict, tgt_lang_ids=None, early_stopping=True
-    ) -> torch.Tensor:
-        """Greedy (`mode` "greedy") or beam search ("beam") of `source_ids` [sentences, length] on the shared-cache
-        step graph, its inputs and outputs bound once (`onnx_bound`), with the BeamSearch op's settings mapping
-        (`onnx_generation.search_op_settings`) and generation_config's `early_stopping`: the sequences, as
-        transformers' greedy or beam search returns them. `tgt_lang_ids`: one per decoding row (sentences *
-        num_beams, as generate() expands them) or None. Finished sentences leave the batch where `drop_finished`."""
-        beams = settings["inputs"]["num_beams"] if mode == "beam" else 1
-        max_length = settings["inputs"]["max_length"]
+    def _with_encoder_outputs(self, inputs_tensor, expand: int, model_kwargs: dict) -> dict:
+        """`model_kwargs` with the encoder outputs generate() left to the bound search (an empty placeholder)
+        computed, repeated `expand` times per sentence as generate() repeats them."""
+        encoder_outputs = model_kwargs.get("encoder_outputs")
+        if encoder_outputs is None or encoder_outputs.last_hidden_state is not None:
+            return model_kwargs
+        mask, tgt_lang_ids = model_kwargs.get("attention_mask"), model_kwargs.get("tgt_lang_ids")
+        encoded = self.encode(
+            inputs_tensor,
+            mask[::expand] if mask is not None else None,
+            tgt_lang_ids=tgt_lang_ids[::expand] if tgt_lang_ids is not None else None,
+        )
+        for key, value in encoded.items():
+            encoded[key] = value.repeat_interleave(expand, dim=0) if expand > 1 else value
+        return dict(model_kwargs, encoder_outputs=encoded)
+
+    def _bound_search(self, decision, source_ids, attention_mask, tgt_lang_ids, early_stopping) -> torch.Tensor:
+        """Greedy or beam search (`decision.path`) of `source_ids` [sentences, length] on the shared-cache step
+        graph, its inputs and outputs bound once (`bound`), with `decision.settings` and generation_config's
+        `early_stopping`: the sequences, as transformers' greedy or beam search returns them. `tgt_lang_ids`: one per
+        decoding row (sentences * num_beams, as generate() expands them) or None. Finished sentences leave the
+        batch where `drop_finished`."""
+        settings = decision.settings
+        greedy = decision.path == BOUND_GREEDY
+        beams = 1 if greedy else settings["inputs"]["num_beams"]
         start = settings["attributes"]["decoder_start_token_id"]
+        max_length = settings["inputs"]["max_length"]
         first, step = self.bound_steps(source_ids, attention_mask, start, beams, max_length, tgt_lang_ids)
-        if mode == "greedy":
+        if greedy:
             return greedy_search(first, settings, drop=self.drop_finished)
-        head = self._beam_head()
-        return beam_search(step, head, settings, early_stopping, first=first, drop=self.drop_finished)
+        return beam_search(step, self._beam_head(), settings, early_stopping, first=first, drop=self.drop_finished)
 
     def bound_steps(self, source_ids, attention_mask, start_id: int, beams: int, max_length: int, tgt_lang_ids=None):
-        """`shared_cache_search`'s bound steps (`onnx_bound.BoundStep`) of `source_ids` [sentences, length], its
-        source graph run, every row at the start token `start_id`: (at one row per sentence, at sentences * `beams`
-        rows or None where `beams` is 1), with a cache for up to `max_length` positions (beam search's first step
-        only at the first). Every feed is this decoding's own (`BoundStep.keep` compacts them in place): the source
-        graph's outputs, and copies of the caller's padding and language ids."""
+        """The bound search's steps (`bound.BoundStep`) of `source_ids` [sentences, length], its source graph run,
+        every row at the start token `start_id`: (at one row per sentence, at sentences * `beams` rows or None where
+        `beams` is 1), with a cache for up to `max_length` positions (beam search's first step only at the first).
+        The shared-cache graph takes the source padding and the cross-attention keys/values once per sentence (the
+        beams of a sentence in adjacent rows, as generate() expands its inputs). Every feed is this decoding's own
+        (`BoundStep.keep` compacts them in place): the source graph's outputs, and copies of the caller's padding
+        and language ids."""
         sentences = source_ids.shape[0]
         attention_mask = attention_mask.clone()
         tgt_lang_ids = tgt_lang_ids.clone() if tgt_lang_ids is not None else None
@@ -711,33 +806,21 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         first = BoundStep(graph, feeds, kinds, self._new_shared_cache(encoded, sentences, first_length, 1), vocab)
         if beams == 1:
             return first, None
-        # the beams of a sentence in adjacent rows, as generate() expands its inputs; the source padding and the
-        # cross-attention keys/values once per sentence where the graph takes them so
-        per_sentence = self._cross_per_sentence
         encoded = {
-            name: tensor if per_sentence and name.startswith("cross_") else tensor.repeat_interleave(beams, 0)
+            name: tensor if name.startswith("cross_") else tensor.repeat_interleave(beams, 0)
             for name, tensor in encoded.items()
         }
-        attention_mask = attention_mask if per_sentence else attention_mask.repeat_interleave(beams, 0)
         feeds, kinds = self._step_feeds(start.repeat_interleave(beams, 0), encoded, attention_mask, tgt_lang_ids)
         cache = self._new_shared_cache(encoded, sentences * beams, max_length, beam_width=beams)
         return first, BoundStep(graph, feeds, kinds, cache, vocab)
 
-    def _bound_options(self):
-        """The session options of `shared_cache_search`'s step graph: the BeamSearch op's (idle intra-op threads spin
-        where from_pretrained chose the options: between two runs only numpy works, so a spinning thread takes no
-        core from torch, as it would in transformers' loop), or None where the loop's sessions serve (one intra-op
-        thread: no idle thread to spin; or the same options)."""
-        options = self.search_op_session_options
-        if options is self.session_options or options is None or options.intra_op_num_threads == 1:
-            return None
-        return options
-
     def _bound_graph(self) -> _Graph:
-        """The shared-cache graph for `shared_cache_search`: the loop's, or in a session of its own with
-        `_bound_options()`, built on first use."""
-        options = self._bound_options()
-        if options is None:
+        """The shared-cache graph for the bound search: in a session of its own whose idle threads spin (between two
+        runs only numpy works, so a spinning thread takes no core from torch, as it would in transformers' loop),
+        built on first use; the loop's session where from_pretrained did not make the options (`session_options`
+        given) or with one intra-op thread (no idle thread to spin)."""
+        options = self.bound_session_options
+        if options is self.session_options or options is None or options.intra_op_num_threads == 1:
             return self.shared_cache_graph
         if self._bound_step_graph is None:
             shared = self.manifest["shared_cache"]
@@ -747,10 +830,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return self._bound_step_graph
 
     def _beam_head(self) -> _Graph:
-        """Beam search's per-step candidates graph (`onnx_bound.beam_head_model`), built on first use, on one
-        intra-op thread: a session of its own threads would spin against the step graph's between the two runs of
-        every step (small baseline, beam 4, 2 threads: 0.81x CTranslate2 int8's tok/s with the step graph's
-        options, 1.79-1.82x with one thread)."""
+        """Beam search's per-step candidates graph (`bound.beam_head_model`), built on first use, on one intra-op
+        thread: a session of its own threads would spin against the step graph's between the two runs of every step
+        (small baseline, beam 4, 2 threads: 0.81x CTranslate2 int8's tok/s with the step graph's options, 1.79-1.82x
+        with one thread)."""
         if self._beam_head_graph is None:
             options = default_session_options(1, spinning=False)
             session = inference_session(
@@ -758,41 +841,6 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             )
             self._beam_head_graph = _Graph(session, BEAM_HEAD_IO)
         return self._beam_head_graph
-
-    def _maybe_prepare_encoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, config):
-        """generate()'s source-graph run, left to the BeamSearch op or the bound search (which run it themselves)
-        where the call may take them: an empty placeholder, filled by `with_encoder_outputs` if the loop runs after
-        all."""
-        if model_kwargs.get("encoder_outputs") is None and defer_encoder(self, config, model_input_name, model_kwargs):
-            model_kwargs["encoder_outputs"] = OrtEncoderOutput()
-            return model_kwargs
-        return super()._maybe_prepare_encoder_kwargs_for_generation(
-            inputs_tensor, model_kwargs, model_input_name, config
-        )
-
-    def _sample(self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw):
-        """Greedy search bound or in the BeamSearch op where it fits; else (and sampling) transformers' `_sample`."""
-        args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
-        loop = partial(super()._sample, generation_config=generation_config, **args)
-        return self._decoding(
-            generation_config,
-            lambda: decode_with_search_op(
-                self, "greedy", input_ids, generation_config, loop, inputs_tensor, **args, **kw
-            ),
-        )
-
-    def _beam_search(
-        self, input_ids, logits_processor, stopping_criteria, generation_config, inputs_tensor=None, **kw
-    ):
-        """Beam search bound or in the BeamSearch op where it fits; else transformers' `_beam_search`."""
-        args = {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
-        loop = partial(super()._beam_search, generation_config=generation_config, **args)
-        return self._decoding(
-            generation_config,
-            lambda: decode_with_search_op(
-                self, "beam", input_ids, generation_config, loop, inputs_tensor, **args, **kw
-            ),
-        )
 
     # --------------------------------------------------------------------------------------------- forward
     def forward(
