@@ -6,10 +6,12 @@ unit is an `nn.Linear` (`...qkv_proj.units.{k}.weight` [3d, d]) that PEFT, quant
 run by the backbone's `StackedLinear` as one batched matmul. The values are the same; only the names and, for MIMO,
 the orientation change. The other model types kept their layout and load as they are.
 
-    python -m hf_variants.convert_legacy --model OLD_DIR --output_dir NEW_DIR
+    python -m hf_variants.convert_legacy --model OLD_DIR --output_dir NEW_DIR [--force]
 
 writes the converted model (config, generation config, weights, today's code) and copies the tokenizer and any other
-file of OLD_DIR. Loading an unconverted folder raises a ValueError that names this command.
+file of OLD_DIR. NEW_DIR is written atomically and is never the input (`hf_variants.outputs`): it may not be, hold or
+lie inside OLD_DIR; `--force` replaces only a folder an earlier conversion wrote. Loading an unconverted folder
+raises a ValueError that names this command.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from ..outputs import OUTPUT_MANIFEST, atomic_output_dir, check_not_an_input, check_output_dir
+
+COMMAND = "convert_legacy"  # recorded in the output folder's manifest: what `--force` may replace
 
 # MUTE 0.1: <layer>.self_attn.{qkv,out}_{weight,bias}, <layer>.ffn.{fc1,fc2}_{weight,bias}: [I, out, in] / [I, out]
 MUTE_LEGACY = re.compile(r"^(?P<prefix>.*\.(?:self_attn|ffn))\.(?P<name>qkv|out|fc1|fc2)_(?P<kind>weight|bias)$")
@@ -60,13 +66,17 @@ def convert_state_dict(model_type: str, state_dict: dict[str, torch.Tensor]) -> 
     return converted
 
 
-def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
-    """Convert the saved model in `model_dir` (a 0.1 MUTE or MIMO folder) into `output_dir`; returns the model."""
+def convert_checkpoint(model_dir: str | Path, output_dir: str | Path, *, force: bool = False):
+    """Convert the saved model in `model_dir` (a 0.1 MUTE or MIMO folder) into `output_dir`; returns the model.
+    `output_dir` may not be, hold or lie inside `model_dir`; it is written atomically, and a non-empty one is
+    replaced only with `force` and only when a conversion wrote it."""
     from transformers import AutoConfig
 
     from ..model_classes import MODEL_CLASSES
 
     model_dir, output_dir = Path(model_dir), Path(output_dir)
+    check_not_an_input(output_dir, {"--model": model_dir})
+    check_output_dir(output_dir, command=COMMAND, force=force)
     config = AutoConfig.from_pretrained(model_dir)
     files = sorted(model_dir.glob("model*.safetensors"))
     if not files:
@@ -93,16 +103,16 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path):
         from transformers import GenerationConfig
 
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    for item in model_dir.iterdir():  # tokenizer, model card, ... (not the weights or code, written below)
-        if (
-            item.is_file()
-            and not item.name.startswith("model")
-            and item.suffix != ".py"
-            and item.name not in ("config.json",)
-        ):
-            shutil.copy2(item, output_dir / item.name)
-    model.save_pretrained(output_dir)
+    with atomic_output_dir(output_dir, command=COMMAND, force=force) as staging:
+        for item in model_dir.iterdir():  # tokenizer, model card, ... (not the weights or code, written below)
+            if (
+                item.is_file()
+                and not item.name.startswith("model")
+                and item.suffix != ".py"
+                and item.name not in ("config.json", OUTPUT_MANIFEST)
+            ):
+                shutil.copy2(item, staging / item.name)
+        model.save_pretrained(staging)
     return model
 
 
@@ -110,8 +120,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="folder saved by hf_variants 0.1")
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument(
+        "--force", action="store_true", help="replace a non-empty --output_dir that convert_legacy wrote before"
+    )
     args = parser.parse_args(argv)
-    model = convert_checkpoint(args.model, args.output_dir)
+    try:  # before anything loads: the output is no input, and can be written
+        check_not_an_input(args.output_dir, {"--model": args.model})
+        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"error: {error}\n")
+    model = convert_checkpoint(args.model, args.output_dir, force=args.force)
     print(f"converted {type(model).__name__} to {args.output_dir}")
 
 

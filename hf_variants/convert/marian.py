@@ -4,7 +4,10 @@ Marian is a post-norm Transformer with sinusoidal positions and scaled embedding
 `normalize_before=False`, `position_embedding_type="sinusoidal"`. Separate q/k/v projections become the fused
 `qkv_proj` (self-attention) and `kv_proj` (cross-attention); `final_logits_bias` becomes the output bias.
 
-    python -m hf_variants.convert_marian --marian DIR --output_dir OUT
+    python -m hf_variants.convert_marian --marian DIR --output_dir OUT [--force]
+
+The output folder is written atomically and is never the input (`hf_variants.outputs`): it may not be, hold or lie
+inside `--marian`; `--force` replaces only a folder an earlier conversion wrote.
 
 (Tooling: not shipped with saved models.)
 """
@@ -17,6 +20,9 @@ import torch
 
 from ..configuration_transformer_nmt import TransformerNmtConfig
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
+from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
+
+COMMAND = "convert_marian"  # recorded in the output folder's manifest: what `--force` may replace
 
 
 def config_from_marian(marian_config, **overrides) -> TransformerNmtConfig:
@@ -105,18 +111,27 @@ def convert_marian(marian_model, **config_overrides) -> TransformerNmtForConditi
 
 
 def main(argv=None) -> None:
-    from transformers import AutoTokenizer, MarianMTModel
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--marian", required=True, help="MarianMTModel folder (or Hub id, when online)")
     parser.add_argument("--output_dir", required=True)
+    parser.add_argument(
+        "--force", action="store_true", help="replace a non-empty --output_dir that convert_marian wrote before"
+    )
     args = parser.parse_args(argv)
+    try:  # before anything loads: the output is no input, and can be written
+        check_not_an_input(args.output_dir, {"--marian": args.marian})
+        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
+    except (ValueError, FileExistsError) as error:
+        parser.exit(2, f"error: {error}\n")
+    from transformers import AutoTokenizer, MarianMTModel
+
     model = convert_marian(MarianMTModel.from_pretrained(args.marian))
-    model.save_pretrained(args.output_dir)
-    try:
-        AutoTokenizer.from_pretrained(args.marian).save_pretrained(args.output_dir)
-    except (OSError, ValueError) as error:  # tokenizer needs sentencepiece, or none was saved
-        print(f"Tokenizer not copied: {error}")
+    with atomic_output_dir(args.output_dir, command=COMMAND, force=args.force) as staging:
+        model.save_pretrained(staging)
+        try:
+            AutoTokenizer.from_pretrained(args.marian).save_pretrained(staging)
+        except (OSError, ValueError) as error:  # tokenizer needs sentencepiece, or none was saved
+            print(f"Tokenizer not copied: {error}")
     print(f"Saved {args.output_dir}")
 
 
