@@ -51,7 +51,10 @@ BENCHMARK_RUNS = {
 }
 BASE_TEMPLATE = "_base.md"
 PLACEHOLDER_REPO_ID = "ORG/NAME"
-DEFAULT_LICENSE = "apache-2.0"
+# The Hub's license id of weights whose license nobody chose (train.py --license, build_model_card(license=...)):
+# the data's terms decide what the weights may be used for, so no license is claimed for them.
+DEFAULT_LICENSE = "unknown"
+CODE_LICENSE = "apache-2.0"  # the license of hf_variants' code files shipped with the model
 PACKAGE_TAG = "hf-variants"
 
 # Keys of results.json that the card reads (all optional).
@@ -83,6 +86,10 @@ RESULTS_KEYS = (
     "license",
     "settings_changes",
     "directions",
+    "dataset_label",
+    "base_model_identity",
+    "warm_start_identity",
+    "bidirectional",
 )
 
 
@@ -255,8 +262,31 @@ NOT_HYPERPARAMETERS = frozenset(
         "tokenizer",
         "model_name_or_path",
         "num_processes",
+        "license",
+        "dataset_label",
+        "dataset_name",
+        "variant_name",
+        "data_cache_dir",
+        "preprocessing_num_workers",
+        "ddp_timeout",
+        "requeue_exit_code",
+        "num_threads",
+        "cpu",
+        "allow_changed_settings",
     }
 )
+# train.py's settings that apply to one source of data, one way of building the model or the tokenizer: left off
+# the card of a run that did not use it (`_applied_hyperparameters`).
+DATA_DIR_SETTINGS = ("data_dir", "train_prefix", "valid_prefix", "test_prefix")
+DATASET_SETTINGS = ("dataset_config_name", "train_split", "valid_split", "test_split")
+PRESET_SETTINGS = ("preset", "model_type")  # a run from --model_name_or_path takes the saved model's
+TOKENIZER_TRAINING_SETTINGS = ("tokenizer_model", "vocab_size", "tokenizer_min_frequency", "tokenizer_sample_lines")
+STREAMING_SETTINGS = ("stream_buffer_rows",)
+# file names of the data splits (hyperparameters train.py records; shown by name in the card)
+DATA_FILE_SETTINGS = (("train_file", "training"), ("valid_file", "validation"), ("test_file", "test"))
+# the side-by-side benchmark describes a model of its family only at about the same size (its rows' parameters)
+BENCHMARK_SIZE_RATIO = (0.8, 1.25)
+SMALL_MODEL_PARAMS = 1_000_000  # below: the card says the model is for tests and demonstrations
 _SECRET_VALUE = re.compile(r"^(hf_|api_)[A-Za-z0-9]{16,}$")
 
 
@@ -376,37 +406,69 @@ def _is_hub_id(value: object) -> bool:
     )
 
 
-def _short_name(value: str) -> str:
-    """A local path reduced to its last component (without compression/data suffixes); names unchanged."""
-    if "/" in value or os.sep in value:
-        value = Path(value.rstrip("/" + os.sep)).name
-    return re.sub(r"(\.(gz|txt|tsv|jsonl?|csv|parquet))+$", "", value) or value
+def _is_data_file(value: str) -> bool:
+    return bool(re.search(r"\.(gz|bz2|xz|txt|tsv|jsonl?|csv|parquet|arrow)$", value))
 
 
-def _dataset(results: RunRecord, languages: list[str]) -> tuple[str | None, str | None, bool]:
-    """(dataset id for the model-index, pretty name, whether the id names a Hub dataset)."""
-    name = results.dataset
-    if not name:
-        return None, None, False
-    name = str(name)
+def _local_name(value: str) -> str:
+    """A local file or folder by the name the user gave it: its last path component, a file with its extension."""
+    return Path(value.rstrip("/" + os.sep)).name or value
+
+
+def _split_name(value: str) -> str:
+    """An evaluation split as named in the card: a file by its name (`test.tsv`), a prefix or split name as is."""
+    return _local_name(value) if ("/" in value or os.sep in value or _is_data_file(value)) else value
+
+
+def _slug(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "-", value).strip("-.") or "data"
+
+
+@dataclass(frozen=True)
+class DatasetNames:
+    """How the card names the training data: `name` in the text, `index_type` as the model-index dataset type,
+    `hub_id` (or None) in the `datasets` metadata and links."""
+
+    name: str
+    index_type: str
+    hub_id: str | None
+
+
+def _dataset(results: RunRecord, languages: list[str]) -> DatasetNames | None:
+    """The data as the user named it: `dataset_label` (train.py --dataset_label), else the `datasets` name
+    (--dataset_name: a Hub id, or a local folder by its name), else the training file by its file name
+    (`train.tsv`, never the stem `train`), else the data folder's name (`multi30k` as `Multi30k`). Only a Hub
+    dataset id is a `datasets` entry: `dataset_id`, a Hub `--dataset_name`, or a known corpus whose Hub copy holds
+    every language of the run."""
+    raw = str(results.dataset) if results.dataset else None
+    label = str(results.dataset_label) if results.dataset_label else None
+    if raw is None and label is None:
+        return None
+    hub_id = None
     if results.dataset_id:
-        return str(results.dataset_id), DATASET_NAMES.get(_short_name(name).lower(), _short_name(name)), True
-    if _is_hub_id(name):
-        return name, DATASET_NAMES.get(name.split("/")[-1].lower(), name), True
-    key = _short_name(name)
-    pretty = DATASET_NAMES.get(key.lower(), key)
-    hub_id, hub_langs = DATASET_HUB_IDS.get(key.lower(), (None, set()))
-    if hub_id and languages and set(languages) <= hub_langs:
-        return hub_id, pretty, True
-    return key, pretty, False
+        hub_id = str(results.dataset_id)
+    elif raw is not None and _is_hub_id(raw):
+        hub_id = raw
+    elif raw is not None:
+        known, hub_langs = DATASET_HUB_IDS.get(_local_name(raw).lower(), (None, set()))
+        if known and languages and set(languages) <= hub_langs:
+            hub_id = known
+    if raw is None:
+        local = None
+    elif _is_hub_id(raw):
+        local = raw.split("/")[-1]
+    else:
+        local = _local_name(raw)
+    name = label or DATASET_NAMES.get((local or "").lower(), local)
+    return DatasetNames(name=name, index_type=hub_id or label or local, hub_id=hub_id)
 
 
 def _eval_results(
-    results: RunRecord, dataset_id: str | None, dataset_pretty: str | None, src: str | None, tgt: str | None
+    results: RunRecord, dataset: DatasetNames | None, src: str | None, tgt: str | None
 ) -> list[EvalResult]:
-    if dataset_id is None:
+    if dataset is None:
         return []
-    split = _short_name(str(results.eval_split)) if results.eval_split else None
+    split = _split_name(str(results.eval_split)) if results.eval_split else None
     out: list[EvalResult] = []
     overall = {"bleu": results.bleu, "chrf": results.chrf}
 
@@ -414,8 +476,8 @@ def _eval_results(
         common = dict(
             task_type="translation",
             task_name="Translation",
-            dataset_type=dataset_id,
-            dataset_name=f"{dataset_pretty} ({label})",
+            dataset_type=dataset.index_type,
+            dataset_name=f"{dataset.name} ({label})",
             dataset_config=config,
             dataset_split=split,
         )
@@ -525,32 +587,111 @@ def _duration(seconds: float | None) -> str | None:
     return f"{hours} h {rem // 60:02d} min" if hours else f"{rem // 60} min {rem % 60:02d} s"
 
 
-def _model_name(repo_id: str | None, model_type: str, dataset: str | None, langs: list[str], src, tgt) -> str:
+def _model_name(repo_id: str | None, model_type: str, dataset: DatasetNames | None, langs: list[str], src, tgt) -> str:
+    """The model-index name: the repository's name, else `<model type>-<data>-<languages>`."""
     if repo_id:
         return repo_id.split("/")[-1]
     pair = f"{src}-{tgt}" if src and tgt else "-".join(langs) or None
-    return "-".join(part for part in (model_type.replace("_", "-"), dataset, pair) if part)
+    data = _slug(dataset.name) if dataset else None
+    return "-".join(part for part in (model_type.replace("_", "-"), data, pair) if part)
 
 
 # --------------------------------------------------------------------------------------------------- building
-def _base_models(results: RunRecord, config: Mapping) -> tuple[str | None, str | None, str | None]:
-    """(the model the run started from, its Hub id or None for a local folder, the pretrained baseline a
-    warm-started variant came from (config `warm_started_from`, hf_variants.warm_start) or None). A variant
-    fine-tuned from a local warm-started folder names that baseline as its Hub base model."""
-    base_model = results.base_model or None
-    base_model_hub = base_model if _is_hub_id(base_model) else None  # a local checkpoint is not a Hub id
-    warm_started_from = config.get("warm_started_from") or None
-    if base_model_hub is None and _is_hub_id(warm_started_from):
-        base_model_hub = warm_started_from
-    return base_model, base_model_hub, warm_started_from
+def _card_title(readme: Path) -> str | None:
+    """The first `# ` heading of a model card (after its YAML front matter), if the file has one."""
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)
+    match = re.search(r"^# (.+?)\s*$", text, re.M)
+    return match.group(1) if match else None
+
+
+def model_identity(ref: str | os.PathLike | None) -> dict | None:
+    """What a model reference (train.py's `--model_name_or_path`, a warm-started config's `warm_started_from`) is,
+    as a card names it: `{"name": text, "hub_id": Hub id or None}`.
+
+    A Hub id is itself; a folder of the Hub cache (`models--ORG--NAME/snapshots/...`) is its Hub id; a local folder
+    is named by its card's title (`"Transformer: en→fr translation on train.tsv"`) and its place (`run/model`: a
+    run's model folder with the run folder's name), never by a bare folder name such as `model`."""
+    if ref is None or str(ref) == "":
+        return None
+    ref = str(ref)
+    if _is_hub_id(ref):
+        return {"name": f"`{ref}`", "hub_id": ref}
+    cached = re.search(r"models--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\]", ref)
+    if cached:
+        hub_id = f"{cached.group(1)}/{cached.group(2)}"
+        return {"name": f"`{hub_id}`", "hub_id": hub_id}
+    path = Path(ref.rstrip("/" + os.sep))
+    where = path.name or ref
+    if path.parent.name and (
+        where in ("model", "final", "checkpoint", "output") or where.startswith(("step_", "checkpoint-"))
+    ):
+        where = f"{path.parent.name}/{where}"
+    title = _card_title(path / "README.md") if path.is_dir() else None
+    name = f'"{title}" (local folder `{where}`)' if title else f"`{where}`"
+    return {"name": name, "hub_id": None}
+
+
+def _identity_field(value: object, key: str) -> dict | None:
+    """A recorded identity (results.json `base_model_identity` / `warm_start_identity`), checked."""
+    if value is None:
+        return None
+    if not (isinstance(value, Mapping) and isinstance(value.get("name"), str) and value["name"]):
+        raise ValueError(f"results.json field {key!r} must be an object with a non-empty 'name', got {value!r}.")
+    hub_id = value.get("hub_id")
+    if hub_id is not None and not _is_hub_id(hub_id):
+        raise ValueError(f"results.json field {key!r}: 'hub_id' must be a Hub model id (ORG/NAME), got {hub_id!r}.")
+    return {"name": value["name"], "hub_id": hub_id}
+
+
+def _base_models(results: RunRecord, config: Mapping) -> tuple[dict | None, str | None, dict | None]:
+    """(the model the run started from, the Hub id of the card's `base_model` or None, the pretrained baseline a
+    warm-started variant came from (config `warm_started_from`, hf_variants.warm_start) or None), the models as
+    `model_identity` names them (recorded in results.json when the run ended, else resolved now). A variant
+    fine-tuned from a local warm-started folder names that baseline's Hub id as its Hub base model."""
+    base = _identity_field(results.base_model_identity, "base_model_identity") or model_identity(results.base_model)
+    warm = _identity_field(results.warm_start_identity, "warm_start_identity") or model_identity(
+        config.get("warm_started_from")
+    )
+    base_model_hub = base["hub_id"] if base else None
+    if base_model_hub is None and warm is not None:
+        base_model_hub = warm["hub_id"]
+    return base, base_model_hub, warm
+
+
+def _applied_hyperparameters(results: RunRecord) -> dict:
+    """The recorded settings (train.py's arguments) that applied to this run: those of the data source it did not
+    use (`--data_dir` prefixes for a file or `datasets` run, split names without `--dataset_name`), of the preset
+    and the tokenizer training for a run from a saved model, of streaming for a cached run, bookkeeping, secrets
+    and unset values are left out."""
+    hyper = redact_secrets(results.hyperparameters or {})
+    drop = set(NOT_HYPERPARAMETERS)
+    if hyper.get("train_file") or hyper.get("dataset_name"):
+        drop.update(DATA_DIR_SETTINGS)
+    if not hyper.get("dataset_name"):
+        drop.update(DATASET_SETTINGS)
+    if hyper.get("model_name_or_path") or results.base_model:
+        drop.update(PRESET_SETTINGS + TOKENIZER_TRAINING_SETTINGS)
+    if hyper.get("tokenizer"):
+        drop.update(TOKENIZER_TRAINING_SETTINGS)
+    if not hyper.get("streaming"):
+        drop.update(STREAMING_SETTINGS)
+    if results.source_lang is None and results.target_lang is None and results.languages:
+        drop.update(("source_lang", "target_lang"))  # a many-to-many run takes --languages
+    return {k: v for k, v in hyper.items() if k not in drop and v is not None and v != [] and v != {}}
 
 
 def _hyperparameter_rows(results: RunRecord) -> list[tuple[str, str]]:
-    return [
-        (k, _fmt(v))
-        for k, v in redact_secrets(results.hyperparameters or {}).items()
-        if v is not None and v != [] and v != {} and k not in NOT_HYPERPARAMETERS
-    ]
+    return [(k, _fmt(v)) for k, v in _applied_hyperparameters(results).items()]
+
+
+def _data_files(results: RunRecord) -> list[tuple[str, str]]:
+    """(role, file name) of the data files of a file run (train.py --train_file/--valid_file/--test_file)."""
+    hyper = results.hyperparameters or {}
+    return [(role, _local_name(str(hyper[key]))) for key, role in DATA_FILE_SETTINGS if hyper.get(key)]
 
 
 def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
@@ -593,7 +734,9 @@ def _run_template_vars(results: RunRecord) -> dict:
     """The card's fields that come from the run's record alone: data, scores, hyperparameters, training rows."""
     return dict(
         dataset=results.dataset,
-        eval_split=_short_name(str(results.eval_split)) if results.eval_split else None,
+        data_files=_data_files(results),
+        max_length=(results.hyperparameters or {}).get("max_length"),
+        eval_split=_split_name(str(results.eval_split)) if results.eval_split else None,
         train_pairs=results.train_pairs,
         dropped_pairs=results.dropped_pairs,
         dropped_reasons={k: v for k, v in (results.dropped_reasons or {}).items() if v},
@@ -639,22 +782,26 @@ def build_model_card(
 
     src, tgt, languages = _languages(results, config)
     multilingual = not (src and tgt) and len(languages) > 2
-    dataset_id, dataset_pretty, dataset_on_hub = _dataset(results, languages)
+    dataset = _dataset(results, languages)
     params = results.params
     if params is None:
         params = count_parameters(model_dir)
-    model_name = _model_name(repo_id, model_type, results.dataset, languages, src, tgt)
-    eval_results = _eval_results(results, dataset_id, dataset_pretty, src, tgt)
-    base_model, base_model_hub, warm_started_from = _base_models(results, config)
+    model_name = _model_name(repo_id, model_type, dataset, languages, src, tgt)
+    eval_results = _eval_results(results, dataset, src, tgt)
+    base, base_model_hub, warm = _base_models(results, config)
     tags = ["translation", PACKAGE_TAG, model_type, family.tag] + (["multilingual"] if multilingual else [])
+    license = license or results.license or DEFAULT_LICENSE  # noqa: A001
+    benchmark = benchmark_summary(model_type, benchmark_dir)
+    if not _benchmark_describes(benchmark, model_type, dataset, src, tgt, multilingual, params, base):
+        benchmark = None
 
     card_data = ModelCardData(
         language=languages or None,
-        license=license or results.license or DEFAULT_LICENSE,
+        license=license,
         library_name="transformers",
         pipeline_tag="translation",
         tags=tags,
-        datasets=[dataset_id] if dataset_id else None,  # a Hub id when one is known, else the dataset's name
+        datasets=[dataset.hub_id] if dataset and dataset.hub_id else None,  # Hub dataset ids only
         metrics=sorted({r.metric_type for r in eval_results}) or None,
         base_model=base_model_hub,
         model_name=model_name if eval_results else None,
@@ -672,11 +819,10 @@ def build_model_card(
         variant=results.variant,
         directions=directions,
         base_model_hub=base_model_hub,
-        fine_tuned=base_model is not None,
-        warm_started_from=warm_started_from
-        if _is_hub_id(warm_started_from) or not warm_started_from
-        else _short_name(str(warm_started_from)),
-        warm_started_hub=_is_hub_id(warm_started_from),
+        fine_tuned=base is not None,
+        base_name=base["name"] if base else None,
+        warm_started_from=warm["name"] if warm else None,
+        warm_started_hub=warm["hub_id"] if warm else None,
         model_id=repo_id or PLACEHOLDER_REPO_ID,
         has_repo_id=repo_id is not None,
         model_name=model_name,
@@ -685,9 +831,13 @@ def build_model_card(
         languages=languages,
         multilingual=multilingual,
         direction=f"{src}→{tgt}" if src and tgt else None,
-        dataset_id=dataset_id if dataset_on_hub else None,
-        dataset_pretty=dataset_pretty,
-        multi30k=(dataset_pretty == "Multi30k"),
+        dataset_id=dataset.hub_id if dataset else None,
+        dataset_pretty=dataset.name if dataset else None,
+        multi30k=dataset is not None and dataset.name == "Multi30k",
+        license=license,
+        license_chosen=license != DEFAULT_LICENSE,
+        code_license=CODE_LICENSE,
+        small_model=params is not None and params < SMALL_MODEL_PARAMS,
         architecture=_architecture_rows(config, family, params),
         params=params,
         config=config,
@@ -695,7 +845,7 @@ def build_model_card(
         example=EXAMPLE_SENTENCES.get(example_src, EXAMPLE_SENTENCES["en"]),
         example_tgt=example_tgt,
         tokenizer_model=_tokenizer_model(model_dir),
-        benchmark=benchmark_summary(model_type, benchmark_dir),
+        benchmark=benchmark,
         fmt=_fmt,
     )
     card = ModelCard.from_template(
@@ -704,6 +854,28 @@ def build_model_card(
     card.text = re.sub(r"[ \t]+\n", "\n", re.sub(r"\n{3,}", "\n\n", card.text)).strip("\n")
     card.text = "\n" + card.text + "\n"
     return card
+
+
+def _benchmark_describes(
+    benchmark: dict | None,
+    model_type: str,
+    dataset: DatasetNames | None,
+    src: str | None,
+    tgt: str | None,
+    multilingual: bool,
+    params: int | None,
+    base: dict | None,
+) -> bool:
+    """Whether the side-by-side benchmark describes this model: trained from scratch on Multi30k in the
+    benchmark's direction(s) (en→de, or many-to-many for the multilingual rows), at about the size of its family's
+    benchmark rows (`BENCHMARK_SIZE_RATIO` of their parameters)."""
+    if benchmark is None or dataset is None or dataset.name != "Multi30k" or base is not None or params is None:
+        return False
+    if (not multilingual) if benchmark["multilingual"] else (src, tgt) != ("en", "de"):
+        return False
+    runs = BENCHMARK_RUNS[model_type][0]
+    low, high = BENCHMARK_SIZE_RATIO
+    return any(low <= params / row["params"] <= high for row in benchmark["rows"] if row["name"] in runs)
 
 
 def benchmark_summary(model_type: str, results_dir: str | os.PathLike | None = BENCHMARK_RESULTS) -> dict | None:

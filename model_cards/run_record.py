@@ -63,8 +63,13 @@ class RunRecord:
     stopped: dict | None = None
     # optimizer steps skipped for a non-finite loss or gradient (--on_nonfinite skip)
     nonfinite_skipped: int = 0
-    license: str | None = field(default=None, metadata=_OPTIONAL)
+    license: str | None = field(default=None, metadata=_OPTIONAL)  # the Hub license id chosen for the weights
     dataset_id: str | None = field(default=None, metadata=_OPTIONAL)  # the Hub dataset, when `dataset` is not one
+    dataset_label: str | None = field(default=None, metadata=_OPTIONAL)  # the data's name chosen by the user
+    # what `base_model` and the config's `warm_started_from` are, resolved when the run ended (their folders may be
+    # gone when the card is written again): {"name": ..., "hub_id": ...} (model_cards.card.model_identity)
+    base_model_identity: dict | None = field(default=None, metadata=_OPTIONAL)
+    warm_start_identity: dict | None = field(default=None, metadata=_OPTIONAL)
     extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions
 
     @classmethod

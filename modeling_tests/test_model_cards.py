@@ -165,7 +165,7 @@ def test_card_from_run_metadata_round_trips(tmp_path, model_type):
     assert loaded.data.to_dict() == card.data.to_dict()
     data = loaded.data
     assert data.language == ["en", "de"]
-    assert data.license == "apache-2.0"
+    assert data.license == "unknown"  # no license chosen: none claimed
     assert data.library_name == "transformers"
     assert data.pipeline_tag == "translation"
     assert {"translation", "hf-variants", model_type, FAMILIES[model_type].tag} <= set(data.tags)
@@ -261,7 +261,7 @@ def test_multilingual_card_has_per_direction_results(tmp_path):
     loaded = ModelCard.load(run / "model" / "README.md")
     assert loaded.data.language == ["en", "de", "fr"]
     assert "multilingual" in loaded.data.tags
-    assert loaded.data.datasets == ["multi30k"]  # bentrevett/multi30k has no French: not claimed
+    assert loaded.data.datasets is None  # bentrevett/multi30k has no French: not claimed, and no other Hub id
     assert loaded.data.eval_results == expected_eval_results(results, "multi30k")
     assert {r.dataset_config for r in loaded.data.eval_results} == {None, "en-de", "de-en", "en-fr"}
     text = loaded.text
@@ -357,22 +357,24 @@ def test_training_script_results_with_local_paths(tmp_path):
     card = card_from_run(run, repo_id="org/x")
     data = ModelCard.load(run / "model" / "README.md").data
     assert data.base_model is None  # a local checkpoint is no Hub model id
-    assert data.datasets == ["my_corpus"]
-    assert {r.dataset_split for r in data.eval_results} == {"test.en-de"}
+    assert data.datasets is None  # a local folder is no Hub dataset
+    assert {r.dataset_type for r in data.eval_results} == {"my_corpus"}
+    assert {r.dataset_split for r in data.eval_results} == {"test.en-de.tsv.gz"}  # the file by its name
     assert {r.dataset_config for r in data.eval_results} == {None, "en-de", "de-en"}
     assert str(tmp_path) not in card.text  # no local path in the card
-    assert "fine-tuned from a local checkpoint" in card.text and "configuration `tiny`" in card.text
+    assert "fine-tuned from the local checkpoint `parent/model`" in card.text and "configuration `tiny`" in card.text
     assert "translation en-de, de-en" in card.text.splitlines()[1]  # the title
     rows = dict(re.findall(r"^\| (.+?) \| (.+?) \|$", card.text, re.M))
-    assert rows["`learning_rate`"] == "0.003" and rows["`preset`"] == "tiny"
-    assert not {"`output_dir`", "`dropout`", "`push_to_hub`", "`hub_model_id`"} & set(rows)
+    assert rows["`learning_rate`"] == "0.003"
+    # bookkeeping, unset values, and the preset of a run that started from a saved model are left out
+    assert not {"`output_dir`", "`dropout`", "`push_to_hub`", "`hub_model_id`", "`preset`"} & set(rows)
     assert validate_card_metadata(str(card)) == []
 
 
 def test_card_cites_the_side_by_side_benchmark(tmp_path):
     """With benchmark results present, the card shows its family's rows next to the baseline they are compared
     with, and the speed ratios at the same dims; without them, no such section."""
-    run = make_run(tmp_path, "mute_nmt")
+    run = make_run(tmp_path, "mute_nmt", results=make_results("mute_nmt", params=7_400_000))  # the rows' size
     results = json.loads((run / "results.json").read_text())
     bench = tmp_path / "bench"
     bench.mkdir()
@@ -447,6 +449,16 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
     assert "1100 steps of <= 4096 tokens" in text and "reached 34.0 BLEU" in text
     plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
     assert "Side-by-side benchmark" not in plain
+    # the benchmark describes Multi30k en→de models of its size trained from scratch: no section for any other
+    for other in (
+        {"params": 56_000},  # a tiny model
+        {"params": 60_000_000},  # a base-size model
+        {"source_lang": "en", "target_lang": "fr", "languages": ["en", "fr"]},
+        {"dataset": "data/train.tsv"},
+        {"base_model": "org/parent"},  # fine-tuned from another model
+    ):
+        text = build_model_card(run / "model", {**results, **other}, benchmark_dir=bench).text
+        assert "Side-by-side benchmark" not in text and "Baseline X" not in text, other
 
 
 # ------------------------------------------------------------------------------------------------ the run record
