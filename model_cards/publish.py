@@ -15,6 +15,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -55,6 +56,25 @@ IGNORE_PATTERNS = [
     "*.log",
 ]
 _SCAN_LIMIT = 64 * 1024 * 1024  # files scanned for the token before upload (weights are larger than this)
+
+
+# HTTP client loggers that log every request at INFO ("HTTP Request: POST ... 200 OK"): httpx, and httpx2, which
+# huggingface_hub uses from version 2 on
+HTTP_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
+
+
+@contextlib.contextmanager
+def quiet_http_logs(level: int = logging.WARNING):
+    """Raise the HTTP client loggers to `level` (their warnings and errors still show) and restore them after."""
+    loggers = [logging.getLogger(name) for name in HTTP_LOGGERS]
+    before = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(max(level, log.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for log, old in zip(loggers, before):
+            log.setLevel(old)
 
 
 class PublishError(RuntimeError):
@@ -207,14 +227,15 @@ def push_to_hub(
     message = commit_message or f"Upload {config.get('model_type', 'model')} model, tokenizer and card"
     logger.info("Pushing %s to %s on %s", model_dir, repo_id, endpoint)
     try:
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        commit = api.upload_folder(
-            folder_path=str(model_dir),
-            repo_id=repo_id,
-            repo_type="model",
-            commit_message=message,
-            ignore_patterns=IGNORE_PATTERNS,
-        )
+        with quiet_http_logs():
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            commit = api.upload_folder(
+                folder_path=str(model_dir),
+                repo_id=repo_id,
+                repo_type="model",
+                commit_message=message,
+                ignore_patterns=IGNORE_PATTERNS,
+            )
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else None
         server = (err.server_message or "").strip()

@@ -705,3 +705,34 @@ def torch_no_grad():
     import torch
 
     return torch.no_grad()
+
+
+def test_push_logs_no_http_requests(hub, tmp_path, caplog):
+    """A push at INFO logs what it does, not each HTTP request of the client (httpx2 logs them at INFO); the
+    client's loggers are as before afterwards."""
+    model_dir = fake_checkpoint(tmp_path)
+    levels = {name: logging.getLogger(name).level for name in publish.HTTP_LOGGERS}
+    with caplog.at_level(logging.INFO):
+        push_to_hub(model_dir, "org/quiet", token=TOKEN)
+    assert ("POST", "/api/repos/create", 200) in hub.requests  # requests were made
+    assert [r.getMessage() for r in caplog.records if r.name.startswith(("httpx", "httpcore"))] == []
+    assert any("Pushed org/quiet" in r.getMessage() for r in caplog.records)
+    assert {name: logging.getLogger(name).level for name in publish.HTTP_LOGGERS} == levels
+
+
+def test_publish_module_runs_without_runpy_warning():
+    """`python -m model_cards.publish` (and `.card`): the package does not import the module before runpy runs it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    for module in ("model_cards.publish", "model_cards.card"):
+        proc = subprocess.run(
+            [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0 and "RuntimeWarning" not in proc.stderr, (module, proc.stderr[-500:])
+        assert "usage:" in proc.stdout
