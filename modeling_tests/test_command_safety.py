@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
+import shutil
 import time
 from pathlib import Path
 
@@ -182,3 +182,198 @@ def test_a_config_too_large_is_refused_naming_its_fields_before_allocation():
     # activations count when the batch size is given
     with pytest.raises(ModelTooLargeError, match="activations of 1,000,000 tokens"):
         check_fits(small, tokens=10**6, available=2**30)
+
+
+# ------------------------------------------------------------------------------------------------ the command matrix
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
+
+
+def _tiny_baseline(folder: Path, tokenizer=None) -> Path:
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=len(tokenizer) if tokenizer is not None else 60)
+    TransformerNmtForConditionalGeneration(config).save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _tiny_marian(folder: Path) -> Path:
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=60,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=59,
+        decoder_start_token_id=59,
+        eos_token_id=0,
+    )
+    MarianMTModel(config).save_pretrained(folder)
+    return folder
+
+
+def _main(command: str):
+    if command == "warm_start":
+        from hf_variants.convert.warm_start import main
+    elif command == "export_onnx":
+        from hf_variants.onnx.export import main
+    elif command == "export_ctranslate2":
+        from hf_variants.deploy.ctranslate2 import main
+    elif command == "convert_marian":
+        from hf_variants.convert.marian import main
+    else:
+        from hf_variants.convert.legacy import main
+    return main
+
+
+# command -> (how its input folder is made, its argv with the input and the output)
+COMMANDS = {
+    "warm_start": (
+        _tiny_baseline,
+        lambda i, o: ["--base", i, "--model_type", "mute_nmt", "--config_overrides", "num_units=2", "--output_dir", o],
+    ),
+    "export_onnx": (_tiny_baseline, lambda i, o: ["--model", i, "--output_dir", o]),
+    "export_ctranslate2": (_tiny_baseline, lambda i, o: ["--model", i, "--output_dir", o]),
+    "convert_marian": (_tiny_marian, lambda i, o: ["--marian", i, "--output_dir", o]),
+    "convert_legacy": (
+        lambda folder: Path(shutil.copytree(FIXTURES / "mute_nmt", folder)),
+        lambda i, o: ["--model", i, "--output_dir", o],
+    ),
+}
+INPUT_FLAG = {"warm_start": "--base", "convert_marian": "--marian"}
+# relation -> (where the output is, given the input folder; --force; the message)
+RELATIONS = {
+    "output_is_input": (lambda i: i, False, "is {flag}"),
+    "output_is_input_force": (lambda i: i, True, "is {flag}"),
+    "output_is_input_by_symlink": (lambda i: i.parent / "link", True, "is {flag}"),
+    "output_inside_input": (lambda i: i / "out", False, "lies inside {flag}"),
+    "output_holds_input": (lambda i: i.parent, True, "contains {flag}"),
+    "force_on_a_foreign_folder": (lambda i: i.parent / "foreign", True, "--force replaces only a folder that"),
+}
+
+
+@pytest.fixture(scope="module")
+def command_inputs(tmp_path_factory):
+    """One input folder per command (made once; the tests check they are never changed)."""
+    return {name: make(tmp_path_factory.mktemp(name) / "input") for name, (make, _) in COMMANDS.items()}
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Any model, config or tokenizer load fails the test: the refusals come before anything loads."""
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the command loaded a model before checking its output")
+
+    for name in ("AutoModelForSeq2SeqLM", "AutoConfig", "AutoTokenizer", "MarianMTModel"):
+        monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize("relation_name", list(RELATIONS))
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_no_command_destroys_its_input(command, relation_name, command_inputs, no_loading, capsys):
+    source = command_inputs[command]
+    where, force, message = RELATIONS[relation_name]
+    output = where(source)
+    if relation_name == "output_is_input_by_symlink" and not output.exists():
+        output.symlink_to(source)
+    if relation_name == "force_on_a_foreign_folder":
+        output.mkdir(exist_ok=True)
+        (output / "results.txt").write_text("someone's work\n")
+    foreign_before = tree_hash(output) if relation_name == "force_on_a_foreign_folder" else None
+    before = tree_hash(source)
+    siblings = sorted(p.name for p in source.parent.iterdir())
+    argv = COMMANDS[command][1](str(source), str(output)) + (["--force"] if force else [])
+    with pytest.raises(SystemExit) as exit_info:
+        _main(command)(argv)
+    assert exit_info.value.code == 2, capsys.readouterr()
+    err = capsys.readouterr().err
+    assert message.format(flag=INPUT_FLAG.get(command, "--model")) in err, err
+    assert tree_hash(source) == before  # byte-identical
+    assert sorted(p.name for p in source.parent.iterdir()) == siblings  # no temporary folder either
+    if foreign_before is not None:
+        assert tree_hash(output) == foreign_before
+
+
+def test_warm_start_force_replaces_its_own_output_and_refuses_a_model_too_large(command_inputs, tmp_path, capsys):
+    from hf_variants.convert.warm_start import load_warm_start_report, main
+
+    base = command_inputs["warm_start"]
+    out = tmp_path / "variant"
+    argv = ["--base", str(base), "--output_dir", str(out), "--model_type"]
+    main([*argv, "mute_nmt"])
+    first = tree_hash(out)
+    assert read_output_manifest(out)["command"] == "warm_start"
+    assert load_warm_start_report(out).model_type == "mute_nmt"
+    with pytest.raises(SystemExit) as exit_info:  # not empty, no --force
+        main([*argv, "mute_nmt"])
+    assert exit_info.value.code == 2 and "pass --force" in capsys.readouterr().err
+    main([*argv, "mimo_nmt", "--force"])
+    printed = capsys.readouterr().out
+    assert "--force: replacing" in printed and "model.safetensors" in printed
+    assert tree_hash(out)["model.safetensors"] != first["model.safetensors"]
+    assert load_warm_start_report(out).model_type == "mimo_nmt"
+    # a variant that would not fit: refused naming the field, before it is built, nothing written
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["--base", str(base), "--model_type", "mute_nmt", "--config_overrides", "num_units=1000000"]
+            + ["--output_dir", str(tmp_path / "huge")]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "num_units=1000000" in err and "--allow_large_model" in err, err
+    assert time.perf_counter() - started < 20 and not (tmp_path / "huge").exists()
+    # flags checked at parse time
+    for bad, flag in ((["--config_overrides", "num_units"], "--config_overrides"), (["--seed", "-1"], "--seed")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--base", str(base), "--model_type", "mute_nmt", "--output_dir", str(tmp_path / "x"), *bad])
+        assert exit_info.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_warm_start_report_is_read_as_untrusted(tmp_path):
+    from hf_variants.convert.warm_start import load_warm_start_report
+
+    good = {"base": "b", "model_type": "mute_nmt", "copied": {}, "derived": {}, "initialised": {}}
+    cases = {
+        "[1]": "expected a JSON object",
+        "{": "is not valid JSON",
+        json.dumps({**good, "unused_base_tensors": "x"}): "`unused_base_tensors` must be a list of strings",
+        json.dumps({**good, "copied": {"a": 1}, "unused_base_tensors": []}): "`copied` must be an object of strings",
+        json.dumps({**good, "model_type": "gpt2", "unused_base_tensors": []}): "`model_type` must be one of",
+    }
+    for text, message in cases.items():
+        (tmp_path / "warm_start.json").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_warm_start_report(tmp_path)
+    (tmp_path / "warm_start.json").unlink()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.json"
+    outside.write_text(json.dumps({**good, "unused_base_tensors": []}))
+    (tmp_path / "warm_start.json").symlink_to(outside)
+    with pytest.raises(ValueError, match="points outside"):
+        load_warm_start_report(tmp_path)
+
+
+def test_ctranslate2_export_manifest_is_read_as_untrusted(tmp_path):
+    from hf_variants.deploy.ctranslate2 import MANIFEST, read_export_manifest
+
+    good = {"source_model_type": "transformer_nmt", "quantization": "int8", "suppress_sequences": [["<pad>"]]}
+    (tmp_path / MANIFEST).write_text(json.dumps(good))
+    assert read_export_manifest(tmp_path) == good
+    for bad, message in (
+        ({**good, "suppress_sequences": [[1]]}, "`suppress_sequences` must be a list of non-empty lists"),
+        ({**good, "suppress_sequences": "<pad>"}, "`suppress_sequences` must be a list"),
+        ({**good, "quantization": 8}, "`quantization` must be a string"),
+        ({**good, "quantization": "int3"}, "`quantization` must be one of"),
+    ):
+        (tmp_path / MANIFEST).write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            read_export_manifest(tmp_path)
