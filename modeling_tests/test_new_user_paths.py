@@ -1,13 +1,29 @@
-"""Paths a new user takes first (issue 32's papercuts): after `import hf_variants`, `pipeline("translation",
-model=FOLDER)` loads a saved folder without `trust_remote_code` (as `AutoModelForSeq2SeqLM.from_pretrained` does),
-and greedy translation with `training/translate.py --num_beams 1` on a model saved with the papers' beam settings
-passes no length penalty (generate() warned "generation flags are not valid ... ['length_penalty']")."""
+"""Paths a new user takes first.
+
+- After `import hf_variants`, `pipeline("translation", model=FOLDER)` loads a saved folder without
+  `trust_remote_code` (as `AutoModelForSeq2SeqLM.from_pretrained` does); greedy translation with `translate.py
+  --num_beams 1` on a model saved with the papers' beam settings passes no length penalty.
+- Own data: a `datasets` dataset with flat language-named columns (a `save_to_disk` folder), named columns
+  (`--source_column/--target_column`), in-memory `Dataset`s through `train_on_datasets`; a data error ends the
+  command with one line naming the file or column and the flag to pass, and leaves no run folder.
+- Logs: off a terminal, training writes progress lines (log records), never a bar's carriage returns.
+- Threads: on a busy machine the default leaves the busy cores alone and says so in one line.
+- Install: a wheel installed into a fresh virtual environment has every console script, and `hf-variants-train`
+  runs outside the checkout (as does `accelerate launch -m hf_variants.training.train`).
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import os
+import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
+import pytest
 import torch
 from conftest import REPO_ROOT, read_sentences
 from transformers import pipeline
@@ -16,9 +32,8 @@ from transformers.utils import logging as hf_logging
 
 import hf_variants  # noqa: F401  (registers the model types and the translation task)
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-
-sys.path.insert(0, str(REPO_ROOT))
-from hf_variants.training import translate  # noqa: E402
+from hf_variants.training import progress, train, translate
+from hf_variants.training.corpus import DataError
 
 
 def saved_model(tokenizer, path):
@@ -70,3 +85,203 @@ def test_greedy_translate_passes_no_length_penalty(tokenizer, tmp_path):
     with CaptureLogger(logger) as captured:
         model.generate(**inputs, num_beams=1, length_penalty=0.6, max_new_tokens=3)
     assert "['length_penalty']" in captured.out
+
+
+# ------------------------------------------------------------------------------------------------- own data
+QUICK = ["--preset", "tiny", "--max_steps", "2", "--warmup_steps", "1", "--eval_bleu_pairs", "2", "--num_beams", "1"]
+QUICK += ["--max_len_b", "3", "--num_examples", "0", "--progress_interval", "0"]
+
+
+def en_fr(n: int, split: str = "train") -> tuple[list[str], list[str]]:
+    return read_sentences("en", split, n=n), read_sentences("fr", split, n=n)
+
+
+def test_flat_language_columns_of_a_save_to_disk_folder_train(tokenizer, tmp_path, capsys):
+    """A `Dataset.save_to_disk` folder with flat `en`/`fr` columns (before: "no 'translation' column", a traceback
+    and an empty run folder); the log off a terminal has progress lines and no carriage return."""
+    from datasets import Dataset
+
+    en, fr = en_fr(40)
+    Dataset.from_dict({"id": list(range(40)), "en": en, "fr": fr}).save_to_disk(str(tmp_path / "flat"))
+    tokenizer.save_pretrained(tmp_path / "tok")
+    capsys.readouterr()  # the test's own save_to_disk bar
+    run = tmp_path / "run"
+    args = ["--dataset_name", str(tmp_path / "flat"), "--source_lang", "en", "--target_lang", "fr"]
+    results = train.main(args + ["--tokenizer", str(tmp_path / "tok"), "--output_dir", str(run)] + QUICK)
+    assert results["train_pairs"] == 40 and results["eval_pairs"] == 0
+    log = (run / "train.log").read_text()
+    assert "progress: step 1/2 (50%)" in log and "progress: step 2/2 (100%)" in log
+    assert "\r" not in log and "\r" not in capsys.readouterr().err
+
+
+def test_train_on_datasets_with_named_columns(tokenizer, tmp_path):
+    """The Python entry point: in-memory `Dataset`s with columns named by `source_column`/`target_column`."""
+    from datasets import Dataset
+
+    en, fr = en_fr(30)
+    val_en, val_fr = en_fr(6, "val")
+    tokenizer.save_pretrained(tmp_path / "tok")
+    train_set = Dataset.from_dict({"english": en, "french": fr})
+    valid_set = Dataset.from_dict({"english": val_en, "french": val_fr})
+    options = dict(source_lang="en", target_lang="fr", source_column="english", target_column="french")
+    results = train.train_on_datasets(
+        train_set,
+        validation=valid_set,
+        tokenizer=str(tmp_path / "tok"),
+        output_dir=str(tmp_path / "run"),
+        dataset_name="my pairs",
+        **options,
+        **{flag.removeprefix("--"): value for flag, value in zip(QUICK[::2], QUICK[1::2])},
+    )
+    assert results["train_pairs"] == 30 and results["eval_pairs"] == 6
+    assert results["hyperparameters"]["dataset_name"] == "my pairs"
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+    with pytest.raises(DataError, match=r"no column 'anglais' \(the 'en' side"):
+        train.train_on_datasets(train_set, **{**options, "source_column": "anglais"}, output_dir=str(tmp_path / "r2"))
+    assert not (tmp_path / "r2").exists()
+    with pytest.raises(ValueError, match="^train_on_datasets: --max_steps must be a positive integer, got 0$"):
+        train.train_on_datasets(train_set, **options, max_steps=0)
+
+
+@pytest.mark.parametrize(
+    "layout, flags, message",
+    [
+        (
+            "tsv",
+            [],
+            "Language 'de' is not in {data} (it has: en, fr): pass --source_lang en --target_lang fr (or the "
+            "reverse).",
+        ),
+        (
+            "odd_columns",
+            ["--source_lang", "en", "--target_lang", "fr"],
+            "has no 'translation' column and no two columns named by language codes (its columns: english, "
+            "french): name the text columns with --source_column COLUMN --target_column COLUMN.",
+        ),
+    ],
+)
+def test_a_data_error_is_one_line_and_leaves_no_run_folder(layout, flags, message, tmp_path, monkeypatch, capsys):
+    en, fr = en_fr(4)
+    if layout == "tsv":
+        data = tmp_path / "train.tsv"
+        data.write_text("en\tfr\n" + "".join(f"{a}\t{b}\n" for a, b in zip(en, fr)))
+        flags = ["--train_file", str(data)] + flags
+    else:
+        from datasets import Dataset
+
+        data = tmp_path / "odd"
+        Dataset.from_dict({"english": en, "french": fr}).save_to_disk(str(data))
+        flags = ["--dataset_name", str(data)] + flags
+    run = tmp_path / "runs" / "new"
+    monkeypatch.setattr(sys, "argv", ["hf-variants-train", *flags, "--output_dir", str(run), "--preset", "tiny"])
+    with pytest.raises(SystemExit) as exit_:
+        train.cli()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and err.count("\n") == 1, err  # one line, no traceback
+    assert err.startswith("hf-variants-train: error: ") and message.format(data=data) in err
+    assert not run.exists()
+
+
+# ----------------------------------------------------------------------------------------------------- logs
+class NotATerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_progress_lines_off_a_terminal(caplog):
+    clock = iter([5.0, 12.0, 13.0, 30.0])
+    bar = progress.training_progress(4, 0, disable=False, interval=10.0, stream=NotATerminal())
+    assert isinstance(bar, progress.ProgressLines)
+    bar.clock, bar.start, bar.last = lambda: next(clock), 0.0, 0.0
+    with caplog.at_level(logging.INFO, logger="hf_variants.train"):
+        for step in range(1, 5):
+            bar.set_postfix(loss=f"{5 - step:.3f}", tok_s="100", refresh=False)
+            bar.update(1)
+        bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [  # step 1 at 5 s: too early; step 2 at 12 s; step 3 at 13 s: too early; step 4: the end
+        "progress: step 2/4 (50%), loss 3.000, tok_s 100, elapsed 0:00:12, ETA 0:00:12",
+        "progress: step 4/4 (100%), loss 1.000, tok_s 100, elapsed 0:00:30, ETA 0:00:00",
+    ]
+
+
+# -------------------------------------------------------------------------------------------------- threads
+@pytest.mark.parametrize(
+    "cores, processes, load, threads",
+    [(2, 1, 0.3, 2), (2, 1, 1.9, 1), (2, 1, 3.5, 1), (16, 2, 4.0, 6), (16, 2, 1.0, 8), (8, 1, None, 8)],
+)
+def test_default_threads_leave_busy_cores_alone(cores, processes, load, threads):
+    chosen, reason = train.default_cpu_threads(cores, processes, load)
+    assert chosen == threads
+    assert (reason is None) == (threads == cores // processes)
+
+
+def test_a_busy_machine_gets_fewer_threads_and_a_hint(monkeypatch, caplog):
+    class Accelerator:
+        device, num_processes = torch.device("cpu"), 1
+
+    args = train.parse_args(["--preset", "tiny"])
+    before = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 2.0, 2.0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    try:
+        with caplog.at_level(logging.INFO, logger="hf_variants.train"):
+            train.set_cpu_threads(args, Accelerator())
+        assert torch.get_num_threads() == 1
+        assert "1 CPU thread(s) per process instead of 2: the load average 2.2" in caplog.text
+        assert "--num_threads N to choose" in caplog.text
+        train.set_cpu_threads(train.parse_args(["--num_threads", "2"]), Accelerator())  # the flag always wins
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+# -------------------------------------------------------------------------------------------------- install
+def test_wheel_install_has_every_console_script(tmp_path):
+    """A wheel built from the checkout, installed into a fresh virtual environment (system site-packages for
+    torch and the other dependencies, the wheel itself without dependencies), used from outside the checkout."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"hf-variants-train", "hf-variants-translate", "hf-variants-export-onnx", "hf-variants-publish"} <= set(
+        scripts
+    )
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    subprocess.run(pip + [str(REPO_ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("hf_variants-*.whl")
+    assert "hf_variants/training/train.py" in zipfile.ZipFile(wheel).namelist()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python, bin_dir = venv / "bin" / "python", venv / "bin"
+    install = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for name in scripts:
+        assert (bin_dir / name).is_file(), f"the wheel installs no {name}"
+    check = (
+        "import importlib.metadata as m, hf_variants, sys; "
+        "eps = {e.name: e for e in m.entry_points(group='console_scripts') if e.name.startswith('hf-variants')}; "
+        "assert all(callable(e.load()) for e in eps.values()); "
+        "print(hf_variants.__file__); print(sorted(eps))"
+    )
+    shown = subprocess.run([str(python), "-c", check], capture_output=True, text=True, cwd=outside, env=env)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    where, names = shown.stdout.splitlines()
+    assert Path(where).is_relative_to(venv), where  # the wheel's copy, not the checkout's
+    assert names == str(sorted(scripts))
+    helped = subprocess.run(
+        ["accelerate", "launch", "--cpu", "--num_processes", "1", "-m", "hf_variants.training.train", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=outside,
+        env=env,
+    )
+    assert helped.returncode == 0, helped.stderr[-3000:]
+    assert "--source_column" in helped.stdout and "--train_file" in helped.stdout
+    helped = subprocess.run(["hf-variants-train", "--help"], capture_output=True, text=True, cwd=outside, env=env)
+    assert helped.returncode == 0 and "--dataset_name" in helped.stdout, helped.stderr[-3000:]

@@ -290,9 +290,15 @@ def resolve_split(available: Sequence[str], requested: str | None, role: str, da
 
 
 def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
-    """Every split of a `datasets` dataset (Hub name or local path) as a `DatasetDict`, loaded once."""
+    """Every split of a `datasets` dataset as a `DatasetDict`, loaded once: a Hub name, a local folder of data
+    files, or a folder written by `save_to_disk` (a `DatasetDict`'s, or a single `Dataset`'s, whose rows are then
+    the "train" split)."""
     import datasets
 
+    folder = Path(name)
+    if folder.is_dir() and ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()):
+        loaded = datasets.load_from_disk(str(folder))
+        return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict({"train": loaded})
     return datasets.load_dataset(name, config_name, **kwargs)
 
 

@@ -28,6 +28,7 @@ from .cache_store import (
     map_arrow_file,
     tokenizer_fingerprint,
 )
+from .progress import Every
 from .sources import Rows
 
 MAP_BATCH_ROWS = 2_000  # rows per batched tokenizer call
@@ -228,12 +229,24 @@ def _measure_range(task) -> str:
     """Token counts of rows [start, stop) (read sequentially) into the Arrow file `path` (one worker's share)."""
     from datasets.arrow_writer import ArrowWriter
 
-    _, start, stop, path = task
+    k, start, stop, path = task
     job = _JOB
+    report = Every()  # the first worker's share stands for every worker's (the rows are split evenly)
+    done = 0
     with ArrowWriter(features=job["features"], path=path) as writer:
         for batch in job["rows"].batches(job["needed"], start, stop):
             for lo in range(0, batch.num_rows, MAP_BATCH_ROWS):
                 block = batch.slice(lo, MAP_BATCH_ROWS).to_pydict()
                 writer.write_batch(_measure(block, job["tokenizer"], job["languages"], job["checks"]))
+                done += len(next(iter(block.values()), []))
+                if k == 0 and report():
+                    logger.info(
+                        "progress: tokenizing %s: %.0f%% (%d of the first worker's %d rows), elapsed %s",
+                        job["rows"].meta["label"],
+                        100.0 * done / max(stop - start, 1),
+                        done,
+                        stop - start,
+                        report.elapsed(),
+                    )
         writer.finalize()
     return path

@@ -197,8 +197,13 @@ def check_languages(
     for s, t in directions:
         for lang in (s, t):
             if lang not in present:
+                hint = ""
+                if len(present) == 2:
+                    hint = f": pass --source_lang {present[0]} --target_lang {present[1]} (or the reverse)"
+                elif len(present) > 2:
+                    hint = ": choose with --source_lang/--target_lang, or --languages for a multilingual run"
                 raise DataError(
-                    f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'})."
+                    f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'}){hint}."
                 )
         for name in annotations:
             for lang in (s, t) if target_annotations else (s,):

@@ -28,6 +28,7 @@ from .cache_store import (
     map_arrow_file,
 )
 from .corpus import DataError
+from .progress import Every
 
 READ_BLOCK_BYTES = 8 << 20  # text read per block (bytes)
 
@@ -68,7 +69,8 @@ def starts_with_bom(path: str | os.PathLike) -> bool:
 @dataclass
 class SplitSource:
     """Where a split comes from: `kind` "files" (`files` {lang: path}, `annotation_files` {name: {lang: path}}),
-    "tsv" or "jsonl" (`path`), or "hub" (`dataset`, a `datasets.Dataset` with a `translation` column)."""
+    "tsv" or "jsonl" (`path`), or "hub" (`dataset`, a `datasets.Dataset` with a `translation` column, or with one
+    text column per language: `columns` {lang: column name})."""
 
     kind: str
     label: str
@@ -76,6 +78,7 @@ class SplitSource:
     annotation_files: dict[str, dict[str, str]] = field(default_factory=dict)
     path: str | None = None
     dataset: object = None
+    columns: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dir(cls, data_dir, prefix: str, languages: Sequence[str], annotations: Sequence[str] = ()):
@@ -113,13 +116,54 @@ class SplitSource:
         )
 
     @classmethod
-    def from_hub(cls, dataset, name: str, split: str, config_name: str | None = None):
+    def from_hub(
+        cls, dataset, name: str, split: str, config_name: str | None = None, columns: dict[str, str] | None = None
+    ):
+        """A split of a `datasets` dataset. Its layout: `columns` {lang: column} when given (the command line's
+        --source_column/--target_column), else a `translation` column of {lang: text}, else the columns whose
+        names are language codes (flat `en`, `fr` columns, a common layout on the Hub)."""
         label = f"{name}{'/' + config_name if config_name else ''}[{split}]"
-        if "translation" not in dataset.column_names:
-            raise DataError(
-                f"Dataset {name!r} split {split!r} has no 'translation' column (columns: {dataset.column_names})."
-            )
-        return cls("hub", label, dataset=dataset)
+        names = list(dataset.column_names or [])
+        if columns:
+            for lang, column in columns.items():
+                if column not in names:
+                    raise DataError(
+                        f"Dataset {label} has no column {column!r} (the {lang!r} side, given by --source_column/"
+                        f"--target_column); its columns: {', '.join(names)}."
+                    )
+            return cls("hub", label, dataset=dataset, columns=dict(columns))
+        if "translation" in names:
+            return cls("hub", label, dataset=dataset)
+        by_code = {column: column for column in names if corpus.LANG_CODE.match(column)}
+        if len(by_code) >= 2:
+            return cls("hub", label, dataset=dataset, columns=by_code)
+        raise DataError(
+            f"Dataset {label} has no 'translation' column and no two columns named by language codes (its columns: "
+            f"{', '.join(names)}): name the text columns with --source_column COLUMN --target_column COLUMN."
+        )
+
+    def hub_rows(self, batch: dict, first_row: int) -> Iterator[dict[str, str]]:
+        """The rows {lang: text} of a batch of this dataset's columns (`batch[column]` lists; row numbers from
+        `first_row`, for messages); a missing side (None) is left out, a value that is no string is a `DataError`
+        naming the row and column."""
+        if not self.columns:
+            for i, obj in enumerate(batch["translation"], first_row):
+                yield corpus._translation_row(obj, f"{self.label} row {i}")
+            return
+        values = {lang: batch[column] for lang, column in self.columns.items()}
+        for j in range(len(next(iter(values.values()), []))):
+            row = {}
+            for lang, column in self.columns.items():
+                text = values[lang][j]
+                if text is None:
+                    continue
+                if not isinstance(text, str):
+                    raise DataError(
+                        f"{self.label} row {first_row + j}: column {column!r} holds a {type(text).__name__}, "
+                        f"expected a string."
+                    )
+                row[lang] = text
+            yield row
 
     def identity(self, languages: Sequence[str], annotations: Sequence[str]) -> dict:
         ident = {
@@ -138,6 +182,8 @@ class SplitSource:
             }
         elif self.kind == "hub":
             ident["dataset"] = getattr(self.dataset, "_fingerprint", None) or repr(self.dataset)
+            if self.columns:
+                ident["columns"] = self.columns
         else:
             ident["file"] = file_identity(self.path)
         return ident
@@ -323,11 +369,11 @@ def iter_row_blocks(
         yield from _tsv_blocks(source.path, languages, present, start_row)
         return
     if source.kind == "hub":
-        column = source.dataset.select_columns(["translation"])
+        column = source.dataset.select_columns(list(source.columns.values()) or ["translation"])
+        present.update(dict.fromkeys(source.columns))
         for start in range(start_row, len(column), WRITE_BATCH_ROWS):
             out = {_text_col(lang): [] for lang in languages}
-            for i, obj in enumerate(column[start : start + WRITE_BATCH_ROWS]["translation"], start):
-                row = corpus._translation_row(obj, f"{source.label} row {i}")
+            for row in source.hub_rows(column[start : start + WRITE_BATCH_ROWS], start):
                 present.update(dict.fromkeys(lang for lang in row if lang not in present))
                 for lang in languages:
                     out[_text_col(lang)].append(row.get(lang))
@@ -493,6 +539,8 @@ def _hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows:
     import datasets
 
     ds = source.dataset
+    if source.columns:
+        return _flat_hub_rows(source, languages)
     feature = ds.features["translation"]
     if isinstance(feature, datasets.Translation):
         fields = list(feature.languages)
@@ -519,6 +567,24 @@ def _hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows:
     }
     fp = _digest(source.identity(languages, ()))
     return Rows(flat, meta, fp)
+
+
+def _flat_hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows | None:
+    """`_hub_rows` of a dataset with one text column per language: a view of the run's languages' columns when
+    they are strings (None otherwise: then the rows are read and checked into the cache)."""
+    ds, columns = source.dataset, source.columns
+    used = {lang: columns[lang] for lang in languages if lang in columns}
+    if not all(getattr(ds.features[c], "dtype", None) in ("string", "large_string") for c in used.values()):
+        return None
+    flat = ds.select_columns(list(used.values())).rename_columns({c: _text_col(lang) for lang, c in used.items()})
+    meta = {
+        "kind": "hub",
+        "label": source.label,
+        "rows": len(flat),
+        "languages_present": list(columns),
+        "annotations_present": {},
+    }
+    return Rows(flat, meta, _digest(source.identity(languages, ())))
 
 
 def load_rows(
@@ -551,6 +617,7 @@ def load_rows(
         features = datasets.Features({c: datasets.Value("string") for c in cols})
         info: dict = {}
         rows = 0
+        report = Every()  # a progress record every DATA_PROGRESS_SECONDS while a large corpus is read
         with ArrowWriter(features=features, path=str(tmp / "data.arrow")) as writer:
             for block in iter_row_blocks(source, languages, annotations, info):
                 if not block[cols[0]]:
@@ -562,6 +629,8 @@ def load_rows(
                     writer_batch_size=WRITE_BATCH_ROWS,
                 )
                 rows += len(block[cols[0]])
+                if report():
+                    logger.info("progress: reading %s: %d rows, elapsed %s", source.label, rows, report.elapsed())
             writer.finalize()
         meta = {
             "kind": source.kind,

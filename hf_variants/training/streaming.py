@@ -47,12 +47,10 @@ def streaming_rows(
         hub = source.dataset
         if not isinstance(hub, datasets.IterableDataset):
             hub = hub.to_iterable_dataset()
-        label = source.label
 
         def with_rows(batch, indices):
             out = {_text_col(lang): [] for lang in languages}
-            for i, obj in zip(indices, batch["translation"]):
-                row = corpus._translation_row(obj, f"{label} row {i + start_row}")
+            for row in source.hub_rows(batch, indices[0] + start_row if indices else start_row):
                 for lang in languages:
                     out[_text_col(lang)].append(row.get(lang))
             out["row"] = [i + start_row for i in indices]

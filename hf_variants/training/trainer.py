@@ -745,16 +745,14 @@ class Trainer:
     def train(self) -> None:
         """Optimizer steps until `max_steps`, validating, logging and checkpointing at their cadences (and at the
         last step, which is always checkpointed)."""
-        from tqdm.auto import tqdm
+        from .progress import training_progress
 
         self.job.model.train()
-        self.progress = tqdm(
-            total=self.data.max_steps,
-            initial=self.state.step,
-            disable=not self.accelerator.is_main_process,
-            desc="training",
-            dynamic_ncols=True,
-            mininterval=1.0,
+        self.progress = training_progress(  # a bar on a terminal, progress lines in a log
+            self.data.max_steps,
+            self.state.step,
+            disable=not self.accelerator.is_main_process or getattr(self.args, "no_progress", False),
+            interval=getattr(self.args, "progress_interval", 30.0),
         )
         if self.data.stream is not None and self.state.stream_state is not None:
             self.data.stream.load_state_dict(self.state.stream_state)  # the first epoch's drop report so far
