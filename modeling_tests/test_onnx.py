@@ -828,13 +828,29 @@ def test_package_imports_without_onnxruntime():
     assert out.stdout.split() == ["False", "OrtModelForSeq2SeqLM"]
 
 
-def test_relative_positions_export_and_decode_like_torch(tokenizer, tmp_path):
+def test_relative_positions_export_and_decode_like_torch(tokenizer, tmp_path, capfd):
     """A baseline with Shaw relative positions (keys and values) exports (its attention stays generic: traced with
     the eager kernel, since torch's SDPA decomposition with an additive bias broke the export) and decodes like
-    torch, greedy and beam; the caller's model keeps its attention implementation."""
+    torch, greedy and beam; the caller's model keeps its attention implementation. The export prints one progress
+    line per graph and per quantization on stderr, and none of the torch exporter's messages that say nothing to a
+    user (shared axis names, a pytree deprecation, torchvision's operators)."""
+    import warnings
+
     model = _random(TransformerNmtForConditionalGeneration, TransformerNmtConfig, tokenizer, max_relative_positions=4)
     before = model.config._attn_implementation
-    folder = export(model, tokenizer, tmp_path / "rel")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        folder = export(model, tokenizer, tmp_path / "rel", int8=True)
+    err = capfd.readouterr().err
+    lines = err.splitlines()
+    progress = r" \.\.\. done in \d+\.\d s"
+    assert re.fullmatch("exporting encoder_model.onnx" + progress, lines[0]), err
+    assert re.fullmatch("exporting decoder_model.onnx" + progress, lines[1]), err
+    assert re.fullmatch("quantizing encoder_model_int8.onnx, decoder_model_int8.onnx" + progress, lines[2]), err
+    assert len(lines) == 3 and "torchvision" not in err, err
+    noise = [str(w.message) for w in caught if "axis name" in str(w.message) or "LeafSpec" in str(w.message)]
+    assert noise == []
     assert model.config._attn_implementation == before
     fusion = json.loads((folder / "onnx_manifest.json").read_text())["attention_fusion"]
     assert any("relative positions" in reason for reason in fusion["generic"].values())
@@ -1457,3 +1473,29 @@ def test_runtime_model_holds_no_weights_and_logs_its_precision(baseline_export, 
     assert ort.precision == "fp32" and ort8.precision == "int8"
     assert list(ort.parameters()) == [] and list(ort.buffers()) == []
     assert [type(m).__name__ for m in ort.modules()] == [type(ort).__name__, "_LanguageIds"]
+
+
+def test_single_direction_model_needs_no_tgt_lang(tokenizer, tmp_path_factory, tmp_path):
+    """A Tied model recorded as translating into one language (`config.target_languages == ["fr"]`) generates on
+    ONNX Runtime without `tgt_lang`, bound and in the loop, and through the pipeline: the tokens torch gives with
+    tgt_lang="fr"."""
+    model, folder = _export_once("tied_nmt", tokenizer, tmp_path_factory)
+    into_fr = _damaged(folder, tmp_path, "into_fr", lambda manifest, copy_dir: None)
+    config = json.loads((into_fr / "config.json").read_text())
+    config["target_languages"] = ["fr"]
+    (into_fr / "config.json").write_text(json.dumps(config))
+    ort = OrtModelForSeq2SeqLM.from_pretrained(into_fr, num_threads=1)
+    assert json.loads((into_fr / "onnx_manifest.json").read_text())["tgt_lang_ids_required"]
+    expected_inputs = model.prepare_translation_inputs(tokenizer, SENTENCES[:4], tgt_lang="fr")
+    inputs = ort.prepare_translation_inputs(tokenizer, SENTENCES[:4])  # no tgt_lang
+    assert torch.equal(inputs["input_ids"], expected_inputs["input_ids"])
+    plain = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    for settings in (dict(num_beams=1), dict(num_beams=3, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**expected_inputs, max_new_tokens=10, **settings)
+        assert torch.equal(ort.generate(**plain, max_new_tokens=10, **settings), expected), settings
+        assert ort.last_decoding["path"].startswith("bound_")
+        assert torch.equal(_loop(ort, **plain, max_new_tokens=10, **settings), expected), settings
+    gen = dict(num_beams=2, max_new_tokens=8)
+    reference = pipeline("translation", model=model, tokenizer=tokenizer)(SENTENCES[:2], tgt_lang="fr", **gen)
+    assert pipeline("translation", model=ort, tokenizer=tokenizer)(SENTENCES[:2], **gen) == reference

@@ -132,7 +132,7 @@ def compact_rows(tensor: torch.Tensor, kept: np.ndarray, positions: int | None =
 def _worth_dropping(live: np.ndarray) -> bool:
     """Whether the batch drops its finished sentences (`live`: per sentence, whether it goes on): when at least
     `DROP_SHARE` of them (and one) have finished. A drop moves the rows that go on to the front of their buffers
-    and binds the graphs again: 0.3-0.5 ms, and about 0.2-0.5 ms more in the next step (scratch measurement, small
+    and binds the graphs again: 0.3-0.5 ms, and about 0.2-0.5 ms more in the next step (measured on the small
     baseline, 1 thread, where a step of 32 rows takes 2.2-3.7 ms); `benchmarks/bench_real_data.py` measures the whole.
     """
     finished = live.size - int(live.sum())

@@ -24,21 +24,22 @@ table):
   `present_key.{i}`, `present_value.{i}`: the buffers with position `past` written, in place where the caller binds
   the same memory as input and output (each decoder self-attention is ONE `com.microsoft::DecoderMaskedMultiHead
   Attention` with `past_present_share_buffer=1`). A decoding step then copies no cache, and beam search reorders
-  the indirection instead of the cache (`OrtModelForSeq2SeqLM`'s Python loop, `OrtSharedCache`). The source
+  the indirection instead of the cache (`OrtModelForSeq2SeqLM`'s bound search and loop, `OrtSharedCache`). The source
   padding `encoder_attention_mask` and the cross keys/values come once per sentence ([batch / beam_width, ...]:
   each cross-attention takes a sentence's beams as the queries of one MultiHeadAttention; the manifest's
   `shared_cache["cross_attention"]` is "per_sentence"; one per row is one sentence per row). The manifest's
   `shared_cache` names the files, inputs and outputs, or why the graph is not written (the modules left generic).
-  The step graph is written either way: ORT's BeamSearch op (`onnx_generation`) and every other consumer read it.
+  The step graph is written either way: the loop of the model types without the shared-cache graph reads it, as
+  any consumer on plain onnxruntime can.
 
 Attention fusion (default; `--no_fuse_attention` turns it off): every attention module computing plain scaled
-dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`onnx_attention`:
+dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`attention`:
 encoder self-attention with the source padding mask, decoder self-attention reading `past_*` and writing
 `present_*`, cross-attention on the cached `cross_*` keys/values) instead of ~15 generic nodes; the others (Shaw
 relative positions: MUTE's self-attention by default; HySAN's branch masks) stay generic, and the manifest's
 `attention_fusion` names both, with the reason. The graph inputs and outputs are the same either way. ONNX Runtime
-fuses the residual Add + LayerNorm (SkipLayerNormalization) and int8 MatMul + scale (DynamicQuantizeMatMul) itself
-at session creation (`ORT_ENABLE_ALL`, as `OrtModelForSeq2SeqLM` sets).
+fuses int8 MatMul + scale (DynamicQuantizeMatMul) itself at session creation (`ORT_ENABLE_ALL`, as
+`OrtModelForSeq2SeqLM` sets; its sessions leave out SkipLayerNormFusion, `modeling.DISABLED_OPTIMIZERS` says why).
 
 Batch, source and past lengths are dynamic. Every model type exports (MUTE, HySAN, MIMO, Tied, the baseline, MG-SA):
 MG-SA's phrase heads, n-gram or syntactic (then `phrase_index` [batch, levels, source] is an input of the source
@@ -49,11 +50,12 @@ as its longest phrase, which only the values of `phrase_index` tell). The tokeni
 generation config and `onnx_manifest.json` (graph files, input/output names and dtypes, exporter versions, int8
 settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (and `decoder_model_shared_cache_int8.onnx`
-where the shared-cache graph is written; `onnx_quantization.quantize`: onnxruntime's `quantize_dynamic` after folding
+where the shared-cache graph is written; `quantization.quantize`: onnxruntime's `quantize_dynamic` after folding
 constants and splitting stacked unit weights, int8 weights of every MatMul per output channel, the output projection
 included, activations quantized per call; `--int8_weights`: the weight format, see `INT8_WEIGHTS`).
 
-Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (generate, pipeline). The graphs run on plain
+Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (the fp32 graphs; `precision="int8"` for the int8
+ones) for generate and the pipeline. The export prints one progress line per graph on stderr. The graphs run on plain
 onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python code). Needs
 `pip install "hf-variants[onnx]"`. (Tooling: not shipped with saved models.)
 """
@@ -61,10 +63,14 @@ onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
+import logging
+import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -291,21 +297,63 @@ def _sample_inputs(model, source_names: list[str], batch: int, length: int) -> d
     return inputs
 
 
+# what torch's exporter says on every export that tells a user nothing (their export is fine): the axis names of
+# dynamic dimensions that share a constraint (ours do by design: every graph input with a batch axis), a deprecation
+# inside torch's own pytree code, and that the optional torchvision operators are not registered
+_EXPORTER_NOISE = (
+    (UserWarning, r"# The axis name: .* will not be used, since it shares the same shape constraints"),
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+)
+_EXPORTER_NOISE_LOGGER = "torch.onnx._internal.exporter._registration"
+
+
+class _DropTorchvisionNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """torch.onnx.export without the messages in `_EXPORTER_NOISE` (filtered by category and message, for this
+    call only); every other warning and log line of the exporter still shows."""
+    noise_filter, logger = _DropTorchvisionNotice(), logging.getLogger(_EXPORTER_NOISE_LOGGER)
+    logger.addFilter(noise_filter)
+    try:
+        with warnings.catch_warnings():
+            for category, message in _EXPORTER_NOISE:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            yield
+    finally:
+        logger.removeFilter(noise_filter)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, what: str):
+    """One line on stderr per export stage: `what ... done in 3.1 s` (the line completes when the stage does)."""
+    if enabled:
+        print(f"{what} ...", end="", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    yield
+    if enabled:
+        print(f" done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
+
 def _torch_export(module, args, dynamic_shapes, input_names, output_names, path: Path, opset: int | None):
     kwargs = {"opset_version": opset} if opset is not None else {}
-    program = torch.onnx.export(
-        module,
-        args,
-        dynamo=True,
-        dynamic_shapes=dynamic_shapes,
-        input_names=input_names,
-        output_names=output_names,
-        optimize=True,
-        verbose=False,
-        custom_translation_table=translation_table(),  # fused attention (`onnx_attention`), where the model has it
-        **kwargs,
-    )
-    program.save(str(path))
+    with _quiet_exporter():
+        program = torch.onnx.export(
+            module,
+            args,
+            dynamo=True,
+            dynamic_shapes=dynamic_shapes,
+            input_names=input_names,
+            output_names=output_names,
+            optimize=True,
+            verbose=False,
+            custom_translation_table=translation_table(),  # fused attention (`attention`), where it applies
+            **kwargs,
+        )
+        program.save(str(path))
     return program
 
 
@@ -628,14 +676,16 @@ def export(
     fuse_attention: bool = True,
     int8_weights: str = DEFAULT_INT8_WEIGHTS,
     shared_cache: bool = True,
+    progress: bool = True,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
-    attention becomes one `com.microsoft::MultiHeadAttention` node (`onnx_attention`); the others, and all of them
+    attention becomes one `com.microsoft::MultiHeadAttention` node (`attention`); the others, and all of them
     with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
     `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`. `shared_cache`: also write the
     shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says whether
-    it was written, or why not)."""
+    it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
+    ("exporting encoder_model.onnx ... done in 3.1 s")."""
     check_exportable(model, opset)
     if int8_weights not in INT8_WEIGHTS:
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
@@ -661,12 +711,15 @@ def export(
 
     staging = start_output_dir(output_dir, command=COMMAND, force=force)  # a failed export's leftover is removed
     files = GRAPH_FILES["fp32"]
-    _export_source_graph(model, traced, staging / files[0], opset)
-    _export_step_graph(model, traced, staging / files[1], opset)
+    with _progress(progress, f"exporting {files[0]}"):
+        _export_source_graph(model, traced, staging / files[0], opset)
+    with _progress(progress, f"exporting {files[1]}"):
+        _export_step_graph(model, traced, staging / files[1], opset)
     shared = {"written": False, "reason": _shared_cache_refusal(model, fusion, shared_cache)}
     if shared["reason"] is None:
         shared_started = time.perf_counter()
-        _export_shared_cache_graph(model, traced, staging / SHARED_CACHE_FILES["fp32"], opset)
+        with _progress(progress, f"exporting {SHARED_CACHE_FILES['fp32']}"):
+            _export_shared_cache_graph(model, traced, staging / SHARED_CACHE_FILES["fp32"], opset)
         shared = _shared_cache_record(model, staging, traced.num_layers, time.perf_counter() - shared_started)
         files = (*files, SHARED_CACHE_FILES["fp32"])
     seconds = {"export": time.perf_counter() - started, "quantize": None}
@@ -675,11 +728,13 @@ def export(
 
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
-        graphs["int8"], seconds["quantize"], rewritten = _quantize_graphs(staging, int8_weights)
+        with _progress(progress, f"quantizing {', '.join(GRAPH_FILES['int8'])}"):
+            graphs["int8"], seconds["quantize"], rewritten = _quantize_graphs(staging, int8_weights)
         if shared["written"]:
             quantize_started = time.perf_counter()
             name = SHARED_CACHE_FILES["int8"]
-            rewritten[name] = quantize(staging / SHARED_CACHE_FILES["fp32"], staging / name, int8_weights)
+            with _progress(progress, f"quantizing {name}"):
+                rewritten[name] = quantize(staging / SHARED_CACHE_FILES["fp32"], staging / name, int8_weights)
             shared["graphs"]["int8"] = SHARED_CACHE_FILES["int8"]
             shared["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
             seconds["quantize"] += time.perf_counter() - quantize_started
