@@ -377,3 +377,55 @@ def test_ctranslate2_export_manifest_is_read_as_untrusted(tmp_path):
         (tmp_path / MANIFEST).write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=message):
             read_export_manifest(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ translate
+TRANSLATE_CASES = {
+    # name: (--output given the work folder, extra argv, message)
+    "output_is_input": (lambda w: w / "src.en", [], "--output '{w}/src.en' is --input"),
+    "output_is_input_by_symlink": (lambda w: w / "link.en", [], "is --input"),
+    "output_is_references": (lambda w: w / "ref.de", ["--references", "{w}/ref.de"], "is --references"),
+    "output_inside_model": (lambda w: w / "model" / "hyp.de", [], "lies inside --model"),
+    "output_is_a_folder": (lambda w: w / "outdir", [], "is a folder; give a file name"),
+    "output_under_a_file": (lambda w: w / "afile" / "out.de", [], "'{w}/afile' is not a folder"),
+    "results_json_is_input": (lambda w: w / "hyp.de", ["--results_json", "{w}/src.en"], "--results_json"),
+    "results_json_is_output": (lambda w: w / "hyp.de", ["--results_json", "{w}/hyp.de"], "the same file"),
+    "batch_size_0": (lambda w: w / "hyp.de", ["--batch_size", "0"], "argument --batch_size: expected an integer >= 1"),
+    "batch_size_-3": (lambda w: w / "hyp.de", ["--batch_size", "-3"], "argument --batch_size: expected an integer"),
+    "num_beams_0": (lambda w: w / "hyp.de", ["--num_beams", "0"], "argument --num_beams: expected an integer >= 1"),
+    "max_len_a_nan": (lambda w: w / "hyp.de", ["--max_len_a", "nan"], "argument --max_len_a: expected a finite"),
+}
+
+
+@pytest.fixture(scope="module")
+def translate_work(tmp_path_factory):
+    work = tmp_path_factory.mktemp("translate")
+    _tiny_baseline(work / "model")
+    (work / "src.en").write_text("a small house .\ntwo dogs .\n")
+    (work / "ref.de").write_text("ein kleines Haus .\nzwei Hunde .\n")
+    (work / "link.en").symlink_to(work / "src.en")
+    (work / "outdir").mkdir()
+    (work / "afile").write_text("a file\n")
+    return work
+
+
+@pytest.mark.parametrize("case", list(TRANSLATE_CASES))
+def test_translate_checks_flags_and_output_before_loading(case, translate_work, no_loading, capsys):
+    from hf_variants.training import translate
+
+    where, extra, message = TRANSLATE_CASES[case]
+    w = translate_work
+    before = tree_hash(w)
+    argv = ["--model", str(w / "model"), "--input", str(w / "src.en"), "--output", str(where(w)), "--no_progress"]
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(argv + [a.format(w=w) for a in extra])
+    assert exit_info.value.code == 2
+    assert message.format(w=w) in capsys.readouterr().err
+    assert tree_hash(w) == before and sorted(p.name for p in w.iterdir()) == [
+        "afile",
+        "link.en",
+        "model",
+        "outdir",
+        "ref.de",
+        "src.en",
+    ]

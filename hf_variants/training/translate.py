@@ -35,6 +35,14 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
+from ..outputs import (  # noqa: E402
+    OutputPathError,
+    atomic_write_file,
+    check_not_an_input,
+    check_output_file,
+    float_in_range,
+    int_in_range,
+)
 from . import checkpointing, evaluation, external  # noqa: E402
 from .corpus import DataError, parse_jsonl_line, read_lines  # noqa: E402
 
@@ -110,22 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--src_lang")
     p.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
-    p.add_argument("--num_beams", type=int, default=4)
-    p.add_argument("--length_penalty", type=float, default=0.6)
+    p.add_argument("--num_beams", type=int_in_range(1), default=4)
+    p.add_argument("--length_penalty", type=float_in_range(), default=0.6)
     p.add_argument(
         "--max_len_a",
-        type=float,
+        type=float_in_range(0.0),
         default=1.2,
         help="max new tokens = a * source length + b (at most the model's positions - 1)",
     )
-    p.add_argument("--max_len_b", type=int, default=10)
+    p.add_argument("--max_len_b", type=int_in_range(0), default=10)
     p.add_argument(
         "--max_length",
         type=int,
         help="truncate source sentences to this many tokens (default: never; "
         "longer than the model accepts: an empty line and a warning)",
     )
-    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--batch_size", type=int_in_range(1), default=64)
     p.add_argument("--results_json", help="write the scores here")
     p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
     p.add_argument(
@@ -370,7 +378,31 @@ def write_output(path: str, lines: list[str]) -> None:
         sys.stdout.flush()
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    checkpointing.atomic_write(path, text)
+    atomic_write_file(path, text)
+
+
+def check_outputs(args: argparse.Namespace, annotation_files: dict[str, str]) -> None:
+    """Before anything loads: `--output` and `--results_json` can be written as files (no folder, a parent that is
+    a writable folder or can be made), are not the same file, and are not, do not hold and do not lie inside any
+    input (`--input`, `--references`, `--source_annotation` files, the `--model` / `--onnx` / `--tokenizer`
+    folders). Raises `OutputPathError` naming the flags."""
+    inputs = {
+        "--input": None if args.input == STDIO else args.input,
+        "--references": args.references,
+        "--source_annotation": list(annotation_files.values()),
+        "--model": args.model,
+        "--onnx": args.onnx,
+        "--tokenizer": args.tokenizer,
+    }
+    outputs = {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}
+    for flag, path in outputs.items():
+        if path is not None:
+            check_output_file(path, flag=flag)
+            check_not_an_input(path, inputs, output_flag=flag)
+    if None not in outputs.values():
+        check_not_an_input(outputs["--results_json"], {"--output": outputs["--output"]}, output_flag="--results_json")
+        if Path(outputs["--results_json"]).absolute() == Path(outputs["--output"]).absolute():
+            raise OutputPathError("--results_json and --output name the same file.")
 
 
 def load_translation_model(args: argparse.Namespace):
@@ -599,6 +631,10 @@ def main(argv=None) -> dict:
         raise SystemExit("--references cannot be stdin ('-'); give a file.")
     jsonl = is_jsonl(args.input, args.input_format)
     annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
+    try:
+        check_outputs(args, annotation_files)
+    except OutputPathError as error:
+        build_parser().exit(2, f"error: {error}\n")
     model, tokenizer = load_translation_model(args)
     tgt_lang = target_language(args.tgt_lang, model)
     inputs = read_translation_input(args, jsonl, tgt_lang, annotation_files, annotations_from_rows)
@@ -607,7 +643,8 @@ def main(argv=None) -> dict:
     write_output(args.output, outputs)
     result = build_result(args, inputs, plan, outputs, elapsed, tgt_lang)
     if args.results_json:
-        Path(args.results_json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
     return result
 
