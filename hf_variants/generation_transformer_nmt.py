@@ -339,11 +339,81 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
         sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
         encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
+        cache = past_key_values if cache is None else cache
+        if getattr(cache, "is_compileable", False):
+            reorder_in_place(cache, beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
+            cache.reorder_cache(beam_idx)
         return past_key_values
+
+    def _beam_search(
+        self,
+        input_ids: torch.LongTensor,
+        logits_processor: LogitsProcessorList,
+        stopping_criteria,
+        generation_config,
+        synced_gpus: bool = False,
+        **model_kwargs,
+    ):
+        """transformers' beam search, whose decoding steps run compiled like greedy search's when `generate` compiles
+        (a static cache, `compile_config` or an accelerator: `_valid_auto_compile_criteria`); transformers compiles
+        the steps of greedy search and sampling only. The first step (it fills the cross-attention cache) stays
+        eager, as transformers' prefill does (`compiled_decoding_steps`)."""
+        if not self._valid_auto_compile_criteria(model_kwargs, generation_config):
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+            )
+        with compiled_decoding_steps(self, generation_config.compile_config):
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+            )
+
+
+# ------------------------------------------------------------------------------------------ static-cache decoding
+def reorder_in_place(cache: Cache, beam_idx: torch.LongTensor) -> None:
+    """Beam search's reordering of a pre-allocated (static) cache, written into its own tensors: compiled steps,
+    CUDA graphs above all, read the cache at fixed addresses (`torch._dynamo.mark_static_address`), which
+    transformers' `reorder_cache` (a new tensor per layer and step) would move."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
+            continue
+        index = beam_idx.to(layer.keys.device)
+        layer.keys.copy_(layer.keys.index_select(0, index))
+        layer.values.copy_(layer.values.index_select(0, index))
+
+
+def decoding_step_ready(past_key_values) -> bool:
+    """Whether a forward call is a decoding step over filled cross-attention keys and values (every step after the
+    first), the call with static shapes that a compiled step serves."""
+    updated = getattr(past_key_values, "is_updated", None)
+    return bool(updated) and all(updated.values())
+
+
+@contextmanager
+def compiled_decoding_steps(model, compile_config=None):
+    """Within the block, `model`'s forward calls on a filled cache (`decoding_step_ready`) run
+    `torch.compile(model.forward, **compile_config)` (transformers' `CompileConfig`; its default: fullgraph,
+    "reduce-overhead", i.e. CUDA graphs on a GPU); the other calls run eagerly. The compiled function is kept on the
+    model for the next calls with the same config (`_compiled_step`)."""
+    config = compile_config or model._default_compile_config()
+    eager = type(model).forward.__get__(model)
+    cached = getattr(model, "_compiled_step", None)
+    if cached is None or cached[0] != config:
+        cached = (config, torch.compile(eager, **config.to_dict()))
+        model._compiled_step = cached
+    compiled = cached[1]
+
+    def forward(*args, **kwargs):
+        if decoding_step_ready(kwargs.get("past_key_values")):
+            return compiled(*args, **kwargs)
+        return eager(*args, **kwargs)
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        del model.forward
 
 
 __all__ = [
