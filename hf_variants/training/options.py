@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from pathlib import Path
 
 from . import external, settings
@@ -292,6 +293,16 @@ def add_checkpoints_args(g) -> None:
 def add_output_args(g) -> None:
     g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
     g.add_argument("--variant_name", help="a display name for the model card (default: the model family's name)")
+    g.add_argument(
+        "--license",
+        help="the Hub license id of the trained weights, for the model card (e.g. apache-2.0, cc-by-nc-4.0); "
+        "default: 'unknown' (choose one that the training data's terms allow)",
+    )
+    g.add_argument(
+        "--dataset_label",
+        help="the name of the training data in the model card (default: --dataset_name, the training file's "
+        "name, or the --data_dir folder's name)",
+    )
     g.add_argument("--run_name", help="default: <model_type>-<directions>[-bi][-<preset> unless small]")
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
@@ -390,6 +401,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
+    if args.license is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", args.license):
+        parser.error(f"--license {args.license!r} is no Hub license id (lowercase, e.g. apache-2.0, cc-by-nc-4.0)")
+    if args.dataset_label is not None and not args.dataset_label.strip():
+        parser.error("--dataset_label is empty")
     if args.save_steps is None:
         args.save_steps = args.eval_steps
     for message in numeric_flag_errors(args):

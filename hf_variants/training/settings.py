@@ -46,6 +46,8 @@ FREE = frozenset(
         "push_to_hub",
         "hub_model_id",
         "variant_name",
+        "license",
+        "dataset_label",
         "run_name",  # output only
         "num_threads",
         "preprocessing_num_workers",

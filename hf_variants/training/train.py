@@ -892,6 +892,8 @@ def build_results(
     wall_time: float,
 ) -> RunRecord:
     """The run record written as results.json (and read by the model card)."""
+    from model_cards.card import model_identity
+
     args, run, data, state = trainer.args, trainer.run, trainer.data, trainer.state
     directions, train_report, eval_report = run.directions, data.train_report, data.eval_report
     return RunRecord(
@@ -928,6 +930,11 @@ def build_results(
             "validation": state.evals,
             "hyperparameters": trainer.job.hyperparameters,
             "base_model": args.model_name_or_path,
+            # what the base models are, named while their folders are at hand (the card is written again later)
+            "base_model_identity": model_identity(args.model_name_or_path),
+            "warm_start_identity": model_identity(getattr(final_model.config, "warm_started_from", None)),
+            "license": args.license,
+            "dataset_label": args.dataset_label,
             "per_direction": scores["per_direction"] if scores and scores["per_direction"] else None,
             "num_processes": trainer.accelerator.num_processes,
             # settings changed on resumes ({"step", "setting", "from", "to", "free"}): "hyperparameters" holds
