@@ -25,6 +25,7 @@ from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+from hf_variants.training import fast_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,3 +106,69 @@ def test_beam_reorder_of_a_static_cache_stays_in_place():
     expected = dynamic.self_attention_cache.layers[0]
     assert torch.equal(layer.keys[:, :, :3], expected.keys) and torch.equal(layer.values[:, :, :3], expected.values)
     assert torch.equal(expected.keys, keys[beam_idx])
+
+
+# ------------------------------------------------------------------------------------------------- training step
+def training_batch(g, sentences: int, source: int, target: int) -> dict:
+    input_ids = torch.randint(4, 80, (sentences, source), generator=g)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, -2:] = 0
+    labels = torch.randint(4, 80, (sentences, target), generator=g)
+    labels[-1, -3:] = -100
+    return {
+        "input_ids": input_ids.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "labels": labels,
+    }
+
+
+def step_gradients(model, batch) -> tuple[torch.Tensor, dict]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch, skip_logits=True).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_compiled_training_step_equals_eager_with_one_graph_for_every_shape():
+    """`compile_body` ("aot_eager": dynamo's graphs and AOTAutograd's forward/backward graphs, run without code
+    generation): the eager step's loss and gradients on batches of three shapes, one compiled graph for all of
+    them; evaluation and generation stay eager (no graph added)."""
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset("tiny", vocab_size=80, decoder_layers=1, encoder_layers=1)
+    model = TransformerNmtForConditionalGeneration(config).train()
+    g = torch.Generator().manual_seed(0)
+    batches = [training_batch(g, *shape) for shape in ((4, 9, 7), (6, 13, 11), (3, 17, 16))]
+    eager = [step_gradients(model, batch) for batch in batches]
+    torch._dynamo.reset()
+    before = graphs()
+    assert fast_step.compile_body(model, backend="aot_eager") is model.model
+    for batch, (loss, grads) in zip(batches, eager):
+        compiled_loss, compiled_grads = step_gradients(model, batch)
+        assert torch.allclose(compiled_loss, loss, atol=1e-5, rtol=1e-5)
+        assert compiled_grads.keys() == grads.keys() and len(grads) > 0
+        for name in grads:
+            assert torch.allclose(compiled_grads[name], grads[name], atol=1e-5, rtol=1e-4), name
+    assert graphs() - before == 1
+    model.eval()
+    source = {k: v for k, v in batches[0].items() if k != "labels"}
+    model.generate(**source, max_new_tokens=3)
+    assert graphs() - before == 1
+
+
+def test_adam_is_fused_on_cuda_with_the_same_update():
+    """`fast_step.adam`: fused on CUDA (the fused kernel also runs on the CPU, where it is compared with the
+    multi-tensor update the optimizer uses elsewhere), foreach otherwise; one step gives the same weights."""
+    assert fast_step.fused_available("cuda") and not fast_step.fused_available("cpu")
+    weights = []
+    for device in ("cuda", "cpu"):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(6, 5)
+        optimizer = fast_step.adam(layer.parameters(), device, lr=1e-2, weight_decay=0.01)
+        assert bool(optimizer.defaults["fused"]) is (device == "cuda")
+        assert bool(optimizer.defaults["foreach"]) is (device == "cpu")
+        for _ in range(3):
+            layer(torch.linspace(-1, 1, 12).view(2, 6)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        weights.append(layer.weight.detach())
+    assert torch.allclose(weights[0], weights[1], atol=1e-6)
