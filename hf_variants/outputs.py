@@ -199,6 +199,35 @@ def _files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() or p.is_symlink() or not p.is_dir())
 
 
+def claim_output_dir(folder: str | os.PathLike, command: str) -> None:
+    """Mark `folder`, a folder `command` fills as it works (a training run), as that command's: its manifest names
+    the command and no files. `check_clearable_dir` then lets the command clear it (e.g. --overwrite_output_dir);
+    a folder already claimed is left as it is."""
+    if read_output_manifest(folder) is None:
+        atomic_write_file(
+            Path(folder) / OUTPUT_MANIFEST,
+            json.dumps({"format": _MANIFEST_FORMAT, "command": command, "files": []}, indent=1) + "\n",
+        )
+
+
+def check_clearable_dir(
+    folder: str | os.PathLike, *, command: str, flag: str, keep: tuple[str, ...] = ()
+) -> list[str]:
+    """The entries of `folder` (not `keep`) that clearing it for `command` deletes; raises `OutputPathError` unless
+    `command` wrote the folder (its manifest, see `claim_output_dir`)."""
+    path = Path(folder)
+    entries = sorted(p.name for p in path.iterdir() if p.name not in keep and p.name != OUTPUT_MANIFEST)
+    manifest = read_output_manifest(path)
+    if entries and (manifest is None or manifest["command"] != command):
+        by = "no command of this package" if manifest is None else manifest["command"]
+        raise OutputPathError(
+            f"{flag} deletes only a folder that {command} wrote (it holds {OUTPUT_MANIFEST}); {str(path)!r} was "
+            f"written by {by} (it holds {', '.join(entries[:5])}{' ...' if len(entries) > 5 else ''}). Nothing "
+            "was deleted: remove it yourself or choose another folder."
+        )
+    return entries
+
+
 def read_output_manifest(folder: str | os.PathLike) -> dict | None:
     """The manifest of a folder written through `atomic_output_dir` (`{"command": str, "files": [relative
     paths]}`), or None when there is none or it is not one (wrong JSON, types, or a path outside the folder)."""

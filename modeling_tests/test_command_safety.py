@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import data_dir, tiny_args, tokenizer_dir  # noqa: F401 (fixtures)
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
 from hf_variants.outputs import (
@@ -429,3 +430,57 @@ def test_translate_checks_flags_and_output_before_loading(case, translate_work, 
         "ref.de",
         "src.en",
     ]
+
+
+# ------------------------------------------------------------------------------------------------ train
+TRAIN_RELATIONS = {
+    # name: (--output_dir given the data folder and the tokenizer folder, extra flags, message)
+    "output_is_data_dir": (lambda d, t: d, [], "is --data_dir"),
+    "output_inside_data_dir": (lambda d, t: d / "run", [], "lies inside --data_dir"),
+    "output_holds_tokenizer": (lambda d, t: t.parent, ["--overwrite_output_dir"], "contains --"),
+    "output_is_tokenizer_overwrite": (lambda d, t: t, ["--overwrite_output_dir"], "is --tokenizer"),
+}
+
+
+@pytest.mark.parametrize("case", list(TRAIN_RELATIONS))
+def test_train_never_writes_into_its_inputs(case, data_dir, tokenizer_dir):
+    from hf_variants.training import train
+    from hf_variants.training.corpus import DataError
+
+    where, extra, message = TRAIN_RELATIONS[case]
+    out = where(data_dir, tokenizer_dir)
+    before = {"data": tree_hash(data_dir), "tokenizer": tree_hash(tokenizer_dir)}
+    parent = sorted(p.name for p in tokenizer_dir.parent.iterdir())
+    with pytest.raises(DataError, match=message):
+        train.main(tiny_args(data_dir, out, *extra, tokenizer=tokenizer_dir, steps=1))
+    assert {"data": tree_hash(data_dir), "tokenizer": tree_hash(tokenizer_dir)} == before
+    assert sorted(p.name for p in tokenizer_dir.parent.iterdir()) == parent
+
+
+def test_train_overwrites_only_its_own_run_folder_and_refuses_a_model_too_large(data_dir, tokenizer_dir, tmp_path):
+    from hf_variants.training import run_lock, train
+    from hf_variants.training.corpus import DataError
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "results.json").write_text("{}\n")
+    (foreign / "thesis.tex").write_text("months of work\n")
+    before = tree_hash(foreign)
+    with pytest.raises(OutputPathError, match=r"--overwrite_output_dir deletes only a folder that train wrote"):
+        train.main(tiny_args(data_dir, foreign, "--overwrite_output_dir", tokenizer=tokenizer_dir, steps=1))
+    after = {k: v for k, v in tree_hash(foreign).items() if k not in run_lock.LOCK_FILES}  # the lock stays
+    assert after == before
+    # encoder_layers=100000: refused from the config, naming the field, in seconds, leaving no run folder
+    started = time.perf_counter()
+    with pytest.raises(DataError, match=r"encoder_layers=100000.*--allow_large_model"):
+        train.main(
+            tiny_args(
+                data_dir,
+                tmp_path / "huge",
+                "--config_overrides",
+                "encoder_layers=100000",
+                tokenizer=tokenizer_dir,
+                steps=1,
+            )
+        )
+    assert time.perf_counter() - started < 60 and not (tmp_path / "huge").exists()

@@ -148,6 +148,12 @@ def add_model_args(g) -> None:
     g.add_argument("--preset", default="small", help="a preset of the model's config (tiny, small, base, big)")
     g.add_argument("--config_overrides", help="key=value,... applied to the config")
     g.add_argument("--model_name_or_path", help="start from a saved model instead of a preset")
+    g.add_argument(
+        "--allow_large_model",
+        action="store_true",
+        help="build the model even when its estimated memory (weights, gradients, Adam moments, a batch's "
+        "activations) exceeds the memory available",
+    )
     g.add_argument("--dropout", type=float, help="default: the preset's")
     g.add_argument("--label_smoothing", "--label_smoothing_factor", type=float, default=0.1)
     g.add_argument(
@@ -185,12 +191,6 @@ def add_optimisation_args(g) -> None:
     g.add_argument("--fp16", dest="mixed_precision", action="store_const", const="fp16", help="--mixed_precision fp16")
     g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16", help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
-    g.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model's encoder-decoder stacks for the training step (dynamic batch and length "
-        "dimensions: one graph for every bucketed batch shape; the loss, validation and decoding stay eager)",
-    )
     g.add_argument(
         "--num_threads",
         type=int,

@@ -30,9 +30,16 @@ import torch  # noqa: E402
 
 from model_cards.run_record import RunRecord  # noqa: E402
 
+from ..outputs import (  # noqa: E402
+    OutputPathError,
+    check_clearable_dir,
+    check_not_an_input,
+    claim_output_dir,
+    relation,
+)
+from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
 from . import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
 from .corpus import DataError, DropReport  # noqa: E402
-from .fast_step import adam, compile_body  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
     CHECKOUT,
     DEFAULT_DATA_DIR,
@@ -338,6 +345,7 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
         config = apply_config_overrides(
             config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
         )
+        check_model_fits(config, args)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
         return model
     known = sorted(CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
@@ -357,7 +365,48 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool):
         config = external.build_config(args.model_type, args.preset, fields)
     else:
         config = CONFIG_CLASSES[args.model_type].from_preset(args.preset, **fields)
+    check_model_fits(config, args)
     return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def check_model_fits(config, args) -> None:
+    """Before the model is built: its weights, gradients, Adam moments and a batch's activations (`--max_tokens`),
+    estimated from the config (`hf_variants.sizing`), must fit the available memory, unless
+    `--allow_large_model`; a `DataError` naming the fields otherwise."""
+    if getattr(args, "allow_large_model", False):
+        return
+    try:
+        check_fits(config, training=True, tokens=args.max_tokens, override_flag="--allow_large_model")
+    except ModelTooLargeError as error:
+        raise DataError(str(error)) from None
+
+
+def check_run_inputs(args, run_dir: Path) -> None:
+    """Before anything is written: the run folder is not, and does not lie inside, any input (data files and
+    folders, the starting model, the tokenizer, a checkpoint to resume), and holds none of them (the run's own
+    checkpoints excepted); a `DataError` naming both flags otherwise."""
+    inputs = {
+        "--data_dir": args.data_dir if not (args.train_file or args.dataset_name) else None,
+        "--train_file": args.train_file,
+        "--valid_file": args.valid_file,
+        "--test_file": args.test_file,
+        "--dataset_name": args.dataset_name,
+        "--model_name_or_path": args.model_name_or_path,
+        "--tokenizer": getattr(args, "tokenizer", None),
+    }
+    try:
+        check_not_an_input(run_dir, inputs)
+        resume = args.resume_from_checkpoint
+        if resume and resume != "latest" and os.path.lexists(resume):
+            # the run's own checkpoints lie inside the run folder; the run folder inside a checkpoint does not
+            found = relation(run_dir, resume)
+            if found in ("is", "lies inside"):
+                raise OutputPathError(
+                    f"--output_dir {str(run_dir)!r} {found} --resume_from_checkpoint {resume!r}: the run would "
+                    "write into the checkpoint it reads. Choose another --output_dir."
+                )
+    except OutputPathError as error:
+        raise DataError(str(error)) from None
 
 
 def apply_optimizer_settings(optimizer, scheduler, args) -> None:
@@ -455,13 +504,20 @@ def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list
             args.resume_from_checkpoint, run_dir / "checkpoints", skipped=found["skipped"]
         )
         if resume is None and any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):
-            if args.overwrite_output_dir:
+            if args.overwrite_output_dir:  # only a run folder train wrote; it says what it deletes
+                deleted = check_clearable_dir(
+                    run_dir, command="train", flag="--overwrite_output_dir", keep=run_lock.LOCK_FILES
+                )
+                print(f"--overwrite_output_dir: deleting {run_dir}: {', '.join(deleted)}", file=sys.stderr)
                 run_lock.clear_run_dir(run_dir)
             elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
                 raise FileExistsError(
                     f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
                     f"continue it or --overwrite_output_dir to start over."
                 )
+        others = [p for p in run_dir.iterdir() if p.name not in run_lock.LOCK_FILES]
+        if not others or resume is not None or (run_dir / "checkpoints").is_dir():
+            claim_output_dir(run_dir, "train")  # a run folder --overwrite_output_dir may clear later
 
     lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
     return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
@@ -507,6 +563,7 @@ def setup_run(args) -> RunContext:
     trackers = [t for t in args.report_to if t != "none"]
     run_name = run_name_for(args, directions)
     run_dir = Path(args.output_dir) if args.output_dir else RUNS_DIR / run_name
+    check_run_inputs(args, run_dir)  # before anything is written
     accelerator = Accelerator(
         # Without cpu=True, accelerate 1.15 leaves a multi-process launch on a machine without accelerators as
         # separate DistributedType.NO processes; with it, they form a MULTI_CPU (gloo) group.
@@ -792,18 +849,14 @@ def build_job(run: RunContext, data: RunData) -> Job:
     check_source_annotations(model, args)
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
-    # fused on CUDA (fast_step.adam); --compile: the model body compiled for the training step
-    optimizer = adam(
+    optimizer = torch.optim.Adam(
         model.parameters(),
-        accelerator.device,
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
         weight_decay=args.weight_decay,
     )
     scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
-    if args.compile:
-        compile_body(model)
     model, optimizer = accelerator.prepare(model, optimizer)
     job = Job(
         model=model,
