@@ -192,6 +192,12 @@ def add_optimisation_args(g) -> None:
     g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16", help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model's encoder-decoder stacks for the training step (dynamic batch and length "
+        "dimensions: one graph for every bucketed batch shape; the loss, validation and decoding stay eager)",
+    )
+    g.add_argument(
         "--num_threads",
         type=int,
         help="CPU threads per process (default on CPU: the cores available "

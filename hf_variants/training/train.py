@@ -40,6 +40,7 @@ from ..outputs import (  # noqa: E402
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
 from . import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
 from .corpus import DataError, DropReport  # noqa: E402
+from .fast_step import adam, compile_body  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
     CHECKOUT,
     DEFAULT_DATA_DIR,
@@ -849,14 +850,18 @@ def build_job(run: RunContext, data: RunData) -> Job:
     check_source_annotations(model, args)
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
-    optimizer = torch.optim.Adam(
+    # fused on CUDA (fast_step.adam); --compile: the model body compiled for the training step
+    optimizer = adam(
         model.parameters(),
+        accelerator.device,
         lr=args.learning_rate,
         betas=(args.adam_beta1, args.adam_beta2),
         eps=args.adam_epsilon,
         weight_decay=args.weight_decay,
     )
     scheduler = get_scheduler("inverse_sqrt", optimizer, num_warmup_steps=args.warmup_steps)
+    if args.compile:
+        compile_body(model)
     model, optimizer = accelerator.prepare(model, optimizer)
     job = Job(
         model=model,
