@@ -1,6 +1,6 @@
-"""One run per run folder (hf_variants/training/run_lock.py): a second train.py into a running run's --output_dir is refused
-naming the first (also under a 2-process launch, whose ranks all exit), and the lock of a process that died is
-taken over with a message."""
+"""One run per run folder (hf_variants/training/run_lock.py): a second train.py into a running run's --output_dir is
+refused naming the first (also under a 2-process launch, whose ranks all exit), the lock of a process that died is
+taken over with a message, as is the holder file of a copied folder (`cp -a` of a live run) and one of any shape."""
 
 import json
 import logging
@@ -158,3 +158,69 @@ def test_holder_file_checks(tmp_path, caplog):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+# HOLD loading run_lock.py alone (it needs only the standard library and filelock): a holder up in a second
+HOLD_LIGHT = (
+    "import importlib.util, time; spec = importlib.util.spec_from_file_location('run_lock', {path!r}); "
+    "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+    "m.RunLock({run!r}).acquire(); print('locked', flush=True); time.sleep(120)"
+)
+
+
+def test_copied_folder_of_a_live_run_is_taken_over(tmp_path, caplog):
+    """`cp -a` of a folder whose run is alive (its holder file names a live process on this host): the copy's holder
+    file names the original folder's inode, so a launch into the copy takes the lock over with a message naming the
+    copy, while the original stays refused."""
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LIGHT.format(path=run_lock.__file__, run=str(run))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        copy = tmp_path / "copy"
+        subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
+        copied = json.loads((copy / HOLDER_NAME).read_text())
+        assert copied["pid"] == holder.pid and copied["folder"]["ino"] == os.stat(run).st_ino != os.stat(copy).st_ino
+        with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(copy) as lock:
+            assert lock.took_over["pid"] == holder.pid
+            assert json.loads((copy / HOLDER_NAME).read_text())["folder"]["ino"] == os.stat(copy).st_ino
+        assert f"Taking over the lock of {copy}: " in caplog.text
+        assert (
+            f"its holder file came with a copy of the folder: it names the folder with inode {os.stat(run).st_ino}"
+            in (caplog.text)
+        )
+        with pytest.raises(RunLockedError, match=rf"PID {holder.pid}, "):
+            RunLock(run).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"\x00\xffgarbage{", "is not valid JSON"),
+        (b"[1, 2, 3]", "holds a JSON list, not an object"),
+        (b'{"pid": "12ab", "host": "%s"}', "names no valid PID ('12ab')"),
+        (b'{"pid": 99999999999999999999999, "host": "%s"}', "names no valid PID (99999999999999999999999)"),
+        (b'{"pid": -1, "host": "%s"}', "names no valid PID (-1)"),
+        (b'{"pid": 0, "host": "%s"}', "names no valid PID (0)"),
+        (b'{"pid": true, "host": "%s"}', "names no valid PID (True)"),
+        (b'{"host": "%s", "pid": 1, "pid_start": "x", "command": "' + b"c" * 70000 + b'"}', "bytes (a holder file"),
+    ],
+    ids=["garbage", "list", "pid-text", "pid-huge", "pid-negative", "pid-zero", "pid-bool", "huge-file"],
+)
+def test_holder_file_of_any_shape_is_read_without_a_traceback(tmp_path, caplog, content, why):
+    """A holder file of any shape (the OS lock being free) is taken over with a warning saying what is wrong with
+    it; PID 0, -1 (process groups for os.kill) and a PID past any pid_max never count as a live holder."""
+    import socket
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / HOLDER_NAME).write_bytes(content.replace(b"%s", socket.gethostname().encode()))
+    with caplog.at_level(logging.WARNING, logger="hf_variants.training.run_lock"), RunLock(run) as lock:
+        assert json.loads((run / HOLDER_NAME).read_text())["pid"] == os.getpid() == lock.holder["pid"]
+    assert f"Taking over the lock of {run}" in caplog.text and why in caplog.text, caplog.text

@@ -6,9 +6,13 @@ How it works:
   (or the file server) releases it when the holding process exits, however it exits (SIGKILL, OOM kill, crash).
   The lock file itself is never deleted: every launcher must lock the same inode.
 - Next to it, `run_dir/.run.lock.json` names the holder: host, PID, boot id, the process's start time (the PID's
-  `/proc` start tick on Linux, so a reused PID is recognised), the run's start time and command line. It is written
-  atomically after the lock is taken and removed before the lock is released; while the run lives a background
-  thread refreshes its modification time every `HEARTBEAT_S` seconds.
+  `/proc` start tick on Linux, so a reused PID is recognised), the run's start time and command line, a random run
+  id (also kept in memory) and the identity of the folder it locks (the run folder's inode and device). It is
+  written atomically after the lock is taken and removed before the lock is released; while the run lives a
+  background thread refreshes its modification time every `HEARTBEAT_S` seconds.
+- The holder file is untrusted input: it is read only when it is a regular file of at most `MAX_HOLDER_BYTES`, and
+  a file of any other shape (not JSON, not an object, a PID that is not a positive integer up to `MAX_PID`)
+  counts as "no live holder named" instead of raising.
 - A second launch whose `flock` fails is refused with a `RunLockedError` naming the holder from that file.
 - A launch that gets the lock but finds a holder file from another process decides whether that process is gone
   (it ended without removing the file, e.g. killed):
@@ -20,6 +24,9 @@ How it works:
       modification time, touched just before), so the hosts' clocks need not agree; otherwise refused, with the
       heartbeat's age. This also covers file systems where `flock` is local to each client (e.g. Lustre mounted
       with `localflock`): two hosts cannot run at once as long as the holder's heartbeat runs.
+    * a holder file that names another folder (its recorded inode, and on the same host its device, differ from
+      the run folder's) was copied with the folder (`cp -a`, rsync of a live run): the run it names locks the
+      original folder, not this copy, so it is taken over.
   A gone holder's lock is taken over with a warning naming it.
 - File systems without `flock` at all make `filelock` fall back to its own soft lock; the holder file checks above
   still apply.
@@ -40,6 +47,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import filelock
@@ -51,6 +59,8 @@ HOLDER_NAME = ".run.lock.json"
 LOCK_FILES = (LOCK_NAME, HOLDER_NAME)
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
+MAX_HOLDER_BYTES = 64 * 1024  # a holder file is a few hundred bytes
+MAX_PID = 1 << 22  # Linux's largest pid_max (PID_MAX_LIMIT)
 
 
 class RunLockedError(RuntimeError):
@@ -75,13 +85,32 @@ def _process_start_tick(pid: int) -> int | None:
 
 
 def _pid_exists(pid: int) -> bool:
+    """Whether process `pid` (a positive integer: `os.kill` of 0 or a negative number would probe a process group)
+    exists."""
+    if not _valid_pid(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # a process of another user
         return True
+    except (OverflowError, OSError):
+        return False
     return True
+
+
+def _valid_pid(pid) -> bool:
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= MAX_PID
+
+
+def folder_identity(path: str | os.PathLike) -> dict | None:
+    """The run folder's inode and device (a copy of the folder has other ones), None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return {"ino": st.st_ino, "dev": st.st_dev}
 
 
 def describe(holder: dict | None) -> str:
@@ -98,9 +127,14 @@ def describe(holder: dict | None) -> str:
     except (TypeError, ValueError, OverflowError, OSError):
         when = "at an unknown time"
     return (
-        f"host {holder.get('host', '?')}, PID {holder.get('pid', '?')}, started {when}, command: "
-        f"{holder.get('command', '?')}"
+        f"host {_short(holder.get('host', '?'))}, PID {_short(holder.get('pid', '?'))}, started {when}, command: "
+        f"{_short(holder.get('command', '?'), 300)}"
     )
+
+
+def _short(value, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _duration(seconds: float) -> str:
@@ -125,14 +159,37 @@ class RunLock:
         self._thread: threading.Thread | None = None
         self.holder: dict | None = None
         self.took_over: dict | None = None  # the gone holder whose lock was taken over
+        self.unreadable: str | None = None  # why the holder file last read could not be used
 
     # ------------------------------------------------------------------------------------------- holder file
     def _read_holder(self) -> dict | None:
+        """The holder file's object; None when there is none or it is unusable (`self.unreadable` says why): not
+        a regular file, larger than `MAX_HOLDER_BYTES`, not a JSON object."""
+        import stat
+
+        self.unreadable = None
         try:
-            holder = json.loads(self.holder_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            st = os.lstat(self.holder_path)
+        except OSError:
             return None
-        return holder if isinstance(holder, dict) else None
+        if not stat.S_ISREG(st.st_mode):
+            self.unreadable = f"{self.holder_path} is not a regular file"
+            return None
+        if st.st_size > MAX_HOLDER_BYTES:
+            self.unreadable = f"{self.holder_path} is {st.st_size} bytes (a holder file is under {MAX_HOLDER_BYTES})"
+            return None
+        try:
+            with open(self.holder_path, "rb") as f:
+                holder = json.loads(f.read(MAX_HOLDER_BYTES + 1).decode("utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RecursionError) as err:
+            self.unreadable = f"{self.holder_path} is not valid JSON ({type(err).__name__})"
+            return None
+        if not isinstance(holder, dict):
+            self.unreadable = f"{self.holder_path} holds a JSON {type(holder).__name__}, not an object"
+            return None
+        return holder
 
     def _write_holder(self) -> None:
         tmp = self.holder_path.with_name(f".{HOLDER_NAME}.{os.getpid()}.tmp")
@@ -140,23 +197,46 @@ class RunLock:
         os.replace(tmp, self.holder_path)
 
     def _is_us(self, holder: dict) -> bool:
-        return (
+        return holder.get("run_id") == self.holder["run_id"] and (
             holder.get("host") == self.holder["host"]
             and holder.get("boot_id") == self.holder["boot_id"]
             and holder.get("pid") == self.holder["pid"]
             and holder.get("pid_start") == self.holder["pid_start"]
         )
 
+    def _copied(self, holder: dict) -> str | None:
+        """Why `holder` describes the lock of another folder (the file came with a copy of it), or None."""
+        recorded, current = holder.get("folder"), self.holder.get("folder")
+        if not isinstance(recorded, dict) or current is None:
+            return None  # written before folders were recorded, or unreadable: the other checks decide
+        same_host = holder.get("host") == self.holder["host"]
+        # the inode number is the file server's on a shared file system; the device number is each client's own
+        keys = ("ino", "dev") if same_host else ("ino",)
+        if all(recorded.get(k) == current[k] for k in keys):
+            return None
+        device = f" on device {_short(recorded.get('dev'))}" if same_host else ""
+        return (
+            f"its holder file came with a copy of the folder: it names the folder with inode "
+            f"{_short(recorded.get('ino'))}{device}, this one is inode {current['ino']} on device {current['dev']}"
+        )
+
     def _gone(self, holder: dict) -> str | None:
-        """Why the process named by `holder` is no longer running, or None when it is (or may be)."""
+        """Why the process named by `holder` is no longer running (or holds another folder's lock), or None when it
+        is (or may be)."""
+        copied = self._copied(holder)
+        if copied:
+            return copied
         pid = holder.get("pid")
         if holder.get("host") == self.holder["host"]:
             if holder.get("boot_id") and self.holder["boot_id"] and holder["boot_id"] != self.holder["boot_id"]:
                 return "the machine has restarted since"
-            if not isinstance(pid, int) or not _pid_exists(pid):
+            if not _valid_pid(pid):
+                return f"its holder file names no valid PID ({_short(repr(pid))})"
+            if not _pid_exists(pid):
                 return f"PID {pid} no longer exists"
             tick = _process_start_tick(pid)
-            if tick is not None and holder.get("pid_start") is not None and tick != holder["pid_start"]:
+            start = holder.get("pid_start")
+            if tick is not None and start is not None and tick != start:
                 return f"PID {pid} now belongs to another process"
             return None
         # another host: its PID cannot be checked; its heartbeat is compared with the file system's clock
@@ -179,6 +259,8 @@ class RunLock:
             "pid_start": _process_start_tick(os.getpid()),
             "started": time.time(),
             "command": shlex.join([sys.executable, *sys.argv]),
+            "run_id": uuid.uuid4().hex,
+            "folder": folder_identity(self.run_dir),
         }
         lock = filelock.FileLock(str(self.lock_path), thread_local=False)
         try:
@@ -202,6 +284,12 @@ class RunLock:
             ) from None
         try:
             previous = self._read_holder()
+            if previous is None and self.unreadable:
+                logger.warning(
+                    "Taking over the lock of %s: its holder file cannot be used (%s); the lock itself was free.",
+                    self.run_dir,
+                    self.unreadable,
+                )
             if previous is not None and not self._is_us(previous):
                 reason = self._gone(previous)
                 if reason is None:
