@@ -56,6 +56,12 @@ def add_data_args(g) -> None:
         help="a `datasets` dataset (Hub name or local path) with a 'translation' column, instead of --data_dir",
     )
     g.add_argument("--dataset_config_name")
+    g.add_argument(
+        "--source_column",
+        help="--dataset_name with one text column per language: the source column (default: a 'translation' "
+        "column of {lang: text}, else the columns named by language codes, e.g. 'en' and 'fr')",
+    )
+    g.add_argument("--target_column", help="the target column of such a dataset (with --source_column)")
     g.add_argument("--train_split", default="train")
     g.add_argument(
         "--valid_split",
@@ -200,9 +206,9 @@ def add_optimisation_args(g) -> None:
     g.add_argument(
         "--num_threads",
         type=int,
-        help="CPU threads per process (default on CPU: the cores available "
-        "divided by the processes on this machine; `accelerate launch` "
-        "would otherwise leave one)",
+        help="CPU threads per process (default on CPU: the cores available divided by the processes on this "
+        "machine, fewer when the load average leaves fewer cores idle, at least 1; `accelerate launch` would "
+        "otherwise leave one)",
     )
     g.add_argument(
         "--cpu",
@@ -319,6 +325,14 @@ def add_output_args(g) -> None:
     g.add_argument("--overwrite_output_dir", action="store_true")
     g.add_argument("--logging_steps", type=int, default=25)
     g.add_argument(
+        "--progress_interval",
+        type=float,
+        default=30.0,
+        help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line every this many seconds "
+        "instead of a progress bar (0: every step)",
+    )
+    g.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
+    g.add_argument(
         "--report_to",
         nargs="+",
         default=["none"],
@@ -413,6 +427,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     sources = [bool(args.train_file), bool(args.dataset_name)]
     if sum(sources) > 1:
         parser.error("give either --train_file or --dataset_name (or neither, for --data_dir)")
+    if (args.source_column is None) != (args.target_column is None):
+        parser.error("--source_column and --target_column name a dataset's two text columns: give both")
+    if args.source_column is not None and args.languages:
+        parser.error("--source_column/--target_column name the --source_lang/--target_lang columns, not --languages")
     if args.license is not None and not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", args.license):
         parser.error(f"--license {args.license!r} is no Hub license id (lowercase, e.g. apache-2.0, cc-by-nc-4.0)")
     if args.dataset_label is not None and not args.dataset_label.strip():
@@ -468,6 +486,7 @@ NON_NEGATIVE = {
     "max_grad_norm": "no clipping",
     "max_len_a": None,
     "adam_epsilon": None,
+    "progress_interval": "every step",
 }
 FRACTIONS = ("dropout", "label_smoothing", "adam_beta1", "adam_beta2")  # in [0, 1)
 

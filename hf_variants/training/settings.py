@@ -50,6 +50,8 @@ FREE = frozenset(
         "dataset_label",
         "run_name",  # output only
         "num_threads",
+        "progress_interval",
+        "no_progress",  # how progress is shown
         "preprocessing_num_workers",
         "ddp_timeout",  # speed and waiting
         "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)

@@ -17,6 +17,7 @@ through the same loop (hf_variants/training/external.py) for side-by-side compar
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import math
@@ -38,7 +39,7 @@ from ..outputs import (  # noqa: E402
     relation,
 )
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
-from . import checkpointing, corpus, data_pipeline, external, run_lock, settings  # noqa: E402
+from . import checkpointing, corpus, data_pipeline, external, progress, run_lock, settings  # noqa: E402
 from .corpus import DataError, DropReport  # noqa: E402
 from .fast_step import adam, compile_body  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
@@ -81,6 +82,10 @@ from .trainer import (  # noqa: E402,F401 (batch helpers re-exported)
 )
 
 logger = logging.getLogger("hf_variants.train")
+
+# The splits of `train_on_datasets` ({"train", "valid", "test": datasets.Dataset or None}) while it runs; None for
+# the command line (kept out of `args`, whose values are the run's settings and go into checkpoints as JSON).
+IN_MEMORY_SPLITS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("IN_MEMORY_SPLITS", default=None)
 
 
 # ----------------------------------------------------------------------------------------------------- the run
@@ -128,6 +133,14 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
     configured (or, for a `datasets` dataset, when it has no such split and none was named). `hub_splits`: the
     dataset's `DatasetDict`."""
     file_arg = getattr(args, f"{split}_file")
+    in_memory = IN_MEMORY_SPLITS.get()
+    columns = None
+    if args.source_column is not None:
+        columns = {args.source_lang: args.source_column, args.target_lang: args.target_column}
+    if in_memory is not None:  # train_on_datasets
+        if in_memory.get(split) is None:
+            return None
+        return data_pipeline.SplitSource.from_hub(in_memory[split], args.dataset_name, split, columns=columns)
     if args.train_file or file_arg:
         if not file_arg:
             return None
@@ -143,8 +156,10 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
             return None
         setattr(args, f"{split}_split", split_name)  # the split actually used (results.json, model card)
         return data_pipeline.SplitSource.from_hub(
-            hub_splits[split_name], args.dataset_name, split_name, args.dataset_config_name
+            hub_splits[split_name], args.dataset_name, split_name, args.dataset_config_name, columns=columns
         )
+    if columns:
+        raise DataError("--source_column/--target_column name the text columns of a --dataset_name dataset.")
     prefix = getattr(args, f"{split}_prefix")
     if not prefix:
         return None
@@ -276,7 +291,9 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     workers = args.preprocessing_num_workers or (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
-    hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name) if args.dataset_name else None
+    hub_splits = None
+    if args.dataset_name and IN_MEMORY_SPLITS.get() is None:
+        hub_splits = corpus.load_hub_splits(args.dataset_name, args.dataset_config_name)
     stream_source = split_source(args, "train", languages, hub_splits) if args.streaming else None
     rows = {
         split: load_rows(args, split, languages, hub_splits) if split != "train" or not args.streaming else None
@@ -549,10 +566,36 @@ def set_cpu_threads(args, accelerator) -> None:
     if accelerator.device.type == "cpu":
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(args.num_threads or max(1, cores // max(local_processes, 1)))
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        threads, reason = default_cpu_threads(cores, local_processes, load)
+        torch.set_num_threads(threads)
+        if reason:
+            logger.info(reason)
+
+def default_cpu_threads(cores: int, local_processes: int, load: float | None) -> tuple[int, str | None]:
+    """Threads per process when --num_threads is not given: the cores available divided by the processes on this
+    machine, or fewer when the 1-minute load average leaves fewer cores idle (threads that wait for cores other
+    processes hold slow every step down: the tiny preset on a busy 2-core machine trained at 2,487 tokens/s with 2
+    threads and at 21,245 with 1), at least 1. Returns the threads and, when the load lowered them, the reason."""
+    local_processes = max(local_processes, 1)
+    threads = max(1, cores // local_processes)
+    if load is None:
+        return threads, None
+    idle = max(cores - load, 0.0)
+    fitting = max(1, int(idle / local_processes + 0.5))
+    if fitting >= threads:
+        return threads, None
+    return fitting, (
+        f"{fitting} CPU thread(s) per process instead of {threads}: the load average {load:.1f} leaves "
+        f"{idle:.1f} of this machine's {cores} cores idle (--num_threads N to choose)"
+    )
+
 
 
 def setup_run(args) -> RunContext:
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+            return
     """Stage 1: languages and directions, the Accelerator, the run folder, logging, the checkpoint to resume and
     the settings it changes (checked before anything is loaded)."""
     import datetime
@@ -1100,14 +1143,35 @@ def record_stop(trainer: Trainer, stop: TrainingStopped) -> None:
 def main(argv=None) -> dict | None:
     """setup_run → load_data → build_job → Trainer.train → finish. A run stopped early (a non-finite loss, a
     preemption signal) raises `TrainingStopped`, whose `exit_code` the command line exits with."""
-    args = parse_args(argv)
+    return run_training(parse_args(argv))
+
+
+def run_training(args) -> dict | None:
+    """`main` on parsed arguments. A launch refused for its data (a `DataError` before training starts) leaves no
+    run folder behind when it created that folder."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":  # set by a DeepSpeed launch
+        raise UnsupportedLaunchError(
+            "DeepSpeed is not supported: this training loop's checkpoints, averaging and resume read the DDP/FSDP "
+            "layout. Launch with an FSDP config instead (training/accelerate_configs/fsdp.yaml; FULL_SHARD ~ "
+            "ZeRO-3, SHARD_GRAD_OP ~ ZeRO-2)."
+        )
+    progress.DATA_PROGRESS_SECONDS = args.progress_interval
+    if not sys.stderr.isatty():  # a log file: progress lines (progress.py), no library progress bars
+        progress.quiet_library_bars()
+    _, directions = resolve_languages(args)
+    new_folder = not (Path(args.output_dir) if args.output_dir else RUNS_DIR / run_name_for(args, directions)).exists()
     run = setup_run(args)
     try:
-        data = load_data(run)
-        job = build_job(run, data)
+        try:
+            data = load_data(run)
+            job = build_job(run, data)
+        except DataError:
+            refused = new_folder
+            raise
         trainer = Trainer(run, data, job)
         try:
             trainer.train()
+    refused = False
             return finish(trainer)
         except TrainingStopped as stop:
             record_stop(trainer, stop)
@@ -1118,13 +1182,88 @@ def main(argv=None) -> dict | None:
 
 
 def cli() -> None:
-    """The command line (`python -m hf_variants.training.train`, `hf-variants-train`, `training/train.py`)."""
+    """The command line (`python -m hf_variants.training.train`, `hf-variants-train`, `training/train.py`). Data
+    problems end it with one line naming the file or column (exit status 2), not a traceback."""
+    prog = Path(sys.argv[0]).name or "train.py"
     try:
         main()
+        if refused and run.accelerator.is_main_process:
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run.run_dir:
+                    handler.close()
+            shutil.rmtree(run.run_dir, ignore_errors=True)
+
+
+class UnsupportedLaunchError(ValueError):
+    """A launch this training loop does not support (Accelerate's DeepSpeed plugin)."""
+
+
+def options_argv(options: dict) -> list[str]:
+    """Keyword options as command-line arguments: `name=value` → `--name value`, `True` → `--name`, a list →
+    `--name v1 v2`; None and False leave the option out."""
+    argv = []
+    for name, value in options.items():
+        flag = f"--{name}"
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def train_on_datasets(train, validation=None, test=None, **options) -> dict | None:
+    """Train on `datasets.Dataset` objects, exactly as the command line trains on files, and return the run's
+    `results.json` as a dict.
+
+    Each dataset has a `translation` column of `{lang: text}` or one text column per language (found by their
+    language-code names, or named by `source_column=` / `target_column=`). `validation`: the validation split
+    (None: no validation); `test`: the final evaluation (None: the validation split). Every other keyword is a
+    command-line option without its `--` (`source_lang="en", target_lang="fr", model_type="mute_nmt",
+    max_steps=1000, output_dir=...`; `True` for a switch, a list for several values); `dataset_name` names the
+    data in results.json and the model card (default: the training dataset's `info.dataset_name`, else
+    "in-memory dataset"). Bad data raises `DataError` (a `ValueError`) naming the split, row and column; a bad
+    option raises a `ValueError` with the command line's message."""
+    import contextlib
+    import io
+
+    import datasets
+
+    splits = {"train": train, "valid": validation, "test": test}
+    for role, dataset in splits.items():
+        if dataset is not None and not isinstance(dataset, datasets.Dataset):
+            raise TypeError(
+                f"train_on_datasets: the {role} split must be a datasets.Dataset, got {type(dataset).__name__}"
+                + (" (pass dataset_dict['train'], ...)" if isinstance(dataset, datasets.DatasetDict) else "")
+            )
+    sources = [name for name in ("data_dir", "train_file", "valid_file", "test_file") if options.get(name)]
+    if sources:
+        raise ValueError(f"train_on_datasets reads the datasets it is given, not {', '.join(sources)}.")
+    label = options.pop("dataset_name", None) or getattr(train.info, "dataset_name", None) or "in-memory dataset"
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = parse_args(options_argv(options))
+    except SystemExit as error:
+        message = stderr.getvalue().strip().splitlines()
+        message = message[-1].partition(" error: ")[2] or message[-1] if message else str(error)
+        raise ValueError(f"train_on_datasets: {message}") from None
+    args.dataset_name, args.data_dir = label, None
+    token = IN_MEMORY_SPLITS.set(splits)
+    try:
+        return run_training(args)
+    finally:
+        IN_MEMORY_SPLITS.reset(token)
     except TrainingStopped as stopped:
-        print(f"train.py: {stopped}", file=sys.stderr)
+        print(f"{prog}: {stopped}", file=sys.stderr)
         sys.exit(stopped.exit_code)
 
 
 if __name__ == "__main__":
     cli()
+    except (DataError, UnsupportedLaunchError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2)
