@@ -562,16 +562,6 @@ def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> li
     return changes
 
 
-def set_cpu_threads(args, accelerator) -> None:
-    if accelerator.device.type == "cpu":
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        threads, reason = default_cpu_threads(cores, local_processes, load)
-        torch.set_num_threads(threads)
-        if reason:
-            logger.info(reason)
-
 def default_cpu_threads(cores: int, local_processes: int, load: float | None) -> tuple[int, str | None]:
     """Threads per process when --num_threads is not given: the cores available divided by the processes on this
     machine, or fewer when the 1-minute load average leaves fewer cores idle (threads that wait for cores other
@@ -591,11 +581,21 @@ def default_cpu_threads(cores: int, local_processes: int, load: float | None) ->
     )
 
 
-
-def setup_run(args) -> RunContext:
+def set_cpu_threads(args, accelerator) -> None:
+    if accelerator.device.type == "cpu":
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
             return
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        threads, reason = default_cpu_threads(cores, local_processes, load)
+        torch.set_num_threads(threads)
+        if reason:
+            logger.info(reason)
+
+
+def setup_run(args) -> RunContext:
     """Stage 1: languages and directions, the Accelerator, the run folder, logging, the checkpoint to resume and
     the settings it changes (checked before anything is loaded)."""
     import datetime
@@ -1161,6 +1161,7 @@ def run_training(args) -> dict | None:
     _, directions = resolve_languages(args)
     new_folder = not (Path(args.output_dir) if args.output_dir else RUNS_DIR / run_name_for(args, directions)).exists()
     run = setup_run(args)
+    refused = False
     try:
         try:
             data = load_data(run)
@@ -1171,7 +1172,6 @@ def run_training(args) -> dict | None:
         trainer = Trainer(run, data, job)
         try:
             trainer.train()
-    refused = False
             return finish(trainer)
         except TrainingStopped as stop:
             record_stop(trainer, stop)
@@ -1179,14 +1179,6 @@ def run_training(args) -> dict | None:
     finally:
         if run.lock is not None:  # the run folder's lock, released however the run ends
             run.lock.release()
-
-
-def cli() -> None:
-    """The command line (`python -m hf_variants.training.train`, `hf-variants-train`, `training/train.py`). Data
-    problems end it with one line naming the file or column (exit status 2), not a traceback."""
-    prog = Path(sys.argv[0]).name or "train.py"
-    try:
-        main()
         if refused and run.accelerator.is_main_process:
             for handler in logging.getLogger().handlers:
                 if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run.run_dir:
@@ -1257,13 +1249,21 @@ def train_on_datasets(train, validation=None, test=None, **options) -> dict | No
         return run_training(args)
     finally:
         IN_MEMORY_SPLITS.reset(token)
+
+
+def cli() -> None:
+    """The command line (`python -m hf_variants.training.train`, `hf-variants-train`, `training/train.py`). Data
+    problems end it with one line naming the file or column (exit status 2), not a traceback."""
+    prog = Path(sys.argv[0]).name or "train.py"
+    try:
+        main()
     except TrainingStopped as stopped:
         print(f"{prog}: {stopped}", file=sys.stderr)
         sys.exit(stopped.exit_code)
+    except (DataError, UnsupportedLaunchError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
     cli()
-    except (DataError, UnsupportedLaunchError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
