@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""CPU inference side by side (issue 22): MarianMTModel, ours and CTranslate2, fp32 and int8, in one run.
+"""CPU inference side by side: MarianMTModel, ours and CTranslate2, fp32 and int8, in one run.
 
 Speed mode (default). Per dims class (`--sizes`, default small and base): a random MarianMTModel, the same weights
 converted to our baseline (`hf_variants.convert_marian`) and to CTranslate2 (`hf_variants.export_ctranslate2`), and
@@ -11,8 +11,8 @@ every variant of the efficiency table (benchmarks/efficiency.py: its configurati
 - `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
 - `<variant>_fp32`, `<variant>_int8` for mute, hysan, mgsa, tied, mimo;
 - `ort_<model>_fp32`, `ort_<model>_int8` (ONNX Runtime: `python -m hf_variants.export_onnx` of the same weights,
-  attention fused into MultiHeadAttention where it qualifies (the exporter's default; fused against unfused:
-  `bench_ort_fusion.py`), `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the
+  attention fused into MultiHeadAttention where it qualifies (the exporter's default),
+  `OrtModelForSeq2SeqLM.generate`) for the baseline (`ort_ours_*`) and every variant the
   exporter takes (all of them: MG-SA's phrase heads included), unless `--skip_ort` or onnxruntime is missing.
 
 Every engine runs in its own process (`--worker`; in one process, torch's OpenMP pool and ORT's threads spin against
@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402
-from timing import CLOCKS, EngineProcesses, random_batch  # noqa: E402
+from timing import CLOCKS, EngineProcesses, portable, random_batch, run_metadata, write_result  # noqa: E402
 
 from hf_variants import TransformerNmtConfig, quantize_for_cpu  # noqa: E402
 from hf_variants.convert.marian import convert_marian  # noqa: E402
@@ -364,9 +364,9 @@ def markdown(results: dict, args, paths: dict | None = None) -> str:
 
 # ------------------------------------------------------------------------------------------------------------- BLEU
 def bleu_mode(args) -> dict:
-    from training import evaluation
-    from training.corpus import read_lines
-    from training.translate import load_model_and_tokenizer
+    from hf_variants.training import evaluation
+    from hf_variants.training.corpus import read_lines
+    from hf_variants.training.translate import load_model_and_tokenizer
 
     sources = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.src}.gz"))
     references = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.tgt}.gz"))
@@ -428,6 +428,7 @@ def bleu_mode(args) -> dict:
     results_json = next((p / "results.json" for p in (run, *run.parents[:2]) if (p / "results.json").is_file()), None)
     steps = json.loads(results_json.read_text()).get("steps") if results_json else None
     result = {
+        "metadata": run_metadata(),
         "model": args.bleu_model,
         "label": args.label,
         "model_type": model.config.model_type,
@@ -445,13 +446,17 @@ def bleu_mode(args) -> dict:
 
 def record_bleu(result: dict, path: Path, results_md: Path | None = None) -> None:
     """Add `result` to the BLEU records in `path` (one per checkpoint folder, replaced when rerun) and write their
-    table into RESULTS.md (section "inference_bleu") and next to the JSON (.md)."""
+    table into RESULTS.md (section "inference_bleu") and next to the JSON (.md). Each record keeps the `metadata` of
+    its own measurement; paths are stored `portable`."""
     records = json.loads(path.read_text()) if path.is_file() else []
     if isinstance(records, dict):  # one result (older layout)
         records = [records]
+    result = portable(result)
     records = [r for r in records if r.get("model") != result["model"]] + [result]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=2) + "\n")
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(json.dumps(records, indent=2) + "\n")
+    scratch.replace(path)
     kinds = [
         k
         for k in ("fp32", "int8", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8")
@@ -539,17 +544,14 @@ def main(argv=None) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {k: v for k, v in vars(args).items() if not k.startswith("_") and not k.startswith("worker")}
-    out.with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "settings": settings,
-                "results": results,
-                "ratios": {s: {k: ratios(r) for k, r in rows.items()} for s, rows in results.items()},
-                "ort_decoding_paths": paths,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_result(
+        out.with_suffix(".json"),
+        {
+            "settings": settings,
+            "results": results,
+            "ratios": {s: {k: ratios(r) for k, r in rows.items()} for s, rows in results.items()},
+            "ort_decoding_paths": paths,
+        },
     )
     table = markdown(results, args, paths)
     out.with_suffix(".md").write_text(table)

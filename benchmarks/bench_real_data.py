@@ -39,9 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_inference import ctranslate2_module, ort_module  # noqa: E402
-from bench_ort_fusion import cpu_model  # noqa: E402
 from report import write_section  # noqa: E402
-from timing import EngineProcesses  # noqa: E402
+from timing import EngineProcesses, cpu_model, write_result  # noqa: E402
 
 DATA_DIR = ROOT / "training" / "data" / "multi30k"
 ENGINES = ["torch_fp32", "ct2_fp32", "ct2_int8", "ort_fp32", "ort_int8", "ort_int8_keep_all"]
@@ -51,8 +50,8 @@ RATIOS = [("ort_int8", "ct2_int8"), ("ort_int8", "ort_int8_keep_all"), ("ort_int
 def test_set(args, tokenizer) -> tuple[list[str], list[list[int]], list[list[int]]]:
     """The sources, their token ids, and the batches (index lists, longest sources first) `evaluation.translate`
     makes of them."""
-    from training.corpus import read_lines
-    from training.evaluation import length_sorted_batches
+    from hf_variants.training.corpus import read_lines
+    from hf_variants.training.evaluation import length_sorted_batches
 
     sources = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.src}.gz"))[: args.limit]
     ids = tokenizer(sources)["input_ids"]
@@ -62,7 +61,7 @@ def test_set(args, tokenizer) -> tuple[list[str], list[list[int]], list[list[int
 def prepare(args, workdir: Path) -> list[str]:
     """Convert the checkpoint for the engines that need it (CTranslate2, ONNX Runtime) into `workdir`; the engines to
     run."""
-    from training.translate import load_model_and_tokenizer
+    from hf_variants.training.translate import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     if model.config.model_type != "transformer_nmt":
@@ -84,8 +83,8 @@ def prepare(args, workdir: Path) -> list[str]:
 
 def engine(name: str, args, workdir: Path):
     """`translate(batch, beams)` of engine `name`: the hypotheses' token ids (no start token, eos or padding)."""
-    from training import evaluation
-    from training.translate import load_model_and_tokenizer
+    from hf_variants.training import evaluation
+    from hf_variants.training.translate import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     _, ids, _ = test_set(args, tokenizer)
@@ -156,8 +155,8 @@ def worker(args) -> None:
 def measure(args, names: list[str], workdir: Path) -> dict:
     """Per decoding ("greedy", "beam4") and engine: sentences/s (median of the interleaved calls), new tokens, BLEU
     and chrF."""
-    from training import evaluation
-    from training.corpus import read_lines
+    from hf_variants.training import evaluation
+    from hf_variants.training.corpus import read_lines
 
     references = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.tgt}.gz"))[: args.limit]
     forwarded = [a for a in sys.argv[1:] if a != "--engines" and a not in args.engines]
@@ -235,7 +234,7 @@ def main(argv=None) -> dict:
     settings = {k: v for k, v in vars(args).items() if k not in ("worker", "workdir")}
     summary = {key: ratios(rows) for key, rows in results.items()}
     record = {"settings": settings, "results": results, "ratios": summary}
-    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    write_result(out.with_suffix(".json"), record)
     table = markdown(results, args)
     out.with_suffix(".md").write_text(table)
     if not args.limit:

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from report import write_section  # noqa: E402
-from timing import CLOCKS, interleaved, peak_memory_mb  # noqa: E402
+from timing import CLOCKS, interleaved, peak_memory_mb, write_result  # noqa: E402
 
 import hf_variants  # noqa: E402
 from hf_variants import TransformerNmtConfig  # noqa: E402
@@ -65,7 +65,7 @@ def build(name: str, size: str, vocab: int):
     ids = dict(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
     torch.manual_seed(0)
     if model_type == "marian":
-        from training.external import build_config
+        from hf_variants.training.external import build_config
 
         return AutoModelForSeq2SeqLM.from_config(build_config("marian", size, {**dims, **ids}))
     fields = {**dims, **ids}
@@ -221,8 +221,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     results = {size: bench_size(size, args) for size in args.sizes}
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=2) + "\n")
+    write_result(out.with_suffix(".json"), {"settings": vars(args), "results": results})
     table = markdown(results, args)
     out.with_suffix(".md").write_text(table)
     write_section(out.name, table)  # its section of benchmarks/RESULTS.md, when there is one

@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from efficiency import MODELS, build, language_inputs  # noqa: E402
 from report import write_section  # noqa: E402
+from timing import portable, run_metadata, write_result  # noqa: E402
 
 IMPLEMENTATIONS = ("sdpa", "flex_attention")
 SECTIONS = ["agreement", "bf16_training", "bf16_decoding", "speed"]
@@ -344,7 +345,8 @@ def main(argv=None) -> dict:
     import transformers
 
     report = {
-        "settings": vars(args),
+        "metadata": run_metadata(),
+        "settings": portable(vars(args)),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -357,7 +359,7 @@ def main(argv=None) -> dict:
         for key in ("train_tok_s_sdpa", "greedy_tok_s_sdpa", "beam4_tok_s_sdpa"):
             if key in base and key in report["models"][name]:
                 report["models"][name][f"{key}_vs_baseline"] = round(report["models"][name][key] / base[key], 3)
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        write_result(args.output, report, report["metadata"])  # after each model: a run cut short keeps its rows
     return report
 
 

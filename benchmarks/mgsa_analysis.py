@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Why can a model have a lower validation loss and a lower BLEU? Side-by-side diagnostics of quality runs (issue 31
-item 4: MG-SA at the bar's budget, valid loss 3.096 vs the baseline's 3.142, yet -1.05 BLEU).
+"""Why can a model have a lower validation loss and a lower BLEU? Side-by-side diagnostics of quality runs (MG-SA
+at the 45-minute budget: valid loss 3.096 vs the baseline's 3.142, yet -1.05 BLEU).
 
 From test translations alone (the archive `benchmarks/results/runs/NAME.test.txt.gz`, a run folder's
 `translations.test.txt`, or any file of one hypothesis per line aligned with test_2016_flickr), for every run:
@@ -8,8 +8,8 @@ BLEU with its brevity penalty, system / reference length ratio and the 1-4 gram 
 the signature of the quality tables), chrF, BLEU and length ratio per source-length bucket (source words), and the
 share of empty outputs, outputs at the decoding length limit (`int(1.2 * source tokens + 10)` new tokens, the
 evaluation's rule: counted with `--tokenizer`, else on words as an upper bound), and outputs that repeat a word
-3-gram (references for comparison). From the archived results alone (no translations needed, so MG-SA's bar run is
-in it): each bar run's BLEU against the least-squares line of BLEU on valid loss through the other bar runs, and
+3-gram (references for comparison). From the archived results alone (no translations needed, so MG-SA's 45-minute
+run is in it): each 45-minute run's BLEU against the least-squares line of BLEU on valid loss through the others, and
 its residual in units of the others' residual spread (is "lower loss, lower BLEU" within the usual scatter?).
 
 With `--models LABEL=DIR ...` (a trained run folder, its `model/` or any saved model with its tokenizer), on the
@@ -20,14 +20,14 @@ predicted distribution, the mean probability of the argmax and its accuracy. F.c
 LS = (1 - eps) * NLL + eps * U exactly, so a model with a flatter tail (smaller U) gets a lower smoothed loss at an
 equal or higher NLL: the table splits the difference between two models into the two terms.
 
-    python benchmarks/mgsa_analysis.py                                        # the archived bar runs with translations
-    python benchmarks/mgsa_analysis.py --runs baseline_bar tied_bar --output benchmarks/results/mgsa_analysis.txt
-    python benchmarks/mgsa_analysis.py --runs baseline_bar benchmarks/runs/mgsa_ngram_bar/translations.test.txt \\
-        --models baseline=benchmarks/runs/baseline_bar mgsa=benchmarks/runs/mgsa_ngram_bar --test_pairs 300
+    python benchmarks/mgsa_analysis.py                        # the archived 45-minute runs with translations
+    python benchmarks/mgsa_analysis.py --runs baseline_45min tied_45min --output benchmarks/results/mgsa_analysis.txt
+    python benchmarks/mgsa_analysis.py --runs baseline_45min benchmarks/runs/mgsa_ngram_45min/translations.test.txt \\
+        --models baseline=benchmarks/runs/baseline_45min mgsa=benchmarks/runs/mgsa_ngram_45min --test_pairs 300
 
 `--check_tree DIR` runs the checks of `modeling_tests/test_mgsa_invariance.py` that decide a train/inference
 mismatch (encoder alone vs batched, cached decoding vs the teacher-forced loss path, train vs eval mode) on the MG-SA
-code of another source tree, e.g. the commit a run was trained with: `git archive 9f0adfb | tar -x -C /tmp/old`.
+code of another source tree, e.g. the commit a run was trained with: `git archive 9f0adfb | tar -x -C ../old`.
 
 `--tokenizer DIR` (the runs' shared BPE, `benchmarks/runs/tokenizer-en-de`, used by default when present) makes
 the length-limit count exact up to batching: the limit of a batch is set by its longest source, so a hypothesis at
@@ -60,9 +60,9 @@ ARCHIVE = ROOT / "benchmarks" / "results" / "runs"
 DATA = ROOT / "training" / "data" / "multi30k"
 DEFAULT_TOKENIZER = ROOT / "benchmarks" / "runs" / "tokenizer-en-de"
 # the archived runs with test translations first; a named run without them is reported as missing
-DEFAULT_RUNS = ["baseline_bar", "baseline_bar_seed2", "tied_bar", "mgsa_ngram_bar", "hysan_e1_bar"]
+DEFAULT_RUNS = ["baseline_45min", "baseline_45min_seed2", "tied_45min", "mgsa_ngram_45min", "hysan_e1_45min"]
 BUCKETS = [(1, 9), (10, 11), (12, 14), (15, 10_000)]  # source words: ~250 sentences each on test_2016_flickr
-MAX_LEN_A, MAX_LEN_B = 1.2, 10  # training/evaluation.py's length rule
+MAX_LEN_A, MAX_LEN_B = 1.2, 10  # hf_variants/training/evaluation.py's length rule
 LABEL_SMOOTHING = 0.1
 STATS = ("nll", "uniform", "entropy", "max_prob", "correct")
 
@@ -190,7 +190,7 @@ def load_model(path: Path):
 @torch.no_grad()
 def validation_stats(model, tokenizer, sources, targets, batch_size: int = 64) -> dict:
     """NLL, label-smoothed CE and the distribution's shape per target token, on length-sorted batches."""
-    from training import external
+    from hf_variants.training import external
 
     stats = TokenStats()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -205,7 +205,7 @@ def validation_stats(model, tokenizer, sources, targets, batch_size: int = 64) -
 
 
 def model_report(model_dir: Path, args, test_sources, test_refs) -> dict:
-    from training.evaluation import translate
+    from hf_variants.training.evaluation import translate
 
     model, tokenizer = load_model(model_dir)
     src_lang, tgt_lang = args.source_lang, args.target_lang
@@ -260,9 +260,9 @@ print(f"eval mode with dropout 0.3 vs the same weights without dropout: max |dif
 
 
 def check_tree(tree: Path) -> str:
-    """The invariance checks of `modeling_tests/test_mgsa_invariance.py` (bar config, tiny dims) on the MG-SA code of
-    another source tree, e.g. the commit a run was trained with (`git archive COMMIT | tar -x -C DIR`), in a child
-    process (that tree's `hf_variants`, this tree's data)."""
+    """The invariance checks of `modeling_tests/test_mgsa_invariance.py` (the 45-minute runs' config, tiny dims) on the
+    MG-SA code of another source tree, e.g. the commit a run was trained with (`git archive COMMIT | tar -x -C DIR`),
+    in a child process (that tree's `hf_variants`, this tree's data)."""
     import subprocess
 
     result = subprocess.run(
@@ -277,8 +277,8 @@ def check_tree(tree: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------------- loss vs BLEU, archive
-def archived_rows(pattern: str = "*_bar*.json") -> dict[str, tuple[float, float]]:
-    """(valid loss, BLEU) of every archived run matching `pattern` that has both (the bar's runs by default)."""
+def archived_rows(pattern: str = "*_45min*.json") -> dict[str, tuple[float, float]]:
+    """(valid loss, BLEU) of every archived run matching `pattern` that has both (the 45-minute runs by default)."""
     rows = {}
     for path in sorted(ARCHIVE.glob(pattern)):
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -314,8 +314,8 @@ def leave_one_out(rows: dict[str, tuple[float, float]]) -> dict[str, dict]:
 def loss_bleu_table(fits: dict[str, dict]) -> str:
     width = max(len(name) for name in fits)
     lines = [
-        "Valid loss vs BLEU across the archived bar runs (each run against the least-squares line through the others;"
-        " valid loss: label-smoothed CE on the first 200 validation pairs, as archived)",
+        "Valid loss vs BLEU across the archived 45-minute runs (each run against the least-squares line through the"
+        " others; valid loss: label-smoothed CE on the first 200 validation pairs, as archived)",
         f"{'run':<{width}}  valid loss    BLEU  predicted  residual  others' residual sd  residual / sd",
     ]
     for name, f in sorted(fits.items(), key=lambda item: item[1]["residual"]):

@@ -4,7 +4,7 @@
 Reads `benchmarks/results/quality.json` (BLEU, params: benchmarks/quality.py) and
 `benchmarks/results/efficiency.json` (beam-4 decoding tokens/s at the same dims: benchmarks/efficiency.py) and writes
 `benchmarks/results/bleu_vs_params.png` and `benchmarks/results/bleu_vs_speed.png` (the one-epoch table), and
-`benchmarks/results/bleu_vs_params_bar.png` (the runs at the bar's budget).
+`benchmarks/results/bleu_vs_params_45min.png` (the runs at the 45-minute budget).
 
     python benchmarks/plots.py
 """
@@ -43,8 +43,8 @@ SHORT = {
     "mute_bias": "MUTE + bias",
     "mute_bias_seq": "MUTE + bias + seq",
     "baseline_marian_defaults": "baseline, GELU + N(0, 0.02)",
-    "baseline_bar_run1": "baseline, first run",
-    "baseline_bar_seed2": "baseline, seed 2",
+    "baseline_45min_run1": "baseline, first run",
+    "baseline_45min_seed2": "baseline, seed 2",
 }
 
 
@@ -99,24 +99,24 @@ def main() -> None:
         RESULTS_DIR / "bleu_vs_params.png",
         title,
     )
-    # the runs at the bar's longer budget (NAME_bar), once there are some besides the baseline and Marian
-    bar = [r for r in quality["rows"] if r["group"] == "bar"]
-    if len(bar) > 2:
-        ref = quality.get("bar_reference") or {}
+    # the runs at the longer 45-minute budget (NAME_45min), once there are some besides the baseline and Marian
+    longer = [r for r in quality["rows"] if r["group"] == "45min"]
+    if len(longer) > 2:
+        ref = quality.get("reference_45min") or {}
         scatter(
             [
                 (
-                    SHORT.get(r["name"].removesuffix("_bar"), r["label"]),
+                    SHORT.get(r["name"].removesuffix("_45min"), r["label"]),
                     r["params"] / 1e6,
                     r["bleu"],
-                    r["name"].startswith("baseline_bar") or r["name"] == "marian_bar",
+                    r["name"].startswith("baseline_45min") or r["name"] == "marian_45min",
                     r.get("bleu_ci95"),
                 )
-                for r in bar
+                for r in longer
             ],
             "parameters (M)",
-            RESULTS_DIR / "bleu_vs_params_bar.png",
-            f"Multi30k en→de, the bar's budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
+            RESULTS_DIR / "bleu_vs_params_45min.png",
+            f"Multi30k en→de, the 45-minute budget ({ref.get('steps')} x {ref.get('max_tokens')} tokens); bars: 95% "
             "bootstrap CI",
         )
     eff_path = RESULTS_DIR / "efficiency.json"

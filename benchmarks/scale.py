@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""WMT-size corpora on one machine (issue #20): time to the first step, peak memory per process, the second rank's
+"""WMT-size corpora on one machine: time to the first step, peak memory per process, the second rank's
 unique memory, tokenization throughput and the cache's size, for synthetic corpora of distinct pairs.
 
 Corpora: every line joins two sentences of the bundled Multi30k training set (line i: sentence a and sentence
@@ -24,21 +24,21 @@ the second rank. Time to the first step is when log.jsonl gets step 1.
 Run it on a quiet machine (nothing else running: the numbers are wall times and memory of a 2-core box). After
 (this code) and before (the code before the Arrow pipeline: main at 4652af5, exported once with `git archive`):
 
-    git -C /work/main archive 4652af5 | (mkdir -p /tmp/hf_variants_before && tar -x -C /tmp/hf_variants_before)
-    python benchmarks/scale.py --sizes 450k 4.5M 40M --work_dir /data/scale                 # after
-    python benchmarks/scale.py --sizes 450k 4.5M --work_dir /data/scale --code_dir /tmp/hf_variants_before
+    mkdir -p ../before && git archive 4652af5 | tar -x -C ../before
+    python benchmarks/scale.py --sizes 450k 4.5M 40M --work_dir ../scale                 # after
+    python benchmarks/scale.py --sizes 450k 4.5M --work_dir ../scale --code_dir ../before
     python benchmarks/scale.py --report     # RESULTS.md section "scale", results/scale.md, results/scale.png
 
 Results go to benchmarks/results/scale.json (`--results`), one record per (size, run, version), replaced when
 rerun. `--code_dir DIR` runs the same commands with the code in DIR (PYTHONPATH=DIR, DIR/training/train.py) and
 records them as version "before" (`--version` to name it otherwise). A run whose processes together exceed
 `--rss_limit_gb` (default 20) is killed and recorded as such: the old code on 4.5M distinct pairs reached 24 GB
-(issue #20) and would otherwise take the machine down; 40M "before" is pointless for the same reason. The
+and would otherwise take the machine down; 40M "before" is pointless for the same reason. The
 corpora need disk: about 0.12 / 1.2 / 11 GB for 450k / 4.5M / 40M pairs (266 bytes a pair), plus the cache
 (reported).
 
-    python benchmarks/scale.py --sizes 2k --work_dir /tmp/s --smoke   # a quick check of the script (tiny
-                                                                       # vocabulary; JSON, table, plot in /tmp/s)
+    python benchmarks/scale.py --sizes 2k --work_dir scale-smoke --smoke   # a quick check of the script (tiny
+                                                                            # vocabulary; JSON, table, plot there)
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from timing import run_metadata, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT / "training" / "data" / "multi30k"
@@ -368,6 +371,7 @@ def measure(args) -> None:
                 command=" ".join(cmd),
                 cache_gb=round(du(cache) / 2**30, 3),
                 date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                metadata=run_metadata(),
             )
             if version == "after" and cache.exists():
                 result["cache_gb_by_stage"] = {
@@ -378,17 +382,16 @@ def measure(args) -> None:
             results["runs"] = [
                 r for r in results["runs"] if (r["size"], r["run"], r["version"]) != (size, name, version)
             ] + [result]
-            results_path.parent.mkdir(parents=True, exist_ok=True)
-            results_path.write_text(json.dumps(results, indent=1) + "\n")
+            write_result(results_path, results)
 
 
 # ------------------------------------------------------------------------------------------------ report
-ISSUE_BEFORE = [  # measured with the code before the pipeline (issue #20, 2026-11-24)
+REPORTED_BEFORE = [  # measured with the code before the pipeline (a 24 GB machine, 2026-11-24)
     {
         "size": "4.5M",
         "pairs": 4_500_000,
         "run": "first",
-        "version": "before (issue)",
+        "version": "before (24 GB machine)",
         "wall_sec": 476,
         "first_step_sec": None,
         "peak_rss_gb_per_rank": {"0": 24.0},
@@ -409,7 +412,7 @@ def report(results_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from report import write_section
 
-    runs = json.loads(results_path.read_text())["runs"] + ISSUE_BEFORE
+    runs = json.loads(results_path.read_text())["runs"] + REPORTED_BEFORE
     order = {s: i for i, s in enumerate(SIZES)}
     runs.sort(key=lambda r: (order[r["size"]], r["version"], ["first", "relaunch", "2proc"].index(r["run"])))
     lines = [
@@ -451,7 +454,7 @@ def report(results_path: Path) -> None:
         else:
             print("wrote the scale section of benchmarks/RESULTS.md")
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    for version, marker in (("after", "o"), ("before", "s"), ("before (issue)", "x")):
+    for version, marker in (("after", "o"), ("before", "s"), ("before (24 GB machine)", "x")):
         for run_name, style in (("first", "-"), ("relaunch", "--")):
             pts = [r for r in runs if r["version"] == version and r["run"] == run_name]
             if not pts:
@@ -495,7 +498,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["450k", "4.5M"])
     p.add_argument("--runs", nargs="+", choices=["first", "relaunch", "2proc"], default=["first", "relaunch", "2proc"])
-    p.add_argument("--work_dir", default="/tmp/hf_variants_scale")
+    p.add_argument("--work_dir", default=str(Path(tempfile.gettempdir()) / "hf_variants_scale"))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=4 * 3600)
     p.add_argument(

@@ -1,17 +1,28 @@
 """Helpers shared by the benchmark scripts (run as `python benchmarks/<script>.py`, so this folder is on `sys.path`):
 interleaved runs, median kept, with a CPU-time or wall clock; peak memory of one call; a variant against the
-baseline of the same dims (its config, a random batch, training and decoding speed)."""
+baseline of the same dims (its config, a random batch, training and decoding speed); engines in processes of their
+own; the decoding settings every speed benchmark uses; and `write_result`, which stamps a result JSON with where and
+on what it was measured (`run_metadata`: commit, date, CPU model, library versions) and writes it atomically."""
 
 from __future__ import annotations
 
+import datetime
+import importlib
 import json
 import os
+import platform
+import re
 import resource
 import statistics
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARIES = ("torch", "transformers", "onnxruntime", "ctranslate2")
 
 # process CPU time: robust on a shared machine (measures the work, not the waiting); wall: elapsed time
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -192,3 +203,86 @@ class EngineProcesses:
         answer = self._reply(name)
         time.sleep(self.pause)
         return answer
+
+
+def generation_settings(beams: int, new_tokens: int) -> dict:
+    """The benchmarks' decoding: exactly `new_tokens` new tokens, greedy or beam search with length penalty 0.6."""
+    return dict(
+        num_beams=beams,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        **({"length_penalty": 0.6} if beams > 1 else {}),
+    )
+
+
+def cpu_model() -> str:
+    """The CPU's model name as `lscpu` reports it (the processor string of `platform` where lscpu is missing)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
+    return names[0] if names else "unknown"
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def run_metadata() -> dict:
+    """Where and on what a result was measured: the checkout's commit (`uncommitted`: whether the package or the
+    benchmarks differ from it), the UTC date, the CPU model and the versions of torch, transformers, onnxruntime and
+    ctranslate2 (None where one is not installed)."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except ImportError:
+            versions[name] = None
+    return {
+        "commit": _git("rev-parse", "--short=7", "HEAD") or None,
+        "uncommitted": bool(_git("status", "--porcelain", "--", "hf_variants", "benchmarks")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "cpu": cpu_model(),
+        "versions": versions,
+    }
+
+
+ABSOLUTE_PATH = re.compile(r"(?:^|(?<=[\s=(:'\"`]))/[^\s'\"`]+")
+
+
+def _relative(match: re.Match) -> str:
+    path = Path(match.group(0).rstrip(".,;:)"))
+    tail = match.group(0)[len(str(path)) :]
+    if path.is_relative_to(ROOT):
+        return path.relative_to(ROOT).as_posix() + tail
+    return Path(*path.parts[-2:]).as_posix() + tail
+
+
+def portable(value):
+    """`value` with every absolute path in its strings made relative: to the repository root where it lies inside it,
+    else its last two components (a run's folder and its file): a result names no folder of the machine it ran on."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v) for v in value]
+    if isinstance(value, str):
+        return ABSOLUTE_PATH.sub(_relative, value)
+    return value
+
+
+def write_result(path: str | Path, record: dict, metadata: dict | None = None) -> dict:
+    """Write `record` as JSON to `path`, atomically (a temporary file beside it, then renamed), headed by
+    `"metadata"` (`run_metadata()` unless given) and with absolute paths made `portable`; returns what was written."""
+    path = Path(path)
+    body = portable({k: v for k, v in record.items() if k != "metadata"})
+    written = {"metadata": metadata or run_metadata(), **body}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(json.dumps(written, indent=2) + "\n")
+    os.replace(f.name, path)
+    return written

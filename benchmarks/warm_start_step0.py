@@ -4,7 +4,7 @@ For each variant setting: the validation loss (token-mean cross-entropy, eval mo
 N pairs of a validation split, its difference from the base's, the largest |logit difference| and the mean
 KL(base || variant) per target token. Variants whose start is exact show ~1e-6 differences.
 
-    python benchmarks/warm_start_step0.py --base DIR [--pairs 500] [--json OUT.json]
+    python benchmarks/warm_start_step0.py --base DIR [--pairs 500] [--json benchmarks/results/warm_start_step0.json]
 
 DIR: a saved transformer_nmt (or MarianMTModel) folder with its tokenizer. Without a trained baseline at hand,
 `--train_base DIR --train_steps 600` first trains a small post-norm baseline (d 64, 2 + 2 layers, BPE 2000) on the
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import random
 import sys
 import time
@@ -29,6 +28,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from timing import write_result  # noqa: E402
 
 import hf_variants  # noqa: F401, E402 (registers the model types)
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration  # noqa: E402
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
             f"{row['max_logit_diff']:.2e} | {row['kl']:.2e} |"
         )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        write_result(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -901,18 +901,18 @@ def benchmark_summary(model_type: str, results_dir: str | os.PathLike | None = B
         if eff_name in eff:
             speed = eff[eff_name].get("ratios_vs_baseline")
     multilingual = rows[0].get("group") == "multi"
-    # the same runs at the longer budget of the bar (`NAME_bar`), next to the baseline's bar run
-    bar_names = [f"{baseline}_bar"] + [f"{n}_bar" for n in runs if n != baseline]
-    bar_rows = [by_name[n] for n in bar_names if n in by_name]
-    if len(bar_rows) < 2 or bar_rows[0]["name"] != f"{baseline}_bar" or not quality.get("bar_reference"):
-        bar_rows = []
+    # the same runs at the 45-minute budget (`NAME_45min`), next to the baseline's run at that budget
+    longer_names = [f"{baseline}_45min"] + [f"{n}_45min" for n in runs if n != baseline]
+    longer_rows = [by_name[n] for n in longer_names if n in by_name]
+    if len(longer_rows) < 2 or longer_rows[0]["name"] != f"{baseline}_45min" or not quality.get("reference_45min"):
+        longer_rows = []
     return {
         "budget": quality.get("budget", {}),
         "rows": rows,
         "speed": speed,
         "multilingual": multilingual,
-        "bar_rows": bar_rows,
-        "bar_reference": quality.get("bar_reference"),
+        "longer_rows": longer_rows,
+        "reference_45min": quality.get("reference_45min"),
         "url": BENCHMARK_URL,
     }
 

@@ -68,36 +68,36 @@ def table(quality):
 
 def test_table_rebuilds_from_the_archive_without_run_folders(quality):
     refs = references()
-    finish_run(quality, "baseline_bar", [" ".join(r.split()[:-1]) for r in refs], 30.0)  # last word dropped
-    finish_run(quality, "hysan_e1_bar", refs, 100.0)
+    finish_run(quality, "baseline_45min", [" ".join(r.split()[:-1]) for r in refs], 30.0)  # last word dropped
+    finish_run(quality, "hysan_e1_45min", refs, 100.0)
     text, payload = table(quality)
     rows = {r["name"]: r for r in payload["rows"]}
-    assert rows["hysan_e1_bar"]["p_bleu"] < 0.01 and rows["hysan_e1_bar"]["bleu_ci95"] >= 0
-    assert (quality.ARCHIVE_DIR / "hysan_e1_bar.json").is_file()
-    archived = gzip.decompress((quality.ARCHIVE_DIR / "hysan_e1_bar.test.txt.gz").read_bytes()).decode()
+    assert rows["hysan_e1_45min"]["p_bleu"] < 0.01 and rows["hysan_e1_45min"]["bleu_ci95"] >= 0
+    assert (quality.ARCHIVE_DIR / "hysan_e1_45min.json").is_file()
+    archived = gzip.decompress((quality.ARCHIVE_DIR / "hysan_e1_45min.test.txt.gz").read_bytes()).decode()
     assert archived.splitlines() == refs
 
     shutil.rmtree(quality.RUNS_DIR)  # a fresh checkout: only the committed archive
     text_again, payload_again = table(quality)
     assert payload_again == payload and text_again == text
-    row = "| HySAN e1, gated sum, the bar's budget | 0.00M | 100.00 ± 0.0 | 120.00 | +66.00 | +70.00 |"
-    assert row in quality.sections["bar"]  # vs the bar's 34.0 and vs our baseline run
+    row = "| HySAN e1, gated sum, the 45-minute budget | 0.00M | 100.00 ± 0.0 | 120.00 | +66.00 | +70.00 |"
+    assert row in quality.sections["45min"]  # vs the reference's 34.0 and vs our baseline run
 
 
 def test_archived_run_is_not_trained_again(quality, monkeypatch):
-    finish_run(quality, "tied_bar", ["x"], 1.0)
-    quality.archive("tied_bar")
+    finish_run(quality, "tied_45min", ["x"], 1.0)
+    quality.archive("tied_45min")
     shutil.rmtree(quality.RUNS_DIR)
     monkeypatch.setattr(quality.subprocess, "call", lambda *a, **k: pytest.fail("archived run trained again"))
-    assert quality.run("tied_bar", None)["bleu"] == 1.0
+    assert quality.run("tied_45min", None)["bleu"] == 1.0
 
 
 @pytest.mark.parametrize(
     "against,against_bleu,kept",
     [
-        ("baseline_bar", 30.0, "plain"),  # computed against the table's baseline run
-        ("baseline_bar_run1", 29.5, "dagger"),  # against another baseline run that is in the table
-        ("baseline_bar", 31.0, None),  # against an earlier baseline run that is gone: dropped
+        ("baseline_45min", 30.0, "plain"),  # computed against the table's baseline run
+        ("baseline_45min_run1", 29.5, "dagger"),  # against another baseline run that is in the table
+        ("baseline_45min", 31.0, None),  # against an earlier baseline run that is gone: dropped
     ],
 )
 def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_bleu, kept):
@@ -105,7 +105,7 @@ def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_
     against (recognised by its name and BLEU) is in the table; † marks those against another run than the
     table's baseline."""
     refs = references()
-    finish_run(quality, "baseline_bar", refs, 30.0)
+    finish_run(quality, "baseline_45min", refs, 30.0)
     quality.ARCHIVE_DIR.mkdir(parents=True)
 
     def legacy(bleu, stored):
@@ -128,16 +128,16 @@ def test_stored_tests_only_against_a_run_in_the_table(quality, against, against_
         }
 
     test = {"against": against, "against_bleu": against_bleu, "bleu_ci95": 1.4, "p_bleu": 0.02, "p_chrf": 0.08}
-    (quality.ARCHIVE_DIR / "mgsa_ngram_bar.json").write_text(json.dumps(legacy(29.0, {"baseline": test})))
-    (quality.ARCHIVE_DIR / "baseline_bar_run1.json").write_text(json.dumps(legacy(29.5, None)))
+    (quality.ARCHIVE_DIR / "mgsa_ngram_45min.json").write_text(json.dumps(legacy(29.0, {"baseline": test})))
+    (quality.ARCHIVE_DIR / "baseline_45min_run1.json").write_text(json.dumps(legacy(29.5, None)))
     text, payload = table(quality)
-    row = {r["name"]: r for r in payload["rows"]}["mgsa_ngram_bar"]
+    row = {r["name"]: r for r in payload["rows"]}["mgsa_ngram_45min"]
     assert "stored_tests" not in row
     assert (row.get("p_bleu"), row.get("bleu_ci95")) == ((0.02, 1.4) if kept else (None, None))
     line = next(x for x in text.splitlines() if x.startswith("| MG-SA"))
     assert ("| 0.020 / 0.080 † |" in line) == (kept == "dagger")
     assert ("| 0.020 / 0.080 |" in line) == (kept == "plain")
-    assert ('† p against "Transformer baseline, the bar\'s budget, first run" (29.50 BLEU)' in text) == (
+    assert ('† p against "Transformer baseline, the 45-minute budget, first run" (29.50 BLEU)' in text) == (
         kept == "dagger"
     )
 

@@ -400,7 +400,7 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
                     row("hysan_e1", "HySAN X", 19.0),
                     row("mute_bias_seq", "MUTE+bias+seq X", 22.0),
                 ],
-                "bar_reference": {"bleu": 34.0, "steps": 1100, "max_tokens": 4096, "epochs": 9},
+                "reference_45min": {"bleu": 34.0, "steps": 1100, "max_tokens": 4096, "epochs": 9},
             }
         )
     )
@@ -431,20 +431,20 @@ def test_card_cites_the_side_by_side_benchmark(tmp_path):
     ]  # no HySAN row
     assert "training 0.55x" in text and "beam-4 decoding 0.84x" in text
     assert "240 steps of <= 2048 tokens" in text
-    assert "longer budget" not in text  # no bar-budget runs in this file
-    # with the family's runs at the bar's budget (and the baseline's), a second table lists them
+    assert "longer budget" not in text  # no 45-minute runs in this file
+    # with the family's runs at the 45-minute budget (and the baseline's), a second table lists them
     quality = json.loads((bench / "quality.json").read_text())
     quality["rows"] += [
-        row("baseline_bar", "Baseline X, bar", 33.5),
-        row("mute_bar", "MUTE X, bar", 34.75),
-        row("hysan_e1_bar", "HySAN X, bar", 33.0),
+        row("baseline_45min", "Baseline X, 45 min", 33.5),
+        row("mute_45min", "MUTE X, 45 min", 34.75),
+        row("hysan_e1_45min", "HySAN X, 45 min", 33.0),
     ]
     (bench / "quality.json").write_text(json.dumps(quality))
     text = build_model_card(run / "model", results, benchmark_dir=bench).text
     table = re.findall(r"^\| ([^|]+?) \| ([\d.]+)M \| ([\d.]+) \| ([\d.]+) \|$", text, re.M)
     assert [(label, bleu) for label, _, bleu, _ in table][3:] == [
-        ("Baseline X, bar", "33.50"),
-        ("MUTE X, bar", "34.75"),
+        ("Baseline X, 45 min", "33.50"),
+        ("MUTE X, 45 min", "34.75"),
     ]
     assert "1100 steps of <= 4096 tokens" in text and "reached 34.0 BLEU" in text
     plain = build_model_card(run / "model", results, benchmark_dir=tmp_path / "missing").text
