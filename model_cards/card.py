@@ -273,6 +273,9 @@ NOT_HYPERPARAMETERS = frozenset(
         "num_threads",
         "cpu",
         "allow_changed_settings",
+        "allow_large_model",
+        "progress_interval",
+        "no_progress",
     }
 )
 # train.py's settings that apply to one source of data, one way of building the model or the tokenizer: left off

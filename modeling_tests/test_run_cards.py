@@ -90,6 +90,7 @@ def test_card_of_a_tsv_run(tsv_run):
     table = rows(text)
     assert table["`preset`"] == "tiny" and table["`learning_rate`"] == "0.001"
     assert not {"`data_dir`", "`train_prefix`", "`valid_prefix`", "`test_prefix`", "`train_split`"} & set(table)
+    assert not {"`output_dir`", "`num_examples`", "`license`", "`progress_interval`"} & set(table)  # bookkeeping
     assert "test_2016_flickr" not in text and "Multi30k" not in text
     # the repository's benchmark (Multi30k en→de, 7.6M parameters) does not describe a 2-step en→fr tiny model
     assert (BENCHMARK_RESULTS / "quality.json").is_file()
