@@ -527,3 +527,26 @@ def test_card_reads_every_record_field_it_shows(tmp_path):
     assert data.license == "apache-2.0" and data.base_model == "org/parent-model"
     assert data.datasets == ["org/wmt16-copy"] and data.language == ["en", "de"]
     assert build_model_card(run / "model", record.to_dict()).text == text  # a dict and the record agree
+
+
+def test_model_identity_names_base_models(tmp_path):
+    """A base model is named by what it is: a Hub id, the Hub id of a Hub-cache folder, a run's model folder by its
+    card's title and run folder; a malformed recorded identity is an error naming the field."""
+    from model_cards.card import model_identity
+
+    assert model_identity("org/opus-mt-en-fr") == {"name": "`org/opus-mt-en-fr`", "hub_id": "org/opus-mt-en-fr"}
+    snapshot = tmp_path / "hub" / "models--Helsinki-NLP--opus-mt-en-fr" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert model_identity(snapshot)["hub_id"] == "Helsinki-NLP/opus-mt-en-fr"
+    run = make_run(tmp_path, "transformer_nmt", results=make_results("transformer_nmt", dataset="data/train.tsv"))
+    card_from_run(run)
+    assert model_identity(run / "model") == {
+        "name": '"Transformer: en→de translation on train.tsv" (local folder `run-transformer_nmt/model`)',
+        "hub_id": None,
+    }
+    bare = tmp_path / "base"
+    bare.mkdir()
+    assert model_identity(bare) == {"name": "`base`", "hub_id": None} and model_identity(None) is None
+    results = make_results("transformer_nmt", base_model=str(run / "model"), base_model_identity={"hub_id": None})
+    with pytest.raises(ValueError, match="'base_model_identity'"):
+        build_model_card(run / "model", results)
