@@ -14,6 +14,8 @@ The compiled checks use dynamo with the "eager" / "aot_eager" backends: the same
 from __future__ import annotations
 
 import importlib
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,46 @@ def test_adam_is_fused_on_cuda_with_the_same_update():
             optimizer.zero_grad()
         weights.append(layer.weight.detach())
     assert torch.allclose(weights[0], weights[1], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------------- benchmark
+@pytest.fixture(scope="module")
+def gpu_scale():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        yield importlib.import_module("gpu_scale")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_gpu_scale_token_batches_cover_every_pair_within_the_budget(gpu_scale):
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (500, 2), generator=g).tolist()
+    pairs = [([5] * a, [6] * b) for a, b in lengths]
+    batches = gpu_scale.token_batches(pairs, 256)
+    assert sorted(i for batch in batches for i in batch) == list(range(500))
+    for batch in batches:
+        assert len(batch) * max(max(len(pairs[i][0]), len(pairs[i][1])) for i in batch) <= 256
+    # length-bucketed: sorted by length, so a batch's sentences are about as long (here within 3 tokens)
+    assert all(max(len(pairs[i][0]) for i in b) - min(len(pairs[i][0]) for i in b) <= 3 for b in batches)
+
+
+def test_gpu_scale_runs_end_to_end_on_the_cpu(gpu_scale, tmp_path):
+    """The CPU smoke run on a small grid (tiny baseline, "eager" backend): training eager and compiled, decoding
+    greedy and beam 4 on both paths with the same tokens, the trimmed cells listed, FLOPs counted."""
+    out = tmp_path / "gpu_scale.json"
+    args = ["--device", "cpu", "--tiny", "--models", "baseline", "--token_batches", "256", "--decode_batches", "4"]
+    record = gpu_scale.main(
+        [*args, "--backend", "eager", "--max_pairs", "600", "--budget_s", "300", "--output", str(out)]
+    )
+    assert json.loads(out.read_text()) == json.loads(json.dumps(record))
+    assert [(r["compiled"], r["token_batch"]) for r in record["train"]] == [(False, 256), (True, 256)]
+    eager, compiled = record["train"]
+    assert eager["flops_per_step"] == compiled["flops_per_step"] > 0
+    assert compiled["graphs_compiled_warmup"] == 1 and compiled["recompilations_timed"] == 0
+    assert all(r["tokens_per_s"] > 0 and r["tokens_per_s"] <= r["padded_tokens_per_s"] for r in record["train"])
+    assert [r["num_beams"] for r in record["decode"]] == [1, 4]
+    for row in record["decode"]:
+        assert row["same_tokens"] and row["static_compiled"]["graphs_compiled_warmup"] >= 1
+        assert row["static_compiled"]["recompilations_timed"] == 0
+    assert record["skipped"] == [] and record["metadata"]["versions"]["torch"] == torch.__version__
