@@ -281,7 +281,13 @@ class TransformerNmtGenerationMixin(GenerationMixin):
           default is beam 4);
         - without a length from the user, the output is limited by a rule of the source length (`default_length`);
         - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
-          length and the limit."""
+          length and the limit.
+
+        The fast path (GPU decoding): `cache_implementation="static"` (pre-allocated keys and values) with
+        `compile_config=transformers.CompileConfig(...)` (default: mode "reduce-overhead", i.e. CUDA graphs), in the
+        call or the generation config, runs every decoding step after the first through one compiled graph, greedy
+        and beam search alike (`_beam_search`), for every model type, with the tokens of the default dynamic cache.
+        On CUDA a static cache alone turns the compilation on (transformers' rule)."""
         source = next(
             (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
         )
