@@ -21,11 +21,11 @@ records the answer in `model.last_decoding` ({"path", "reason"}, and "cache" for
 (`OrtSharedCache`, `last_decoding["cache"] == "shared_buffer"`), else on the step graph's concatenated cache
 (`"concatenated"`). Both paths decode token for token like the torch model in fp32.
 
-The bound search is the default because it is the fastest path measured: it replaced ONNX Runtime's
-`com.microsoft::BeamSearch` op, which it ran at 1.08x (fp32) / 1.39x (int8) the tok/s greedy and 1.10x / 1.20x beam 4
-(small baseline, batch 32, 20 new tokens, 1 thread), and which decoded some beam searches unlike transformers (its
-early-stop check and its score of hypotheses reaching `max_length` differ). The loop stays for everything the bound
-search does not implement and for folders without the shared-cache graph.
+The bound search is the default because it is the fastest path measured. It replaced ONNX Runtime's
+`com.microsoft::BeamSearch` op: it decodes at 1.08x (fp32) / 1.39x (int8) the op's tok/s greedy and 1.10x / 1.20x
+beam 4 (small baseline, batch 32, 20 new tokens, 1 thread), and the op decoded some beam searches unlike
+transformers (its early-stop check and its score of hypotheses reaching `max_length` differ). The loop stays for
+everything the bound search does not implement and for folders without the shared-cache graph.
 
 Nothing here imports or calls the model class: `choose()` takes what it reads as arguments.
 """
