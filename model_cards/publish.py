@@ -9,7 +9,9 @@ CLI::
 
     python -m model_cards.publish RUN_DIR --repo_id ORG/NAME [--private] [--commit_message MSG]
 
-`RUN_DIR` is a run folder (`results.json` + `model/`) or a model folder.
+`RUN_DIR` is a run folder (`results.json` + `model/`) or a model folder. The flags and the folder are checked before
+anything is read or sent (exit status 2 naming the flag); the card is written atomically (a temporary sibling, then
+renamed), so an interrupted publish leaves the old README.md whole.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ IGNORE_PATTERNS = [
     "trainer_state.json",
     "training_args.bin",
     "*.log",
+    ".hf_variants_output.json",  # which command wrote the folder (hf_variants.outputs.OUTPUT_MANIFEST)
 ]
 _SCAN_LIMIT = 64 * 1024 * 1024  # files scanned for the token before upload (weights are larger than this)
 
@@ -139,6 +142,18 @@ def _check_model_dir(model_dir: Path) -> dict:
     return config
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """`text` to `path` through a hidden temporary sibling and `os.replace` (this module imports no torch, hence
+    not hf_variants.outputs): a reader sees the old file or the new one; a failure removes the temporary file."""
+    tmp = path.with_name(f".{path.name}.tmp-publish")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _relative_imports(path: Path) -> list[str]:
     """The sibling modules a code file imports (`from .module import ...`, `import .module`), as transformers'
     `dynamic_module_utils.get_relative_imports` reads them when it loads remote code."""
@@ -220,7 +235,7 @@ def push_to_hub(
         results = _find_results(model_dir)
     readme = model_dir / "README.md"
     if results is not None or not readme.is_file():
-        build_model_card(model_dir, results or {}, repo_id=repo_id).save(readme)
+        _write_atomically(readme, str(build_model_card(model_dir, results or {}, repo_id=repo_id)))
     _assert_token_absent(model_dir, token)
 
     api = HfApi(endpoint=endpoint, token=token, library_name="hf_variants")
@@ -275,17 +290,37 @@ def push_to_hub(
     return commit.commit_url
 
 
+def _repo_id_flag(text: str) -> str:
+    try:
+        return _check_repo_id(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _folder_flag(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a folder (a run folder or a model folder)")
+    return path
+
+
+def _message_flag(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the commit message is empty")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Push a trained hf_variants model and its card to the Hub "
         "(HF_ENDPOINT, token from HF_TOKEN or `hf auth login`)."
     )
-    parser.add_argument("run_dir", help="run folder (results.json + model/) or model folder")
-    parser.add_argument("--repo_id", required=True, help="namespace/name")
+    parser.add_argument("run_dir", type=_folder_flag, help="run folder (results.json + model/) or model folder")
+    parser.add_argument("--repo_id", required=True, type=_repo_id_flag, help="namespace/name")
     parser.add_argument("--private", action="store_true")
-    parser.add_argument("--commit_message", default=None)
+    parser.add_argument("--commit_message", default=None, type=_message_flag)
     args = parser.parse_args(argv)
-    run_dir = Path(args.run_dir)
+    run_dir = args.run_dir
     model_dir = run_dir / "model" if (run_dir / "model" / "config.json").is_file() else run_dir
     try:
         url = push_to_hub(model_dir, args.repo_id, private=args.private, commit_message=args.commit_message)

@@ -484,3 +484,26 @@ def test_train_overwrites_only_its_own_run_folder_and_refuses_a_model_too_large(
             )
         )
     assert time.perf_counter() - started < 60 and not (tmp_path / "huge").exists()
+
+
+# ------------------------------------------------------------------------------------------------ publish
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{m}", "--repo_id", "bad id"], "argument --repo_id: Invalid repo id"),
+        (["{m}", "--repo_id", "no-namespace"], "argument --repo_id: Invalid repo id"),
+        (["{m}/missing", "--repo_id", "org/name"], "argument run_dir: "),
+        (["{m}", "--repo_id", "org/name", "--commit_message", " "], "argument --commit_message: the commit message"),
+    ],
+)
+def test_publish_checks_its_flags_before_reading_anything(argv, message, command_inputs, monkeypatch, capsys):
+    from model_cards import publish
+
+    monkeypatch.setattr(publish, "push_to_hub", lambda *a, **k: pytest.fail("publish went on with a bad flag"))
+    model = command_inputs["export_onnx"]
+    before = tree_hash(model)
+    with pytest.raises(SystemExit) as exit_info:
+        publish.main([a.format(m=model) for a in argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert tree_hash(model) == before
+    assert OUTPUT_MANIFEST in publish.IGNORE_PATTERNS  # the output manifest is never uploaded

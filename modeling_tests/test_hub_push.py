@@ -325,8 +325,9 @@ def test_cli(hub, tmp_path, monkeypatch, capsys):
     assert publish.main([str(model_dir.parent), "--repo_id", "org/cli"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith(f"{hub.url}/org/cli/commit/") and "config.json" in hub.files("org/cli")
-    assert publish.main([str(model_dir.parent), "--repo_id", "bad id"]) == 1
-    assert "error: Invalid repo id" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # checked at parse time, before anything is read or sent
+        publish.main([str(model_dir.parent), "--repo_id", "bad id"])
+    assert exit_info.value.code == 2 and "argument --repo_id: Invalid repo id" in capsys.readouterr().err
 
 
 def test_training_script_push_to_hub(hub, tmp_path, monkeypatch):
