@@ -937,7 +937,14 @@ def card_from_run(run_dir: str | os.PathLike, repo_id: str | None = None) -> Mod
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"No saved model in {str(model_dir)!r} (config.json is missing).")
     card = build_model_card(model_dir, results, repo_id=repo_id)
-    card.save(model_dir / "README.md")
+    readme = model_dir / "README.md"
+    tmp = readme.with_name(f".{readme.name}.tmp-card")  # written whole, then renamed: never a half-written card
+    try:
+        tmp.write_text(str(card), encoding="utf-8")
+        os.replace(tmp, readme)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return card
 
 

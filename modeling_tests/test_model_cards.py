@@ -550,3 +550,23 @@ def test_model_identity_names_base_models(tmp_path):
     results = make_results("transformer_nmt", base_model=str(run / "model"), base_model_identity={"hub_id": None})
     with pytest.raises(ValueError, match="'base_model_identity'"):
         build_model_card(run / "model", results)
+
+
+def test_card_from_run_writes_the_card_atomically(tmp_path, monkeypatch):
+    """The card is written whole and renamed into place: a failure leaves the previous README.md and no temporary
+    file."""
+    run = make_run(tmp_path, "transformer_nmt")
+    readme = run / "model" / "README.md"
+    readme.write_text("previous card\n")
+
+    def refuse(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(card_module.os, "replace", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        card_from_run(run)
+    assert readme.read_text() == "previous card\n"
+    assert sorted(p.name for p in readme.parent.iterdir() if "README" in p.name) == ["README.md"]
+    monkeypatch.undo()
+    card_from_run(run)
+    assert ModelCard.load(readme).data.license == "unknown"
