@@ -1,5 +1,5 @@
-"""Damaged checkpoints and full disks (hf_variants/training/checkpointing.py): every checkpoint lists its files' sizes and
-SHA-256; a resume names the damaged file and `latest` falls back to the newest intact checkpoint; checkpoints
+"""Damaged checkpoints and full disks (hf_variants/training/checkpointing.py): every checkpoint lists its files' sizes
+and SHA-256; a resume names the damaged file and `latest` falls back to the newest intact checkpoint; checkpoints
 without the list still resume; a save on a full file system (a real tmpfs) names the file and the space, leaves no
 partial folder, and the previous checkpoint resumes."""
 
@@ -61,10 +61,16 @@ def test_manifest_lists_every_file(short_run):
     for step in (2, 4):
         ckpt = run / "checkpoints" / f"step_{step}"
         files = checkpointing.checkpoint_info(ckpt)["files"]
-        on_disk = {p.name for p in ckpt.iterdir() if p.name != "checkpoint.json"}
+        on_disk = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()} - {"checkpoint.json"}
+        tokenizer = {f"tokenizer/{p.name}" for p in (run / "tokenizer").iterdir()}  # the run's, saved with it
+        assert {"tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"} <= tokenizer
         assert (
-            set(files) == on_disk == {"model.safetensors", "optimizer.bin", "rng_state_0.json", "trainer_state.json"}
+            set(files)
+            == on_disk
+            == {"model.safetensors", "optimizer.bin", "rng_state_0.json", "trainer_state.json"} | tokenizer
         )
+        for name in tokenizer:
+            assert (ckpt / name).read_bytes() == (run / name).read_bytes()
         for name, meta in files.items():
             assert meta == {"size": (ckpt / name).stat().st_size, "sha256": checkpointing.file_digest(ckpt / name)}
         assert checkpointing.damaged_files(ckpt) == []

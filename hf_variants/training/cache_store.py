@@ -1,5 +1,12 @@
 """Files of the tokenized-data cache: where it lives, fingerprints, atomic publication of a stage's folder, and
 memory-mapped Arrow files (the stages: `data_pipeline`).
+
+A cache entry (`rows-*`, `measured-*`, `pairs-*`) is untrusted when read back: `read_entry` accepts it only when
+its `meta.json` is a JSON object of at most `MAX_META_BYTES`, every file it records (`sizes`, written by
+`seal_entry`) is a regular file of that size, every Arrow stream ends with its end-of-stream marker and every
+`.npy` array is as long as its header says (cheap checks: a stat, 8 bytes, a header). A damaged entry (a truncated
+file, a torn `meta.json`) is named in a warning, removed and built again: a cache is never the only copy of
+anything. Opening an entry (`open_entry`) treats a failure of the same kind the same way.
 """
 
 from __future__ import annotations
@@ -85,6 +92,122 @@ def _new_tmp(cache_dir: Path, name: str) -> Path:
     tmp = cache_dir / f".tmp-{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     return tmp
+
+
+META = "meta.json"
+MAX_META_BYTES = 64 << 20  # a meta.json holds counts and a drop report's examples: far less
+ARROW_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end-of-stream marker of an Arrow IPC stream
+DAMAGE_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError)  # pyarrow's derive from these
+
+
+def seal_entry(tmp: Path, meta: dict) -> dict:
+    """Write `tmp/meta.json`: `meta` with `sizes`, the size of every file of the entry (checked by `read_entry`)."""
+    sizes = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file() and f.name != META}
+    meta = {**meta, "sizes": sizes}
+    (tmp / META).write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def _npy_problem(path: Path, size: int) -> str | None:
+    """A `.npy` file shorter or longer than its header says (`np.load(mmap_mode="r")` fails on it)."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        expected = f.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size != expected:
+        return f"{path.name} is {size} bytes, its header says {expected}{' (truncated)' if size < expected else ''}"
+    return None
+
+
+def entry_problem(final: Path) -> tuple[dict | None, str | None]:
+    """(meta, None) for a sound cache entry, (None, what is wrong) for a damaged one (see the module docstring)."""
+    import stat
+
+    path = final / META
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{META} is not a regular file"
+        if st.st_size > MAX_META_BYTES:
+            return None, f"{META} is {st.st_size} bytes (at most {MAX_META_BYTES})"
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        return None, f"{META} cannot be read ({type(err).__name__}: {err})"
+    if not isinstance(meta, dict):
+        return None, f"{META} holds a JSON {type(meta).__name__}, not an object"
+    sizes = meta.get("sizes")
+    if sizes is not None and not isinstance(sizes, dict):
+        return None, f"{META}: 'sizes' is not an object"
+    names = set(sizes or {}) | {f.name for f in final.iterdir() if f.name != META}
+    for name in sorted(names):
+        file = final / name
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            return None, f"{META} lists {name!r}, not a file name of the entry"
+        try:
+            st = os.lstat(file)
+        except FileNotFoundError:
+            return None, f"{name} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{name} is not a regular file"
+        expected = (sizes or {}).get(name)
+        if sizes is not None and expected != st.st_size:
+            return None, f"{name} is {st.st_size} bytes, {expected} when it was written" + (
+                " (truncated)" if isinstance(expected, int) and st.st_size < expected else ""
+            )
+        try:
+            if name.endswith(".arrow"):
+                with open(file, "rb") as f:
+                    f.seek(max(st.st_size - len(ARROW_EOS), 0))
+                    if st.st_size < len(ARROW_EOS) or f.read() != ARROW_EOS:
+                        return None, f"{name} ({st.st_size} bytes) does not end an Arrow stream (truncated)"
+            elif name.endswith(".npy"):
+                problem = _npy_problem(file, st.st_size)
+                if problem:
+                    return None, problem
+        except DAMAGE_ERRORS as err:
+            return None, f"{name} cannot be read ({type(err).__name__}: {err})"
+    return meta, None
+
+
+def discard_entry(final: Path, problem: str) -> None:
+    """Warn that the cache entry `final` is damaged (naming it and `problem`) and remove it (renamed first, so
+    that no reader finds half of it)."""
+    logger.warning("The data cache entry %s is damaged (%s): building it again (it is only a cache).", final, problem)
+    trash = final.with_name(f".tmp-damaged-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.replace(final, trash)
+    except FileNotFoundError:  # another process removed it first
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def read_entry(final: Path) -> dict | None:
+    """The meta of the complete, sound cache entry `final`; None when there is none, or when it was damaged (then
+    named and removed: `discard_entry`), so that the caller builds it."""
+    if not final.is_dir() or not (final / META).exists():
+        return None
+    meta, problem = entry_problem(final)
+    if problem is not None:
+        discard_entry(final, problem)
+        return None
+    return meta
+
+
+def open_entry(final: Path, open_fn):
+    """`open_fn(meta)` on the sound cache entry `final`; None when there is none, or when it is damaged or opening
+    it fails with an error of a damaged file (`DAMAGE_ERRORS`: then named and removed, so that the caller builds
+    it)."""
+    meta = read_entry(final)
+    if meta is None:
+        return None
+    try:
+        return open_fn(meta)
+    except DAMAGE_ERRORS as err:
+        discard_entry(final, f"opening it failed: {type(err).__name__}: {err}")
+        return None
 
 
 RELEASE_EVERY_BYTES = 64 << 20  # map_arrow_file: parsed pages are released every 64 MB of the file

@@ -9,8 +9,14 @@ A checkpoint is `run_dir/checkpoints/step_N/`:
   the learning-rate scheduler's state, as JSON;
 - `rng_state_{rank}.json`: every process's random states (Python, NumPy, torch CPU and accelerator devices), as
   JSON;
-- `checkpoint.json`: the step, the format version, the run's settings (`hf_variants/training/settings.py`) and the manifest
-  `files`: the size and SHA-256 of every other file of the checkpoint, written last.
+- `tokenizer/`: the run's tokenizer, saved with every checkpoint (a resume, into the run folder or a new one, uses
+  it: `checkpoint_tokenizer`), its fingerprint in `checkpoint.json`'s `tokenizer`;
+- `checkpoint.json`: the step, the format version, the run's settings (`hf_variants/training/settings.py`) and the
+  manifest `files`: the size and SHA-256 of every other file of the checkpoint, written last.
+
+Every file is untrusted when read back: a manifest entry must name a regular file inside the checkpoint folder (no
+absolute path, no `..`, no symbolic link, device or FIFO: nothing outside is ever opened), every file of the
+folder must be listed, and the JSON files are read only when they are regular files of at most `MAX_JSON_BYTES`.
 
 Accelerate's own pickles (`random_states_*.pkl`, and `custom_checkpoint_*.pkl` of objects registered for
 checkpointing, which it unpickles with `weights_only=False`) are never written or read: the RNG files are deleted
@@ -63,7 +69,10 @@ FORMAT_VERSION = 2  # 1 (no "format" key): Accelerate's pickled RNG and register
 PICKLED_STATE = ("random_states_*.pkl", "custom_checkpoint_*.pkl")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model_fsdp.bin")
 MANIFEST = "files"  # checkpoint.json: {relative path: {"size": bytes, "sha256": hex}}
+TOKENIZER_DIR = "tokenizer"  # the run's tokenizer, saved with the checkpoint
+TOKENIZER_KEY = "tokenizer"  # checkpoint.json: the tokenizer's fingerprint (cache_store.tokenizer_fingerprint)
 MB = 1024 * 1024
+MAX_JSON_BYTES = 256 * MB  # checkpoint.json, trainer_state.json, rng_state_*.json (a few KB to a few MB)
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +129,8 @@ def resolve_resume(
         damaged = []
         for _, path in reversed(list_checkpoints(checkpoint_dir)):
             try:
-                checkpoint_info(path)
-            except CheckpointError as err:  # an unreadable checkpoint.json
+                check_resumable(path)
+            except CheckpointError as err:  # an unreadable checkpoint.json, a refused (e.g. pickled) file
                 damaged.append(str(err))
                 continue
             problems = damaged_files(path)
@@ -188,31 +197,91 @@ def _structure_problem(path: Path) -> str | None:
     return None
 
 
+def _entry_problem(folder: Path, name) -> str | None:
+    """Why manifest entry `name` of `folder` must not be opened: not a relative path inside the folder (absolute,
+    `..`, through a symbolic link), or not a regular file (a link, device, FIFO, folder). None when it may be read
+    (or is missing: the caller reports that)."""
+    import stat
+
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return f"{folder / MARKER}: a listed file name is not a path ({name!r})"
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts or name != rel.as_posix():
+        return f"{folder / MARKER}: listed file {name!r} is not a plain relative path inside the checkpoint: refused"
+    file = folder / rel
+    try:
+        inside = file.resolve(strict=False).is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):
+        inside = False
+    if not inside:
+        return f"{file}: resolves outside the checkpoint folder (a symbolic link?): refused, not opened"
+    try:
+        mode = os.lstat(file).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"{file}: cannot be inspected ({err})"
+    if not stat.S_ISREG(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        return f"{file}: {kind} (a checkpoint holds regular files only): refused, not opened"
+    return None
+
+
+def _unlisted_files(folder: Path, files: dict) -> list[str]:
+    """Entries of `folder` that the manifest does not list (never written by `save_checkpoint`): each named."""
+    import stat
+
+    problems = []
+    for entry in sorted(folder.rglob("*")):
+        rel = entry.relative_to(folder).as_posix()
+        try:
+            mode = os.lstat(entry).st_mode
+        except OSError:
+            continue
+        if stat.S_ISDIR(mode) or rel == MARKER or rel in files:
+            continue
+        problems.append(f"{entry}: not listed in {MARKER} (never written by a save): the checkpoint was tampered with")
+    return problems
+
+
 def damaged_files(path: str | os.PathLike) -> list[str]:
     """What is wrong with the files of a complete checkpoint, one line per file naming it ([] when intact): each
-    file of the manifest must exist with its recorded size and SHA-256; a checkpoint written before manifests
-    existed gets `_structure_problem`'s checks."""
+    file of the manifest must be a regular file inside the checkpoint folder (`_entry_problem`: nothing else is
+    opened) with its recorded size and SHA-256, and every file of the folder must be listed; a checkpoint written
+    before manifests existed gets `_structure_problem`'s checks (regular files only)."""
+    import stat
+
     path = Path(path)
     files = checkpoint_info(path).get(MANIFEST)
     if files is None:
-        return [
-            problem
-            for file in sorted(path.rglob("*"))
-            if file.is_file() and file.name != MARKER
-            for problem in [_structure_problem(file)]
-            if problem
-        ]
+        problems = []
+        for file in sorted(path.rglob("*")):
+            mode = os.lstat(file).st_mode
+            if file.name == MARKER or stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                problems.append(f"{file}: not a regular file (a checkpoint holds regular files only): refused")
+            elif problem := _structure_problem(file):
+                problems.append(problem)
+        return problems
     if not isinstance(files, dict):
         return [f"{path / MARKER}: '{MANIFEST}' must be an object, got {type(files).__name__}"]
     problems = []
     for name, meta in files.items():
+        refused = _entry_problem(path, name)
+        if refused:
+            problems.append(refused)
+            continue
         file = path / name
         try:
-            size = file.stat().st_size
+            size = os.lstat(file).st_size
         except FileNotFoundError:
             problems.append(f"{file}: missing (listed in {MARKER})")
             continue
         expected = meta.get("size") if isinstance(meta, dict) else None
+        if isinstance(expected, bool) or not isinstance(expected, int):
+            problems.append(f"{path / MARKER}: the recorded size of {name!r} is not an integer ({expected!r})")
+            continue
         if size != expected:
             problems.append(
                 f"{file}: size {size} bytes, expected {expected}"
@@ -223,7 +292,7 @@ def damaged_files(path: str | os.PathLike) -> list[str]:
                 f"{file}: SHA-256 differs from the one recorded at save (the content changed: "
                 f"damaged on disk or in a copy)"
             )
-    return problems
+    return problems + _unlisted_files(path, files)
 
 
 def verify_checkpoint(path: str | os.PathLike) -> dict:
@@ -253,11 +322,21 @@ def _manifest_and_flush(folder: Path) -> dict:
 
 
 def _read_json(path: Path, what: str) -> dict:
+    import stat
+
     try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{path} is not a regular file ({what}): refused, not opened.")
+        if st.st_size > MAX_JSON_BYTES:
+            raise CheckpointError(
+                f"{path} is {st.st_size} bytes, more than a checkpoint's JSON file can be ({MAX_JSON_BYTES} bytes; "
+                f"{what}): damaged or tampered with."
+            )
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: the checkpoint is incomplete or damaged ({what}).") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(
             f"{path} is not valid JSON ({err}): the checkpoint is damaged or was tampered with ({what})."
         ) from None
@@ -285,7 +364,7 @@ def check_resumable(path: str | os.PathLike) -> dict:
             f"({', '.join(n for n in WEIGHT_FILES if (path / n).is_file()) or 'none found'}) can still be "
             f"used, e.g. for translation (training/translate.py --model {path}) or checkpoint averaging."
         )
-    planted = sorted(p.name for pattern in PICKLED_STATE for p in path.glob(pattern))
+    planted = sorted(str(p) for pattern in PICKLED_STATE for p in path.glob(pattern))
     if planted:  # never written by save_checkpoint, and Accelerate would unpickle custom_checkpoint_* freely
         raise CheckpointError(
             f"{path} holds pickled state files that train.py never writes ({', '.join(planted)}): "
@@ -293,6 +372,20 @@ def check_resumable(path: str | os.PathLike) -> dict:
             f"remove these files (unopened) to resume from it."
         )
     return info
+
+
+def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[Path | None, str | None]:
+    """The tokenizer a checkpoint was trained with: (its folder, its recorded fingerprint). The folder is the one
+    saved with the checkpoint, else (a checkpoint written before tokenizers were saved with them) its run folder's
+    (`run/checkpoints/step_N` → `run/tokenizer`); None when neither exists. The fingerprint is None for a
+    checkpoint that did not record it."""
+    path = Path(path)
+    fingerprint = checkpoint_info(path).get(TOKENIZER_KEY)
+    fingerprint = fingerprint if isinstance(fingerprint, str) else None
+    for folder in (path / TOKENIZER_DIR, path.parent.parent / TOKENIZER_DIR):
+        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+            return folder, fingerprint
+    return None, fingerprint
 
 
 # ---------------------------------------------------------------------------------------------- random states
@@ -382,7 +475,9 @@ def checkpoint_size(path: str | os.PathLike) -> int:
     except CheckpointError:
         files = None
     if isinstance(files, dict):
-        return sum(int(meta.get("size", 0)) for meta in files.values() if isinstance(meta, dict))
+        return sum(
+            meta["size"] for meta in files.values() if isinstance(meta, dict) and isinstance(meta.get("size"), int)
+        )
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
@@ -470,13 +565,21 @@ def _write_process_part(accelerator, tmp: Path) -> Exception | None:
     return None
 
 
-def _seal_checkpoint(tmp: Path, step: int, info: dict | None, trainer_state: dict | None) -> None:
+def _seal_checkpoint(
+    tmp: Path, step: int, info: dict | None, trainer_state: dict | None, tokenizer_dir: Path | None = None
+) -> None:
     """On the main process, once every part is in `tmp`: remove Accelerate's pickled RNG files, write the trainer
-    state and the marker with the manifest, and fsync every file and folder."""
+    state, copy the run's tokenizer (the files of `tokenizer_dir`), write the marker with the manifest, and fsync
+    every file and folder."""
     for pattern in PICKLED_STATE:
         for file in tmp.glob(pattern):
             file.unlink()
     (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
+    if tokenizer_dir is not None:
+        (tmp / TOKENIZER_DIR).mkdir()
+        for file in sorted(tokenizer_dir.iterdir()):
+            if file.is_file():
+                shutil.copyfile(file, tmp / TOKENIZER_DIR / file.name)
     files = _manifest_and_flush(tmp)
     marker = tmp / MARKER
     marker.write_text(json.dumps({"step": step, "format": FORMAT_VERSION, **(info or {}), MANIFEST: files}, indent=2))
@@ -541,12 +644,14 @@ def save_checkpoint(
     step: int,
     info: dict | None = None,
     trainer_state: dict | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
     """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
     (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
     folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
-    before the rename. Collective: every process calls it; when any process fails to write its part (e.g. a full
-    disk: `DiskFullError`), the temporary folder is removed and every process raises."""
+    before the rename. `tokenizer_dir`: the run's saved tokenizer, copied into the checkpoint's `tokenizer/`.
+    Collective: every process calls it; when any process fails to write its part (e.g. a full disk:
+    `DiskFullError`), the temporary folder is removed and every process raises."""
     checkpoint_dir = Path(checkpoint_dir)
     final = checkpoint_dir / f"step_{step}"
     tmp = checkpoint_dir / f".tmp_step_{step}"
@@ -556,7 +661,7 @@ def save_checkpoint(
     error = _write_process_part(accelerator, tmp)
     if not _any_failed(accelerator, error is not None) and accelerator.is_main_process:
         try:
-            _seal_checkpoint(tmp, step, info, trainer_state)
+            _seal_checkpoint(tmp, step, info, trainer_state, Path(tokenizer_dir) if tokenizer_dir else None)
         except Exception as err:  # noqa: BLE001 - every process learns below that the save failed
             error = err
         else:

@@ -26,6 +26,8 @@ from .cache_store import (
     default_cache_dir,
     logger,
     map_arrow_file,
+    open_entry,
+    seal_entry,
     tokenizer_fingerprint,
 )
 from .progress import Every
@@ -150,9 +152,9 @@ def measure(
         }
     )
     final = cache_dir / f"measured-{fp}"
-    if (final / "meta.json").is_file():
-        meta = json.loads((final / "meta.json").read_text())
-        return Measured([str(final / f) for f in meta["files"]], fp)
+    cached = open_entry(final, lambda meta: Measured(_entry_files(final, meta), fp))  # damaged: built again
+    if cached is not None:
+        return cached
     t0 = time.time()
     workers = max(1, min(num_workers, math.ceil(len(rows) / ROWS_PER_WORKER)))
     tmp = _new_tmp(cache_dir, f"measured-{fp}")
@@ -201,7 +203,7 @@ def measure(
             "seconds": round(time.time() - t0, 2),
             "workers": workers,
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        seal_entry(tmp, meta)
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -220,6 +222,17 @@ def measure(
     )
     meta = json.loads((final / "meta.json").read_text())
     return Measured([str(final / f) for f in meta["files"]], fp, built=True)
+
+
+def _entry_files(final: Path, meta: dict) -> list[str]:
+    """The Arrow files a measured entry's meta lists: file names of the entry (a ValueError otherwise)."""
+    files = meta["files"]
+    if not isinstance(files, list) or not files:
+        raise ValueError(f"meta.json: 'files' must be a non-empty list, got {files!r}")
+    for name in files:
+        if not isinstance(name, str) or Path(name).name != name or not (final / name).is_file():
+            raise ValueError(f"meta.json lists {name!r}, not a file of the entry")
+    return [str(final / name) for name in files]
 
 
 _JOB: dict | None = None  # the stage-2 job, inherited by forked workers

@@ -22,7 +22,9 @@ from .cache_store import (
     _publish,
     _text_col,
     default_cache_dir,
+    open_entry,
     release_mapped_pages,
+    seal_entry,
 )
 from .corpus import DataError, DropReport, Pair
 from .measure import ABSENT, ANNOTATION_REASONS, BASE_REASONS, REASONS, STATE_EMPTY, STATE_MISSING, TOO_LONG, Measured
@@ -350,7 +352,7 @@ def _write_pair_cache(cache_dir: Path, fp: str, arrays: dict[str, np.ndarray], m
     try:
         for k, v in arrays.items():
             np.save(tmp / f"{k}.npy", v)
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        seal_entry(tmp, meta)
         _publish(tmp, cache_dir / f"pairs-{fp}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -416,10 +418,14 @@ def build_pair_set(
         target_annotations=target_annotations,
         fingerprint=fp,
     )
-    if (final / "meta.json").is_file():
-        meta = json.loads((final / "meta.json").read_text())
-        report = _report_from_dict(split, meta["report"])
-        return _open_pair_set(final, report, meta.get("pairs_per_direction"), False, **common)
+    cached = open_entry(  # a damaged entry is named, removed and built again
+        final,
+        lambda meta: _open_pair_set(
+            final, _report_from_dict(split, meta["report"]), meta.get("pairs_per_direction"), False, **common
+        ),
+    )
+    if cached is not None:
+        return cached
     n = len(rows)
     checked = _measured_checks(measured)
     scan = _scan_pairs(measured, n, directions, annotations, target_annotations, tag, max_length, skip_absent)

@@ -26,6 +26,8 @@ from .cache_store import (
     default_cache_dir,
     logger,
     map_arrow_file,
+    open_entry,
+    seal_entry,
 )
 from .corpus import DataError
 from .progress import Every
@@ -604,9 +606,11 @@ def load_rows(
     cache_dir = Path(cache_dir or default_cache_dir())
     fp = _digest(source.identity(languages, annotations))
     final = cache_dir / f"rows-{fp}"
-    if (final / "meta.json").is_file():
-        meta = json.loads((final / "meta.json").read_text())
-        return Rows(map_arrow_file(final / "data.arrow"), meta, fp, path=str(final / "data.arrow"))
+    cached = open_entry(  # a damaged entry is named, removed and built again
+        final, lambda meta: Rows(map_arrow_file(final / "data.arrow"), meta, fp, path=str(final / "data.arrow"))
+    )
+    if cached is not None:
+        return cached
     t0 = time.time()
     tmp = _new_tmp(cache_dir, f"rows-{fp}")
     try:
@@ -648,7 +652,7 @@ def load_rows(
             "annotations": list(annotations),
             "version": PIPELINE_VERSION,
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        meta = seal_entry(tmp, meta)
         _publish(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import checkpointing, corpus, evaluation, external
+from . import cache_store, checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -400,27 +400,39 @@ class AgreedFlag:
         return int(host)
 
 
+class StopRequested(BaseException):
+    """Raised by the signal handler in an interruptible stage (the final stages of a single-process run): the stage
+    stops at once. A BaseException, so that no `except Exception` on the way swallows it."""
+
+
 class StopSignals:
     """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption; `sbatch --signal=USR1@120`) set a
-    flag instead of ending the process; the trainer checkpoints and exits at the next step boundary. A second
-    signal while that happens changes nothing."""
+    flag instead of ending the process, whatever stage the run is in (`stage`): during training the trainer
+    checkpoints and exits at the next step boundary; in the final stages (final evaluation, final save, model card)
+    the last checkpoint is current, and the run stops there (at once when `interrupt` is set: `StopRequested` is
+    raised; else at the next stage boundary) and exits with the requeue status. A second signal while that happens
+    changes nothing."""
 
     SIGNALS = ("SIGTERM", "SIGUSR1")
 
     def __init__(self):
         self.received: str | None = None
         self.previous: dict = {}
+        self.stage = "training"
+        self.interrupt = False  # raise StopRequested from the handler (a stage that may stop anywhere)
 
-    def install(self) -> None:
+    def install(self) -> bool:
+        """Install the handlers (the main thread only); False when they already are (or cannot be)."""
         import signal
         import threading
 
-        if threading.current_thread() is not threading.main_thread():
-            return
+        if self.previous or threading.current_thread() is not threading.main_thread():
+            return False
         for name in self.SIGNALS:
             sig = getattr(signal, name, None)
             if sig is not None:
                 self.previous[sig] = signal.signal(sig, self._handle)
+        return True
 
     def restore(self) -> None:
         import signal
@@ -434,12 +446,60 @@ class StopSignals:
         import signal
 
         name = signal.Signals(signum).name
-        if self.received is None:
-            self.received = name
+        if self.received is not None:
+            note = f"{name} received while stopping (after {self.received}): ignored, the checkpoint is on its way\n"
+            os.write(2, note.encode())
+            return
+        self.received = name
+        if self.stage == "training":
             note = f"{name} received: saving a checkpoint at the next step boundary, then exiting\n"
         else:
-            note = f"{name} received while stopping (after {self.received}): ignored, the checkpoint is on its way\n"
+            when = "now" if self.interrupt else "at the end of it"
+            note = (
+                f"{name} received during the {self.stage}: stopping {when} (the last checkpoint is current), "
+                f"then exiting\n"
+            )
         os.write(2, note.encode())
+        if self.interrupt:
+            raise StopRequested(name)
+
+
+class RunLogError(ValueError):
+    """The run's log (`log.jsonl`) is damaged before its last line."""
+
+
+def read_run_log(path: Path) -> list[dict]:
+    """The records of an append-only run log (`log.jsonl`: one JSON object with an integer "step" a line), read back
+    as untrusted input: a torn last line (a crash while it was written) is dropped with a warning naming the file;
+    a damaged line before it, or a file that is not a regular file, raises `RunLogError` naming the file (and
+    line)."""
+    import stat
+
+    mode = path.lstat().st_mode
+    if not stat.S_ISREG(mode):
+        raise RunLogError(f"{path} is not a regular file: the run log cannot be read.")
+    lines = path.read_bytes().split(b"\n")
+    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    records = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        problem = None
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as err:
+            problem = f"not a JSON record ({type(err).__name__}: {err})"
+        else:
+            step = record.get("step") if isinstance(record, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int):
+                problem = "not a record of a step (a JSON object with an integer 'step')"
+        if problem is None:
+            records.append(record)
+        elif i == last:  # a write cut short by a crash
+            logger.warning("%s: its last line (%d) is torn (%s): dropped.", path, i + 1, problem)
+        else:
+            raise RunLogError(f"{path}, line {i + 1}: {problem}; the run log is damaged before its last line.")
+    return records
 
 
 # ------------------------------------------------------------------------------------------------ the trainer
@@ -457,19 +517,17 @@ class Trainer:
         self.log_path = run.run_dir / "log.jsonl"
         self.wall_time_base = self.state.wall_time
         self.signals = StopSignals()
+        self.tokenizer_fingerprint = cache_store.tokenizer_fingerprint(data.tokenizer)
         self.stop_flag = AgreedFlag(self.accelerator.device)
-        self.saved_step: int | None = None
+        # the step of the newest checkpoint of this run's state (the resumed one: nothing has changed since)
+        self.saved_step: int | None = self.state.step if run.resume is not None else None
         self.last_losses: list[tuple[int, float]] = []  # (step, loss) of the last logging steps
         if self.state.window is not None:  # a preempted run's window, logged at its next logging step
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
         if self.accelerator.is_main_process and self.log_path.exists():  # drop entries past the resumed step
-            kept = [
-                line
-                for line in self.log_path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= self.state.step
-            ]
-            self.log_path.write_text("".join(line + "\n" for line in kept))
+            kept = [record for record in read_run_log(self.log_path) if record["step"] <= self.state.step]
+            checkpointing.atomic_write(self.log_path, "".join(json.dumps(record) + "\n" for record in kept))
 
     # ---- records
     def log(self, record: dict) -> None:
@@ -506,8 +564,14 @@ class Trainer:
             self.accelerator,
             self.run.checkpoint_dir,
             step,
-            {"epoch": state.epoch, "best_step": state.best_step, "settings": self.run.run_settings},
+            {
+                "epoch": state.epoch,
+                "best_step": state.best_step,
+                "settings": self.run.run_settings,
+                checkpointing.TOKENIZER_KEY: self.tokenizer_fingerprint,
+            },
             {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()},
+            tokenizer_dir=self.run.run_dir / checkpointing.TOKENIZER_DIR,
         )
         if self.accelerator.is_main_process:
             keep = max(args.keep_checkpoints, args.average_last)
@@ -715,18 +779,36 @@ class Trainer:
             },
         )
 
-    def stop_preempted(self) -> None:
-        """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step (with the logging window
-        not yet logged, so the resumed run logs what an uninterrupted one would) and raise `TrainingStopped`."""
+    def stop_requested(self) -> bool:
+        """Whether any process received SIGTERM/SIGUSR1 (a collective every process must reach)."""
+        received = self.signals.received is not None
+        if self.accelerator.num_processes == 1:
+            return received
+        flag = torch.tensor([1.0 if received else 0.0], device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, "sum").item() > 0)
+
+    def stop_point(self, stage: str) -> None:
+        """A stage boundary after training (collective): `stop_preempted` when any process received a signal."""
+        if self.stop_requested():
+            self.stop_preempted(stage)
+
+    def stop_preempted(self, stage: str = "training") -> None:
+        """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step unless its checkpoint is
+        current (with the logging window not yet logged, so the resumed run logs what an uninterrupted one would)
+        and raise `TrainingStopped` (the requeue status). `stage`: what the run was doing (after training: the
+        last step's checkpoint is current, and a resume finishes the job without training)."""
         state = self.state
-        if self.saved_step != state.step:
+        kept = self.saved_step == state.step
+        if not kept:
             state.window = self.stats.state_dict(self.accelerator)
             self.save(state.step)
             state.window = None
         checkpoint = self.run.checkpoint_dir / f"step_{state.step}"
         received = self.signals.received or "a stop signal in another process"
+        during = "" if stage == "training" else f" during the {stage}"
+        what = "kept (current)" if kept else "saved"
         message = (
-            f"Preempted ({received}): checkpoint {checkpoint} saved at step {state.step}; exiting with "
+            f"Preempted ({received}){during}: checkpoint {checkpoint} {what} at step {state.step}; exiting with "
             f"status {self.args.requeue_exit_code}. Continue with --resume_from_checkpoint latest."
         )
         logger.warning("%s", message)
@@ -735,6 +817,7 @@ class Trainer:
             self.args.requeue_exit_code,
             {
                 "reason": "preempted",
+                "stage": stage,
                 "signal": self.signals.received,
                 "step": state.step,
                 "checkpoint": str(checkpoint),
@@ -756,12 +839,14 @@ class Trainer:
         )
         if self.data.stream is not None and self.state.stream_state is not None:
             self.data.stream.load_state_dict(self.state.stream_state)  # the first epoch's drop report so far
-        self.signals.install()
+        installed = self.signals.install()  # main(): installed for the whole run, final stages included
+        self.signals.stage, self.signals.interrupt = "training", False
         try:
             while self.state.step < self.data.max_steps:
                 self.train_epoch()
         finally:
-            self.signals.restore()
+            if installed:
+                self.signals.restore()
             self.progress.close()
         self.accelerator.wait_for_everyone()
         sampler = self.data.sampler
