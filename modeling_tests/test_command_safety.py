@@ -507,3 +507,48 @@ def test_publish_checks_its_flags_before_reading_anything(argv, message, command
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert tree_hash(model) == before
     assert OUTPUT_MANIFEST in publish.IGNORE_PATTERNS  # the output manifest is never uploaded
+
+
+def test_export_force_replaces_its_own_output_and_a_failure_keeps_it_whole(tokenizer, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ctranslate2")
+    from hf_variants.deploy import ctranslate2 as ct2
+
+    model = _tiny_baseline(tmp_path / "model", tokenizer)
+    out = tmp_path / "ct2"
+    ct2.main(["--model", str(model), "--output_dir", str(out)])
+    first = tree_hash(out)
+    assert read_output_manifest(out)["command"] == "export_ctranslate2" and "model.bin" in first
+    assert ct2.read_export_manifest(out)["quantization"] == "float32"
+    # an export that fails while writing: the old export stays whole, no temporary folder is left
+    calls = []
+
+    def failing_vocabulary(tokenizer, config):
+        calls.append(1)
+        if len(calls) == 2:  # the second call writes the manifest, after the spec was saved
+            raise RuntimeError("disk full")
+        return real_vocabulary(tokenizer, config)
+
+    real_vocabulary = ct2.vocabulary
+    monkeypatch.setattr(ct2, "vocabulary", failing_vocabulary)
+    with pytest.raises(RuntimeError, match="disk full"):
+        ct2.main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
+    assert tree_hash(out) == first and sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model"]
+    monkeypatch.setattr(ct2, "vocabulary", real_vocabulary)
+    capsys.readouterr()
+    ct2.main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
+    assert "--force: replacing" in capsys.readouterr().out
+    assert ct2.read_export_manifest(out)["quantization"] == "int8" and tree_hash(out) != first
+
+
+def test_train_overwrites_its_own_run_folder(data_dir, tokenizer_dir, tmp_path, capsys):
+    from hf_variants.training import train
+
+    run = tmp_path / "run"
+    args = tiny_args(data_dir, run, "--eval_steps", "1", "--num_beams", "1", tokenizer=tokenizer_dir, steps=1)
+    train.main(args)
+    assert read_output_manifest(run) == {"command": "train", "files": []}
+    assert (run / "results.json").is_file()
+    capsys.readouterr()
+    train.main(args + ["--overwrite_output_dir", "--seed", "2"])
+    assert "--overwrite_output_dir: deleting" in capsys.readouterr().err
+    assert json.loads((run / "results.json").read_text())["hyperparameters"]["seed"] == 2
