@@ -5,7 +5,7 @@ Speed mode (default). Per dims class (`--sizes`, default small and base): a rand
 converted to our baseline (`hf_variants.convert_marian`) and to CTranslate2 (`hf_variants.export_ctranslate2`), and
 every variant of the efficiency table (benchmarks/efficiency.py: its configurations, random weights). Engines:
 
-- `marian_fp32`, `marian_int8` (torch's dynamic int8, `torch.ao.quantization.quantize_dynamic`, as in the issue);
+- `marian_fp32`, `marian_int8` (torch's dynamic int8, `torch.ao.quantization.quantize_dynamic`);
 - `ours_fp32`, `ours_int8` (`quantize_for_cpu`: oneDNN, per-token activations), `ours_int8_per_tensor`,
   `ours_int8_fbgemm` (`quantize_for_cpu(backend="fbgemm")`, per tensor);
 - `ct2_fp32`, `ct2_int8` (CTranslate2 on the converted weights, `compute_type` float32 / int8), when installed;
@@ -23,7 +23,7 @@ The same batch (`--batch` 32 sources of up to `--src_len` 15 tokens, padded rows
 exactly `--new_tokens` 20 new tokens per sentence (min = max), greedy and beam 4 (length penalty 0.6); `--threads` 2
 for torch and CTranslate2. Calls are interleaved over the engines (A, B, C, ..., A, B, C, ...) after one warm-up
 each, the median of `--reps` kept (`--clock wall` by default: elapsed time, as a deployment sees it). Prints tok/s
-per engine and the ratios the issue's goals are stated in (ours / Marian, ours / CTranslate2); writes
+per engine and the ratios (ours / Marian, ours / CTranslate2, ORT int8 / torch fp32); writes
 `benchmarks/results/inference.json` and the `inference` section of benchmarks/RESULTS.md.
 
 BLEU mode (`--bleu_model DIR`): fp32 against int8 BLEU of a checkpoint (a saved model folder or a training checkpoint
@@ -310,9 +310,8 @@ def bench_size(size: str, args, workdir: Path) -> tuple[dict, dict]:
 
 
 def ratios(row: dict) -> dict:
-    """The issues' goals: ours fp32 / Marian fp32 (>= 1.2), every int8 / Marian int8 (>= 1.2) and / CT2 int8
-    (>= 0.7; ORT int8 >= 1), ours against CTranslate2 fp32, and ORT int8 / the model's torch fp32 (baseline >= 2,
-    variants >= 1.5)."""
+    """The speed ratios of a row: ours fp32 / Marian fp32, every int8 engine / Marian int8 and / CTranslate2 int8,
+    ours / CTranslate2 fp32, and ORT int8 / the same model's torch fp32."""
     out = {}
 
     def ratio(a, b):
@@ -327,7 +326,7 @@ def ratios(row: dict) -> dict:
         ratio(name, "marian_int8")
         ratio(name, "ct2_int8")
     for name in [n for n in row if n.startswith("ort_") and n.endswith("_int8")]:
-        ratio(name, f"{name[4:-5]}_fp32")  # ONNX Runtime int8 / the same model's torch fp32 (issue 32's goals)
+        ratio(name, f"{name[4:-5]}_fp32")  # ONNX Runtime int8 / the same model's torch fp32
     return out
 
 

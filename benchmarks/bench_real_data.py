@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decoding speed on real data (issue 32): a trained transformer_nmt checkpoint translating test_2016_flickr (1,000
+"""Decoding speed on real data: a trained transformer_nmt checkpoint translating test_2016_flickr (1,000
 sentences) as `training/evaluation.translate` batches it (length-sorted batches of `--batch` sources, at most
 max_len_a * longest source + max_len_b new tokens a batch), greedy and beam 4 (length penalty 0.6). Engines:
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The project's GPU checks in one command, for a lent GPU machine whose image has torch but not this project's pins:
-# transformers 5.23, datasets, evaluate and their missing needs travel as wheels in .whl/ (see the device tool's
-# README), installed to /tmp/site. Results go to $OUT (default ./gpu_out):
+# The project's GPU checks in one command, for a GPU machine whose image has torch but not this project's pins:
+# transformers 5.23, datasets, evaluate and their missing needs travel as wheels in .whl/ (`pip download` them
+# beside the checkout), installed to /tmp/site. Results go to $OUT (default ./gpu_out):
 #   1. gpu_check.py's checks at base dims, every model: SDPA/flex vs eager, cached vs uncached decoding, bf16 autocast
 #      loss/gradients against fp32 and a short bf16 fit, bf16-weight decoding;
 #   2. the README's main job through `accelerate launch --mixed_precision bf16` (the baseline's small preset on the

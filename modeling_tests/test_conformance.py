@@ -1,4 +1,4 @@
-"""Conformance with transformers' conventions, for every model type (issue #19), beyond the shared upstream suite:
+"""Conformance with transformers' conventions, for every model type, beyond the shared upstream suite:
 
 - a decoder forward that appends several tokens to a cache (no decoder mask) equals the full forward: queries sit
   at the cache length (assisted decoding and prompt lookup take this path);

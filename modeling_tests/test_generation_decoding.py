@@ -1,4 +1,4 @@
-"""The decoding fast paths (issue #22 item 1) give what the plain paths give:
+"""The decoding fast paths give what the plain paths give:
 
 - the merged token-suppression processor gives transformers' processors' scores, and generate's tokens and scores
   are those of the unmerged list (min-length, min-new-tokens and suppress-tokens rules, greedy and beam search);

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py runs on a lent GPU machine, rarely: its checks must still work on the day one is lent, and
+"""benchmarks/gpu_check.py runs on a GPU machine, rarely: its checks must still work on the day one is at hand, and
 RESULTS.md's GPU tables must be what the stored reports say. Here the script runs on the CPU with tiny models."""
 
 import importlib

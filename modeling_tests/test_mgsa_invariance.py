@@ -1,9 +1,9 @@
-"""MG-SA computes the same thing in training, validation and decoding (issue 31 item 4: a lower validation loss
-with a lower BLEU could come from a train/inference mismatch; these checks rule the model side out).
+"""MG-SA computes the same thing in training, validation and decoding (a lower validation loss with a
+lower BLEU could come from a train/inference mismatch; these checks rule the model side out).
 
-For the bar's MG-SA (n-gram phrases 2/3/4, SAN composition, ON-LSTM, bottom layer) and two settings with every other
-mechanism on (syntactic phrases + tag loss + relative positions + pre-norm + two MG-SA layers; LSTM composition with
-projected phrase keys/values), on real sentences through the real input paths:
+For the 45-minute runs' MG-SA (n-gram phrases 2/3/4, SAN composition, ON-LSTM, bottom layer) and two settings
+with every other mechanism on (syntactic phrases + tag loss + relative positions + pre-norm + two MG-SA layers;
+LSTM composition with projected phrase keys/values), on real sentences through the real input paths:
 - the phrase partition, the phrase memory and the encoder output of a sentence are the same encoded alone, in a
   right-padded batch (what `training/evaluation.translate` gives `generate`) and in the training / validation loss
   batch (`training.trainer.make_batch`, with labels); in a left-padded batch the partition is the same (the
@@ -40,8 +40,8 @@ SENTENCES = [read_sentences("en", "val", n=12)[i] for i in (5, 6, 3, 11, 0)]  # 
 TARGETS = [read_sentences("de", "val", n=12)[i] for i in (5, 6, 3, 11, 0)]
 
 SETTINGS = {
-    # the bar's run (`--model_type mgsa_nmt`, the small preset's MG-SA options) at tiny dims
-    "bar_ngram_san_onlstm": dict(
+    # the 45-minute run (`--model_type mgsa_nmt`, the small preset's MG-SA options) at tiny dims
+    "ngram_san_onlstm": dict(
         phrase_type="ngram", ngram_sizes=[2, 3, 4], phrase_composition="san", phrase_interaction="on_lstm"
     ),
     "syntactic_tags_relative_prenorm_two_layers": dict(
@@ -213,7 +213,7 @@ def analysis(monkeypatch):
 def test_smoothed_loss_splits_into_nll_and_uniform_term(tokenizer, analysis):
     """The analysis script's split of the tables' valid loss: (1 - eps) NLL + eps U equals the label-smoothed
     translation loss the trainer reports (`external.translation_loss`), and the entropy / NLL are those of p."""
-    model = build(tokenizer, "bar_ngram_san_onlstm", label_smoothing=0.1)  # the recipe's smoothing
+    model = build(tokenizer, "ngram_san_onlstm", label_smoothing=0.1)  # the recipe's smoothing
     inputs = encode(model, tokenizer, SENTENCES, targets=TARGETS)
     with torch.no_grad():
         out = model(**inputs)

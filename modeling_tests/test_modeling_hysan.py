@@ -59,7 +59,7 @@ def allowed(kind, k, i, j, decoder):
 
 
 def test_attention_and_relu_dropout_default_to_tensor2tensor_values(tmp_path):
-    """Issue 21 item 13 (docs/variants-spec.md §2.4): tensor2tensor's attention and ReLU dropout 0.1, in the class
+    """docs/variants-spec.md §2.4: tensor2tensor's attention and ReLU dropout 0.1, in the class
     defaults and every preset but the test-only `tiny`; a saved config keeps its stored values."""
     for config in [HysanConfig()] + [HysanConfig.from_preset(p) for p in ("small", "base", "big")]:
         assert (config.attention_dropout, config.activation_dropout) == (0.1, 0.1)

@@ -151,7 +151,7 @@ class TestMgsa(NmtModelTester):
     def test_every_leaf_keeps_its_phrase_and_tag_and_the_source_round_trips(
         self, tokenizer, attached_tokenizer, punctuation
     ):
-        """Issue 21 item 12a: "runs." was one subword `s.` under a Metaspace-only tokenizer, so the parse's "." leaf
+        """A punctuation leaf: "runs." was one subword `s.` under a Metaspace-only tokenizer, so the parse's "." leaf
         (and its phrase and tag) vanished. The source is now tokenized leaf by leaf: every leaf keeps tokens, with
         the tokenizers of today (punctuation isolated: the ids are exactly `tokenizer(text)`) and of before
         (`attached`: the leaf-split ids differ, and still detokenize to the exact sentence)."""
@@ -184,7 +184,7 @@ class TestMgsa(NmtModelTester):
         assert (glued_before > 0) == (punctuation == "attached")
 
     def test_language_tag_belongs_to_no_phrase(self, tokenizer):
-        """Issue 21 item 12b: the `<2xx>` tag before the sentence joined its first phrase."""
+        """The `<2xx>` tag before the sentence joined its first phrase."""
         model = self.build(tokenizer, languages=["en", "de"], target_language_tags=True)
         inputs = model.prepare_translation_inputs(tokenizer, [FIG1_TEXT], tgt_lang="de", parses=[FIG1_PARSE])
         tokens = tokenizer.convert_ids_to_tokens(inputs["input_ids"][0])
@@ -215,7 +215,7 @@ class TestMgsa(NmtModelTester):
 
     @pytest.mark.parametrize("left", [False, True])
     def test_ngram_phrases_skip_the_closing_eos_and_the_language_tag(self, tokenizer, left):
-        """Issue 21 item 12c: special tokens belong to no phrase. n-gram MG-SA takes exactly the inputs of any
+        """Special tokens belong to no phrase. n-gram MG-SA takes exactly the inputs of any
         seq2seq model (no token ids needed, `inputs_embeds` works): the tokenizer's `</s>` is the last real token
         of every source, a `<2xx>` tag (config.target_language_tags) its first."""
         mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1] if left else [1, 1, 1, 1, 1, 0, 0]])
@@ -245,7 +245,7 @@ class TestMgsa(NmtModelTester):
         assert MgsaConfig.from_dict({**saved, "ngram_skip_special_tokens": True}).ngram_skip_special_tokens is True
 
     def test_split_phrase_heads_have_no_kv_rows_and_every_parameter_learns(self, tokenizer):
-        """Issue 21 item 12e: in `split` mode the phrase heads read their K/V from slices of the ON-LSTM state; the
+        """In `split` mode the phrase heads read their K/V from slices of the ON-LSTM state; the
         fused QKV no longer holds K/V rows for them (393,984 dead parameters in the base model), and every weight
         row of it gets a gradient. `project` mode keeps them (used)."""
         model = self.build(tokenizer).train()
@@ -297,7 +297,7 @@ class TestMgsa(NmtModelTester):
         assert full.model.encoder.layers[0].self_attn.qkv_proj.weight.shape == (96, 32)
 
     def test_chinese_treebank_tags_built_in(self, tmp_path):
-        """Issue 21 item 12f: `phrase_tag_labels="ctb"` (Penn Chinese Treebank labels, the Stanford parser's
+        """`phrase_tag_labels="ctb"` (Penn Chinese Treebank labels, the Stanford parser's
         Chinese models) beside the Penn Treebank default."""
         parse = (
             "(ROOT (IP (NP (NR 布什)) (VP (PP (P 与) (NP (NR 沙龙))) (VP (VV 举行) (AS 了) (NP (NN 会谈)))) (PU 。)))"
@@ -616,7 +616,7 @@ class TestMgsa(NmtModelTester):
 
         The paper's counts of models whose phrase heads read slices of a d_g-wide memory include the K/V rows of a
         fused QKV those heads never use (2 (d + 1) per phrase-head dimension: 393,984 per layer base, 1,574,400
-        big); ours does not allocate them (issue 21 item 12e): the full MG-SA has 89.5M / 270.0M parameters, the
+        big); ours does not allocate them (spec §3.2): the full MG-SA has 89.5M / 270.0M parameters, the
         paper's 89.9M / 271.5M with those rows. Tab. 1's LSTM composition sized d -> d_g per group (as the ON-LSTM
         interaction that reproduces 89.9M) has 91.5M parameters, 93.9M with the rows; the paper says 96.1M, which no
         natural sizing reproduces (docs/variants-spec.md §3.2b); d -> d (hf_variants <= 0.2) gave 125.8M. The

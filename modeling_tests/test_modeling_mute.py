@@ -467,7 +467,7 @@ OPTIMIZERS = {
 
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_m_projected_after_every_optimizer_step_whatever_the_optimizer(name):
-    """Issue 21 item 11: fused Adam leaves `_version` unchanged; M must still be projected after every step,
+    """Fused Adam leaves `_version` unchanged; M must still be projected after every step,
     without `after_optimizer_step()` (HF Trainer / accelerate loops do not call it), exactly once."""
     torch.manual_seed(0)
     model = MuteForConditionalGeneration(tiny()).train()

@@ -355,7 +355,7 @@ class TestTiedTransformer(NmtModelTester):
 
 
 def test_target_language_tags_auto_is_off_for_tied():
-    """Issue 21 item 14: `--target_language_tags auto` gives tags to a run with two target languages (e.g.
+    """`--target_language_tags auto` gives tags to a run with two target languages (e.g.
     --bidirectional) except for the Tied Transformer, whose direction embedding is the signal; an explicit value
     wins."""
     import importlib

@@ -202,7 +202,7 @@ def _is_punctuation(char):
 
 
 def test_punctuation_isolated_and_the_bundled_data_round_trips():
-    """Issue 21 item 12a: no subword joins a punctuation mark to anything ("runs." is `▁r un s .`, as in the papers'
+    """No subword joins a punctuation mark to anything ("runs." is `▁r un s .`, as in the papers'
     Moses-tokenized setups and a parser's leaves), and detokenization stays exact on the bundled data: every
     line (as training reads it: stripped) of every Multi30k split and language, for BPE and Unigram."""
     import unicodedata

@@ -516,7 +516,7 @@ def test_bidirectional_tied(data_dir, tokenizer_dir, tmp_path):
     )
     assert results["directions"] == ["en-de", "de-en"] and results["bidirectional"] is True
     assert set(results["per_direction"]) == {"en-de", "de-en"}
-    # the direction embedding is the only direction signal (issue 21 item 14): no <2xx> tags under "auto"
+    # the direction embedding is the only direction signal: no <2xx> tags under "auto"
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["target_language_tags"] is False and config["direction_embedding"] is True
     losses = train_losses(out)

@@ -15,7 +15,7 @@ pipeline.
     model = quantize_for_cpu(AutoModelForSeq2SeqLM.from_pretrained(folder))   # in place; returns the model
     model.generate(**inputs)
 
-Why this kernel (measured on this project's 2-core AVX2 machine, see `benchmarks/bench_int8_kernels.py`):
+Why this kernel (measured on a 2-core AVX2 machine; `benchmarks/README.md` says where to read the script):
 `torch._int_mm`, `torch.ops.aten._weight_int8pack_mm` and torchao's `Int8DynamicActivationInt8WeightConfig` (which
 runs on them in eager mode) are 15-80x SLOWER than the fp32 matmul on a CPU without VNNI; fbgemm's
 `quantized::linear_dynamic` (what `torch.ao.quantization.quantize_dynamic` uses) is the fastest, but its weights
