@@ -395,6 +395,7 @@ TRANSLATE_CASES = {
     "batch_size_-3": (lambda w: w / "hyp.de", ["--batch_size", "-3"], "argument --batch_size: expected an integer"),
     "num_beams_0": (lambda w: w / "hyp.de", ["--num_beams", "0"], "argument --num_beams: expected an integer >= 1"),
     "max_len_a_nan": (lambda w: w / "hyp.de", ["--max_len_a", "nan"], "argument --max_len_a: expected a finite"),
+    "max_length_0": (lambda w: w / "hyp.de", ["--max_length", "0"], "argument --max_length: expected an integer >= 1"),
 }
 
 

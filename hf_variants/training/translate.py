@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_len_b", type=int_in_range(0), default=10)
     p.add_argument(
         "--max_length",
-        type=int,
+        type=int_in_range(1),
         help="truncate source sentences to this many tokens (default: never; "
         "longer than the model accepts: an empty line and a warning)",
     )
