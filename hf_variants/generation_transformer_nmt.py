@@ -403,10 +403,11 @@ def compiled_decoding_steps(model, compile_config=None):
     "reduce-overhead", i.e. CUDA graphs on a GPU); the other calls run eagerly. The compiled function is kept on the
     model for the next calls with the same config (`_compiled_step`)."""
     config = compile_config or model._default_compile_config()
-    eager = type(model).forward.__get__(model)
+    own = model.__dict__.get("forward")  # a forward installed on the instance (accelerate's device hooks), kept
+    eager = model.forward
     cached = getattr(model, "_compiled_step", None)
-    if cached is None or cached[0] != config:
-        cached = (config, torch.compile(eager, **config.to_dict()))
+    if cached is None or cached[0] != (config, own):
+        cached = ((config, own), torch.compile(eager, **config.to_dict()))
         model._compiled_step = cached
     compiled = cached[1]
 
@@ -419,7 +420,10 @@ def compiled_decoding_steps(model, compile_config=None):
     try:
         yield
     finally:
-        del model.forward
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
 
 
 __all__ = [

@@ -27,6 +27,7 @@ from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+from hf_variants.generation_transformer_nmt import compiled_decoding_steps
 from hf_variants.training import fast_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +109,25 @@ def test_beam_reorder_of_a_static_cache_stays_in_place():
     expected = dynamic.self_attention_cache.layers[0]
     assert torch.equal(layer.keys[:, :, :3], expected.keys) and torch.equal(layer.values[:, :, :3], expected.values)
     assert torch.equal(expected.keys, keys[beam_idx])
+
+
+def test_compiled_decoding_steps_keep_a_forward_installed_on_the_instance():
+    """A forward wrapper on the instance (accelerate's device hooks) serves the eager calls inside the block and is
+    back in place after it."""
+    torch.manual_seed(0)
+    model = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=80)).eval()
+    calls = []
+
+    def hooked(*args, **kwargs):
+        calls.append(kwargs["decoder_input_ids"].shape)
+        return type(model).forward(model, *args, **kwargs)
+
+    model.forward = hooked
+    ids = torch.tensor([[5, 6, 7, 2]])
+    with compiled_decoding_steps(model, step_compile_config()):
+        assert model.forward is not hooked
+        model(input_ids=ids, decoder_input_ids=ids[:, :2])  # no cache: not a decoding step, eager
+    assert model.forward is hooked and calls == [torch.Size([1, 2])]
 
 
 # ------------------------------------------------------------------------------------------------- training step
