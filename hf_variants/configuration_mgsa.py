@@ -184,7 +184,10 @@ class MgsaConfig(TransformerNmtConfig):
         """Source annotations every sentence needs (name -> how to do without), read by training scripts before
         they train: the syntactic MG-SA needs a constituency parse of each source sentence."""
         if self.phrase_type == "syntactic" and self.num_phrase_groups and self.mgsa_layers:
-            return {"parses": "or train the n-gram form, which needs none (phrase_type='ngram')"}
+            return {
+                "parses": "or train the n-gram form, which needs none: train.py --config_overrides phrase_type=ngram "
+                "(the config field phrase_type='ngram'; the `small` preset's form)"
+            }
         return {}
 
     @property

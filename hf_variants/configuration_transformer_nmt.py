@@ -289,12 +289,19 @@ class TransformerNmtConfig(PretrainedConfig):
         init_method (`str`): `"xavier"` (fairseq/OpenNMT/T2T: Xavier-uniform linears, N(0, d^-1/2) embeddings) or
             `"normal"` (Marian/BART: N(0, `init_std`) everywhere).
         init_std (`float`): standard deviation for `init_method="normal"`.
-        label_smoothing (`float`): label smoothing of the loss the model returns, in [0, 1). 0 by default, so
-            `.loss` is the cross-entropy against `labels` (transformers' convention); the papers train with 0.1
-            (`training/train.py --label_smoothing 0.1`, the default there). Set it here rather than with the
-            Trainer's `label_smoothing_factor`, which recomputes the loss from the logits and drops the variants'
-            auxiliary losses.
+        label_smoothing (`float`): the label smoothing the model was trained with, in [0, 1): a record (the
+            training code writes the run's value; the model card reports it). The model's `.loss` does not read
+            it: `model(**batch).loss` is the plain cross-entropy against `labels` (transformers' convention, also
+            for configs saved with 0.1), and `model(**batch, smoothing=0.1).loss` is the label-smoothed one, what
+            the training code asks for (`train.py --label_smoothing 0.1`, the default there). With a
+            `Seq2SeqTrainer`, pass it through `compute_loss` rather than `label_smoothing_factor`, which recomputes
+            the loss from the logits and drops the variants' auxiliary losses.
         languages (`list[str]`): language codes a multilingual model knows; index = task / language id.
+        target_languages (`list[str]`): the languages the model translates into (a subset of `languages`; the
+            training code records its run's targets). With exactly one, the model needs no target language from
+            the caller: `generate`, the pipeline, `prepare_translation_inputs` and `model(**batch)` (a
+            `Seq2SeqTrainer` batch without `tgt_lang_ids`) use it. `[]`: not recorded (a model with several
+            target-language rows then needs `tgt_lang`).
         target_language_tags (`bool`): prepend a `<2xx>` target-language tag to every source sentence.
     """
 
@@ -344,6 +351,7 @@ class TransformerNmtConfig(PretrainedConfig):
         **dict.fromkeys(("activation_function", "position_embedding_type", "init_method"), (STR,)),
         **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"), (INT, NONE)),
         "languages": (STR_LIST,),
+        "target_languages": (STR_LIST,),
         "custom_pipelines": (DICT,),
     }
     # The generic names transformers' utilities read (Marian's mapping). The decoder's KV cache is still sized from
@@ -444,6 +452,7 @@ class TransformerNmtConfig(PretrainedConfig):
         init_std: float = 0.02,
         label_smoothing: float = 0.0,
         languages: list[str] | None = None,
+        target_languages: list[str] | None = None,
         target_language_tags: bool = False,
         use_cache: bool = True,
         pad_token_id: int = 0,
@@ -483,6 +492,7 @@ class TransformerNmtConfig(PretrainedConfig):
         self.init_std = init_std
         self.label_smoothing = label_smoothing
         self.languages = _as_list(languages) if languages is not None else []
+        self.target_languages = _as_list(target_languages) if target_languages is not None else []
         self.target_language_tags = target_language_tags
         self.use_cache = use_cache
         self.pad_token_id = pad_token_id
@@ -594,6 +604,13 @@ class TransformerNmtConfig(PretrainedConfig):
             self.languages,
         )
         _check(
+            all(lang in self.languages for lang in self.target_languages)
+            and len(set(self.target_languages)) == len(self.target_languages),
+            "target_languages",
+            f"distinct codes of `languages`={self.languages}",
+            self.target_languages,
+        )
+        _check(
             not self.target_language_tags or len(self.languages) > 0,
             "target_language_tags",
             "False unless `languages` is set",
@@ -629,6 +646,12 @@ class TransformerNmtConfig(PretrainedConfig):
             known = ", ".join(self.languages) if self.languages else "none: this model is not multilingual"
             raise ValueError(f"Unknown language {lang!r}; this model knows: {known}.")
         return self.languages.index(lang)
+
+    def default_target_language(self) -> str | None:
+        """The language this model translates into when the caller names none: the one entry of
+        `target_languages` (a single-direction model); None for a model with several targets, or none recorded."""
+        targets = getattr(self, "target_languages", None) or []
+        return targets[0] if len(targets) == 1 else None
 
     @property
     def embed_scale(self) -> float:

@@ -25,6 +25,20 @@ from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
 
 logger = logging.get_logger(__name__)
 
+# The length rule's fields in a saved generation config (`generation_config.length_rule`): new tokens =
+# min(max_len_a * source length + max_len_b, max_new_tokens, max_position_embeddings)
+LENGTH_RULE_KEYS = ("max_len_a", "max_len_b", "max_new_tokens")
+# transformers' `GenerationConfig` default `max_length`, and its defaults for assisted decoding, which no translation
+# model sets: `Seq2SeqTrainer.prediction_step` writes all of them into the model's generation config
+TRANSFORMERS_DEFAULT_MAX_LENGTH = 20
+FILLED_DEFAULTS = {
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": 0.4,
+    "assistant_lookbehind": 10,
+    "target_lookbehind": 10,
+}
+
 
 def check_tokenizer_fits_model(
     tokenizer, config, tokenizer_name: str | None = None, model_name: str | None = None
@@ -122,19 +136,34 @@ class TokenSuppressionLogitsProcessor(LogitsProcessor):
 
 
 # ------------------------------------------------------------------------------------------------ language inputs
+def _one_target_hint(config: TransformerNmtConfig) -> str:
+    """For an error asking for the target language: how a model trained in one direction stops asking."""
+    if len(config.target_languages) > 1:
+        return f" (this model translates into {config.target_languages})"
+    return (
+        "; a model trained in one direction (e.g. into the last of its languages) can record it once, "
+        f"`model.config.target_languages = [{config.languages[-1] if config.languages else 'xx'!r}]`, "
+        "and be saved: then it needs none"
+    )
+
+
 def resolve_language_ids(
     config: TransformerNmtConfig, tgt_lang_ids, batch_size: int, num_ids: int, device, required: bool | None = None
 ) -> torch.Tensor:
     """Every example's target-language id ([B] long; the index in `config.languages`), checked against `num_ids`
-    rows. Without ids a model that does not need them (`required`; by default: more than one row) gives every
+    rows. Without ids, a single-direction model (`config.default_target_language()`) gives every example its one
+    target's id, and a model that does not need them (`required`; by default: more than one row) gives every
     example 0. The range check reads the values, so it runs in eager mode only (compiled and exported graphs keep
     their inputs' values opaque)."""
     if tgt_lang_ids is None:
+        default = config.default_target_language()
+        if default is not None:
+            return torch.full((batch_size,), config.language_id(default), dtype=torch.long, device=device)
         if num_ids > 1 if required is None else required:
             raise ValueError(
                 f"This model depends on the target language: pass `tgt_lang_ids` (one id per sentence, the index in "
                 f"config.languages={config.languages}), or `tgt_lang=` to `generate`, the pipeline or "
-                f"`prepare_translation_inputs`."
+                f"`prepare_translation_inputs`{_one_target_hint(config)}."
             )
         return torch.zeros(batch_size, dtype=torch.long, device=device)
     ids = torch.as_tensor(tgt_lang_ids, device=device).long().reshape(-1)
@@ -162,25 +191,66 @@ class TransformerNmtGenerationMixin(GenerationMixin):
     # Without a length from the user (`max_length` / `max_new_tokens` in the call, a passed or the saved generation
     # config), `generate` stops at min(a * source length + b, cap, max_position_embeddings) new tokens: a rule of the
     # source length (Marian's max-length-factor), never stored as `max_new_tokens`, which would win over a user's
-    # `max_length`. A fresh model otherwise decodes with transformers' defaults (greedy); the papers' decoding
-    # (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
+    # `max_length`. The rule is saved in the generation config as `length_rule` (`LENGTH_RULE_KEYS`: a, b, cap), set
+    # on every new model; a config without it (saved before) uses `default_length`. A `max_length` of 20 in the
+    # model's own generation config is transformers' default, not a choice, where the config owns a length rule or
+    # carries the whole set of defaults `Seq2SeqTrainer`'s evaluation writes into it (`_unchosen_max_length`): the
+    # rule applies, with a warning. A fresh model otherwise decodes with transformers' defaults (greedy); the
+    # papers' decoding (`paper_decoding`: beam 4, length penalty 0.6) goes into the generation config of the models
     # training/train.py saves, as published checkpoints carry theirs.
     default_length = (2.0, 10, 256)
     paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
 
+    def length_rule(self) -> tuple[float, int, int]:
+        """(a, b, cap) of the length rule: `generation_config.length_rule` (`{"max_len_a": a, "max_len_b": b,
+        "max_new_tokens": cap}`), or `default_length` for a generation config saved without one."""
+        saved = getattr(self.generation_config, "length_rule", None)
+        if saved is None:
+            return self.default_length
+        ok = isinstance(saved, dict) and set(saved) == set(LENGTH_RULE_KEYS)
+        if ok:
+            a, b, cap = (saved[key] for key in LENGTH_RULE_KEYS)
+            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in (a, b, cap))
+            ok = ok and all(isinstance(x, int) for x in (b, cap)) and cap > 0
+        if not ok:
+            raise ValueError(
+                f"generation_config.length_rule must be {{'max_len_a': float >= 0, 'max_len_b': int >= 0, "
+                f"'max_new_tokens': int > 0}} (new tokens = min(a * source length + b, max_new_tokens)), got "
+                f"{saved!r}."
+            )
+        return float(a), b, cap
+
+    def _unchosen_max_length(self) -> bool:
+        """Whether the model's own generation config holds a `max_length` nobody chose: transformers' default
+        (`TRANSFORMERS_DEFAULT_MAX_LENGTH`, 20) without a `max_new_tokens`, in a config that owns a length rule
+        (`length_rule`) or carries transformers' defaults for assisted decoding too (what `Seq2SeqTrainer`'s
+        evaluation writes into the generation config of the model it saves, with every other default). A user's
+        limit of 20 tokens goes into the call (`max_length=20`) or `max_new_tokens`."""
+        config = self.generation_config
+        if config.max_length != TRANSFORMERS_DEFAULT_MAX_LENGTH or config.max_new_tokens is not None:
+            return False
+        if getattr(config, "length_rule", None) is not None:
+            return True
+        return all(getattr(config, key, None) == value for key, value in FILLED_DEFAULTS.items())
+
     def _language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
         """`tgt_lang_ids` (index of each target language in `config.languages`) for the models that condition on
-        the target language (`language_ids_field`); nothing for the others, nor for a model with one row."""
+        the target language (`language_ids_field`); nothing for the others, nor for a model with one row. Without
+        `tgt_langs` a single-direction model (`config.default_target_language()`) uses its one target."""
         field = self.model.language_ids_field
         if field is None:
             return {}
         if tgt_langs is None:
-            if getattr(self.config, field) > 1:
+            default = self.config.default_target_language()
+            if default is not None:
+                tgt_langs = [default] * batch_size
+            elif getattr(self.config, field) > 1:
                 raise ValueError(
                     f"This model needs `tgt_lang` (one of {self.config.languages}), one code or one per "
-                    "sentence, to pick the target language."
+                    f"sentence, to pick the target language{_one_target_hint(self.config)}."
                 )
-            return {}
+            else:
+                return {}
         if not self.config.languages:  # a single-direction model without a language list: like the baseline
             return {}
         return {"tgt_lang_ids": torch.tensor([self.config.language_id(lang) for lang in tgt_langs], dtype=torch.long)}
@@ -204,13 +274,18 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         if isinstance(text_target, str):
             text_target = [text_target]
         check_tokenizer_fits_model(tokenizer, self.config)
+        if tgt_lang is None:  # a single-direction model's one target (None: several, or none recorded)
+            tgt_lang = self.config.default_target_language()
         tgt_langs = self._target_languages(tgt_lang, len(texts))
         if self.config.languages:
             for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
                 self.config.language_id(lang)  # raises on unknown languages
         if self.config.target_language_tags:
             if tgt_langs is None:
-                raise ValueError(f"This multilingual model needs `tgt_lang` (one of {self.config.languages}).")
+                raise ValueError(
+                    f"This multilingual model needs `tgt_lang` (one of {self.config.languages})"
+                    f"{_one_target_hint(self.config)}."
+                )
             unk = tokenizer.unk_token_id
             for lang in set(tgt_langs):
                 if tokenizer.convert_tokens_to_ids(language_tag(lang)) in (None, unk):
@@ -279,7 +354,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
           (`prepare_translation_inputs` adds it);
         - a `streamer` without an explicit `num_beams` decodes greedily (streamers take one hypothesis; the saved
           default is beam 4);
-        - without a length from the user, the output is limited by a rule of the source length (`default_length`);
+        - without a length from the user, the output is limited by a rule of the source length (`length_rule`); a
+          saved `max_length` of 20 that is transformers' default is no length from the user (`_unchosen_max_length`);
         - a source, or a requested output length, beyond `max_position_embeddings` raises a ValueError naming the
           length and the limit.
 
@@ -313,13 +389,13 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             )
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
+        unchosen = self._unchosen_max_length()
+        saved = vars(self.generation_config)
+        if unchosen:
+            saved = {key: value for key, value in saved.items() if key != "max_length"}
         lengths = {}
         for name in ("max_length", "max_new_tokens"):
-            for config in (
-                kwargs,
-                vars(generation_config) if generation_config is not None else {},
-                vars(self.generation_config),
-            ):
+            for config in (kwargs, vars(generation_config) if generation_config is not None else {}, saved):
                 if config.get(name) is not None:
                     lengths.setdefault(name, config[name])
         for name, value in lengths.items():
@@ -329,10 +405,24 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                     f"(max_position_embeddings={limit})."
                 )
         if not lengths and source is not None:
-            a, b, cap = self.default_length
+            a, b, cap = self.length_rule()
             kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
-        with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
-            return super().generate(inputs, generation_config, **kwargs)
+            if unchosen:
+                logger.warning_once(
+                    f"generation_config.max_length={TRANSFORMERS_DEFAULT_MAX_LENGTH} is transformers' default (a "
+                    "Seq2SeqTrainer evaluation with predict_with_generate writes it into the generation config it "
+                    f"saves), not a limit: the length rule applies (at most {a:g} x source length + {b} new tokens, "
+                    f"up to {cap}). Pass max_length= or max_new_tokens= to generate (or set "
+                    "generation_config.max_new_tokens) for a fixed limit."
+                )
+        if unchosen:  # transformers reads the model's config too: hide the 20 for this call
+            self.generation_config.max_length = None
+        try:
+            with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
+                return super().generate(inputs, generation_config, **kwargs)
+        finally:
+            if unchosen:
+                self.generation_config.max_length = TRANSFORMERS_DEFAULT_MAX_LENGTH
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
         """transformers' processor list, with its token-suppression processors merged into one that copies the

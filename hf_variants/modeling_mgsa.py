@@ -548,7 +548,9 @@ class MgsaEncoder(MgsaPreTrainedModel, TransformerNmtEncoder):
                 raise ValueError(
                     "The syntactic MG-SA needs `phrase_index` [batch, levels, length] (and `phrase_tags` for the tag "
                     "loss): build them from parses with `model.prepare_translation_inputs(tokenizer, texts, "
-                    "parses=[...])`, or pass `parses=` to the translation pipeline."
+                    "parses=[...])`, or pass `parses=` to the translation pipeline. A model to train without "
+                    "parses takes the n-gram form: MgsaConfig(phrase_type='ngram') (train.py: --config_overrides "
+                    "phrase_type=ngram)."
                 )
             if (
                 phrase_index.dim() != 3

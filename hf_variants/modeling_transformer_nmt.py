@@ -72,7 +72,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
 from .configuration_transformer_nmt import TransformerNmtConfig
-from .generation_transformer_nmt import TransformerNmtGenerationMixin, current_generation_scope
+from .generation_transformer_nmt import LENGTH_RULE_KEYS, TransformerNmtGenerationMixin, current_generation_scope
 from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
 from .pipeline_translation import TranslationPipeline  # noqa: F401  (shipped with every model: custom_pipelines)
 
@@ -1334,6 +1334,13 @@ class TransformerNmtForConditionalGeneration(
         ]
         if never and self.generation_config.suppress_tokens is None:
             self.generation_config.suppress_tokens = sorted(set(never))
+        # the length rule is saved with the generation config: a max_length of 20 that a Seq2SeqTrainer evaluation
+        # writes into it is then told apart from a limit (`_unchosen_max_length`)
+        if getattr(self.generation_config, "length_rule", None) is None:
+            self.generation_config.length_rule = dict(zip(LENGTH_RULE_KEYS, self.default_length))
+            # no longer the model config's plain derivative: a config loaded with `_from_model_config` set drops
+            # every field that is not a GenerationConfig argument, `length_rule` included
+            self.generation_config._from_model_config = False
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -1357,19 +1364,21 @@ class TransformerNmtForConditionalGeneration(
         that weight tokens differently (the Tied Transformer sums per-direction means)."""
         return None
 
-    def _translation_loss(self, logits: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
-        """The main loss: label-smoothed cross-entropy of `logits` (labels -100 ignored), each token weighted by
-        `token_loss_weights` (by default the mean over the target tokens)."""
+    def _translation_loss(
+        self, logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, **kwargs
+    ) -> torch.Tensor:
+        """The main loss: cross-entropy of `logits` (labels -100 ignored; label-smoothed by `label_smoothing`), each
+        token weighted by `token_loss_weights` (by default the mean over the target tokens)."""
         return smoothed_cross_entropy(
-            logits, labels, self.config.label_smoothing, weights=self.token_loss_weights(labels, **kwargs)
+            logits, labels, label_smoothing, weights=self.token_loss_weights(labels, **kwargs)
         )
 
     def _projected_translation_loss(
-        self, hidden_states: torch.Tensor, labels: torch.Tensor, **kwargs
+        self, hidden_states: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0, **kwargs
     ) -> torch.Tensor | None:
-        """`_translation_loss(lm_head(hidden_states), labels)` without the logits, when the output projection is a
-        plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook); None otherwise (the caller computes
-        the logits)."""
+        """`_translation_loss(lm_head(hidden_states), labels, label_smoothing)` without the logits, when the output
+        projection is a plain `nn.Linear` (not quantized, not wrapped by an adapter or a hook); None otherwise (the
+        caller computes the logits)."""
         head = self.lm_head
         if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks or hasattr(head, "_hf_hook"):
             return None
@@ -1378,7 +1387,7 @@ class TransformerNmtForConditionalGeneration(
             head.weight,
             head.bias,
             labels,
-            self.config.label_smoothing,
+            label_smoothing,
             weights=self.token_loss_weights(labels, **kwargs),
         )
 
@@ -1404,9 +1413,13 @@ class TransformerNmtForConditionalGeneration(
         tgt_lang_ids: torch.LongTensor | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         skip_logits: bool = False,
+        smoothing: float | None = None,
         **kwargs: Unpack[TransformerNmtKwargs],
     ) -> TransformerNmtSeq2SeqLMOutput:
-        """`labels` (-100 = ignored) give `loss` (label-smoothed cross-entropy + the variant's auxiliary losses);
+        """`labels` (-100 = ignored) give `loss`: the cross-entropy + the variant's auxiliary losses. As in
+        transformers' seq2seq models it is the plain cross-entropy; `smoothing=0.1` asks for the label-smoothed
+        one (the training code passes the run's value; `config.label_smoothing` only records it; the argument's
+        name has no "label" in it, which would make `Trainer` take it for a label column);
         `logits_to_keep` (an int k > 0: the last k positions; a tensor: those positions) limits the vocabulary
         projection to the positions that are read (generation without cache).
 
@@ -1414,6 +1427,9 @@ class TransformerNmtForConditionalGeneration(
         hidden states chunk by chunk (`projected_smoothed_cross_entropy`), so no [tokens, vocabulary] tensor is
         ever held: the same loss and gradients, without the step's largest tensors. `training/train.py` passes
         it; a `Trainer` user can pass it through `compute_loss`."""
+        given, smoothing = smoothing, 0.0 if smoothing is None else float(smoothing)
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"`smoothing` (label smoothing of the loss) must be a float in [0, 1), got {given!r}.")
         if skip_logits and labels is None:
             raise ValueError(
                 "skip_logits=True computes the loss without the logits and needs `labels`; without "
@@ -1453,10 +1469,13 @@ class TransformerNmtForConditionalGeneration(
             if pad is not None and pad not in (self.config.eos_token_id, self.config.bos_token_id):
                 labels = labels.masked_fill(labels == pad, -100)
             if skip_logits:
-                loss = self._projected_translation_loss(hidden_states, labels, tgt_lang_ids=tgt_lang_ids)
+                loss = self._projected_translation_loss(hidden_states, labels, smoothing, tgt_lang_ids=tgt_lang_ids)
             if loss is None:  # the logits are needed (a quantized or adapted head; an overridden loss)
                 loss = self._translation_loss(
-                    self.lm_head(hidden_states) if logits is None else logits, labels, tgt_lang_ids=tgt_lang_ids
+                    self.lm_head(hidden_states) if logits is None else logits,
+                    labels,
+                    smoothing,
+                    tgt_lang_ids=tgt_lang_ids,
                 )
             aux_losses = self.auxiliary_losses(outputs, (labels != -100).sum().clamp(min=1))
             for value in aux_losses.values():

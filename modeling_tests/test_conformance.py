@@ -90,7 +90,7 @@ def test_skip_logits_gives_the_same_loss_and_gradients(model_type):
     results = []
     for skip in (False, True):
         torch.manual_seed(5)  # the same dropout masks (attention and variant-specific) in both passes
-        out = model(**inputs, labels=labels, skip_logits=skip)
+        out = model(**inputs, labels=labels, skip_logits=skip, smoothing=0.1)
         assert (out.logits is None) == skip
         results.append((out.loss.detach(), torch.autograd.grad(out.loss, params, allow_unused=True)))
     (loss, expected), (skipped, grads) = results
@@ -104,7 +104,7 @@ def test_skip_logits_gives_the_same_loss_and_gradients(model_type):
     calls = []
     handle = model.lm_head.register_forward_hook(lambda *args: calls.append(1))
     torch.manual_seed(5)
-    hooked = model(**inputs, labels=labels, skip_logits=True)
+    hooked = model(**inputs, labels=labels, skip_logits=True, smoothing=0.1)
     handle.remove()
     assert calls == [1] and hooked.logits is None and torch.allclose(hooked.loss, loss, atol=1e-6)
     with pytest.raises(ValueError, match="skip_logits=True .* needs `labels`"):

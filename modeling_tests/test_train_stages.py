@@ -39,7 +39,10 @@ def test_stages_one_by_one(data_dir, tokenizer_dir, tmp_path):
     with torch.no_grad():
         expected = float(
             external.translation_loss(
-                job.unwrapped, job.model(**batches[0]), batches[0]["labels"], args.label_smoothing
+                job.unwrapped,
+                job.model(**batches[0], **trainer.loss_kwargs),
+                batches[0]["labels"],
+                args.label_smoothing,
             )
         )
     loss, ntok, tokens, aux, grad_norm, nonfinite, skipped = trainer.train_step(batches)

@@ -171,6 +171,7 @@ class WarmStartReport:
     derived: dict[str, str] = field(default_factory=dict)
     initialised: dict[str, str] = field(default_factory=dict)
     unused: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # choices made for the user (e.g. MG-SA's phrase form)
 
     def summary(self) -> str:
         lines = [
@@ -179,6 +180,7 @@ class WarmStartReport:
                 f"{len(self.derived)} derived from base tensors, {len(self.initialised)} new"
             )
         ]
+        lines += [f"  note     {note}" for note in self.notes]
         lines += [f"  derived  {k}: {v}" for k, v in self.derived.items()]
         lines += [f"  new      {k}: {v}" for k, v in self.initialised.items()]
         if self.unused:
@@ -232,13 +234,17 @@ def _base_field_values(config: TransformerNmtConfig) -> dict[str, Any]:
 def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides: dict[str, Any] | None = None):
     """The variant's config: the base's fields (dimensions, vocabulary, backbone, training settings), the variant's
     own defaults (its paper's), then `overrides` (names checked as in `from_preset`). An override of a field in
-    `BASE_FIELDS` with another value than the base's raises a ValueError naming both."""
+    `BASE_FIELDS` with another value than the base's raises a ValueError naming both. MG-SA without a
+    `phrase_type` override takes the n-gram form (`MGSA_DEFAULT_PHRASE_TYPE`), which trains on any text: the
+    paper's syntactic form needs a constituency parse of every source sentence."""
     if model_type not in VARIANT_TYPES:
         raise ValueError(f"`model_type` must be one of {list(VARIANT_TYPES)}, got {model_type!r}.")
     config_class = MODEL_CLASSES[model_type][0]
     overrides = dict(overrides or {})
     check_config_field_names(config_class, overrides)
     resolved = _resolve_aliases(config_class, overrides)
+    if model_type == "mgsa_nmt":
+        resolved.setdefault("phrase_type", MGSA_DEFAULT_PHRASE_TYPE)
     base_values = _base_field_values(base_config)
     for name in BASE_FIELDS:
         if name in resolved and _plain(resolved[name]) != _plain(base_values[name]):
@@ -260,6 +266,16 @@ def variant_config(base_config: TransformerNmtConfig, model_type: str, overrides
         raise ValueError(f"A {model_type} with the base model's settings is not valid: {error}") from error
     _check_overrides_applied(config, resolved)
     return config
+
+
+# A warm-started MG-SA's phrases when the caller does not choose: n-grams, which need no parses (the data of a warm
+# start is not known here; the syntactic form needs a parse of every source sentence, which few corpora have).
+MGSA_DEFAULT_PHRASE_TYPE = "ngram"
+MGSA_PHRASE_NOTE = (
+    "phrase_type='ngram' (n-gram phrases: trains on plain text); the paper's syntactic form needs a constituency "
+    "parse of every source sentence: --config_overrides phrase_type=syntactic, then train with --source_annotations "
+    "parses"
+)
 
 
 # ------------------------------------------------------------------------------------------------ the mapping
@@ -526,6 +542,8 @@ def warm_start(
         phrase_heads_output=phrase_heads_output,
         base_label=config.warm_started_from,
     )
+    if model_type == "mgsa_nmt" and "phrase_type" not in (overrides or {}):
+        report.notes.append(MGSA_PHRASE_NOTE)  # printed by the command with the report's summary
     variant.load_state_dict(state, strict=True)
     variant.generation_config = copy.deepcopy(base_model.generation_config)
     variant.eval()

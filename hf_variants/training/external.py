@@ -1,7 +1,7 @@
 """Models from outside hf_variants in the same training loop: transformers' `MarianMTModel` (`--model_type marian`).
 
-hf_variants models carry the training interface themselves (`prepare_translation_inputs`, a label-smoothed `.loss`,
-`after_optimizer_step`). A plain transformers seq2seq model has none of it; the three functions here give it the
+hf_variants models carry the training interface themselves (`prepare_translation_inputs`, a `.loss` smoothed on request
+and `after_optimizer_step`). A plain transformers seq2seq model has none of it; the three functions here give it the
 same behaviour, so the one loop in `train.py` trains both and the benchmarks compare them on one code path:
 the same tokenizer, batches, optimizer, schedule, label smoothing and beam search.
 """
@@ -44,7 +44,8 @@ def build_config(model_type: str, preset: str, fields: dict):
             "max_position_embeddings",
         )
     }
-    dims.update({k: v for k, v in fields.items() if k not in ("label_smoothing", "languages", "target_language_tags")})
+    language_fields = ("label_smoothing", "languages", "target_languages", "target_language_tags")
+    dims.update({k: v for k, v in fields.items() if k not in language_fields})
     if fields.get("target_language_tags"):
         raise ValueError("--model_type marian trains one direction here (no target-language tags).")
     vocab = dims["vocab_size"]
@@ -100,19 +101,24 @@ def prepare_translation_inputs(
     return {key: value.to(model.device) for key, value in inputs.items()}
 
 
-def loss_only_kwargs(model) -> dict:
+def loss_only_kwargs(model, label_smoothing: float = 0.0) -> dict:
     """Forward arguments for a forward whose logits nobody reads (training steps, the validation loss):
     `skip_logits=True` for a model whose forward takes it (hf_variants: the loss is computed from the decoder's
-    hidden states chunk by chunk, and no [tokens, vocabulary] tensor is held); nothing for other models."""
+    hidden states chunk by chunk, and no [tokens, vocabulary] tensor is held), and `smoothing=label_smoothing`
+    (hf_variants: `.loss` is the plain cross-entropy unless asked); nothing for other models."""
     try:
         parameters = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return {}
-    return {"skip_logits": True} if "skip_logits" in parameters else {}
+    kwargs = {"skip_logits": True} if "skip_logits" in parameters else {}
+    if "smoothing" in parameters:
+        kwargs["smoothing"] = label_smoothing
+    return kwargs
 
 
 def translation_loss(model, outputs, labels: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """`outputs.loss` of an hf_variants model (label smoothing and auxiliary losses included); for a plain model,
+    """`outputs.loss` of an hf_variants model (auxiliary losses included; label-smoothed when the forward got
+    `loss_only_kwargs(model, label_smoothing)`, the plain cross-entropy otherwise); for a plain model,
     the token-mean label-smoothed cross-entropy of its logits (its own `.loss` has no smoothing), computed by
     the backbone's `smoothed_cross_entropy` (chunked: one [tokens, vocabulary] buffer, not F.cross_entropy's three)."""
     if has_training_interface(model):

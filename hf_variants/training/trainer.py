@@ -242,7 +242,7 @@ def validation_loss(
     # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
     # a batch and is not counted
     padded = batches + batches[: (-len(batches)) % world] if batches else []
-    loss_kwargs = external.loss_only_kwargs(model)
+    loss_kwargs = external.loss_only_kwargs(model, label_smoothing)
     for j in range(accelerator.process_index, len(padded), world):
         batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
         out = model(**batch, **loss_kwargs)
@@ -513,7 +513,7 @@ class Trainer:
         self.accelerator = run.accelerator
         self.state = job.state
         self.stats = TrainStats()
-        self.loss_kwargs = external.loss_only_kwargs(job.unwrapped)
+        self.loss_kwargs = external.loss_only_kwargs(job.unwrapped, self.args.label_smoothing)
         self.log_path = run.run_dir / "log.jsonl"
         self.wall_time_base = self.state.wall_time
         self.signals = StopSignals()
