@@ -1186,8 +1186,9 @@ def run_training(args) -> dict | None:
         if run.lock is not None:  # the run folder's lock, released however the run ends
             run.lock.release()
         if refused and run.accelerator.is_main_process:
-            for handler in logging.getLogger().handlers:
+            for handler in list(logging.getLogger().handlers):
                 if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run.run_dir:
+                    logging.getLogger().removeHandler(handler)  # its train.log goes with the folder
                     handler.close()
             shutil.rmtree(run.run_dir, ignore_errors=True)
 
