@@ -255,7 +255,10 @@ def test_a_busy_machine_gets_fewer_threads_and_a_hint(monkeypatch, caplog):
 def test_wheel_install_has_every_console_script(tmp_path):
     """A wheel built from the checkout, installed into a fresh virtual environment (system site-packages for
     torch and the other dependencies, the wheel itself without dependencies), used from outside the checkout."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own TOML reader
+        import tomli as tomllib
 
     scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert {"hf-variants-train", "hf-variants-translate", "hf-variants-export-onnx", "hf-variants-publish"} <= set(

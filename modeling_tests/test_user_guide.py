@@ -15,6 +15,8 @@ How each block runs (the only changes the test makes, all listed here):
     for `accelerate launch [LAUNCHER OPTIONS] -m hf_variants.training.train ARGS`, which runs the module's command
     in this one process; the launcher options are checked, not executed: every `--config_file` must be one of the
     clone's accelerate configs and parse as YAML, `--machine_rank` must be below its `num_machines`.
+  * `hf-variants-export-onnx` gets `--no_shared_cache` appended: two graphs (encoder, decoder step) instead of
+    three, the shared-cache step graph being the slowest third of the export (the ONNX tests cover it).
   * `hf-variants-publish` uploads to the in-process Hub server of `conftest_hub` (`HF_ENDPOINT`, any token).
   * `pip install -e ".[EXTRAS]"` is not executed (no package installs in the suite): each extra must exist in
     pyproject.toml. The real install from a wheel is `test_new_user_paths.py::test_wheel_install_*`.
@@ -30,13 +32,16 @@ import json
 import re
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
 from conftest import DATA_DIR, REPO_ROOT
 from conftest_hub import hub  # noqa: F401
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own TOML reader
+    import tomli as tomllib
 
 GUIDE = REPO_ROOT / "docs" / "user-guide.md"
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
@@ -133,6 +138,8 @@ def run_command(argv: list[str], monkeypatch) -> None:
         name, args = "hf-variants-train", args[m + 2 :]
     if name == "hf-variants-train":
         run_console_script(name, args + TINY_TRAINING, monkeypatch)
+    elif name == "hf-variants-export-onnx":
+        run_console_script(name, args + ["--no_shared_cache"], monkeypatch)
     elif name in SCRIPTS:
         run_console_script(name, args, monkeypatch)
     elif argv[:3] == ["pip", "install", "-e"] and len(argv) == 4:
