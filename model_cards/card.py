@@ -224,6 +224,7 @@ BASELINE_CONFIG_KEYS = frozenset(
         "transformers_version",
         "dtype",
         "torch_dtype",
+        "warm_started_from",  # the summary names the base model by its identity, not its recorded path
     }
 )
 

@@ -130,6 +130,7 @@ def test_card_of_a_warm_started_run(tsv_run, tmp_path):
     assert "`model`" not in text
     table = rows(text)
     assert not {"`preset`", "`model_type`", "`vocab_size`", "`tokenizer_model`", "`data_dir`"} & set(table)
+    assert "`warm_started_from`" not in table and "tsv-run/model |" not in text  # no raw path row
     config = json.loads((run_dir / "model" / "config.json").read_text())
     assert table["Model width d_model"] == str(config["d_model"]) == "32"  # the tiny dims, as saved
     assert {r.dataset_type for r in card.data.eval_results} == {"Flickr captions en-fr"}
