@@ -133,6 +133,19 @@ def test_atomic_output_dir_force_replaces_only_its_own_output(tmp_path, capsys):
         check_output_dir(out, command="cmd", force=True)
 
 
+@pytest.mark.parametrize("exchange", [True, False])
+def test_atomic_output_dir_swaps_with_or_without_renameat2(exchange, tmp_path, monkeypatch):
+    from hf_variants import outputs
+
+    if not exchange:  # a system without RENAME_EXCHANGE: two renames
+        monkeypatch.setattr(outputs, "_exchange", lambda a, b: False)
+    out = tmp_path / "out"
+    for value in ("1", "2"):
+        with atomic_output_dir(out, command="cmd", force=True, log=None) as staging:
+            (staging / "v.txt").write_text(value)
+    assert (out / "v.txt").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_untrusted_output_manifest(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
