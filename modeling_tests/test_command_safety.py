@@ -566,3 +566,29 @@ def test_train_overwrites_its_own_run_folder(data_dir, tokenizer_dir, tmp_path, 
     train.main(args + ["--overwrite_output_dir", "--seed", "2"])
     assert "--overwrite_output_dir: deleting" in capsys.readouterr().err
     assert json.loads((run / "results.json").read_text())["hyperparameters"]["seed"] == 2
+
+
+def test_the_functions_behind_the_commands_refuse_their_input_too(command_inputs, tokenizer, tmp_path):
+    """Called from Python: the folder a model was loaded from (`name_or_path`) is an input of the exports."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_variants.convert.legacy import convert_checkpoint
+    from hf_variants.convert.warm_start import warm_start
+    from hf_variants.deploy.ctranslate2 import export as export_ctranslate2
+    from hf_variants.onnx.export import export as export_onnx
+
+    model_dir = _tiny_baseline(tmp_path / "model", tokenizer)
+    before = tree_hash(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    for export in (export_ctranslate2, export_onnx):
+        with pytest.raises(OutputPathError, match="is the model's folder"):
+            export(model, tokenizer, model_dir, force=True)
+        with pytest.raises(OutputPathError, match="lies inside the model's folder"):
+            export(model, tokenizer, model_dir / "export", force=True)
+    with pytest.raises(OutputPathError, match="is --base"):
+        warm_start(str(model_dir), "mute_nmt", output_dir=model_dir, force=True)
+    legacy = command_inputs["convert_legacy"]
+    legacy_before = tree_hash(legacy)
+    with pytest.raises(OutputPathError, match="contains --model"):
+        convert_checkpoint(legacy, legacy.parent, force=True)
+    assert tree_hash(model_dir) == before and tree_hash(legacy) == legacy_before
