@@ -204,6 +204,20 @@ def test_single_direction_mimo_generates_without_tgt_lang(tokenizer):
     assert prepared["tgt_lang_ids"].tolist() == [1, 1, 1]
 
 
+def test_translate_cli_target_from_the_recorded_targets():
+    """translate.py without --tgt_lang: the one recorded target; a two-direction model asks for it."""
+    from types import SimpleNamespace
+
+    from hf_variants.training.translate import target_language
+
+    one = SimpleNamespace(config=TiedTransformerConfig(languages=["en", "fr"], target_languages=["en"]))
+    assert target_language(None, one) == "en"
+    both = SimpleNamespace(config=TiedTransformerConfig(languages=["en", "fr"], target_languages=["en", "fr"]))
+    with pytest.raises(SystemExit, match="pass --tgt_lang"):
+        target_language(None, both)
+    assert target_language("fr", both) == "fr"
+
+
 @pytest.mark.parametrize("build", [tied, mimo])
 def test_trainer_style_forward_without_language_ids(tokenizer, build):
     """`model(**batch)` with plain input_ids / labels (a Seq2SeqTrainer batch) uses the model's one target."""

@@ -33,7 +33,9 @@ def test_stages_one_by_one(data_dir, tokenizer_dir, tmp_path):
     job = train.build_job(run, data)
     assert job.state.step == 0 and job.params == train.count_parameters(job.unwrapped)
     assert job.hyperparameters["max_steps"] == 3
+    assert job.unwrapped.config.target_languages == ["de"]  # recorded: generate needs no tgt_lang
     trainer = Trainer(run, data, job)
+    assert trainer.loss_kwargs == {"skip_logits": True, "smoothing": args.label_smoothing}
     step_batches, _ = next(trainer.epoch_steps())
     batches = trainer.micro_batches(step_batches)
     with torch.no_grad():

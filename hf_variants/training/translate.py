@@ -427,16 +427,20 @@ def load_translation_model(args: argparse.Namespace):
 
 
 def target_language(tgt_lang: str | None, model) -> str | None:
-    """`--tgt_lang`, or when it is not given the second language of a two-language model without target-language
-    tags; a model translating into several languages needs it."""
+    """`--tgt_lang`, or when it is not given the model's one target language (`config.target_languages`, recorded
+    by train.py), or for a model saved without it the second language of a two-language model without
+    target-language tags; a model translating into several languages needs it."""
     languages = list(getattr(model.config, "languages", None) or [])
+    targets = list(getattr(model.config, "target_languages", None) or [])
     if tgt_lang is None and languages:
-        if len(languages) == 2 and not getattr(model.config, "target_language_tags", False):
+        if len(targets) == 1:
+            tgt_lang = targets[0]
+        elif not targets and len(languages) == 2 and not getattr(model.config, "target_language_tags", False):
             tgt_lang = languages[1]
             logger.info("--tgt_lang not given: using %s (the model's languages are %s)", tgt_lang, languages)
         else:
             raise SystemExit(
-                f"This model translates into several languages ({', '.join(languages)}): pass --tgt_lang."
+                f"This model translates into several languages ({', '.join(targets or languages)}): pass --tgt_lang."
             )
     return tgt_lang
 
