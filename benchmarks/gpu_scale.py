@@ -321,6 +321,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager/aot_eager: quick checks)")
     p.add_argument("--decode_mode", default="reduce-overhead", help="torch.compile mode of the decoding step")
     p.add_argument("--data", type=Path, help="a folder with train.en.gz, train.de.gz, test_2016_flickr.en.gz")
+    p.add_argument("--threads", type=int, help="torch threads on the CPU (default: torch's)")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
     args.sizes = args.sizes or (["tiny"] if args.tiny else ["base", "big"])
@@ -346,6 +347,8 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     start = time.monotonic()
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     with tempfile.TemporaryDirectory() as work:
