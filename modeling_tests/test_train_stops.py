@@ -280,3 +280,128 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_run(tmp_path / "ref", out)
+
+
+# ---------------------------------------------------------------------------------- signals in every stage
+FINAL = [
+    "--save_steps",
+    "2",
+    "--eval_steps",
+    "4",
+    "--eval_bleu_pairs",
+    "2",
+    "--max_train_pairs",
+    "120",
+    "--max_valid_pairs",
+    "8",
+    "--max_test_pairs",
+    "4",
+    "--final_model",
+    "last",
+    "--requeue_exit_code",
+    "99",
+]
+
+
+def signal_in(monkeypatch, module, name: str, when=lambda *a, **k: True) -> list:
+    """Wrap `module.name` so that the process sends itself a real SIGTERM as the call starts (when `when(...)`)."""
+    original, sent = getattr(module, name), []
+
+    def wrapped(*args, **kwargs):
+        if not sent and when(*args, **kwargs):
+            sent.append(name)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapped)
+    return sent
+
+
+STAGES = {
+    # stage -> (module, function that runs in it, the stage the stop names)
+    "last validation": ("trainer", "validation_loss", "training"),
+    "final evaluation": ("train", "evaluate_pairs", "final evaluation"),
+    "final save": ("train", "build_results", "final save"),
+    "model card": ("train", "write_model_card", "model card"),
+}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_signal_in_a_final_stage_requeues_and_resume_finishes(
+    data_dir, tokenizer_dir, tmp_path, monkeypatch, capfd, stage
+):
+    """A real SIGTERM while the run validates its last step, evaluates the final model, saves it or writes its
+    card: the last checkpoint is current, so it is kept; no final model or results are published and the run
+    exits with the requeue status. The same command then finishes the job (model, results, card) without training
+    another step."""
+    from hf_variants.training import trainer as trainer_module
+
+    module_name, function, named = STAGES[stage]
+    module = trainer_module if module_name == "trainer" else train
+    out = tmp_path / "run"
+    args = tiny_args(data_dir, out, *FINAL, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=4)
+    sent = signal_in(monkeypatch, module, function)
+    with pytest.raises(train.TrainingStopped) as stopped:
+        train.main(args)
+    assert sent == [function]
+    assert stopped.value.exit_code == 99 and stopped.value.details["stage"] == named
+    during = "" if named == "training" else f" during the {named}"
+    assert (
+        f"Preempted (SIGTERM){during}: checkpoint {out / 'checkpoints' / 'step_4'} kept (current) at step 4; "
+        f"exiting with status 99" in str(stopped.value)
+    )
+    assert "SIGTERM received" in capfd.readouterr().err
+    assert not (out / "model").exists() and not (out / "results.json").exists()
+    assert [s for s, _ in checkpointing.list_checkpoints(out / "checkpoints")] == [2, 4]
+    logged = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    monkeypatch.undo()
+    results = train.main(args)
+    assert results["steps"] == 4 and results["stopped"] is None
+    assert f"Resumed from {out / 'checkpoints' / 'step_4'}: step 4" in (out / "train.log").read_text()
+    assert [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()] == logged  # no step trained
+    assert (out / "model" / "README.md").is_file() and json.loads((out / "results.json").read_text())["steps"] == 4
+    final = load_file(str(out / "model" / "model.safetensors"))
+    last = checkpointing.load_weights(out / "checkpoints" / "step_4")
+    assert all(torch.equal(final[k], last[k]) for k in final)
+
+
+def test_sigterm_during_the_final_evaluation_of_a_real_process(data_dir, tokenizer_dir, tmp_path):
+    """A real train.py process, signalled once its log says the final evaluation started (long generations of an
+    untrained model): exit status 99 without a final model; the same command then finishes the job."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+        data_dir,
+        out,
+        *FINAL,
+        "--max_test_pairs",
+        "30",
+        "--num_beams",
+        "4",
+        "--max_len_b",
+        "200",
+        "--resume_from_checkpoint",
+        "latest",
+        tokenizer=tokenizer_dir,
+        steps=2,
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    deadline = time.time() + 240
+    while proc.poll() is None and time.time() < deadline:
+        log = out / "train.log"
+        if log.is_file() and "Final evaluation: 30 test pairs" in log.read_text():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]  # still evaluating
+    os.kill(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 99, stderr[-3000:]
+    assert "SIGTERM received during the final evaluation: stopping now" in stderr
+    assert (
+        f"during the final evaluation: checkpoint {out / 'checkpoints' / 'step_2'} kept (current) at step 2" in stderr
+    )
+    assert not (out / "model").exists() and not (out / "results.json").exists()
+    proc = subprocess.run(
+        cmd + ["--max_test_pairs", "2"], capture_output=True, text=True, timeout=300, env=subprocess_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["steps"] == 2 and (out / "model" / "README.md").is_file()

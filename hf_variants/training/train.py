@@ -12,11 +12,13 @@ test_2016_flickr and a few translations printed:
 Variants plug in through the model's interface only (no per-variant branches here): `prepare_translation_inputs`
 builds every batch, `.loss` already holds the auxiliary losses that `.aux_losses` lists (logged separately), and
 `after_optimizer_step()` runs after every optimizer step. `--model_type marian` trains transformers' MarianMTModel
-through the same loop (hf_variants/training/external.py) for side-by-side comparisons. See training/README.md for every option.
+through the same loop (hf_variants/training/external.py) for side-by-side comparisons. See training/README.md for
+every option.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -71,6 +73,7 @@ from .trainer import (  # noqa: E402,F401 (batch helpers re-exported)
     Job,
     RunContext,
     RunData,
+    StopRequested,
     Trainer,
     TrainingStopped,
     TrainState,
@@ -167,8 +170,8 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
 
 
 def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.Rows | None:
-    """One split's rows (stage 1 of hf_variants/training/data_pipeline.py: read once, then memory-mapped from the cache),
-    limited to the first --max_{split}_pairs rows."""
+    """One split's rows (stage 1 of hf_variants/training/data_pipeline.py: read once, then memory-mapped from the
+    cache), limited to the first --max_{split}_pairs rows."""
     source = split_source(args, split, languages, hub_splits)
     if source is None:
         return None
@@ -182,7 +185,47 @@ def pair_directions(directions, bidirectional: bool) -> list[tuple[str, str]]:
     return directions + [(t, s) for s, t in directions] if bidirectional else list(directions)
 
 
-def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: bool = False):
+def resumed_tokenizer(args, resume: Path, saved: Path):
+    """The tokenizer of the checkpoint `resume` (saved with it, or its run's: `checkpointing.checkpoint_tokenizer`),
+    never a newly trained one, into the run folder or a new one. Its fingerprint must be the one the checkpoint
+    recorded, and --tokenizer / --model_name_or_path and a tokenizer already in the run folder (`saved`) must be the
+    same tokenizer: else a `SettingsChangedError` naming both folders."""
+    from transformers import AutoTokenizer
+
+    folder, recorded = checkpointing.checkpoint_tokenizer(resume)
+    given = args.tokenizer or args.model_name_or_path
+    flag = "--tokenizer" if args.tokenizer else "--model_name_or_path"
+    if folder is None and not given:
+        raise settings.SettingsChangedError(
+            f"{resume} has no tokenizer saved with it and its run folder has none "
+            f"({resume.parent.parent / checkpointing.TOKENIZER_DIR}): a resume never trains a new one. Pass the "
+            f"tokenizer the run was trained with (--tokenizer)."
+        )
+    source = folder or Path(given)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    fingerprint = data_pipeline.tokenizer_fingerprint(tokenizer)
+    if recorded is not None and fingerprint != recorded:
+        raise settings.SettingsChangedError(
+            f"The tokenizer in {source} is not the one {resume} was trained with (its fingerprint differs from the "
+            f"one recorded in {resume / checkpointing.MARKER}): it was replaced or damaged."
+        )
+    others = [(Path(given), flag)] if given and folder is not None else []
+    if (saved / "tokenizer.json").is_file() or (saved / "tokenizer_config.json").is_file():
+        others.append((saved, "the run folder's tokenizer"))
+    for other, what in others:
+        if other.resolve() == source.resolve():
+            continue
+        if data_pipeline.tokenizer_fingerprint(AutoTokenizer.from_pretrained(other)) != fingerprint:
+            raise settings.SettingsChangedError(
+                f"The tokenizer changed: {resume} was trained with the tokenizer in {source}, and {what} ({other}) "
+                f"is another one (other token ids). A run's tokenizer never changes: resume with the checkpoint's "
+                f"tokenizer (into a run folder without another one), or start a new run."
+            )
+    logger.info("Resuming with the tokenizer of %s (%s)", resume.name, source)
+    return tokenizer
+
+
+def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: list[str], resuming: Path | None = None):
     """The run's tokenizer: --tokenizer, the model's, the resumed run's, or a shared one trained (by the main
     process, which calls this first; the others then load what it saved) on the training text, or on a
     deterministic sample of it when it has more than --tokenizer_sample_lines sentences (`train_rows`: the cached
@@ -190,7 +233,9 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: lis
     from transformers import AutoTokenizer
 
     saved = run_dir / "tokenizer"
-    if args.tokenizer:
+    if resuming:  # the checkpoint's tokenizer, never a new one
+        tokenizer = resumed_tokenizer(args, Path(resuming), saved)
+    elif args.tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     elif args.model_name_or_path:
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
@@ -285,9 +330,10 @@ def main_process_first(accelerator, build):
     return result
 
 
-def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: bool):
-    """Rows, tokenizer, token counts and pairs of every split (hf_variants/training/data_pipeline.py), built on the first
-    launch (main process first) and memory-mapped from the cache afterwards."""
+def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_directions, resuming: Path | None):
+    """Rows, tokenizer, token counts and pairs of every split (hf_variants/training/data_pipeline.py), built on the
+    first launch (main process first) and memory-mapped from the cache afterwards. `resuming`: the checkpoint to
+    resume, whose tokenizer the run keeps."""
     workers = args.preprocessing_num_workers or (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
@@ -517,10 +563,10 @@ def run_name_for(args, directions) -> str:
 
 
 def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list[str], run_lock.RunLock | None]:
-    """Lock the run folder (hf_variants/training/run_lock.py: one run per folder), resolve the checkpoint to resume and refuse an
-    earlier run in the folder unless resumed or overwritten, on the main process; every process stops when it
-    refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped (logged once
-    logging is set up) and the lock (None on the other processes)."""
+    """Lock the run folder (hf_variants/training/run_lock.py: one run per folder), resolve the checkpoint to resume
+    and refuse an earlier run in the folder unless resumed or overwritten, on the main process; every process stops
+    when it refuses. Returns the checkpoint to resume, the warnings about damaged checkpoints `latest` skipped
+    (logged once logging is set up) and the lock (None on the other processes)."""
     found = {"skipped": []}
 
     def prepare():  # the main process, holding the lock
@@ -761,7 +807,7 @@ def load_data(run: RunContext) -> RunData:
             run.languages,
             run.directions,
             run.eval_directions,
-            resuming=run.resume is not None,
+            resuming=run.resume,
         ),
     )
     train_set, train_report, eval_report = sets["train"], reports["train"], reports["eval"]
@@ -1057,8 +1103,9 @@ def build_results(
     )
 
 
-def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRecord) -> Path:
-    """run_dir/model, complete with its card, replacing the previous one in one rename."""
+def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRecord, signals=None) -> Path:
+    """run_dir/model, complete with its card, replacing the previous one in one rename (`signals`: the run's
+    `StopSignals`, told the stage: the model card, then the rename, which a signal does not interrupt)."""
     model_dir = run_dir / "model"
     tmp = run_dir / ".tmp_model"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -1066,10 +1113,19 @@ def save_final_model(run_dir: Path, args, final_model, tokenizer, results: RunRe
     final_model.save_pretrained(tmp)
     tokenizer.model_max_length = final_model.config.max_position_embeddings  # the model's limit, saved with it
     tokenizer.save_pretrained(tmp)
+    if signals is not None:
+        signals.stage = "model card"
     write_model_card(tmp, results, args.hub_model_id)
+    interrupt = signals is not None and signals.interrupt
+    if interrupt:
+        signals.interrupt = False  # the old model goes and the new one comes in together
     if model_dir.exists():
         shutil.rmtree(model_dir)
     os.replace(tmp, model_dir)
+    if interrupt:
+        signals.interrupt = True
+        if signals.received:
+            raise StopRequested(signals.received)
     return model_dir
 
 
@@ -1101,31 +1157,57 @@ def print_summary(
     )
 
 
+@contextlib.contextmanager
+def final_stage(trainer: Trainer, stage: str):
+    """A final stage (after training: the last checkpoint is current). A SIGTERM/SIGUSR1 stops it: a single process
+    at once (the handler raises `StopRequested`), several at the next stage boundary (`Trainer.stop_point`, a
+    collective); the run then exits with the requeue status, and a resume finishes the job without training."""
+    signals = trainer.signals
+    signals.stage, signals.interrupt = stage, trainer.accelerator.num_processes == 1
+    try:
+        yield
+    except StopRequested:
+        signals.interrupt = False
+        trainer.stop_preempted(signals.received_stage or stage)
+    finally:
+        signals.interrupt = False
+
+
 def finish(trainer: Trainer) -> dict | None:
     """Stage 5: the final model (best, last or averaged checkpoint), its evaluation on the test split (else the
     validation split), results.json, run_dir/model with its card, the summary, and the upload. Returns the results
     on the main process (None on the others)."""
     args, run, data, accelerator = trainer.args, trainer.run, trainer.data, trainer.accelerator
-    final_model, final_source = load_final_model(trainer)
+    # a signal during the last step's validation or checkpoint: that checkpoint is current, nothing more is done
+    trainer.stop_point("training")
     eval_split, eval_pairs, split_label = final_eval_split(args, data)
     scores = None
-    if eval_pairs:
-        scores = evaluate_pairs(
-            accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions, args.bidirectional, args
-        )
+    with final_stage(trainer, "final evaluation"):
+        final_model, final_source = load_final_model(trainer)
+        if eval_pairs:
+            logger.info("Final evaluation: %d %s pairs", len(eval_pairs), eval_split)
+            scores = evaluate_pairs(
+                accelerator, final_model, data.tokenizer, eval_pairs, run.eval_directions, args.bidirectional, args
+            )
+    trainer.stop_point("final evaluation")
     wall_time = trainer.wall_time()
     results = None
-    if accelerator.is_main_process:
-        results = build_results(trainer, final_model, final_source, scores, split_label, eval_pairs, wall_time)
-        model_dir = save_final_model(run.run_dir, args, final_model, data.tokenizer, results)
-        if scores:
-            (run.run_dir / f"translations.{eval_split}.txt").write_text(
-                "".join(e["translation"] + "\n" for e in scores["examples"]), encoding="utf-8"
-            )
-        atomic_write_json(run.run_dir / "results.json", results.to_dict())
-        print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
-        if args.push_to_hub:
-            push(run.run_dir, args)
+    with final_stage(trainer, "final save"):
+        if accelerator.is_main_process:
+            results = build_results(trainer, final_model, final_source, scores, split_label, eval_pairs, wall_time)
+            model_dir = save_final_model(run.run_dir, args, final_model, data.tokenizer, results, trainer.signals)
+            trainer.signals.stage = "final save"
+            if scores:
+                checkpointing.atomic_write(
+                    run.run_dir / f"translations.{eval_split}.txt",
+                    "".join(e["translation"] + "\n" for e in scores["examples"]),
+                )
+            atomic_write_json(run.run_dir / "results.json", results.to_dict())
+            print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
+            if args.push_to_hub:
+                trainer.signals.stage = "upload"
+                push(run.run_dir, args)
+    trainer.stop_point(trainer.signals.received_stage or "final save")
     if run.trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
@@ -1176,12 +1258,19 @@ def run_training(args) -> dict | None:
             refused = new_folder
             raise
         trainer = Trainer(run, data, job)
+        trainer.signals.install()  # SIGTERM/SIGUSR1 mean "checkpoint and requeue" in every stage from here on
         try:
-            trainer.train()
-            return finish(trainer)
+            try:
+                trainer.train()
+                return finish(trainer)
+            except StopRequested:  # a signal at the edge of a final stage
+                trainer.signals.interrupt = False
+                trainer.stop_preempted(trainer.signals.received_stage or trainer.signals.stage)
         except TrainingStopped as stop:
             record_stop(trainer, stop)
             raise
+        finally:
+            trainer.signals.restore()
     finally:
         if run.lock is not None:  # the run folder's lock, released however the run ends
             run.lock.release()

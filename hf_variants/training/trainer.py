@@ -419,6 +419,7 @@ class StopSignals:
         self.received: str | None = None
         self.previous: dict = {}
         self.stage = "training"
+        self.received_stage: str | None = None  # the stage the first signal arrived in
         self.interrupt = False  # raise StopRequested from the handler (a stage that may stop anywhere)
 
     def install(self) -> bool:
@@ -450,7 +451,7 @@ class StopSignals:
             note = f"{name} received while stopping (after {self.received}): ignored, the checkpoint is on its way\n"
             os.write(2, note.encode())
             return
-        self.received = name
+        self.received, self.received_stage = name, self.stage
         if self.stage == "training":
             note = f"{name} received: saving a checkpoint at the next step boundary, then exiting\n"
         else:
@@ -790,7 +791,7 @@ class Trainer:
     def stop_point(self, stage: str) -> None:
         """A stage boundary after training (collective): `stop_preempted` when any process received a signal."""
         if self.stop_requested():
-            self.stop_preempted(stage)
+            self.stop_preempted(self.signals.received_stage or stage)
 
     def stop_preempted(self, stage: str = "training") -> None:
         """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step unless its checkpoint is
