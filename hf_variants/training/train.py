@@ -585,9 +585,8 @@ def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list
                     f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
                     f"continue it or --overwrite_output_dir to start over."
                 )
-        others = [p for p in run_dir.iterdir() if p.name not in run_lock.LOCK_FILES]
-        if not others or resume is not None or (run_dir / "checkpoints").is_dir():
-            claim_output_dir(run_dir, "train")  # a run folder --overwrite_output_dir may clear later
+        if not any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):  # a new (or cleared) run folder
+            claim_output_dir(run_dir, "train")  # which --overwrite_output_dir may clear later
 
     lock = run_lock.lock_run(accelerator, run_dir, then=prepare)
     return accelerator_broadcast(accelerator, found.get("resume")), found["skipped"], lock
