@@ -111,6 +111,7 @@ def test_flat_language_columns_of_a_save_to_disk_folder_train(tokenizer, tmp_pat
     assert results["train_pairs"] == 40 and results["eval_pairs"] == 0
     log = (run / "train.log").read_text()
     assert "progress: step 1/2 (50%)" in log and "progress: step 2/2 (100%)" in log
+    assert f"progress: tokenizing {tmp_path / 'flat'}[train]: 100% (40 of the first worker's 40 rows)" in log
     assert "\r" not in log and "\r" not in capsys.readouterr().err
 
 
