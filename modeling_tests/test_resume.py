@@ -341,3 +341,61 @@ def test_settings_diff_classes():
     with pytest.raises(SettingsChangedError, match=r"--mixed_precision: 'no' -> 'bf16'[\s\S]*--num_processes: 1 -> 2"):
         settings.resume_changes(saved, two, set())
     assert len(settings.resume_changes(saved, two, {"num_processes", "mixed_precision"})) == 2
+
+
+# ------------------------------------------------------------------------------------------- the run's tokenizer
+@pytest.fixture(scope="module")
+def own_tokenizer_run(data_dir, tmp_path_factory):
+    """A finished 4-step run that trained its own tokenizer (no --tokenizer; checkpoints at steps 2 and 4)."""
+    out = tmp_path_factory.mktemp("own_tok") / "run"
+    train.main(tiny_args(data_dir, out, *COMMON, "--vocab_size", "400", steps=4))
+    return out
+
+
+def fingerprint(folder) -> str:
+    from transformers import AutoTokenizer
+
+    from hf_variants.training.cache_store import tokenizer_fingerprint
+
+    return tokenizer_fingerprint(AutoTokenizer.from_pretrained(folder))
+
+
+def test_resume_into_a_new_folder_with_other_data_keeps_the_tokenizer(own_tokenizer_run, data_dir, tmp_path):
+    """Resuming R/checkpoints/step_4 into a new --output_dir with other training data uses the checkpoint's
+    tokenizer (saved with it), never one trained on the new data."""
+    from test_training import MULTI30K, head, write_lines
+
+    other = tmp_path / "other_data"
+    other.mkdir()
+    for lang in ("en", "de", "fr"):
+        write_lines(other / f"train.{lang}.gz", head(MULTI30K / f"train.{lang}.gz", 600)[300:])
+        for split in ("val", "test_2016_flickr"):
+            shutil.copy(data_dir / f"{split}.{lang}.gz", other / f"{split}.{lang}.gz")
+    ckpt = own_tokenizer_run / "checkpoints" / "step_4"
+    new = tmp_path / "new"
+    args = tiny_args(other, new, *COMMON, "--vocab_size", "400", steps=6)
+    results = train.main(args + ["--resume_from_checkpoint", str(ckpt), "--allow_changed_settings", "data_dir"])
+    assert results["steps"] == 6
+    log = (new / "train.log").read_text()
+    assert "Training a shared" not in log
+    assert f"Resuming with the tokenizer of step_4 ({ckpt / 'tokenizer'})" in log
+    assert (
+        fingerprint(new / "tokenizer")
+        == fingerprint(own_tokenizer_run / "tokenizer")
+        == fingerprint(ckpt / "tokenizer")
+    )
+    assert fingerprint(new / "model") == fingerprint(ckpt / "tokenizer")  # the final model ships it
+
+
+def test_resume_with_another_tokenizer_is_refused_naming_both(own_tokenizer_run, data_dir, tokenizer_dir, tmp_path):
+    """The run folder's tokenizer replaced by another one: the resume is refused naming the checkpoint's tokenizer
+    and the other one, before anything is trained or written."""
+    run = copy_run(own_tokenizer_run, tmp_path / "run")
+    shutil.rmtree(run / "tokenizer")
+    shutil.copytree(tokenizer_dir, run / "tokenizer")
+    with pytest.raises(SettingsChangedError) as err:
+        train.main(resume_args(data_dir, run, "--vocab_size", "400", tokenizer=None, steps=6))
+    message = str(err.value)
+    assert f"the tokenizer in {run / 'checkpoints' / 'step_4' / 'tokenizer'}" in message
+    assert f"the run folder's tokenizer ({run / 'tokenizer'}) is another one" in message
+    assert not (run / "checkpoints" / "step_6").exists()
