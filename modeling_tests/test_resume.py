@@ -4,6 +4,7 @@ executes code, while an exact resume stays bit-identical."""
 
 import json
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -142,17 +143,27 @@ def test_extension_is_exact_and_planted_pickles_never_run(short_run, long_run, d
     torch.load(ckpt / "custom_checkpoint_0.pkl", weights_only=False)  # the payload is live:
     assert marker.exists()
     marker.unlink()
-    with pytest.raises(
-        CheckpointError,
-        match=r"never writes \(custom_checkpoint_0.pkl, custom_checkpoint_1.pkl, "
-        r"random_states_0.pkl\)",
-    ):
-        train.main(resume_args(data_dir, run, tokenizer=tokenizer_dir, steps=6))
+    explicit = tiny_args(
+        data_dir, run, *COMMON, "--resume_from_checkpoint", str(ckpt), tokenizer=tokenizer_dir, steps=6
+    )
+    named = ", ".join(str(ckpt / name) for name in sorted(planted))
+    with pytest.raises(CheckpointError, match=re.escape(f"never writes ({named})")):
+        train.main(explicit)
     assert not marker.exists()
-    plant(ckpt / "random_states_0.pkl", marker)  # one planted file is enough to stop it
-    with pytest.raises(CheckpointError, match="random_states_0.pkl"):
-        train.main(resume_args(data_dir, run, tokenizer=tokenizer_dir, steps=6))
-    for name in planted:
+    # `latest` falls back past it to the newest intact checkpoint, naming the files, as past a damaged one
+    skipped = []
+    assert checkpointing.resolve_resume("latest", run / "checkpoints", skipped) == run / "checkpoints" / "step_2"
+    assert (
+        len(skipped) == 1
+        and named in skipped[0]
+        and "resuming from the newest intact checkpoint, step_2" in (skipped[0])
+    )
+    for name in planted[:2]:
+        (ckpt / name).unlink()
+    with pytest.raises(CheckpointError, match=re.escape(str(ckpt / "random_states_0.pkl"))):  # one is enough
+        train.main(explicit)
+    assert not marker.exists()
+    for name in planted[2:]:
         (ckpt / name).unlink()
 
     results = train.main(resume_args(data_dir, run, tokenizer=tokenizer_dir, steps=6))
