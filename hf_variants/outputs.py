@@ -167,6 +167,8 @@ def check_output_dir(
     `--force` would delete (empty when nothing is replaced). A non-empty folder without `force` raises
     `FileExistsError`; a folder `--force` may not replace raises `OutputPathError`."""
     path = Path(os.path.expanduser(os.fspath(output)))
+    if path.is_symlink():  # replacing it would replace the link, not the folder it names
+        raise OutputPathError(f"{flag} {str(path)!r} is a symbolic link; give the folder it points to.")
     if os.path.lexists(path) and not path.is_dir():
         raise OutputPathError(f"{flag} {str(path)!r} exists and is not a folder.")
     _check_parent_writable(path.absolute(), flag)

@@ -84,6 +84,10 @@ def test_output_paths_that_cannot_be_written(tmp_path):
     with pytest.raises(OutputPathError, match="afile.* is not a folder"):
         check_output_dir(afile / "deeper", command="x")
     assert check_output_file(tmp_path / "new" / "out.de") == tmp_path / "new" / "out.de"
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "folder")
+    with pytest.raises(OutputPathError, match="is a symbolic link"):
+        check_output_dir(tmp_path / "link", command="x")
 
 
 def test_flag_validators_name_the_range():
