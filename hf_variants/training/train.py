@@ -140,6 +140,8 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
     columns = None
     if args.source_column is not None:
         columns = {args.source_lang: args.source_column, args.target_lang: args.target_column}
+    if columns and in_memory is None and not args.dataset_name:
+        raise DataError("--source_column/--target_column name the text columns of a --dataset_name dataset.")
     if in_memory is not None:  # train_on_datasets
         if in_memory.get(split) is None:
             return None
@@ -161,8 +163,6 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
         return data_pipeline.SplitSource.from_hub(
             hub_splits[split_name], args.dataset_name, split_name, args.dataset_config_name, columns=columns
         )
-    if columns:
-        raise DataError("--source_column/--target_column name the text columns of a --dataset_name dataset.")
     prefix = getattr(args, f"{split}_prefix")
     if not prefix:
         return None
