@@ -153,6 +153,11 @@ def test_train_on_datasets_with_named_columns(tokenizer, tmp_path):
             "Language 'de' is not in {data} (it has: en, fr): pass --source_lang en --target_lang fr (or the "
             "reverse).",
         ),
+        (  # column names are for datasets: never silently ignored
+            "tsv",
+            ["--source_lang", "en", "--target_lang", "fr", "--source_column", "en", "--target_column", "fr"],
+            "--source_column/--target_column name the text columns of a --dataset_name dataset.",
+        ),
         (
             "odd_columns",
             ["--source_lang", "en", "--target_lang", "fr"],
