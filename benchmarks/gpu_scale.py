@@ -36,7 +36,6 @@ versions.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gzip
 import json
 import os
@@ -55,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from efficiency import build, language_inputs  # noqa: E402
+from timing import run_metadata  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
@@ -149,21 +149,8 @@ def peak_flops(name: str) -> float | None:
 
 
 def metadata(device) -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-
-    import transformers
-
-    return {
-        "commit": git("rev-parse", "--short=7", "HEAD") or None,
-        "uncommitted": bool(git("status", "--porcelain", "--", "hf_variants", "benchmarks/gpu_scale.py")),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device_name(device),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
+    """`timing.run_metadata()` (commit, date, CPU, library versions) and the device the run measured."""
+    return {**run_metadata(), "device": device_name(device)}
 
 
 def write_json(path: Path, record: dict) -> None:
