@@ -107,7 +107,7 @@ RUNS.update(
         if group == "en-de" and name not in ("baseline", "marian")
     }
 )
-# the same baseline again: the first run (its translations were lost with an earlier work tree, its table values
+# the same baseline again: the first run (its translations were lost, its table values
 # and paired tests are archived) beside `baseline_45min` (the same seed rerun), and
 # another training seed: how far runs of one model fall apart at this budget (the p-values measure test-set
 # sampling only)
