@@ -100,7 +100,8 @@ def setup_logging(accelerator, run_dir: Path) -> None:
     logging.basicConfig(
         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=level, handlers=handlers, force=True
     )
-    for noisy in ("transformers", "datasets", "evaluate", "accelerate"):
+    # libraries' INFO records are not the run's log (httpx logs every HTTP request of a --push_to_hub upload)
+    for noisy in ("transformers", "datasets", "evaluate", "accelerate", "huggingface_hub", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING if accelerator.is_main_process else logging.ERROR)
     # Accelerate's safetensors save leaves out tied copies of the embeddings and says so at every checkpoint;
     # `checkpointing.load_model_weights` checks on load that only such tied copies are missing.
