@@ -225,6 +225,29 @@ def test_progress_lines_off_a_terminal(caplog):
     ]
 
 
+def test_the_run_log_leaves_out_http_requests(tmp_path, capsys):
+    """An upload's HTTP requests (httpx logs each at INFO) stay out of the run's log; the run's records stay in."""
+
+    class Accelerator:
+        is_main_process = True
+
+    train.setup_logging(Accelerator(), tmp_path)
+    try:
+        logging.getLogger("httpx").info('HTTP Request: POST http://hub/api/repos/create "HTTP/1.1 200 OK"')
+        logging.getLogger("huggingface_hub.hf_api").info("uploading")
+        train.logger.info("Pushed to http://hub/org/name")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        log = (tmp_path / "train.log").read_text()
+    finally:
+        for handler in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    assert "Pushed to http://hub/org/name" in log
+    assert "HTTP Request" not in log and "uploading" not in log
+    assert "HTTP Request" not in capsys.readouterr().out
+
+
 # -------------------------------------------------------------------------------------------------- threads
 @pytest.mark.parametrize(
     "cores, processes, load, threads",
