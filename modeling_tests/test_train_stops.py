@@ -379,6 +379,8 @@ def test_sigterm_during_the_final_evaluation_of_a_real_process(data_dir, tokeniz
         "4",
         "--max_len_b",
         "200",
+        "--eval_batch_size",
+        "1",  # 30 batches of up to 200 beam steps: the signal arrives while they run
         "--resume_from_checkpoint",
         "latest",
         tokenizer=tokenizer_dir,
@@ -390,7 +392,7 @@ def test_sigterm_during_the_final_evaluation_of_a_real_process(data_dir, tokeniz
         log = out / "train.log"
         if log.is_file() and "Final evaluation: 30 test pairs" in log.read_text():
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert proc.poll() is None, proc.communicate()[1][-3000:]  # still evaluating
     os.kill(proc.pid, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=240)
