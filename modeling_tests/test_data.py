@@ -1,4 +1,4 @@
-"""Tests of hf_variants/training/corpus.py: reading parallel data, clear errors for bad data, counted skips, token batching."""
+"""Tests of hf_variants.training.corpus: reading parallel data, clear errors for bad data, counted skips, batching."""
 
 import gzip
 import json

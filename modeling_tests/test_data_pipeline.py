@@ -1,5 +1,6 @@
-"""Tests of hf_variants/training/data_pipeline.py: the cached, memory-mapped Arrow pipeline gives exactly what the in-memory
-reader (hf_variants/training/corpus.py) gives, is reused and invalidated as it should be, and batches from numpy arrays."""
+"""Tests of hf_variants.training.data_pipeline: the cached, memory-mapped Arrow pipeline gives exactly what the
+in-memory reader (hf_variants.training.corpus) gives, is reused and invalidated as it should be, and batches from
+numpy arrays."""
 
 import gzip
 import json

@@ -401,8 +401,8 @@ def test_train_py_loads_a_warm_started_model_and_the_card_names_the_base(tokeniz
     """train.py --model_name_or_path OUT builds the warm-started model as saved (a 2-step run:
     `python training/train.py --model_name_or_path OUT --max_steps 2 ...`, in the report); the card of the run names
     the base model (the config's `warm_started_from`), a Hub id as its `base_model`."""
-    from model_cards.card import build_model_card
     from hf_variants.training import train
+    from model_cards.card import build_model_card
 
     base = TransformerNmtForConditionalGeneration(
         TransformerNmtConfig.from_preset(

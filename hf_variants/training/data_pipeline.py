@@ -1,6 +1,6 @@
 """WMT-size parallel data: one tokenized, memory-mapped Arrow cache per split, built once and shared by every rank.
 
-`hf_variants/training/corpus.py` reads a split into Python objects, which is fine for a validation set and impossible for 40M
+`corpus` reads a split into Python objects, which is fine for a validation set and impossible for 40M
 pairs. This module turns every source `corpus.py` knows (per-language text files, TSV, JSONL, a `datasets`
 dataset) into `datasets` Arrow files and numpy arrays, in three cached stages (modules: `sources` reads,
 `cache_store` stores, `measure` counts tokens, `pairs` checks and keeps pairs, `streaming` skips the cache):
