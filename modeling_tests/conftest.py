@@ -132,6 +132,17 @@ def tokenizer(tmp_path_factory):
     return train_tokenizer(texts, vocab_size=500, languages=LANGUAGES, output_dir=tmp_path_factory.mktemp("tokenizer"))
 
 
+@pytest.fixture(scope="session")
+def checkout_wheel(tmp_path_factory) -> Path:
+    """One wheel built from the checkout (no dependencies, no build isolation) for every test that inspects or
+    installs it."""
+    out = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
+    subprocess.run(pip + [str(REPO_ROOT)], check=True, capture_output=True)
+    (wheel,) = out.glob("hf_variants-*.whl")
+    return wheel
+
+
 # A child process must prove that saved code is self-contained: it drops the editable-install finder and the repo
 # from its import path, and asserts that `hf_variants` cannot be imported, before it imports anything else.
 _ISOLATION_PRELUDE = """

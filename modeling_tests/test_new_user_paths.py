@@ -281,7 +281,7 @@ def test_a_busy_machine_gets_fewer_threads_and_a_hint(monkeypatch, caplog):
 
 
 # -------------------------------------------------------------------------------------------------- install
-def test_wheel_install_has_every_console_script(tmp_path):
+def test_wheel_install_has_every_console_script(tmp_path, checkout_wheel):
     """A wheel built from the checkout, installed into a fresh virtual environment (system site-packages for
     torch and the other dependencies, the wheel itself without dependencies), used from outside the checkout."""
     try:
@@ -293,9 +293,7 @@ def test_wheel_install_has_every_console_script(tmp_path):
     assert {"hf-variants-train", "hf-variants-translate", "hf-variants-export-onnx", "hf-variants-publish"} <= set(
         scripts
     )
-    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
-    subprocess.run(pip + [str(REPO_ROOT)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("hf_variants-*.whl")
+    wheel = checkout_wheel
     assert "hf_variants/training/train.py" in zipfile.ZipFile(wheel).namelist()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
