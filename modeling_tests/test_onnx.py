@@ -1167,13 +1167,15 @@ def _counted(method, calls: list):
     return counted
 
 
-BOUND_BEAM_SETTINGS = (  # 16 new tokens: every decoding reaches max_length; 40: the trained baseline's stop earlier
+# 16 new tokens: every decoding reaches max_length; 40 or 64: the trained baseline's decodings end (64 with
+# early_stopping=True: its beam search stops after 61 steps)
+BOUND_BEAM_SETTINGS = (
     dict(num_beams=4, length_penalty=0.6, num_return_sequences=2),  # the generation config's early_stopping
     dict(num_beams=4, length_penalty=1.3, early_stopping=True, num_return_sequences=4),
     dict(num_beams=3, length_penalty=2.0, early_stopping="never", num_return_sequences=3),
     dict(num_beams=4, length_penalty=-0.5, early_stopping=False),
     dict(num_beams=4, length_penalty=1.0, min_new_tokens=10, num_return_sequences=2),
-    dict(num_beams=2, early_stopping=True, max_new_tokens=40),
+    dict(num_beams=2, early_stopping=True, max_new_tokens=64),
     dict(num_beams=2, length_penalty=1.0, early_stopping=False, max_new_tokens=40),
     dict(num_beams=3, length_penalty=0.0, early_stopping=False, max_new_tokens=40),
     dict(num_beams=2, length_penalty=0.0, early_stopping="never", max_new_tokens=40),
