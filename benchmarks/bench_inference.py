@@ -225,7 +225,7 @@ def worker(args) -> None:
 
         def run(gen):
             length = model.generate(**inputs, **extra, **gen).shape[1] - 1
-            return length, model.last_decoding["path"]  # the BeamSearch op or transformers' loop
+            return length, model.last_decoding["path"]  # bound_greedy, bound_beam or loop (hf_variants.onnx.decoding)
 
     elif name.startswith("ct2_"):
         _, ours = marian_and_ours(size, args.vocab)

@@ -23,13 +23,13 @@ from pathlib import Path
 
 # onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
 # output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
-# measurement (`benchmarks/bench_ort_int8_weights.py`, the `small` baseline and its MatMul shapes, 1 thread, an AVX-512
-# VNNI CPU, 2026-11-26):
+# measurement (the int8-weights investigation listed in benchmarks/README.md, the `small` baseline and its MatMul
+# shapes, 1 thread, an AVX-512 VNNI CPU, 2026-11-26):
 # - "s8_reduce_range" (default): signed 8-bit weights in 7 bits. MLAS multiplies u8 activations by s8 weights, the
 #   VNNI instruction's own pair (vpdpbusd): 2-4x faster than "u8" per MatMul on VNNI CPUs (32 x 512 @ 512 x 8000, the
 #   output projection: 716 us vs 2838 us), equal to it on AVX2 without VNNI, where MLAS sums u8 x s8 products in
 #   saturating 16 bits: the 7-bit range keeps those sums from saturating (full-range s8 weights saturate there:
-#   issue 32 measured relative errors of 0.12-0.19), so the same graph is right on every CPU.
+#   relative errors of 0.12-0.19 were measured there), so the same graph is right on every CPU.
 # - "u8": unsigned 8-bit weights at full range, the u8 x u8 kernel (no VNNI): about half the error, 2-4x slower on
 #   VNNI CPUs.
 # Full-range s8 is not offered: it is silently wrong on AVX2 CPUs, and an exported folder moves between machines.
