@@ -295,13 +295,22 @@ _SECRET_VALUE = re.compile(r"^(hf_|api_)[A-Za-z0-9]{16,}$")
 
 
 # --------------------------------------------------------------------------------------------------- reading
+RESULTS_MAX_BYTES = 64 << 20  # a run record is a few kB; a larger file is not one
+
+
 def load_results(run_dir: str | os.PathLike) -> dict:
     """The run's `results.json` as a dict (`FileNotFoundError` with the path when it is missing)."""
     path = Path(run_dir) / "results.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"No results.json in run folder {str(run_dir)!r}.")
-    with open(path, encoding="utf-8") as f:
-        results = json.load(f)
+    if not path.is_file():  # also refuses a FIFO or a device file named results.json (never opened)
+        raise FileNotFoundError(f"No results.json (a regular file) in run folder {str(run_dir)!r}.")
+    if path.stat().st_size > RESULTS_MAX_BYTES:
+        raise ValueError(f"{path} is {path.stat().st_size:,} bytes: not a run record (at most {RESULTS_MAX_BYTES:,}).")
+    try:
+        with open(path, encoding="utf-8") as f:
+            results = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        where = f" (line {err.lineno}, column {err.colno})" if isinstance(err, json.JSONDecodeError) else ""
+        raise ValueError(f"{path} is not valid JSON{where}: {err}") from None
     if not isinstance(results, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(results).__name__}.")
     return results

@@ -16,6 +16,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# the JSON types a field's annotation admits (results.json is read back as untrusted input)
+_JSON_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "list": (list,), "dict": (dict,)}
+
+
+def _check_type(name: str, value) -> None:
+    """A `TypeError` naming the field when `value` is not of the JSON type its annotation names."""
+    annotation = str(next(f.type for f in dataclasses.fields(RunRecord) if f.name == name))
+    kind = annotation.split("|")[0].split("[")[0].strip()
+    allowed = _JSON_TYPES.get(kind)
+    if allowed is None:  # Any
+        return
+    if not isinstance(value, allowed) or (kind in ("int", "float") and isinstance(value, bool)):
+        raise TypeError(f"results.json field {name!r} must be a JSON {kind}, got {type(value).__name__} {value!r:.80}")
+
+
 # fields written only when set (the card reads them when a user adds them to results.json by hand)
 _OPTIONAL = {"omit_if_none": True}
 
@@ -88,6 +103,8 @@ class RunRecord:
             raise TypeError(f"a run record must be a JSON object, got {type(data).__name__}")
         names = set(cls.field_names())
         known = {k: v for k, v in data.items() if k in names and v is not None}
+        for name, value in known.items():
+            _check_type(name, value)
         return cls(**known, extra={k: v for k, v in data.items() if k not in names})
 
     def to_dict(self) -> dict:

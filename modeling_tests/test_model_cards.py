@@ -570,3 +570,42 @@ def test_card_from_run_writes_the_card_atomically(tmp_path, monkeypatch):
     monkeypatch.undo()
     card_from_run(run)
     assert ModelCard.load(readme).data.license == "unknown"
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("torn", r"results\.json is not valid JSON \(line 1, column \d+\)"),
+        ("array", r"results\.json must hold a JSON object, got list"),
+        ("field_type", r"results\.json field 'bleu' must be a JSON float, got str"),
+        ("bool_as_int", r"results\.json field 'steps' must be a JSON int, got bool"),
+        ("fifo", r"No results\.json \(a regular file\)"),
+        ("huge", r"is 67,108,865 bytes: not a run record"),
+    ],
+)
+def test_a_damaged_results_json_is_refused_naming_the_file(tmp_path, damage, message):
+    """results.json is read back as untrusted input: a torn or oversized file, a FIFO (never opened: reading it
+    would block) and a field of the wrong JSON type each raise an error naming the file or the field."""
+    import os
+
+    from model_cards.card import load_results
+    from model_cards.run_record import RunRecord
+
+    path = tmp_path / "results.json"
+    good = {"model_type": "transformer_nmt", "bleu": 30.5, "steps": 10}
+    if damage == "torn":
+        path.write_text(json.dumps(good)[:-9])
+    elif damage == "array":
+        path.write_text("[1, 2]")
+    elif damage == "field_type":
+        path.write_text(json.dumps({**good, "bleu": "30.5"}))
+    elif damage == "bool_as_int":
+        path.write_text(json.dumps({**good, "steps": True}))
+    elif damage == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(64 * 2**20 + 1)
+    with pytest.raises((ValueError, TypeError, FileNotFoundError), match=message):
+        RunRecord.from_dict(load_results(tmp_path))
+    assert RunRecord.from_dict(good).bleu == 30.5 and RunRecord.from_dict({**good, "bleu": 30}).bleu == 30
