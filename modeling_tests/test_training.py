@@ -182,7 +182,8 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     for step, complete in ((2, True), (4, True), (6, False)):
         (ckpt / f"step_{step}").mkdir(parents=True)
         if complete:
-            (ckpt / f"step_{step}" / checkpointing.MARKER).write_text(json.dumps({"step": step}))
+            marker = {"step": step, "format": checkpointing.FORMAT_VERSION}  # the current, pickle-free format
+            (ckpt / f"step_{step}" / checkpointing.MARKER).write_text(json.dumps(marker))
     (ckpt / ".tmp_step_8").mkdir()  # a save killed before its rename
     assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [2, 4]
     assert checkpointing.resolve_resume("latest", ckpt).name == "step_4"

@@ -345,3 +345,17 @@ def test_jsonl_annotations_per_row_equal_annotation_files(tokenizer, tmp_path):
                 *GEN,
             ]
         )
+
+
+def test_the_length_rule_stops_at_the_models_target_positions(loaded):
+    """A length rule asking for more new tokens than the model has target positions (--max_len_b 200 on a
+    40-position model) decodes up to the positions instead of failing in generate() after the model loaded; below
+    the positions the rule is kept."""
+    model, tok = loaded
+    assert evaluation.new_token_limit(10, 1.2, 200, positions=40) == 40
+    assert evaluation.new_token_limit(10, 1.2, 5, positions=40) == 17
+    assert evaluation.new_token_limit(10, 1.2, 200) == 212
+    with pytest.raises(ValueError, match="max_position_embeddings=40"):  # what the rule used to ask of generate()
+        model.generate(**tok(["A dog."], return_tensors="pt"), max_new_tokens=212, num_beams=1)
+    (hyp,) = evaluation.translate(model, tok, ["A dog runs."], "de", num_beams=2, max_len_a=1.2, max_len_b=200)
+    assert isinstance(hyp, str) and hyp  # decoded up to the 40 positions (an untrained model never stops earlier)

@@ -46,9 +46,13 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-def new_token_limit(source_length: int, max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B) -> int:
-    """`translate`'s max_new_tokens for a batch whose longest source has `source_length` tokens."""
-    return max(1, int(max_len_a * source_length + max_len_b))
+def new_token_limit(
+    source_length: int, max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B, positions: int | None = None
+) -> int:
+    """`translate`'s max_new_tokens for a batch whose longest source has `source_length` tokens, at most the model's
+    target positions (`positions`: config.max_position_embeddings, which generate() refuses to exceed)."""
+    limit = max(1, int(max_len_a * source_length + max_len_b))
+    return min(limit, positions) if positions else limit
 
 
 @torch.no_grad()
@@ -88,6 +92,7 @@ def translate(
     was_training = model.training
     model.eval()
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+    positions = getattr(model.config, "max_position_embeddings", None)
     out: list[str | None] = [None] * len(texts)
     try:
         for idx in length_sorted_batches(lengths, batch_size):
@@ -102,7 +107,7 @@ def translate(
                 **inputs,
                 num_beams=num_beams,
                 **beam_settings,
-                max_new_tokens=new_token_limit(src_len, max_len_a, max_len_b),
+                max_new_tokens=new_token_limit(src_len, max_len_a, max_len_b, positions),
                 **generate_kwargs,
             )
             for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):
