@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         metavar="SECONDS",
         help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
-        "total, rate, ETA) every SECONDS seconds, in place of the bar (0: after every batch)",
+        "total, rate, ETA) every SECONDS seconds, in place of the progress bar (0: after every batch)",
     )
     p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
     p.add_argument(
