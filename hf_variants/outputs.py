@@ -250,6 +250,27 @@ def read_output_manifest(folder: str | os.PathLike) -> dict | None:
     return {"command": data["command"], "files": files}
 
 
+def read_json_object(folder: str | os.PathLike, name: str, max_bytes: int, what: str, writer: str) -> dict:
+    """The JSON object in `folder/name`, a file this project wrote, read back as untrusted input: a
+    FileNotFoundError when it is missing (`writer`: the command that writes it), and a ValueError naming the file
+    when it is a link leaving the folder, larger than `max_bytes` (`what` it should be), not JSON or not an
+    object. Its fields are the caller's to check."""
+    path = Path(folder) / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {folder} was not written by {writer}.")
+    if not is_inside_folder(folder, name):
+        raise ValueError(f"{path} points outside {folder}; refusing to read it.")
+    if path.stat().st_size > max_bytes:
+        raise ValueError(f"{path} is {path.stat().st_size} bytes: too large for {what}.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    return data
+
+
 def is_inside_folder(folder: str | os.PathLike, relative: str) -> bool:
     """Whether the relative path `relative` (as read from a manifest) names something inside `folder`: no absolute
     path, no `..` leaving it, no symlink pointing out of it."""

@@ -92,7 +92,7 @@ from ..outputs import (
     check_not_an_input,
     check_output_dir,
     int_in_range,
-    is_inside_folder,
+    read_json_object,
 )
 from ..sizing import check_fits
 
@@ -591,18 +591,7 @@ def load_warm_start_report(folder: str | os.PathLike) -> WarmStartReport:
     """The `warm_start.json` of a warm-started model folder, read as untrusted input: a ValueError naming the file
     and the field when it is not JSON, a field has the wrong type, or the file is a link leaving the folder."""
     path = Path(folder) / REPORT_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {folder} was not written by a warm start.")
-    if not is_inside_folder(folder, REPORT_FILE):
-        raise ValueError(f"{path} points outside {folder}; refusing to read it.")
-    if path.stat().st_size > 256 * 1024 * 1024:
-        raise ValueError(f"{path} is {path.stat().st_size} bytes: too large for a warm-start report.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    data = read_json_object(folder, REPORT_FILE, 256 * 1024 * 1024, "a warm-start report", "a warm start")
 
     def field_of(name, kind):
         value = data.get(name)

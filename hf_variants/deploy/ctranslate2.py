@@ -40,7 +40,7 @@ import torch
 
 from ..generation_transformer_nmt import check_tokenizer_fits_model
 from ..modeling_transformer_nmt import sinusoidal_positions
-from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, is_inside_folder
+from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, read_json_object
 
 COMMAND = "export_ctranslate2"  # recorded in the output folder's manifest: what `--force` may replace
 MANIFEST = "hf_variants_export.json"  # what translate_batch needs to decode like our generate
@@ -250,18 +250,7 @@ def read_export_manifest(folder: str | os.PathLike) -> dict:
     """The export's `hf_variants_export.json`, read as untrusted input: a ValueError naming the file and the field
     when it is not JSON, a field has the wrong type, or the file is a link leaving the folder."""
     path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {folder} was not written by export_ctranslate2.")
-    if not is_inside_folder(folder, MANIFEST):
-        raise ValueError(f"{path} points outside {folder}; refusing to read it.")
-    if path.stat().st_size > 64 * 1024 * 1024:
-        raise ValueError(f"{path} is {path.stat().st_size} bytes: too large for an export manifest.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}.")
+    data = read_json_object(folder, MANIFEST, 64 * 1024 * 1024, "an export manifest", "export_ctranslate2")
     for name in ("source_model_type", "quantization"):
         if not isinstance(data.get(name), str):
             raise ValueError(f"{path}: `{name}` must be a string, got {type(data.get(name)).__name__}.")
