@@ -119,7 +119,7 @@ def record(name):
     inputs, labels = batch(model)
     with torch.no_grad():
         out = model(**inputs, labels=labels, output_attentions=True, output_hidden_states=True)
-        flat({k: v for k, v in out.items() if k != "past_key_values"}, "eval", res)
+        flat({k: v for k, v in out.items() if k not in ("cache", "past_key_values")}, "eval", res)
         out = model(**inputs, labels=labels, output_attentions=False, skip_logits=True)
         res["eval_skip_loss"] = out.loss.clone()
         model.config._attn_implementation = "eager"

@@ -24,6 +24,8 @@ import torch
 from transformers import GenerationConfig, PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .compat_transformer_nmt import warn_if_unsupported  # noqa: F401  (the transformers version check, at import)
+
 TRANSLATION_PIPELINE = {
     "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "tf": []}
 }
@@ -306,7 +308,7 @@ class TransformerNmtConfig(PretrainedConfig):
     """
 
     model_type = "transformer_nmt"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]  # the cache's name since transformers 5.24, and before
     # Fields a variant recomputes from another field (name -> source): `apply_config_overrides` re-derives them
     # when only the source is overridden.
     derived_fields: ClassVar[dict[str, str]] = {}

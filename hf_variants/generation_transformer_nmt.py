@@ -21,6 +21,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.utils import logging
 
+from .compat_transformer_nmt import CACHE_NAME, LEGACY_CACHE_NAME, check_generation_supported
 from .configuration_transformer_nmt import TransformerNmtConfig, language_tag
 
 logger = logging.get_logger(__name__)
@@ -364,6 +365,7 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         call or the generation config, runs every decoding step after the first through one compiled graph, greedy
         and beam search alike (`_beam_search`), for every model type, with the tokens of the default dynamic cache.
         On CUDA a static cache alone turns the compilation on (transformers' rule)."""
+        check_generation_supported()
         source = next(
             (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
         )
@@ -430,18 +432,17 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         return TokenSuppressionLogitsProcessor.merge(super()._get_logits_processor(*args, **kwargs))
 
     @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search's cache reordering (`GenerationMixin._beam_search` calls this hook): the self-attention
         cache only. Beam search moves hypotheses within a sentence (`beam_idx` maps each row to a row of the same
         sentence), and a sentence's cross-attention keys and values are the same in all its rows (computed from its
         encoder output, which `generate` repeats per beam), so reordering them would copy equal rows."""
-        cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else None
-        cache = past_key_values if cache is None else cache
-        if getattr(cache, "is_compileable", False):
-            reorder_in_place(cache, beam_idx)
+        own = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        if getattr(own, "is_compileable", False):
+            reorder_in_place(own, beam_idx)
         else:
-            cache.reorder_cache(beam_idx)
-        return past_key_values
+            own.reorder_cache(beam_idx)
+        return cache
 
     def _beam_search(
         self,
@@ -479,10 +480,10 @@ def reorder_in_place(cache: Cache, beam_idx: torch.LongTensor) -> None:
         layer.values.copy_(layer.values.index_select(0, index))
 
 
-def decoding_step_ready(past_key_values) -> bool:
+def decoding_step_ready(cache) -> bool:
     """Whether a forward call is a decoding step over filled cross-attention keys and values (every step after the
     first), the call with static shapes that a compiled step serves."""
-    updated = getattr(past_key_values, "is_updated", None)
+    updated = getattr(cache, "is_updated", None)
     return bool(updated) and all(updated.values())
 
 
@@ -502,7 +503,7 @@ def compiled_decoding_steps(model, compile_config=None):
     compiled = cached[1]
 
     def forward(*args, **kwargs):
-        if decoding_step_ready(kwargs.get("past_key_values")):
+        if decoding_step_ready(kwargs.get(CACHE_NAME, kwargs.get(LEGACY_CACHE_NAME))):
             return compiled(*args, **kwargs)
         return eager(*args, **kwargs)
 

@@ -34,6 +34,7 @@ from transformers import GenerationMixin
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 
+from .compat_transformer_nmt import accepts_cache_alias
 from .configuration_mgsa import MgsaConfig
 from .modeling_transformer_nmt import (
     TransformerNmtAttention,
@@ -386,14 +387,14 @@ class MgsaSelfAttention(TransformerNmtAttention):
         self,
         hidden_states,
         key_value_states=None,
-        past_key_values=None,
+        cache=None,
         mgsa_phrases: PhrasePartition | None = None,
         **kwargs,
     ):
         """Queries of every head; keys and values of the word heads, then of the phrase heads, each token's those of
         its phrase (the phrase memory F_h, eq. 4-5); the composed phrases go to `_attend` (the tag loss)."""
         if self.phrase_memory is None:
-            return super()._project(hidden_states, key_value_states, past_key_values, **kwargs)
+            return super()._project(hidden_states, key_value_states, cache, **kwargs)
         if mgsa_phrases is None:
             raise ValueError("MG-SA layers need the phrase partition built by MgsaEncoder (run the whole encoder).")
         query, key, value = self._queries_and_word_keys_values(hidden_states)  # key, value: the w word heads
@@ -626,6 +627,7 @@ class MgsaModel(MgsaPreTrainedModel, TransformerNmtModel):
 class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditionalGeneration, GenerationMixin):
     base_model_class = MgsaModel
 
+    @accepts_cache_alias
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -633,7 +635,7 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -659,7 +661,7 @@ class MgsaForConditionalGeneration(MgsaPreTrainedModel, TransformerNmtForConditi
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             labels=labels,

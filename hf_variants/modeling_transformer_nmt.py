@@ -59,7 +59,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -71,6 +71,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
+from .compat_transformer_nmt import accepts_cache_alias, cache_field, causal_mask, output_cache
 from .configuration_transformer_nmt import TransformerNmtConfig
 from .generation_transformer_nmt import LENGTH_RULE_KEYS, TransformerNmtGenerationMixin, current_generation_scope
 from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
@@ -108,10 +109,10 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
 
-def self_attention_cache(past_key_values: Cache | None) -> Cache | None:
-    if isinstance(past_key_values, EncoderDecoderCache):
-        return past_key_values.self_attention_cache
-    return past_key_values
+def self_attention_cache(cache: Cache | None) -> Cache | None:
+    if isinstance(cache, EncoderDecoderCache):
+        return cache.self_attention_cache
+    return cache
 
 
 def as_boolean_mask(attention_mask, query_length: int, key_length: int) -> torch.Tensor | None:
@@ -471,26 +472,26 @@ class TransformerNmtAttention(nn.Module):
         x = x.reshape(n, b, t, parts, self.heads_per_unit, self.head_dim)
         return x.permute(3, 1, 0, 4, 2, 5).reshape(parts, b, self.num_heads, t, self.head_dim).unbind(0)
 
-    def _project(self, hidden_states, key_value_states=None, past_key_values=None, **kwargs):
+    def _project(self, hidden_states, key_value_states=None, cache=None, **kwargs):
         """Step 1: queries, keys, values as [B, heads, T, D], with the cache read and updated, and a dict of extra
         keyword arguments for `_attend` (nothing here; MG-SA's composed phrases). A cross-attention's
         `key_value_states` may be a zero-argument callable giving the memory: it is called only when the keys and
         values are computed, not over a filled cross-attention cache (MIMO mixes its memory per unit)."""
         if not self.is_cross_attention:
             query, key, value = self._heads(self.qkv_proj(hidden_states), 3)
-            cache = self_attention_cache(past_key_values)
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            own = self_attention_cache(cache)
+            if own is not None:
+                key, value = own.update(key, value, self.layer_idx)
             return query, key, value, {}
         (query,) = self._heads(self.q_proj(hidden_states), 1)
-        if past_key_values is not None and past_key_values.is_updated.get(self.layer_idx):
-            layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
             return query, layer.keys, layer.values, {}
         memory = key_value_states() if callable(key_value_states) else key_value_states
         key, value = self._heads(self.kv_proj(memory), 2)
-        if past_key_values is not None:  # cross-attention keys/values are computed once per generation
-            key, value = past_key_values.cross_attention_cache.update(key, value, self.layer_idx)
-            past_key_values.is_updated[self.layer_idx] = True
+        if cache is not None:  # cross-attention keys/values are computed once per generation
+            key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
         return query, key, value, {}
 
     def _attend(self, query, key, value, attention_mask, output_attentions=False, **kwargs):
@@ -526,7 +527,7 @@ class TransformerNmtAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask=None,
         key_value_states=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
         **kwargs: Unpack[TransformerNmtKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
@@ -535,7 +536,7 @@ class TransformerNmtAttention(nn.Module):
         `_project` -> `_attend` -> `_project_out`."""
         if self.is_cross_attention:  # no causality, positions or relative distances between target and source
             kwargs = {k: v for k, v in kwargs.items() if k not in ("query_offset", "is_causal")}
-        query, key, value, extra = self._project(hidden_states, key_value_states, past_key_values, **kwargs)
+        query, key, value, extra = self._project(hidden_states, key_value_states, cache, **kwargs)
         out, weights, aux = self._attend(
             query, key, value, attention_mask, output_attentions=output_attentions, **extra, **kwargs
         )
@@ -665,7 +666,7 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
         attention_mask=None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         output_attentions: bool = False,
         use_cache: bool = False,
         **kwargs: Unpack[TransformerNmtKwargs],
@@ -678,7 +679,7 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
             lambda x: self.self_attn(
                 x,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=output_attentions,
                 **kwargs,
             ),
@@ -695,7 +696,7 @@ class TransformerNmtDecoderLayer(GradientCheckpointingLayer):
                     x,
                     attention_mask=encoder_attention_mask,
                     key_value_states=encoder_hidden_states,
-                    past_key_values=past_key_values,
+                    cache=cache,
                     output_attentions=output_attentions,
                     **kwargs,
                 ),
@@ -749,7 +750,7 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TransformerNmtEncoderLayer", "TransformerNmtDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["cache", "past_key_values"]
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = False  # relative-position biases and per-head/per-branch masks of the variants
@@ -1078,26 +1079,24 @@ class TransformerNmtDecoder(TransformerNmtStack):
     def __init__(self, config: TransformerNmtConfig):
         super().__init__(config, config.decoder_layers)
 
-    def self_attention_mask(self, hidden_states, attention_mask, past_key_values):
+    def self_attention_mask(self, hidden_states, attention_mask, cache):
         """The causal (+ padding) mask of the self-attention, in the implementation's format; None where SDPA's
         `is_causal` does the job, and for one query after a growing cache without a padding mask (a decoding step):
         it attends to every key, which is what the helper's mask would say (SDPA: None; eager: all zeros), without
         building it at every step. A pre-allocated (static) cache holds empty slots and flex_attention takes a
         BlockMask: the helper builds those."""
-        cache = self_attention_cache(past_key_values)
+        own = self_attention_cache(cache)
         if (
             attention_mask is None
             and hidden_states.shape[1] == 1
-            and cache is not None
-            and not getattr(cache, "is_compileable", False)
+            and own is not None
+            and not getattr(own, "is_compileable", False)
             and self.config._attn_implementation in ("sdpa", "eager")
         ):
             return None
-        return create_causal_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, past_key_values=cache
-        )
+        return causal_mask(self.config, hidden_states, attention_mask, own)
 
-    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states, past_key_values=None):
+    def cross_attention_mask(self, hidden_states, encoder_attention_mask, encoder_hidden_states, cache=None):
         """The padding mask of the cross-attention (transformers' `create_bidirectional_mask`). Like the
         cross-attention keys and values, it is built once per `generate` call (`generation_scope`): the next steps
         of the same cache reuse it for the same 2-D mask tensor with the same values (the same object not modified
@@ -1113,11 +1112,11 @@ class TransformerNmtDecoder(TransformerNmtStack):
             )
 
         scope = current_generation_scope()
-        if scope is None or past_key_values is None or not isinstance(encoder_attention_mask, torch.Tensor):
+        if scope is None or cache is None or not isinstance(encoder_attention_mask, torch.Tensor):
             return build()
         key = (hidden_states.shape[:2], hidden_states.dtype, self.config._attn_implementation)
         memo = scope.get(self)
-        if memo is not None and memo[0] is past_key_values and memo[1] is encoder_attention_mask and memo[2] == key:
+        if memo is not None and memo[0] is cache and memo[1] is encoder_attention_mask and memo[2] == key:
             snapshot = memo[3]
             if (
                 torch.equal(snapshot, encoder_attention_mask)
@@ -1131,9 +1130,10 @@ class TransformerNmtDecoder(TransformerNmtStack):
             if encoder_attention_mask.is_inference()
             else encoder_attention_mask._version
         )
-        scope[self] = (past_key_values, encoder_attention_mask, key, snapshot, mask)
+        scope[self] = (cache, encoder_attention_mask, key, snapshot, mask)
         return mask
 
+    @accepts_cache_alias
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1141,30 +1141,35 @@ class TransformerNmtDecoder(TransformerNmtStack):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs: Unpack[TransformerNmtKwargs],
     ):
+        """`cache` (an `EncoderDecoderCache`; `past_key_values` before transformers 5.24) holds the keys and values
+        of the previous positions; with `use_cache` and none given, a new one is made and returned."""
         output_attentions, output_hidden_states, return_dict = self._output_flags(
             output_attentions, output_hidden_states, return_dict
         )
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        checkpointed = self.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)
+        if use_cache and checkpointed and torch.is_grad_enabled():
+            # a checkpointed layer runs twice (forward, then again in backward): it would write its keys twice
+            logger.warning_once("`use_cache=True` is incompatible with gradient checkpointing: no cache is kept.")
+            use_cache, cache = False, None
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         # queries sit at the cache length (a static cache's counter is a tensor that its updates advance in place)
-        past_length = self_attention_cache(past_key_values).get_seq_length() if past_key_values is not None else 0
+        past_length = self_attention_cache(cache).get_seq_length() if cache is not None else 0
         if isinstance(past_length, torch.Tensor):
             past_length = past_length.clone()
         kwargs["query_offset"] = past_length
         hidden_states = self.embed(input_ids, inputs_embeds, **kwargs)
         layer_inputs = self.layer_inputs(attention_mask, hidden_states, **kwargs)
-        self_mask = self.self_attention_mask(hidden_states, attention_mask, past_key_values)
-        cross_mask = self.cross_attention_mask(
-            hidden_states, encoder_attention_mask, encoder_hidden_states, past_key_values
-        )
+        self_mask = self.self_attention_mask(hidden_states, attention_mask, cache)
+        cross_mask = self.cross_attention_mask(hidden_states, encoder_attention_mask, encoder_hidden_states, cache)
         hidden_states = self.enter_stack(hidden_states, **layer_inputs)
         all_hidden, all_self, all_cross = [], [], []
         for layer in self.layers:
@@ -1176,7 +1181,7 @@ class TransformerNmtDecoder(TransformerNmtStack):
                 self_mask,
                 encoder_hidden_states,
                 encoder_attention_mask=cross_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 output_attentions=output_attentions,
                 use_cache=use_cache,
                 **layer_inputs,
@@ -1191,7 +1196,7 @@ class TransformerNmtDecoder(TransformerNmtStack):
             all_hidden.append(hidden_states)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
+            **cache_field(cache if use_cache else None),
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions else None,
@@ -1239,6 +1244,7 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         """What cross-attention reads from the encoder output (variants with several streams override)."""
         return encoder_outputs.last_hidden_state
 
+    @accepts_cache_alias
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1246,7 +1252,7 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -1286,7 +1292,7 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
             encoder_hidden_states=self.encoder_memory(encoder_outputs),
             encoder_attention_mask=attention_mask,
             inputs_embeds=decoder_inputs_embeds,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
@@ -1295,7 +1301,7 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         )
         output = TransformerNmtSeq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_field(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -1395,6 +1401,7 @@ class TransformerNmtForConditionalGeneration(
         """Called by training loops after every optimizer step (e.g. MUTE re-projects its AutoShuffle matrices)."""
 
     # ------------------------------------------------------------------------------------------------ forward
+    @accepts_cache_alias
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1402,7 +1409,7 @@ class TransformerNmtForConditionalGeneration(
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -1448,7 +1455,7 @@ class TransformerNmtForConditionalGeneration(
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -1483,7 +1490,7 @@ class TransformerNmtForConditionalGeneration(
         output = TransformerNmtSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

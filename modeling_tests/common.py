@@ -21,6 +21,7 @@ from torch.nn import functional as F
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, pipeline
 
 import hf_variants  # noqa: F401  (registers the models and the translation task)
+from hf_variants.compat_transformer_nmt import output_cache
 
 
 def _allclose(a, b, atol=1e-5):
@@ -179,7 +180,7 @@ class NmtModelTester:
         )
         dynamic = model.generate(**inputs, **kwargs)
         static = model.generate(**inputs, cache_implementation="static", **kwargs)
-        assert type(static.past_key_values.self_attention_cache).__name__ == "StaticCache"
+        assert type(output_cache(static).self_attention_cache).__name__ == "StaticCache"
         assert_same_generation(dynamic, static)
 
     @pytest.mark.parametrize("num_beams", [1, 3])

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import hf_variants
+from hf_variants.compat_transformer_nmt import output_cache
 from hf_variants.modeling_transformer_nmt import StackedLinear
 
 LANGUAGES = ["en", "de", "fr", "cs"]
@@ -70,9 +71,7 @@ def test_multi_token_cached_forward_equals_full_forward(model_type):
     with torch.no_grad():
         full = model(**inputs, decoder_input_ids=decoder_ids).logits
         first = model(**inputs, decoder_input_ids=decoder_ids[:, :3], use_cache=True)
-        rest = model(
-            **inputs, decoder_input_ids=decoder_ids[:, 3:], past_key_values=first.past_key_values, use_cache=True
-        ).logits
+        rest = model(**inputs, decoder_input_ids=decoder_ids[:, 3:], cache=output_cache(first), use_cache=True).logits
     assert torch.allclose(rest, full[:, 3:], atol=1e-5), (rest - full[:, 3:]).abs().max()
 
 

@@ -27,6 +27,7 @@ from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+from hf_variants.compat_transformer_nmt import output_cache
 from hf_variants.generation_transformer_nmt import compiled_decoding_steps
 from hf_variants.training import fast_step
 
@@ -83,7 +84,7 @@ def test_compiled_static_decoding_equals_dynamic(name):
         fast = model.generate(**inputs, cache_implementation="static", compile_config=step_compile_config(), **kwargs)
         # one graph served the 7 steps after the first (greedy: transformers' compiled call; beam: ours)
         assert graphs() - before == 1, (name, num_beams)
-        assert type(fast.past_key_values.self_attention_cache) is StaticCache
+        assert type(output_cache(fast).self_attention_cache) is StaticCache
         assert_same_generation(dynamic, fast)
 
 

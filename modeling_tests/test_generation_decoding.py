@@ -117,26 +117,24 @@ def test_cross_attention_mask_follows_in_place_changes(inference):
         decoder = model.model.decoder
         start = torch.full((3, 1), model.config.decoder_start_token_id)
         cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
-        decoder(
-            input_ids=start, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, past_key_values=cache
-        )
+        decoder(input_ids=start, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, cache=cache)
         mask[0, 2:] = 0  # in place: the next step must see it
         step = torch.full((3, 1), 7)
         after_change = decoder(
-            input_ids=step, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, past_key_values=cache
+            input_ids=step, encoder_hidden_states=encoder_states, encoder_attention_mask=mask, cache=cache
         ).last_hidden_state
         fresh = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
         decoder(
             input_ids=start,
             encoder_hidden_states=encoder_states,
             encoder_attention_mask=original,
-            past_key_values=fresh,
+            cache=fresh,
         )
         expected = decoder(
             input_ids=step,
             encoder_hidden_states=encoder_states,
             encoder_attention_mask=mask.clone(),
-            past_key_values=fresh,
+            cache=fresh,
         ).last_hidden_state
     assert torch.equal(after_change, expected)
     with torch.no_grad():
@@ -145,12 +143,12 @@ def test_cross_attention_mask_follows_in_place_changes(inference):
             input_ids=start.clone(),
             encoder_hidden_states=encoder_states.clone(),
             encoder_attention_mask=original.clone(),
-            past_key_values=stale,
+            cache=stale,
         )
         stale = decoder(
             input_ids=step.clone(),
             encoder_hidden_states=encoder_states.clone(),
             encoder_attention_mask=original.clone(),
-            past_key_values=stale,
+            cache=stale,
         ).last_hidden_state
     assert not torch.allclose(stale, expected, atol=1e-3)  # the change matters (the test can fail)

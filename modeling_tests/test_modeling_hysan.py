@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 import hf_variants
 from hf_variants import HysanConfig, HysanForConditionalGeneration, TransformerNmtConfig
+from hf_variants.compat_transformer_nmt import output_cache
 from hf_variants.modeling_hysan import HysanAttention
 from hf_variants.modeling_transformer_nmt import TransformerNmtForConditionalGeneration
 
@@ -154,10 +155,10 @@ def test_cached_steps_equal_full_pass_past_the_local_window():
             out = model(
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=tgt[:, t : t + 1],
-                past_key_values=past,
+                cache=past,
                 use_cache=True,
             )
-            past = out.past_key_values
+            past = output_cache(out)
             steps.append(out.logits)
     assert past.get_seq_length() == 12
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)

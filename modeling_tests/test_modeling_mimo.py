@@ -22,6 +22,7 @@ from hf_variants import (
     TransformerNmtConfig,
     TransformerNmtForConditionalGeneration,
 )
+from hf_variants.compat_transformer_nmt import output_cache
 from hf_variants.modeling_mimo import MimoEncoderOutput, MimoMix
 from hf_variants.modeling_transformer_nmt import StackedLinear
 
@@ -233,7 +234,7 @@ def test_cache_holds_n_streams_per_layer_and_matches_uncached():
         first = model(
             **source, encoder_outputs=encoder_outputs, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True
         )
-        cache = first.past_key_values
+        cache = output_cache(first)
         # one cache slot per decoder layer; the n units' keys/values side by side on the head axis
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
         assert len(cache.self_attention_cache.layers) == config.decoder_layers
@@ -246,7 +247,7 @@ def test_cache_holds_n_streams_per_layer_and_matches_uncached():
                 **source,
                 encoder_outputs=encoder_outputs,
                 decoder_input_ids=decoder_input_ids[:, i : i + 1],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
             steps.append(step.logits)

@@ -14,6 +14,7 @@ from transformers import pipeline
 
 import hf_variants
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration, TransformerNmtConfig
+from hf_variants.compat_transformer_nmt import output_cache
 from hf_variants.configuration_tied import tied_parameter_count, untied_parameter_count
 
 LANGUAGES = ["en", "de"]
@@ -130,7 +131,7 @@ class TestTiedTransformer(NmtModelTester):
                     lambda m, args, kwargs: calls["self"].append(
                         (
                             kwargs.get("attention_mask"),
-                            kwargs.get("past_key_values"),
+                            kwargs.get("cache"),
                             kwargs.get("is_causal", m.is_causal),
                         )
                     ),
@@ -157,9 +158,9 @@ class TestTiedTransformer(NmtModelTester):
         assert calls["cross"] == config.num_blocks and len(decoder_calls) == config.num_blocks
         causal = torch.ones(5, 5, dtype=torch.bool).tril()
         for mask, cache, is_causal in decoder_calls:  # SDPA's is_causal, or an explicit causal mask
-            assert cache is out.past_key_values and is_causal is True
+            assert cache is output_cache(out) and is_causal is True
             assert mask is None or torch.equal(mask[0, 0], causal)
-        for layer in out.past_key_values.self_attention_cache.layers:
+        for layer in output_cache(out).self_attention_cache.layers:
             assert layer.keys.shape[-2] == 5  # decoder positions only: the encoder never wrote to the cache
         for handle in hooks:
             handle.remove()

@@ -39,6 +39,7 @@ from hf_variants import (
     TransformerNmtConfig,
     TransformerNmtForConditionalGeneration,
 )
+from hf_variants.compat_transformer_nmt import output_cache
 
 pytest.importorskip("onnxruntime", reason="onnxruntime is not installed: pip install 'hf-variants[onnx]'")
 pytest.importorskip("onnx", reason="onnx is not installed: pip install 'hf-variants[onnx]'")
@@ -185,10 +186,10 @@ def test_cached_steps_equal_full_recompute(exported, tokenizer):
             attention_mask=ort_inputs["attention_mask"],
             decoder_input_ids=sequences[:, : position + 1],
             encoder_outputs=encoder_outputs,
-            past_key_values=cache,
+            cache=cache,
             **extra,
         )
-        cache = out.past_key_values
+        cache = output_cache(out)
         steps.append(out.logits)
     assert cache.get_seq_length() == sequences.shape[1]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-4, rtol=1e-4)
@@ -1407,10 +1408,10 @@ def test_shared_cache_steps_any_reorder(shared_export, tokenizer):
                     attention_mask=inputs["attention_mask"],
                     decoder_input_ids=history,
                     encoder_outputs=encoder_outputs,
-                    past_key_values=cache,
+                    cache=cache,
                     **extra,
                 )
-                cache = out.past_key_values
+                cache = output_cache(out)
                 assert cache.get_seq_length() == position + 1
                 if position == 1 and shared_cache:
                     pointers = [t.data_ptr() for t in cache.tensors]

@@ -350,7 +350,7 @@ def fused_forward(
     hidden_states: Tensor,
     attention_mask=None,
     key_value_states=None,
-    past_key_values=None,
+    cache=None,
     output_attentions: bool = False,
     **kwargs,
 ):
@@ -358,48 +358,48 @@ def fused_forward(
     three the exported graphs make (see the module docstring); any other call runs the module's own forward."""
     generic = TransformerNmtAttention.forward
     if output_attentions or _SourceMask.value is None:
-        return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+        return generic(self, hidden_states, attention_mask, key_value_states, cache, False, **kwargs)
     if self.is_cross_attention:
-        if past_key_values is None or not past_key_values.is_updated.get(self.layer_idx):
+        if cache is None or not cache.is_updated.get(self.layer_idx):
             # the source graph computes the cross keys/values here; its attention output is not used
-            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
-        layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+            return generic(self, hidden_states, attention_mask, key_value_states, cache, False, **kwargs)
+        layer = cache.cross_attention_cache.layers[self.layer_idx]
         (query,) = _merge_heads(self, self.q_proj(hidden_states), 1)
         # the shared-cache step graph takes the cross keys/values once per sentence; the other graphs once per row
         kernel = (
             sentence_cross_attention
-            if isinstance(self_attention_cache(past_key_values), SharedBufferCache)
+            if isinstance(self_attention_cache(cache), SharedBufferCache)
             else multi_head_attention
         )
         out = kernel(query, layer.keys, layer.values, _SourceMask.value, self.num_heads, float(self.scaling))
         return self._project_out(out.view(*out.shape[:2], self.num_heads, self.head_dim), hidden_states), None, None
-    cache = self_attention_cache(past_key_values)
+    own = self_attention_cache(cache)
     query, key, value = _merge_heads(self, self.qkv_proj(hidden_states), 3)
-    if cache is None:
+    if own is None:
         if kwargs.get("is_causal", self.is_causal):
-            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+            return generic(self, hidden_states, attention_mask, key_value_states, cache, False, **kwargs)
         out = multi_head_attention(query, key, value, _SourceMask.value, self.num_heads, float(self.scaling))
-    elif isinstance(cache, SharedBufferCache):
+    elif isinstance(own, SharedBufferCache):
         if query.shape[1] != 1:
             raise ValueError(f"The shared-cache step takes one new position per row, not {query.shape[1]}.")
-        layer = cache.layers[self.layer_idx]
+        layer = own.layers[self.layer_idx]
         out, layer.keys, layer.values = decoder_masked_multi_head_attention(
             query,
             key,
             value,
             layer.keys,
             layer.values,
-            cache.past_sequence_length,
-            cache.beam_width,
-            cache.cache_indirection,
+            own.past_sequence_length,
+            own.beam_width,
+            own.cache_indirection,
             self.num_heads,
             float(self.scaling),
         )
     else:
-        layers = cache.layers
+        layers = own.layers
         if self.layer_idx >= len(layers) or not layers[self.layer_idx].is_initialized or query.shape[1] != 1:
             # an empty cache (the source graph's start step, whose self-attention output is not used)
-            return generic(self, hidden_states, attention_mask, key_value_states, past_key_values, False, **kwargs)
+            return generic(self, hidden_states, attention_mask, key_value_states, cache, False, **kwargs)
         layer = layers[self.layer_idx]
         out, layer.keys, layer.values = multi_head_attention_with_past(
             query, key, value, layer.keys, layer.values, self.num_heads, float(self.scaling)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 BOUND_GREEDY, BOUND_BEAM, LOOP = "bound_greedy", "bound_beam", "loop"
 # the model inputs the bound search takes (its graphs read the source and the target language)
-_BOUND_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "use_cache", "past_key_values", "tgt_lang_ids"}
+_BOUND_MODEL_KWARGS = {"encoder_outputs", "attention_mask", "use_cache", "cache", "past_key_values", "tgt_lang_ids"}
 # generate() flags asking for outputs the bound search does not return
 _OUTPUT_FLAGS = (
     "return_dict_in_generate",

@@ -4,7 +4,7 @@
         [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
 
 Two graphs (three with fused decoder self-attention), all traced through the model's public forward (`get_encoder()`,
-then the model with `encoder_outputs`, `past_key_values` as an `EncoderDecoderCache` and `use_cache=True`) by the
+then the model with `encoder_outputs`, `cache` as an `EncoderDecoderCache` and `use_cache=True`) by the
 dynamo exporter (`torch.onnx.export(..., dynamo=True)`; the TorchScript exporter cannot trace the sinusoidal position
 table):
 
@@ -78,6 +78,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from ..compat_transformer_nmt import output_cache
 from ..outputs import (
     check_not_an_input,
     check_output_dir,
@@ -194,7 +195,7 @@ class SourceGraph(nn.Module):
                 encoder_outputs=encoder_outputs,
                 attention_mask=attention_mask,
                 decoder_input_ids=start,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 return_dict=True,
                 **{name: kwargs[name] for name in self.step_names},
@@ -237,12 +238,12 @@ class StepGraph(nn.Module):
                 encoder_outputs=self.output_class(**fields),
                 attention_mask=encoder_attention_mask if self.model_reads_source_padding else None,
                 decoder_input_ids=decoder_input_ids,
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
                 return_dict=True,
                 **kwargs,
             )
-        present = [t for pair in _layer_kv(out.past_key_values.self_attention_cache) for t in pair]
+        present = [t for pair in _layer_kv(output_cache(out).self_attention_cache) for t in pair]
         return (out.logits, *present)
 
 
@@ -427,7 +428,7 @@ def _trace(model) -> _Traced:
             encoder_outputs=encoder_outputs,
             attention_mask=sample["attention_mask"],
             decoder_input_ids=start,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             **{k: sample[k] for k in step_names},
         )

@@ -37,6 +37,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput, Seq2SeqLMOutput
 
+from ..compat_transformer_nmt import CACHE_NAME, accepts_cache_alias, cache_field
 from ..model_classes import MODEL_CLASSES
 from .bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
 from .decoding import BOUND_GREEDY, LOOP, choose, may_skip_encoder
@@ -109,6 +110,12 @@ class OrtCache:
 
     is_compileable = False
 
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer, whether it is a linear-attention (recurrent) state: never (transformers 5.24's generate
+        reads it of every cache)."""
+        return [False] * (len(self.tensors) // 2)
+
 
 class OrtSharedCache:
     """The self-attention cache of the shared-cache step graph (`decoder_model_shared_cache*.onnx`, ONNX Runtime's
@@ -144,6 +151,11 @@ class OrtSharedCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer, whether it is a linear-attention (recurrent) state: never (read by transformers 5.24)."""
+        return [False] * (len(self.tensors) // 2)
 
     def reserve(self) -> None:
         """Room for one more position: a full buffer grows to twice its capacity (the filled part copied)."""
@@ -736,7 +748,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             kw = self._with_encoder_outputs(inputs_tensor, expand, kw)
             if self.shared_cache_graph is not None and kw.get("use_cache") is not False:
                 beams = generation_config.num_beams if mode == "beam" else 1
-                kw["past_key_values"] = self._new_shared_cache(
+                kw[CACHE_NAME] = self._new_shared_cache(
                     kw["encoder_outputs"], input_ids.shape[0], generation_config.max_length or 1, beams
                 )
             self.last_decoding["cache"] = "shared_buffer" if self.shared_cache_graph is not None else "concatenated"
@@ -843,13 +855,14 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return self._beam_head_graph
 
     # --------------------------------------------------------------------------------------------- forward
+    @accepts_cache_alias
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         decoder_input_ids=None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache=None,
         use_cache=None,
         tgt_lang_ids=None,
         phrase_index=None,
@@ -863,7 +876,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return_dict=None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
-        """Logits of `decoder_input_ids` after the source: with a cache (`past_key_values`, an `OrtCache`) the
+        """Logits of `decoder_input_ids` after the source: with a cache (`cache`, an `OrtCache`) the
         tokens after its length, one step per token; without one, every token from the start (a full
         recompute: `use_cache=False`). `phrase_tags` only feed MG-SA's training loss and are not read."""
         if labels is not None or decoder_inputs_embeds is not None or decoder_attention_mask is not None:
@@ -889,8 +902,8 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             attention_mask = torch.ones(encoder_outputs.last_hidden_state.shape[:2], dtype=torch.long)
         if decoder_input_ids is None:
             decoder_input_ids = torch.full((attention_mask.shape[0], 1), self.config.decoder_start_token_id)
-        cache = past_key_values if isinstance(past_key_values, (OrtCache, OrtSharedCache)) else None
-        if past_key_values is not None and cache is None and past_key_values.get_seq_length() > 0:
+        given, cache = cache, cache if isinstance(cache, (OrtCache, OrtSharedCache)) else None
+        if given is not None and cache is None and given.get_seq_length() > 0:
             raise TypeError(
                 "OrtModelForSeq2SeqLM keeps its own cache (OrtCache, OrtSharedCache); a torch cache cannot be read."
             )
@@ -911,14 +924,15 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         logits = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
         return Seq2SeqLMOutput(
             logits=logits,
-            past_key_values=cache if use_cache is not False else None,
+            **cache_field(cache if use_cache is not False else None),
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
         )
 
+    @accepts_cache_alias
     def prepare_inputs_for_generation(
         self,
         decoder_input_ids,
-        past_key_values=None,
+        cache=None,
         attention_mask=None,
         encoder_outputs=None,
         use_cache=None,
@@ -928,7 +942,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         """The step's inputs: the whole `decoder_input_ids` (forward feeds the tokens after the cache)."""
         return {
             "decoder_input_ids": decoder_input_ids,
-            "past_key_values": past_key_values,
+            "cache": cache,
             "attention_mask": attention_mask,
             "encoder_outputs": encoder_outputs,
             "use_cache": use_cache,
@@ -936,12 +950,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         }
 
     @staticmethod
-    def _reorder_cache(past_key_values: OrtCache | OrtSharedCache, beam_idx: torch.LongTensor):
+    def _reorder_cache(cache: OrtCache | OrtSharedCache, beam_idx: torch.LongTensor):
         """Beam search's reordering of the self-attention cache (the cross-attention keys/values are equal within
         a sentence's beams, as in the torch model): a copy of the concatenated cache's rows, or the shared cache's
         indirection permuted."""
-        past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+        cache.reorder_cache(beam_idx)
+        return cache
 
     def __repr__(self) -> str:
         return (
