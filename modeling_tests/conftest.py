@@ -143,6 +143,36 @@ def checkout_wheel(tmp_path_factory) -> Path:
     return wheel
 
 
+def environment_with_running_packages(path: Path) -> Path:
+    """A new virtual environment at `path` that sees every package of the running interpreter (torch and the other
+    dependencies) behind its own site-packages, whichever kind the running one is: the system interpreter, a
+    virtual environment or a conda environment. Returns its python.
+
+    `venv --system-site-packages` would not do: from inside a virtual environment it exposes the BASE
+    interpreter's site-packages, not the running environment's. Here a `.pth` file of the new environment adds the
+    running interpreter's site directories with `site.addsitedir` (which also runs their own `.pth` files:
+    editable installs), after the new environment's own site-packages, so what is installed into the new
+    environment wins."""
+    import site
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    running = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        running.append(site.getusersitepackages())
+    running = [d for d in dict.fromkeys(os.path.realpath(d) for d in running) if os.path.isdir(d)]
+    lines = "".join(f"import site; site.addsitedir({d!r})\n" for d in running)
+    Path(purelib, "_hf_variants_running_environment.pth").write_text(lines)
+    return python
+
+
 # A child process must prove that saved code is self-contained: it drops the editable-install finder and the repo
 # from its import path, and asserts that `hf_variants` cannot be imported, before it imports anything else.
 _ISOLATION_PRELUDE = """

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, read_sentences
+from conftest import REPO_ROOT, environment_with_running_packages, read_sentences
 from transformers import pipeline
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
@@ -281,9 +281,41 @@ def test_a_busy_machine_gets_fewer_threads_and_a_hint(monkeypatch, caplog):
 
 
 # -------------------------------------------------------------------------------------------------- install
+def test_nested_environment_sees_the_running_environment_from_a_venv(tmp_path):
+    """The environments the install tests build see the packages of the environment the suite runs in, also when
+    that is a virtual environment (where `venv --system-site-packages` would expose the base interpreter's
+    packages instead): a module installed only into an outer venv is importable in the environment built from
+    it, and the inner environment's own packages come first."""
+    outer = environment_with_running_packages(tmp_path / "outer")
+    outer_site = subprocess.run(
+        [str(outer), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(outer_site, "outer_only.py").write_text("WHERE = 'outer'\n")
+    script = f"""
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {str(REPO_ROOT / "modeling_tests")!r})
+from conftest import environment_with_running_packages
+inner = environment_with_running_packages(Path({str(tmp_path / "inner")!r}))
+site = subprocess.run([str(inner), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                      capture_output=True, text=True, check=True).stdout.strip()
+Path(site, "shadowed.py").write_text("WHERE = 'inner'\\n")
+Path({outer_site!r}, "shadowed.py").write_text("WHERE = 'outer'\\n")
+code = "import outer_only, shadowed, torch, transformers; print(outer_only.WHERE, shadowed.WHERE)"
+print(subprocess.run([str(inner), "-c", code], capture_output=True, text=True, check=True).stdout.strip())
+"""
+    shown = subprocess.run([str(outer), "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert shown.stdout.split() == ["outer", "inner"]
+
+
 def test_wheel_install_has_every_console_script(tmp_path, checkout_wheel):
-    """A wheel built from the checkout, installed into a fresh virtual environment (system site-packages for
-    torch and the other dependencies, the wheel itself without dependencies), used from outside the checkout."""
+    """A wheel built from the checkout, installed into a fresh virtual environment (the running environment's
+    packages for torch and the other dependencies, `environment_with_running_packages`; the wheel itself without
+    dependencies), used from outside the checkout."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: pytest's own TOML reader
@@ -296,8 +328,7 @@ def test_wheel_install_has_every_console_script(tmp_path, checkout_wheel):
     wheel = checkout_wheel
     assert "hf_variants/training/train.py" in zipfile.ZipFile(wheel).namelist()
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python, bin_dir = venv / "bin" / "python", venv / "bin"
+    python, bin_dir = environment_with_running_packages(venv), venv / "bin"
     install = [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(wheel)]
     subprocess.run(install, check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
