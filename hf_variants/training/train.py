@@ -1356,9 +1356,9 @@ def cli() -> None:
     except TrainingStopped as stopped:
         print(f"{prog}: {stopped}", file=sys.stderr)
         sys.exit(stopped.exit_code)
-    except (DataError, UnsupportedLaunchError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    except (DataError, UnsupportedLaunchError, settings.SettingsChangedError, checkpointing.CheckpointError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)  # a refused resume names the setting or the file
+        sys.exit(1 if isinstance(error, checkpointing.DiskFullError) else 2)
 
 
 if __name__ == "__main__":
