@@ -1159,7 +1159,7 @@ def print_summary(
 
 @contextlib.contextmanager
 def final_stage(trainer: Trainer, stage: str):
-    """A final stage (after training: the last checkpoint is current). A SIGTERM/SIGUSR1 stops it: a single process
+    """A final stage (after training: the last checkpoint is current). A stop signal stops it: a single process
     at once (the handler raises `StopRequested`), several at the next stage boundary (`Trainer.stop_point`, a
     collective); the run then exits with the requeue status, and a resume finishes the job without training."""
     signals = trainer.signals
@@ -1258,7 +1258,7 @@ def run_training(args) -> dict | None:
             refused = new_folder
             raise
         trainer = Trainer(run, data, job)
-        trainer.signals.install()  # SIGTERM/SIGUSR1 mean "checkpoint and requeue" in every stage from here on
+        trainer.signals.install()  # SIGTERM/SIGUSR1/SIGINT mean "checkpoint and stop" in every stage from here on
         try:
             try:
                 trainer.train()
