@@ -41,7 +41,7 @@ from ..outputs import (  # noqa: E402
     relation,
 )
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
-from . import checkpointing, corpus, data_pipeline, external, progress, run_lock, settings  # noqa: E402
+from . import checkpointing, corpus, data_fingerprint, data_pipeline, external, progress, run_lock, settings  # noqa: E402
 from .corpus import DataError, DropReport  # noqa: E402
 from .fast_step import adam, compile_body  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
@@ -683,7 +683,9 @@ def setup_run(args) -> RunContext:
             mixed_precision=str(accelerator.mixed_precision),
             device=accelerator.device.type,
         )
-        settings_changes = resume_settings_changes(args, resume, run_settings)
+        settings_changes = resume_settings_changes(args, resume, run_settings) + data_fingerprint.check_resume(
+            args, accelerator, resume, run_settings, languages, split_source, IN_MEMORY_SPLITS.get() is not None
+        )
     except BaseException:  # a refused resume: the run folder is free again
         if lock is not None:
             lock.release()
