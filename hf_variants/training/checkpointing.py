@@ -89,6 +89,8 @@ class CheckpointError(RuntimeError):
 class DiskFullError(CheckpointError):
     """A checkpoint could not be written: no space left on the device (or the disk quota is exhausted)."""
 
+    exit_code = 1  # of the command line (a refused checkpoint: 2)
+
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
     """Write `data` (text as UTF-8) through a hidden temporary sibling and `os.replace`: a reader sees the old file
