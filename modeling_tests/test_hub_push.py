@@ -553,6 +553,13 @@ def test_push_to_hub_refusals_name_the_hub_and_the_token(hub, push_data, tmp_pat
 
     check_push_target("org/x", TOKEN, hub.url)
     assert "org/x" in hub.repos
+    # whoami's strict rate limit (HTTP 429) is no refusal: creating the repository checks the token instead
+    hub.refuse["whoami"] = 429
+    check_push_target("org/y", TOKEN, hub.url)
+    hub.identities = {TOKEN: Identity(name="alice", orgs={"org": "read"})}
+    with pytest.raises(HubPushError, match="may not create or write repositories in the namespace org"):
+        check_push_target("org/z", TOKEN, hub.url)
+    assert "org/y" in hub.repos and "org/z" not in hub.repos
 
 
 def test_a_late_upload_failure_keeps_the_model_and_names_the_command_that_finishes_it(hub, push_data, tmp_path):

@@ -118,7 +118,12 @@ def check_push_target(repo_id: str, token: str | None, endpoint: str) -> None:
     step = "reach"
     try:
         with quiet_http_logs():
-            identity = api.whoami()
+            try:
+                identity = api.whoami()
+            except HfHubHTTPError as err:
+                if _http_status(err) != 429:
+                    raise
+                identity = {}  # whoami's strict rate limit: creating the repository below checks the token
             problem = _token_problem(identity if isinstance(identity, dict) else {}, namespace)
             if problem:
                 raise HubPushError(f"--push_to_hub {repo_id}: {problem}. {after}")

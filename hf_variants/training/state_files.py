@@ -55,7 +55,9 @@ def refusal_reason(err: BaseException) -> str:
         return f"it holds pickle instructions a state file never has (opcode {found.group(1)})"
     if "mmap can only be used" in text or "zip archive" in text or "central directory" in text:
         return "it is not a torch archive (torch.save writes zip archives)"
-    if "header" in text.lower() and "safetensors" in type(err).__module__.lower():
+    if "safetensors" in type(err).__module__.lower():
+        if "not fully covered" in text or "incomplete" in text:
+            return "it is shorter than its safetensors header says (truncated?)"
         return "it is not a safetensors file (its header does not parse)"
     if "pickle" in type(err).__module__ or "Unpickl" in type(err).__name__:
         return "its pickle is not one of tensors (refused by the weights-only unpickler)"
