@@ -293,7 +293,7 @@ def add_checkpoints_args(g) -> None:
         default=143,
         help="exit status after SIGTERM or SIGUSR1 (preemption: `sbatch --signal=USR1@120`, Kubernetes): "
         "every process checkpoints at the next step boundary and exits with it; continue with "
-        "--resume_from_checkpoint latest",
+        "--resume_from_checkpoint latest (Ctrl-C does the same but exits with 130; twice: stops at once)",
     )
     g.add_argument(
         "--allow_changed_settings",
