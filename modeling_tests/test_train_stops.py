@@ -150,6 +150,15 @@ def wait_for_log(run_dir: Path, proc, timeout: float = 240) -> None:
     raise AssertionError(f"the run ended or hung before its first log record (rc {proc.poll()})")
 
 
+def stderr_until(proc, prefix: str) -> str:
+    """The process's stderr up to and including its first line that starts with `prefix`."""
+    seen = []
+    while not seen or not seen[-1].startswith(prefix):
+        seen.append(proc.stderr.readline())
+        assert seen[-1], "".join(seen)[-3000:]  # the process ended first
+    return "".join(seen)
+
+
 def children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -198,9 +207,9 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     wait_for_log(out, proc)
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGUSR1)  # a second signal, during the save, changes nothing
-    _, stderr = proc.communicate(timeout=240)
+    seen = stderr_until(proc, "SIGTERM received:")  # (two signals pending at once are handled in signal order)
+    os.kill(proc.pid, signal.SIGUSR1)  # a second signal, while it stops, changes nothing
+    stderr = seen + proc.communicate(timeout=240)[1]
     assert proc.returncode == 143, stderr[-3000:]
     checkpoints = checkpointing.list_checkpoints(out / "checkpoints")
     step = checkpoints[-1][0]
@@ -285,12 +294,9 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
     )
     wait_for_log(again, proc)
     os.kill(proc.pid, signal.SIGINT)
-    seen = []
-    while not seen or not seen[-1].startswith("SIGINT received:"):  # the first one is being handled
-        seen.append(proc.stderr.readline())
-        assert seen[-1], "".join(seen)[-3000:]
+    seen = stderr_until(proc, "SIGINT received:")  # the first one is being handled
     os.kill(proc.pid, signal.SIGINT)
-    stderr = "".join(seen) + proc.communicate(timeout=240)[1]
+    stderr = seen + proc.communicate(timeout=240)[1]
     assert proc.returncode == -signal.SIGINT, stderr[-3000:]  # ended by the signal itself
     assert "SIGINT received again while stopping (after SIGINT): stopping at once" in stderr
     assert "Traceback" not in stderr and "Interrupted (SIGINT)" not in stderr
