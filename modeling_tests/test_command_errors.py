@@ -276,6 +276,18 @@ def test_model_commands_name_the_model_folder_of_a_run(run_folder, tmp_path, no_
     assert not (tmp_path / "o").exists()
 
 
+def test_convert_marian_refuses_a_model_that_is_no_marian(run_folder, tmp_path, no_model_loading, capsys):
+    """Before: MarianMTModel.from_pretrained loaded a transformer_nmt folder with a warning and random weights, and
+    the conversion saved that (exit status 0)."""
+    from hf_variants.convert import marian
+
+    err = command_error(
+        marian.main, ["--marian", str(run_folder / "model"), "--output_dir", str(tmp_path / "o")], capsys
+    )
+    assert f"--marian {run_folder / 'model'} holds a 'transformer_nmt' model, not a MarianMTModel: it needs no" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_ctranslate2_refuses_a_variant_before_loading_it(tokenizer, tmp_path, no_model_loading, capsys):
     mute = saved_model(tmp_path / "mute", tokenizer, MuteConfig, MuteForConditionalGeneration)
     from hf_variants.deploy import ctranslate2

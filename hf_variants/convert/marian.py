@@ -122,7 +122,12 @@ def main(argv=None) -> None:
     try:  # before anything loads: the output is no input, and can be written
         check_not_an_input(args.output_dir, {"--marian": args.marian})
         check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-        load_config(args.marian, "--marian")
+        model_type = load_config(args.marian, "--marian").model_type
+        if model_type != "marian":  # MarianMTModel.from_pretrained would load it with a warning, weights lost
+            raise ValueError(
+                f"--marian {args.marian} holds a {model_type!r} model, not a MarianMTModel"
+                + (": it needs no conversion." if model_type == "transformer_nmt" else ".")
+            )
     except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
         parser.exit(2, f"error: {error}\n")
     from transformers import AutoTokenizer, MarianMTModel

@@ -103,8 +103,10 @@ def hub_flag_errors(args) -> list[str]:
     return []
 
 
-def path_flag_errors(args) -> list[str]:
-    """`--model_name_or_path` (its config loads), `--tokenizer` and `--resume_from_checkpoint`."""
+def path_flag_errors(args, in_memory: bool = False) -> list[str]:
+    """`--model_name_or_path` (its config loads), `--tokenizer`, `--resume_from_checkpoint`, `--dataset_name` (a
+    folder that exists, unless it may be a Hub id; `in_memory`: the name of `train_on_datasets`' data) and the token
+    of `--push_to_hub`."""
     errors = []
     try:
         if args.model_name_or_path:
@@ -113,7 +115,8 @@ def path_flag_errors(args) -> list[str]:
             load_tokenizer_check(args.tokenizer, "--tokenizer")
     except ModelFolderError as error:
         errors.append(str(error))
-    if args.dataset_name and can_only_be_a_path(args.dataset_name) and not Path(args.dataset_name).exists():
+    name = None if in_memory else args.dataset_name
+    if name and can_only_be_a_path(name) and not Path(name).exists():
         errors.append(f"--dataset_name {args.dataset_name}: no such folder (nor a Hub dataset id)")
     if args.push_to_hub and not args.hub_token:
         from huggingface_hub import get_token
@@ -154,12 +157,12 @@ def flag_errors(args, data_required: bool = True) -> list[str]:
     return model_flag_errors(args) or (data_flag_errors(args) if data_required else []) + hub_flag_errors(args)
 
 
-def check_inputs(args) -> None:
+def check_inputs(args, in_memory: bool = False) -> None:
     """The model, tokenizer, checkpoint and dataset a launch names exist (`path_flag_errors`): a `DataError` with the
     first message otherwise, before the run folder or the data are touched."""
     from .corpus import DataError
 
-    errors = path_flag_errors(args)
+    errors = path_flag_errors(args, in_memory)
     if errors:
         raise DataError(errors[0])
 

@@ -1242,7 +1242,7 @@ def run_training(args) -> dict | None:
             "layout. Launch with an FSDP config instead (training/accelerate_configs/fsdp.yaml; FULL_SHARD ~ "
             "ZeRO-3, SHARD_GRAD_OP ~ ZeRO-2)."
         )
-    flag_checks.check_inputs(args)  # the model, tokenizer, checkpoint and dataset named exist
+    flag_checks.check_inputs(args, in_memory=IN_MEMORY_SPLITS.get() is not None)  # what the flags name exists
     progress.DATA_PROGRESS_SECONDS = args.progress_interval
     if not sys.stderr.isatty():  # a log file: progress lines (progress.py), no library progress bars
         progress.quiet_library_bars()
