@@ -146,6 +146,13 @@ def needs_parse_files(block: Block, argv: list[str]) -> None:
     assert "--source_annotations" in (REPO_ROOT / "modeling_tests" / "test_training.py").read_text()
 
 
+def a_virtual_environment(block: Block, argv: list[str]) -> None:
+    assert argv in (["python3", "-m", "venv", ".venv"], [".", ".venv/bin/activate"]), argv
+    ci_test = (REPO_ROOT / "modeling_tests" / "test_new_user_paths.py").read_text()
+    assert "def test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment(" in ci_test
+    assert 'python3 -m venv "$WORK/venv"' in (REPO_ROOT / ".ci" / "run").read_text()
+
+
 def a_hub_repository(block: Block, argv: None) -> None:
     assert re.search(r'from_pretrained\("ORG/NAME", trust_remote_code=True\)', block.code), block.code
     assert 'pipeline("translation", model="ORG/NAME", trust_remote_code=True)' in block.code
@@ -162,6 +169,12 @@ NOT_RUN = {
         covered_by_test_recipes,
     ),
     "suite": ("the test suite itself", "CI (.ci/run)", the_suite_itself),
+    "venv": (
+        "a fresh virtual environment (the suite runs in one already)",
+        ".ci/run makes one as the README does (test_new_user_paths.py::"
+        "test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment)",
+        a_virtual_environment,
+    ),
     "parses": (
         "source parses (*.en.parses), which the bundled Multi30k has not",
         "test_training.py (MG-SA trained with --source_annotations parses on synthetic parses)",
@@ -186,6 +199,8 @@ def not_run(block: Block, argv: list[str] | None) -> str | None:
         reason = "recipe"
     elif argv[:3] == ["python", "-m", "pytest"]:
         reason = "suite"
+    elif argv[:3] == ["python3", "-m", "venv"] or argv[0] == ".":
+        reason = "venv"
     elif "--source_annotations" in argv and not any(f in argv for f in ("--data_dir", "--train_file")):
         reason = "parses"
     else:
@@ -439,7 +454,7 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
 
 def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):
     ran = run_document(REPO_ROOT / "README.md", tmp_path, monkeypatch, tokenizer)
-    assert set(ran["not run"]) == {"suite", "hub"}, ran["not run"]
+    assert set(ran["not run"]) == {"venv", "suite", "hub"}, ran["not run"]
     assert json.loads((tmp_path / "runs" / "transformer_nmt-en-de" / "results.json").read_text())["train_pairs"] == 48
     assert json.loads((tmp_path / "mute-from-opus" / "config.json").read_text())["model_type"] == "mute_nmt"
     assert (tmp_path / "out.de").read_text().count("\n") == 8
