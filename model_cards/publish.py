@@ -322,9 +322,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir = args.run_dir
     model_dir = run_dir / "model" if (run_dir / "model" / "config.json").is_file() else run_dir
+    try:  # what the command line can get wrong, before anything is read or sent: exit status 2
+        _check_model_dir(model_dir)
+    except (ValueError, OSError) as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    if not get_token():
+        parser.exit(
+            2,
+            f"{parser.prog}: error: No Hugging Face token: set the HF_TOKEN environment variable or log in with "
+            "`hf auth login`. Nothing was pushed.\n",
+        )
     try:
         url = push_to_hub(model_dir, args.repo_id, private=args.private, commit_message=args.commit_message)
-    except (ValueError, PublishError, FileNotFoundError) as err:
+    except (ValueError, PublishError, FileNotFoundError) as err:  # the Hub refused: exit status 1
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(url)

@@ -9,7 +9,8 @@
 - Logs: off a terminal, training writes progress lines (log records), never a bar's carriage returns.
 - Threads: on a busy machine the default leaves the busy cores alone and says so in one line.
 - Install: a wheel installed into a fresh virtual environment has every console script, and `hf-variants-train`
-  runs outside the checkout (as does `accelerate launch -m hf_variants.training.train`).
+  runs outside the checkout (as does `accelerate launch -m hf_variants.training.train`); without data flags it
+  names them in one line (the wheel has no bundled corpus).
 """
 
 from __future__ import annotations
@@ -358,6 +359,13 @@ def test_wheel_install_has_every_console_script(tmp_path, checkout_wheel):
     assert "--source_column" in helped.stdout and "--train_file" in helped.stdout
     helped = subprocess.run(["hf-variants-train", "--help"], capture_output=True, text=True, cwd=outside, env=env)
     assert helped.returncode == 0 and "--dataset_name" in helped.stdout, helped.stderr[-3000:]
+    # the wheel has no bundled corpus: without data flags, one line naming them (before: a TypeError traceback)
+    bare = subprocess.run(
+        ["hf-variants-train", "--preset", "tiny"], capture_output=True, text=True, cwd=outside, env=env
+    )
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1, bare.stderr[-3000:]
+    assert "error: no training data: pass --train_file FILE" in bare.stderr and "--data_dir DIR" in bare.stderr
+    assert not (outside / "runs").exists()
 
 
 def test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment():

@@ -6,8 +6,8 @@ Layers, bottom to top (an import may only go down or stay inside its own subpack
 
 0. the model closure: `configuration_*`, `modeling_*`, `generation_transformer_nmt`, `loss_transformer_nmt`,
    `phrases`, `pipeline_translation` (copied flat next to a saved model; `auto_map` and `custom_pipelines` name them);
-1. `model_classes`, `tokenization`, `outputs`, `sizing` (the package's own tables, training utilities, output
-   folders and memory estimates);
+1. `model_classes`, `tokenization`, `outputs`, `sizing`, `model_folders`, `finetuning` (the package's own tables,
+   training utilities, output folders, memory estimates, the model folders commands read, Seq2SeqTrainer inputs);
 2. the runtime subpackages `onnx`, `deploy`, `convert`;
 3. `training` (training, translation and evaluation; may use the runtime subpackages: `translate --onnx`);
 4. `registration` (names `OrtModelForSeq2SeqLM` for the pipeline task);
@@ -84,7 +84,7 @@ def layer(name: str) -> int:
         return 2
     if top == "training":
         return 3
-    if top in ("model_classes", "tokenization", "outputs", "sizing"):
+    if top in ("model_classes", "tokenization", "outputs", "sizing", "model_folders", "finetuning"):
         return 1
     if top == "registration":
         return 4

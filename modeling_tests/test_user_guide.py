@@ -1,47 +1,66 @@
-"""docs/user-guide.md runs: every code block of the guide, in order, as a reader would paste them, so the guide
-cannot rot.
+"""The documentation runs: every code block of docs/user-guide.md, README.md and training/README.md, in order, as a
+reader would paste them, so that no command or snippet of the docs can rot. A block or command that cannot run here
+is listed in `NOT_RUN` with its reason, and the test checks the reason (it never skips one silently): a new block
+runs, or fails until it is run or classified.
 
 How each block runs (the only changes the test makes, all listed here):
 
-- **Scratch folder.** The blocks run in one temporary folder (the working directory) that holds `data/`: the first
-  48 / 8 / 8 English-French pairs of the bundled Multi30k train / val / test_2016_flickr, as the guide describes
-  them (TSV with an `en<TAB>fr` header, `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows).
-- **python** blocks run with `exec` in one shared namespace (as one interactive session), in order.
-- **bash** blocks: every command (backslash continuations joined) runs in this process through the function its
-  console script names in pyproject.toml's `[project.scripts]` (what `hf-variants-X` runs once installed), with
-  `sys.argv` set to the command's arguments; the command must not exit with a non-zero status.
-  * Training commands get `TINY_TRAINING` appended (`--preset tiny --max_steps 2` and small evaluation settings):
-    the guide's `--preset small/base/big` and long runs become a tiny model trained for 2 steps. The same holds
-    for `accelerate launch [LAUNCHER OPTIONS] -m hf_variants.training.train ARGS`, which runs the module's command
-    in this one process; the launcher options are checked, not executed: every `--config_file` must be one of the
-    clone's accelerate configs and parse as YAML, `--machine_rank` must be below its `num_machines`.
-  * A launch over several machines (`--num_machines` above 1, or a config's `num_machines`) is one command per
+- **Scratch folder.** Each document's blocks run in a temporary folder of their own (the working directory), which
+  holds what the docs name as the reader's own files: `data/` (the first 48 / 8 / 8 English-French pairs of the
+  bundled Multi30k train / val / test_2016_flickr, as the guide describes them: TSV with an `en<TAB>fr` header,
+  `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows), `in.en`, `ref.de`, `test.en.gz` and `test.jsonl`
+  (8 en-de pairs of test_2016_flickr), `training/data` (the clone's bundled data, linked) and `opus-mt-en-de` (a
+  tiny random `MarianMTModel` with a small tokenizer, where a reader has Helsinki-NLP's).
+- **python** blocks run with `exec` in one namespace per document (as one interactive session), in order.
+- **bash** blocks: every command (backslash continuations joined, `#` comments dropped, `&&` chains split) runs in
+  this process:
+  * a console script (`hf-variants-X`) through the function pyproject.toml's `[project.scripts]` names, with
+    `sys.argv` set to its arguments; `python -m hf_variants.X` through `runpy.run_module`; `python training/X.py`
+    through `runpy.run_path` on the clone's script; none may exit with a non-zero status;
+  * `accelerate launch [LAUNCHER OPTIONS] (-m hf_variants.training.train | training/train.py) ARGS` runs the
+    training command in this one process; the launcher options are checked, not executed: every `--config_file`
+    must be one of the clone's accelerate configs and parse as YAML, `--machine_rank` must be below its
+    `num_machines`;
+  * a launch over several machines (`--num_machines` above 1, or a config's `num_machines`) is one command per
     machine: they must follow each other with `--machine_rank` 0, 1, ... and be identical apart from it; they are
     checked, not run here (one process cannot be two machines): `test_multi_node.py` runs the guide's one-machine
-    rehearsal block for real, as two launchers.
+    rehearsal block for real, as two launchers;
+  * training commands get `TINY_TRAINING` appended (`--preset tiny --max_steps 2`, the first 48 / 8 training /
+    validation rows, small evaluation settings): the docs' `--preset small/base/big` and long runs become a tiny
+    model trained for 2 steps, in the run folder the command names (`--run_name` of its default folder); a command
+    without `--output_dir` whose default run folder an earlier command of the same document wrote (the docs list
+    alternatives) gets `--overwrite_output_dir`;
   * `hf-variants-export-onnx` gets `--no_shared_cache` appended: two graphs (encoder, decoder step) instead of
-    three, the shared-cache step graph being the slowest third of the export (the ONNX tests cover it).
-  * `hf-variants-publish` uploads to the in-process Hub server of `conftest_hub` (`HF_ENDPOINT`, any token).
+    three, the shared-cache step graph being the slowest third of the export (the ONNX tests cover it);
+  * `hf-variants-publish` uploads to the in-process Hub server of `conftest_hub` (`HF_ENDPOINT`, any token);
+  * `zcat FILE | COMMAND` feeds COMMAND's standard input, `COMMAND > FILE` writes its standard output to FILE;
   * `pip install -e ".[EXTRAS]"` is not executed (no package installs in the suite): each extra must exist in
-    pyproject.toml. The real install from a wheel is `test_new_user_paths.py::test_wheel_install_*`.
-  * Any other command fails the test (add it to `run_command` with an honest way to run it).
+    pyproject.toml; `pip install NAME==VERSION` must pin a version pyproject.toml's requirement allows. The real
+    install from a wheel is `test_new_user_paths.py::test_wheel_install_*`.
+  * Any other command fails the test (add it to `run_command` with an honest way to run it, or to `NOT_RUN`).
 - Blocks without a language are file listings, never commands (checked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import ipaddress
 import itertools
 import json
 import re
+import runpy
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import DATA_DIR, REPO_ROOT
 from conftest_hub import hub  # noqa: F401
+from packaging.requirements import Requirement
 
 try:
     import tomllib
@@ -52,6 +71,10 @@ GUIDE = REPO_ROOT / "docs" / "user-guide.md"
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
 TRAIN_MODULE = "hf_variants.training.train"
+CLONE_SCRIPTS = {
+    "training/train.py": "hf_variants.training.train",
+    "training/translate.py": "hf_variants.training.translate",
+}
 TINY_TRAINING = [
     "--preset",
     "tiny",
@@ -67,6 +90,10 @@ TINY_TRAINING = [
     "1",
     "--max_len_b",
     "4",
+    "--max_train_pairs",
+    "48",
+    "--max_valid_pairs",
+    "8",
     "--max_test_pairs",
     "4",
     "--num_examples",
@@ -75,16 +102,119 @@ TINY_TRAINING = [
 SPLITS = {"train": ("train", 48), "valid": ("val", 8), "test": ("test_2016_flickr", 8)}
 
 
-def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block, in order."""
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
+# --------------------------------------------------------------------------------------------- blocks, commands
+@dataclass
+class Block:
+    lang: str
+    code: str
+    line: int
+    recipe: str | None  # the `<!-- recipe:NAME -->` marker right before the block
+
+
+def code_blocks(text: str) -> list[Block]:
+    """Every fenced block, in order."""
+    pattern = r"(?:<!-- recipe:(\w+) -->\s*)?^```(\w*)\n(.*?)^```"
+    return [
+        Block(m.group(2), m.group(3), text[: m.start(2)].count("\n") + 1, m.group(1))
+        for m in re.finditer(pattern, text, re.M | re.S)
+    ]
 
 
 def shell_commands(code: str) -> list[list[str]]:
+    """The commands of a bash block: continuation lines joined, comments dropped, `&&` chains split."""
     joined = re.sub(r"\\\n\s*", " ", code)
-    return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    commands = []
+    for line in joined.splitlines():
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            commands.append(words[:cut])
+            words = words[cut + 1 :]
+    return [c for c in commands if c]
 
 
+# ----------------------------------------------------------------------------------- what the test does not run
+def covered_by_test_recipes(block: Block, argv: list[str]) -> None:
+    import test_recipes
+
+    assert block.recipe and test_recipes.recipes()[block.recipe] == argv, "not the recipe test_recipes runs"
+
+
+def the_suite_itself(block: Block, argv: list[str]) -> None:
+    assert argv[:4] == ["python", "-m", "pytest", "modeling_tests"], argv
+
+
+def needs_parse_files(block: Block, argv: list[str]) -> None:
+    assert "--source_annotations" in argv and argv[argv.index("--source_annotations") + 1] == "parses", argv
+    assert not any(flag in argv for flag in ("--data_dir", "--train_file", "--dataset_name")), argv  # bundled data
+    assert not list(DATA_DIR.glob("*.parses*")), "the bundled data has parses now: run the command"
+    assert "--source_annotations" in (REPO_ROOT / "modeling_tests" / "test_training.py").read_text()
+
+
+def a_virtual_environment(block: Block, argv: list[str]) -> None:
+    assert argv in (["python3", "-m", "venv", ".venv"], [".", ".venv/bin/activate"]), argv
+    ci_test = (REPO_ROOT / "modeling_tests" / "test_new_user_paths.py").read_text()
+    assert "def test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment(" in ci_test
+    assert 'python3 -m venv "$WORK/venv"' in (REPO_ROOT / ".ci" / "run").read_text()
+
+
+def a_hub_repository(block: Block, argv: None) -> None:
+    assert re.search(r'from_pretrained\("ORG/NAME", trust_remote_code=True\)', block.code), block.code
+    assert 'pipeline("translation", model="ORG/NAME", trust_remote_code=True)' in block.code
+    pushed = (REPO_ROOT / "modeling_tests" / "test_hub_push.py").read_text()
+    assert "AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True)" in pushed
+    assert 'pipeline("translation", model=repo, trust_remote_code=True)' in pushed
+
+
+# reason -> (what the reader needs that this machine has not, where it is tested instead, the check of both)
+NOT_RUN = {
+    "recipe": (
+        "a paper recipe: WMT14 / OPUS-100 and the paper's GPUs",
+        "test_recipes.py::test_recipe_dry_run (2 steps on a slice, the same flags)",
+        covered_by_test_recipes,
+    ),
+    "suite": ("the test suite itself", "CI (.ci/run)", the_suite_itself),
+    "venv": (
+        "a fresh virtual environment (the suite runs in one already)",
+        ".ci/run makes one as the README does (test_new_user_paths.py::"
+        "test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment)",
+        a_virtual_environment,
+    ),
+    "parses": (
+        "source parses (*.en.parses), which the bundled Multi30k has not",
+        "test_training.py (MG-SA trained with --source_annotations parses on synthetic parses)",
+        needs_parse_files,
+    ),
+    "hub": (
+        "a model repository on the Hub (ORG/NAME)",
+        "test_hub_push.py::test_pushed_model_translates_like_the_local_model_in_a_fresh_process (the same loads "
+        "from a Hub server, in a process without hf_variants)",
+        a_hub_repository,
+    ),
+}
+
+
+def not_run(block: Block, argv: list[str] | None) -> str | None:
+    """The `NOT_RUN` reason of a command (or, `argv` None, of a python block), checked; None when it runs."""
+    if argv is None:
+        if "ORG/NAME" not in block.code:
+            return None
+        reason = "hub"
+    elif block.recipe:
+        reason = "recipe"
+    elif argv[:3] == ["python", "-m", "pytest"]:
+        reason = "suite"
+    elif argv[:3] == ["python3", "-m", "venv"] or argv[0] == ".":
+        reason = "venv"
+    elif "--source_annotations" in argv and not any(f in argv for f in ("--data_dir", "--train_file")):
+        reason = "parses"
+    else:
+        return None
+    NOT_RUN[reason][2](block, argv)
+    return reason
+
+
+# ---------------------------------------------------------------------------------------------- scratch folder
 def write_data(folder: Path) -> None:
     folder.mkdir()
     for name, (split, n) in SPLITS.items():
@@ -101,23 +231,91 @@ def write_data(folder: Path) -> None:
         )
 
 
+def write_own_files(folder: Path, tokenizer) -> None:
+    """The reader's own files the README and training/README name (besides `data/`)."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    test = {}
+    for lang in ("en", "de"):
+        with gzip.open(DATA_DIR / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8") as f:
+            test[lang] = [line.rstrip("\n") for line in itertools.islice(f, 8)]
+    (folder / "in.en").write_text("\n".join(test["en"]) + "\n", encoding="utf-8")
+    (folder / "ref.de").write_text("\n".join(test["de"]) + "\n", encoding="utf-8")
+    with gzip.open(folder / "test.en.gz", "wt", encoding="utf-8") as f:
+        f.write("\n".join(test["en"]) + "\n")
+    (folder / "test.jsonl").write_text(
+        "".join(
+            json.dumps({"translation": {"en": a, "de": b}}, ensure_ascii=False) + "\n" for a, b in zip(*test.values())
+        ),
+        encoding="utf-8",
+    )
+    (folder / "training").mkdir()
+    (folder / "training" / "data").symlink_to(REPO_ROOT / "training" / "data")
+    torch.manual_seed(0)
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=len(tokenizer),
+            decoder_vocab_size=len(tokenizer),
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=256,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+            forced_eos_token_id=tokenizer.eos_token_id,
+            share_encoder_decoder_embeddings=True,
+        )
+    )
+    marian.save_pretrained(folder / "opus-mt-en-de")
+    tokenizer.save_pretrained(folder / "opus-mt-en-de")
+
+
+# ---------------------------------------------------------------------------------------------------- running
 def console_function(name: str):
     module, _, function = SCRIPTS[name].partition(":")
     return getattr(__import__(module, fromlist=[function]), function)
 
 
+def exit_status(run) -> object:
+    """The exit status of `run()`: its `SystemExit` code, or what a console script's function returned."""
+    try:
+        result = run()
+    except SystemExit as exit_:
+        return exit_.code
+    return result if not isinstance(result, dict) else None  # runpy returns the module's globals
+
+
 def run_console_script(name: str, args: list[str], monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", [name, *args])
-    try:
-        status = console_function(name)()
-    except SystemExit as exit_:
-        status = exit_.code
+    status = exit_status(console_function(name))
     assert status in (None, 0), f"{name} {shlex.join(args)} exited with {status!r}"
 
 
+def run_python(argv: list[str], monkeypatch) -> None:
+    """`python -m MODULE ARGS` or `python training/SCRIPT.py ARGS` (the clone's script)."""
+    if argv[1] == "-m":
+        target, args = argv[2], argv[3:]
+        assert target.startswith("hf_variants."), argv
+        monkeypatch.setattr(sys, "argv", [target, *args])
+        status = exit_status(lambda: runpy.run_module(target, run_name="__main__", alter_sys=True))
+    else:
+        target, args = argv[1], argv[2:]
+        assert target in CLONE_SCRIPTS, f"not one of the clone's scripts: {target}"
+        monkeypatch.setattr(sys, "argv", [target, *args])
+        monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the clone first
+        status = exit_status(lambda: runpy.run_path(str(REPO_ROOT / target), run_name="__main__"))
+    assert status in (None, 0), f"{shlex.join(argv)} exited with {status!r}"
+
+
 def check_launcher_options(options: list[str]) -> tuple[int, int]:
-    """`accelerate launch` options before `-m`: config files of the clone, a machine rank it has, a main process
-    address and port. Returns (machines, this machine's rank)."""
+    """`accelerate launch` options before the script: config files of the clone, a machine rank it has, a main
+    process address and port. Returns (machines, this machine's rank)."""
     config, machines, rank = {}, None, 0
     it = iter(options)
     for option in it:
@@ -146,69 +344,162 @@ def check_launcher_options(options: list[str]) -> tuple[int, int]:
     return machines, rank
 
 
-def run_command(argv: list[str], monkeypatch, machines: dict | None = None) -> None:
-    """Run one command of the guide (see the module docstring); `machines`: the state of a launch over several
-    machines, carried from command to command."""
-    name, args = argv[0], argv[1:]
-    if argv[:2] == ["accelerate", "launch"]:
-        m = args.index("-m")
-        count, rank = check_launcher_options(args[1:m])
-        assert args[m + 1] == TRAIN_MODULE, args
-        assert SCRIPTS["hf-variants-train"].startswith(TRAIN_MODULE + ":")
-        if count > 1:  # one command per machine, identical apart from the rank: checked, not run in this process
-            i = args.index("--machine_rank")
-            same = args[:i] + args[i + 2 :]
-            if rank == 0:
-                machines.update(command=same, next=1, count=count)
-            else:
-                assert machines.get("command") == same and machines.get("next") == rank, (machines, argv)
-                machines["next"] += 1
+def training_args(args: list[str], written: set[str]) -> list[str]:
+    """TINY_TRAINING appended, keeping the run folder the command names (its default run name carries its
+    `--preset`); `--overwrite_output_dir` for a default run folder an earlier command wrote."""
+    from hf_variants.training.options import parse_args
+    from hf_variants.training.train import RUNS_DIR, resolve_languages, run_name_for
+
+    parsed = parse_args(args)
+    name = run_name_for(parsed, resolve_languages(parsed)[1])
+    folder = parsed.output_dir or str(RUNS_DIR / name)
+    args = args + TINY_TRAINING + ([] if parsed.output_dir or parsed.run_name else ["--run_name", name])
+    if folder in written and not parsed.output_dir:
+        args.append("--overwrite_output_dir")
+    written.add(folder)
+    return args
+
+
+@contextlib.contextmanager
+def shell_streams(argv: list[str]):
+    """`zcat FILE | COMMAND` and `COMMAND > FILE`: yields COMMAND with its standard input and output redirected."""
+    with pytest.MonkeyPatch.context() as streams:
+        if "|" in argv:
+            cut = argv.index("|")
+            assert argv[0] == "zcat" and cut == 2, f"pipe not handled by the test: {shlex.join(argv)}"
+            with gzip.open(argv[1], "rb") as f:
+                streams.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f.read()), encoding="utf-8"))
+            argv = argv[cut + 1 :]
+        if ">" not in argv:
+            yield argv
             return
-        name, args = "hf-variants-train", args[m + 2 :]
-    if name == "hf-variants-train":
-        run_console_script(name, args + TINY_TRAINING, monkeypatch)
-    elif name == "hf-variants-export-onnx":
-        run_console_script(name, args + ["--no_shared_cache"], monkeypatch)
-    elif name in SCRIPTS:
-        run_console_script(name, args, monkeypatch)
-    elif argv[:3] == ["pip", "install", "-e"] and len(argv) == 4:
-        extras = re.fullmatch(r"\.\[([\w,-]+)\]", argv[3]).group(1).split(",")
-        assert set(extras) <= set(PYPROJECT["project"]["optional-dependencies"]), extras
-    else:
-        raise AssertionError(f"the test does not know how to run this guide command: {shlex.join(argv)}")
+        cut = argv.index(">")
+        assert cut == len(argv) - 2, f"redirection not handled by the test: {shlex.join(argv)}"
+        with open(argv[-1], "w", encoding="utf-8") as out:
+            streams.setattr(sys, "stdout", out)
+            yield argv[:cut]
 
 
-def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  # noqa: F811
-    blocks = code_blocks(GUIDE.read_text(encoding="utf-8"))
-    assert {lang for lang, _ in blocks} == {"", "bash", "python"}
-    for lang, code in blocks:  # listings, not commands
-        if not lang:
-            assert not re.search(r"^\s*(hf-variants|python|pip|accelerate|import|from)\b", code, re.M), code
+def run_command(argv: list[str], monkeypatch, written: set[str], machines: dict) -> None:
+    """Run one command of a document (see the module docstring); `machines`: the state of a launch over several
+    machines, carried from command to command."""
+    with shell_streams(argv) as argv:
+        if argv[:2] == ["accelerate", "launch"]:
+            script = next(i for i, a in enumerate(argv) if a == "-m" or a in CLONE_SCRIPTS)
+            count, rank = check_launcher_options(argv[2:script])
+            if count > 1:  # one command per machine, identical apart from the rank: checked, not run here
+                i = argv.index("--machine_rank")
+                same = argv[:i] + argv[i + 2 :]
+                if rank == 0:
+                    machines.update(command=same, next=1, count=count)
+                else:
+                    assert machines.get("command") == same and machines.get("next") == rank, (machines, argv)
+                    machines["next"] += 1
+                return
+            if argv[script] == "-m":
+                assert argv[script + 1] == TRAIN_MODULE, argv
+                assert SCRIPTS["hf-variants-train"].startswith(TRAIN_MODULE + ":")
+                argv = ["hf-variants-train", *argv[script + 2 :]]
+            else:
+                assert argv[script] == "training/train.py", argv
+                argv = ["python", *argv[script:]]
+        if argv[0] == "hf-variants-train":
+            argv = [argv[0], *training_args(argv[1:], written)]
+        elif argv[:2] == ["python", "training/train.py"]:
+            argv = argv[:2] + training_args(argv[2:], written)
+        name, args = argv[0], argv[1:]
+        if name == "python":
+            run_python(argv, monkeypatch)
+        elif name == "hf-variants-export-onnx":
+            run_console_script(name, args + ["--no_shared_cache"], monkeypatch)
+        elif name in SCRIPTS:
+            run_console_script(name, args, monkeypatch)
+        elif argv[:3] == ["pip", "install", "-e"] and len(argv) == 4:
+            extras = re.fullmatch(r"\.\[([\w,-]+)\]", argv[3]).group(1).split(",")
+            assert set(extras) <= set(PYPROJECT["project"]["optional-dependencies"]), extras
+        elif argv[:2] == ["pip", "install"] and len(argv) == 3 and "==" in argv[2]:
+            pinned = Requirement(argv[2])
+            (version,) = (s.version for s in pinned.specifier)
+            declared = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+            assert any(r.name == pinned.name and r.specifier.contains(version) for r in declared), argv
+        else:
+            raise AssertionError(f"the test does not know how to run this command: {shlex.join(argv)}")
+
+
+def run_document(path: Path, tmp_path: Path, monkeypatch, tokenizer) -> dict:
+    """Every block of the document at `path`, in a scratch folder; returns the python namespace and the counts."""
+    blocks = code_blocks(path.read_text(encoding="utf-8"))
+    assert {b.lang for b in blocks} <= {"", "bash", "python"}, {b.lang for b in blocks}
+    for block in blocks:  # listings, not commands
+        if not block.lang:
+            assert not re.search(r"^\s*(hf-variants|python|pip|accelerate|import|from)\b", block.code, re.M), block
     write_data(tmp_path / "data")
+    write_own_files(tmp_path, tokenizer)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_TOKEN", "hf_guide_test_token")
-    namespace: dict = {"__name__": "user_guide"}
-    ran = {"bash": 0, "python": 0}
-    for lang, code in blocks:
-        if lang == "python":
-            exec(compile(code, f"{GUIDE.name} block", "exec"), namespace)
-        elif lang == "bash":
-            machines: dict = {}
-            for argv in shell_commands(code):
-                run_command(argv, monkeypatch, machines)
-            assert machines.get("next", 0) == machines.get("count", 0), machines  # every machine's command
-        else:
-            continue
-        ran[lang] += 1
+    namespace: dict = {"__name__": "docs"}
+    counts = {"bash": 0, "python": 0, "not run": {}, "namespace": namespace}
+    written: set[str] = set()
+    machines: dict = {}
+    for block in blocks:
+        where = f"{path.relative_to(REPO_ROOT)}:{block.line}"
+        if block.lang == "python":
+            reason = not_run(block, None)
+            if reason is None:
+                exec(compile(block.code, where, "exec"), namespace)
+                counts["python"] += 1
+            else:
+                counts["not run"].setdefault(reason, []).append(where)
+        elif block.lang == "bash":
+            commands = shell_commands(block.code)
+            reasons = [not_run(block, argv) for argv in commands]  # checked before anything runs
+            for argv, reason in zip(commands, reasons):
+                if reason is None:
+                    run_command(argv, monkeypatch, written, machines)
+                else:
+                    counts["not run"].setdefault(reason, []).append(where)
+            counts["bash"] += any(reason is None for reason in reasons)
+    assert machines.get("next", 0) == machines.get("count", 0), machines  # every machine's command came
+    return counts
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tokenizer):  # noqa: F811
+    ran = run_document(GUIDE, tmp_path, monkeypatch, tokenizer)
+    assert not ran["not run"]
     # what the blocks produced: a sample of the promised results
     results = json.loads((tmp_path / "runs" / "en-fr" / "results.json").read_text())
     assert results["train_pairs"] == 48
     assert (tmp_path / "hyp.fr").read_text().count("\n") == 8
     assert (tmp_path / "runs" / "en-fr-flat" / "model" / "config.json").is_file()
+    namespace = ran["namespace"]
     assert namespace["results"]["train_pairs"] == 48  # train_on_datasets
+    # the Seq2SeqTrainer section: BLEU and chrF from the generated translations, the plain cross-entropy
+    assert {"eval_bleu", "eval_chrf", "eval_loss"} <= set(namespace["metrics"])
+    plain = namespace["cross_entropy"](namespace["model"], namespace["tokenized"]["validation"], namespace["collator"])
+    assert 0 < plain["loss"] < namespace["metrics"]["eval_loss"]  # eval_loss is the label-smoothed one
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5
+
+
+def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):
+    ran = run_document(REPO_ROOT / "README.md", tmp_path, monkeypatch, tokenizer)
+    assert set(ran["not run"]) == {"venv", "suite", "hub"}, ran["not run"]
+    assert json.loads((tmp_path / "runs" / "transformer_nmt-en-de" / "results.json").read_text())["train_pairs"] == 48
+    assert json.loads((tmp_path / "mute-from-opus" / "config.json").read_text())["model_type"] == "mute_nmt"
+    assert (tmp_path / "out.de").read_text().count("\n") == 8
+    assert ran["bash"] >= 3 and ran["python"] >= 1
+
+
+def test_every_code_block_of_the_training_readme_runs(tmp_path, monkeypatch, tokenizer):
+    ran = run_document(REPO_ROOT / "training" / "README.md", tmp_path, monkeypatch, tokenizer)
+    assert set(ran["not run"]) == {"recipe", "parses"}, ran["not run"]
+    assert len(ran["not run"]["recipe"]) == 5
+    assert (tmp_path / "runs" / "tied_nmt-en-de-bi" / "model" / "config.json").is_file()
+    assert (tmp_path / "hyp.de").read_text().count("\n") == 8  # the last command: test.jsonl's 8 rows
+    assert ran["namespace"]["metric"].name == "sacrebleu_chrf"
+    assert ran["bash"] >= 4 and ran["python"] >= 1
 
 
 def test_the_guide_lists_every_console_script():

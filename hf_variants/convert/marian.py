@@ -19,6 +19,7 @@ import argparse
 import torch
 
 from ..configuration_transformer_nmt import TransformerNmtConfig
+from ..model_folders import load_config
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
 from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
 
@@ -121,7 +122,13 @@ def main(argv=None) -> None:
     try:  # before anything loads: the output is no input, and can be written
         check_not_an_input(args.output_dir, {"--marian": args.marian})
         check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-    except (ValueError, FileExistsError) as error:
+        model_type = load_config(args.marian, "--marian").model_type
+        if model_type != "marian":  # MarianMTModel.from_pretrained would load it with a warning, weights lost
+            raise ValueError(
+                f"--marian {args.marian} holds a {model_type!r} model, not a MarianMTModel"
+                + (": it needs no conversion." if model_type == "transformer_nmt" else ".")
+            )
+    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
         parser.exit(2, f"error: {error}\n")
     from transformers import AutoTokenizer, MarianMTModel
 

@@ -85,6 +85,7 @@ from ..configuration_transformer_nmt import (
     parse_config_overrides,
 )
 from ..model_classes import MODEL_CLASSES
+from ..model_folders import load_config
 from ..modeling_mute import project_doubly_stochastic
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
 from ..outputs import (
@@ -659,6 +660,7 @@ def main(argv=None) -> None:
         # before anything loads: the output is no input, and can be written
         check_not_an_input(args.output_dir, {"--base": args.base})
         check_output_dir(args.output_dir, command=COMMAND, force=args.force)
+        load_config(args.base, "--base")
         _, report = warm_start(
             args.base,
             args.model_type,

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..generation_transformer_nmt import check_tokenizer_fits_model
+from ..model_folders import check_tokenizer_source, load_config
 from ..modeling_transformer_nmt import sinusoidal_positions
 from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, read_json_object
 
@@ -275,10 +276,12 @@ def main(argv=None) -> Path:
         "--force", action="store_true", help="replace a non-empty --output_dir that export_ctranslate2 wrote before"
     )
     args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written
+    try:  # before anything loads: the output is no input, and can be written; the model is a baseline's folder
         check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
         check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-    except (ValueError, FileExistsError) as error:
+        check_exportable(load_config(args.model, "--model"))
+        check_tokenizer_source(args.tokenizer, args.model)
+    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
         parser.exit(2, f"error: {error}\n")
     try:
         import ctranslate2  # noqa: F401
@@ -292,11 +295,11 @@ def main(argv=None) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"No tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).") from error
+        parser.exit(2, f"error: no tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).\n")
     try:
         out = export(model, tokenizer, args.output_dir, args.quantization, args.force)
     except (ValueError, FileExistsError) as error:
-        raise SystemExit(f"error: {error}") from error
+        parser.exit(2, f"error: {error}\n")
     print(f"Saved the CTranslate2 model to {out}")
     return out
 

@@ -79,6 +79,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ..compat_transformer_nmt import output_cache
+from ..model_folders import check_tokenizer_source, load_config
 from ..outputs import (
     check_not_an_input,
     check_output_dir,
@@ -821,10 +822,12 @@ def main(argv=None) -> Path:
         "fused; the manifest's shared_cache says whether, or why not)",
     )
     args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written
+    try:  # before anything loads: the output is no input, and can be written; the inputs are model folders
         check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
         check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-    except (ValueError, FileExistsError) as error:
+        load_config(args.model, "--model")
+        check_tokenizer_source(args.tokenizer, args.model)
+    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
         parser.exit(2, f"error: {error}\n")
     try:
         import onnx  # noqa: F401
@@ -838,7 +841,7 @@ def main(argv=None) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     except (OSError, ValueError) as error:
-        raise SystemExit(f"No tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).") from error
+        parser.exit(2, f"error: no tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).\n")
     try:
         out = export(
             model,
@@ -852,7 +855,7 @@ def main(argv=None) -> Path:
             shared_cache=args.shared_cache,
         )
     except (ValueError, FileExistsError) as error:
-        raise SystemExit(str(error)) from error
+        parser.exit(2, f"error: {error}\n")
     finally:
         discard_output_dir(args.output_dir, COMMAND)  # an export that failed leaves no temporary folder
     manifest = json.loads((out / MANIFEST).read_text())

@@ -126,9 +126,16 @@ def find_split_file(data_dir: str | os.PathLike, prefix: str, lang: str) -> Path
         if (data_dir / name).is_file():
             return data_dir / name
     available = sorted(p.name for p in data_dir.glob(f"{prefix}.*")) if data_dir.is_dir() else []
+    hint = ""
+    if not available and data_dir.is_dir():  # a prefix the folder does not use: name the ones it does
+        prefixes = sorted({p.name.split(".")[0] for p in data_dir.iterdir() if p.is_file() and "." in p.name})
+        hint = (
+            f"; its files' prefixes: {', '.join(prefixes) or 'none'} (--train_prefix, --valid_prefix and "
+            "--test_prefix name the splits' prefixes; '' for no validation or test split)"
+        )
     raise DataError(
         f"No file for language {lang!r} of split {prefix!r} in {data_dir} (looked for {prefix}.{lang} "
-        f"and {prefix}.{lang}.gz; found: {', '.join(available) or 'nothing'})."
+        f"and {prefix}.{lang}.gz; found: {', '.join(available) or 'nothing'}){hint}."
     )
 
 
@@ -299,7 +306,13 @@ def load_hub_splits(name: str, config_name: str | None = None, **kwargs):
     if folder.is_dir() and ((folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file()):
         loaded = datasets.load_from_disk(str(folder))
         return loaded if isinstance(loaded, datasets.DatasetDict) else datasets.DatasetDict({"train": loaded})
-    return datasets.load_dataset(name, config_name, **kwargs)
+    try:
+        return datasets.load_dataset(name, config_name, **kwargs)
+    except (OSError, ValueError, ConnectionError) as error:  # DatasetNotFoundError is a FileNotFoundError
+        what = "" if folder.exists() else "no such folder, and on the Hub: "
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        config = f" --dataset_config_name {config_name}" if config_name else ""
+        raise DataError(f"--dataset_name {name}{config}: {what}{lines[0]}") from None
 
 
 def load_hub_dataset(name: str, split: str, config_name: str | None = None, dataset=None, **kwargs) -> ParallelCorpus:

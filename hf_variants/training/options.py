@@ -9,15 +9,15 @@ import os
 import re
 from pathlib import Path
 
-from . import external, settings
+from . import external, flag_checks, settings
 
-# A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data and
-# keeps runs in its runs/ folder; an installed package has neither: --data_dir (or --train_file, --dataset_name) is
-# then required and runs go to ./runs.
+# A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data; an
+# installed package has none: --data_dir (or --train_file, --dataset_name) is then required. Runs go to ./runs (the
+# working directory's), in a clone or not.
 _CHECKOUT = Path(__file__).resolve().parents[2]
 CHECKOUT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "training").is_dir() else None
 DEFAULT_DATA_DIR = CHECKOUT / "training" / "data" / "multi30k" if CHECKOUT else None
-RUNS_DIR = (CHECKOUT or Path.cwd()) / "runs"
+RUNS_DIR = Path("runs")  # relative: the working directory of the run
 DESCRIPTION = "Train any hf_variants model type on parallel text with Accelerate: one loop for every variant."
 
 
@@ -310,7 +310,7 @@ def add_checkpoints_args(g) -> None:
 
 
 def add_output_args(g) -> None:
-    g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the repository)")
+    g.add_argument("--output_dir", help="run folder (default: runs/<run_name> in the working directory)")
     g.add_argument("--variant_name", help="a display name for the model card (default: the model family's name)")
     g.add_argument(
         "--license",
@@ -347,8 +347,16 @@ def add_output_args(g) -> None:
     g.add_argument("--hub_token", help="default: HF_TOKEN / the cached login")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Errors as one line, `prog: error: message` with exit status 2, without argparse's usage text (70 lines of
+    options that would bury the message; `--help` prints them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineErrorParser(description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_data_args(p.add_argument_group("data"))
     add_tokenizer_args(p.add_argument_group("tokenizer"))
     add_model_args(p.add_argument_group("model"))
@@ -400,7 +408,8 @@ def tracker_init_kwargs(trackers: list[str], run_name: str, run_dir: Path) -> tu
     return project, init_kwargs
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None, data_required: bool = True) -> argparse.Namespace:
+    """The checked options (`data_required=False`: the data come from elsewhere, `train_on_datasets`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -448,6 +457,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if args.max_len_a == 0 and args.max_len_b == 0:
         parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
+    for message in flag_checks.flag_errors(args, data_required):  # model type, preset, overrides, a data flag
+        parser.error(message)
     return args
 
 

@@ -187,6 +187,39 @@ class PairSet:
         return self.pairs(np.arange(len(self)))
 
 
+# Names of text columns that are no language (though "src" and "tgt" pass for ISO 639-3 codes): never advised as
+# --source_lang/--target_lang, whose values the model's config and card record as its languages.
+COLUMN_NAMES = frozenset({"src", "tgt", "trg", "source", "target", "inp", "input", "out", "output", "ref", "hyp"})
+
+
+def language_hint(rows: Rows, multilingual: bool = False) -> str:
+    """What to pass when a language of the run is not in `rows`: only flags that make the intended model. The codes
+    found are advised as languages only when they are language codes; columns of a `datasets` dataset named
+    otherwise (`src`, `tgt`) are named with --source_column/--target_column beside the languages' own codes."""
+    present = rows.languages_present
+    not_languages = [name for name in present if name.lower() in COLUMN_NAMES]
+    if rows.meta.get("layout") == "columns" and (not_languages or len(present) != 2):
+        columns = present if len(present) == 2 else ["COLUMN", "COLUMN"]
+        return (
+            f": name its text columns and their languages, --source_column {columns[0]} --target_column "
+            f"{columns[1]} --source_lang CODE --target_lang CODE (the ISO codes of the languages in those columns, "
+            "e.g. en and fr: the model's config and card record them)"
+        )
+    if not_languages:
+        where = {"tsv": "its header line", "jsonl": "the keys of its rows", "files": "the file names"}
+        return (
+            f": {', '.join(not_languages)} name no language; write the languages' ISO codes (e.g. en, fr) in "
+            f"{where.get(rows.meta.get('kind'), 'its language keys')} (the model's config and card record them)"
+        )
+    if len(present) == 2:
+        if multilingual:
+            return f": pass --languages {present[0]} {present[1]}"
+        return f": pass --source_lang {present[0]} --target_lang {present[1]} (or the reverse)"
+    if len(present) > 2:
+        return ": choose with --source_lang/--target_lang, or --languages for a multilingual run"
+    return ""
+
+
 def check_languages(
     rows: Rows,
     directions: Sequence[tuple[str, str]],
@@ -199,13 +232,9 @@ def check_languages(
     for s, t in directions:
         for lang in (s, t):
             if lang not in present:
-                hint = ""
-                if len(present) == 2:
-                    hint = f": pass --source_lang {present[0]} --target_lang {present[1]} (or the reverse)"
-                elif len(present) > 2:
-                    hint = ": choose with --source_lang/--target_lang, or --languages for a multilingual run"
                 raise DataError(
-                    f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'}){hint}."
+                    f"Language {lang!r} is not in {label} (it has: {', '.join(present) or 'no languages'})"
+                    f"{language_hint(rows, multilingual=len(directions) > 1)}."
                 )
         for name in annotations:
             for lang in (s, t) if target_annotations else (s,):

@@ -581,6 +581,7 @@ def _flat_hub_rows(source: SplitSource, languages: Sequence[str]) -> Rows | None
     flat = ds.select_columns(list(used.values())).rename_columns({c: _text_col(lang) for lang, c in used.items()})
     meta = {
         "kind": "hub",
+        "layout": "columns",
         "label": source.label,
         "rows": len(flat),
         "languages_present": list(columns),
@@ -638,6 +639,7 @@ def load_rows(
             writer.finalize()
         meta = {
             "kind": source.kind,
+            "layout": "columns" if source.columns else None,  # a dataset's text columns (language_hint)
             "label": source.label,
             "files": source.files,
             "annotation_files": {

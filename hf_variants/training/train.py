@@ -41,7 +41,7 @@ from ..outputs import (  # noqa: E402
     relation,
 )
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
-from . import checkpointing, corpus, data_pipeline, external, progress, run_lock, settings  # noqa: E402
+from . import checkpointing, corpus, data_pipeline, external, flag_checks, progress, run_lock, settings  # noqa: E402
 from .corpus import DataError, DropReport  # noqa: E402
 from .data_fingerprint import check_resume as check_resume_data  # noqa: E402
 from .fast_step import adam, compile_body  # noqa: E402
@@ -417,15 +417,12 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, direct
         for name in ("source_languages", "target_languages"):  # a model without a language list (bilingual)
             if not set(fields.get(name, [])) <= set(getattr(config, "languages", None) or []):
                 fields.pop(name)
-        config = apply_config_overrides(
-            config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
-        )
+        with flag_checks.config_values():
+            config = apply_config_overrides(
+                config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
+            )
         check_model_fits(config, args)
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
-        return model
-    known = sorted(CONFIG_CLASSES) + list(external.EXTERNAL_MODEL_TYPES)
-    if args.model_type not in known:
-        raise ValueError(f"Unknown --model_type {args.model_type!r}; registered: {known}")
+        return AutoModelForSeq2SeqLM.from_pretrained(args.model_name_or_path, config=config)
     fields.update(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
@@ -436,10 +433,11 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, direct
         target_language_tags=target_tags,
     )
     fields.update(overrides)
-    if args.model_type in external.EXTERNAL_MODEL_TYPES:  # e.g. transformers' MarianMTModel, for comparisons
-        config = external.build_config(args.model_type, args.preset, fields)
-    else:
-        config = CONFIG_CLASSES[args.model_type].from_preset(args.preset, **fields)
+    with flag_checks.config_values():  # type, preset and override names were checked at parse time
+        if args.model_type in external.EXTERNAL_MODEL_TYPES:  # e.g. transformers' MarianMTModel, for comparisons
+            config = external.build_config(args.model_type, args.preset, fields)
+        else:
+            config = CONFIG_CLASSES[args.model_type].from_preset(args.preset, **fields)
     check_model_fits(config, args)
     return AutoModelForSeq2SeqLM.from_config(config)
 
@@ -577,9 +575,10 @@ def prepare_run_dir(accelerator, run_dir: Path, args) -> tuple[Path | None, list
                 print(f"--overwrite_output_dir: deleting {run_dir}: {', '.join(deleted)}", file=sys.stderr)
                 run_lock.clear_run_dir(run_dir)
             elif checkpointing.list_checkpoints(run_dir / "checkpoints") or (run_dir / "results.json").exists():
-                raise FileExistsError(
-                    f"{run_dir} holds an earlier run: pass --resume_from_checkpoint latest to "
-                    f"continue it or --overwrite_output_dir to start over."
+                raise DataError(
+                    f"{run_dir} holds an earlier run: pass --overwrite_output_dir to start over, another "
+                    f"--output_dir for a new run, or --resume_from_checkpoint latest to continue it (with a larger "
+                    f"--max_steps or --num_epochs when it finished)."
                 )
         if not any(p.name not in run_lock.LOCK_FILES for p in run_dir.iterdir()):  # a new (or cleared) run folder
             claim_output_dir(run_dir, "train")  # which --overwrite_output_dir may clear later
@@ -1062,7 +1061,7 @@ def build_results(
             "directions": [f"{s}-{t}" for s, t in run.eval_directions],
             "bidirectional": args.bidirectional,
             "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
-            "eval_split": eval_split_label,
+            "eval_split": eval_split_label if eval_pairs else None,  # no evaluation: no split
             "eval_pairs": len(eval_pairs),
             "bleu": scores["bleu"] if scores else None,
             "chrf": scores["chrf"] if scores else None,
@@ -1242,6 +1241,7 @@ def run_training(args) -> dict | None:
             "layout. Launch with an FSDP config instead (training/accelerate_configs/fsdp.yaml; FULL_SHARD ~ "
             "ZeRO-3, SHARD_GRAD_OP ~ ZeRO-2)."
         )
+    flag_checks.check_inputs(args, in_memory=IN_MEMORY_SPLITS.get() is not None)  # what the flags name exists
     progress.DATA_PROGRESS_SECONDS = args.progress_interval
     if not sys.stderr.isatty():  # a log file: progress lines (progress.py), no library progress bars
         progress.quiet_library_bars()
@@ -1334,7 +1334,7 @@ def train_on_datasets(train, validation=None, test=None, **options) -> dict | No
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            args = parse_args(options_argv(options))
+            args = parse_args(options_argv(options), data_required=False)
     except SystemExit as error:
         message = stderr.getvalue().strip().splitlines()
         message = message[-1].partition(" error: ")[2] or message[-1] if message else str(error)

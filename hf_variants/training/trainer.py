@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..loss_transformer_nmt import smoothed_cross_entropy
 from . import cache_store, checkpointing, corpus, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
@@ -235,7 +236,11 @@ def evaluate_pairs(
 def validation_loss(
     accelerator, model, tokenizer, pairs, batches, bidirectional, max_length, label_smoothing
 ) -> float:
-    """Token-weighted mean cross-entropy (label-smoothed, as trained, without the auxiliary losses) on `pairs`."""
+    """The validation loss, one measure for every model type: the cross-entropy of the reference tokens of `pairs`,
+    label-smoothed by `label_smoothing` (the run's, as trained; 0 gives the plain cross-entropy, whose exp is the
+    perplexity), averaged over every labelled target token (both directions of a bidirectional run together), without
+    the auxiliary losses. It is computed here from the logits, not read from the model's loss, whose token weights a
+    variant may choose (the Tied Transformer's training loss sums one mean per direction)."""
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
@@ -243,19 +248,15 @@ def validation_loss(
     # every process runs the same number of forwards (sharded models need them in lockstep); the padding repeats
     # a batch and is not counted
     padded = batches + batches[: (-len(batches)) % world] if batches else []
-    loss_kwargs = external.loss_only_kwargs(model, label_smoothing)
     for j in range(accelerator.process_index, len(padded), world):
         batch = make_batch(model, tokenizer, [pairs[i] for i in padded[j]], bidirectional, max_length)
-        out = model(**batch, **loss_kwargs)
+        logits = model(**batch).logits
         if j >= len(batches):
             continue
         # summed on the device: no host sync per batch (the one read is the reduced total at the end)
-        aux = sum(
-            (v.detach().double() for v in (getattr(out, "aux_losses", None) or {}).values()), total.new_zeros(())
-        )
-        loss = external.translation_loss(model, out, batch["labels"], label_smoothing).detach().double()
         ntok = (batch["labels"] != -100).sum().double()
-        total += torch.stack([(loss - aux) * ntok, ntok])
+        loss = smoothed_cross_entropy(logits, batch["labels"], label_smoothing).double()  # the token mean
+        total += torch.stack([loss * ntok, ntok])
     model.train(was_training)
     total = accelerator.reduce(total, "sum")
     return float(total[0] / total[1].clamp(min=1))
