@@ -586,7 +586,7 @@ def test_a_late_upload_failure_keeps_the_model_and_names_the_command_that_finish
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setenv("HF_TOKEN", TOKEN)
         monkeypatch.setattr(sys, "argv", sys.argv)
-        run_command(shlex.split(command), monkeypatch)
+        run_command(shlex.split(command), monkeypatch, written=set(), machines={})
     remote = hub.files("org/late")
     assert remote["model.safetensors"] == (run_dir / "model" / "model.safetensors").read_bytes()
 

@@ -6,8 +6,8 @@ the run folder, the data, the tokenizer or the model exist), each refusal one li
   value of the field's type (values that depend on other fields are checked when the config is built);
 - the data: one source (`--train_file`, `--data_dir` or `--dataset_name`) named when there is none (an installed
   package has no bundled corpus);
-- `--push_to_hub`: a `--hub_model_id` of the form namespace/name and a token (`check_inputs`), before the training
-  rather than after it;
+- `--push_to_hub`: what needs no network (offline mode, a token, a `--hub_model_id` of the form namespace/name:
+  `hub_preflight.check_push_flags`), before the training rather than after it;
 - `--model_name_or_path` / `--tokenizer`: a model / tokenizer folder (a training run folder names the folder to
   pass; a Hub id is looked up once), `--resume_from_checkpoint`: a folder that exists (`check_inputs`, when the
   launch starts: parsing reads nothing).
@@ -87,26 +87,24 @@ def data_flag_errors(args) -> list[str]:
 
 
 def hub_flag_errors(args) -> list[str]:
-    """`--hub_model_id` of a `--push_to_hub` run: `namespace/name`, checked now rather than after the training."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    repo = args.hub_model_id
-    if not args.push_to_hub or not repo:
+    """`--push_to_hub`: what can be checked without the network (offline mode, a token, `--hub_model_id`), now
+    rather than after the training; the run checks the Hub itself when it starts (`hub_preflight`)."""
+    if not args.push_to_hub or not args.hub_model_id:
         return []
+    from huggingface_hub import get_token
+
+    from .hub_preflight import HubPushError, check_push_flags
+
     try:
-        if repo.count("/") != 1:
-            raise HFValidationError("expected namespace/name (your user or organization, a slash, the model's name)")
-        validate_repo_id(repo)
-    except HFValidationError as error:
-        return [f"--hub_model_id {repo!r} is no Hub repository id: {str(error).strip().splitlines()[0]}"]
+        check_push_flags(args.hub_model_id, args.hub_token or get_token())
+    except HubPushError as error:
+        return [str(error)]
     return []
 
 
 def path_flag_errors(args, in_memory: bool = False) -> list[str]:
     """`--model_name_or_path` (its config loads), `--tokenizer`, `--resume_from_checkpoint`, `--dataset_name` (a
-    folder that exists, unless it may be a Hub id; `in_memory`: the name of `train_on_datasets`' data) and the token
-    of `--push_to_hub`."""
+    folder that exists, unless it may be a Hub id; `in_memory`: the name of `train_on_datasets`' data)."""
     errors = []
     try:
         if args.model_name_or_path:
@@ -118,14 +116,6 @@ def path_flag_errors(args, in_memory: bool = False) -> list[str]:
     name = None if in_memory else args.dataset_name
     if name and can_only_be_a_path(name) and not Path(name).exists():
         errors.append(f"--dataset_name {args.dataset_name}: no such folder (nor a Hub dataset id)")
-    if args.push_to_hub and not args.hub_token:
-        from huggingface_hub import get_token
-
-        if not get_token():
-            errors.append(
-                "--push_to_hub: no Hugging Face token: set the HF_TOKEN environment variable, log in with "
-                "`hf auth login` or pass --hub_token (checked before the training, not after it)"
-            )
     resume = args.resume_from_checkpoint
     if resume and resume != "latest" and not Path(resume).is_dir():
         inside = Path(args.output_dir) / "checkpoints" / resume if args.output_dir else None

@@ -87,17 +87,22 @@ def _token_problem(identity: dict, namespace: str) -> str | None:
     return None
 
 
-def check_push_target(repo_id: str, token: str | None, endpoint: str) -> None:
-    """The checks of the module docstring; a `HubPushError` naming what fails."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+_AFTER = (
+    "Nothing was trained. Fix it, or train without --push_to_hub and publish the model afterwards with "
+    "hf-variants-publish RUN_DIR --repo_id ID."
+)
 
-    from model_cards.publish import _check_repo_id, _scrub, quiet_http_logs
 
-    after = (
-        "Nothing was trained. Fix it, or train without --push_to_hub and publish the model afterwards with "
-        "hf-variants-publish RUN_DIR --repo_id ID."
-    )
+def check_push_flags(repo_id: str, token: str | None) -> None:
+    """The checks that need no network (the repo id, offline mode, a token), also run when the command line is
+    parsed; a `HubPushError` naming what fails."""
+    from model_cards.publish import _check_repo_id
+
+    after = _AFTER
+    try:
+        _check_repo_id(repo_id)
+    except ValueError as err:
+        raise HubPushError(f"--hub_model_id: {err}") from None
     offline = _offline_variable()
     if offline:
         raise HubPushError(
@@ -109,10 +114,17 @@ def check_push_target(repo_id: str, token: str | None, endpoint: str) -> None:
             "--push_to_hub: no Hugging Face token (--hub_token, the HF_TOKEN environment variable or `hf auth "
             f"login`): nothing could be uploaded at the end of the run. {after}"
         )
-    try:
-        _check_repo_id(repo_id)
-    except ValueError as err:
-        raise HubPushError(f"--hub_model_id: {err}") from None
+
+
+def check_push_target(repo_id: str, token: str | None, endpoint: str) -> None:
+    """The checks of the module docstring; a `HubPushError` naming what fails."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from model_cards.publish import _scrub, quiet_http_logs
+
+    after = _AFTER
+    check_push_flags(repo_id, token)
     namespace = repo_id.split("/")[0]
     api = HfApi(endpoint=endpoint, token=token, library_name="hf_variants")
     step = "reach"
