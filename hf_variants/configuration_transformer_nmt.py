@@ -678,10 +678,15 @@ class TransformerNmtConfig(PretrainedConfig):
             return
         sources, targets = self.translation_languages()
         direction = f"this model translates from {sources} into {targets}"
-        if tgt_lang is not None and tgt_lang not in targets:
-            raise ValueError(f"tgt_lang={tgt_lang!r} is not a target language of this model: {direction}.")
-        if src_lang is not None and src_lang not in sources:
-            raise ValueError(f"src_lang={src_lang!r} is not a source language of this model: {direction}.")
+        for name, lang, allowed, side in (
+            ("tgt_lang", tgt_lang, targets, "target"),
+            ("src_lang", src_lang, sources, "source"),
+        ):
+            if lang is None or lang in allowed:
+                continue
+            if lang not in self.languages:
+                raise ValueError(f"Unknown language {lang!r} ({name}): {direction}.")
+            raise ValueError(f"{name}={lang!r} is not a {side} language of this model: {direction}.")
         if src_lang is not None and src_lang == tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {src_lang!r}: {direction}, not within one language.")
 

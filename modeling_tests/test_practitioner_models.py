@@ -176,9 +176,9 @@ def test_single_direction_tied_pipeline_needs_no_tgt_lang(tokenizer, tmp_path):
     # generate from the tokenizer's output, as the README's snippet does
     inputs = tokenizer(EN[:3], return_tensors="pt", padding=True)
     assert torch.equal(model.generate(**inputs, **gen), model.generate(**inputs, tgt_lang="fr", **gen))
-    # the other direction still means the other row
-    to_en = model.generate(**inputs, tgt_lang="en", **gen)
-    assert not torch.equal(to_en, model.generate(**inputs, **gen))
+    # the other direction was not trained: refused, naming the model's direction
+    with pytest.raises(ValueError, match=r"tgt_lang='en' is not a target language.*into \['fr'\]"):
+        model.generate(**inputs, tgt_lang="en", **gen)
 
 
 def test_models_with_several_targets_still_ask(tokenizer):
