@@ -3,6 +3,7 @@
 and saved configs with metadata or legacy keys keep loading."""
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -130,8 +131,14 @@ def _train_args(*extra):
     return train.parse_args(["--preset", "tiny", *extra])
 
 
-def test_train_config_overrides_on_a_new_model(tokenizer):
-    args = _train_args("--config_overrides", "d_modle=64")
+def test_train_config_overrides_on_a_new_model(tokenizer, capsys):
+    """An unknown field is refused when the flags are parsed (one line naming it and the closest field), by
+    build_model too for callers that build the arguments themselves; a bad value when the config is built."""
+    with pytest.raises(SystemExit):
+        _train_args("--config_overrides", "d_modle=64")
+    assert re.search("--config_overrides: `d_modle`.*`d_model`", capsys.readouterr().err)
+    args = _train_args("--config_overrides", "dropout=0.1")
+    args.config_overrides = "d_modle=64"
     with pytest.raises(ValueError, match="`d_modle`.*`d_model`"):
         train.build_model(args, tokenizer, ["en", "de"], False)
     args = _train_args("--model_type", "mute_nmt", "--config_overrides", "sample_rate=1.5")

@@ -64,9 +64,9 @@ def guide_blocks() -> tuple[list[list[str]], list[list[str]]]:
     """The guide's two multi-machine blocks: (the cluster's commands, the one-host rehearsal's commands)."""
     found = [
         commands
-        for lang, code in code_blocks(GUIDE.read_text(encoding="utf-8"))
-        if lang == "bash" and "multi_node.yaml" in code
-        for commands in [shell_commands(code)]
+        for block in code_blocks(GUIDE.read_text(encoding="utf-8"))
+        if block.lang == "bash" and "multi_node.yaml" in block.code
+        for commands in [shell_commands(block.code)]
     ]
     assert len(found) == 2, found
     return found[0], found[1]
