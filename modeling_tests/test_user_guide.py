@@ -5,12 +5,14 @@ How each block runs (the only changes the test makes, all listed here):
 
 - **Scratch folder.** The blocks run in one temporary folder (the working directory) that holds `data/`: the first
   48 / 8 / 8 English-French pairs of the bundled Multi30k train / val / test_2016_flickr, as the guide describes
-  them (TSV with an `en<TAB>fr` header, `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows).
+  them (TSV with an `en<TAB>fr` header, `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows), and
+  `mono.fr`: 16 more French training sentences (lines 49-64), the monolingual text of the back-translation section.
 - **python** blocks run with `exec` in one shared namespace (as one interactive session), in order.
 - **bash** blocks: every command (backslash continuations joined) runs in this process through the function its
   console script names in pyproject.toml's `[project.scripts]` (what `hf-variants-X` runs once installed), with
   `sys.argv` set to the command's arguments; the command must not exit with a non-zero status.
-  * Training commands get `TINY_TRAINING` appended (`--preset tiny --max_steps 2` and small evaluation settings):
+  * Training commands get `TINY_TRAINING` appended (`--preset tiny --max_steps 2`, a validation at each step and
+    small evaluation settings):
     the guide's `--preset small/base/big` and long runs become a tiny model trained for 2 steps. The same holds
     for `accelerate launch [LAUNCHER OPTIONS] -m hf_variants.training.train ARGS`, which runs the module's command
     in this one process; the launcher options are checked, not executed: every `--config_file` must be one of the
@@ -55,7 +57,7 @@ TINY_TRAINING = [
     "--warmup_steps",
     "1",
     "--eval_steps",
-    "0",
+    "1",
     "--eval_bleu_pairs",
     "4",
     "--num_beams",
@@ -94,6 +96,9 @@ def write_data(folder: Path) -> None:
             "".join(json.dumps({"translation": {"en": a, "fr": b}}, ensure_ascii=False) + "\n" for a, b in pairs),
             encoding="utf-8",
         )
+    with gzip.open(DATA_DIR / "train.fr.gz", "rt", encoding="utf-8") as f:
+        mono = [line.rstrip("\n") for line in itertools.islice(f, SPLITS["train"][1], SPLITS["train"][1] + 16)]
+    (folder / "mono.fr").write_text("\n".join(mono) + "\n", encoding="utf-8")
 
 
 def console_function(name: str):
@@ -175,6 +180,10 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  #
     assert (tmp_path / "hyp.fr").read_text().count("\n") == 8
     assert (tmp_path / "runs" / "en-fr-flat" / "model" / "config.json").is_file()
     assert namespace["results"]["train_pairs"] == 48  # train_on_datasets
+    # back-translation: 16 synthetic pairs beside the 48 real ones, tagged; their best checkpoints averaged
+    bt = json.loads((tmp_path / "runs" / "en-fr-bt" / "results.json").read_text())
+    assert [(c["pairs"], c["tag"]) for c in bt["corpora"]] == [(48, None), (16, "<BT>")]
+    assert "(the best 2 by validation bleu" in (tmp_path / "runs" / "en-fr-bt-best2" / "README.md").read_text()
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5

@@ -233,15 +233,19 @@ def _config_dict(folder: Path) -> dict:
     return {k: v for k, v in config.items() if k not in ("transformers_version", "_name_or_path")}
 
 
-def _tokenizer_identity(checkpoint: Path) -> tuple[str | None, Path | None]:
+def _tokenizer_identity(checkpoint: Path, computed: dict) -> tuple[str | None, Path | None]:
+    """(the fingerprint of a checkpoint's tokenizer: recorded, else computed once per folder, its folder)."""
     from transformers import AutoTokenizer
 
     from .cache_store import tokenizer_fingerprint
 
     folder, recorded = checkpointing.checkpoint_tokenizer(checkpoint)
-    if folder is None:
-        return recorded, None
-    return recorded or tokenizer_fingerprint(AutoTokenizer.from_pretrained(folder)), folder
+    if folder is None or recorded:
+        return recorded, folder
+    key = folder.resolve()
+    if key not in computed:
+        computed[key] = tokenizer_fingerprint(AutoTokenizer.from_pretrained(folder))
+    return computed[key], folder
 
 
 def check_same_model(checkpoints: Sequence[Path]) -> tuple[Path, Path]:
@@ -258,7 +262,8 @@ def check_same_model(checkpoints: Sequence[Path]) -> tuple[Path, Path]:
         if differ:
             shown = ", ".join(f"{k}: {first.get(k)!r} vs {other.get(k)!r}" for k in differ[:4])
             raise AveragingError(f"{first_c} and {c} are checkpoints of different models (config {shown}).")
-    tokenizers = [(c, *_tokenizer_identity(c)) for c in checkpoints]
+    computed: dict = {}
+    tokenizers = [(c, *_tokenizer_identity(c, computed)) for c in checkpoints]
     first_c, first_fp, _ = tokenizers[0]
     for c, fp, _ in tokenizers[1:]:
         if fp != first_fp:
