@@ -12,8 +12,8 @@ benchmarks/quality.py's baseline (small dims, the shared 8k BPE tokenizer, Adam,
 warmup, 4,096-token batches) at a step budget (the 45-minute budget is 1,100 steps; `--steps`), so the scores do not
 depend on the machine's load. EMA's cost in step time and memory is `benchmarks/ema_cost.py`.
 
-    nice -n 10 python benchmarks/ema_averaging.py --steps 600        # train (resumable), then score the four arms
-    python benchmarks/ema_averaging.py --steps 600 --table           # only rebuild the table from the run
+    nice -n 10 python benchmarks/ema_averaging.py --steps 400        # train (resumable), then score the four arms
+    python benchmarks/ema_averaging.py --steps 400 --table           # only rebuild the table from the run
 
 Writes `benchmarks/results/ema_averaging.json` and the RESULTS.md section `ema_averaging`; the run folder is
 `benchmarks/runs/ema_averaging_<steps>` (git-ignored).
@@ -81,7 +81,7 @@ def train_command(args, run_dir: Path, tokenizer: Path) -> list[str]:
         "--ema_decay",
         str(args.ema_decay),
         "--ema_start_step",
-        str(args.warmup),
+        str(args.ema_start_step),
         "--eval_weights",
         "raw",
         "--final_model",
@@ -140,7 +140,7 @@ def table(record: dict) -> str:
     lines = [
         f"`python benchmarks/ema_averaging.py --steps {record['steps']}` (the baseline, small dims, "
         f"{record['steps']} steps of 4,096 tokens, warmup {record['warmup']}, EMA decay {record['ema_decay']} from "
-        f"step {record['warmup']}, checkpoints and validation ({record['valid_bleu_pairs']} pairs) every "
+        f"step {record['ema_start_step']}, checkpoints and validation ({record['valid_bleu_pairs']} pairs) every "
         f"{record['every']} steps); test_2016_flickr, beam 4, length penalty 0.6; p: sacreBLEU's paired bootstrap "
         "(1,000 resamples) against the last checkpoint.",
         "",
@@ -160,11 +160,12 @@ def table(record: dict) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=600, help="the step budget of every arm")
+    parser.add_argument("--steps", type=int, default=400, help="the step budget of every arm")
     parser.add_argument("--warmup", type=int, default=250)
     parser.add_argument("--every", type=int, default=50, help="validation and checkpoint cadence")
     parser.add_argument("--valid_bleu_pairs", type=int, default=200)
-    parser.add_argument("--ema_decay", type=float, default=0.995)
+    parser.add_argument("--ema_decay", type=float, default=0.99)
+    parser.add_argument("--ema_start_step", type=int, default=100, help="the average follows the weights until then")
     parser.add_argument("--threads", type=int, help="torch threads (default: train.py's choice)")
     parser.add_argument("--table", action="store_true", help="score and tabulate a finished run only")
     args = parser.parse_args(argv)
@@ -201,6 +202,7 @@ def main(argv=None) -> None:
         "every": args.every,
         "valid_bleu_pairs": args.valid_bleu_pairs,
         "ema_decay": args.ema_decay,
+        "ema_start_step": args.ema_start_step,
         "train_time_sec": results.get("train_time_sec"),
         "validation": results.get("validation"),
         "rows": rows,

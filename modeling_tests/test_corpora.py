@@ -233,6 +233,11 @@ def test_spec_file_with_text_files_and_a_dataset(two_corpora, data_dir, tokenize
             None,
             "--corpus_tags mark the source side",
         ),
+        (
+            ["--train_file", "a.tsv", "--corpus_tags", "<BT>", "--source_annotations", "parses"],
+            None,
+            "--corpus_tags change the source sentences",
+        ),
         (["--train_file", "a.tsv"], {"corpora": [{"train_file": "x.tsv"}]}, "--corpus_spec lists the training"),
         ([], {"corpora": [{"train_file": "x.tsv", "wieght": 2}]}, "corpus 1: unknown key(s) wieght"),
         ([], {"corpora": [{"train_file": "x.tsv", "data_dir": "d"}]}, "corpus 1: name exactly one of"),

@@ -91,7 +91,12 @@ def runs(data_dir, tokenizer_dir, tmp_path_factory):
         return train.main(tiny_args(data_dir, base / name, *COMMON, *extra, tokenizer=tokenizer_dir, steps=steps))
 
     plain = run("plain")
-    averaged = run("ema", *EMA)
+    swaps = []  # the average is swapped in for each validation, and only then
+    original = ema.ExponentialMovingAverage.swapped_in
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ema.ExponentialMovingAverage, "swapped_in", lambda self: swaps.append(1) or original(self))
+        averaged = run("ema", *EMA)
+    averaged["swaps"] = len(swaps)
     run("resumed", *EMA, steps=4)
     run("resumed", *EMA, "--resume_from_checkpoint", "latest")
     return base, plain, averaged
@@ -113,6 +118,7 @@ def test_average_leaves_training_alone_and_is_used(runs):
     # validation used the average (--eval_weights ema, the default with --ema_decay)
     assert [r["valid_loss"] for r in averaged["validation"]] != [r["valid_loss"] for r in plain["validation"]]
     assert averaged["hyperparameters"]["eval_weights"] == "ema"
+    assert averaged["swaps"] == len(averaged["validation"]) == 2
     assert "| `ema_decay` | 0.8 |" in (base / "ema" / "model" / "README.md").read_text()
 
 

@@ -113,12 +113,3 @@ def rotate(checkpoint_dir: str | os.PathLike, state, args) -> list[Path]:
         removed.append(path)
     state.checkpoints = still
     return removed
-
-
-def describe_kept(state, args) -> str:
-    """One line for the log: which checkpoints are kept and why."""
-    own = sorted(state.checkpoints or [])
-    best = ranked_steps(state.evals, args.best_metric, own)[: getattr(args, "keep_best", 0) or 0]
-    return f"checkpoints kept: {', '.join(f'step_{s}' for s in own)}" + (
-        f" (best {len(best)} by {args.best_metric}: {', '.join(f'step_{s}' for s in best)})" if best else ""
-    )

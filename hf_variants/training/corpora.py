@@ -187,6 +187,8 @@ def parse_corpora(args) -> list[dict] | None:
         raise ValueError("--streaming reads one training corpus: several corpora are mixed from the cache")
     if args.bidirectional and any(e["tag"] for e in entries):
         raise ValueError("--corpus_tags mark the source side, which --bidirectional also trains as a target")
+    if args.source_annotations and any(e["tag"] for e in entries):
+        raise ValueError("--corpus_tags change the source sentences, which --source_annotations must spell exactly")
     args.train_file = None
     return entries
 

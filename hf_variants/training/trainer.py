@@ -907,11 +907,13 @@ class Trainer:
         saving = every(state.step, args.save_steps) or last
         if every(state.step, args.logging_steps) or last or evaluating or saving:
             self.log_window(grad_norm)
-        with self.ema.for_validation():  # --eval_weights ema: the moving average validates
-            is_best = self.evaluate(state.step) if evaluating else False
-        if evaluating and state.evals and state.evals[-1]["step"] == state.step:
-            # --keep_best: a step among the best N is checkpointed; --patience: a stopping step is the last
-            is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, args.keep_best)
-            is_best |= early_stopping.update(state, state.evals[-1], args)
+        is_best = False
+        if evaluating:
+            with self.ema.for_validation():  # --eval_weights ema: the moving average validates
+                is_best = self.evaluate(state.step)
+            if state.evals and state.evals[-1]["step"] == state.step:
+                # --keep_best: a step among the best N is checkpointed; --patience: a stopping step is the last
+                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, args.keep_best)
+                is_best |= early_stopping.update(state, state.evals[-1], args)
         if saving or is_best:
             self.save(state.step)
