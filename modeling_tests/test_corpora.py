@@ -74,6 +74,17 @@ def test_weighted_draw_shares_coverage_and_determinism():
     assert other.key() != sampler.key()  # the epochs' batches are keyed by the weights too
 
 
+def test_several_processes_share_the_weighted_epochs(tmp_path):
+    """With several processes the main one computes each epoch's draw and batches once (`corpus.SharedEpochs`);
+    another process maps the same batches from the files."""
+    mixed = fake_set([500, 200], [2, 1])
+    main = corpus.SharedEpochs(corpora.WeightedCorpusSampler(mixed, max_tokens=300, seed=5), tmp_path, True)
+    other = corpus.SharedEpochs(corpora.WeightedCorpusSampler(mixed, max_tokens=300, seed=5), tmp_path, False)
+    alone = corpora.WeightedCorpusSampler(mixed, max_tokens=300, seed=5)
+    for epoch in (0, 1):
+        assert main.epoch(epoch).tolist() == other.epoch(epoch).tolist() == alone.epoch(epoch).tolist()
+
+
 @pytest.fixture(scope="module")
 def two_corpora(data_dir, tmp_path_factory):
     """clean.tsv (the first 200 training pairs) and bt.tsv (the other 100), and a validation TSV."""
