@@ -196,3 +196,11 @@ def test_flags_are_checked_when_parsed(extra, message, capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert message in err
+
+
+def test_a_run_without_validation_data_is_refused(data_dir, tokenizer_dir, tmp_path):
+    out = tmp_path / "run"
+    args = tiny_args(data_dir, out, "--valid_prefix", "", "--keep_best", "2", tokenizer=tokenizer_dir, steps=2)
+    with pytest.raises(train.DataError, match="--keep_best ranks validations, and the run has no validation data"):
+        train.main(args)
+    assert not out.exists()  # a refused launch leaves no run folder behind

@@ -33,6 +33,18 @@ def metric_value(record: dict, metric: str) -> float | None:
     return -float(loss)
 
 
+def check_validation_data(args, valid_pairs) -> None:
+    """--patience and --keep_best rank validations: a run without validation data is refused (a `DataError`)."""
+    from .corpus import DataError
+
+    flags = [flag for flag in ("patience", "keep_best") if getattr(args, flag, 0)]
+    if flags and not valid_pairs:
+        raise DataError(
+            f"--{flags[0]} ranks validations, and the run has no validation data: give --valid_file, a "
+            f"--valid_prefix file in --data_dir or a dataset with a validation split (--valid_split)."
+        )
+
+
 def update(state, record: dict, args) -> bool:
     """Count validation `record` (after `Trainer.evaluate`); True when the run stops here (logged once)."""
     patience = getattr(args, "patience", 0) or 0

@@ -1251,10 +1251,10 @@ def run_training(args) -> dict | None:
         try:
             data = load_data(run)
             job = build_job(run, data)
+            trainer = Trainer(run, data, job)
         except DataError:
             refused = new_folder
             raise
-        trainer = Trainer(run, data, job)
         trainer.signals.install()  # SIGTERM/SIGUSR1 mean "checkpoint and requeue" in every stage from here on
         try:
             try:

@@ -527,6 +527,7 @@ class Trainer:
         self.last_losses: list[tuple[int, float]] = []  # (step, loss) of the last logging steps
         self.ema = ema.for_run(self.args, job.unwrapped, run.resume)  # --ema_decay (a no-op without it)
         best_checkpoints.adopt(self.state, run.checkpoint_dir, resumed=run.resume is not None)
+        early_stopping.check_validation_data(self.args, data.valid_pairs)  # --patience, --keep_best
         if self.state.window is not None:  # a preempted run's window, logged at its next logging step
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
