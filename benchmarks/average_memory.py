@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
 from quality import ensure_tokenizer
 from report import write_section
 from safetensors.torch import save_file
@@ -54,6 +55,7 @@ def main(argv=None) -> None:
     parser.add_argument("--preset", default="base")
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # a forked child of a process with an OpenMP pool could hang in it
     tokenizer = ensure_tokenizer("en-de", 8000)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -282,9 +282,8 @@ def average_record(run_dir: Path, checkpoints: Sequence[Path], weights: str, how
 
     try:
         record = RunRecord.from_dict(load_results(run_dir))
-    except (FileNotFoundError, ValueError, TypeError):
-        info, state = newest_state(run_dir)
-        settings = info.get("settings") or {}
+    except (FileNotFoundError, ValueError, TypeError):  # a run still training: its settings
+        settings = checkpointing.checkpoint_info(run_checkpoints(run_dir)[-1][1]).get("settings") or {}
         record = RunRecord(
             model_type=settings.get("model_type"),
             source_lang=None if settings.get("languages") else settings.get("source_lang"),
