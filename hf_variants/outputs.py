@@ -344,10 +344,7 @@ def commit_output_dir(
     # the folder may have changed while the command worked: check it again right before replacing it
     replaced = check_output_dir(output, command=command, force=force, flag=flag)
     if replaced and log is not None:
-        log(
-            f"--force: replacing {output} ({len(replaced)} file(s) {command} wrote before: "
-            f"{', '.join(replaced[:8])}{' ...' if len(replaced) > 8 else ''})"
-        )
+        log(f"--force: replacing {output} ({len(replaced)} file(s) {command} wrote before: {', '.join(replaced)})")
     if output.is_dir() and _exchange(staging, output):
         shutil.rmtree(staging)  # now the old output
     elif output.is_dir():

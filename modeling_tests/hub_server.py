@@ -5,7 +5,9 @@ and load paths are tested against this server, driven by the real `huggingface_h
 `transformers`' `from_pretrained`. It implements the endpoints listed in `shared/docs/hub-protocol.md`:
 
 =========================================================  ======================================================
-`POST /api/repos/create`                                    create a model repo (409 when it exists)
+`GET  /api/whoami-v2`                                       the token's user, organizations and token role
+`POST /api/repos/create`                                    create a model repo (409 when it exists; 403 for a
+                                                            read-only token or a namespace it may not write)
 `POST /api/validate-yaml`                                   check a README's YAML metadata (400 + `errors`)
 `POST /api/models/{ns}/{name}/preupload/{rev}`              `uploadMode` regular/lfs per file, remote `oid`
 `POST /{ns}/{name}.git/info/lfs/objects/batch`              git-lfs batch API, `basic` transfer, upload hrefs
@@ -26,7 +28,11 @@ Test switches:
 - `require_token` (default True): every `/api/...` and `.git/...` request needs `Authorization: Bearer <t>`;
   `valid_tokens` (optional set) additionally restricts which tokens are accepted (401 otherwise).
 - `refuse`: a dict `{operation: HTTP status}` that makes an operation fail, e.g. `server.refuse["commit"] = 403`.
-  Operations: `create`, `validate`, `preupload`, `lfs`, `commit`, `info`, `tree`, `resolve`.
+  Operations: `whoami`, `create`, `validate`, `preupload`, `lfs`, `commit`, `info`, `tree`, `resolve`.
+- `identities`: `{token: Identity(...)}`, who a token is (user name, organizations with the role in each, the
+  token's role `write`/`read`/`fineGrained` and a fine-grained token's `repo.write` namespaces), as the Hub's
+  `whoami-v2` reports it; creating a repo checks it. Any other accepted token is the `default_namespace` user with
+  a write token allowed to create repos in every namespace (what the suite's uploads use).
 
 The server binds 127.0.0.1 on an OS-chosen port. It never logs request headers (so no token reaches a log);
 `server.requests` records `(method, path, status)` for assertions.
@@ -149,6 +155,44 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
 
 
+@dataclass
+class Identity:
+    """Who a token belongs to and what it may do (the fields of the Hub's `/api/whoami-v2`)."""
+
+    name: str = "user"
+    orgs: dict[str, str] = field(default_factory=dict)  # organization -> roleInOrg (admin, write, contributor, read)
+    role: str = "write"  # the token's role: write, read or fineGrained
+    scoped_write: tuple[str, ...] = ()  # fineGrained: the namespaces it holds `repo.write` on
+
+    def can_write(self, namespace: str) -> bool:
+        if self.role == "read":
+            return False
+        if self.role == "fineGrained":
+            return namespace in self.scoped_write
+        return namespace == self.name or self.orgs.get(namespace) in ("admin", "write", "contributor")
+
+    def whoami(self) -> dict:
+        token: dict = {"displayName": "test token", "role": self.role}
+        if self.role == "fineGrained":
+            token["fineGrained"] = {
+                "global": [],
+                "scoped": [
+                    {
+                        "entity": {"type": "user" if ns == self.name else "org", "name": ns},
+                        "permissions": ["repo.content.read", "repo.write"],
+                    }
+                    for ns in self.scoped_write
+                ],
+            }
+        return {
+            "type": "user",
+            "name": self.name,
+            "fullname": self.name,
+            "orgs": [{"type": "org", "name": org, "roleInOrg": role} for org, role in self.orgs.items()],
+            "auth": {"type": "access_token", "accessToken": token},
+        }
+
+
 class HubError(Exception):
     def __init__(self, status: int, message: str, code: str | None = None, extra: dict | None = None):
         super().__init__(message)
@@ -175,6 +219,7 @@ class HubServer:
         self.lfs_threshold = lfs_threshold
         self.default_namespace = default_namespace
         self.refuse: dict[str, int] = {}
+        self.identities: dict[str, Identity] = {}
         self.requests: list[tuple[str, str, int]] = []
         self.repos: dict[str, Repo] = {}
         self.lfs_objects: dict[str, int] = {}  # sha256 -> size of uploaded LFS objects
@@ -284,13 +329,24 @@ class HubServer:
             raise HubError(status, f"The server refused the {operation} request (test switch)")
 
     # ------------------------------------------------------------------ endpoint implementations
+    def whoami(self, token: str | None) -> tuple[int, dict]:
+        self._check_refused("whoami")
+        if token is None:
+            raise HubError(401, "Unauthorized")
+        identity = self.identities.get(token) or Identity(name=self.default_namespace)
+        return 200, identity.whoami()
+
     def create_repo(self, body: dict, token: str | None) -> tuple[int, dict]:
         self._check_refused("create")
         if body.get("type", "model") not in (None, "model"):
             raise HubError(400, "This test server only hosts model repos")
-        name, namespace = body.get("name"), body.get("organization") or self.default_namespace
+        identity = self.identities.get(token) if token is not None else None
+        name = body.get("name")
+        namespace = body.get("organization") or (identity.name if identity else self.default_namespace)
         if not isinstance(name, str) or not NAME_RE.match(name) or not NAME_RE.match(namespace):
             raise HubError(400, f"Invalid repo name {namespace}/{name}")
+        if identity is not None and not identity.can_write(namespace):
+            raise HubError(403, f'You don\'t have the rights to create a model under the namespace "{namespace}"')
         repo_id = f"{namespace}/{name}"
         url = f"{self.url}/{repo_id}"
         with self._lock:
@@ -691,6 +747,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict, body: bytes) -> None:
         hub = self.hub
         parts = path.split("/")[1:]  # raw segments: a revision may contain %2F
+        if method == "GET" and path == "/api/whoami-v2":
+            return self._send(*hub.whoami(self._token()))
         if method == "POST" and path == "/api/repos/create":
             return self._send(*hub.create_repo(self._json(body), self._token()))
         if method == "POST" and path == "/api/validate-yaml":

@@ -163,6 +163,26 @@ def test_run_card_and_exact_resume(two_corpora, tokenizer_dir, tmp_path):
     )
     a, b = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("run", "resumed"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a corpus whose content changed at the same path is refused on a resume, named
+    bt = two_corpora / "bt.tsv"
+    saved = bt.read_text()
+    bt.write_text(saved.replace("\t", "\t ", 1))
+    try:
+        with pytest.raises(train.settings.SettingsChangedError, match=r"train bt\.tsv \(.*bt\.tsv\): "):
+            train.main(
+                corpus_args(
+                    two_corpora,
+                    tokenizer_dir,
+                    tmp_path / "resumed",
+                    "--dropout",
+                    "0.1",
+                    "--resume_from_checkpoint",
+                    "latest",
+                    steps=10,
+                )
+            )
+    finally:
+        bt.write_text(saved)
     # the weights and tags are settings of the run: a resume with others is refused, naming them
     with pytest.raises(train.settings.SettingsChangedError, match="--corpora: "):
         train.main(

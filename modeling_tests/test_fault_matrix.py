@@ -214,6 +214,119 @@ def test_damaged_checkpoint_is_refused_naming_the_file(short_run, tmp_path, capl
     assert not (tmp_path / "executed").exists()  # nothing was unpickled
 
 
+def reseal(ckpt: Path, name: str) -> None:
+    """Record `name`'s new size and SHA-256 in the manifest (as a tamperer who rewrites checkpoint.json would): only
+    opening the file can tell it apart."""
+    marker = ckpt / checkpointing.MARKER
+    info = json.loads(marker.read_text())
+    file = ckpt / name
+    info["files"][name] = {"size": file.stat().st_size, "sha256": checkpointing.file_digest(file)}
+    marker.write_text(json.dumps(info))
+
+
+LIBRARY_ADVICE = ("weights_only", "Re-running", "add_safe_globals", "safe_globals", "trusted source")
+
+
+def stored_files(ckpt: Path) -> list[str]:
+    return sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
+
+
+def test_a_planted_pickle_in_every_state_file_is_named_and_passed_over(short_run, tmp_path):
+    """A pickle whose unpickling runs code, planted in place of each file of a checkpoint (the manifest rewritten to
+    match, so only opening the file can tell): a resume by path is refused naming that file in our words, without
+    any library's advice to load it unsafely; `latest` passes over it to the previous checkpoint, naming the file."""
+    src, _ = short_run
+    names = stored_files(src / "checkpoints" / "step_4")
+    assert {"optimizer.bin", "model.safetensors", "trainer_state.json", "rng_state_0.json", "checkpoint.json"} <= set(
+        names
+    ) and any(n.startswith("tokenizer/") for n in names)
+    for name in names:
+        run = tmp_path / name.replace("/", "_")
+        shutil.copytree(src, run)
+        ckpt = run / "checkpoints" / "step_4"
+        torch.save(Payload(tmp_path / "executed"), ckpt / name)
+        if name != checkpointing.MARKER:
+            reseal(ckpt, name)
+        with deadline():
+            with pytest.raises(CheckpointError) as err:
+                checkpointing.resolve_resume(str(ckpt), run / "checkpoints")
+            skipped = []
+            resumed = checkpointing.resolve_resume("latest", run / "checkpoints", skipped)
+        message = str(err.value)
+        named = str(ckpt / name) if not name.startswith("tokenizer/") else str(ckpt / name.partition("/")[0])
+        assert named in message, (name, message)
+        assert not any(advice in message for advice in LIBRARY_ADVICE), (name, message)
+        assert resumed == run / "checkpoints" / "step_2", (name, skipped)
+        assert len(skipped) == 1 and named in skipped[0] and "instead" in skipped[0], (name, skipped)
+        assert not any(advice in skipped[0] for advice in LIBRARY_ADVICE), skipped
+    assert not (tmp_path / "executed").exists()  # nothing was unpickled
+
+
+def test_a_refused_state_file_is_named_by_load_checkpoint_itself(short_run, tmp_path):
+    """The loader names the refused file in our words too (a checkpoint that passed the resolution and was
+    replaced afterwards), never chaining the library's exception, whose text advises loading it unsafely."""
+    from accelerate import Accelerator
+
+    src, _ = short_run
+    ckpt = tmp_path / "step_4"
+    shutil.copytree(src / "checkpoints" / "step_4", ckpt)
+    torch.save(Payload(tmp_path / "executed"), ckpt / "optimizer.bin")
+    model = torch.nn.Linear(2, 2)
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(model, torch.optim.Adam(model.parameters()))
+    with pytest.raises(CheckpointError) as err:
+        checkpointing.load_checkpoint(accelerator, ckpt)
+    message = str(err.value)
+    assert message.startswith(f"{ckpt / 'optimizer.bin'}: refused: it holds a pickle that calls exec (code, ")
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+    assert not any(advice in message for advice in LIBRARY_ADVICE), message
+    assert not (tmp_path / "executed").exists()
+
+
+def test_planted_pickle_in_the_optimizer_state_of_real_resumes(short_run, tmp_path):
+    """The issue's case through the command line: a pickle in `optimizer.bin` of the newest checkpoint; by path the
+    resume stops with one line naming the file (exit status 2, nothing trained); with `latest` it resumes from the
+    previous checkpoint, says so naming the file, and finishes. No output ever carries torch's advice."""
+    import subprocess
+
+    from test_training import TRAIN_SCRIPT, subprocess_env
+
+    src, args = short_run
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    ckpt = run / "checkpoints" / "step_4"
+    torch.save(Payload(tmp_path / "executed"), ckpt / "optimizer.bin")
+    reseal(ckpt, "optimizer.bin")
+    base = [a if a != str(src) else str(run) for a in args]
+    by_path = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), *base, "--resume_from_checkpoint", str(ckpt)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
+    assert by_path.returncode == 2, by_path.stderr[-3000:]
+    last = by_path.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"train.py: error: Checkpoint {ckpt} cannot be resumed: {ckpt / 'optimizer.bin'}: refused")
+    assert "Traceback" not in by_path.stderr
+    assert not any(advice in by_path.stdout + by_path.stderr for advice in LIBRARY_ADVICE), by_path.stderr
+    latest = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), *base, "--resume_from_checkpoint", "latest"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=subprocess_env(),
+    )
+    assert latest.returncode == 0, latest.stderr[-3000:]
+    log = (run / "train.log").read_text()
+    assert f"{ckpt / 'optimizer.bin'}: refused: it holds a pickle that calls" in log
+    assert "resuming from the newest intact checkpoint, step_2, instead" in log
+    assert f"Resumed from {run / 'checkpoints' / 'step_2'}: step 2" in log
+    assert not any(advice in latest.stdout + latest.stderr + log for advice in LIBRARY_ADVICE)
+    assert json.loads((run / "results.json").read_text())["steps"] == 4
+    assert not (tmp_path / "executed").exists()
+
+
 # ------------------------------------------------------------------------------------------------ the run log
 RECORDS = [{"step": 4, "loss": 6.9}, {"step": 8, "loss": 6.7}, {"step": 8, "valid_loss": 6.8}]
 LOG_DAMAGE = {

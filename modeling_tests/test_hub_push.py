@@ -3,7 +3,9 @@
 1. The server speaks the protocol the real `huggingface_hub` client uses (plain-file upload/download, LFS,
    revisions, errors with X-Error-Code, token checks, the refuse switch).
 2. `model_cards.publish.push_to_hub`: what gets uploaded, and clear errors (no token, bad repo id, refused push)
-   that leave the local checkpoint intact and never show the token.
+   that leave the local checkpoint intact and never show the token. `train.py --push_to_hub`, checked before any
+   work (no token, offline mode, an unreachable Hub, a rejected or read-only token, a namespace without write
+   access), and a late upload failure that keeps the model and names the command that publishes it.
 3. The round trip: a tiny model of every available variant is trained for a few steps, saved with its tokenizer and
    card, pushed; then a fresh process with an empty HF_HOME and without hf_variants importable loads it with the
    Auto classes and `pipeline("translation", ...)` from the server and must translate exactly like the local model.
@@ -396,6 +398,197 @@ def test_training_script_push_to_hub(hub, tmp_path, monkeypatch):
     assert f"{results['params']:,}" in card.text and f"**{results['train_pairs']}**" in card.text
     assert all(TOKEN.encode() not in blob for blob in remote.values())
     assert all(TOKEN.encode() not in p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
+
+
+# ====================================================================== --push_to_hub checked before training
+@pytest.fixture(scope="module")
+def push_data(tmp_path_factory):
+    """64 training, 4 validation and 4 test pairs of Multi30k en-de (gzip files, the --data_dir layout)."""
+    import gzip
+
+    data = tmp_path_factory.mktemp("push_data")
+    for split, n in (("train", 64), ("val", 4), ("test_2016_flickr", 4)):
+        for lang in ("en", "de"):
+            with gzip.open(data / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in read_sentences(lang, split, n=n)))
+    return data
+
+
+def push_args(data: Path, run_dir: Path, repo_id: str) -> list[str]:
+    """A 2-step tiny run that trains its own tokenizer and pushes to `repo_id`."""
+    return [
+        "--data_dir",
+        str(data),
+        "--preset",
+        "tiny",
+        "--vocab_size",
+        "200",
+        "--max_steps",
+        "2",
+        "--max_tokens",
+        "512",
+        "--warmup_steps",
+        "1",
+        "--eval_steps",
+        "2",
+        "--eval_bleu_pairs",
+        "0",
+        "--num_beams",
+        "1",
+        "--max_len_b",
+        "4",
+        "--num_examples",
+        "0",
+        "--output_dir",
+        str(run_dir),
+        "--push_to_hub",
+        "--hub_model_id",
+        repo_id,
+    ]
+
+
+def train_process(args: list[str], env: dict, timeout: float = 300):
+    """training/train.py in a new process, with `env` over this process's environment (HF_ENDPOINT: the server)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    child = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")}
+    child.update(
+        {"PYTHONPATH": str(root), "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+    )
+    child.update(env)
+    return subprocess.run(
+        [sys.executable, str(root / "training" / "train.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in child.items() if v is not None},
+    )
+
+
+def assert_refused_before_any_work(proc, run_dir: Path, expected: str) -> None:
+    """Exit status 2 with one line naming the problem; no data read, no tokenizer trained, no model built, and the
+    run folder the launch created is gone."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"train.py: error: {expected}"), last
+    assert "hf-variants-publish RUN_DIR --repo_id ID" in last and "Traceback" not in proc.stderr
+    for work in ("Data: ", "Training a shared", "Model transformer_nmt"):
+        assert work not in proc.stdout + proc.stderr, work
+    assert not run_dir.exists()
+    assert TOKEN not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("case", ["no token", "HF_HUB_OFFLINE=1"])
+def test_push_to_hub_without_a_token_or_offline_is_refused_before_any_work(hub, push_data, tmp_path, case):
+    """Real processes: --push_to_hub without a token, or in huggingface_hub's offline mode, stops within the launch
+    (before the data, the tokenizer and the model), naming what is missing; no request reaches the Hub."""
+    run_dir = tmp_path / "run"
+    if case == "no token":
+        env = {"HF_HOME": str(tmp_path / "empty_home")}  # no saved login either
+        expected = "--push_to_hub: no Hugging Face token (--hub_token, the HF_TOKEN environment variable"
+    else:
+        env = {"HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "1"}
+        expected = "--push_to_hub: HF_HUB_OFFLINE=1 is set (huggingface_hub's offline mode)"
+    started = time.time()
+    proc = train_process(push_args(push_data, run_dir, "org/never"), env)
+    seconds = time.time() - started
+    assert_refused_before_any_work(proc, run_dir, expected)
+    assert hub.requests == [] and "org/never" not in hub.repos
+    print(f"{case}: refused in {seconds:.1f} s (the whole process)")
+
+
+def test_push_to_hub_refusals_name_the_hub_and_the_token(hub, push_data, tmp_path, monkeypatch):
+    """An unreachable Hub, a rejected token, a read-only token, and namespaces the token may not write to (a write
+    token of an organization's reader, a fine-grained token without repo.write there) are refused before any work;
+    the token never appears in the message."""
+    import socket
+
+    from hub_server import Identity
+
+    from hf_variants.training import train
+    from hf_variants.training.hub_preflight import HubPushError
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    cases = {
+        "unreachable": (lambda: monkeypatch.setenv("HF_ENDPOINT", closed), f"org/x: cannot reach {closed} ("),
+        "rejected token": (
+            lambda: setattr(hub, "valid_tokens", {"another-token"}),
+            f"org/x: {hub.url} rejected the token (HTTP 401",
+        ),
+        "read-only token": (
+            lambda: hub.identities.update({TOKEN: Identity(name="alice", role="read")}),
+            "org/x: the token of alice is read-only",
+        ),
+        "an organization's reader": (
+            lambda: hub.identities.update({TOKEN: Identity(name="alice", orgs={"org": "read"})}),
+            "org/x: the token may not create or write repositories in the namespace org (HTTP 403)",
+        ),
+        "fine-grained, other namespace": (
+            lambda: hub.identities.update(
+                {TOKEN: Identity(name="alice", role="fineGrained", scoped_write=("alice",))}
+            ),
+            "org/x: the fine-grained token of alice has no write access (repo.write) to org",
+        ),
+    }
+    for case, (arrange, expected) in cases.items():
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        hub.valid_tokens, hub.identities = None, {}
+        arrange()
+        run_dir = tmp_path / case.replace(" ", "_")
+        with pytest.raises(HubPushError) as err:
+            train.main(push_args(push_data, run_dir, "org/x"))
+        message = str(err.value)
+        assert message.startswith(f"--push_to_hub {expected}"), (case, message)
+        assert TOKEN not in message and "Nothing was trained" in message
+        assert not run_dir.exists(), case  # nothing was read, trained or built in it
+        assert "org/x" not in hub.repos, case
+    # a token that may write there passes, and the repository is created when the run starts
+    hub.identities = {TOKEN: Identity(name="alice", role="fineGrained", scoped_write=("org",))}
+    from hf_variants.training.hub_preflight import check_push_target
+
+    check_push_target("org/x", TOKEN, hub.url)
+    assert "org/x" in hub.repos
+    # whoami's strict rate limit (HTTP 429) is no refusal: creating the repository checks the token instead
+    hub.refuse["whoami"] = 429
+    check_push_target("org/y", TOKEN, hub.url)
+    hub.identities = {TOKEN: Identity(name="alice", orgs={"org": "read"})}
+    with pytest.raises(HubPushError, match="may not create or write repositories in the namespace org"):
+        check_push_target("org/z", TOKEN, hub.url)
+    assert "org/y" in hub.repos and "org/z" not in hub.repos
+
+
+def test_a_late_upload_failure_keeps_the_model_and_names_the_command_that_finishes_it(hub, push_data, tmp_path):
+    """The Hub refuses the upload at the end of a real run: the model, its card and results.json stay, the exit
+    status is 4 and the message is the exact hf-variants-publish command, which then publishes the model."""
+    import shlex
+    import sys
+
+    run_dir = tmp_path / "run dir"  # a space: the command quotes the path
+    hub.refuse["commit"] = 500
+    proc = train_process(push_args(push_data, run_dir, "org/late"), {"HF_TOKEN": TOKEN})
+    assert proc.returncode == 4, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"train.py: error: The model is saved in {run_dir / 'model'} (results in ")
+    assert "HTTP 500" in last and TOKEN not in proc.stdout + proc.stderr
+    command = last.split("Finish the job with: ")[1]
+    assert shlex.split(command) == ["hf-variants-publish", str(run_dir), "--repo_id", "org/late"]
+    assert (run_dir / "model" / "model.safetensors").is_file() and (run_dir / "model" / "README.md").is_file()
+    assert json.loads((run_dir / "results.json").read_text())["steps"] == 2
+    assert "model.safetensors" not in hub.files("org/late")  # created when the run started, nothing committed
+    del hub.refuse["commit"]
+    from test_user_guide import run_command
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("HF_TOKEN", TOKEN)
+        monkeypatch.setattr(sys, "argv", sys.argv)
+        run_command(shlex.split(command), monkeypatch)
+    remote = hub.files("org/late")
+    assert remote["model.safetensors"] == (run_dir / "model" / "model.safetensors").read_bytes()
 
 
 # ======================================================================================= 3. the round trip

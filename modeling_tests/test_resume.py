@@ -3,6 +3,7 @@ settings is refused (or, when allowed, applied and recorded); checkpoints hold n
 executes code, while an exact resume stays bit-identical."""
 
 import json
+import os
 import random
 import re
 import shutil
@@ -249,6 +250,109 @@ def test_allowed_changes_take_effect_and_are_recorded(short_run, data_dir, token
     assert results["settings_changes"][-1] == {"step": 6, "setting": "max_steps", "from": 6, "to": 8, "free": True}
 
 
+# ------------------------------------------------------------------------------------------- changed data
+def sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_resume_on_data_replaced_at_the_same_path_is_refused_naming_it(data_dir, tokenizer_dir, tmp_path):
+    """A run, then its training files replaced by other pairs at the same path: a resume in a second process is
+    refused (exit status 2, nothing written) naming each changed file with both fingerprints and the flag that
+    accepts the change; with `--allow_changed_settings data` it resumes, and the change is in train.log,
+    results.json and the model card."""
+    import subprocess
+
+    from test_training import MULTI30K, TRAIN_SCRIPT, head, subprocess_env, write_lines
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    run = tmp_path / "run"
+    args = tiny_args(data, run, *COMMON, "--max_valid_pairs", "8", tokenizer=tokenizer_dir, steps=4)
+    train.main(args)
+    saved = {
+        lang: (sha256(data / f"train.{lang}.gz"), (data / f"train.{lang}.gz").stat().st_size) for lang in ("en", "de")
+    }
+    for lang in ("en", "de"):  # other pairs, written to a new file renamed over the old one
+        write_lines(tmp_path / "new.gz", head(MULTI30K / f"train.{lang}.gz", 600)[300:])
+        os.replace(tmp_path / "new.gz", data / f"train.{lang}.gz")
+    before = {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")}
+    resume = args + ["--resume_from_checkpoint", "latest"]
+    proc = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), *resume], capture_output=True, text=True, timeout=300, env=subprocess_env()
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    message = proc.stderr[proc.stderr.index("train.py: error: ") :]
+    ckpt = run / "checkpoints" / "step_4"
+    assert message.startswith(f"train.py: error: Cannot resume {ckpt}: the data changed since it was written")
+    for lang in ("en", "de"):
+        new = data / f"train.{lang}.gz"
+        old_digest, old_size = saved[lang]
+        assert (
+            f"  train {lang} ({new}): sha256 {old_digest} ({old_size:,} bytes) -> sha256 {sha256(new)} "
+            f"({new.stat().st_size:,} bytes)"
+        ) in message, message
+    assert "valid" not in message.split("\n", 1)[1].split("The run")[0]  # the validation files did not change
+    assert "pass --allow_changed_settings data to train on the new data from step 4 on" in message
+    assert "Traceback" not in proc.stderr
+    assert {p.relative_to(run): p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing written
+
+    results = train.main(resume + ["--allow_changed_settings", "data", "--max_steps", "6"])
+    assert results["steps"] == 6
+    changes = [c for c in results["settings_changes"] if c["setting"] == "data"]
+    assert [c["from"].split(":")[0] for c in changes] == ["train de (train.de.gz)", "train en (train.en.gz)"]
+    assert all(c["step"] == 4 and not c["free"] for c in changes)
+    assert (
+        changes[1]["to"] == f"sha256 {sha256(data / 'train.en.gz')} ({(data / 'train.en.gz').stat().st_size:,} bytes)"
+    )
+    assert "Resuming step_4 with the data changed: train en" in (run / "train.log").read_text()
+    card = (run / "model" / "README.md").read_text(encoding="utf-8")
+    assert "| Resumed at step 4 with | `max_steps` 4 → 6; `data` train de (train.de.gz): sha256 " in card
+    assert str(tmp_path) not in card  # no machine paths
+    # the new data is now the checkpoint's: the next resume goes on without a word
+    again = train.main(args + ["--resume_from_checkpoint", "latest", "--max_steps", "7"])
+    assert [c["step"] for c in again["settings_changes"] if c["setting"] == "data"] == [4, 4]
+
+
+def test_data_fingerprint_follows_the_content(tmp_path):
+    """A file's digest is reused only for the version it was computed for: the same bytes written again keep the
+    fingerprint; other bytes of the same size with the old modification time set back are still noticed (the
+    status-change time moved). A `save_to_disk` folder replaced by another dataset changes its fingerprint."""
+    import datasets
+
+    from hf_variants.training import data_fingerprint
+    from hf_variants.training.sources import SplitSource
+
+    memo = tmp_path / "memo"
+    file = tmp_path / "train.en"
+    file.write_bytes(b"one\ntwo\n")
+    first = data_fingerprint.file_fingerprint(file, memo)
+    assert first["sha256"] == sha256(file) and first["size"] == 8 and len(list(memo.iterdir())) == 1
+    assert data_fingerprint.file_fingerprint(file, memo) == first  # from the memo
+    mtime = file.stat().st_mtime_ns
+    file.write_bytes(b"one\ntwo\n")
+    assert data_fingerprint.file_fingerprint(file, memo) == first
+    file.write_bytes(b"one\nTWO\n")
+    os.utime(file, ns=(mtime, mtime))
+    changed = data_fingerprint.file_fingerprint(file, memo)
+    assert changed["sha256"] == sha256(file) != first["sha256"]
+    (next(memo.iterdir())).write_text("not json")  # a damaged memo is ignored
+    assert data_fingerprint.file_fingerprint(file, memo) == changed
+
+    def folder_fingerprint(rows):
+        folder = tmp_path / "ds"
+        shutil.rmtree(folder, ignore_errors=True)
+        datasets.Dataset.from_dict({"en": rows, "fr": rows}).save_to_disk(str(folder))
+        source = SplitSource.from_hub(datasets.load_from_disk(str(folder)), str(folder), "train")
+        return data_fingerprint.split_fingerprints({"train": source})
+
+    a, b = folder_fingerprint(["a", "b"]), folder_fingerprint(["a", "c"])
+    assert a == folder_fingerprint(["a", "b"]) and a != b
+    (change,) = data_fingerprint.changes(a, b)
+    assert change["source"] == f"train ({tmp_path / 'ds'}[train])" and change["from"].endswith("(2 rows)")
+
+
 # ----------------------------------------------------------------------------------- the checkpoint format
 def test_rng_state_round_trips_through_json():
     state = json.loads(json.dumps(checkpointing.rng_state()))
@@ -306,8 +410,8 @@ def test_tampered_checkpoint_files_are_refused(tmp_path):
 
     marker = tmp_path / "PWNED"
     cases = {
-        "optimizer.bin": (lambda f: plant(f, marker), r"refused by torch.load\(weights_only=True\)"),
-        "model.safetensors": (lambda f: plant(f, marker), r"loading the model/optimizer state failed"),
+        "optimizer.bin": (lambda f: plant(f, marker), r"optimizer.bin: refused: it holds a pickle that calls exec"),
+        "model.safetensors": (lambda f: plant(f, marker), r"model.safetensors: refused: it is not a safetensors file"),
         "rng_state_0.json": (lambda f: f.write_text("{not json"), r"rng_state_0.json is not valid JSON"),
         "trainer_state.json": (lambda f: f.unlink(), r"trainer_state.json is missing"),
     }
@@ -385,7 +489,7 @@ def test_resume_into_a_new_folder_with_other_data_keeps_the_tokenizer(own_tokeni
     ckpt = own_tokenizer_run / "checkpoints" / "step_4"
     new = tmp_path / "new"
     args = tiny_args(other, new, *COMMON, "--vocab_size", "400", steps=6)
-    results = train.main(args + ["--resume_from_checkpoint", str(ckpt), "--allow_changed_settings", "data_dir"])
+    results = train.main(args + ["--resume_from_checkpoint", str(ckpt), "--allow_changed_settings", "data_dir,data"])
     assert results["steps"] == 6
     log = (new / "train.log").read_text()
     assert "Training a shared" not in log

@@ -150,6 +150,15 @@ def wait_for_log(run_dir: Path, proc, timeout: float = 240) -> None:
     raise AssertionError(f"the run ended or hung before its first log record (rc {proc.poll()})")
 
 
+def stderr_until(proc, prefix: str) -> str:
+    """The process's stderr up to and including its first line that starts with `prefix`."""
+    seen = []
+    while not seen or not seen[-1].startswith(prefix):
+        seen.append(proc.stderr.readline())
+        assert seen[-1], "".join(seen)[-3000:]  # the process ended first
+    return "".join(seen)
+
+
 def children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -176,11 +185,21 @@ def assert_same_run(ref_dir: Path, got_dir: Path) -> None:
         assert got_losses[step] == pytest.approx(ref_losses[step], rel=1e-9), step
 
 
-def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path):
+PREEMPT_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tokenizer_dir, tmp_path_factory):
+    """The preemption tests' run without an interruption (PREEMPT, 30 steps)."""
+    ref = tmp_path_factory.mktemp("uninterrupted") / "ref"
+    train.main(tiny_args(data_dir, ref, *PREEMPT, tokenizer=tokenizer_dir, steps=PREEMPT_STEPS))
+    return ref
+
+
+def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
     """SIGTERM, then SIGUSR1 while the checkpoint is being written: one checkpoint at the next step boundary, exit
     status 143; `--resume_from_checkpoint latest` ends exactly as an uninterrupted run."""
-    steps = 30
-    train.main(tiny_args(data_dir, tmp_path / "ref", *PREEMPT, tokenizer=tokenizer_dir, steps=steps))
+    steps = PREEMPT_STEPS
     out = tmp_path / "run"
     cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
         data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=steps
@@ -188,9 +207,9 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     wait_for_log(out, proc)
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGUSR1)  # a second signal, during the save, changes nothing
-    _, stderr = proc.communicate(timeout=240)
+    seen = stderr_until(proc, "SIGTERM received:")  # (two signals pending at once are handled in signal order)
+    os.kill(proc.pid, signal.SIGUSR1)  # a second signal, while it stops, changes nothing
+    stderr = seen + proc.communicate(timeout=240)[1]
     assert proc.returncode == 143, stderr[-3000:]
     checkpoints = checkpointing.list_checkpoints(out / "checkpoints")
     step = checkpoints[-1][0]
@@ -232,7 +251,55 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()
-    assert_same_run(tmp_path / "ref", out)
+    assert_same_run(uninterrupted, out)
+
+
+def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
+    """A real SIGINT (Ctrl-C) to a training process is handled like SIGTERM: one line, a checkpoint at the next step
+    boundary, exit status 130 (128 + SIGINT) without a traceback; the resume ends exactly as an uninterrupted run.
+    A second Ctrl-C while it stops ends the process at once, by SIGINT."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+        data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=PREEMPT_STEPS
+    )
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    wait_for_log(out, proc)
+    os.kill(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 130, stderr[-3000:]
+    step = checkpointing.list_checkpoints(out / "checkpoints")[-1][0]
+    assert 3 <= step < PREEMPT_STEPS, stderr[-2000:]
+    assert (
+        "SIGINT received: saving a checkpoint at the next step boundary, then exiting (Ctrl-C again: stop at once, "
+        "without it)" in stderr
+    )
+    assert stderr.strip().splitlines()[-1] == (
+        f"train.py: Interrupted (SIGINT): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
+        f"exiting with status 130. Continue with --resume_from_checkpoint latest."
+    )
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()
+    assert_same_run(uninterrupted, out)
+
+    again = tmp_path / "again"
+    proc = subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT)]
+        + tiny_args(data_dir, again, *PREEMPT, tokenizer=tokenizer_dir, steps=PREEMPT_STEPS),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    wait_for_log(again, proc)
+    os.kill(proc.pid, signal.SIGINT)
+    seen = stderr_until(proc, "SIGINT received:")  # the first one is being handled
+    os.kill(proc.pid, signal.SIGINT)
+    stderr = seen + proc.communicate(timeout=240)[1]
+    assert proc.returncode == -signal.SIGINT, stderr[-3000:]  # ended by the signal itself
+    assert "SIGINT received again while stopping (after SIGINT): stopping at once" in stderr
+    assert "Traceback" not in stderr and "Interrupted (SIGINT)" not in stderr
 
 
 def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path):

@@ -17,6 +17,10 @@ How each block runs (the only changes the test makes, all listed here):
     for `accelerate launch [LAUNCHER OPTIONS] -m hf_variants.training.train ARGS`, which runs the module's command
     in this one process; the launcher options are checked, not executed: every `--config_file` must be one of the
     clone's accelerate configs and parse as YAML, `--machine_rank` must be below its `num_machines`.
+  * A launch over several machines (`--num_machines` above 1, or a config's `num_machines`) is one command per
+    machine: they must follow each other with `--machine_rank` 0, 1, ... and be identical apart from it; they are
+    checked, not run here (one process cannot be two machines): `test_multi_node.py` runs the guide's one-machine
+    rehearsal block for real, as two launchers.
   * `hf-variants-export-onnx` gets `--no_shared_cache` appended: two graphs (encoder, decoder step) instead of
     three, the shared-cache step graph being the slowest third of the export (the ONNX tests cover it).
   * `hf-variants-publish` uploads to the in-process Hub server of `conftest_hub` (`HF_ENDPOINT`, any token).
@@ -29,6 +33,7 @@ How each block runs (the only changes the test makes, all listed here):
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import itertools
 import json
 import re
@@ -115,9 +120,10 @@ def run_console_script(name: str, args: list[str], monkeypatch) -> None:
     assert status in (None, 0), f"{name} {shlex.join(args)} exited with {status!r}"
 
 
-def check_launcher_options(options: list[str]) -> None:
-    """`accelerate launch` options before `-m`: config files of the clone, a machine rank it has."""
-    config = {}
+def check_launcher_options(options: list[str]) -> tuple[int, int]:
+    """`accelerate launch` options before `-m`: config files of the clone, a machine rank it has, a main process
+    address and port. Returns (machines, this machine's rank)."""
+    config, machines, rank = {}, None, 0
     it = iter(options)
     for option in it:
         if option == "--config_file":
@@ -126,20 +132,43 @@ def check_launcher_options(options: list[str]) -> None:
             config = yaml.safe_load(path.read_text())
             assert config["distributed_type"] in ("MULTI_GPU", "FSDP", "MULTI_CPU", "NO"), config
         elif option == "--machine_rank":
-            assert 0 <= int(next(it)) < config.get("num_machines", 1)
+            rank = int(next(it))
+        elif option == "--num_machines":
+            machines = int(next(it))
+            assert machines >= 1
         elif option == "--num_processes":
             assert int(next(it)) >= 1
+        elif option == "--mixed_precision":
+            assert next(it) in ("no", "fp16", "bf16")
+        elif option == "--main_process_ip":
+            ipaddress.ip_address(next(it))
+        elif option == "--main_process_port":
+            assert 1 <= int(next(it)) < 65536
         else:
             assert option in ("--multi_gpu", "--cpu"), f"launcher option {option} not checked by the test"
+    machines = machines or config.get("num_machines", 1)
+    assert 0 <= rank < machines, (rank, machines)
+    return machines, rank
 
 
-def run_command(argv: list[str], monkeypatch) -> None:
+def run_command(argv: list[str], monkeypatch, machines: dict | None = None) -> None:
+    """Run one command of the guide (see the module docstring); `machines`: the state of a launch over several
+    machines, carried from command to command."""
     name, args = argv[0], argv[1:]
     if argv[:2] == ["accelerate", "launch"]:
         m = args.index("-m")
-        check_launcher_options(args[1:m])
+        count, rank = check_launcher_options(args[1:m])
         assert args[m + 1] == TRAIN_MODULE, args
         assert SCRIPTS["hf-variants-train"].startswith(TRAIN_MODULE + ":")
+        if count > 1:  # one command per machine, identical apart from the rank: checked, not run in this process
+            i = args.index("--machine_rank")
+            same = args[:i] + args[i + 2 :]
+            if rank == 0:
+                machines.update(command=same, next=1, count=count)
+            else:
+                assert machines.get("command") == same and machines.get("next") == rank, (machines, argv)
+                machines["next"] += 1
+            return
         name, args = "hf-variants-train", args[m + 2 :]
     if name == "hf-variants-train":
         run_console_script(name, args + TINY_TRAINING, monkeypatch)
@@ -169,8 +198,10 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  #
         if lang == "python":
             exec(compile(code, f"{GUIDE.name} block", "exec"), namespace)
         elif lang == "bash":
+            machines: dict = {}
             for argv in shell_commands(code):
-                run_command(argv, monkeypatch)
+                run_command(argv, monkeypatch, machines)
+            assert machines.get("next", 0) == machines.get("count", 0), machines  # every machine's command
         else:
             continue
         ran[lang] += 1

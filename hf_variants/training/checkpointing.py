@@ -29,10 +29,13 @@ leaves either a complete checkpoint or a temporary folder that is ignored (and r
 and folder of it is fsync'ed before that rename (and `checkpoints/` after it), so a machine crash does not publish a
 checkpoint whose files are not on disk either.
 
-A resume checks the manifest first (`verify_checkpoint`: sizes, then digests) and names the damaged file;
-`--resume_from_checkpoint latest` falls back to the newest intact checkpoint (`resolve_resume`). Checkpoints written
-before the manifest existed still resume: their weights (safetensors header) and torch archives (zip directory) are
-checked for truncation instead. Measured on a `small`-preset checkpoint (86.8 MB: weights and Adam state) on a
+A resume checks the manifest first (`verify_checkpoint`: sizes, then digests) and names the damaged file, then
+opens every file as the resume will, without loading tensors (`refused_files`, hf_variants/training/state_files.py:
+a torch archive whose pickle is not one of tensors, a JSON file that does not parse, another tokenizer), naming
+the refused file in our words (never a library's advice to load it unsafely); `--resume_from_checkpoint latest`
+falls back past either to the newest checkpoint that passes (`resolve_resume`). Checkpoints written before the
+manifest existed still resume: their weights (safetensors header) and torch archives (zip directory) are checked
+for truncation instead. Measured on a `small`-preset checkpoint (86.8 MB: weights and Adam state) on a
 busy 2-core machine: `save_checkpoint` 0.57 s, of which the SHA-256 of every file 0.22 s (the files are read back
 from the page cache; SHA-256 runs at ~1.7 GB/s on an idle core with SHA-NI, CRC32 was only 1.6x faster here, the
 read dominating); the same again at resume. Every file is digested, weights and optimizer state included: a flipped
@@ -52,15 +55,17 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
 import torch
+
+from . import state_files
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 MARKER = "checkpoint.json"
@@ -84,6 +89,8 @@ class CheckpointError(RuntimeError):
 
 class DiskFullError(CheckpointError):
     """A checkpoint could not be written: no space left on the device (or the disk quota is exhausted)."""
+
+    exit_code = 1  # of the command line (a refused checkpoint: 2)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
@@ -137,6 +144,10 @@ def resolve_resume(
             problems = damaged_files(path)
             if problems:
                 damaged.append(f"Checkpoint {path} is damaged: " + "; ".join(problems))
+                continue
+            problems = refused_files(path)
+            if problems:  # a file that would be refused on load (a planted pickle): passed over the same way
+                damaged.append(f"Checkpoint {path} cannot be resumed: " + "; ".join(problems))
                 continue
             for message in damaged:
                 message = f"{message}; resuming from the newest intact checkpoint, {path.name}, instead."
@@ -296,12 +307,25 @@ def damaged_files(path: str | os.PathLike) -> list[str]:
     return problems + _unlisted_files(path, files)
 
 
+def refused_files(path: str | os.PathLike) -> list[str]:
+    """One line per file of an intact checkpoint that a resume would refuse (`state_files.file_problems`: a torch
+    archive whose pickle is not one of tensors, a safetensors or JSON file that does not parse, a tokenizer other
+    than the recorded one), each naming the file; [] when every file loads."""
+    info = checkpoint_info(path)
+    recorded = info.get(TOKENIZER_KEY)
+    return state_files.file_problems(path, TOKENIZER_DIR, recorded if isinstance(recorded, str) else None)
+
+
 def verify_checkpoint(path: str | os.PathLike) -> dict:
-    """`check_resumable(path)`, then `damaged_files(path)`: a `CheckpointError` naming every damaged file."""
+    """`check_resumable(path)`, then `damaged_files(path)` and `refused_files(path)`: a `CheckpointError` naming
+    every damaged or refused file."""
     info = check_resumable(path)
     problems = damaged_files(path)
     if problems:
         raise CheckpointError(f"Checkpoint {path} is damaged: " + "; ".join(problems))
+    problems = refused_files(path)
+    if problems:
+        raise CheckpointError(f"Checkpoint {path} cannot be resumed: " + "; ".join(problems))
     return info
 
 
@@ -703,17 +727,17 @@ def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool =
     if rng_file.is_file() or not missing_rng_ok:
         rng = _read_json(rng_file, f"the random states of process {accelerator.process_index}")
     try:
-        accelerator.load_state(str(path), load_kwargs={"weights_only": True})
-    except pickle.UnpicklingError as err:
-        raise CheckpointError(
-            f"{path}: a state file was refused by torch.load(weights_only=True) ({err}); the "
-            f"checkpoint is damaged or was tampered with. Nothing in it was executed."
-        ) from None
+        with warnings.catch_warnings():  # torch's warnings about a pickle's protocol: the refusal below says it
+            warnings.simplefilter("ignore")
+            accelerator.load_state(str(path), load_kwargs={"weights_only": True})
     except Exception as err:  # noqa: BLE001 - any failure of a needed state file stops the resume, naming it
-        culprit = _failing_state_file(path)
+        # the file and our reason; never the library's text (torch advises weights_only=False: running the file)
+        refused = _failing_state_file(path)
+        if refused is not None:
+            raise CheckpointError(str(refused)) from None
         raise CheckpointError(
-            f"{culprit or path}: loading the model/optimizer state failed ({type(err).__name__}: {err})."
-        ) from err
+            f"{path}: loading the model/optimizer state failed: {state_files.refusal_reason(err)}."
+        ) from None
     if rng is not None:
         set_rng_state(rng, str(rng_file))
     else:
@@ -723,21 +747,19 @@ def load_checkpoint(accelerator, path: str | os.PathLike, missing_rng_ok: bool =
     return trainer_state
 
 
-def _failing_state_file(path: Path) -> Path | None:
-    """After `load_state` failed: the first state file that does not load on its own (safetensors, or torch.load
-    with weights_only=True), to name it."""
-    from safetensors.torch import load_file
-
+def _failing_state_file(path: Path) -> state_files.RefusedFileError | None:
+    """After `load_state` failed: the refusal of the first state file that does not load on its own (safetensors,
+    or torch.load with weights_only=True), naming it."""
     for file in sorted(path.rglob("*")):
-        if file.suffix not in (".safetensors", ".bin", ".pt") or not file.is_file():
+        if file.suffix not in (state_files.SAFETENSORS_SUFFIX, *state_files.TORCH_SUFFIXES) or not file.is_file():
             continue
         try:
-            if file.suffix == ".safetensors":
-                load_file(str(file))
+            if file.suffix == state_files.SAFETENSORS_SUFFIX:
+                state_files.load_safetensors(file)
             else:
-                torch.load(file, map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - this is the file that fails
-            return file
+                state_files.load_torch_file(file)
+        except state_files.RefusedFileError as err:  # this is the file that fails
+            return err
     return None
 
 
@@ -752,12 +774,14 @@ def weights_file(checkpoint: str | os.PathLike) -> Path:
 
 
 def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint; a `CheckpointError` naming the file when it is refused."""
     path = weights_file(checkpoint)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        if path.suffix == state_files.SAFETENSORS_SUFFIX:
+            return state_files.load_safetensors(path)
+        return state_files.load_torch_file(path)
+    except state_files.RefusedFileError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

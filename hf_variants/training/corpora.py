@@ -260,6 +260,18 @@ def corpus_source(spec: dict, args, languages: Sequence[str]) -> data_pipeline.S
     )
 
 
+def sources_by_corpus(args, languages: Sequence[str]) -> dict:
+    """{"train <name>": source} of every corpus, for the data fingerprint a resume compares
+    (`data_fingerprint.check_resume`); a corpus that cannot be resolved here is left out (loading names it)."""
+    out = {}
+    for spec in args.corpora or []:
+        try:
+            out[f"train {spec['name']}"] = corpus_source(spec, args, languages)
+        except Exception:  # noqa: BLE001 - reported where the data is loaded
+            continue
+    return out
+
+
 def load_corpus_rows(args, languages: Sequence[str]) -> CorpusRows:
     """Every corpus's rows (stage 1 of the cache, each its own entry), the first --max_train_pairs of each; a
     corpus without a language of the run's directions is named."""

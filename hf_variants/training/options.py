@@ -356,14 +356,15 @@ def add_checkpoints_args(g) -> None:
         default=143,
         help="exit status after SIGTERM or SIGUSR1 (preemption: `sbatch --signal=USR1@120`, Kubernetes): "
         "every process checkpoints at the next step boundary and exits with it; continue with "
-        "--resume_from_checkpoint latest",
+        "--resume_from_checkpoint latest (Ctrl-C does the same but exits with 130; twice: stops at once)",
     )
     g.add_argument(
         "--allow_changed_settings",
         metavar="NAME[,NAME...]",
         nargs="+",
         action="extend",
-        help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed): "
+        help="resume even though these settings differ from the checkpoint's (e.g. learning_rate,seed; data: the "
+        "content of the training or validation data): "
         "the new values apply from the resumed step on and are recorded in results.json and the "
         "model card. Without it a resume with changed settings is refused, except for settings "
         "that do not change what is computed (max_steps, num_epochs, logging/eval/save cadence, "
@@ -473,7 +474,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                 settings.parse_allowed(
                     args.allow_changed_settings,
                     [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
-                    + ["num_processes", "mixed_precision", "device", "corpora"],
+                    + list(settings.DERIVED)
+                    + ["corpora"],
                     settings.option_names(parser),
                 )
             )

@@ -9,6 +9,8 @@ compares them with the new invocation's settings:
   inverse-sqrt schedule does not depend on them). Their changes are logged and recorded.
 - `FIXED` settings can never change on a resume: the model and its tokenizer were built from them (a resumed run
   loads the run's saved tokenizer and the checkpoint's weights, so a new value could not take effect).
+- `data`: the content fingerprint of the training and validation data (hf_variants/training/data_fingerprint.py),
+  compared by that module (naming each changed source), not by `resume_changes`.
 - every other setting (seed, data, batching, optimizer, schedule, dropout, validation, number of processes, mixed
   precision, device, ...) changes what the run computes from the checkpoint on. A resume with such a change is
   refused with a message naming every changed field (old -> new), unless `--allow_changed_settings NAME,...` names
@@ -84,6 +86,11 @@ FIXED = frozenset(
     }
 )
 
+# Settings fixed at run time rather than given as options (accepted by --allow_changed_settings as well); `data`
+# is compared by hf_variants/training/data_fingerprint.py
+DERIVED = ("num_processes", "mixed_precision", "device", "data")
+COMPARED_ELSEWHERE = frozenset({"data"})
+
 # Settings whose new value must be written into the restored optimizer/scheduler state to take effect.
 OPTIMIZER_SETTINGS = frozenset(
     {"learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "warmup_steps"}
@@ -141,7 +148,11 @@ def parse_allowed(
 def diff(old: Mapping, new: Mapping) -> list[tuple[str, object, object]]:
     """`(name, old value, new value)` of every setting present in both and different, sorted by name. A setting
     missing from `old` (written by a version without it) is not compared."""
-    return [(k, old[k], new[k]) for k in sorted(new) if k in old and _jsonable(old[k]) != _jsonable(new[k])]
+    return [
+        (k, old[k], new[k])
+        for k in sorted(new)
+        if k in old and k not in COMPARED_ELSEWHERE and _jsonable(old[k]) != _jsonable(new[k])
+    ]
 
 
 def _fmt(value) -> str:

@@ -43,8 +43,10 @@ from ..outputs import (  # noqa: E402
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
 from . import averaging, checkpointing, corpora, corpus, data_pipeline, external, progress, run_lock, settings
 from .corpus import DataError, DropReport  # noqa: E402
+from .data_fingerprint import check_resume as check_resume_data  # noqa: E402
 from .early_stopping import summary as early_stopping_summary  # noqa: E402
 from .fast_step import adam, compile_body  # noqa: E402
+from .hub_preflight import preflight, push_trained_model  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
     CHECKOUT,
     DEFAULT_DATA_DIR,
@@ -400,9 +402,9 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     return tokenizer, target_tags, sets, reports
 
 
-def build_model(args, tokenizer, languages: list[str], target_tags: bool, target_languages: list[str] | None = None):
-    """The run's model; its config records the run's label smoothing and target languages (`target_languages`:
-    a model with one target translates without `tgt_lang`)."""
+def build_model(args, tokenizer, languages: list[str], target_tags: bool, directions: list[tuple[str, str]] = ()):
+    """The run's model; its config records the run's label smoothing and its source and target languages (from the
+    run's `directions`: a model with one target translates without `tgt_lang`, and refuses other languages)."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     from ..configuration_transformer_nmt import apply_config_overrides
@@ -410,8 +412,9 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, target
 
     overrides = parse_overrides(args.config_overrides)
     fields = dict(label_smoothing=args.label_smoothing)
-    if target_languages:
-        fields["target_languages"] = list(dict.fromkeys(target_languages))
+    if directions:
+        fields["source_languages"] = list(dict.fromkeys(s for s, _ in directions))
+        fields["target_languages"] = list(dict.fromkeys(t for _, t in directions))
     if args.dropout is not None:
         fields["dropout"] = args.dropout
     if args.model_name_or_path:
@@ -421,8 +424,9 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, target
         if missing:
             raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
         # names checked and values validated as when building a config (`label_smoothing` is no Marian field)
-        if not set(fields.get("target_languages", [])) <= set(getattr(config, "languages", None) or []):
-            fields.pop("target_languages")  # a model without a language list (a bilingual baseline)
+        for name in ("source_languages", "target_languages"):  # a model without a language list (bilingual)
+            if not set(fields.get(name, [])) <= set(getattr(config, "languages", None) or []):
+                fields.pop(name)
         config = apply_config_overrides(
             config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
         )
@@ -556,15 +560,6 @@ def write_model_card(model_dir: Path, results: RunRecord, repo_id: str | None) -
         )
 
 
-def push(run_dir: Path, args) -> None:
-    """Upload of run_dir/model with its card (model_cards.publish; the card is rebuilt from results.json with the
-    repository id)."""
-    from model_cards.publish import push_to_hub
-
-    url = push_to_hub(run_dir / "model", args.hub_model_id, token=args.hub_token)
-    logger.info("Pushed to %s", url)
-
-
 # ------------------------------------------------------------------------------------------------------ stages
 def run_name_for(args, directions) -> str:
     """--run_name, or <model_type>-<directions>[-bi][-<preset> unless small]."""
@@ -693,7 +688,9 @@ def setup_run(args) -> RunContext:
             mixed_precision=str(accelerator.mixed_precision),
             device=accelerator.device.type,
         )
-        settings_changes = resume_settings_changes(args, resume, run_settings)
+        settings_changes = resume_settings_changes(args, resume, run_settings) + check_resume_data(
+            args, accelerator, resume, run_settings, languages, split_source, IN_MEMORY_SPLITS.get() is not None
+        )
     except BaseException:  # a refused resume: the run folder is free again
         if lock is not None:
             lock.release()
@@ -950,7 +947,7 @@ def build_job(run: RunContext, data: RunData) -> Job:
     from transformers import get_scheduler
 
     args, accelerator = run.args, run.accelerator
-    model = build_model(args, data.tokenizer, run.languages, data.target_tags, [t for _, t in run.eval_directions])
+    model = build_model(args, data.tokenizer, run.languages, data.target_tags, list(run.eval_directions))
     check_source_annotations(model, args)
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)
@@ -1156,7 +1153,7 @@ def print_summary(
 
 @contextlib.contextmanager
 def final_stage(trainer: Trainer, stage: str):
-    """A final stage (after training: the last checkpoint is current). A SIGTERM/SIGUSR1 stops it: a single process
+    """A final stage (after training: the last checkpoint is current). A stop signal stops it: a single process
     at once (the handler raises `StopRequested`), several at the next stage boundary (`Trainer.stop_point`, a
     collective); the run then exits with the requeue status, and a resume finishes the job without training."""
     signals = trainer.signals
@@ -1188,7 +1185,7 @@ def finish(trainer: Trainer) -> dict | None:
             )
     trainer.stop_point("final evaluation")
     wall_time = trainer.wall_time()
-    results = None
+    results = upload_failed = None
     with final_stage(trainer, "final save"):
         if accelerator.is_main_process:
             results = build_results(trainer, final_model, final_source, scores, split_label, eval_pairs, wall_time)
@@ -1201,13 +1198,15 @@ def finish(trainer: Trainer) -> dict | None:
                 )
             atomic_write_json(run.run_dir / "results.json", results.to_dict())
             print_summary(run.run_dir, args, results, scores, eval_split, model_dir, data.train_report)
-            if args.push_to_hub:
+            if args.push_to_hub:  # a failed upload keeps the model and ends the run with the command that finishes it
                 trainer.signals.stage = "upload"
-                push(run.run_dir, args)
+                upload_failed = push_trained_model(run.run_dir, args)
     trainer.stop_point(trainer.signals.received_stage or "final save")
     if run.trackers:
         accelerator.end_training()
     accelerator.wait_for_everyone()
+    if upload_failed:
+        raise upload_failed
     return results.to_dict() if results is not None else None
 
 
@@ -1249,13 +1248,14 @@ def run_training(args) -> dict | None:
     refused = False
     try:
         try:
+            preflight(run)  # --push_to_hub: token, repo id, the Hub and write access, before any work
             data = load_data(run)
             job = build_job(run, data)
             trainer = Trainer(run, data, job)
         except DataError:
             refused = new_folder
             raise
-        trainer.signals.install()  # SIGTERM/SIGUSR1 mean "checkpoint and requeue" in every stage from here on
+        trainer.signals.install()  # SIGTERM/SIGUSR1/SIGINT mean "checkpoint and stop" in every stage from here on
         try:
             try:
                 trainer.train()
@@ -1355,9 +1355,9 @@ def cli() -> None:
     except TrainingStopped as stopped:
         print(f"{prog}: {stopped}", file=sys.stderr)
         sys.exit(stopped.exit_code)
-    except (DataError, UnsupportedLaunchError) as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    except (DataError, UnsupportedLaunchError, settings.SettingsChangedError, checkpointing.CheckpointError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)  # a refused resume names the setting or the file
+        sys.exit(getattr(error, "exit_code", 2))  # a full disk: 1; a failed upload (the model is saved): 4
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ logger = logging.getLogger("hf_variants.train")
 # checkpoint loads (the config + its weights: training/translate.py) before the run has finished
 MODEL_CONFIG_DIR = "model_config"
 EXIT_NONFINITE = 3  # exit status of a run stopped by a non-finite loss (--on_nonfinite stop)
+EXIT_INTERRUPTED = 130  # exit status of a process stopped by Ctrl-C (SIGINT) after its checkpoint: 128 + SIGINT
 
 
 class TrainingStopped(RuntimeError):
@@ -408,14 +409,16 @@ class StopRequested(BaseException):
 
 
 class StopSignals:
-    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption; `sbatch --signal=USR1@120`) set a
-    flag instead of ending the process, whatever stage the run is in (`stage`): during training the trainer
-    checkpoints and exits at the next step boundary; in the final stages (final evaluation, final save, model card)
-    the last checkpoint is current, and the run stops there (at once when `interrupt` is set: `StopRequested` is
-    raised; else at the next stage boundary) and exits with the requeue status. A second signal while that happens
-    changes nothing."""
+    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption; `sbatch --signal=USR1@120`) and SIGINT
+    (Ctrl-C) set a flag instead of ending the process, whatever stage the run is in (`stage`): during training the
+    trainer checkpoints and exits at the next step boundary; in the final stages (final evaluation, final save,
+    model card) the last checkpoint is current, and the run stops there (at once when `interrupt` is set:
+    `StopRequested` is raised; else at the next stage boundary) and exits with the requeue status (after SIGINT:
+    `EXIT_INTERRUPTED`, 130). A second SIGTERM/SIGUSR1 while that happens changes nothing; a second Ctrl-C stops the
+    process at once (SIGINT's default action: the newest complete checkpoint stays, a partial one is ignored and
+    removed by the next save). SIGINT is left alone where the process was started with it ignored (`nohup`, `&`)."""
 
-    SIGNALS = ("SIGTERM", "SIGUSR1")
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
     def __init__(self):
         self.received: str | None = None
@@ -433,7 +436,7 @@ class StopSignals:
             return False
         for name in self.SIGNALS:
             sig = getattr(signal, name, None)
-            if sig is not None:
+            if sig is not None and not (name == "SIGINT" and signal.getsignal(sig) == signal.SIG_IGN):
                 self.previous[sig] = signal.signal(sig, self._handle)
         return True
 
@@ -449,18 +452,24 @@ class StopSignals:
         import signal
 
         name = signal.Signals(signum).name
+        if self.received is not None and name == "SIGINT":  # Ctrl-C again: stop now, as Ctrl-C does
+            os.write(2, f"{name} received again while stopping (after {self.received}): stopping at once\n".encode())
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self.received is not None:
             note = f"{name} received while stopping (after {self.received}): ignored, the checkpoint is on its way\n"
             os.write(2, note.encode())
             return
         self.received, self.received_stage = name, self.stage
+        again = " (Ctrl-C again: stop at once, without it)" if name == "SIGINT" else ""
         if self.stage == "training":
-            note = f"{name} received: saving a checkpoint at the next step boundary, then exiting\n"
+            note = f"{name} received: saving a checkpoint at the next step boundary, then exiting{again}\n"
         else:
             when = "now" if self.interrupt else "at the end of it"
             note = (
                 f"{name} received during the {self.stage}: stopping {when} (the last checkpoint is current), "
-                f"then exiting\n"
+                f"then exiting{again}\n"
             )
         os.write(2, note.encode())
         if self.interrupt:
@@ -786,7 +795,7 @@ class Trainer:
         )
 
     def stop_requested(self) -> bool:
-        """Whether any process received SIGTERM/SIGUSR1 (a collective every process must reach)."""
+        """Whether any process received SIGTERM/SIGUSR1/SIGINT (a collective every process must reach)."""
         received = self.signals.received is not None
         if self.accelerator.num_processes == 1:
             return received
@@ -799,7 +808,7 @@ class Trainer:
             self.stop_preempted(self.signals.received_stage or stage)
 
     def stop_preempted(self, stage: str = "training") -> None:
-        """All processes agreed that one received SIGTERM/SIGUSR1: checkpoint this step unless its checkpoint is
+        """All processes agreed that one received SIGTERM/SIGUSR1/SIGINT: checkpoint this step unless its checkpoint is
         current (with the logging window not yet logged, so the resumed run logs what an uninterrupted one would)
         and raise `TrainingStopped` (the requeue status). `stage`: what the run was doing (after training: the
         last step's checkpoint is current, and a resume finishes the job without training)."""
@@ -813,14 +822,16 @@ class Trainer:
         received = self.signals.received or "a stop signal in another process"
         during = "" if stage == "training" else f" during the {stage}"
         what = "kept (current)" if kept else "saved"
+        interrupted = received == "SIGINT"  # Ctrl-C: the user's stop, not a preemption to requeue
+        status = EXIT_INTERRUPTED if interrupted else self.args.requeue_exit_code
         message = (
-            f"Preempted ({received}){during}: checkpoint {checkpoint} {what} at step {state.step}; exiting with "
-            f"status {self.args.requeue_exit_code}. Continue with --resume_from_checkpoint latest."
+            f"{'Interrupted' if interrupted else 'Preempted'} ({received}){during}: checkpoint {checkpoint} {what} "
+            f"at step {state.step}; exiting with status {status}. Continue with --resume_from_checkpoint latest."
         )
         logger.warning("%s", message)
         raise TrainingStopped(
             message,
-            self.args.requeue_exit_code,
+            status,
             {
                 "reason": "preempted",
                 "stage": stage,
