@@ -90,6 +90,9 @@ RESULTS_KEYS = (
     "base_model_identity",
     "warm_start_identity",
     "bidirectional",
+    "corpora",
+    "final_model",
+    "early_stopping",
 )
 
 
@@ -277,6 +280,11 @@ NOT_HYPERPARAMETERS = frozenset(
         "allow_large_model",
         "progress_interval",
         "no_progress",
+        "keep_best",
+        "corpora",  # the card's table of corpora
+        "corpus_weights",
+        "corpus_tags",
+        "corpus_spec",
     }
 )
 # train.py's settings that apply to one source of data, one way of building the model or the tokenizer: left off
@@ -682,8 +690,12 @@ def _applied_hyperparameters(results: RunRecord) -> dict:
     and unset values are left out."""
     hyper = redact_secrets(results.hyperparameters or {})
     drop = set(NOT_HYPERPARAMETERS)
-    if hyper.get("train_file") or hyper.get("dataset_name"):
+    if hyper.get("train_file") or hyper.get("dataset_name") or hyper.get("corpora"):
         drop.update(DATA_DIR_SETTINGS)
+    if not hyper.get("patience"):
+        drop.update(("patience", "min_delta"))
+    if hyper.get("ema_decay") is None:
+        drop.update(("ema_start_step", "eval_weights"))
     if not hyper.get("dataset_name"):
         drop.update(DATASET_SETTINGS)
     if hyper.get("model_name_or_path") or results.base_model:
@@ -731,7 +743,42 @@ def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
             by_step.setdefault(change.get("step"), []).append(
                 f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
             )
+    if results.final_model:
+        rows.append(("Final weights", str(results.final_model)))
+    stop = results.early_stopping if isinstance(results.early_stopping, Mapping) else {}
+    if stop.get("stopped_at_step") is not None:
+        rows.append(
+            (
+                "Stopped early",
+                f"at step {_fmt(stop['stopped_at_step'])}: validation {stop.get('metric')} did not improve by more "
+                f"than {_fmt(stop.get('min_delta'))} in {_fmt(stop.get('patience'))} validations",
+            )
+        )
     return rows + [(f"Resumed at step {_fmt(step)} with", "; ".join(items)) for step, items in by_step.items()]
+
+
+def _corpus_rows(results: RunRecord) -> list[dict]:
+    """The training corpora of a run with several (name, source file or dataset, pairs, weight, share, tag)."""
+    rows = []
+    for spec in results.corpora or []:
+        if not isinstance(spec, Mapping):
+            continue
+        source = spec.get("train_file") or spec.get("data_dir") or spec.get("dataset_name") or ""
+        if spec.get("data_dir"):
+            source = f"{_local_name(str(source))}/{spec.get('prefix', 'train')}.*"
+        elif spec.get("train_file"):
+            source = _local_name(str(source))
+        rows.append(
+            {
+                "name": str(spec.get("name", source)),
+                "source": str(source),
+                "pairs": spec.get("pairs"),
+                "weight": spec.get("weight"),
+                "share": spec.get("share"),
+                "tag": spec.get("tag"),
+            }
+        )
+    return rows
 
 
 def _example_languages(src, tgt, languages: list[str], config: Mapping) -> tuple[str, str | None]:
@@ -748,6 +795,7 @@ def _run_template_vars(results: RunRecord) -> dict:
     return dict(
         dataset=results.dataset,
         data_files=_data_files(results),
+        corpora=_corpus_rows(results),
         max_length=(results.hyperparameters or {}).get("max_length"),
         eval_split=_split_name(str(results.eval_split)) if results.eval_split else None,
         train_pairs=results.train_pairs,

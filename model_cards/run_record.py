@@ -85,6 +85,13 @@ class RunRecord:
     # gone when the card is written again): {"name": ..., "hub_id": ...} (model_cards.card.model_identity)
     base_model_identity: dict | None = field(default=None, metadata=_OPTIONAL)
     warm_start_identity: dict | None = field(default=None, metadata=_OPTIONAL)
+    # several training corpora (train.py --train_file ... --corpus_weights/--corpus_tags, --corpus_spec): each
+    # {"name", "train_file" | "data_dir" + "prefix" | "dataset_name" + "split", "weight", "tag", "pairs", "share",
+    # "examples_per_epoch"}
+    corpora: list[dict] | None = field(default=None, metadata=_OPTIONAL)
+    # --patience: {"patience", "min_delta", "metric", "best", "best_step", "validations_without_improvement",
+    # "stopped_at_step" (None: the run did not stop early)}
+    early_stopping: dict | None = field(default=None, metadata=_OPTIONAL)
     extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions
 
     @classmethod

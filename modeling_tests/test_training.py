@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sacrebleu
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -24,7 +25,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from hf_variants import TransformerNmtConfig  # noqa: E402
 from hf_variants.tokenization import train_tokenizer  # noqa: E402
-from hf_variants.training import checkpointing, evaluation, train  # noqa: E402
+from hf_variants.training import best_checkpoints, checkpointing, evaluation, train  # noqa: E402
 from hf_variants.training.corpus import DataError  # noqa: E402
 from hf_variants.training.settings import SettingsChangedError  # noqa: E402
 
@@ -161,22 +162,6 @@ def test_offline_metric_matches_sacrebleu():
 
 
 # ---------------------------------------------------------------------------------------- checkpoint helpers
-def test_average_checkpoints_is_mean_of_weights(tmp_path):
-    torch.manual_seed(0)
-    tensors = []
-    for i in range(3):
-        d = tmp_path / f"step_{i}"
-        d.mkdir()
-        t = {"a": torch.randn(4, 3), "b": torch.randn(5, dtype=torch.float16), "n": torch.tensor([i])}
-        save_file(t, str(d / "model.safetensors"))
-        tensors.append(t)
-    avg = checkpointing.average_checkpoints([tmp_path / f"step_{i}" for i in range(3)])
-    assert torch.allclose(avg["a"], (tensors[0]["a"] + tensors[1]["a"] + tensors[2]["a"]) / 3, atol=1e-6)
-    assert avg["b"].dtype == torch.float16
-    assert torch.allclose(avg["b"].float(), sum(t["b"].double() for t in tensors).float() / 3, atol=1e-3)
-    assert avg["n"].item() == 2  # integer tensors come from the last checkpoint
-
-
 def test_incomplete_checkpoints_are_ignored(tmp_path):
     ckpt = tmp_path / "checkpoints"
     for step, complete in ((2, True), (4, True), (6, False)):
@@ -190,10 +175,17 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     assert checkpointing.resolve_resume("latest", tmp_path / "nothing") is None
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         checkpointing.resolve_resume(str(ckpt / "step_6"), ckpt)
-    checkpointing.rotate_checkpoints(ckpt, keep_last=1, protect={2})
+    # rotation keeps the newest --keep_checkpoints and the best, and deletes only checkpoints the run wrote
+    state = SimpleNamespace(checkpoints=[2, 4], evals=[], best_step=2)
+    args = SimpleNamespace(keep_checkpoints=1, average_last=0, keep_best=0, best_metric="bleu")
+    best_checkpoints.rotate(ckpt, state, args)
     assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [2, 4]
-    checkpointing.rotate_checkpoints(ckpt, keep_last=1)
-    assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [4]
+    state.best_step, state.checkpoints = None, [4]  # step_2 is no checkpoint of this run: kept
+    best_checkpoints.rotate(ckpt, state, args)
+    assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [2, 4]
+    state.checkpoints = [2, 4]
+    best_checkpoints.rotate(ckpt, state, args)
+    assert [s for s, _ in checkpointing.list_checkpoints(ckpt)] == [4] and state.checkpoints == [4]
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "multi_node"])

@@ -83,7 +83,7 @@ TINY_TRAINING = [
     "--warmup_steps",
     "1",
     "--eval_steps",
-    "0",
+    "1",
     "--eval_bleu_pairs",
     "4",
     "--num_beams",
@@ -229,6 +229,9 @@ def write_data(folder: Path) -> None:
             "".join(json.dumps({"translation": {"en": a, "fr": b}}, ensure_ascii=False) + "\n" for a, b in pairs),
             encoding="utf-8",
         )
+    with gzip.open(DATA_DIR / "train.fr.gz", "rt", encoding="utf-8") as f:
+        mono = [line.rstrip("\n") for line in itertools.islice(f, SPLITS["train"][1], SPLITS["train"][1] + 16)]
+    (folder / "mono.fr").write_text("\n".join(mono) + "\n", encoding="utf-8")
 
 
 def write_own_files(folder: Path, tokenizer) -> None:
@@ -478,6 +481,10 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert {"eval_bleu", "eval_chrf", "eval_loss"} <= set(namespace["metrics"])
     plain = namespace["cross_entropy"](namespace["model"], namespace["tokenized"]["validation"], namespace["collator"])
     assert 0 < plain["loss"] < namespace["metrics"]["eval_loss"]  # eval_loss is the label-smoothed one
+    # back-translation: 16 synthetic pairs beside the 48 real ones, tagged; their best checkpoints averaged
+    bt = json.loads((tmp_path / "runs" / "en-fr-bt" / "results.json").read_text())
+    assert [(c["pairs"], c["tag"]) for c in bt["corpora"]] == [(48, None), (16, "<BT>")]
+    assert "(the best 2 by validation bleu" in (tmp_path / "runs" / "en-fr-bt-best2" / "README.md").read_text()
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5

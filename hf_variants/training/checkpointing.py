@@ -1,4 +1,5 @@
-"""Atomic training checkpoints that never execute code on load, resume resolution, rotation and checkpoint averaging.
+"""Atomic training checkpoints that never execute code on load, and resume resolution (rotation:
+`best_checkpoints.py`; averaging: `averaging.py`).
 
 A checkpoint is `run_dir/checkpoints/step_N/`:
 
@@ -590,15 +591,25 @@ def _write_process_part(accelerator, tmp: Path) -> Exception | None:
 
 
 def _seal_checkpoint(
-    tmp: Path, step: int, info: dict | None, trainer_state: dict | None, tokenizer_dir: Path | None = None
+    tmp: Path,
+    step: int,
+    info: dict | None,
+    trainer_state: dict | None,
+    tokenizer_dir: Path | None = None,
+    extra_files: dict | None = None,
 ) -> None:
     """On the main process, once every part is in `tmp`: remove Accelerate's pickled RNG files, write the trainer
-    state, copy the run's tokenizer (the files of `tokenizer_dir`), write the marker with the manifest, and fsync
-    every file and folder."""
+    state and `extra_files` ({name: tensors}, safetensors), copy the run's tokenizer (the files of `tokenizer_dir`),
+    write the marker with the manifest, and fsync every file and folder."""
     for pattern in PICKLED_STATE:
         for file in tmp.glob(pattern):
             file.unlink()
     (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state or {}, indent=1), encoding="utf-8")
+    if extra_files:
+        from safetensors.torch import save_file
+
+        for name, tensors in extra_files.items():
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / name))
     if tokenizer_dir is not None:
         (tmp / TOKENIZER_DIR).mkdir()
         for file in sorted(tokenizer_dir.iterdir()):
@@ -669,11 +680,13 @@ def save_checkpoint(
     info: dict | None = None,
     trainer_state: dict | None = None,
     tokenizer_dir: str | os.PathLike | None = None,
+    extra_files: dict | None = None,
 ) -> Path:
     """`accelerator.save_state` (model, optimizer) plus `trainer_state` (JSON) and every process's random states
     (JSON) into a temporary folder; then the manifest (sizes, SHA-256) goes into `checkpoint.json`, every file and
     folder is fsync'ed and the folder is renamed to `step_{step}`. Accelerate's pickled RNG files are removed
-    before the rename. `tokenizer_dir`: the run's saved tokenizer, copied into the checkpoint's `tokenizer/`.
+    before the rename. `tokenizer_dir`: the run's saved tokenizer, copied into the checkpoint's `tokenizer/`;
+    `extra_files`: {file name: {name: tensor}} written by the main process as safetensors (e.g. `ema.safetensors`).
     Collective: every process calls it; when any process fails to write its part (e.g. a full disk:
     `DiskFullError`), the temporary folder is removed and every process raises."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -685,7 +698,8 @@ def save_checkpoint(
     error = _write_process_part(accelerator, tmp)
     if not _any_failed(accelerator, error is not None) and accelerator.is_main_process:
         try:
-            _seal_checkpoint(tmp, step, info, trainer_state, Path(tokenizer_dir) if tokenizer_dir else None)
+            tokenizer = Path(tokenizer_dir) if tokenizer_dir else None
+            _seal_checkpoint(tmp, step, info, trainer_state, tokenizer, extra_files)
         except Exception as err:  # noqa: BLE001 - every process learns below that the save failed
             error = err
         else:
@@ -749,25 +763,6 @@ def _failing_state_file(path: Path) -> state_files.RefusedFileError | None:
     return None
 
 
-def rotate_checkpoints(
-    checkpoint_dir: str | os.PathLike, keep_last: int, protect: set[int] = frozenset()
-) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (and those whose step is in `protect`)."""
-    if keep_last <= 0:
-        return []
-    found = list_checkpoints(checkpoint_dir)
-    removed = []
-    for step, path in found[:-keep_last]:
-        if step in protect:
-            continue
-        # rename first so a kill during rmtree never leaves a half-deleted "complete" checkpoint
-        trash = path.with_name(f".del_{path.name}")
-        os.replace(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(path)
-    return removed
-
-
 def weights_file(checkpoint: str | os.PathLike) -> Path:
     for name in WEIGHT_FILES:
         if (Path(checkpoint) / name).is_file():
@@ -787,29 +782,6 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
         return state_files.load_torch_file(path)
     except state_files.RefusedFileError as err:
         raise CheckpointError(str(err)) from None
-
-
-def average_checkpoints(checkpoints: list[str | os.PathLike]) -> dict[str, torch.Tensor]:
-    """The element-wise mean of the model weights of `checkpoints` (fairseq's average_checkpoints). Floating-point
-    tensors are averaged in float64 and cast back; other tensors are taken from the last checkpoint."""
-    if not checkpoints:
-        raise ValueError("No checkpoints to average.")
-    total: dict[str, torch.Tensor] = {}
-    last: dict[str, torch.Tensor] = {}
-    keys = None
-    for checkpoint in checkpoints:
-        weights = load_weights(checkpoint)
-        if keys is None:
-            keys = set(weights)
-        elif set(weights) != keys:
-            raise ValueError(f"{checkpoint} has different parameter names from {checkpoints[0]}.")
-        for name, tensor in weights.items():
-            if tensor.is_floating_point():
-                total[name] = total[name] + tensor.double() if name in total else tensor.double().clone()
-            last[name] = tensor
-    return {
-        name: (total[name] / len(checkpoints)).to(last[name].dtype) if name in total else last[name] for name in last
-    }
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

@@ -1,8 +1,9 @@
 """The functions behind the console scripts that `pip install` adds (`[project.scripts]` in pyproject.toml).
 
-`hf-variants-train` and `hf-variants-translate` are `train.cli` and `translate.cli`; the other commands keep their
-`python -m` modules, whose `main()` returns what it wrote (a console script would exit with that value as an error
-status), so each function here runs one `main()` and exits 0 when it returns:
+`hf-variants-train`, `hf-variants-translate` and `hf-variants-average` are `train.cli`, `translate.cli` and
+`average.cli`; the other commands keep their `python -m` modules, whose `main()` returns what it wrote (a console
+script would exit with that value as an error status), so each function here runs one `main()` and exits 0 when it
+returns:
 
 | console script | same as |
 | --- | --- |

@@ -263,6 +263,10 @@ def _resolve_sources(args, languages, split_source, in_memory: bool) -> dict:
         except Exception as err:  # noqa: BLE001 - reported where the data is loaded
             logger.debug("no data fingerprint of the %s split: %s", split, err)
             sources[split] = None
+    if getattr(args, "corpora", None):  # several training corpora: each its own (corpora.py)
+        from .corpora import sources_by_corpus
+
+        sources.update(sources_by_corpus(args, languages))
     return sources
 
 

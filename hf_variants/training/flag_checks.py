@@ -78,7 +78,7 @@ def model_flag_errors(args) -> list[str]:
 
 def data_flag_errors(args) -> list[str]:
     """No data source at all (an installed package has no bundled corpus, so `--data_dir` has no default)."""
-    if args.train_file or args.dataset_name or args.data_dir:
+    if args.train_file or args.dataset_name or args.data_dir or getattr(args, "corpora", None):
         return []
     return [
         "no training data: pass --train_file FILE (TSV with a header of language codes, or JSONL), --data_dir DIR "

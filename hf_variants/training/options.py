@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from . import external, flag_checks, settings
+from . import corpora, external, flag_checks, settings
 
 # A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data; an
 # installed package has none: --data_dir (or --train_file, --dataset_name) is then required. Runs go to ./runs (the
@@ -47,7 +47,31 @@ def add_data_args(g) -> None:
     g.add_argument("--valid_prefix", default="val")
     g.add_argument("--test_prefix", default="test_2016_flickr", help="the final evaluation split ('' for none)")
     g.add_argument(
-        "--train_file", help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead of --data_dir"
+        "--train_file",
+        action="append",
+        help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead of --data_dir; repeat it for "
+        "several corpora, mixed by --corpus_weights",
+    )
+    g.add_argument(
+        "--corpus_weights",
+        nargs="+",
+        type=float,
+        metavar="W",
+        help="one weight per --train_file: its share of the training examples (1 0.5: two thirds from the first "
+        "corpus, one third from the second, whatever their sizes)",
+    )
+    g.add_argument(
+        "--corpus_tags",
+        nargs="+",
+        metavar="TAG",
+        help='one tag per --train_file, put before each of its source sentences as a special token ("" for none), '
+        'e.g. "" "<BT>" for tagged back-translation',
+    )
+    g.add_argument(
+        "--corpus_spec",
+        metavar="FILE",
+        help='a JSON file {"corpora": [{"train_file" | "data_dir" (+ "prefix") | "dataset_name" (+ "split", ...), '
+        '"weight", "tag", "name"}, ...]} listing the training corpora instead of --train_file (training/README.md)',
     )
     g.add_argument("--valid_file", "--validation_file")
     g.add_argument("--test_file")
@@ -198,6 +222,19 @@ def add_optimisation_args(g) -> None:
     g.add_argument("--bf16", dest="mixed_precision", action="store_const", const="bf16", help="--mixed_precision bf16")
     g.add_argument("--seed", type=int, default=1)
     g.add_argument(
+        "--ema_decay",
+        type=float,
+        help="keep an exponential moving average of the weights (float32, saved in every checkpoint): "
+        "ema = D * ema + (1 - D) * weights after each step; validation and the final model use it "
+        "(--eval_weights). E.g. 0.999",
+    )
+    g.add_argument(
+        "--ema_start_step",
+        type=int,
+        default=0,
+        help="the average equals the weights up to this step, then moves (leave out the first, fast-moving steps)",
+    )
+    g.add_argument(
         "--compile",
         action="store_true",
         help="torch.compile the model's encoder-decoder stacks for the training step (dynamic batch and length "
@@ -244,6 +281,26 @@ def add_evaluation_args(g) -> None:
         help="validation pairs translated for BLEU/chrF during training (0: loss only)",
     )
     g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
+    g.add_argument(
+        "--patience",
+        type=int,
+        default=0,
+        help="stop after this many validations in a row without an improvement of --best_metric by more than "
+        "--min_delta (0: never stop early); the final model is then --final_model's",
+    )
+    g.add_argument(
+        "--min_delta",
+        type=float,
+        default=0.0,
+        help="the smallest change of --best_metric (BLEU points, or validation loss) that counts as an "
+        "improvement for --patience",
+    )
+    g.add_argument(
+        "--eval_weights",
+        choices=["ema", "raw"],
+        help="the weights validation and the final model use: the moving average (--ema_decay; the default with "
+        "it) or the trained weights",
+    )
     g.add_argument("--num_beams", "--generation_num_beams", type=int, default=4)
     g.add_argument("--length_penalty", type=float, default=0.6)
     g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
@@ -269,7 +326,13 @@ def add_checkpoints_args(g) -> None:
         "--save_total_limit",
         type=int,
         default=5,
-        help="newest checkpoints kept (plus the best; 0: all)",
+        help="newest checkpoints kept (plus the best, and --keep_best; 0: all)",
+    )
+    g.add_argument(
+        "--keep_best",
+        type=int,
+        default=0,
+        help="also keep the N best validated checkpoints by --best_metric (each saved when it ranks among them)",
     )
     g.add_argument(
         "--average_last",
@@ -413,12 +476,15 @@ def parse_args(argv=None, data_required: bool = True) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        args.corpora = corpora.parse_corpora(args)  # several training corpora, or None
         args.report_to = parse_report_to(args.report_to) or ["none"]
         args.allow_changed_settings = (
             sorted(
                 settings.parse_allowed(
                     args.allow_changed_settings,
-                    [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED] + list(settings.DERIVED),
+                    [a.dest for a in parser._actions if a.dest not in settings.NOT_STORED]
+                    + list(settings.DERIVED)
+                    + ["corpora"],
                     settings.option_names(parser),
                 )
             )
@@ -457,9 +523,28 @@ def parse_args(argv=None, data_required: bool = True) -> argparse.Namespace:
         )
     if args.max_len_a == 0 and args.max_len_b == 0:
         parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
-    for message in flag_checks.flag_errors(args, data_required):  # model type, preset, overrides, a data flag
+    for message in [*flag_checks.flag_errors(args, data_required), *run_length_errors(args)]:
         parser.error(message)
     return args
+
+
+def run_length_errors(args) -> list[str]:
+    """Checks of the early stopping, best-checkpoint and moving-average flags (`--eval_weights` defaults here)."""
+    errors = []
+    if args.patience and not args.eval_steps:
+        errors.append("--patience counts validations: it needs periodic validation (--eval_steps > 0)")
+    if args.patience and args.best_metric == "bleu" and not args.eval_bleu_pairs:
+        errors.append("--patience watches --best_metric bleu, which --eval_bleu_pairs 0 never computes")
+    if args.keep_best and not args.eval_steps:
+        errors.append("--keep_best ranks validated checkpoints: it needs periodic validation (--eval_steps > 0)")
+    if args.ema_decay is not None and not 0 < args.ema_decay < 1:
+        errors.append(f"--ema_decay must be in (0, 1), e.g. 0.999, got {args.ema_decay}")
+    if args.ema_decay is None and (args.ema_start_step or args.eval_weights == "ema"):
+        errors.append(f"--{'ema_start_step' if args.ema_start_step else 'eval_weights ema'} needs --ema_decay")
+    if args.ema_decay is not None and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        errors.append("--ema_decay is not supported under FSDP (see hf_variants/training/ema.py): average checkpoints")
+    args.eval_weights = args.eval_weights or ("ema" if args.ema_decay is not None else "raw")
+    return errors
 
 
 # The numeric flags and their valid ranges (checked at parse time, before any data work): (flags, lowest, lowest
@@ -498,6 +583,10 @@ NON_NEGATIVE = {
     "max_len_a": None,
     "adam_epsilon": None,
     "progress_interval": "every step",
+    "patience": "never stop early",
+    "min_delta": "any improvement counts",
+    "keep_best": "only the best one",
+    "ema_start_step": "from the first step",
 }
 FRACTIONS = ("dropout", "label_smoothing", "adam_beta1", "adam_beta2")  # in [0, 1)
 

@@ -36,8 +36,11 @@ FREE = frozenset(
         "eval_steps",
         "save_steps",
         "keep_checkpoints",  # cadence of logs, validation, checkpoints
+        "keep_best",
         "average_last",
         "final_model",  # which checkpoints make the final model
+        "patience",
+        "min_delta",  # when the run stops early (it may train on with a larger patience)
         "test_prefix",
         "test_file",
         "test_split",
@@ -57,6 +60,7 @@ FREE = frozenset(
         "preprocessing_num_workers",
         "ddp_timeout",  # speed and waiting
         "data_cache_dir",  # where the tokenized data is cached (its content is keyed by the data and settings)
+        "corpus_spec",  # the file's path; its content is the setting `corpora`
         "requeue_exit_code",  # how a preempted invocation exits
         # what happens to a step whose loss is not finite, which a run with `stop` (the default) never trains through
         "on_nonfinite",

@@ -41,9 +41,21 @@ from ..outputs import (  # noqa: E402
     relation,
 )
 from ..sizing import ModelTooLargeError, check_fits  # noqa: E402
-from . import checkpointing, corpus, data_pipeline, external, flag_checks, progress, run_lock, settings  # noqa: E402
+from . import (  # noqa: E402
+    averaging,
+    checkpointing,
+    corpora,
+    corpus,
+    data_pipeline,
+    external,
+    flag_checks,
+    progress,
+    run_lock,
+    settings,
+)
 from .corpus import DataError, DropReport  # noqa: E402
 from .data_fingerprint import check_resume as check_resume_data  # noqa: E402
+from .early_stopping import summary as early_stopping_summary  # noqa: E402
 from .fast_step import adam, compile_body  # noqa: E402
 from .hub_preflight import preflight, push_trained_model  # noqa: E402
 from .options import (  # noqa: E402,F401 (the command line; re-exported for callers of train)
@@ -149,7 +161,7 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
         if in_memory.get(split) is None:
             return None
         return data_pipeline.SplitSource.from_hub(in_memory[split], args.dataset_name, split, columns=columns)
-    if args.train_file or file_arg:
+    if args.train_file or args.corpora or file_arg:
         if not file_arg:
             return None
         return data_pipeline.SplitSource.from_file(file_arg, args.source_annotations)
@@ -174,7 +186,9 @@ def split_source(args, split: str, languages: list[str], hub_splits=None) -> dat
 
 def load_rows(args, split: str, languages: list[str], hub_splits=None) -> data_pipeline.Rows | None:
     """One split's rows (stage 1 of hf_variants/training/data_pipeline.py: read once, then memory-mapped from the
-    cache), limited to the first --max_{split}_pairs rows."""
+    cache), limited to the first --max_{split}_pairs rows; several training corpora: `corpora.CorpusRows`."""
+    if split == "train" and args.corpora:
+        return corpora.load_corpus_rows(args, languages)
     source = split_source(args, split, languages, hub_splits)
     if source is None:
         return None
@@ -218,7 +232,8 @@ def resumed_tokenizer(args, resume: Path, saved: Path):
     for other, what in others:
         if other.resolve() == source.resolve():
             continue
-        if data_pipeline.tokenizer_fingerprint(AutoTokenizer.from_pretrained(other)) != fingerprint:
+        made = corpora.with_tags(AutoTokenizer.from_pretrained(other), args)  # with the run's --corpus_tags
+        if data_pipeline.tokenizer_fingerprint(made) != fingerprint:
             raise settings.SettingsChangedError(
                 f"The tokenizer changed: {resume} was trained with the tokenizer in {source}, and {what} ({other}) "
                 f"is another one (other token ids). A run's tokenizer never changes: resume with the checkpoint's "
@@ -289,7 +304,10 @@ def build_tokenizer(args, accelerator, run_dir: Path, train_rows, languages: lis
         os.replace(tmp, saved)
         logger.info("Tokenizer trained in %.1f s", time.time() - t0)
         tokenizer = AutoTokenizer.from_pretrained(saved)
-    if accelerator.is_main_process and not (saved / "tokenizer.json").is_file():
+    # the corpora's tags (--corpus_tags) are special tokens of the run's tokenizer
+    if (
+        corpora.add_tags(tokenizer, args, resuming) or not (saved / "tokenizer.json").is_file()
+    ) and accelerator.is_main_process:
         tokenizer.save_pretrained(saved)
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         if getattr(tokenizer, name) is None:
@@ -369,20 +387,23 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
         if r is None:
             sets[split] = None
             continue
-        measured = data_pipeline.measure(r, tokenizer, languages, checks, args.data_cache_dir, workers, tok_fp)
         report = reports["train" if split == "train" else "eval"]
-        pair_set = data_pipeline.build_pair_set(
+        pair_set = corpora.pair_set(
             r,
-            measured,
-            directions,
-            annotations=args.source_annotations,
-            target_annotations=args.bidirectional,
-            tag=int(target_tags),
-            max_length=None if split == "test" else args.max_length,
-            on_bad_pairs=args.on_bad_pairs,
-            split=report.split,
-            cache_dir=args.data_cache_dir,
-            skip_absent=len(languages) > 2,
+            lambda rows, extra_tokens: data_pipeline.build_pair_set(
+                rows,
+                data_pipeline.measure(rows, tokenizer, languages, checks, args.data_cache_dir, workers, tok_fp),
+                directions,
+                annotations=args.source_annotations,
+                target_annotations=args.bidirectional,
+                tag=int(target_tags) + extra_tokens,
+                max_length=None if split == "test" else args.max_length,
+                on_bad_pairs=args.on_bad_pairs,
+                split=report.split,
+                cache_dir=args.data_cache_dir,
+                skip_absent=len(languages) > 2,
+            ),
+            tokenizer,
         )
         for reason, count in pair_set.report.counts.items():
             report.counts[reason] += count
@@ -459,8 +480,8 @@ def check_run_inputs(args, run_dir: Path) -> None:
     folders, the starting model, the tokenizer, a checkpoint to resume), and holds none of them (the run's own
     checkpoints excepted); a `DataError` naming both flags otherwise."""
     inputs = {
-        "--data_dir": args.data_dir if not (args.train_file or args.dataset_name) else None,
-        "--train_file": args.train_file,
+        "--data_dir": args.data_dir if not (args.train_file or args.corpora or args.dataset_name) else None,
+        "--train_file": args.train_file or corpora.input_paths(args),
         "--valid_file": args.valid_file,
         "--test_file": args.test_file,
         "--dataset_name": args.dataset_name,
@@ -742,9 +763,8 @@ def build_sampler(run: RunContext, train_set):
     """The token-batch sampler of the cached training pairs (one copy of each epoch's batches per node in a
     multi-process run)."""
     args, accelerator = run.args, run.accelerator
-    sampler = corpus.TokenBatchSampler(
-        train_set.src_len,
-        train_set.tgt_len,
+    sampler = corpora.token_batch_sampler(  # several corpora: weighted (hf_variants/training/corpora.py)
+        train_set,
         args.max_tokens,
         args.max_sentences,
         seed=args.seed,
@@ -991,22 +1011,8 @@ def load_final_model(trainer: Trainer):
     """The final model, built from checkpoint weights (the last step is always checkpointed) as a plain module on
     every process: the same code path for DDP, FSDP (full state dict checkpoints) and single-process runs. Returns
     (model, where its weights came from)."""
-    args, state, checkpoint_dir = trainer.args, trainer.state, trainer.run.checkpoint_dir
-    checkpoints = checkpointing.list_checkpoints(checkpoint_dir)
-    if args.average_last and args.average_last > 1:
-        chosen = [p for _, p in checkpoints[-args.average_last :]]
-        if len(chosen) < args.average_last:
-            logger.warning(
-                "--average_last %d: only %d checkpoints exist; averaging those", args.average_last, len(chosen)
-            )
-        weights = checkpointing.average_checkpoints(chosen)
-        final_source = f"average of {', '.join(p.name for p in chosen)}"
-    elif args.final_model == "best" and state.best_step is not None:
-        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.best_step}")
-        final_source = f"best validated checkpoint step_{state.best_step}"
-    else:
-        weights = checkpointing.load_weights(checkpoint_dir / f"step_{state.step}")
-        final_source = f"last step {state.step}"
+    state = trainer.state
+    weights, final_source = averaging.final_weights(trainer)  # --average_last, --final_model, --eval_weights
     logger.info("Final model: %s", final_source)
     bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
     if bad:
@@ -1060,7 +1066,7 @@ def build_results(
             "languages": run.languages,
             "directions": [f"{s}-{t}" for s, t in run.eval_directions],
             "bidirectional": args.bidirectional,
-            "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
+            "dataset": args.dataset_name or args.train_file or corpora.label(args) or Path(args.data_dir).name,
             "eval_split": eval_split_label if eval_pairs else None,  # no evaluation: no split
             "eval_pairs": len(eval_pairs),
             "bleu": scores["bleu"] if scores else None,
@@ -1095,6 +1101,8 @@ def build_results(
             # the values of the last part of the run
             "settings_changes": state.settings_changes,
             "nonfinite_skipped": state.nonfinite_skipped,
+            "corpora": corpora.summary(data.train_set),
+            "early_stopping": early_stopping_summary(state, args),
         }
     )
 
@@ -1254,10 +1262,10 @@ def run_training(args) -> dict | None:
             preflight(run)  # --push_to_hub: token, repo id, the Hub and write access, before any work
             data = load_data(run)
             job = build_job(run, data)
+            trainer = Trainer(run, data, job)
         except DataError:
             refused = new_folder
             raise
-        trainer = Trainer(run, data, job)
         trainer.signals.install()  # SIGTERM/SIGUSR1/SIGINT mean "checkpoint and stop" in every stage from here on
         try:
             try:
@@ -1327,7 +1335,9 @@ def train_on_datasets(train, validation=None, test=None, **options) -> dict | No
                 f"train_on_datasets: the {role} split must be a datasets.Dataset, got {type(dataset).__name__}"
                 + (" (pass dataset_dict['train'], ...)" if isinstance(dataset, datasets.DatasetDict) else "")
             )
-    sources = [name for name in ("data_dir", "train_file", "valid_file", "test_file") if options.get(name)]
+    sources = [
+        name for name in ("data_dir", "train_file", "corpus_spec", "valid_file", "test_file") if options.get(name)
+    ]
     if sources:
         raise ValueError(f"train_on_datasets reads the datasets it is given, not {', '.join(sources)}.")
     label = options.pop("dataset_name", None) or getattr(train.info, "dataset_name", None) or "in-memory dataset"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..loss_transformer_nmt import smoothed_cross_entropy
-from . import cache_store, checkpointing, corpus, evaluation, external
+from . import best_checkpoints, cache_store, checkpointing, corpus, early_stopping, ema, evaluation, external
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -68,6 +68,8 @@ class TrainState:
         self.nonfinite_skipped = 0
         # the logging window not yet logged when a preempted run saved its checkpoint (TrainStats.state_dict)
         self.window: dict | None = None
+        self.checkpoints: list[int] | None = None  # steps of the checkpoints this run wrote (best_checkpoints.py)
+        self.early_stopping: dict | None = None  # --patience: best value, validations without improvement
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -533,6 +535,9 @@ class Trainer:
         # the step of the newest checkpoint of this run's state (the resumed one: nothing has changed since)
         self.saved_step: int | None = self.state.step if run.resume is not None else None
         self.last_losses: list[tuple[int, float]] = []  # (step, loss) of the last logging steps
+        self.ema = ema.for_run(self.args, job.unwrapped, run.resume)  # --ema_decay (a no-op without it)
+        best_checkpoints.adopt(self.state, run.checkpoint_dir, resumed=run.resume is not None)
+        early_stopping.check_validation_data(self.args, data.valid_pairs)  # --patience, --keep_best
         if self.state.window is not None:  # a preempted run's window, logged at its next logging step
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
@@ -571,6 +576,7 @@ class Trainer:
         if bad:
             self.stop_nonfinite(f"{bad} parameter tensor(s) hold non-finite values after step {step}", step)
         state.wall_time = self.wall_time()
+        best_checkpoints.record_save(state, step)
         checkpointing.save_checkpoint(
             self.accelerator,
             self.run.checkpoint_dir,
@@ -583,11 +589,10 @@ class Trainer:
             },
             {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()},
             tokenizer_dir=self.run.run_dir / checkpointing.TOKENIZER_DIR,
+            extra_files=self.ema.checkpoint_files(),
         )
-        if self.accelerator.is_main_process:
-            keep = max(args.keep_checkpoints, args.average_last)
-            protect = {state.best_step} if state.best_step is not None else set()
-            checkpointing.rotate_checkpoints(self.run.checkpoint_dir, keep, protect)
+        if self.accelerator.is_main_process:  # only the run's own checkpoints, never the newest and best ones
+            best_checkpoints.rotate(self.run.checkpoint_dir, state, args)
         self.accelerator.wait_for_everyone()
         self.saved_step = step
 
@@ -855,7 +860,7 @@ class Trainer:
         installed = self.signals.install()  # main(): installed for the whole run, final stages included
         self.signals.stage, self.signals.interrupt = "training", False
         try:
-            while self.state.step < self.data.max_steps:
+            while not self.done():
                 self.train_epoch()
         finally:
             if installed:
@@ -866,11 +871,15 @@ class Trainer:
         if isinstance(sampler, corpus.SharedEpochs) and self.accelerator.is_local_main_process:
             shutil.rmtree(sampler.directory, ignore_errors=True)
 
+    def done(self) -> bool:
+        """`max_steps` reached, or stopped early (--patience)."""
+        return self.state.step >= self.data.max_steps or early_stopping.stopped(self.state, self.args)
+
     def train_epoch(self) -> None:
-        """The steps left in the current epoch (or up to `max_steps`)."""
-        state, max_steps = self.state, self.data.max_steps
+        """The steps left in the current epoch (or up to `max_steps`, or an early stop)."""
+        state = self.state
         epoch_steps = self.epoch_steps()
-        while state.step < max_steps:
+        while not self.done():
             t0 = time.time()
             step_batches, position = next(epoch_steps, (None, None))
             if step_batches is None:  # the end of the epoch
@@ -897,6 +906,7 @@ class Trainer:
                 )
             else:
                 self.stats.add(step_loss, ntok, tokens, dt, aux, nonfinite, state.step)
+                self.ema.update(state.step)
             self.progress.update(1)
             self.after_step(grad_norm)
             if self.stop_flag.pop():
@@ -910,6 +920,13 @@ class Trainer:
         saving = every(state.step, args.save_steps) or last
         if every(state.step, args.logging_steps) or last or evaluating or saving:
             self.log_window(grad_norm)
-        is_best = self.evaluate(state.step) if evaluating else False
+        is_best = False
+        if evaluating:
+            with self.ema.for_validation():  # --eval_weights ema: the moving average validates
+                is_best = self.evaluate(state.step)
+            if state.evals and state.evals[-1]["step"] == state.step:
+                # --keep_best: a step among the best N is checkpointed; --patience: a stopping step is the last
+                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, args.keep_best)
+                is_best |= early_stopping.update(state, state.evals[-1], args)
         if saving or is_best:
             self.save(state.step)
