@@ -914,10 +914,16 @@ def resume_job(run: RunContext, job: Job) -> None:
 
 
 def generation_defaults(generation_config, args):
-    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6), as the model's default."""
+    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6, and its length rule
+    `--max_len_a`/`--max_len_b`), as the model's default: the pipeline, generate() and the translate command then
+    decode as evaluation did."""
     generation_config.num_beams = args.num_beams
     if args.num_beams > 1:  # a length penalty only applies to beam search
         generation_config.length_penalty = args.length_penalty
+    from ..inference.translator import saved_length_rule
+
+    cap = saved_length_rule(generation_config)[2]
+    generation_config.length_rule = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "max_new_tokens": cap}
     return generation_config
 
 

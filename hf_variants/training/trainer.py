@@ -198,7 +198,6 @@ def evaluate_pairs(
             length_penalty=args.length_penalty,
             max_len_a=args.max_len_a,
             max_len_b=args.max_len_b,
-            max_length=None,  # evaluation sources are never truncated
             variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations},
         )
         if hyps is not None:
