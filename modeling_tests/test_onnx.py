@@ -530,7 +530,9 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
         assert result["onnx"] == (name == "onnx")
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"].splitlines()) == 4
     assert "length_penalty" not in capfd.readouterr().err  # greedy search is given no length penalty
-    with pytest.raises(SystemExit, match="exactly one of --model and --onnx"):
+    from hf_variants.training.corpus import DataError
+
+    with pytest.raises(DataError, match="exactly one of --model and --onnx"):
         translate.main(["--model", str(model_dir), "--onnx", str(folder), "--input", str(src), "--output", "x"])
 
 

@@ -267,7 +267,8 @@ class Translator:
     ) -> list[TranslationResult]:
         """Translate `requests` (strings or `TranslationRequest`s) in length-sorted batches of `batch_size`
         sentences or `max_tokens` tokens; one result per request, in input order. `progress(n)` is called after
-        each batch with the number of sentences it held."""
+        each batch with the number of sentences it held (and once with the number of empty and too-long sources,
+        which need no model)."""
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         prepared = [self._prepared(TranslationRequest.of(r), i) for i, r in enumerate(requests)]
@@ -330,6 +331,8 @@ class Translator:
                 todo.append(i)
                 effective[i] = length
         self._check_prefixes(stripped, todo, effective, options, offset)
+        if progress is not None and len(todo) < len(requests):
+            progress(len(requests) - len(todo))  # empty and too-long sources: done without the model
         for batch in length_sorted_batches([effective[i] for i in todo], batch_size, max_tokens):
             idx = [todo[j] for j in batch]
             hypotheses = self.engine.translate_batch([stripped[i] for i in idx], options)
