@@ -218,7 +218,7 @@ def test_score_of_a_hypothesis_is_its_nbest_log_prob(case, tokenizer):
     langs = _langs(case, N)
     requests = [TranslationRequest(s, tgt_lang=langs[i] if langs else None) for i, s in enumerate(SOURCES)]
     for options in (
-        DecodeOptions(num_beams=4, nbest=4, scores=True, max_new_tokens=16),
+        DecodeOptions(num_beams=4, nbest=4, scores=True),
         DecodeOptions(num_beams=1, scores=True),
     ):
         results = translator.translate(requests[:6], options)
