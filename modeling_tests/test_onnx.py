@@ -157,6 +157,23 @@ def test_fp32_generate_equals_torch(exported, tokenizer):
             or not bound
         )
     assert expected.shape[1] > 8  # decoded past a few steps
+    # the length rule per sentence (eos forced at each sentence's own limit) on the bound search and the loop
+    rule = {"max_len_a": 0.4, "max_len_b": 2}
+    lengths = inputs["attention_mask"].sum(-1).tolist()
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, length_rule=rule, **settings)
+        got = ort.generate(**ort_inputs, length_rule=rule, **settings)
+        assert torch.equal(got, expected), settings
+        assert ort.last_decoding["path"] == ("bound_greedy" if settings["num_beams"] == 1 else "bound_beam") or not (
+            ort.shared_cache_graph is not None
+        ), ort.last_decoding
+        loop = ort.generate(**ort_inputs, length_rule=rule, return_dict_in_generate=True, **settings)
+        assert torch.equal(loop.sequences, expected), settings
+        eos = model.config.eos_token_id
+        for row, length in zip(expected.tolist(), lengths):  # at most its own limit, eos included
+            generated = row[1 : row.index(eos) + 1] if eos in row[1:] else row[1:]
+            assert len(generated) <= int(0.4 * length + 2), (row, length)
     for settings in (
         dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
         dict(num_beams=3, max_length=7),
