@@ -244,20 +244,22 @@ def test_score_of_a_hypothesis_is_its_nbest_log_prob(case, tokenizer):
 
 @pytest.fixture(scope="module")
 def onnx_export(tokenizer, tmp_path_factory):
-    """The trained tiny baseline exported with its fp32 and int8 graphs: the shared-cache step graph and the scoring
-    graph included."""
+    """The trained tiny Tied Transformer (the target language an input of every graph) exported with its fp32 and
+    int8 graphs, the scoring graph included (the shared-cache step graph left out: `test_onnx` covers it)."""
     from hf_variants.onnx.export import export
 
     folder = tmp_path_factory.mktemp("scoring") / "onnx"
-    export(trained("transformer_nmt", tokenizer), tokenizer, folder, int8=True, progress=False, scoring=True)
+    export(
+        trained("tied_nmt", tokenizer), tokenizer, folder, int8=True, progress=False, shared_cache=False, scoring=True
+    )
     return folder
 
 
 @pytest.mark.parametrize("graph", ["scoring", "step"])
 def test_onnx_scores_equal_torch(onnx_export, tokenizer, graph, monkeypatch):
-    """ONNX Runtime fp32 scores every pair as torch does (1e-4), in order, with sentence and token batches: on the
-    scoring graph (the whole target in one run) and on the step graph (one position at a time); int8 scores are close
-    (its weights are rounded) and rank the pairs alike."""
+    """ONNX Runtime fp32 scores every pair (into two target languages, in one batch) as torch does (1e-4), in order,
+    with sentence and token batches: on the scoring graph (the whole target in one run) and on the step graph (one
+    position at a time); int8 scores are close (its weights are rounded) and rank the pairs alike."""
     from hf_variants.onnx.modeling import OrtModelForSeq2SeqLM
 
     calls = []
@@ -268,46 +270,37 @@ def test_onnx_scores_equal_torch(onnx_export, tokenizer, graph, monkeypatch):
         monkeypatch.setattr(
             OrtModelForSeq2SeqLM, "token_log_probs", lambda *a, **k: calls.append(1) or original(*a, **k)
         )
-    model = trained("transformer_nmt", tokenizer)
-    expected = _score("transformer_nmt", model, tokenizer)
+    model = trained("tied_nmt", tokenizer)
+    expected = _score("tied_nmt", model, tokenizer)
     fp32 = Translator.from_pretrained(str(onnx_export), engine="onnx", num_threads=1)
     for kwargs in (dict(batch_size=3), dict(batch_size=None, max_tokens=50)):
-        got = _score("transformer_nmt", fp32, None, **kwargs)
+        got = _score("tied_nmt", fp32, None, **kwargs)
         assert [s.tokens for s in got] == [s.tokens for s in expected]
         assert [s.log_prob for s in got] == pytest.approx([s.log_prob for s in expected], abs=1e-4)
     assert bool(calls) == (graph == "scoring")
-    int8 = _score(
-        "transformer_nmt", Translator.from_pretrained(str(onnx_export), engine="onnx", precision="int8"), None
-    )
+    int8 = _score("tied_nmt", Translator.from_pretrained(str(onnx_export), engine="onnx", precision="int8"), None)
     assert summarize(int8).ppl == pytest.approx(summarize(expected).ppl, rel=0.05)
     ranks = sorted(range(N), key=lambda i: expected[i].log_prob / expected[i].tokens)
     int8_ranks = sorted(range(N), key=lambda i: int8[i].log_prob / int8[i].tokens)
     assert sum(a == b for a, b in zip(ranks, int8_ranks)) >= N // 2
 
 
-def test_onnx_scoring_graph_of_a_multilingual_model(tokenizer, tmp_path):
-    """The Tied Transformer (the target language a source-graph input): the scoring graph scores pairs into two
-    target languages, in one batch, as torch does; the score command takes the folder (`--onnx`)."""
+def test_onnx_scoring_graph_manifest_and_command(onnx_export, tokenizer, tmp_path):
+    """The manifest names the scoring graph and its inputs (the target language last); `hf-variants-score --onnx`
+    scores pairs into French as torch does."""
     import json
 
-    from hf_variants.onnx.export import export
     from hf_variants.training import score
 
-    model = trained("tied_nmt", tokenizer)
-    export(model, tokenizer, tmp_path / "onnx", progress=False, shared_cache=False, scoring=True)
-    manifest = json.loads((tmp_path / "onnx" / "onnx_manifest.json").read_text())
-    assert manifest["scoring"]["graphs"] == {"fp32": "scoring_model.onnx"}
-    assert [v["name"] for v in manifest["scoring"]["io"]["inputs"]][-1] == "tgt_lang_ids"
-    expected = _score("tied_nmt", model, tokenizer)
-    ort = Translator.from_pretrained(str(tmp_path / "onnx"), engine="onnx", num_threads=1)
-    assert ort.engine.model.has_scoring_graph
-    got = _score("tied_nmt", ort, None, batch_size=4)
-    assert [s.log_prob for s in got] == pytest.approx([s.log_prob for s in expected], abs=1e-4)
-    # the command: pairs into French alone, `--onnx`
+    manifest = json.loads((onnx_export / "onnx_manifest.json").read_text())
+    assert manifest["scoring"]["graphs"] == {"fp32": "scoring_model.onnx", "int8": "scoring_model_int8.onnx"}
+    names = [v["name"] for v in manifest["scoring"]["io"]["inputs"]]
+    assert names == ["input_ids", "attention_mask", "decoder_input_ids", "labels", "tgt_lang_ids"]
+    expected = _score("tied_nmt", trained("tied_nmt", tokenizer), tokenizer)
     idx = [i for i in range(N) if _langs("tied_nmt", N)[i] == "fr"]
     (tmp_path / "s").write_text("".join(SOURCES[i] + "\n" for i in idx))
     (tmp_path / "t").write_text("".join(TARGETS["fr"][i] + "\n" for i in idx))
-    args = ["--onnx", str(tmp_path / "onnx"), "--source", str(tmp_path / "s"), "--target", str(tmp_path / "t")]
+    args = ["--onnx", str(onnx_export), "--source", str(tmp_path / "s"), "--target", str(tmp_path / "t")]
     score.main([*args, "--tgt_lang", "fr", "--output", str(tmp_path / "o.jsonl"), "--no_progress"])
     rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert [r["log_prob"] for r in rows] == pytest.approx([expected[i].log_prob for i in idx], abs=1e-4)
