@@ -593,11 +593,11 @@ def test_translation_core_on_onnx_equals_torch(exported, tokenizer):
         on_ort.translate(requests, DecodeOptions(alignments=True))
 
 
-def test_cli_and_onnx_translate_alike_at_any_batch_size(baseline_export, tokenizer, tmp_path):
+def test_cli_pipeline_and_onnx_translate_alike_at_any_batch_size(baseline_export, tokenizer, tmp_path):
     """Greedy search on the 1,000 test sentences with a length rule that binds on many sentences (a = 0.8, b = 2,
     where a rule over the batch's longest source changed them): the translate command (batch size 64), its --onnx
-    path and the translation core at batch sizes 7 and 1 (the first 100; the rule saved in the model) give identical
-    lines."""
+    path, the translation core at batch sizes 7 and 1 (the first 100; the rule saved in the model) and the pipeline
+    (batch size 64) give identical lines."""
     from hf_variants.inference import DecodeOptions, Translator
     from hf_variants.training import translate
 
@@ -630,10 +630,12 @@ def test_cli_and_onnx_translate_alike_at_any_batch_size(baseline_export, tokeniz
         translator = Translator(model, tokenizer)
         at_7 = translator.translate(sources, DecodeOptions(), batch_size=7)
         alone = translator.translate(sources[:100], DecodeOptions(), batch_size=1)
+        piped = pipeline("translation", model=model, tokenizer=tokenizer)(sources, batch_size=64)
     finally:
         torch.set_num_threads(threads)
     assert [r.text for r in at_7] == lines["torch"]
     assert [r.text for r in alone] == lines["torch"][:100]
+    assert [r["translation_text"].strip() for r in piped] == lines["torch"]  # the pipeline: the same rule per sentence
     assert sum(len(r.hypotheses[0].token_ids) == int(0.8 * r.source_tokens + 2) for r in at_7) > 100  # it binds
 
 
