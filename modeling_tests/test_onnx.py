@@ -100,7 +100,8 @@ def _export_once(model_type, tokenizer, tmp_path_factory):
     if model_type not in _EXPORTS:
         model = BUILDERS[model_type][0](tokenizer)
         folder = tmp_path_factory.mktemp(model_type) / "onnx"
-        export(model, tokenizer, folder, int8=True)
+        # the baseline with the scoring graph too: the translation core's log_probs on it (the others: the step graph)
+        export(model, tokenizer, folder, int8=True, scoring=model_type == "transformer_nmt")
         _EXPORTS[model_type] = model, folder
     return _EXPORTS[model_type]
 
@@ -546,6 +547,29 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
         outputs[name] = (tmp_path / name).read_text()
         assert result["onnx"] == (name == "onnx")
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"].splitlines()) == 4
+    nbest = {}
+    for name, args in (("torch", ["--model", str(model_dir)]), ("onnx", ["--onnx", str(folder)])):
+        translate.main(
+            [
+                *args,
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / f"{name}.jsonl"),
+                "--nbest",
+                "2",
+                "--num_beams",
+                "2",
+                "--length_penalty",
+                "0.6",  # the saved model's; the export was made before it was set
+            ]
+        )
+        nbest[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert OrtModelForSeq2SeqLM.from_pretrained(folder).has_scoring_graph  # the log_probs come from it
+    for want, got in zip(nbest["torch"], nbest["onnx"]):  # n-best JSON Lines alike, scores within 1e-4
+        assert [h["text"] for h in got["hypotheses"]] == [h["text"] for h in want["hypotheses"]]
+        for key in ("score", "log_prob"):
+            assert [h[key] for h in got["hypotheses"]] == pytest.approx([h[key] for h in want["hypotheses"]], abs=1e-4)
     assert "length_penalty" not in capfd.readouterr().err  # greedy search is given no length penalty
     from hf_variants.training.corpus import DataError
 
@@ -566,8 +590,9 @@ def _requests(sentences, langs, prefixes=None):
 def test_translation_core_on_onnx_equals_torch(exported, tokenizer):
     """The translation core (`Translator`) on ONNX Runtime fp32 and on the torch model, for every model type: the
     same n-best lists (texts; scores and log-probabilities within 1e-4), the same prefixed translations (prefixes of
-    different lengths in one batch, greedy and beam), token batches equal to sentence batches, sampling
-    reproducible from its seed; alignments refused naming the option."""
+    different lengths in one batch, greedy and beam), token batches equal to sentence batches, no_repeat_ngram_size,
+    repetition_penalty and source truncation alike, sampling reproducible from its seed; alignments refused naming
+    the option."""
     from hf_variants.inference import DecodeOptions, OptionError, Translator
 
     model, _, fp32, _, langs = exported
@@ -586,6 +611,20 @@ def test_translation_core_on_onnx_equals_torch(exported, tokenizer):
         options = DecodeOptions(num_beams=beams, max_len_a=0.5, max_len_b=6)
         texts = [r.text for r in on_ort.translate(prefixed, options)]
         assert texts == [r.text for r in on_torch.translate(prefixed, options)]
+    for options in (  # the pass-through options and truncation
+        DecodeOptions(num_beams=1, no_repeat_ngram_size=1, max_new_tokens=12),
+        DecodeOptions(num_beams=2, repetition_penalty=1.5, scores=True, max_len_a=0.5, max_len_b=4),
+        DecodeOptions(num_beams=2, max_source_length=6, max_len_a=0.5, max_len_b=4),
+    ):
+        want, got = on_torch.translate(requests, options), on_ort.translate(requests, options)
+        assert [r.text for r in got] == [r.text for r in want] and [r.truncated for r in got] == [
+            r.truncated for r in want
+        ]
+        if options.scores:
+            assert [r.hypotheses[0].score for r in got] == pytest.approx(
+                [r.hypotheses[0].score for r in want], abs=1e-4
+            )
+    assert any(r.truncated for r in got)
     sample = DecodeOptions(do_sample=True, nbest=2, top_k=10, seed=5, max_len_a=0.5, max_len_b=4)
     first = [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]
     assert first == [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]

@@ -14,7 +14,8 @@ streaming), so every engine gets the same behaviour:
 `GenerateEngine` is the engine of any model with transformers' `generate()`: its hypotheses carry
 - `text`, `tokens`, `token_ids` (the generated tokens after the decoder's start token, `</s>` included);
 - `log_prob`: the sum of the tokens' log-probabilities from one teacher-forced forward over (source, hypothesis)
-  (`token_log_probs`, the function the scoring of given pairs runs: a hypothesis scored later gets the same number);
+  (`token_log_probs`, the function the scoring of given pairs runs: a hypothesis scored later gets the same number;
+  on ONNX Runtime the folder's scoring graph where it has one, else the step graph one position at a time);
 - `score`: what the search ranked by: beam search's length-normalized score, `log_prob / length ** length_penalty`
   (transformers' `sequences_scores`; taken from generate() itself where a logits processor changes the chosen
   tokens' values, i.e. with `repetition_penalty`), and the same normalization for greedy search and sampling;
@@ -369,12 +370,11 @@ class GenerateEngine(Engine):
         with torch.inference_mode():
             return self.model(**inputs, **kwargs)
 
-    def _teacher_forced(
-        self, inputs: dict, targets: Sequence[Sequence[int]], expand: int, attentions: bool = False
-    ) -> tuple[list[list[float]], list[torch.Tensor] | None]:
-        """Per target (`expand` consecutive targets per sentence of `inputs`): each token's log-probability under
-        the model given the source and the tokens before it, and with `attentions` the last decoder layer's
-        cross-attention averaged over heads ([target tokens, source tokens])."""
+    def _teacher_inputs(
+        self, inputs: dict, targets: Sequence[Sequence[int]], expand: int
+    ) -> tuple[dict, torch.Tensor, torch.Tensor]:
+        """(the source inputs repeated `expand` times per sentence, decoder inputs [rows, width]: the start token
+        then each target but its last token, labels [rows, width]: each target, -100 where padded)."""
         batch = inputs["input_ids"].shape[0]
         rows = len(targets)
         if rows != batch * expand:
@@ -387,13 +387,22 @@ class GenerateEngine(Engine):
         width = max(1, max((len(t) for t in targets), default=1))
         device = inputs["input_ids"].device
         decoder = torch.full((rows, width), pad, dtype=torch.long, device=device)
-        labels = torch.full((rows, width), -1, dtype=torch.long, device=device)
+        labels = torch.full((rows, width), -100, dtype=torch.long, device=device)
         for r, target in enumerate(targets):
             decoder[r, 0] = start
             if len(target) > 1:
                 decoder[r, 1 : len(target)] = torch.tensor(target[:-1], device=device)
             if target:
                 labels[r, : len(target)] = torch.tensor(target, device=device)
+        return expanded, decoder, labels
+
+    def _teacher_forced(
+        self, inputs: dict, targets: Sequence[Sequence[int]], expand: int, attentions: bool = False
+    ) -> tuple[list[list[float]], list[torch.Tensor] | None]:
+        """Per target (`expand` consecutive targets per sentence of `inputs`): each token's log-probability under
+        the model given the source and the tokens before it, and with `attentions` the last decoder layer's
+        cross-attention averaged over heads ([target tokens, source tokens])."""
+        expanded, decoder, labels = self._teacher_inputs(inputs, targets, expand)
         out = self._forward(expanded, decoder, attentions)
         log_probs = torch.log_softmax(out.logits.float(), dim=-1)
         picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
@@ -401,7 +410,7 @@ class GenerateEngine(Engine):
         maps = None
         if attentions:
             cross = out.cross_attentions[-1].float().mean(dim=1)  # [rows, target, source]: heads averaged
-            maps = [cross[r] for r in range(rows)]
+            maps = [cross[r] for r in range(len(targets))]
         return values, maps
 
     def token_log_probs(
@@ -474,6 +483,18 @@ class OnnxEngine(GenerateEngine):
             raise ValueError("the onnx engine returns no attentions (alignments need the torch engine)")
         with torch.inference_mode():
             return self.model(**inputs, decoder_input_ids=decoder_input_ids, use_cache=True)
+
+    def _teacher_forced(self, inputs, targets, expand, attentions=False):
+        """As the torch engine's, on the folder's scoring graph where it has one (`export_onnx --scoring_graph`: whole
+        targets in one run), else on the step graph one position at a time; no attentions."""
+        if attentions:
+            raise ValueError("the onnx engine returns no attentions (alignments need the torch engine)")
+        if not getattr(self.model, "has_scoring_graph", False) or not targets:
+            return super()._teacher_forced(inputs, targets, expand)
+        expanded, decoder, labels = self._teacher_inputs(inputs, targets, expand)
+        with torch.inference_mode():
+            values = self.model.token_log_probs(**expanded, decoder_input_ids=decoder, labels=labels)
+        return [values[r, : len(t)].tolist() for r, t in enumerate(targets)], None
 
 
 def engine_for(model, tokenizer) -> GenerateEngine:
