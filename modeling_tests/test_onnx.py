@@ -100,7 +100,8 @@ def _export_once(model_type, tokenizer, tmp_path_factory):
     if model_type not in _EXPORTS:
         model = BUILDERS[model_type][0](tokenizer)
         folder = tmp_path_factory.mktemp(model_type) / "onnx"
-        export(model, tokenizer, folder, int8=True)
+        # the baseline with the scoring graph too: the translation core's log_probs on it (the others: the step graph)
+        export(model, tokenizer, folder, int8=True, scoring=model_type == "transformer_nmt")
         _EXPORTS[model_type] = model, folder
     return _EXPORTS[model_type]
 
@@ -546,9 +547,135 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
         outputs[name] = (tmp_path / name).read_text()
         assert result["onnx"] == (name == "onnx")
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"].splitlines()) == 4
+    nbest = {}
+    for name, args in (("torch", ["--model", str(model_dir)]), ("onnx", ["--onnx", str(folder)])):
+        translate.main(
+            [
+                *args,
+                "--input",
+                str(src),
+                "--output",
+                str(tmp_path / f"{name}.jsonl"),
+                "--nbest",
+                "2",
+                "--num_beams",
+                "2",
+                "--length_penalty",
+                "0.6",  # the saved model's; the export was made before it was set
+            ]
+        )
+        nbest[name] = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert OrtModelForSeq2SeqLM.from_pretrained(folder).has_scoring_graph  # the log_probs come from it
+    for want, got in zip(nbest["torch"], nbest["onnx"]):  # n-best JSON Lines alike, scores within 1e-4
+        assert [h["text"] for h in got["hypotheses"]] == [h["text"] for h in want["hypotheses"]]
+        for key in ("score", "log_prob"):
+            assert [h[key] for h in got["hypotheses"]] == pytest.approx([h[key] for h in want["hypotheses"]], abs=1e-4)
     assert "length_penalty" not in capfd.readouterr().err  # greedy search is given no length penalty
-    with pytest.raises(SystemExit, match="exactly one of --model and --onnx"):
+    from hf_variants.training.corpus import DataError
+
+    with pytest.raises(DataError, match="exactly one of --model and --onnx"):
         translate.main(["--model", str(model_dir), "--onnx", str(folder), "--input", str(src), "--output", "x"])
+
+
+def _requests(sentences, langs, prefixes=None):
+    from hf_variants.inference import TranslationRequest
+
+    prefixes = prefixes or [None] * len(sentences)
+    return [
+        TranslationRequest(s, tgt_lang=langs[i % len(langs)] if langs else None, prefix=p)
+        for i, (s, p) in enumerate(zip(sentences, prefixes))
+    ]
+
+
+def test_translation_core_on_onnx_equals_torch(exported, tokenizer):
+    """The translation core (`Translator`) on ONNX Runtime fp32 and on the torch model, for every model type: the
+    same n-best lists (texts; scores and log-probabilities within 1e-4), the same prefixed translations (prefixes of
+    different lengths in one batch, greedy and beam), token batches equal to sentence batches, no_repeat_ngram_size,
+    repetition_penalty and source truncation alike, sampling reproducible from its seed; alignments refused naming
+    the option."""
+    from hf_variants.inference import DecodeOptions, OptionError, Translator
+
+    model, _, fp32, _, langs = exported
+    on_torch, on_ort = Translator(model, tokenizer), Translator(fp32, tokenizer)
+    assert on_ort.engine.name == "onnx" and on_torch.engine.name == "torch"
+    requests = _requests(SENTENCES, langs)
+    options = DecodeOptions(num_beams=3, nbest=3, scores=True, max_len_a=0.5, max_len_b=4)
+    want = on_torch.translate(requests, options)
+    got = on_ort.translate(requests, options, max_tokens=40)
+    for a, b in zip(want, got):
+        assert [h.text for h in a.hypotheses] == [h.text for h in b.hypotheses]
+        assert [h.score for h in a.hypotheses] == pytest.approx([h.score for h in b.hypotheses], abs=1e-4)
+        assert [h.log_prob for h in a.hypotheses] == pytest.approx([h.log_prob for h in b.hypotheses], abs=1e-4)
+    prefixed = _requests(SENTENCES[:4], langs, ["Ein", "", "Zwei Männer", "Eine Frau mit"])
+    for beams in (1, 2):
+        options = DecodeOptions(num_beams=beams, max_len_a=0.5, max_len_b=6)
+        texts = [r.text for r in on_ort.translate(prefixed, options)]
+        assert texts == [r.text for r in on_torch.translate(prefixed, options)]
+    for options in (  # the pass-through options and truncation
+        DecodeOptions(num_beams=1, no_repeat_ngram_size=1, max_new_tokens=12),
+        DecodeOptions(num_beams=2, repetition_penalty=1.5, scores=True, max_len_a=0.5, max_len_b=4),
+        DecodeOptions(num_beams=2, max_source_length=6, max_len_a=0.5, max_len_b=4),
+    ):
+        want, got = on_torch.translate(requests, options), on_ort.translate(requests, options)
+        assert [r.text for r in got] == [r.text for r in want] and [r.truncated for r in got] == [
+            r.truncated for r in want
+        ]
+        if options.scores:
+            assert [r.hypotheses[0].score for r in got] == pytest.approx(
+                [r.hypotheses[0].score for r in want], abs=1e-4
+            )
+    assert any(r.truncated for r in got)
+    sample = DecodeOptions(do_sample=True, nbest=2, top_k=10, seed=5, max_len_a=0.5, max_len_b=4)
+    first = [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]
+    assert first == [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]
+    with pytest.raises(OptionError, match="alignments: the onnx engine returns no attentions"):
+        on_ort.translate(requests, DecodeOptions(alignments=True))
+
+
+def test_cli_pipeline_and_onnx_translate_alike_at_any_batch_size(baseline_export, tokenizer, tmp_path):
+    """Greedy search on the 1,000 test sentences with a length rule that binds on many sentences (a = 0.8, b = 2,
+    where a rule over the batch's longest source changed them): the translate command (batch size 64), its --onnx
+    path, the translation core at batch sizes 7 and 1 (the first 100; the rule saved in the model) and the pipeline
+    (batch size 64) give identical lines."""
+    from hf_variants.inference import DecodeOptions, Translator
+    from hf_variants.training import translate
+
+    model, folder = baseline_export
+    model = copy.deepcopy(model)
+    model.generation_config.num_beams = 1
+    model.generation_config.length_rule = {"max_len_a": 0.8, "max_len_b": 2, "max_new_tokens": 256}
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    sources = read_sentences("en", "test_2016_flickr", n=1000)
+    src = tmp_path / "src.en"
+    src.write_text("\n".join(sources) + "\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        lines = {}
+        for name, extra in (
+            ("torch", ["--model", str(model_dir)]),
+            ("onnx", ["--onnx", str(folder), "--tokenizer", str(model_dir)]),
+        ):
+            # the export keeps the generation config it was made with: the rule named on both command lines
+            rule = ["--max_len_a", "0.8", "--max_len_b", "2", "--num_beams", "1"]
+            result = translate.main(
+                [*extra, *rule, "--input", str(src), "--output", str(tmp_path / name), "--no_progress"]
+            )
+            assert result["length_rule"] == {"max_len_a": 0.8, "max_len_b": 2} and result["num_beams"] == 1
+            lines[name] = (tmp_path / name).read_text().splitlines()
+        assert lines["onnx"] == lines["torch"] and len(set(lines["torch"])) > 900
+        translator = Translator(model, tokenizer)
+        at_7 = translator.translate(sources, DecodeOptions(), batch_size=7)
+        alone = translator.translate(sources[:100], DecodeOptions(), batch_size=1)
+        piped = pipeline("translation", model=model, tokenizer=tokenizer)(sources, batch_size=64)
+    finally:
+        torch.set_num_threads(threads)
+    assert [r.text for r in at_7] == lines["torch"]
+    assert [r.text for r in alone] == lines["torch"][:100]
+    assert [r["translation_text"].strip() for r in piped] == lines["torch"]  # the pipeline: the same rule per sentence
+    assert sum(len(r.hypotheses[0].token_ids) == int(0.8 * r.source_tokens + 2) for r in at_7) > 100  # it binds
 
 
 def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):

@@ -485,6 +485,13 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     bt = json.loads((tmp_path / "runs" / "en-fr-bt" / "results.json").read_text())
     assert [(c["pairs"], c["tag"]) for c in bt["corpora"]] == [(48, None), (16, "<BT>")]
     assert "(the best 2 by validation bleu" in (tmp_path / "runs" / "en-fr-bt-best2" / "README.md").read_text()
+    # section 8: n-best lists, prefixes, alignments, the Python API
+    nbest = [json.loads(line) for line in (tmp_path / "nbest.jsonl").read_text().splitlines()]
+    assert len(nbest) == 8 and all(len(row["hypotheses"]) == 4 for row in nbest)
+    prefixed = (tmp_path / "prefixed.fr").read_text().splitlines()
+    assert len(prefixed) == 8 and all(line.startswith("Un homme") for line in prefixed[::2])
+    assert all(" ||| " in line for line in (tmp_path / "aligned.fr").read_text().splitlines())
+    assert [len(r.hypotheses) for r in namespace["translations"]] == [2, 2]
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5

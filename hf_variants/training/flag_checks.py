@@ -82,7 +82,8 @@ def data_flag_errors(args) -> list[str]:
         return []
     return [
         "no training data: pass --train_file FILE (TSV with a header of language codes, or JSONL), --data_dir DIR "
-        "(per-language text files {prefix}.{lang}) or --dataset_name NAME (a datasets dataset: Hub id or folder)"
+        "(per-language text files {prefix}.{lang}), --dataset_name NAME (a datasets dataset: Hub id or folder) or "
+        "--corpus_spec FILE (several corpora)"
     ]
 
 

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from . import corpora, external, flag_checks, settings
+from .evaluation import BLEU_TOKENIZERS, DEFAULT_BLEU_TOKENIZE, check_bleu_tokenize
 
 # A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data; an
 # installed package has none: --data_dir (or --train_file, --dataset_name) is then required. Runs go to ./runs (the
@@ -313,6 +314,13 @@ def add_evaluation_args(g) -> None:
         help="sentences per translation batch and process",
     )
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
+    g.add_argument(
+        "--bleu_tokenize",
+        choices=BLEU_TOKENIZERS,
+        default=DEFAULT_BLEU_TOKENIZE,
+        help="sacreBLEU's tokenizer for BLEU (zh for Chinese, ja-mecab / ko-mecab for Japanese / Korean targets: "
+        "the hf-variants[ja] / [ko] extras); recorded in the BLEU signature",
+    )
 
 
 def add_checkpoints_args(g) -> None:
@@ -525,6 +533,10 @@ def parse_args(argv=None, data_required: bool = True) -> argparse.Namespace:
         parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
     for message in [*flag_checks.flag_errors(args, data_required), *run_length_errors(args)]:
         parser.error(message)
+    try:
+        check_bleu_tokenize(args.bleu_tokenize)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
