@@ -1,4 +1,4 @@
-"""Batched beam-search translation and BLEU/chrF scoring (an offline `evaluate` metric over sacreBLEU).
+"""Batched beam-search translation and BLEU/chrF/chrF++/TER scoring (an offline `evaluate` metric over sacreBLEU).
 
 Shared by `train.py` (validation and the final test) and `translate.py`. Every batch goes through the model's own
 `prepare_translation_inputs`, so variant inputs (language tags, `tgt_lang_ids`, ...) need no special case here.
@@ -18,22 +18,72 @@ from . import external
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
 
 
+# sacreBLEU's BLEU tokenizers offered by `--bleu_tokenize` (translate, training): the ones that need no download
+# (flores101/200 fetch a SentencePiece model); the MeCab ones need sacreBLEU's extras, named by `EXTRAS`
+BLEU_TOKENIZERS = ("13a", "intl", "zh", "char", "none", "ja-mecab", "ko-mecab")
+DEFAULT_BLEU_TOKENIZE = "13a"
+EXTRAS = {"ja-mecab": "ja", "ko-mecab": "ko"}  # tokenizer -> the hf-variants (and sacreBLEU) extra it needs
+
+
+def check_bleu_tokenize(tokenize: str, flag: str = "--bleu_tokenize") -> str:
+    """`tokenize` when it is one of `BLEU_TOKENIZERS` and usable here, else a ValueError naming `flag`: an unknown
+    name (listing the known ones), or a MeCab tokenizer whose extra is not installed (naming the extra). Cheap:
+    run it before any model loads."""
+    if tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(
+            f"{flag} {tokenize!r} is not a sacreBLEU tokenizer offered here; choose one of {list(BLEU_TOKENIZERS)}."
+        )
+    if tokenize in EXTRAS:
+        from sacrebleu.metrics.bleu import BLEU
+
+        try:
+            BLEU(tokenize=tokenize)
+        except (ImportError, RuntimeError) as error:
+            extra = EXTRAS[tokenize]
+            raise ValueError(
+                f"{flag} {tokenize} needs MeCab and its dictionary: pip install 'hf-variants[{extra}]' "
+                f"(sacreBLEU's '{extra}' extra) ({str(error).strip().splitlines()[0]})"
+            ) from error
+    return tokenize
+
+
 @lru_cache(maxsize=1)
 def load_metric():
-    """The local `evaluate` metric (no Hub access): BLEU and chrF from sacreBLEU with their signatures."""
+    """The local `evaluate` metric (no Hub access): BLEU, chrF, chrF++ and TER from sacreBLEU with their
+    signatures."""
     import evaluate
 
     return evaluate.load(str(METRIC_DIR))
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]]) -> dict:
-    """Corpus BLEU and chrF of detokenized `hypotheses` against one reference each (or a list per hypothesis)."""
-    refs = [[r] if isinstance(r, str) else list(r) for r in references]
-    if len(refs) != len(hypotheses):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(refs)} references.")
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    tokenize: str = DEFAULT_BLEU_TOKENIZE,
+    metrics: Sequence[str] = ("bleu", "chrf", "chrfpp", "ter"),
+) -> dict:
+    """Corpus BLEU, chrF, chrF++ and TER (sacreBLEU, each with its signature) of detokenized `hypotheses`.
+
+    `references`: one reference set (a list of strings, one per hypothesis), or several sets (a list of such lists,
+    sacreBLEU's layout: `sacrebleu.corpus_bleu(hypotheses, references)`) for multi-reference scores. `tokenize`:
+    BLEU's tokenizer (`BLEU_TOKENIZERS`). The keys: bleu, chrf, chrfpp, ter, sacrebleu_signature (BLEU's),
+    chrf_signature, chrfpp_signature, ter_signature, bleu_precisions, bleu_brevity_penalty, sys_len, ref_len."""
+    hypotheses = list(hypotheses)
+    references = list(references)
+    sets = [references] if not references or isinstance(references[0], str) else [list(r) for r in references]
     if not hypotheses:
         raise ValueError("Nothing to score.")
-    return load_metric().compute(predictions=list(hypotheses), references=refs)
+    for i, refs in enumerate(sets):
+        if any(not isinstance(r, str) for r in refs):
+            raise TypeError("references: one list of strings per reference set.")
+        if len(refs) != len(hypotheses):
+            which = f"reference set {i + 1} has" if len(sets) > 1 else "but"
+            raise ValueError(f"{len(hypotheses)} hypotheses {which} {len(refs)} references.")
+    check_bleu_tokenize(tokenize, flag="tokenize=")
+    per_hypothesis = [list(refs) for refs in zip(*sets)]
+    return load_metric().compute(
+        predictions=hypotheses, references=per_hypothesis, tokenize=tokenize, metrics=list(metrics)
+    )
 
 
 MAX_LEN_A, MAX_LEN_B = 1.2, 10  # fairseq's max_len_a / max_len_b: new tokens per batch = a * longest source + b

@@ -1,0 +1,529 @@
+"""The engine layer of the translation core: one batch of requests in, hypotheses out, on any engine.
+
+An engine (`Engine`, the interface; `ENGINES`, the name -> class table) turns a batch of `TranslationRequest`s
+into `Hypothesis` lists, counts source tokens, and scores given token sequences (teacher forcing). The
+`Translator` above it does the rest (checks, defaults, empty and too-long sources, length-sorted batches, order,
+streaming), so every engine gets the same behaviour:
+
+| engine        | class                      | decodes with                                       | alignments |
+|---------------|----------------------------|----------------------------------------------------|------------|
+| `torch`       | `TorchEngine`              | the PyTorch model's `generate()`                    | yes        |
+| `onnx`        | `OnnxEngine`               | `OrtModelForSeq2SeqLM.generate()` (ONNX Runtime)    | no         |
+| `ctranslate2` | `ctranslate2_engine` module | CTranslate2's `Translator` (the `deploy` extra)    | no         |
+
+`GenerateEngine` is the engine of any model with transformers' `generate()`: its hypotheses carry
+- `text`, `tokens`, `token_ids` (the generated tokens after the decoder's start token, `</s>` included);
+- `log_prob`: the sum of the tokens' log-probabilities from one teacher-forced forward over (source, hypothesis)
+  (`token_log_probs`, the function the scoring of given pairs runs: a hypothesis scored later gets the same number);
+- `score`: what the search ranked by: beam search's length-normalized score, `log_prob / length ** length_penalty`
+  (transformers' `sequences_scores`; taken from generate() itself where a logits processor changes the chosen
+  tokens' values, i.e. with `repetition_penalty`), and the same normalization for greedy search and sampling;
+- `alignment` (torch only): from the same teacher-forced forward with `output_attentions=True`: the cross-attention
+  of the decoder's LAST layer averaged over its heads (fairseq's default alignment layer), each target subword
+  aligned to the source subword it attends to most (language tags and `</s>` left out on both sides), mapped to
+  whitespace words (`word_indices`), pairs deduplicated and sorted. Each variant gives its own decoder's
+  cross-attention (MIMO, Tied, ... return theirs through `output_attentions`).
+
+Prefixes are forced fairseq-style by a logits processor (`PrefixLogitsProcessor`): at each step below a row's prefix
+length every other token is masked, so positions, the cache and the other rows of the batch are untouched, and beam
+scores carry the prefix tokens' real log-probabilities. The default output limit is the length rule per sentence:
+each row's own source length (its attention mask) sets its limit, `min(a * length + b, cap, positions)` new tokens,
+`</s>` forced at the last one (`SourceLengthLimit`), so a translation does not depend on its batch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from .requests import DecodeOptions, Hypothesis, TranslationRequest
+
+# engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
+ENGINES: dict[str, str] = {
+    "torch": "hf_variants.inference.decode:TorchEngine",
+    "onnx": "hf_variants.inference.decode:OnnxEngine",
+    "ctranslate2": "hf_variants.inference.ctranslate2_engine:CTranslate2Engine",
+}
+PRECISIONS = ("fp32", "int8")
+COUNT_CHUNK = 256  # sentences tokenized at a time when counting source tokens
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class registered under `name` in `ENGINES` (a ValueError naming the known ones otherwise)."""
+    if name not in ENGINES:
+        raise ValueError(f"engine={name!r}: expected one of {sorted(ENGINES)}")
+    module_name, _, class_name = ENGINES[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(f"engine={name!r} is not available: {error}") from error
+    return getattr(module, class_name)
+
+
+# ---------------------------------------------------------------------------------------------------- interface
+class Engine(ABC):
+    """What the `Translator` needs of an engine. A subclass sets `name` and `supports_alignments` and implements:
+
+    - `load(path, precision, num_threads, trust_remote_code, tokenizer)`: the engine of a saved model;
+    - `source_lengths(requests)`: each source's length in tokens as the model receives it (language tag and `</s>`
+      included), without truncation;
+    - `translate_batch(requests, options)`: per request its `options.nbest` hypotheses, best first; the requests are
+      checked, non-empty and fit the model; `options` are resolved (`Translator.resolve`: no None where the model
+      has a saved choice);
+    - `token_log_probs(requests, targets)`: the log-probability of each token of each target (token ids after the
+      decoder's start token, `</s>` included) given its source, by teacher forcing.
+
+    `config` (the model's `PretrainedConfig`), `tokenizer` and `generation_config` are attributes."""
+
+    name: ClassVar[str] = ""
+    supports_alignments: ClassVar[bool] = False
+
+    config: Any
+    tokenizer: Any
+    generation_config: Any
+
+    @classmethod
+    @abstractmethod
+    def load(
+        cls,
+        path: str,
+        *,
+        precision: str = "fp32",
+        num_threads: int | None = None,
+        trust_remote_code: bool = False,
+        tokenizer=None,
+    ) -> Engine: ...
+
+    @abstractmethod
+    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]: ...
+
+    @abstractmethod
+    def translate_batch(
+        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+    ) -> list[list[Hypothesis]]: ...
+
+    @abstractmethod
+    def token_log_probs(
+        self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
+    ) -> list[list[float]]: ...
+
+    def unsupported(self, options: DecodeOptions) -> str | None:
+        """Why this engine cannot decode with `options` (None: it can), in words naming the option."""
+        if options.alignments and not self.supports_alignments:
+            return f"alignments: the {self.name} engine returns no attentions (use the torch engine)"
+        return None
+
+    def length_rule(self) -> tuple[float, int, int]:
+        """(a, b, cap) of the model's saved length rule: at most min(a * source length + b, cap) new tokens."""
+        saved = getattr(self.model, "length_rule", None) if hasattr(self, "model") else None
+        if callable(saved):
+            return saved()
+        rule = getattr(self.generation_config, "length_rule", None)
+        if isinstance(rule, Mapping):
+            return float(rule["max_len_a"]), int(rule["max_len_b"]), int(rule["max_new_tokens"])
+        return DEFAULT_LENGTH_RULE
+
+
+# a model saved without a length rule (transformers' MarianMTModel trained by the toolkit, older checkpoints)
+DEFAULT_LENGTH_RULE = (2.0, 10, 256)
+
+
+def length_limit(source_length: int, options: DecodeOptions, cap: int, positions: int | None) -> int:
+    """The length rule for one sentence: at most min(a * source length + b, cap, positions) new tokens (at least
+    1), `</s>` included (`options.max_len_a` / `max_len_b` resolved)."""
+    limit = max(1, int(options.max_len_a * source_length + options.max_len_b))
+    limit = min(limit, cap)
+    return min(limit, positions) if positions else limit
+
+
+# ----------------------------------------------------------------------------------------------- logits processors
+class PrefixLogitsProcessor:
+    """Forces each row's prefix tokens: at generated position t < len(prefix), every token but prefix[t] gets -inf.
+    The forced token keeps its own score (beam search adds its real log-probability). `prefixes`: one token-id list
+    per sentence; rows of the search are sentences x `expand` (beams or returned sequences), in order."""
+
+    def __init__(self, prefixes: Sequence[Sequence[int]], expand: int, start: int = 1):
+        self.prefixes = [list(p) for p in prefixes]
+        self.expand, self.start = expand, start
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[-1] - self.start
+        rows, tokens = [], []
+        for row in range(input_ids.shape[0]):
+            prefix = self.prefixes[row // self.expand]
+            if step < len(prefix):
+                rows.append(row)
+                tokens.append(prefix[step])
+        if not rows:
+            return scores
+        rows_t = torch.tensor(rows, device=scores.device)
+        tokens_t = torch.tensor(tokens, device=scores.device)
+        kept = scores[rows_t, tokens_t]
+        scores = scores.clone()
+        scores[rows_t] = -math.inf
+        scores[rows_t, tokens_t] = kept
+        return scores
+
+
+class SourceLengthLimit:
+    """The length rule per sentence: a row whose sentence's limit is L new tokens gets `</s>` forced as its L-th
+    token (every other token -inf; `</s>` keeps its score). Rows are sentences x `expand`, in order."""
+
+    def __init__(self, limits: Sequence[int], expand: int, eos_token_id: int, start: int = 1):
+        self.limits = list(limits)
+        self.expand, self.eos, self.start = expand, eos_token_id, start
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[-1] - self.start  # tokens generated so far; the next is number step + 1
+        rows = [r for r in range(input_ids.shape[0]) if step + 1 >= self.limits[r // self.expand]]
+        if not rows:
+            return scores
+        rows_t = torch.tensor(rows, device=scores.device)
+        kept = scores[rows_t, self.eos]
+        scores = scores.clone()
+        scores[rows_t] = -math.inf
+        scores[rows_t, self.eos] = kept
+        return scores
+
+
+# ---------------------------------------------------------------------------------------------------- words
+def word_indices(tokenizer, ids: Sequence[int]) -> list[int | None]:
+    """For each token id, the index of the whitespace word of `tokenizer.decode(ids, skip_special_tokens=True)` it
+    belongs to (None: a special token, or one that adds no visible character), read from the decoded prefixes: token
+    i belongs to the last word of decode(ids[: i + 1])."""
+    special = set(tokenizer.all_special_ids)
+    out: list[int | None] = []
+    previous = ""
+    for i, token in enumerate(ids):
+        if token in special:
+            out.append(None)
+            continue
+        text = tokenizer.decode(list(ids[: i + 1]), skip_special_tokens=True)
+        if text.strip() == previous.strip() and text.split() == previous.split():
+            out.append(None)
+        else:
+            out.append(max(0, len(text.split()) - 1))
+        previous = text
+    return out
+
+
+def hard_alignment(
+    attention: torch.Tensor, source_words: Sequence[int | None], target_words: Sequence[int | None]
+) -> list[tuple[int, int]]:
+    """(source word, target word) pairs: each target token (row of `attention`, [target, source]) aligned to the
+    source token it attends to most among those with a word; deduplicated, sorted."""
+    keep = [j for j, w in enumerate(source_words) if w is not None]
+    if not keep:
+        return []
+    columns = attention[:, keep]
+    pairs = set()
+    for t, tw in enumerate(target_words):
+        if tw is None or t >= attention.shape[0]:
+            continue
+        s = keep[int(columns[t].argmax())]
+        pairs.add((source_words[s], tw))
+    return sorted(pairs)
+
+
+# --------------------------------------------------------------------------------------------- generate engine
+def _is_tensor_batch(value, batch: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch
+
+
+class GenerateEngine(Engine):
+    """The engine of a model with transformers' `generate()` and (for hf_variants models) the model's own
+    `prepare_translation_inputs`; see the module docstring for what its hypotheses carry."""
+
+    name = "generate"
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.generation_config = model.generation_config
+        self._length_rule_kwarg = _generate_takes(model, "length_rule")
+
+    # ----------------------------------------------------------------------------------------------- inputs
+    def encode(self, requests: Sequence[TranslationRequest], max_source_length: int | None = None) -> dict:
+        """The model inputs of a batch: the model's `prepare_translation_inputs` (language tags, `tgt_lang_ids`,
+        a variant's own inputs from the requests' annotations), or the tokenizer for a plain seq2seq model."""
+        texts = [r.source for r in requests]
+        names = sorted({name for r in requests for name in r.annotations})
+        annotations = {name: [r.annotations.get(name) for r in requests] for name in names}
+        langs = [r.tgt_lang for r in requests]
+        prepare = getattr(self.model, "prepare_translation_inputs", None)
+        if prepare is not None:
+            kwargs = {"tgt_lang": langs} if any(lang is not None for lang in langs) else {}
+            return prepare(self.tokenizer, texts, max_length=max_source_length, **kwargs, **annotations)
+        if annotations:
+            raise ValueError(f"{type(self.model).__name__} takes no annotations, got {names}.")
+        encoded = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=max_source_length is not None,
+            max_length=max_source_length,
+            return_tensors="pt",
+        )
+        device = getattr(self.model, "device", torch.device("cpu"))
+        return {k: encoded[k].to(device) for k in ("input_ids", "attention_mask")}
+
+    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]:
+        lengths: list[int] = []
+        for start in range(0, len(requests), COUNT_CHUNK):
+            inputs = self.encode(requests[start : start + COUNT_CHUNK])
+            lengths += inputs["attention_mask"].sum(-1).tolist()
+        return lengths
+
+    def prefix_ids(self, prefix: str | None) -> list[int]:
+        """The token ids a prefix forces (no special tokens: `</s>` is not appended)."""
+        if not prefix:
+            return []
+        return list(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
+
+    # -------------------------------------------------------------------------------------------- decoding
+    def generate_kwargs(self, inputs: dict, requests: Sequence[TranslationRequest], options: DecodeOptions) -> dict:
+        """generate()'s arguments for `options` (resolved) on the batch `inputs`."""
+        beams = options.beams
+        expand = beams if beams > 1 else options.nbest
+        kwargs: dict[str, Any] = {"num_beams": beams, "num_return_sequences": options.nbest, "do_sample": False}
+        if beams > 1:
+            kwargs["length_penalty"] = options.length_penalty
+        if options.do_sample:
+            kwargs["do_sample"] = True
+            for name in ("top_k", "top_p", "temperature"):
+                if getattr(options, name) is not None:
+                    kwargs[name] = getattr(options, name)
+        for name in ("no_repeat_ngram_size", "repetition_penalty"):
+            if getattr(options, name) is not None:
+                kwargs[name] = getattr(options, name)
+        processors = []
+        if options.max_length is not None:
+            kwargs["max_length"] = options.max_length
+        elif options.max_new_tokens is not None:
+            kwargs["max_new_tokens"] = options.max_new_tokens
+        elif self._length_rule_kwarg:  # the model applies the rule per sentence itself
+            _, _, cap = self.length_rule()
+            kwargs["length_rule"] = {
+                "max_len_a": options.max_len_a,
+                "max_len_b": options.max_len_b,
+                "max_new_tokens": cap,
+            }
+        else:
+            limits = self.length_limits(inputs["attention_mask"].sum(-1).tolist(), options)
+            kwargs["max_new_tokens"] = max(limits)
+            processors.append(SourceLengthLimit(limits, expand, self.config.eos_token_id))
+        prefixes = [self.prefix_ids(r.prefix) for r in requests]
+        if any(prefixes):
+            processors.append(PrefixLogitsProcessor(prefixes, expand))
+        if processors:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList(processors)
+        if options.scores and beams > 1 and options.repetition_penalty not in (None, 1.0):
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
+        return kwargs
+
+    def length_limits(self, source_lengths: Sequence[int], options: DecodeOptions) -> list[int]:
+        """Each sentence's new-token limit under the length rule (`length_limit`)."""
+        _, _, cap = self.length_rule()
+        positions = getattr(self.config, "max_position_embeddings", None)
+        return [length_limit(n, options, cap, positions) for n in source_lengths]
+
+    def _run_generate(self, inputs: dict, kwargs: dict):
+        with torch.inference_mode():
+            return self.model.generate(**inputs, **kwargs)
+
+    def translate_batch(
+        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+    ) -> list[list[Hypothesis]]:
+        inputs = self.encode(requests, options.max_source_length)
+        kwargs = self.generate_kwargs(inputs, requests, options)
+        out = self._run_generate(inputs, kwargs)
+        sequences = out.sequences if hasattr(out, "sequences") else out
+        sequence_scores = getattr(out, "sequences_scores", None)
+        n = options.nbest
+        ids = [self._hypothesis_ids(row) for row in sequences.tolist()]
+        hyps = [
+            Hypothesis(
+                text=self.tokenizer.decode(row, skip_special_tokens=True).strip(),
+                tokens=self.tokenizer.convert_ids_to_tokens(row),
+                token_ids=row,
+            )
+            for row in ids
+        ]
+        if options.scores or options.alignments:
+            log_probs, attentions = self._teacher_forced(inputs, ids, n, attentions=options.alignments)
+            if options.scores:
+                lp = options.length_penalty if options.length_penalty is not None else 1.0
+                for k, (hyp, values) in enumerate(zip(hyps, log_probs)):
+                    hyp.log_prob = float(sum(values))
+                    if sequence_scores is not None:
+                        hyp.score = float(sequence_scores[k])
+                    else:
+                        hyp.score = hyp.log_prob / (max(1, len(values)) ** lp)
+            if options.alignments:
+                source_ids = inputs["input_ids"].repeat_interleave(n, dim=0)
+                mask = inputs["attention_mask"].repeat_interleave(n, dim=0)
+                for k, (hyp, attention) in enumerate(zip(hyps, attentions)):
+                    src = source_ids[k][mask[k].bool()].tolist()
+                    hyp.alignment = hard_alignment(
+                        attention[: len(hyp.token_ids), : len(src)],
+                        word_indices(self.tokenizer, src),
+                        word_indices(self.tokenizer, hyp.token_ids),
+                    )
+        return [hyps[i * n : (i + 1) * n] for i in range(len(requests))]
+
+    def _hypothesis_ids(self, row: list[int]) -> list[int]:
+        """The generated tokens of one output row: after the decoder's start token, up to and including the first
+        `</s>`, without padding."""
+        eos = self.config.eos_token_id
+        pad = self.config.pad_token_id
+        tokens = row[1:]
+        if eos in tokens:
+            return tokens[: tokens.index(eos) + 1]
+        while tokens and tokens[-1] == pad:
+            tokens.pop()
+        return tokens
+
+    # ------------------------------------------------------------------------------------------ teacher forcing
+    def _forward(self, inputs: dict, decoder_input_ids: torch.Tensor, attentions: bool):
+        kwargs = {"decoder_input_ids": decoder_input_ids}
+        if attentions:
+            kwargs["output_attentions"] = True
+        with torch.inference_mode():
+            return self.model(**inputs, **kwargs)
+
+    def _teacher_forced(
+        self, inputs: dict, targets: Sequence[Sequence[int]], expand: int, attentions: bool = False
+    ) -> tuple[list[list[float]], list[torch.Tensor] | None]:
+        """Per target (`expand` consecutive targets per sentence of `inputs`): each token's log-probability under
+        the model given the source and the tokens before it, and with `attentions` the last decoder layer's
+        cross-attention averaged over heads ([target tokens, source tokens])."""
+        batch = inputs["input_ids"].shape[0]
+        rows = len(targets)
+        if rows != batch * expand:
+            raise ValueError(f"{rows} targets for {batch} sources x {expand}.")
+        expanded = {
+            k: (v.repeat_interleave(expand, dim=0) if _is_tensor_batch(v, batch) else v) for k, v in inputs.items()
+        }
+        start = self.config.decoder_start_token_id
+        pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        width = max(1, max((len(t) for t in targets), default=1))
+        device = inputs["input_ids"].device
+        decoder = torch.full((rows, width), pad, dtype=torch.long, device=device)
+        labels = torch.full((rows, width), -1, dtype=torch.long, device=device)
+        for r, target in enumerate(targets):
+            decoder[r, 0] = start
+            if len(target) > 1:
+                decoder[r, 1 : len(target)] = torch.tensor(target[:-1], device=device)
+            if target:
+                labels[r, : len(target)] = torch.tensor(target, device=device)
+        out = self._forward(expanded, decoder, attentions)
+        log_probs = torch.log_softmax(out.logits.float(), dim=-1)
+        picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        values = [picked[r, : len(t)].tolist() for r, t in enumerate(targets)]
+        maps = None
+        if attentions:
+            cross = out.cross_attentions[-1].float().mean(dim=1)  # [rows, target, source]: heads averaged
+            maps = [cross[r] for r in range(rows)]
+        return values, maps
+
+    def token_log_probs(
+        self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
+    ) -> list[list[float]]:
+        inputs = self.encode(requests, max_source_length)
+        values, _ = self._teacher_forced(inputs, targets, 1)
+        return values
+
+
+def _generate_takes(model, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _load_tokenizer(path: str, tokenizer, trust_remote_code: bool):
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer or path, trust_remote_code=trust_remote_code)
+
+
+class TorchEngine(GenerateEngine):
+    """A PyTorch model (`from_pretrained` of a saved folder or Hub id); `precision="int8"`: every linear layer
+    quantized for the CPU (`hf_variants.deploy.int8.quantize_for_cpu`)."""
+
+    name = "torch"
+    supports_alignments = True
+
+    @classmethod
+    def load(cls, path, *, precision="fp32", num_threads=None, trust_remote_code=False, tokenizer=None):
+        from transformers import AutoModelForSeq2SeqLM
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
+        if precision == "int8":
+            from ..deploy.int8 import quantize_for_cpu
+
+            quantize_for_cpu(model)
+        return cls(model, _load_tokenizer(path, tokenizer, trust_remote_code))
+
+
+class OnnxEngine(GenerateEngine):
+    """An ONNX Runtime model (`OrtModelForSeq2SeqLM`, a folder written by `hf_variants.export_onnx`): decoding runs
+    in transformers' generate() over the exported graphs; no attentions, so no alignments."""
+
+    name = "onnx"
+    supports_alignments = False
+
+    @classmethod
+    def load(cls, path, *, precision="fp32", num_threads=None, trust_remote_code=False, tokenizer=None):
+        from ..onnx.modeling import OrtModelForSeq2SeqLM
+
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
+        model = OrtModelForSeq2SeqLM.from_pretrained(path, precision=precision, num_threads=num_threads)
+        return cls(model, _load_tokenizer(path, tokenizer, False))
+
+    def _forward(self, inputs: dict, decoder_input_ids: torch.Tensor, attentions: bool):
+        if attentions:
+            raise ValueError("the onnx engine returns no attentions (alignments need the torch engine)")
+        with torch.inference_mode():
+            return self.model(**inputs, decoder_input_ids=decoder_input_ids, use_cache=True)
+
+
+def engine_for(model, tokenizer) -> GenerateEngine:
+    """The engine of an already loaded model: `OnnxEngine` for an `OrtModelForSeq2SeqLM`, else `TorchEngine`."""
+    from ..onnx.modeling import OrtModelForSeq2SeqLM
+
+    if isinstance(model, OrtModelForSeq2SeqLM):
+        return OnnxEngine(model, tokenizer)
+    return TorchEngine(model, tokenizer)
+
+
+__all__ = [
+    "DEFAULT_LENGTH_RULE",
+    "ENGINES",
+    "Engine",
+    "GenerateEngine",
+    "OnnxEngine",
+    "PrefixLogitsProcessor",
+    "SourceLengthLimit",
+    "TorchEngine",
+    "engine_class",
+    "engine_for",
+    "hard_alignment",
+    "length_limit",
+    "word_indices",
+]

@@ -1,0 +1,266 @@
+"""What the translation core takes and returns: a request (one source sentence), the decoding options of a call,
+and per request a result holding its hypotheses.
+
+    TranslationRequest("A dog runs.", tgt_lang="de", prefix="Ein")
+    DecodeOptions(num_beams=5, nbest=5, scores=True, alignments=True).check()
+    TranslationResult(index=0, source="A dog runs.", hypotheses=[Hypothesis(text="Ein Hund läuft.", ...)], ...)
+
+Every field left `None` in `DecodeOptions` means "the model's saved choice": its generation config (beam size,
+length penalty, the length rule `generation_config.length_rule`), as `model.generate()` and the pipeline decode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TranslationRequest:
+    """One sentence to translate.
+
+    `src_lang` / `tgt_lang`: language codes (None: the model's one target language, or no check of the source);
+    `prefix`: the beginning the translation must start with (its tokens are forced, then decoding continues);
+    `annotations`: per-sentence model inputs a variant takes beside the text (the syntactic MG-SA's
+    `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`."""
+
+    source: str
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    prefix: str | None = None
+    annotations: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, item: str | TranslationRequest) -> TranslationRequest:
+        """`item` as a request: a plain string is a request with the source only."""
+        if isinstance(item, TranslationRequest):
+            return item
+        if isinstance(item, str):
+            return cls(item)
+        raise TypeError(f"expected a str or a TranslationRequest, got {type(item).__name__}")
+
+
+class OptionError(ValueError):
+    """A decoding option out of its range or in conflict with another: `names` are the options at fault (field
+    names of `DecodeOptions`, which are the command-line flags without `--`)."""
+
+    def __init__(self, message: str, *names: str):
+        super().__init__(message)
+        self.names = names
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode, for every request of a call (None: the model's saved choice, see the module docstring).
+
+    Search: `num_beams` (beam search, 1: greedy), `nbest` hypotheses per sentence (at most `num_beams`; with
+    `do_sample`, `nbest` independent samples), `length_penalty` (beam scores are divided by length ** it).
+    Sampling: `do_sample` with `top_k`, `top_p`, `temperature`; `seed` makes a call reproducible (the same requests,
+    options and batches give the same samples). Output length: `max_length` (the whole output, the decoder's start
+    token included, as in `generate()` and the pipeline) or `max_new_tokens`; without either, the length rule: at
+    most `max_len_a` x (the sentence's own source length) + `max_len_b` new tokens (None: the rule saved with the
+    model). Repetition: `no_repeat_ngram_size`, `repetition_penalty`. Outputs: `scores` adds each hypothesis' `score`
+    and `log_prob`, `alignments` its word alignment to the source (engines that return attentions only).
+    Source: `max_source_length` truncates every source to that many tokens (special tokens included); the result
+    says so (`truncated`)."""
+
+    num_beams: int | None = None
+    nbest: int = 1
+    length_penalty: float | None = None
+    do_sample: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    max_length: int | None = None
+    max_new_tokens: int | None = None
+    max_len_a: float | None = None
+    max_len_b: int | None = None
+    no_repeat_ngram_size: int | None = None
+    repetition_penalty: float | None = None
+    scores: bool = False
+    alignments: bool = False
+    max_source_length: int | None = None
+
+    def replace(self, **changes) -> DecodeOptions:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DecodeOptions:
+        """Options from a mapping (a JSON request body): unknown names raise an `OptionError` naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise OptionError(f"unknown decoding option(s) {unknown}; known: {sorted(known)}", *unknown)
+        return cls(**values)
+
+    @property
+    def beams(self) -> int | None:
+        """The beam size generate() runs: 1 when sampling, else `num_beams` (None: the saved one)."""
+        return 1 if self.do_sample else self.num_beams
+
+    def check(self, flags: bool = False) -> DecodeOptions:
+        """Raise an `OptionError` naming the option (e.g. `nbest=5 > num_beams=4`) for a value out of its range or
+        options in conflict; returns self. `flags`: name them as command-line flags (`--nbest 5 > --num_beams 4`)."""
+
+        def say(name: str, value: Any = None) -> str:
+            if value is None:
+                return f"--{name}" if flags else name
+            return f"--{name} {value}" if flags else f"{name}={value!r}"
+
+        def at_least(name: str, low: int) -> None:
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < low):
+                raise OptionError(f"{say(name, value)}: expected an integer >= {low}", name)
+
+        for name, low in (
+            ("num_beams", 1),
+            ("nbest", 1),
+            ("max_length", 1),
+            ("max_new_tokens", 1),
+            ("max_len_b", 0),
+            ("no_repeat_ngram_size", 0),
+            ("top_k", 0),
+            ("seed", 0),
+            ("max_source_length", 1),
+        ):
+            at_least(name, low)
+        for name in ("length_penalty", "max_len_a", "top_p", "temperature", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None and not _is_number(value):
+                raise OptionError(f"{say(name, value)}: expected a finite number", name)
+        if self.max_len_a is not None and self.max_len_a < 0:
+            raise OptionError(f"{say('max_len_a', self.max_len_a)}: expected a number >= 0", "max_len_a")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise OptionError(f"{say('top_p', self.top_p)}: expected a number in (0, 1]", "top_p")
+        for name in ("temperature", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise OptionError(f"{say(name, value)}: expected a number > 0", name)
+        for name in ("do_sample", "scores", "alignments"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(f"{say(name, getattr(self, name))}: expected true or false", name)
+        if self.do_sample:
+            if self.num_beams is not None and self.num_beams > 1:
+                raise OptionError(
+                    f"{say('do_sample')} draws {say('nbest')} independent samples (greedy sampling): "
+                    f"{say('num_beams', self.num_beams)} must be 1 or left out",
+                    "do_sample",
+                    "num_beams",
+                )
+        else:
+            for name in ("top_k", "top_p", "temperature", "seed"):
+                if getattr(self, name) is not None:
+                    raise OptionError(f"{say(name, getattr(self, name))} needs {say('do_sample')}", name, "do_sample")
+            if self.num_beams is not None and self.nbest > self.num_beams:
+                raise OptionError(
+                    f"{say('nbest', self.nbest)} > {say('num_beams', self.num_beams)}: beam search returns at most "
+                    f"num_beams hypotheses",
+                    "nbest",
+                    "num_beams",
+                )
+        if self.max_length is not None and self.max_new_tokens is not None:
+            raise OptionError(
+                f"{say('max_length')} and {say('max_new_tokens')} both limit the output: pass one",
+                "max_length",
+                "max_new_tokens",
+            )
+        fixed = next((name for name in ("max_length", "max_new_tokens") if getattr(self, name) is not None), None)
+        rule = next((name for name in ("max_len_a", "max_len_b") if getattr(self, name) is not None), None)
+        if fixed and rule:
+            raise OptionError(
+                f"{say(fixed)} is a fixed output limit and {say(rule)} part of the length rule per sentence: "
+                "pass one of them",
+                fixed,
+                rule,
+            )
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise OptionError(
+                f"{say('max_len_a', 0)} {say('max_len_b', 0)} leaves no tokens to generate", "max_len_a", "max_len_b"
+            )
+        return self
+
+
+@dataclass
+class Hypothesis:
+    """One translation of a sentence.
+
+    `text`: detokenized; `tokens` / `token_ids`: the generated tokens after the decoder's start token, the end of
+    sentence `</s>` included where the hypothesis ended with it; `log_prob`: the sum of those tokens' log-probabilities
+    under the model (teacher-forced, so the scoring of the same pair gives the same number); `score`: what the search
+    ranked by, `log_prob` over length ** length_penalty (beam search's `sequences_scores`); `alignment`: (source
+    word, target word) index pairs over whitespace words (Pharaoh `i-j`). `score`, `log_prob` and `alignment` are
+    None unless asked for (`DecodeOptions.scores`, `.alignments`)."""
+
+    text: str
+    score: float | None = None
+    log_prob: float | None = None
+    tokens: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    alignment: list[tuple[int, int]] | None = None
+
+    def pharaoh(self) -> str | None:
+        """The alignment as Pharaoh text (`0-0 1-2`), or None."""
+        if self.alignment is None:
+            return None
+        return " ".join(f"{i}-{j}" for i, j in self.alignment)
+
+    def to_dict(self, scores: bool = True, alignments: bool = False) -> dict:
+        """The JSON object of the translate command's JSON Lines output."""
+        record: dict[str, Any] = {"text": self.text}
+        if scores:
+            record.update(score=self.score, log_prob=self.log_prob)
+        record["tokens"] = list(self.tokens)
+        if alignments:
+            record["alignment"] = self.pharaoh()
+        return record
+
+
+# why a request got no hypotheses
+SKIPPED_EMPTY = "empty"
+SKIPPED_TOO_LONG = "too long"
+
+
+@dataclass
+class TranslationResult:
+    """The hypotheses of one request, best first (`nbest` of them; none when `skipped` says why: `"empty"`, an
+    empty or whitespace-only source, or `"too long"`, a source longer than the model accepts).
+
+    `index`: the request's position in the input; `source_tokens`: its length as the model receives it (language
+    tag and `</s>` included, before truncation); `truncated`: whether `max_source_length` cut it."""
+
+    index: int
+    source: str
+    hypotheses: list[Hypothesis]
+    source_tokens: int
+    truncated: bool = False
+    skipped: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The best hypothesis' text ("" when skipped)."""
+        return self.hypotheses[0].text if self.hypotheses else ""
+
+
+__all__ = [
+    "DecodeOptions",
+    "Hypothesis",
+    "OptionError",
+    "SKIPPED_EMPTY",
+    "SKIPPED_TOO_LONG",
+    "TranslationRequest",
+    "TranslationResult",
+]

@@ -1,0 +1,137 @@
+"""`evaluation.score`: BLEU, chrF, chrF++ and TER equal to sacreBLEU's own (its Python API and its command line run as
+a subprocess on the same files), with one reference set or several, every offered BLEU tokenizer, the signatures,
+and the errors (reference counts, unknown tokenizers, a MeCab tokenizer without its extra)."""
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+from conftest import read_sentences
+
+from hf_variants.training import evaluation
+
+N = 120
+
+
+def _perturbed(sentences, seed, drop=0.15, swaps=1):
+    """Real sentences with words dropped and swapped (deterministic): hypotheses and second references that
+    differ from the references as system outputs do."""
+    rng = random.Random(seed)
+    out = []
+    for sentence in sentences:
+        words = [w for w in sentence.split() if rng.random() > drop] or sentence.split()[:1]
+        for _ in range(swaps):
+            i, j = rng.randrange(len(words)), rng.randrange(len(words))
+            words[i], words[j] = words[j], words[i]
+        out.append(" ".join(words))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data():
+    refs = read_sentences("de", "val", n=N)
+    return {"hyps": _perturbed(refs, 0), "ref1": refs, "ref2": _perturbed(refs, 1, drop=0.05)}
+
+
+def test_one_reference_equals_sacrebleu(data):
+    hyps, refs = data["hyps"], data["ref1"]
+    scores = evaluation.score(hyps, refs)
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score, abs=1e-9)
+    assert scores["chrfpp"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs], word_order=2).score, abs=1e-9)
+    assert scores["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [refs]).score, abs=1e-9)
+    assert 0 < scores["bleu"] < 100 and scores["chrfpp"] < scores["chrf"] and scores["ter"] > 0
+    # a reference set given as one list of strings or as a list of one set: the same scores
+    assert evaluation.score(hyps, [refs]) == scores
+
+
+def test_multi_reference_equals_the_sacrebleu_command_line(data, tmp_path):
+    """Two reference files: BLEU, chrF, chrF++ and TER (scores and signatures) equal to `sacrebleu REF1 REF2 -i HYP`
+    run as a process on the same files; the second reference raises BLEU above either reference alone."""
+    paths = {}
+    for name in ("hyps", "ref1", "ref2"):
+        paths[name] = tmp_path / name
+        paths[name].write_text("".join(line + "\n" for line in data[name]), encoding="utf-8")
+    refs = [data["ref1"], data["ref2"]]
+    scores = evaluation.score(data["hyps"], refs)
+
+    def cli(*flags):
+        command = [sys.executable, "-m", "sacrebleu", str(paths["ref1"]), str(paths["ref2"])]
+        command += ["-i", str(paths["hyps"]), "-f", "json", "-w", "6", *flags]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout
+        result = json.loads(out)
+        return {entry["name"]: entry for entry in (result if isinstance(result, list) else [result])}
+
+    main = cli("-m", "bleu", "chrf", "ter")
+    plus = cli("-m", "chrf", "--chrf-word-order", "2")
+    expected = {
+        "bleu": main["BLEU"],
+        "chrf": main["chrF2"],
+        "ter": main["TER"],
+        "chrfpp": plus["chrF2++"],
+    }
+    for key, entry in expected.items():
+        assert scores[key] == pytest.approx(entry["score"], abs=1e-5), key
+        signature = scores["sacrebleu_signature" if key == "bleu" else f"{key}_signature"]
+        assert signature == entry["signature"] and signature.startswith("nrefs:2|"), key
+    single = [evaluation.score(data["hyps"], [ref], metrics=["bleu"])["bleu"] for ref in refs]
+    assert scores["bleu"] > max(single)
+    # the Python API agrees too
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(data["hyps"], refs).score, abs=1e-9)
+
+
+@pytest.mark.parametrize("tokenize", ["13a", "intl", "zh", "char", "none"])
+def test_bleu_tokenizers(tokenize):
+    """Each offered tokenizer reaches sacreBLEU: its score and its `tok:` in the signature; on Chinese text the
+    tokenizers give different BLEU (13a sees one word per sentence)."""
+    refs = ["我们今天去公园散步。", "他喜欢在晚上读书，也喜欢写作。", "这只猫坐在垫子上。"]
+    hyps = ["我们今天去公园走路。", "他喜欢晚上读书，也写作。", "这只猫坐在垫子上。"]
+    scores = evaluation.score(hyps, refs, tokenize=tokenize)
+    expected = sacrebleu.BLEU(tokenize=tokenize)
+    assert scores["bleu"] == pytest.approx(expected.corpus_score(hyps, [refs]).score, abs=1e-9)
+    assert f"|tok:{tokenize}|" in scores["sacrebleu_signature"]
+    assert ("asian:yes" in scores["ter_signature"]) == (tokenize == "zh")
+    if tokenize in ("zh", "char"):
+        assert scores["bleu"] != pytest.approx(evaluation.score(hyps, refs, tokenize="13a")["bleu"])
+
+
+@pytest.mark.parametrize("tokenize,extra,module", [("ja-mecab", "ja", "MeCab"), ("ko-mecab", "ko", "mecab_ko")])
+def test_mecab_tokenizers_need_their_extra(tokenize, extra, module):
+    """Where MeCab is installed the tokenizer scores as sacreBLEU's; where it is not, the error names the flag and
+    the extra to install."""
+    if importlib.util.find_spec(module) is None:
+        with pytest.raises(ValueError, match=rf"--bleu_tokenize {tokenize} needs .*hf-variants\[{extra}\]"):
+            evaluation.check_bleu_tokenize(tokenize)
+        with pytest.raises(ValueError, match=rf"hf-variants\[{extra}\]"):
+            evaluation.score(["a"], ["a"], tokenize=tokenize)
+    else:
+        hyps, refs = ["テスト です"], ["テスト でした"]
+        expected = sacrebleu.BLEU(tokenize=tokenize).corpus_score(hyps, [refs]).score
+        assert evaluation.score(hyps, refs, tokenize=tokenize)["bleu"] == pytest.approx(expected)
+
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"--bleu_tokenize 'moses' is not a sacreBLEU tokenizer offered here"):
+        evaluation.check_bleu_tokenize("moses")
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        evaluation.score(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="2 hypotheses reference set 2 has 3 references"):
+        evaluation.score(["a", "b"], [["a", "b"], ["a", "b", "c"]])
+    with pytest.raises(ValueError, match="Nothing to score"):
+        evaluation.score([], [])
+    with pytest.raises(ValueError, match=r"Unknown metrics \['meteor'\]"):
+        evaluation.score(["a"], ["a"], metrics=["bleu", "meteor"])
+
+
+def test_the_evaluate_metric_offline():
+    """The local `evaluate` metric (no Hub access) returns every score and signature from one compute()."""
+    result = evaluation.load_metric().compute(
+        predictions=["a cat sat on the mat"], references=[["a cat sat on the mat", "the cat sat on a mat"]]
+    )
+    assert result["bleu"] == pytest.approx(100.0) and result["ter"] == pytest.approx(0.0)
+    for key in ("sacrebleu_signature", "chrf_signature", "chrfpp_signature", "ter_signature"):
+        assert result[key].startswith("nrefs:2|")
