@@ -20,6 +20,11 @@ How each block runs (the only changes the test makes, all listed here):
   * `hf-variants-publish` uploads to the in-process Hub server of `conftest_hub` (`HF_ENDPOINT`, any token).
   * `pip install -e ".[EXTRAS]"` is not executed (no package installs in the suite): each extra must exist in
     pyproject.toml. The real install from a wheel is `test_new_user_paths.py::test_wheel_install_*`.
+  * A command ending in `&` (the server: `hf-variants-serve ... &`) starts in the background as a real process
+    (`python -m hf_variants.serve`, what the console script runs); `kill %1` sends it SIGTERM and its exit status
+    must be 0. The guide's port 8000 becomes a free port the test picks, in every block (`--port 8000`,
+    `127.0.0.1:8000`); the test stops a server still running at its end.
+  * `curl` commands run the real `curl` against it, and must exit 0.
   * Any other command fails the test (add it to `run_command` with an honest way to run it).
 - Blocks without a language are file listings, never commands (checked).
 """
@@ -31,6 +36,10 @@ import itertools
 import json
 import re
 import shlex
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -128,7 +137,24 @@ def check_launcher_options(options: list[str]) -> None:
             assert option in ("--multi_gpu", "--cpu"), f"launcher option {option} not checked by the test"
 
 
+BACKGROUND: list[subprocess.Popen] = []  # the `&` commands of the guide still running
+
+
 def run_command(argv: list[str], monkeypatch) -> None:
+    if argv[-1] == "&":  # a server in the background (the console script's module, in a real process)
+        assert argv[0] == "hf-variants-serve" and SCRIPTS[argv[0]] == "hf_variants.serve.cli:cli", argv
+        BACKGROUND.append(subprocess.Popen([sys.executable, "-m", "hf_variants.serve", *argv[1:-1]]))
+        return
+    if argv == ["kill", "%1"]:
+        process = BACKGROUND.pop()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 0, f"the server exited with {process.returncode}"
+        return
+    if argv[0] == "curl":
+        assert shutil.which("curl"), "the guide's curl commands need curl"
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, f"{shlex.join(argv)} exited with {result.returncode}: {result.stderr}"
+        return
     name, args = argv[0], argv[1:]
     if argv[:2] == ["accelerate", "launch"]:
         m = args.index("-m")
@@ -149,8 +175,16 @@ def run_command(argv: list[str], monkeypatch) -> None:
         raise AssertionError(f"the test does not know how to run this guide command: {shlex.join(argv)}")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  # noqa: F811
-    blocks = code_blocks(GUIDE.read_text(encoding="utf-8"))
+    port = free_port()
+    text = GUIDE.read_text(encoding="utf-8").replace("--port 8000", f"--port {port}")
+    blocks = code_blocks(text.replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
     assert {lang for lang, _ in blocks} == {"", "bash", "python"}
     for lang, code in blocks:  # listings, not commands
         if not lang:
@@ -160,15 +194,21 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  #
     monkeypatch.setenv("HF_TOKEN", "hf_guide_test_token")
     namespace: dict = {"__name__": "user_guide"}
     ran = {"bash": 0, "python": 0}
-    for lang, code in blocks:
-        if lang == "python":
-            exec(compile(code, f"{GUIDE.name} block", "exec"), namespace)
-        elif lang == "bash":
-            for argv in shell_commands(code):
-                run_command(argv, monkeypatch)
-        else:
-            continue
-        ran[lang] += 1
+    try:
+        for lang, code in blocks:
+            if lang == "python":
+                exec(compile(code, f"{GUIDE.name} block", "exec"), namespace)
+            elif lang == "bash":
+                for argv in shell_commands(code):
+                    run_command(argv, monkeypatch)
+            else:
+                continue
+            ran[lang] += 1
+    finally:
+        while BACKGROUND:
+            process = BACKGROUND.pop()
+            process.kill()
+            process.wait()
     # what the blocks produced: a sample of the promised results
     results = json.loads((tmp_path / "runs" / "en-fr" / "results.json").read_text())
     assert results["train_pairs"] == 48
@@ -178,6 +218,8 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  #
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5
+    served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
+    assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
 
 
 def test_the_guide_lists_every_console_script():
