@@ -70,8 +70,12 @@ RESULTS_KEYS = (
     "eval_split",
     "bleu",
     "chrf",
+    "chrfpp",
+    "ter",
     "sacrebleu_signature",
     "chrf_signature",
+    "chrfpp_signature",
+    "ter_signature",
     "params",
     "train_tokens_per_sec",
     "wall_time_sec",
@@ -757,8 +761,12 @@ def _run_template_vars(results: RunRecord) -> dict:
         training=_training_rows(results),
         bleu=results.bleu,
         chrf=results.chrf,
+        chrfpp=results.chrfpp,
+        ter=results.ter,
         bleu_signature=results.sacrebleu_signature,
         chrf_signature=results.chrf_signature,
+        chrfpp_signature=results.chrfpp_signature,
+        ter_signature=results.ter_signature,
         per_direction=[
             (direction, scores)
             for direction, scores in (results.per_direction or {}).items()

@@ -50,8 +50,12 @@ class RunRecord:
     eval_pairs: int | None = None
     bleu: float | None = None
     chrf: float | None = None
-    sacrebleu_signature: str | None = None
+    chrfpp: float | None = None  # chrF++ (chrF with word bigrams)
+    ter: float | None = None  # translation edit rate (lower is better)
+    sacrebleu_signature: str | None = None  # BLEU's
     chrf_signature: str | None = None
+    chrfpp_signature: str | None = None
+    ter_signature: str | None = None
     params: int | None = None
     train_tokens_per_sec: float | None = None
     wall_time_sec: float | None = None
@@ -69,7 +73,7 @@ class RunRecord:
     validation: list[dict] = field(default_factory=list)  # {"step", "valid_loss", "valid_bleu", "valid_chrf"}
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     base_model: str | None = None
-    per_direction: dict[str, dict] | None = None  # {"src-tgt": {"bleu", "chrf", "pairs"}}
+    per_direction: dict[str, dict] | None = None  # {"src-tgt": {"bleu", "chrf", "chrfpp", "ter", "pairs"}}
     num_processes: int | None = None
     # settings changed on resumes ({"step", "setting", "from", "to", "free"}); "hyperparameters" holds the values
     # of the last part of the run

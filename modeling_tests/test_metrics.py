@@ -135,3 +135,74 @@ def test_the_evaluate_metric_offline():
     assert result["bleu"] == pytest.approx(100.0) and result["ter"] == pytest.approx(0.0)
     for key in ("sacrebleu_signature", "chrf_signature", "chrfpp_signature", "ter_signature"):
         assert result[key].startswith("nrefs:2|")
+
+
+def test_model_card_shows_every_metric_and_signature(tmp_path):
+    """results.json's chrF++ and TER (overall and per direction) and the four signatures reach the model card's
+    evaluation table; a record written before them shows dashes in their columns."""
+    from huggingface_hub import ModelCard
+    from test_model_cards import make_results, make_run
+
+    from model_cards.card import build_model_card
+    from model_cards.run_record import RunRecord
+
+    refs = read_sentences("de", "val", n=20)
+    scores = evaluation.score(_perturbed(refs, 0), refs, tokenize="intl")
+    fields = {k: v for k, v in scores.items() if k in RunRecord.field_names()}
+    per_direction = {"en-fr": {"bleu": 11.0, "chrf": 22.0, "chrfpp": 21.5, "ter": 77.25, "pairs": 5}}
+    record = RunRecord.from_dict(make_results("transformer_nmt", per_direction=per_direction, **fields))
+    run = make_run(tmp_path, "transformer_nmt", results=record.to_dict())
+    text = build_model_card(run / "model", record).text
+    row = f"| en→de | {scores['bleu']:.2f} | {scores['chrf']:.2f} | {scores['chrfpp']:.2f} | {scores['ter']:.2f} |"
+    assert row in text and "| en-fr | 11.00 | 22.00 | 21.50 | 77.25 |" in text
+    for name, key in (("BLEU", "sacrebleu_signature"), ("chrF", "chrf_signature"), ("chrF++", "chrfpp_signature")):
+        assert f"- {name} signature: `{scores[key]}`" in text
+    assert f"- TER signature: `{scores['ter_signature']}`" in text and "|tok:intl|" in scores["sacrebleu_signature"]
+    assert ModelCard(text).data is not None
+    old = RunRecord.from_dict(make_results("transformer_nmt"))
+    old_text = build_model_card(run / "model", old).text
+    assert "| en→de | 12.35 | 40.99 |\n" in old_text and "TER:" not in old_text and "lower is better" in text
+
+
+def test_training_evaluation_uses_bleu_tokenize(tokenizer, capsys):
+    """`--bleu_tokenize` of train.py: parsed (a MeCab tokenizer without its extra refused at parse time, exit 2),
+    and training's evaluation (`trainer.evaluate_pairs`) scores with it: every metric and signature, overall and per
+    direction."""
+    import argparse
+
+    from accelerate import Accelerator
+
+    from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration
+    from hf_variants.training import options, trainer
+    from hf_variants.training.corpus import Pair
+
+    assert options.parse_args([]).bleu_tokenize == "13a" and options.parse_args(["--bleu_tokenize", "char"])
+    if importlib.util.find_spec("MeCab") is None:
+        with pytest.raises(SystemExit) as exit_info:
+            options.parse_args(["--bleu_tokenize", "ja-mecab"])
+        assert exit_info.value.code == 2 and "hf-variants[ja]" in capsys.readouterr().err
+    import torch
+
+    torch.manual_seed(0)
+    config = TiedTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=["en", "de", "fr"])
+    model = TiedTransformerForConditionalGeneration(config).eval()
+    sources = read_sentences("en", "val", n=4)
+    pairs = [
+        Pair("en", "de", s, t, f"l{i}") for i, (s, t) in enumerate(zip(sources, read_sentences("de", "val", n=4)))
+    ]
+    pairs += [
+        Pair("en", "fr", s, t, f"m{i}") for i, (s, t) in enumerate(zip(sources, read_sentences("fr", "val", n=4)))
+    ]
+    args = argparse.Namespace(
+        eval_batch_size=8, num_beams=1, length_penalty=1.0, max_len_a=0.0, max_len_b=6, source_annotations=[],
+        bleu_tokenize="char",
+    )  # fmt: skip
+    directions = [("en", "de"), ("en", "fr")]
+    result = trainer.evaluate_pairs(Accelerator(cpu=True), model, tokenizer, pairs, directions, False, args)
+    hyps = [e["translation"] for e in result["examples"]]
+    expected = evaluation.score(hyps, [e["reference"] for e in result["examples"]], tokenize="char")
+    for key in ("bleu", "chrf", "chrfpp", "ter", "sacrebleu_signature", "chrfpp_signature", "ter_signature"):
+        assert result[key] == expected[key], key
+    assert "|tok:char|" in result["sacrebleu_signature"]
+    french = evaluation.score(hyps[4:], [e["reference"] for e in result["examples"]][4:], tokenize="char")
+    assert result["per_direction"]["en-fr"] == {k: french[k] for k in ("bleu", "chrf", "chrfpp", "ter")} | {"pairs": 4}

@@ -83,7 +83,10 @@ def test_card_of_a_tsv_run(tsv_run):
     assert text.lstrip().splitlines()[0] == "# Transformer: en→fr translation on train.tsv"
     for line in ("- Training file: `train.tsv`.", "- Validation file: `valid.tsv`.", "- Test file: `test.tsv`."):
         assert line in text
-    assert re.search(rf"^\| en→fr \| {results['bleu']:.2f} \| {results['chrf']:.2f} \|$", text, re.M)
+    row = " | ".join(f"{results[k]:.2f}" for k in ("bleu", "chrf", "chrfpp", "ter"))
+    assert re.search(rf"^\| en→fr \| {re.escape(row)} \|$", text, re.M)
+    for signature in ("sacrebleu_signature", "chrf_signature", "chrfpp_signature", "ter_signature"):
+        assert f"`{results[signature]}`" in text
     assert rows(text)["Parameters"].startswith(f"{results['params']:,}")
     assert f"**{results['train_pairs']}**" in text
     # only the settings that applied: no --data_dir prefixes of the bundled data

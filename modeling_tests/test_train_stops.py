@@ -228,7 +228,9 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     )
     assert translated.returncode == 0, translated.stderr[-3000:]
     assert len((tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines()) == 2
-    assert json.loads((out / "model_config" / "generation_config.json").read_text())["num_beams"] == 2
+    saved = json.loads((out / "model_config" / "generation_config.json").read_text())
+    assert saved["num_beams"] == 2  # the run's decoding, its length rule (--max_len_a 1.0 --max_len_b 4) included
+    assert saved["length_rule"] == {"max_len_a": 1.0, "max_len_b": 4, "max_new_tokens": 256}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()

@@ -1,6 +1,8 @@
 """training/translate.py on tiny saved models: too-long sources (a warning naming the line, an empty output line,
 the rest translated), empty lines, stdin/stdout, JSONL input (with its references and per-row annotations), the
-progress bar. The translations are checked against `evaluation.translate` on the same sentences."""
+progress bar, n-best JSON Lines, prefixes, sampling, alignments, token batches, truncation, streaming through a real
+pipe, and the errors that end the command (exit 2) before the model loads. The translations are checked against
+`evaluation.translate` and the translation core on the same sentences."""
 
 import gzip
 import json
@@ -31,6 +33,17 @@ from hf_variants.training.corpus import DataError  # noqa: E402
 
 SCRIPT = ROOT / "training" / "translate.py"
 GEN = ["--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4", "--no_progress"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models gain nothing from a second thread, and lose a lot on a busy CPU
+    yield
+    torch.set_num_threads(threads)
+
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def save_model(model, tokenizer, path):
@@ -164,7 +177,7 @@ def test_stdin_to_stdout(model_dir, loaded, tmp_path):
         text=True,
         timeout=300,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+        env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout.split("\n")
@@ -331,7 +344,7 @@ def test_jsonl_annotations_per_row_equal_annotation_files(tokenizer, tmp_path):
                 *GEN,
             ]
         )
-    with pytest.raises(SystemExit, match="NAME=FILE"):  # NAME alone needs JSONL rows
+    with pytest.raises(DataError, match="NAME=FILE"):  # NAME alone needs JSONL rows
         translate.main(
             [
                 "--model",
@@ -359,3 +372,210 @@ def test_the_length_rule_stops_at_the_models_target_positions(loaded):
         model.generate(**tok(["A dog."], return_tensors="pt"), max_new_tokens=212, num_beams=1)
     (hyp,) = evaluation.translate(model, tok, ["A dog runs."], "de", num_beams=2, max_len_a=1.2, max_len_b=200)
     assert isinstance(hyp, str) and hyp  # decoded up to the 40 positions (an untrained model never stops earlier)
+
+
+# ------------------------------------------------------------------------------------ the translation core's options
+@pytest.fixture(scope="module")
+def trained_dir(tokenizer, tmp_path_factory):
+    """The tiny baseline trained a few seconds, saved as train.py saves a model: beam 4, length penalty 0.6 and the
+    run's length rule in its generation config, its languages in its config."""
+    from trained_tiny import trained_baseline
+
+    model = trained_baseline(tokenizer)
+    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
+    model.generation_config.num_beams, model.generation_config.length_penalty = 4, 0.6
+    model.generation_config.length_rule = {"max_len_a": 1.2, "max_len_b": 10, "max_new_tokens": 256}
+    return save_model(model, tokenizer, tmp_path_factory.mktemp("trained"))
+
+
+@pytest.fixture(scope="module")
+def core(trained_dir):
+    from hf_variants.inference import Translator
+
+    return Translator.from_pretrained(str(trained_dir))
+
+
+def run(model_dir, tmp_path, sources, *extra, name="o"):
+    src = write(tmp_path / f"{name}.src", sources)
+    result = translate.main(
+        ["--model", str(model_dir), "--input", str(src), "--output", str(tmp_path / name), "--no_progress", *extra]
+    )
+    return result, lines_of(tmp_path / name)
+
+
+def test_nbest_jsonl_one_best_is_the_plain_translation(trained_dir, core, tmp_path):
+    from hf_variants.inference import DecodeOptions
+
+    sources = read_sentences("en", "val", n=6)
+    sources[2] = ""
+    result, plain = run(trained_dir, tmp_path, sources, name="plain")
+    assert result["output_format"] == "text" and result["num_beams"] == 4 and result["length_penalty"] == 0.6
+    assert result["length_rule"] == {"max_len_a": 1.2, "max_len_b": 10}  # the saved rule
+    result, rows = run(trained_dir, tmp_path, sources, "--nbest", "3", name="nbest")
+    assert result["output_format"] == "jsonl" and len(rows) == 6
+    rows = [json.loads(row) for row in rows]
+    assert [r["hypotheses"][0]["text"] if r["hypotheses"] else "" for r in rows] == plain
+    assert rows[2] == {"source": "", "hypotheses": [], "skipped": "empty"}
+    expected = core.translate(sources, DecodeOptions(nbest=3, scores=True))
+    for row, want in zip(rows, expected):
+        assert row["source"] == want.source
+        assert [h["text"] for h in row["hypotheses"]] == [h.text for h in want.hypotheses]
+        assert [h["score"] for h in row["hypotheses"]] == pytest.approx([h.score for h in want.hypotheses])
+        assert [h["log_prob"] for h in row["hypotheses"]] == pytest.approx([h.log_prob for h in want.hypotheses])
+        assert [h["tokens"] for h in row["hypotheses"]] == [h.tokens for h in want.hypotheses]
+    _, scored = run(trained_dir, tmp_path, sources, "--scores", name="scored")
+    first = json.loads(scored[0])["hypotheses"]
+    assert len(first) == 1 and first[0]["score"] == pytest.approx(rows[0]["hypotheses"][0]["score"])
+
+
+def test_prefixes_sampling_alignments_and_pass_through(trained_dir, core, tokenizer, tmp_path):
+    from hf_variants.inference import DecodeOptions, TranslationRequest
+
+    sources = read_sentences("en", "val", n=4)
+    prefixes = ["Ein Hund", "", "Zwei", "Die Frau"]
+    write(tmp_path / "prefix.de", prefixes)
+    _, lines = run(trained_dir, tmp_path, sources, "--prefix", str(tmp_path / "prefix.de"), "--num_beams", "2")
+    expected = core.translate(
+        [TranslationRequest(s, prefix=p) for s, p in zip(sources, prefixes)], DecodeOptions(num_beams=2)
+    )
+    assert lines == [r.text for r in expected]
+    assert all(line.startswith(p) for line, p in zip(lines, prefixes))
+    sample = ["--do_sample", "--top_k", "20", "--seed", "3", "--nbest", "2"]
+    _, first = run(trained_dir, tmp_path, sources, *sample, name="s1")
+    _, again = run(trained_dir, tmp_path, sources, *sample, name="s2")
+    assert first == again and all(len(json.loads(row)["hypotheses"]) == 2 for row in first)
+    result, aligned = run(trained_dir, tmp_path, sources, "--alignments", "--num_beams", "2", name="al")
+    assert result["alignments"] is True
+    for source, line in zip(sources, aligned):
+        text, _, pairs = line.partition(" ||| ")
+        assert pairs and all(
+            0 <= int(i) < len(source.split()) and 0 <= int(j) < len(text.split())
+            for i, j in (pair.split("-") for pair in pairs.split())
+        )
+    result, blocked = run(trained_dir, tmp_path, sources, "--no_repeat_ngram_size", "1", "--num_beams", "1", name="nr")
+    assert result["no_repeat_ngram_size"] == 1
+    for line in blocked:
+        ids = tokenizer(line, add_special_tokens=False)["input_ids"]
+        assert len(ids) == len(set(ids)) or line != line.strip()
+    result, _ = run(trained_dir, tmp_path, sources, "--repetition_penalty", "1.3", name="rp")
+    assert result["repetition_penalty"] == 1.3
+
+
+def test_token_batches_buffers_and_batch_sizes_change_nothing(trained_dir, tmp_path):
+    sources = read_sentences("en", "val", n=40)
+    greedy = ["--num_beams", "1"]
+    _, at_64 = run(trained_dir, tmp_path, sources, *greedy, name="b64")
+    for extra in (["--batch_size", "7"], ["--max_tokens", "150"], ["--buffer_size", "5", "--batch_size", "3"]):
+        _, lines = run(trained_dir, tmp_path, sources, *greedy, *extra, name="x")
+        assert lines == at_64, extra
+
+
+def test_max_length_limits_the_output_and_max_source_length_truncates(trained_dir, tokenizer, tmp_path, caplog):
+    sources = read_sentences("en", "val", n=5)
+    result, short = run(trained_dir, tmp_path, sources, "--max_length", "3", "--num_beams", "1", name="ml")
+    assert result["max_length"] == 3 and result["truncated_inputs"] == 0
+    assert all(len(tokenizer(line, add_special_tokens=False)["input_ids"]) <= 2 for line in short)
+    with caplog.at_level(logging.WARNING, logger="hf_variants.translate"):
+        result, _ = run(trained_dir, tmp_path, sources, "--max_source_length", "8", name="ms")
+    lengths = [len(tokenizer(s)["input_ids"]) for s in sources]
+    cut = [i + 1 for i, n in enumerate(lengths) if n > 8]
+    assert cut and result["truncated_inputs"] == len(cut) and result["truncated_lines"] == cut
+    assert f"line {cut[0]}: truncated from {lengths[cut[0] - 1]} to 8 tokens" in caplog.text
+
+
+def test_errors_before_the_model_loads(trained_dir, tokenizer, tmp_path, monkeypatch):
+    """Each refusal names the flag and comes before any weights load (loading is replaced by a failure here)."""
+
+    def no_loading(args):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(translate, "load_translation_model", no_loading)
+    sources = read_sentences("en", "val", n=3)
+    src = write(tmp_path / "src.en", sources)
+    write(tmp_path / "two.txt", ["a", "b"])
+    config = TransformerNmtConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), languages=["en", "fr"], target_languages=["fr"]
+    )
+    en_fr = save_model(TransformerNmtForConditionalGeneration(config), tokenizer, tmp_path / "en_fr")
+    run_dir = tmp_path / "runs" / "x"
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "model" / "config.json").write_text("{}")
+    onnx_dir = tmp_path / "onnx"
+    onnx_dir.mkdir()
+    (onnx_dir / "config.json").write_text("{}")
+    cases = [
+        (["--nbest", "5", "--num_beams", "4"], r"--nbest 5 > --num_beams 4"),
+        (["--nbest", "5"], r"--nbest 5 > --num_beams 4 \(the model's saved num_beams\)"),
+        (["--prefix", str(tmp_path / "two.txt")], r"src\.en has 3 lines but --prefix .*two\.txt has 2"),
+        (["--references", str(src), str(tmp_path / "two.txt")], r"has 3 lines but --references .*two\.txt has 2"),
+        (["--top_k", "5"], "--top_k 5 needs --do_sample"),
+        (["--do_sample", "--num_beams", "3"], "--num_beams 3 must be 1"),
+        (["--nbest", "2", "--output_format", "text"], "--nbest 2 writes JSON Lines"),
+        (["--max_length", "10", "--max_len_b", "3"], "--max_length is a fixed output limit"),
+        (["--max_new_tokens", "999"], "--max_new_tokens 999: more target positions"),
+        (["--tgt_lang", "fr"], r"--tgt_lang 'fr': this model translates en -> de"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(DataError, match=message):
+            translate.main(["--model", str(trained_dir), "--input", str(src), "--output", str(tmp_path / "o"), *extra])
+    for model_flags, message in [
+        (["--model", str(en_fr), "--tgt_lang", "en"], r"--tgt_lang 'en': this model translates en -> fr"),
+        (["--model", str(run_dir)], rf"--model {run_dir} is a training run folder: pass its saved model, --model "),
+        (["--onnx", str(onnx_dir), "--alignments"], "--alignments needs the decoder's cross-attention"),
+        (["--model", str(tmp_path / "nowhere")], "no such model folder"),
+    ]:
+        with pytest.raises(DataError, match=message):
+            translate.main([*model_flags, "--input", str(src), "--output", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_command_exits_2_with_one_line(trained_dir, tmp_path):
+    src = write(tmp_path / "src.en", ["A dog."])
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(trained_dir), "--input", str(src), "--output", "-"]
+        + ["--nbest", "5", "--num_beams", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=ENV,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == "translate.py: error: --nbest 5 > --num_beams 4: beam search returns at most num_beams hypotheses"
+    )
+
+
+def test_a_pipe_gets_its_line_back_before_stdin_closes(trained_dir, core):
+    """A real process fed through a pipe that stays open: the first line's translation arrives on stdout while the
+    writer still holds stdin open (the input is read in buffers cut short when no more is ready)."""
+    import select
+
+    from hf_variants.inference import DecodeOptions
+
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--model", str(trained_dir), "--input", "-", "--output", "-", "--no_progress"]
+        + ["--num_beams", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+    )
+    try:
+        proc.stdin.write(b"A dog runs.\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 240)
+        assert ready, "no answer while stdin stayed open"
+        first = proc.stdout.readline().decode("utf-8").rstrip("\n")
+        assert proc.poll() is None  # still running: stdin is open
+        proc.stdin.write(b"Two men talk.\n")
+        proc.stdin.close()
+        rest = proc.stdout.read().decode("utf-8").splitlines()
+        assert proc.wait(timeout=240) == 0, proc.stderr.read()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    expected = [r.text for r in core.translate(["A dog runs.", "Two men talk."], DecodeOptions(num_beams=1))]
+    assert [first, *rest] == expected

@@ -42,3 +42,43 @@ def trained_baseline(tokenizer, steps: int = 300, **overrides) -> TransformerNmt
             torch.set_num_threads(threads)
         _CACHE[key] = model.eval()
     return copy.deepcopy(_CACHE[key])
+
+
+def trained_tiny(model_class, config_class, tokenizer, steps: int = 30, tgt_lang: str | None = None, **overrides):
+    """A fresh copy of a tiny model of any type (config `overrides`) after `steps` Adam steps on 200 en -> de pairs,
+    so that its scores are not uniform (a random model's near-ties would make score comparisons meaningless).
+    `tgt_lang`: the target language the training batches name (multilingual models). Trained once per tokenizer,
+    class and settings in a test session."""
+    key = (id(tokenizer), model_class.__name__, steps, tgt_lang, repr(sorted(overrides.items())))
+    if key not in _CACHE:
+        torch.manual_seed(0)
+        config = config_class.from_preset(
+            "tiny",
+            vocab_size=len(tokenizer),
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            **overrides,
+        )
+        model = model_class(config)
+        sources, targets = read_sentences("en", n=200), read_sentences("de", n=200)
+        kwargs = {"tgt_lang": tgt_lang} if tgt_lang else {}
+        batches = [
+            model.prepare_translation_inputs(
+                tokenizer, sources[i : i + 25], text_target=targets[i : i + 25], max_length=24, **kwargs
+            )
+            for i in range(0, 200, 25)
+        ]
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        model.train()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for step in range(steps):
+                model(**batches[step % len(batches)]).loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        finally:
+            torch.set_num_threads(threads)
+        _CACHE[key] = model.eval()
+    return copy.deepcopy(_CACHE[key])

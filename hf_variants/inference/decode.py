@@ -173,7 +173,8 @@ class PrefixLogitsProcessor:
 
 class SourceLengthLimit:
     """The length rule per sentence: a row whose sentence's limit is L new tokens gets `</s>` forced as its L-th
-    token (every other token -inf; `</s>` keeps its score). Rows are sentences x `expand`, in order."""
+    token (every other token -inf; `</s>` keeps its score, or 0 where another rule suppressed it). Rows are sentences
+    x `expand`, in order."""
 
     def __init__(self, limits: Sequence[int], expand: int, eos_token_id: int, start: int = 1):
         self.limits = list(limits)
@@ -186,6 +187,7 @@ class SourceLengthLimit:
             return scores
         rows_t = torch.tensor(rows, device=scores.device)
         kept = scores[rows_t, self.eos]
+        kept = kept.masked_fill(kept == -math.inf, 0.0)  # `</s>` suppressed by another rule: the limit wins
         scores = scores.clone()
         scores[rows_t] = -math.inf
         scores[rows_t, self.eos] = kept

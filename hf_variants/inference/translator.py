@@ -17,13 +17,13 @@ any batch size; beam search up to float ties).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import torch
 
 from .batching import buffered, check_batching, length_sorted_batches
-from .decode import Engine, engine_class, engine_for
+from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for
 from .requests import (
     SKIPPED_EMPTY,
     SKIPPED_TOO_LONG,
@@ -75,6 +75,70 @@ def default_target_language(config) -> str | None:
     """The target language when a request names none: the model's one target (None: several, or none recorded)."""
     _, targets = model_languages(config)
     return targets[0] if len(targets) == 1 else None
+
+
+def check_request_languages(config, src_lang: str | None = None, tgt_lang: str | None = None) -> None:
+    """`check_languages`, and a ValueError naming `tgt_lang` when none is given to a model translating into several
+    languages (a one-target model uses its own). Needs the config only: a command runs it before loading weights."""
+    tgt_lang = tgt_lang or default_target_language(config)
+    check_languages(config, src_lang, tgt_lang)
+    _, targets = model_languages(config)
+    if tgt_lang is None and len(targets) > 1:
+        raise ValueError(f"tgt_lang: this model translates into several languages ({', '.join(targets)}): pass one")
+
+
+def saved_length_rule(generation_config) -> tuple[float, int, int]:
+    """(a, b, cap) of `generation_config.length_rule` (at most min(a * source length + b, cap) new tokens), or
+    `decode.DEFAULT_LENGTH_RULE` for a generation config saved without one."""
+    rule = getattr(generation_config, "length_rule", None)
+    if isinstance(rule, Mapping) and all(key in rule for key in ("max_len_a", "max_len_b", "max_new_tokens")):
+        return float(rule["max_len_a"]), int(rule["max_len_b"]), int(rule["max_new_tokens"])
+    return DEFAULT_LENGTH_RULE
+
+
+def resolve_options(
+    options: DecodeOptions | None,
+    generation_config,
+    length_rule: tuple[float, int, int] | None = None,
+    positions: int | None = None,
+) -> DecodeOptions:
+    """`options` checked (`DecodeOptions.check`) with the saved choices of `generation_config` filled in where they
+    are None: the beam size (1 when sampling), the length penalty, and without a fixed output limit the length
+    rule's a and b (`length_rule`, default `saved_length_rule(generation_config)`); checked again (`nbest` against
+    the saved beam size) and against the model's target `positions`. Needs no model: a command runs it before
+    loading weights."""
+    options = (options or DecodeOptions()).check()
+    changes: dict = {}
+    if options.do_sample:
+        changes["num_beams"] = 1
+    elif options.num_beams is None:
+        changes["num_beams"] = int(getattr(generation_config, "num_beams", None) or 1)
+    if options.length_penalty is None:
+        penalty = getattr(generation_config, "length_penalty", None)
+        changes["length_penalty"] = float(penalty if penalty is not None else 1.0)
+    if options.max_length is None and options.max_new_tokens is None:
+        a, b, _ = length_rule or saved_length_rule(generation_config)
+        if options.max_len_a is None:
+            changes["max_len_a"] = a
+        if options.max_len_b is None:
+            changes["max_len_b"] = b
+    resolved = replace(options, **changes)
+    try:
+        resolved.check()
+    except OptionError as error:
+        if "num_beams" in error.names and options.num_beams is None:
+            beams = f"num_beams={resolved.num_beams}"
+            message = str(error).replace(beams, f"{beams} (the model's saved num_beams)", 1)
+            raise OptionError(message, *error.names) from None
+        raise
+    for name in ("max_length", "max_new_tokens"):
+        value = getattr(resolved, name)
+        if positions is not None and value is not None and value > positions:
+            raise OptionError(
+                f"{name}={value}: more target positions than this model has (max_position_embeddings={positions})",
+                name,
+            )
+    return resolved
 
 
 # ----------------------------------------------------------------------------------------------------- translator
@@ -150,37 +214,7 @@ class Translator:
         """`options` checked, with the model's saved choices filled in where they are None (beam size, length
         penalty, the length rule's a and b); raises an `OptionError` naming the option (`nbest=5 > num_beams=4`,
         an option the engine cannot honour)."""
-        options = (options or DecodeOptions()).check()
-        saved = self.generation_config
-        changes: dict = {}
-        if options.do_sample:
-            changes["num_beams"] = 1
-        elif options.num_beams is None:
-            changes["num_beams"] = int(getattr(saved, "num_beams", None) or 1)
-        if options.length_penalty is None:
-            penalty = getattr(saved, "length_penalty", None)
-            changes["length_penalty"] = float(penalty if penalty is not None else 1.0)
-        if options.max_length is None and options.max_new_tokens is None:
-            a, b, _ = self.engine.length_rule()
-            if options.max_len_a is None:
-                changes["max_len_a"] = a
-            if options.max_len_b is None:
-                changes["max_len_b"] = b
-        resolved = replace(options, **changes)
-        try:
-            resolved.check()
-        except OptionError as error:
-            if "num_beams" in error.names and options.num_beams is None:  # the saved beam size
-                raise OptionError(f"{error} (the model's saved num_beams)", *error.names) from None
-            raise
-        positions = self.max_source_tokens
-        for name in ("max_length", "max_new_tokens"):
-            value = getattr(resolved, name)
-            if positions is not None and value is not None and value > positions:
-                raise OptionError(
-                    f"{name}={value}: more target positions than this model has (max_position_embeddings={positions})",
-                    name,
-                )
+        resolved = resolve_options(options, self.generation_config, self.engine.length_rule(), self.max_source_tokens)
         why = self.engine.unsupported(resolved)
         if why:
             raise OptionError(why, why.split(":")[0])
@@ -199,13 +233,7 @@ class Translator:
                 raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
         if not isinstance(request.annotations, dict) and not hasattr(request.annotations, "items"):
             raise ValueError(f"annotations: expected a mapping, got {type(request.annotations).__name__}")
-        tgt_lang = request.tgt_lang or self.default_tgt_lang
-        check_languages(self.config, request.src_lang, tgt_lang)
-        _, targets = model_languages(self.config)
-        if tgt_lang is None and len(targets) > 1:
-            raise ValueError(
-                f"tgt_lang: this model translates into several languages ({', '.join(targets)}): pass one"
-            )
+        check_request_languages(self.config, request.src_lang, request.tgt_lang)
         if request.prefix and "\n" in request.prefix:
             raise ValueError("prefix: one line expected (it contains a line break)")
 
@@ -350,4 +378,13 @@ def _seeded(options: DecodeOptions):
         yield
 
 
-__all__ = ["DEFAULT_BUFFER_SIZE", "Translator", "check_languages", "default_target_language", "model_languages"]
+__all__ = [
+    "DEFAULT_BUFFER_SIZE",
+    "Translator",
+    "check_languages",
+    "check_request_languages",
+    "default_target_language",
+    "model_languages",
+    "resolve_options",
+    "saved_length_rule",
+]

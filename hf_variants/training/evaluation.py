@@ -1,11 +1,13 @@
 """Batched beam-search translation and BLEU/chrF/chrF++/TER scoring (an offline `evaluate` metric over sacreBLEU).
 
-Shared by `train.py` (validation and the final test) and `translate.py`. Every batch goes through the model's own
-`prepare_translation_inputs`, so variant inputs (language tags, `tgt_lang_ids`, ...) need no special case here.
+Shared by `train.py` (validation and the final test) and `translate.py`. Translation is a thin call into the
+translation core (`hf_variants.inference.Translator`), the one path of the translate command, the server and the
+pipeline's length rule: a sentence translates the same in evaluation as after training.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from . import external
+logger = logging.getLogger(__name__)
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "sacrebleu_chrf"
 
@@ -86,21 +88,22 @@ def score(
     )
 
 
-MAX_LEN_A, MAX_LEN_B = 1.2, 10  # fairseq's max_len_a / max_len_b: new tokens per batch = a * longest source + b
+MAX_LEN_A, MAX_LEN_B = 1.2, 10  # training's default length rule (fairseq's max_len_a / max_len_b)
 
 
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """`translate`'s batches: the indices of `lengths` (source lengths in tokens), longest first, `batch_size` a
-    batch."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    """The indices of `lengths` (source lengths in tokens), longest first, `batch_size` a batch: the translation
+    core's sentence batches (`hf_variants.inference.batching.length_sorted_batches`)."""
+    from ..inference.batching import length_sorted_batches as batches
+
+    return batches(lengths, batch_size=batch_size)
 
 
 def new_token_limit(
     source_length: int, max_len_a: float = MAX_LEN_A, max_len_b: int = MAX_LEN_B, positions: int | None = None
 ) -> int:
-    """`translate`'s max_new_tokens for a batch whose longest source has `source_length` tokens, at most the model's
-    target positions (`positions`: config.max_position_embeddings, which generate() refuses to exceed)."""
+    """The length rule for one source of `source_length` tokens: max(1, int(a * length + b)) new tokens, at most the
+    model's target positions (`positions`: config.max_position_embeddings, which generate() refuses to exceed)."""
     limit = max(1, int(max_len_a * source_length + max_len_b))
     return min(limit, positions) if positions else limit
 
@@ -117,16 +120,23 @@ def translate(
     length_penalty: float = 0.6,
     max_len_a: float = MAX_LEN_A,
     max_len_b: int = MAX_LEN_B,
-    max_length: int | None = None,
+    max_source_length: int | None = None,
     variant_inputs: dict[str, Sequence] | None = None,
-    **generate_kwargs,
+    max_tokens: int | None = None,
+    **options,
 ) -> list[str]:
-    """Translate `texts` with beam search, in length-sorted batches; returns detokenized hypotheses in input order.
+    """Translate `texts` with the translation core (`hf_variants.inference.Translator`) in length-sorted batches of
+    `batch_size` sentences (or `max_tokens` tokens); returns the detokenized 1-best hypotheses in input order.
 
-    `max_new_tokens` of a batch is `max_len_a * (longest source in tokens) + max_len_b` (fairseq's max_len_a/b).
-    `tgt_lang` is one code or one per text; `max_length` truncates long sources. `variant_inputs` maps extra
-    `prepare_translation_inputs` arguments to one value per text (e.g. MG-SA's `parses`).
+    The output limit is the length rule per sentence: at most `max_len_a` x (the sentence's own source length) +
+    `max_len_b` new tokens, so a hypothesis does not depend on its batch. `tgt_lang` is one code or one per text;
+    `max_source_length` truncates long sources; `variant_inputs` maps extra `prepare_translation_inputs` arguments
+    to one value per text (e.g. MG-SA's `parses`); other keyword arguments are `DecodeOptions` fields
+    (`no_repeat_ngram_size=3`, ...). An empty text, or one longer than the model accepts, translates to "" (the
+    latter with a warning).
     """
+    from ..inference import DecodeOptions, TranslationRequest, Translator
+
     texts = list(texts)
     variant_inputs = dict(variant_inputs or {})
     for name, values in variant_inputs.items():
@@ -137,34 +147,40 @@ def translate(
     tgt_langs = [tgt_lang] * len(texts) if tgt_lang is None or isinstance(tgt_lang, str) else list(tgt_lang)
     if len(tgt_langs) != len(texts):
         raise ValueError(f"{len(tgt_langs)} target languages for {len(texts)} texts.")
-    # greedy search has no length penalty: passing it (or a saved beam setting) only makes generate() warn
-    beam_settings = {"length_penalty": length_penalty} if num_beams > 1 else {}
+    requests = [
+        TranslationRequest(
+            text,
+            src_lang=src_lang,
+            tgt_lang=lang,
+            annotations={name: values[i] for name, values in variant_inputs.items()},
+        )
+        for i, (text, lang) in enumerate(zip(texts, tgt_langs))
+    ]
+    decode = DecodeOptions(
+        num_beams=num_beams,
+        length_penalty=length_penalty if num_beams > 1 else None,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        max_source_length=max_source_length,
+        **options,
+    )
     was_training = model.training
     model.eval()
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
-    positions = getattr(model.config, "max_position_embeddings", None)
-    out: list[str | None] = [None] * len(texts)
     try:
-        for idx in length_sorted_batches(lengths, batch_size):
-            langs = [tgt_langs[i] for i in idx]
-            kwargs = {"src_lang": src_lang, "max_length": max_length}
-            kwargs.update({name: [values[i] for i in idx] for name, values in variant_inputs.items()})
-            if any(lang is not None for lang in langs):
-                kwargs["tgt_lang"] = langs
-            inputs = external.prepare_translation_inputs(model, tokenizer, [texts[i] for i in idx], **kwargs)
-            src_len = int(inputs["attention_mask"].sum(-1).max())
-            generated = model.generate(
-                **inputs,
-                num_beams=num_beams,
-                **beam_settings,
-                max_new_tokens=new_token_limit(src_len, max_len_a, max_len_b, positions),
-                **generate_kwargs,
-            )
-            for i, hyp in zip(idx, tokenizer.decode(generated, skip_special_tokens=True)):
-                out[i] = hyp.strip()
+        results = Translator(model, tokenizer).translate(
+            requests, decode, batch_size=batch_size, max_tokens=max_tokens
+        )
     finally:
         model.train(was_training)
-    return out  # type: ignore[return-value]
+    too_long = [r.index for r in results if r.skipped == "too long"]
+    if too_long:
+        logger.warning(
+            "%d sources longer than the model accepts (e.g. text %d, %d tokens): translated to an empty string",
+            len(too_long),
+            too_long[0],
+            results[too_long[0]].source_tokens,
+        )
+    return [r.text for r in results]
 
 
 def translate_distributed(

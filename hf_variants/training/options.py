@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from . import external, settings
+from .evaluation import BLEU_TOKENIZERS, DEFAULT_BLEU_TOKENIZE, check_bleu_tokenize
 
 # A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data and
 # keeps runs in its runs/ folder; an installed package has neither: --data_dir (or --train_file, --dataset_name) is
@@ -256,6 +257,13 @@ def add_evaluation_args(g) -> None:
         help="sentences per translation batch and process",
     )
     g.add_argument("--num_examples", type=int, default=5, help="test translations printed at the end")
+    g.add_argument(
+        "--bleu_tokenize",
+        choices=BLEU_TOKENIZERS,
+        default=DEFAULT_BLEU_TOKENIZE,
+        help="sacreBLEU's tokenizer for BLEU (zh for Chinese, ja-mecab / ko-mecab for Japanese / Korean targets: "
+        "the hf-variants[ja] / [ko] extras); recorded in the BLEU signature",
+    )
 
 
 def add_checkpoints_args(g) -> None:
@@ -448,6 +456,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         )
     if args.max_len_a == 0 and args.max_len_b == 0:
         parser.error("--max_len_a 0 --max_len_b 0 leaves no tokens to generate: make one of them positive")
+    try:
+        check_bleu_tokenize(args.bleu_tokenize)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

@@ -914,10 +914,16 @@ def resume_job(run: RunContext, job: Job) -> None:
 
 
 def generation_defaults(generation_config, args):
-    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6), as the model's default."""
+    """The decoding the run evaluates with (the papers': beam 4, length penalty 0.6, and its length rule
+    `--max_len_a`/`--max_len_b`), as the model's default: the pipeline, generate() and the translate command then
+    decode as evaluation did."""
     generation_config.num_beams = args.num_beams
     if args.num_beams > 1:  # a length penalty only applies to beam search
         generation_config.length_penalty = args.length_penalty
+    from ..inference.translator import saved_length_rule
+
+    cap = saved_length_rule(generation_config)[2]
+    generation_config.length_rule = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "max_new_tokens": cap}
     return generation_config
 
 
@@ -1067,10 +1073,19 @@ def build_results(
             "dataset": args.dataset_name or args.train_file or Path(args.data_dir).name,
             "eval_split": eval_split_label,
             "eval_pairs": len(eval_pairs),
-            "bleu": scores["bleu"] if scores else None,
-            "chrf": scores["chrf"] if scores else None,
-            "sacrebleu_signature": scores["sacrebleu_signature"] if scores else None,
-            "chrf_signature": scores["chrf_signature"] if scores else None,
+            **{
+                key: scores.get(key) if scores else None
+                for key in (
+                    "bleu",
+                    "chrf",
+                    "chrfpp",
+                    "ter",
+                    "sacrebleu_signature",
+                    "chrf_signature",
+                    "chrfpp_signature",
+                    "ter_signature",
+                )
+            },
             "params": trainer.job.params,
             "train_tokens_per_sec": state.train_tokens / max(state.train_time, 1e-9),
             "wall_time_sec": wall_time,
@@ -1139,7 +1154,9 @@ def print_summary(
     if scores:
         print(
             f"{eval_split} ({results.eval_split}, {results.eval_pairs} pairs): BLEU {scores['bleu']:.2f}  "
-            f"chrF {scores['chrf']:.2f}\n  {scores['sacrebleu_signature']}\n  {scores['chrf_signature']}"
+            f"chrF {scores['chrf']:.2f}  chrF++ {scores['chrfpp']:.2f}  TER {scores['ter']:.2f}\n"
+            + "".join(f"  {scores[key]}\n" for key in ("sacrebleu_signature", "chrf_signature", "chrfpp_signature"))
+            + f"  {scores['ter_signature']}"
         )
         for e in scores["examples"][: args.num_examples]:
             print(

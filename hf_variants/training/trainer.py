@@ -198,7 +198,6 @@ def evaluate_pairs(
             length_penalty=args.length_penalty,
             max_len_a=args.max_len_a,
             max_len_b=args.max_len_b,
-            max_length=None,  # evaluation sources are never truncated
             variant_inputs={name: [rows[i][3][name] for i in idx] for name in args.source_annotations},
         )
         if hyps is not None:
@@ -206,16 +205,16 @@ def evaluate_pairs(
     if not accelerator.is_main_process:
         return None
     order = sorted(hyps_all)
-    result = evaluation.score([hyps_all[i] for i in order], [rows[i][2] for i in order])
+    tokenize = getattr(args, "bleu_tokenize", evaluation.DEFAULT_BLEU_TOKENIZE)
+    result = evaluation.score([hyps_all[i] for i in order], [rows[i][2] for i in order], tokenize=tokenize)
     result["per_direction"] = {}
     if len(directions) > 1:
         for direction in directions:
             idx = [i for i in order if rows[i][0] == direction]
             if idx:
-                s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx])
+                s = evaluation.score([hyps_all[i] for i in idx], [rows[i][2] for i in idx], tokenize=tokenize)
                 result["per_direction"][f"{direction[0]}-{direction[1]}"] = {
-                    "bleu": s["bleu"],
-                    "chrf": s["chrf"],
+                    **{metric: s[metric] for metric in ("bleu", "chrf", "chrfpp", "ter")},
                     "pairs": len(idx),
                 }
     result["examples"] = [

@@ -1,41 +1,67 @@
 #!/usr/bin/env python
-"""Translate a file with a trained checkpoint (batched beam search), and score it against references.
+"""Translate a file with a trained model (beam search, n-best lists, sampling, prefixes, alignments), streaming, and
+score it against references.
 
     python training/translate.py --model runs/transformer_nmt-en-de-small/model \\
         --input training/data/multi30k/test_2016_flickr.en.gz --output hyp.de \\
         --references training/data/multi30k/test_2016_flickr.de.gz --tgt_lang de
 
 `--model` is a saved model folder (`run_dir/model`, or a Hub id with `--trust_remote_code`) or a training checkpoint
-folder (`run_dir/checkpoints/step_N`, loaded into the run's model config).
+folder (`run_dir/checkpoints/step_N`, loaded into the run's model config); `--onnx DIR` an ONNX Runtime export.
+Every sentence goes through the translation core (`hf_variants.inference.Translator`), as in the pipeline, the
+server and evaluation during training: the decoding defaults are the model's saved ones (its generation config:
+beam size, length penalty and the length rule the run evaluated with), and a translation does not depend on its
+batch (the length rule is applied per sentence).
 
 Input (`--input`, `-` for stdin): a text file with one sentence a line (plain or .gz), or JSONL (`.jsonl`,
 `.jsonl.gz`, or `--input_format jsonl`) with one object a line: `{"translation": {"en": ..., "de": ...}}` (the
 source side is `--src_lang`, or the row's one language other than the target), `{"text": ...}` or
 `{"source": ...}` (optionally with `"target": ...`). When every JSONL row carries the target side
 (`translation[tgt_lang]` or `target`) and `--references` is not given, the translations are scored against it.
+The input is read and translated in buffers of `--buffer_size` lines, never whole: a pipe gets each answer as soon as
+its line is translated, and a file of millions of lines is translated in bounded memory.
 
-Output (`--output`, `-` for stdout): one translation a line, line-aligned with the input. An empty input line gives
-an empty output line; so does a source longer than the model accepts (`config.max_position_embeddings` tokens,
-special tokens included), with a warning naming its line. With references, BLEU and chrF (sacreBLEU, signatures
-included) are printed as JSON (to stderr when the translations go to stdout) and written to `--results_json`.
-A progress bar goes to stderr when it is a terminal; elsewhere (nohup, a SLURM log, CI) a line
-`progress: D/T sentences (P%), R sentences/s, elapsed H:MM:SS, ETA H:MM:SS` every `--progress_interval` seconds
-(`--no_progress` turns both off).
+Output (`--output`, `-` for stdout), line-aligned with the input. `--output_format text`: one translation a line
+(with `--alignments`: `translation ||| 0-0 1-2 ...`). `--output_format jsonl` (chosen automatically with `--nbest`
+or `--scores`): one object a line, `{"source": ..., "hypotheses": [{"text", "score", "log_prob", "tokens"}, ...]}`,
+best first; `score` is what the search ranked by (log_prob / length ** length_penalty, beam search's
+sequences_scores), `log_prob` the sum of the returned tokens' log-probabilities (`</s>` included; what
+`hf-variants-score` gives the same pair), `tokens` the subwords; with `--alignments` an `"alignment"` per hypothesis.
+An empty input line gives an empty output line (`"hypotheses": []`); so does a source longer than the model
+accepts (`config.max_position_embeddings` tokens, special tokens included), with a warning naming its line;
+`--max_source_length` truncates sources instead, with a warning per line and the count in the summary. With
+references, BLEU and chrF (sacreBLEU, signatures included) are printed as JSON (to stderr when the translations go
+to stdout) and written to `--results_json`. A progress bar goes to stderr when it is a terminal; elsewhere (nohup, a
+SLURM log, CI) a line `progress: D/T sentences (P%), R sentences/s, elapsed H:MM:SS, ETA H:MM:SS` every
+`--progress_interval` seconds (`--no_progress` turns both off).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import json
 import logging
+import os
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-from ..outputs import (  # noqa: E402
+from ..inference import DecodeOptions, OptionError, TranslationRequest, Translator
+from ..inference.batching import LineReader
+from ..inference.translator import (
+    DEFAULT_BUFFER_SIZE,
+    check_request_languages,
+    default_target_language,
+    resolve_options,
+)
+from ..outputs import (
     OutputPathError,
     atomic_write_file,
     check_not_an_input,
@@ -43,14 +69,15 @@ from ..outputs import (  # noqa: E402
     float_in_range,
     int_in_range,
 )
-from . import checkpointing, evaluation, external  # noqa: E402
-from .corpus import DataError, parse_jsonl_line, read_lines  # noqa: E402
+from . import checkpointing, evaluation
+from .corpus import DataError, parse_jsonl_line
 
 logger = logging.getLogger("hf_variants.translate")
 
 STDIO = "-"
 TEXT_KEYS = ("text", "source")  # JSONL rows without "translation": the source text
 TARGET_KEY = "target"  # ... and an optional reference next to it
+DEFAULT_BATCH_SIZE = 64
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -99,13 +126,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output",
         required=True,
-        help="translations, one a line, aligned with the input; '-' writes "
-        "stdout (the JSON summary then goes to stderr)",
+        help="translations, aligned with the input; '-' writes stdout (the JSON summary then goes to stderr)",
+    )
+    p.add_argument(
+        "--output_format",
+        choices=["auto", "text", "jsonl"],
+        default="auto",
+        help="text: one translation a line; jsonl: one object a line with the n-best hypotheses, their scores, "
+        "log-probabilities and tokens; auto: jsonl with --nbest > 1 or --scores, else text",
     )
     p.add_argument(
         "--references",
-        help="reference translations (plain or .gz) to score against; default for "
-        "JSONL input: the rows' target side, when every row has one",
+        nargs="+",
+        metavar="FILE",
+        help="reference translations (plain or .gz), one file per reference set (several: multi-reference scores); "
+        "default for JSONL input: the rows' target side, when every row has one",
+    )
+    p.add_argument(
+        "--bleu_tokenize",
+        default="13a",
+        help="sacreBLEU's BLEU tokenizer: 13a, intl, zh, char, none, ja-mecab, ko-mecab",
     )
     p.add_argument(
         "--source_annotation",
@@ -116,25 +156,73 @@ def build_parser() -> argparse.ArgumentParser:
         "syntactic MG-SA); with JSONL input, NAME alone reads each row's NAME (a value, or "
         "{lang: value}); repeatable",
     )
-    p.add_argument("--src_lang")
-    p.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
-    p.add_argument("--num_beams", type=int_in_range(1), default=4)
-    p.add_argument("--length_penalty", type=float_in_range(), default=0.6)
+    p.add_argument("--src_lang", help="source language (checked against the model's)")
+    p.add_argument("--tgt_lang", help="target language (needed by models translating into several)")
     p.add_argument(
+        "--prefix",
+        metavar="FILE",
+        help="target prefixes, one a line aligned with --input (a line may be empty): each translation begins "
+        "with its prefix's tokens",
+    )
+    g = p.add_argument_group("decoding (default: the model's saved generation config)")
+    g.add_argument("--num_beams", type=int_in_range(1), help="beam size (1: greedy); default: the model's")
+    g.add_argument("--nbest", type=int_in_range(1), default=1, help="hypotheses per sentence (at most --num_beams)")
+    g.add_argument("--length_penalty", type=float_in_range(), help="default: the model's")
+    g.add_argument(
+        "--do_sample",
+        action="store_true",
+        help="sample instead of searching (back-translation): --nbest independent samples per sentence",
+    )
+    g.add_argument("--top_k", type=int_in_range(0), help="sample among the k most likely tokens (0: all)")
+    g.add_argument("--top_p", type=float_in_range(0.0, 1.0), help="nucleus sampling: the smallest set of mass p")
+    g.add_argument("--temperature", type=float_in_range(0.0), help="sampling temperature")
+    g.add_argument("--seed", type=int_in_range(0), help="random seed of sampling: the same seed, the same samples")
+    g.add_argument("--no_repeat_ngram_size", type=int_in_range(0), help="no n-gram of this size twice")
+    g.add_argument("--repetition_penalty", type=float_in_range(0.0), help="CTRL's repetition penalty (1: none)")
+    g.add_argument(
+        "--scores", action="store_true", help="add each hypothesis' score and log-probability (JSON Lines output)"
+    )
+    g.add_argument(
+        "--alignments",
+        action="store_true",
+        help="add word alignments (Pharaoh `0-0 1-2`, source word - target word over whitespace words) from the "
+        "last decoder layer's cross-attention averaged over heads (PyTorch only)",
+    )
+    g = p.add_argument_group("lengths")
+    g.add_argument(
         "--max_len_a",
         type=float_in_range(0.0),
-        default=1.2,
-        help="max new tokens = a * source length + b (at most the model's positions - 1)",
+        help="length rule per sentence: at most a * (its source length in tokens) + b new tokens; default: the "
+        "rule saved with the model (the run's --max_len_a/--max_len_b)",
     )
-    p.add_argument("--max_len_b", type=int_in_range(0), default=10)
-    p.add_argument(
+    g.add_argument("--max_len_b", type=int_in_range(0), help="see --max_len_a")
+    g.add_argument(
         "--max_length",
         type=int_in_range(1),
-        help="truncate source sentences to this many tokens (default: never; "
-        "longer than the model accepts: an empty line and a warning)",
+        help="a fixed output limit instead of the length rule: tokens of the whole output (the decoder's start "
+        "token included), as in generate() and the pipeline",
     )
-    p.add_argument("--batch_size", type=int_in_range(1), default=64)
-    p.add_argument("--results_json", help="write the scores here")
+    g.add_argument("--max_new_tokens", type=int_in_range(1), help="a fixed limit of generated tokens")
+    g.add_argument(
+        "--max_source_length",
+        type=int_in_range(1),
+        help="truncate sources to this many tokens (special tokens included), with a warning per line "
+        "(default: never; a source longer than the model accepts gets an empty line and a warning)",
+    )
+    g = p.add_argument_group("batches and streaming")
+    g.add_argument(
+        "--batch_size",
+        type=int_in_range(1),
+        help=f"sentences per batch (default {DEFAULT_BATCH_SIZE} without --max_tokens)",
+    )
+    g.add_argument("--max_tokens", type=int_in_range(1), help="source tokens per batch (sentences x longest source)")
+    g.add_argument(
+        "--buffer_size",
+        type=int_in_range(1),
+        default=DEFAULT_BUFFER_SIZE,
+        help="input lines read ahead and sorted into batches; a pipe's lines are translated as they arrive",
+    )
+    p.add_argument("--results_json", help="write the summary (and scores) here")
     p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
     p.add_argument(
         "--progress_interval",
@@ -154,6 +242,76 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# ------------------------------------------------------------------------------------------------------- model
+def check_model_location(args: argparse.Namespace) -> None:
+    """Exactly one of `--model` / `--onnx`, naming a folder that holds what it should: a training run folder given
+    for its model folder, or a folder without a model, is refused saying what to pass."""
+    if (args.model is None) == (args.onnx is None):
+        raise DataError("pass exactly one of --model and --onnx.")
+    if args.onnx is not None:
+        folder = Path(args.onnx)
+        if not folder.is_dir():
+            raise DataError(
+                f"--onnx {args.onnx}: no such folder (a folder written by python -m hf_variants.export_onnx)."
+            )
+        if not (folder / "config.json").is_file():
+            raise DataError(
+                f"--onnx {args.onnx}: no config.json, not an ONNX export (python -m hf_variants.export_onnx "
+                "writes one)."
+            )
+        return
+    folder = Path(args.model)
+    if not folder.is_dir():
+        if folder.exists() or args.model.startswith((".", "/")) or args.model.count("/") > 1:
+            raise DataError(f"--model {args.model}: no such model folder.")
+        return  # a Hub id
+    if (folder / "config.json").is_file() or (folder / checkpointing.MARKER).is_file():
+        return
+    if (folder / "model" / "config.json").is_file():
+        raise DataError(
+            f"--model {args.model} is a training run folder: pass its saved model, --model {folder / 'model'} "
+            f"(or one of its checkpoints, {folder / 'checkpoints'}/step_N)."
+        )
+    raise DataError(
+        f"--model {args.model}: no config.json; pass a saved model folder (a run's model/), a checkpoint folder "
+        "(a run's checkpoints/step_N) or a Hub id."
+    )
+
+
+def checkpoint_config_dir(path: Path) -> Path:
+    """The run's model config of a training checkpoint folder (`run_dir/checkpoints/step_N`)."""
+    from .trainer import MODEL_CONFIG_DIR
+
+    run_dir = path.parent.parent
+    # written when the run starts (a run still training has it), else the finished run's model folder
+    candidates = [run_dir / MODEL_CONFIG_DIR, run_dir / "model"]
+    config_dir = next((d for d in candidates if (d / "config.json").is_file()), None)
+    if config_dir is None:
+        raise DataError(
+            f"{path} is a checkpoint, but neither {candidates[0]}/config.json nor "
+            f"{candidates[1]}/config.json (the run's config) exists; pass the run's model "
+            f"folder instead."
+        )
+    return config_dir
+
+
+def load_configs(args: argparse.Namespace):
+    """The model's config and generation config, without its weights (cheap: checks run on them before loading)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    location = args.onnx or args.model
+    path = Path(location)
+    if args.model is not None and (path / checkpointing.MARKER).is_file():
+        path = checkpoint_config_dir(path)
+    trust = args.trust_remote_code and args.onnx is None
+    config = AutoConfig.from_pretrained(str(path) if path.is_dir() else location, trust_remote_code=trust)
+    try:
+        generation = GenerationConfig.from_pretrained(str(path) if path.is_dir() else location)
+    except OSError:
+        generation = GenerationConfig.from_model_config(config)
+    return config, generation
+
+
 def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -161,18 +319,8 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
 
     path = Path(model_path)
     if (path / checkpointing.MARKER).is_file():  # run_dir/checkpoints/step_N: the run's config + these weights
-        from .trainer import MODEL_CONFIG_DIR
-
         run_dir = path.parent.parent
-        # written when the run starts (a run still training has it), else the finished run's model folder
-        candidates = [run_dir / MODEL_CONFIG_DIR, run_dir / "model"]
-        config_dir = next((d for d in candidates if (d / "config.json").is_file()), None)
-        if config_dir is None:
-            raise FileNotFoundError(
-                f"{path} is a checkpoint, but neither {candidates[0]}/config.json nor "
-                f"{candidates[1]}/config.json (the run's config) exists; pass the run's model "
-                f"folder instead."
-            )
+        config_dir = checkpoint_config_dir(path)
         model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(config_dir))
         if (config_dir / "generation_config.json").is_file():
             from transformers import GenerationConfig
@@ -188,19 +336,74 @@ def load_model_and_tokenizer(model_path: str, tokenizer_path: str | None = None,
     return model, tokenizer
 
 
+def load_translation_model(args: argparse.Namespace):
+    """The model and tokenizer of `--model` or `--onnx`, the PyTorch model quantized for the CPU with `--int8` (an
+    ONNX model then loads its int8 export)."""
+    if args.onnx:
+        from transformers import AutoTokenizer
+
+        from ..onnx.modeling import OrtModelForSeq2SeqLM
+
+        model = OrtModelForSeq2SeqLM.from_pretrained(args.onnx, precision="int8" if args.int8 else "fp32")
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.onnx)
+    else:
+        model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
+    if args.int8 and not args.onnx:
+        from ..deploy.int8 import quantize_for_cpu
+
+        quantize_for_cpu(model)
+    return model, tokenizer
+
+
+def target_language(tgt_lang: str | None, config) -> str | None:
+    """`--tgt_lang`, or when it is not given the model's one target language (`config.target_languages`, recorded
+    by train.py; for a two-language model saved without it and without tags, its second language)."""
+    return tgt_lang or default_target_language(config)
+
+
 # ------------------------------------------------------------------------------------------------------- input
-def read_input_lines(path: str) -> list[str]:
-    """Lines of a text file (plain or .gz) or of stdin (`-`), without terminators; bad UTF-8 names the line; a
-    byte-order mark at the start is dropped."""
-    if path != STDIO:
-        return read_lines(path)
-    lines = []
-    for raw in sys.stdin.buffer:
+def _decode_line(raw: bytes, label: str, number: int) -> str:
+    try:
+        return raw.decode("utf-8-sig" if number == 1 else "utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{label}: line {number} is not valid UTF-8 ({err.reason}).") from err
+
+
+def _open_binary(path: str):
+    try:
+        return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror or err}") from err
+
+
+def iter_lines(path: str) -> Iterator[str]:
+    """The lines of a text file (plain or .gz) or of stdin (`-`), read lazily, without terminators; bad UTF-8 names
+    the line; a byte-order mark at the start is dropped."""
+    if path == STDIO:
         try:
-            lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))  # a BOM is no text
-        except UnicodeDecodeError as err:
-            raise DataError(f"stdin: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
-    return lines
+            yield from LineReader(sys.stdin.buffer, "stdin")
+        except ValueError as err:
+            raise DataError(str(err)) from None
+        return
+    with _open_binary(path) as f:
+        try:
+            for number, raw in enumerate(f, 1):
+                yield _decode_line(raw, path, number)
+        except (OSError, EOFError) as err:
+            raise DataError(f"cannot read {path}: {err}") from err
+
+
+def count_lines(path: str) -> int:
+    """The number of lines of a text file (plain or .gz), counted without holding them."""
+    count, last = 0, b"\n"
+    with _open_binary(path) as f:
+        try:
+            while chunk := f.read(1 << 20):
+                count += chunk.count(b"\n")
+                last = chunk[-1:]
+        except (OSError, EOFError) as err:
+            raise DataError(f"cannot read {path}: {err}") from err
+    return count + (last != b"\n")
 
 
 def is_jsonl(path: str, input_format: str) -> bool:
@@ -244,81 +447,292 @@ def _row_source(obj: dict, where: str, src_lang: str | None, tgt_lang: str | Non
     return source, lang, reference
 
 
-def read_jsonl_input(path: str, src_lang: str | None, tgt_lang: str | None, annotation_names: list[str]):
-    """Sources, references (a list when every row has a target side, else None), per-row annotations and the
-    source languages found, from JSONL rows (see the module docstring)."""
-    label = "stdin" if path == STDIO else path
-    sources, references, source_langs = [], [], set()
-    annotations: dict[str, list] = {name: [] for name in annotation_names}
-    for i, line in enumerate(read_input_lines(path)):
-        where = f"{label}:{i + 1}"
-        obj = parse_jsonl_line(line, where)
-        source, lang, reference = _row_source(obj, where, src_lang, tgt_lang)
-        sources.append(source)
-        references.append(reference)
-        source_langs.add(lang)
-        for name in annotation_names:
-            value = obj.get(name)
-            if isinstance(value, dict):
-                value = value.get(lang) if lang is not None else None
-            if value is None and source.strip():
-                raise DataError(
-                    f'{where}: no {name!r} for the source (expected "{name}": value or {{"{lang or "lang"}": value}}).'
-                )
-            annotations[name].append(value)
-    with_target = sum(ref is not None for ref in references)
-    if 0 < with_target < len(references):
-        first = next(i for i, ref in enumerate(references) if ref is None)
-        logger.warning(
-            "%d of %d rows of %s have a target side (%s:%d has none): not scoring against them",
-            with_target,
-            len(references),
-            label,
-            label,
-            first + 1,
-        )
-    return (
-        sources,
-        (references if with_target == len(references) and references else None),
-        annotations,
-        source_langs - {None},
-    )
-
-
 def read_annotation_files(items: list[str], jsonl: bool) -> tuple[dict[str, str], list[str]]:
     """`--source_annotation` values: NAME=FILE pairs, and (JSONL input only) NAMEs read from the rows."""
     files, from_rows = {}, []
     for item in items:
         name, sep, path = item.partition("=")
         if not name:
-            raise SystemExit(f"--source_annotation expects NAME=FILE, got {item!r}")
+            raise DataError(f"--source_annotation expects NAME=FILE, got {item!r}")
         if sep:
             files[name] = path
         elif jsonl:
             from_rows.append(name)
         else:
-            raise SystemExit(f"--source_annotation expects NAME=FILE (NAME alone reads JSONL rows), got {item!r}")
+            raise DataError(f"--source_annotation expects NAME=FILE (NAME alone reads JSONL rows), got {item!r}")
     return files, from_rows
 
 
-# ------------------------------------------------------------------------------------------------- translation
-def model_input_lengths(model, tokenizer, texts: list[str], batch_size: int, **kwargs) -> list[int]:
-    """Each text's length in tokens as the model receives it (language tags, `</s>`, truncation included)."""
-    variant_inputs = kwargs.pop("variant_inputs")
-    lengths: list[int] = []
-    for start in range(0, len(texts), batch_size):
-        chunk = {name: values[start : start + batch_size] for name, values in variant_inputs.items()}
-        inputs = external.prepare_translation_inputs(
-            model, tokenizer, texts[start : start + batch_size], **kwargs, **chunk
-        )
-        mask = inputs.get("attention_mask")
-        if mask is None:
-            lengths += [inputs["input_ids"].shape[-1]] * inputs["input_ids"].shape[0]
+@dataclass
+class InputLine:
+    """One input line: its source, and what goes with it (the JSONL row's target side, its annotations, the
+    reference of each --references file, the --prefix line)."""
+
+    source: str
+    row_reference: str | None = None
+    annotations: dict = field(default_factory=dict)
+    references: list[str] = field(default_factory=list)
+    prefix: str | None = None
+
+
+_END = object()
+
+
+def _zip_aligned(label: str, main: Iterator, others: dict[str, Iterator]) -> Iterator[tuple]:
+    """(item of `main`, {name: line of each other file}) pairs; a file with fewer or more lines than `main` raises a
+    DataError naming both (the counts were compared before the model loaded where the input is a file)."""
+    count = 0
+    for item in main:
+        values = {}
+        for name, lines in others.items():
+            value = next(lines, _END)
+            if value is _END:
+                raise DataError(f"{label} has more lines than {name} ({count}); line {count + 1} has no counterpart.")
+            values[name] = value
+        count += 1
+        yield item, values
+    for name, lines in others.items():
+        if next(lines, _END) is not _END:
+            raise DataError(f"{label} has {count} lines but {name} has more; line {count + 1} has no counterpart.")
+
+
+def iter_input(args: argparse.Namespace, plan: Plan, lines: Iterator[str]) -> Iterator[InputLine]:
+    """The input lines with their references, annotations and prefixes, read lazily (see the module docstring)."""
+    others = {f"--prefix {args.prefix}": iter_lines(args.prefix)} if args.prefix else {}
+    for path in args.references or []:
+        others[f"--references {path}"] = iter_lines(path)
+    for name, path in plan.annotation_files.items():
+        others[f"--source_annotation {name}={path}"] = iter_lines(path)
+    for number, (line, values) in enumerate(_zip_aligned(plan.input_label, lines, others), 1):
+        if plan.jsonl:
+            where = f"{plan.input_label}:{number}"
+            obj = parse_jsonl_line(line, where)
+            source, lang, reference = _row_source(obj, where, args.src_lang, plan.tgt_lang)
+            if lang is not None:
+                plan.source_langs.add(lang)
+            item = InputLine(source, reference)
+            for name in plan.annotations_from_rows:
+                value = obj.get(name)
+                if isinstance(value, dict):
+                    value = value.get(lang) if lang is not None else None
+                if value is None and source.strip():
+                    raise DataError(
+                        f'{where}: no {name!r} for the source (expected "{name}": value or '
+                        f'{{"{lang or "lang"}": value}}).'
+                    )
+                item.annotations[name] = value
         else:
-            lengths += mask.sum(-1).tolist()
-    return lengths
+            item = InputLine(line)
+        for name, path in plan.annotation_files.items():
+            item.annotations[name] = values[f"--source_annotation {name}={path}"]
+        item.references = [values[f"--references {path}"] for path in args.references or []]
+        if args.prefix:
+            item.prefix = values[f"--prefix {args.prefix}"]
+        yield item
 
 
+# ------------------------------------------------------------------------------------------------------ output
+class StreamOutput:
+    """Output lines written as they come: to stdout (flushed after each line), or to a hidden temporary sibling of
+    the file, renamed over it by `commit()` when complete (a reader sees the old file or the whole new one; `discard()`
+    removes the part on a failure)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if path == STDIO:
+            self.stream, self.tmp = sys.stdout.buffer, None
+        else:
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+            self.stream = open(self.tmp, "wb")
+
+    def write(self, line: str) -> None:
+        self.stream.write((line + "\n").encode("utf-8"))
+        if self.tmp is None:
+            self.stream.flush()
+
+    def commit(self) -> None:
+        if self.tmp is None:
+            self.stream.flush()
+            return
+        self.stream.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        if self.tmp is not None:
+            self.stream.close()
+            with contextlib.suppress(OSError):
+                self.tmp.unlink()
+
+
+def format_result(result, output_format: str, alignments: bool) -> str:
+    """One output line: the best translation (text; ` ||| ` and its alignment with `alignments`), or the JSON object
+    with every hypothesis (jsonl)."""
+    if output_format == "text":
+        text = result.text.replace("\n", " ")
+        if alignments:
+            return f"{text} ||| {result.hypotheses[0].pharaoh() if result.hypotheses else ''}"
+        return text
+    record: dict = {
+        "source": result.source,
+        "hypotheses": [h.to_dict(scores=True, alignments=alignments) for h in result.hypotheses],
+    }
+    for hypothesis in record["hypotheses"]:
+        hypothesis["text"] = hypothesis["text"].replace("\n", " ")
+    if result.skipped:
+        record["skipped"] = result.skipped
+    if result.truncated:
+        record["truncated"] = True
+    return json.dumps(record, ensure_ascii=False)
+
+
+def check_outputs(args: argparse.Namespace, annotation_files: dict[str, str]) -> None:
+    """Before anything loads: `--output` and `--results_json` can be written as files (no folder, a parent that is
+    a writable folder or can be made), are not the same file, and are not, do not hold and do not lie inside any
+    input (`--input`, `--references`, `--prefix`, `--source_annotation` files, the `--model` / `--onnx` /
+    `--tokenizer` folders). Raises `OutputPathError` naming the flags."""
+    inputs = {
+        "--input": None if args.input == STDIO else args.input,
+        "--references": list(args.references or []),
+        "--prefix": args.prefix,
+        "--source_annotation": list(annotation_files.values()),
+        "--model": args.model,
+        "--onnx": args.onnx,
+        "--tokenizer": args.tokenizer,
+    }
+    outputs = {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}
+    for flag, path in outputs.items():
+        if path is not None:
+            check_output_file(path, flag=flag)
+            check_not_an_input(path, inputs, output_flag=flag)
+    if None not in outputs.values():
+        check_not_an_input(outputs["--results_json"], {"--output": outputs["--output"]}, output_flag="--results_json")
+        if Path(outputs["--results_json"]).absolute() == Path(outputs["--output"]).absolute():
+            raise OutputPathError("--results_json and --output name the same file.")
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+@dataclass
+class Plan:
+    """What the checks before loading decided: the input's kind and name, the annotations, the decoding options
+    (resolved against the saved generation config), the output format, the target language and the line count
+    (None for stdin)."""
+
+    jsonl: bool
+    input_label: str
+    annotation_files: dict[str, str]
+    annotations_from_rows: list[str]
+    options: DecodeOptions
+    output_format: str
+    tgt_lang: str | None
+    lines: int | None
+    max_source_tokens: int | None
+    source_langs: set = field(default_factory=set)
+
+
+OPTION_FLAGS = tuple(DecodeOptions.__dataclass_fields__)
+
+
+def _as_flags(message: str) -> str:
+    """A core message naming options (`nbest=5 > num_beams=4`, `tgt_lang: ...`) as the command's flags
+    (`--nbest 5 > --num_beams 4`, `--tgt_lang: ...`)."""
+    import re
+
+    names = "|".join(sorted(OPTION_FLAGS + ("src_lang", "tgt_lang", "prefix"), key=len, reverse=True))
+    message = re.sub(rf"(?<![\w-])({names})=", r"--\1 ", message)
+    return re.sub(rf"^({names}):", r"--\1:", message)
+
+
+def decode_options(args: argparse.Namespace, scores: bool) -> DecodeOptions:
+    return DecodeOptions(
+        num_beams=args.num_beams,
+        nbest=args.nbest,
+        length_penalty=args.length_penalty,
+        do_sample=args.do_sample,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        temperature=args.temperature,
+        seed=args.seed,
+        max_length=args.max_length,
+        max_new_tokens=args.max_new_tokens,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        repetition_penalty=args.repetition_penalty,
+        scores=scores,
+        alignments=args.alignments,
+        max_source_length=args.max_source_length,
+    )
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """`--output_format`, auto resolved: jsonl with --nbest > 1 or --scores; text refused with them."""
+    wants_json = args.nbest > 1 or args.scores
+    if args.output_format == "text" and wants_json:
+        flag = f"--nbest {args.nbest}" if args.nbest > 1 else "--scores"
+        raise DataError(f"{flag} writes JSON Lines: pass --output_format jsonl (or leave it out).")
+    if args.output_format == "auto":
+        return "jsonl" if wants_json else "text"
+    return args.output_format
+
+
+def preflight(args: argparse.Namespace) -> Plan:
+    """Every check that needs no model weights, before they load: flags and their combinations, output paths,
+    the languages against the model's config, the decoding options against its saved generation config, and the
+    line counts of the input and its aligned files. Raises DataError / OptionError / OutputPathError."""
+    if args.references and STDIO in args.references:
+        raise DataError("--references cannot be stdin ('-'); give a file.")
+    if args.prefix == STDIO:
+        raise DataError("--prefix cannot be stdin ('-'); give a file.")
+    jsonl = is_jsonl(args.input, args.input_format)
+    annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
+    check_model_location(args)
+    if args.alignments and args.onnx:
+        raise DataError(
+            "--alignments needs the decoder's cross-attention, which ONNX Runtime graphs do not return: "
+            "translate with --model (PyTorch) for alignments."
+        )
+    fmt = output_format(args)
+    options = decode_options(args, scores=fmt == "jsonl")
+    try:
+        options.check(flags=True)
+    except OptionError as error:
+        raise DataError(str(error)) from None
+    try:
+        evaluation.check_bleu_tokenize(args.bleu_tokenize)
+    except ValueError as error:
+        raise DataError(str(error)) from None
+    check_outputs(args, annotation_files)
+    config, generation_config = load_configs(args)
+    tgt_lang = target_language(args.tgt_lang, config)
+    try:
+        check_request_languages(config, args.src_lang, tgt_lang)
+    except ValueError as error:
+        raise DataError(_as_flags(str(error))) from None
+    positions = getattr(config, "max_position_embeddings", None)
+    try:
+        options = resolve_options(options, generation_config, positions=positions)
+    except OptionError as error:
+        raise DataError(_as_flags(str(error))) from None
+    label = "stdin" if args.input == STDIO else args.input
+    lines = None
+    if args.input != STDIO:
+        lines = count_lines(args.input)
+        aligned = {f"--prefix {args.prefix}": args.prefix} if args.prefix else {}
+        aligned.update({f"--references {path}": path for path in args.references or []})
+        aligned.update({f"--source_annotation {n}={path}": path for n, path in annotation_files.items()})
+        for name, path in aligned.items():
+            count = count_lines(path)
+            if count != lines:
+                raise DataError(
+                    f"{label} has {lines} lines but {name} has {count}; line {min(lines, count) + 1} has no "
+                    "counterpart."
+                )
+    return Plan(jsonl, label, annotation_files, annotations_from_rows, options, fmt, tgt_lang, lines, positions)
+
+
+# ------------------------------------------------------------------------------------------------------- run
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -338,13 +752,22 @@ class ProgressLines:
     def update(self, n: int) -> None:
         self.done += n
         now = self.clock()
-        if now - self.last >= self.interval or (self.lines and self.done >= self.total):
+        done = self.total is not None and self.done >= self.total
+        if now - self.last >= self.interval or (self.lines and done):
             self.last = now
             self.write(now)
 
     def write(self, now: float) -> None:
         elapsed = max(now - self.start, 1e-9)
         rate = self.done / elapsed
+        if self.total is None:  # a stream (stdin): no total, no ETA
+            print(
+                f"progress: {self.done} sentences, {rate:.1f} sentences/s, elapsed {_duration(elapsed)}",
+                file=self.stream,
+                flush=True,
+            )
+            self.lines += 1
+            return
         eta = _duration((self.total - self.done) / rate) if rate > 0 else "?"
         percent = 100.0 * self.done / self.total if self.total else 100.0
         print(
@@ -371,281 +794,199 @@ def progress_bar(total: int, disable: bool, interval: float = 10.0):
     return tqdm(total=total, unit="sent", desc="translating", file=sys.stderr, disable=disable, dynamic_ncols=True)
 
 
-def write_output(path: str, lines: list[str]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path == STDIO:
-        sys.stdout.buffer.write(text.encode("utf-8"))
-        sys.stdout.flush()
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_file(path, text)
-
-
-def check_outputs(args: argparse.Namespace, annotation_files: dict[str, str]) -> None:
-    """Before anything loads: `--output` and `--results_json` can be written as files (no folder, a parent that is
-    a writable folder or can be made), are not the same file, and are not, do not hold and do not lie inside any
-    input (`--input`, `--references`, `--source_annotation` files, the `--model` / `--onnx` / `--tokenizer`
-    folders). Raises `OutputPathError` naming the flags."""
-    inputs = {
-        "--input": None if args.input == STDIO else args.input,
-        "--references": args.references,
-        "--source_annotation": list(annotation_files.values()),
-        "--model": args.model,
-        "--onnx": args.onnx,
-        "--tokenizer": args.tokenizer,
-    }
-    outputs = {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}
-    for flag, path in outputs.items():
-        if path is not None:
-            check_output_file(path, flag=flag)
-            check_not_an_input(path, inputs, output_flag=flag)
-    if None not in outputs.values():
-        check_not_an_input(outputs["--results_json"], {"--output": outputs["--output"]}, output_flag="--results_json")
-        if Path(outputs["--results_json"]).absolute() == Path(outputs["--output"]).absolute():
-            raise OutputPathError("--results_json and --output name the same file.")
-
-
-def load_translation_model(args: argparse.Namespace):
-    """The model and tokenizer of `--model` or `--onnx` (exactly one), the PyTorch model quantized for the CPU with
-    `--int8` (an ONNX model then loads its int8 export)."""
-    if (args.model is None) == (args.onnx is None):
-        raise SystemExit("Pass exactly one of --model and --onnx.")
-    if args.onnx:
-        from transformers import AutoTokenizer
-
-        from ..onnx.modeling import OrtModelForSeq2SeqLM
-
-        model = OrtModelForSeq2SeqLM.from_pretrained(args.onnx, precision="int8" if args.int8 else "fp32")
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.onnx)
-    else:
-        model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, args.trust_remote_code)
-    if args.int8 and not args.onnx:
-        from ..deploy.int8 import quantize_for_cpu
-
-        quantize_for_cpu(model)
-    return model, tokenizer
-
-
-def target_language(tgt_lang: str | None, model) -> str | None:
-    """`--tgt_lang`, or when it is not given the model's one target language (`config.target_languages`, recorded
-    by train.py), or for a model saved without it the second language of a two-language model without
-    target-language tags; a model translating into several languages needs it."""
-    languages = list(getattr(model.config, "languages", None) or [])
-    targets = list(getattr(model.config, "target_languages", None) or [])
-    if tgt_lang is None and languages:
-        if len(targets) == 1:
-            tgt_lang = targets[0]
-        elif not targets and len(languages) == 2 and not getattr(model.config, "target_language_tags", False):
-            tgt_lang = languages[1]
-            logger.info("--tgt_lang not given: using %s (the model's languages are %s)", tgt_lang, languages)
-        else:
-            raise SystemExit(
-                f"This model translates into several languages ({', '.join(targets or languages)}): pass --tgt_lang."
-            )
-    return tgt_lang
-
-
 @dataclass
-class TranslationInput:
-    """The input sentences (one a line), the references they are scored against (None: not scored) and the
-    variant inputs (annotations), line-aligned with them."""
+class Tally:
+    """What the run met, for the summary and the warnings."""
 
-    sources: list[str]
-    label: str  # the input's name in messages ("stdin" for `-`)
-    references: list[str] | None
-    references_label: str | None
-    variant_inputs: dict[str, list[str]]
+    sentences: int = 0
+    empty: list[int] = field(default_factory=list)
+    too_long: list[int] = field(default_factory=list)
+    truncated: list[int] = field(default_factory=list)
+    translated: int = 0
 
 
-def read_translation_input(
-    args: argparse.Namespace,
-    jsonl: bool,
-    tgt_lang: str | None,
-    annotation_files: dict[str, str],
-    annotations_from_rows: list[str],
-) -> TranslationInput:
-    """`--input` (text or JSONL), the references (`--references`, else the target side of JSONL rows) and the
-    annotation files, each checked to have as many lines as the input."""
-    input_label = "stdin" if args.input == STDIO else args.input
-    references, references_label, variant_inputs = None, args.references, {}
-    if jsonl:
-        sources, row_references, variant_inputs, source_langs = read_jsonl_input(
-            args.input, args.src_lang, tgt_lang, annotations_from_rows
-        )
-        if source_langs:
-            logger.info("%s: source side %s", input_label, ", ".join(sorted(source_langs)))
-        if args.references is None and row_references is not None:
-            references, references_label = row_references, f"{input_label} (target side)"
-            logger.info("Scoring against the target side of the rows of %s", input_label)
+def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translator, out: StreamOutput) -> tuple:
+    """Read, translate and write the input in buffers; returns (tally, hypotheses and references when the
+    translations are scored, else None)."""
+    if args.input == STDIO:
+        reader = LineReader(sys.stdin.buffer, "stdin")
+        lines, ready = _stdin_lines(reader), reader.ready
     else:
-        sources = read_input_lines(args.input)
-    if args.references:
-        references = read_lines(args.references)
-        if len(references) != len(sources):
-            raise DataError(
-                f"{input_label} has {len(sources)} lines but {args.references} has {len(references)}; "
-                f"line {min(len(sources), len(references)) + 1} has no counterpart."
-            )
-    for name, path in annotation_files.items():
-        values = read_lines(path)
-        if len(values) != len(sources):
-            raise DataError(f"{input_label} has {len(sources)} lines but {path} has {len(values)}.")
-        variant_inputs[name] = values
-    return TranslationInput(sources, input_label, references, references_label, variant_inputs)
+        lines, ready = iter_lines(args.input), None
+    pending: dict[int, InputLine] = {}
+    tally = Tally()
+    keep_file_refs = bool(args.references)
+    keep_row_refs = plan.jsonl and not args.references
+    hyps: list[str] = []
+    file_refs: list[list[str]] = []
+    row_refs: list[str] = []
+    first_without_target: list[int] = []
 
-
-@dataclass
-class LinePlan:
-    """Which input lines are translated, and in which order."""
-
-    keep: list[int]  # the non-empty lines (0-based)
-    texts: dict[int, str]  # their stripped text
-    lengths: dict[int, int]  # their model input lengths, special tokens included
-    limit: int | None  # config.max_position_embeddings
-    too_long: list[int]  # lines longer than `limit`: an empty output line
-    order: list[int]  # the lines translated, longest first
-
-
-def plan_lines(model, tokenizer, args: argparse.Namespace, inputs: TranslationInput, tgt_lang: str | None) -> LinePlan:
-    """Warn about empty input lines and sources longer than the model's positions (both give an empty output
-    line), and order the others as evaluation.translate would batch them: longest first."""
-    sources, variant_inputs = inputs.sources, inputs.variant_inputs
-    keep = [i for i, s in enumerate(sources) if s.strip()]
-    if len(keep) < len(sources):
-        logger.warning(
-            "%d empty input lines (e.g. line %d): their output lines are empty",
-            len(sources) - len(keep),
-            next(i for i, s in enumerate(sources) if not s.strip()) + 1,
-        )
-    texts = {i: sources[i].strip() for i in keep}
-    common = dict(src_lang=args.src_lang, max_length=args.max_length)
-    if tgt_lang is not None:
-        common["tgt_lang"] = tgt_lang
-    # a source longer than the model's positions: a warning naming its line and an empty output line
-    limit = getattr(model.config, "max_position_embeddings", None)
-    lengths = dict(
-        zip(
-            keep,
-            model_input_lengths(
-                model,
-                tokenizer,
-                [texts[i] for i in keep],
-                args.batch_size,
-                variant_inputs={k: [v[i] for i in keep] for k, v in variant_inputs.items()},
-                **common,
-            ),
-        )
-    )
-    too_long = [i for i in keep if limit is not None and lengths[i] > limit]
-    for i in too_long:
-        logger.warning(
-            "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
-            "config.max_position_embeddings); its output line is empty",
-            i + 1,
-            lengths[i],
-            limit,
-        )
-    skipped = set(too_long)
-    todo = [i for i in keep if i not in skipped]
-    # the batches evaluation.translate would form: longest first, `batch_size` sentences each
-    token_counts = tokenizer([texts[i] for i in todo], add_special_tokens=True)["input_ids"] if todo else []
-    order = [todo[j] for j in sorted(range(len(todo)), key=lambda j: -len(token_counts[j]))]
-    return LinePlan(keep, texts, lengths, limit, too_long, order)
-
-
-def translate_lines(
-    model, tokenizer, args: argparse.Namespace, inputs: TranslationInput, plan: LinePlan, tgt_lang: str | None
-) -> tuple[list[str], float]:
-    """The output lines (one per input line; empty where nothing was translated) and the seconds taken: beam search
-    over the planned lines, `--batch_size` a batch, with a progress bar."""
-    outputs = [""] * len(inputs.sources)
-    order, lengths, texts, limit = plan.order, plan.lengths, plan.texts, plan.limit
-    start = time.time()
-    with progress_bar(len(order), args.no_progress, args.progress_interval) as bar:
-        for first in range(0, len(order), args.batch_size):
-            idx = order[first : first + args.batch_size]
-            # fairseq's max_len_a/b over the batch's longest source, within the model's positions
-            budget = max(1, int(args.max_len_a * max(lengths[i] for i in idx) + args.max_len_b))
-            if limit is not None:
-                budget = min(budget, max(1, limit - 1))
-            hyps = evaluation.translate(
-                model,
-                tokenizer,
-                [texts[i] for i in idx],
-                tgt_lang,
+    def requests():
+        for index, item in enumerate(iter_input(args, plan, lines)):
+            pending[index] = item
+            yield TranslationRequest(
+                item.source,
                 src_lang=args.src_lang,
-                batch_size=len(idx),
-                num_beams=args.num_beams,
-                length_penalty=args.length_penalty,
-                max_len_a=0.0,
-                max_len_b=budget,
-                max_length=args.max_length,
-                variant_inputs={k: [v[i] for i in idx] for k, v in inputs.variant_inputs.items()},
+                tgt_lang=plan.tgt_lang,
+                prefix=item.prefix or None,
+                annotations=item.annotations,
             )
-            for i, hyp in zip(idx, hyps):
-                outputs[i] = hyp.replace("\n", " ")
-            bar.update(len(idx))
-    return outputs, time.time() - start
+
+    batching = {"batch_size": args.batch_size, "max_tokens": args.max_tokens}
+    if args.batch_size is None and args.max_tokens is None:
+        batching["batch_size"] = DEFAULT_BATCH_SIZE
+    with progress_bar(plan.lines, args.no_progress, args.progress_interval) as bar:
+        results = translator.translate_stream(
+            requests(), plan.options, buffer_size=args.buffer_size, ready=ready, progress=bar.update, **batching
+        )
+        for result in results:
+            item = pending.pop(result.index)
+            line = result.index + 1
+            tally.sentences += 1
+            if result.skipped == "empty":
+                tally.empty.append(line)
+            elif result.skipped:
+                tally.too_long.append(line)
+                logger.warning(
+                    "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
+                    "config.max_position_embeddings); its output line is empty",
+                    line,
+                    result.source_tokens,
+                    plan.max_source_tokens,
+                )
+            else:
+                tally.translated += 1
+            if result.truncated:
+                tally.truncated.append(line)
+                logger.warning(
+                    "line %d: truncated from %d to %d tokens (--max_source_length)",
+                    line,
+                    result.source_tokens,
+                    args.max_source_length,
+                )
+            out.write(format_result(result, plan.output_format, args.alignments))
+            if keep_file_refs or keep_row_refs:
+                hyps.append(result.text)
+            if keep_file_refs:
+                file_refs.append(item.references)
+            if keep_row_refs:
+                if item.row_reference is None:
+                    if not first_without_target:
+                        first_without_target.append(line)
+                    keep_row_refs = keep_file_refs  # not every row has a target side: nothing to score against
+                    row_refs.clear()
+                    if not keep_file_refs:
+                        hyps.clear()
+                else:
+                    row_refs.append(item.row_reference)
+    if args.references:
+        sets = [list(refs) for refs in zip(*file_refs)] if file_refs else [[] for _ in args.references]
+        return tally, (hyps, sets, " ".join(args.references))
+    if plan.jsonl and first_without_target:
+        logger.warning(
+            "not every row of %s has a target side (line %d has none): not scoring against them",
+            plan.input_label,
+            first_without_target[0],
+        )
+    if keep_row_refs and tally.sentences:
+        return tally, (hyps, [row_refs], f"{plan.input_label} (target side)")
+    return tally, None
 
 
-def build_result(
-    args: argparse.Namespace,
-    inputs: TranslationInput,
-    plan: LinePlan,
-    outputs: list[str],
-    elapsed: float,
-    tgt_lang: str | None,
-) -> dict:
-    """The run's summary (printed as JSON and written to `--results_json`), with BLEU and chrF when there are
-    references."""
-    sources = inputs.sources
+def _stdin_lines(reader: LineReader) -> Iterator[str]:
+    try:
+        yield from reader
+    except ValueError as err:
+        raise DataError(str(err)) from None
+
+
+def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: float, engine: str) -> dict:
+    """The run's summary (printed as JSON and written to `--results_json`)."""
+    options = plan.options
     result = {
         "model": args.model or args.onnx,
         "onnx": bool(args.onnx),
-        "input": inputs.label,
+        "engine": engine,
+        "input": plan.input_label,
         "output": "stdout" if args.output == STDIO else args.output,
-        "sentences": len(sources),
-        "empty_inputs": len(sources) - len(plan.keep),
-        "too_long_inputs": len(plan.too_long),
-        "too_long_lines": [i + 1 for i in plan.too_long],
-        "max_source_tokens": plan.limit,
-        "tgt_lang": tgt_lang,
-        "num_beams": args.num_beams,
-        "length_penalty": args.length_penalty,
-        "int8": args.int8,
-        "seconds": round(elapsed, 2),
-        "sentences_per_sec": round(len(plan.order) / max(elapsed, 1e-9), 2),
+        "output_format": plan.output_format,
+        "sentences": tally.sentences,
+        "empty_inputs": len(tally.empty),
+        "too_long_inputs": len(tally.too_long),
+        "too_long_lines": tally.too_long,
+        "truncated_inputs": len(tally.truncated),
+        "truncated_lines": tally.truncated,
+        "max_source_tokens": plan.max_source_tokens,
+        "max_source_length": options.max_source_length,
+        "src_lang": args.src_lang,
+        "tgt_lang": plan.tgt_lang,
+        "num_beams": options.num_beams,
+        "nbest": options.nbest,
+        "length_penalty": options.length_penalty,
     }
-    if inputs.references is not None:
-        scores = evaluation.score(outputs, inputs.references)
+    if options.max_length is not None or options.max_new_tokens is not None:
+        result.update(max_length=options.max_length, max_new_tokens=options.max_new_tokens)
+    else:
+        result["length_rule"] = {"max_len_a": options.max_len_a, "max_len_b": options.max_len_b}
+    if options.do_sample:
         result.update(
-            references=inputs.references_label,
-            bleu=scores["bleu"],
-            chrf=scores["chrf"],
-            sacrebleu_signature=scores["sacrebleu_signature"],
-            chrf_signature=scores["chrf_signature"],
+            do_sample=True,
+            top_k=options.top_k,
+            top_p=options.top_p,
+            temperature=options.temperature,
+            seed=options.seed,
         )
+    for name in ("no_repeat_ngram_size", "repetition_penalty", "prefix"):
+        value = getattr(args, name)
+        if value is not None:
+            result[name] = value
+    if options.alignments:
+        result["alignments"] = True
+    result.update(
+        int8=args.int8,
+        seconds=round(elapsed, 2),
+        sentences_per_sec=round(tally.translated / max(elapsed, 1e-9), 2),
+    )
     return result
+
+
+def add_scores(result: dict, scored, bleu_tokenize: str) -> None:
+    """BLEU, chrF, chrF++ and TER (`evaluation.score`, sacreBLEU with signatures) of the translations against one
+    reference set or several."""
+    hyps, sets, label = scored
+    if not hyps:
+        return
+    references = sets[0] if len(sets) == 1 else sets
+    scores = evaluation.score(hyps, references, tokenize=bleu_tokenize)
+    result["references"] = label
+    result.update(scores)
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
-    if args.references == STDIO:
-        raise SystemExit("--references cannot be stdin ('-'); give a file.")
-    jsonl = is_jsonl(args.input, args.input_format)
-    annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
-    try:
-        check_outputs(args, annotation_files)
-    except OutputPathError as error:
-        build_parser().exit(2, f"error: {error}\n")
+    plan = preflight(args)
     model, tokenizer = load_translation_model(args)
-    tgt_lang = target_language(args.tgt_lang, model)
-    inputs = read_translation_input(args, jsonl, tgt_lang, annotation_files, annotations_from_rows)
-    plan = plan_lines(model, tokenizer, args, inputs, tgt_lang)
-    outputs, elapsed = translate_lines(model, tokenizer, args, inputs, plan, tgt_lang)
-    write_output(args.output, outputs)
-    result = build_result(args, inputs, plan, outputs, elapsed, tgt_lang)
+    translator = Translator(model, tokenizer)
+    start = time.time()
+    out = StreamOutput(args.output)
+    try:
+        tally, scored = translate_stream(args, plan, translator, out)
+    except BaseException:
+        out.discard()
+        raise
+    out.commit()
+    elapsed = time.time() - start
+    if plan.source_langs:
+        logger.info("%s: source side %s", plan.input_label, ", ".join(sorted(plan.source_langs)))
+    if tally.empty:
+        logger.warning(
+            "%d empty input lines (e.g. line %d): their output lines are empty", len(tally.empty), tally.empty[0]
+        )
+    result = build_result(args, plan, tally, elapsed, translator.engine.name)
+    if scored is not None:
+        add_scores(result, scored, args.bleu_tokenize)
     if args.results_json:
         Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
@@ -654,9 +995,15 @@ def main(argv=None) -> dict:
 
 
 def cli() -> None:
-    """The command line (`python -m hf_variants.training.translate`, `hf-variants-translate`)."""
-    with torch.inference_mode():
-        main()
+    """The command line (`python -m hf_variants.training.translate`, `hf-variants-translate`). Bad input ends it
+    with one line naming the flag, file or line (exit status 2), before the model loads where it can."""
+    prog = Path(sys.argv[0]).name or "translate.py"
+    try:
+        with torch.inference_mode():
+            main()
+    except (DataError, OptionError, OutputPathError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
