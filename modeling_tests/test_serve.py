@@ -165,6 +165,30 @@ def test_nbest_and_scores_equal_the_translation_core(server, reference):
     assert short["translations"] == [cut.text] and len(cut.hypotheses[0].tokens) == 3
 
 
+def test_answers_equal_the_translate_command(server, reference, model_dir, tmp_path):
+    """The server and `hf-variants-translate --nbest` (JSON Lines) print the same hypotheses for the same lines."""
+    from hf_variants.training import translate as translate_command
+
+    candidates = read_sentences("en", "val", n=20, start=80)
+    sentences = [s for s, n in zip(candidates, reference.count_tokens(candidates)) if n <= 40][:4]
+    (tmp_path / "in.en").write_text("\n".join(sentences) + "\n")
+    out = tmp_path / "out.jsonl"
+    translate_command.main(
+        ["--model", str(model_dir), "--input", str(tmp_path / "in.en"), "--output", str(out), "--num_beams", "2"]
+        + ["--nbest", "2", "--no_progress"]
+    )
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    with server.client() as client:
+        answer = translate(client, {"text": sentences, "num_beams": 2, "nbest": 2}).json()
+    assert [item["source"] for item in answer["translations"]] == [line["source"] for line in lines]
+    for item, line in zip(answer["translations"], lines):
+        assert [h["tokens"] for h in item["hypotheses"]] == [h["tokens"] for h in line["hypotheses"]]
+        assert [h["text"] for h in item["hypotheses"]] == [h["text"] for h in line["hypotheses"]]
+        assert [h["log_prob"] for h in item["hypotheses"]] == pytest.approx(
+            [h["log_prob"] for h in line["hypotheses"]], abs=1e-5
+        )
+
+
 LONG = "A man in a blue shirt is riding a red bicycle down a very long road near the big old house. " * 3
 BAD_REQUESTS = [
     # (what, request kwargs, status, error type, field or limit)
