@@ -34,7 +34,7 @@ def trained(tokenizer):
 
 @pytest.fixture(scope="module", params=list(ENGINES))
 def served(request, trained, tokenizer, tmp_path_factory):
-    """(engine, precision, server process, the core's translator of the same folder)."""
+    """(engine, precision, server process, the core's translator of the same folder, the folder)."""
     engine = request.param
     precision, extra = ENGINES[engine]
     folder = tmp_path_factory.mktemp(f"serve-{engine}") / "export"
@@ -52,11 +52,11 @@ def served(request, trained, tokenizer, tmp_path_factory):
     with ServerProcess(args + ["--max_wait_ms", "50", *extra]) as process:
         process.health = process.wait_ready()
         reference = Translator.from_pretrained(str(folder), engine=engine, precision=precision, num_threads=1)
-        yield engine, precision, process, reference
+        yield engine, precision, process, reference, folder
 
 
 def test_concurrent_clients_get_the_core_translations_of_the_engine(served):
-    engine, precision, server, reference = served
+    engine, precision, server, reference, _ = served
     assert server.health["engine"] == engine and server.health["precision"] == precision
     sentences = read_sentences("en", "val", n=40, start=100)
     jobs = [sentences[i : i + 1 + i % 3] for i in range(0, 40, 4)]
@@ -88,7 +88,7 @@ def client_info(server) -> str:
 
 
 def test_nbest_with_scores_equals_the_core(served):
-    _, _, server, reference = served
+    _, _, server, reference, _ = served
     sentences = read_sentences("en", "val", n=2, start=150)
     with server.client() as client:
         answer = client.post("/translate", json={"text": sentences, "num_beams": 3, "nbest": 3}).json()
@@ -99,3 +99,27 @@ def test_nbest_with_scores_equals_the_core(served):
             [h.log_prob for h in result.hypotheses], abs=1e-4
         )
         assert len(item["hypotheses"]) == 3
+
+
+def test_the_engine_decodes_greedy_like_torch(served, trained, tokenizer):
+    """The engine behind the server (fp32) against the torch model: the same greedy tokens under the length rule
+    (sentences of many lengths in one batch, some reaching their own limit) and under max_new_tokens, and the same
+    log-probabilities."""
+    engine, _, _, _, folder = served
+    fp32 = Translator.from_pretrained(str(folder), engine=engine, precision="fp32", num_threads=1)
+    torch_translator = Translator(trained.eval(), tokenizer)
+    sentences = read_sentences("en", "val", n=40, start=200)
+    rule = DecodeOptions(num_beams=1, scores=True)
+    for options in (rule, DecodeOptions(num_beams=1, max_new_tokens=6, scores=True)):
+        ours, theirs = torch_translator.translate(sentences, options), fp32.translate(sentences, options)
+        assert [r.hypotheses[0].tokens for r in theirs] == [r.hypotheses[0].tokens for r in ours]
+        assert [r.hypotheses[0].log_prob for r in theirs] == pytest.approx(
+            [r.hypotheses[0].log_prob for r in ours], abs=1e-4
+        )
+        if options is rule:  # outputs cut by their own sentence's limit were compared
+            limits = torch_translator.engine.length_limits(
+                torch_translator.count_tokens(sentences), torch_translator.resolve(rule)
+            )
+            reached = sum(len(r.hypotheses[0].tokens) == limit for r, limit in zip(ours, limits))
+            print(f"{reached} of {len(sentences)} outputs reached their limit")
+            assert 0 < reached < len(sentences)

@@ -5,8 +5,9 @@ and `Translator.translate` use it as they use the torch and ONNX engines.
 
 What it does like the generate() engines: sources tokenized by the export's tokenizer (target-language tags for a
 multilingual baseline, `</s>` included; truncation to `max_source_length`), the saved suppressed tokens, the length
-rule applied per sentence (sentences are decoded in groups of equal limit, `</s>` closing a hypothesis that reaches
-its limit, as the torch engine forces it), prefixes (`target_prefix`), sampling (top-k, top-p, temperature; not
+rule applied per sentence (a batch is decoded in one call up to its longest limit: a greedy output past its own
+limit is cut there, a beam search redone at it; `</s>` closes a hypothesis that reaches its limit, as the torch
+engine forces it), prefixes (`target_prefix`), sampling (top-k, top-p, temperature; not
 `seed`: CTranslate2 samples in its own threads, which a call cannot reseed), `no_repeat_ngram_size`,
 `repetition_penalty`, n-best. Its `log_prob` is the teacher-forced sum of the hypothesis' token log-probabilities
 (`score_batch`, `</s>` included) and its `score` that over length ** length_penalty, the definitions of the other
@@ -127,28 +128,47 @@ class CTranslate2Engine(Engine):
     ) -> list[list[Hypothesis]]:
         ids = self.encode_ids(requests, options.max_source_length)
         if options.max_length is not None:
-            limits, force_eos = [options.max_length - 1] * len(ids), False
+            steps, force_eos = [options.max_length - 1] * len(ids), False
         elif options.max_new_tokens is not None:
-            limits, force_eos = [options.max_new_tokens] * len(ids), False
-        else:  # the length rule: `</s>` is the last of a sentence's limit, as the torch engine forces it
-            limits, force_eos = self.length_limits([len(x) for x in ids], options), True
-        groups: dict[int, list[int]] = {}
-        for i, limit in enumerate(limits):
-            groups.setdefault(limit, []).append(i)
-        out: list[list[Hypothesis] | None] = [None] * len(requests)
-        for limit, rows in groups.items():
-            steps = limit - 1 if force_eos else limit
-            for i, hyps in zip(
-                rows, self._decode([ids[i] for i in rows], [requests[i] for i in rows], steps, force_eos, options)
-            ):
-                out[i] = hyps
-        if options.scores:
-            self._score([ids[i] for i in range(len(requests))], out, options)
-        return out  # type: ignore[return-value]
+            steps, force_eos = [options.max_new_tokens] * len(ids), False
+        else:  # the length rule: `</s>` is the last of a sentence's limit (its L-th token), as torch forces it
+            steps, force_eos = [limit - 1 for limit in self.length_limits([len(x) for x in ids], options)], True
+        eos = self.tokenizer.convert_ids_to_tokens(self.config.eos_token_id)
 
-    def _decode(
-        self, sources, requests, steps: int, force_eos: bool, options: DecodeOptions
-    ) -> list[list[Hypothesis]]:
+        def body(tokens: list[str]) -> list[str]:
+            return tokens[:-1] if tokens and tokens[-1] == eos else tokens
+
+        # one call up to the longest limit; a sentence whose output passed its own limit: greedy (and sampling)
+        # tokens before the limit do not depend on it, so it is cut there; beam search is redone at its limit
+        raw = self._decode(ids, requests, max(steps, default=0), options)
+        redo: dict[int, list[int]] = {}
+        for i, hyps in enumerate(raw):
+            if any(len(body(tokens)) > steps[i] for tokens in hyps):
+                if options.beams == 1:
+                    raw[i] = [body(tokens)[: steps[i]] if len(body(tokens)) > steps[i] else tokens for tokens in hyps]
+                else:
+                    redo.setdefault(steps[i], []).append(i)
+        for limit, rows in redo.items():
+            for i, hyps in zip(
+                rows, self._decode([ids[i] for i in rows], [requests[i] for i in rows], limit, options)
+            ):
+                raw[i] = hyps
+        out = []
+        for hyps in raw:
+            sentence = []
+            for tokens in hyps:
+                if force_eos and (not tokens or tokens[-1] != eos):
+                    tokens = [*tokens, eos]  # the length rule's limit: `</s>` closes it
+                token_ids = self.tokenizer.convert_tokens_to_ids(tokens)
+                text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+                sentence.append(Hypothesis(text=text, tokens=tokens, token_ids=token_ids))
+            out.append(sentence)
+        if options.scores:
+            self._score(ids, out, options)
+        return out
+
+    def _decode(self, sources, requests, steps: int, options: DecodeOptions) -> list[list[list[str]]]:
+        """CTranslate2's tokens of `options.nbest` hypotheses per source, at most `steps` tokens before `</s>`."""
         source_tokens = [self.tokenizer.convert_ids_to_tokens(x) for x in sources]
         prefixes = [self.tokenizer.convert_ids_to_tokens(self.prefix_ids(r.prefix)) for r in requests]
         kwargs = {
@@ -174,19 +194,7 @@ class CTranslate2Engine(Engine):
         if any(prefixes):
             kwargs["target_prefix"] = [p or None for p in prefixes]
         results = self.translator.translate_batch(source_tokens, **kwargs)
-        eos = self.tokenizer.convert_ids_to_tokens(self.config.eos_token_id)
-        batch = []
-        for result in results:
-            hyps = []
-            for tokens in result.hypotheses[: options.nbest]:
-                tokens = list(tokens)
-                if force_eos and (not tokens or tokens[-1] != eos):
-                    tokens.append(eos)  # the length rule's limit: `</s>` closes it (torch forces it as the last token)
-                token_ids = self.tokenizer.convert_tokens_to_ids(tokens)
-                text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
-                hyps.append(Hypothesis(text=text, tokens=tokens, token_ids=token_ids))
-            batch.append(hyps)
-        return batch
+        return [[list(tokens) for tokens in result.hypotheses[: options.nbest]] for result in results]
 
     def _score(self, sources: list[list[int]], hypotheses: list[list[Hypothesis]], options: DecodeOptions) -> None:
         pairs = [(s, h) for s, hyps in zip(sources, hypotheses) for h in hyps]

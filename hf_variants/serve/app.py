@@ -15,9 +15,9 @@ cannot make the server work, whatever the browser does with the answer); listed 
 preflight answers. A server bound to a loopback address answers only requests whose `Host` is a loopback name (or
 listed in `--allowed_hosts`): a page cannot reach it through a DNS name rebound to 127.0.0.1.
 
-Each translate request is checked (`limits.py`), its sentences counted in tokens (a tokenizer of its own, in a
-thread of its own: tokenizers are not shared across threads), queued in the batcher (`batcher.py`) and answered
-with the core's results. Every refusal is a JSON error naming the field or the limit.
+Each translate request is checked (`limits.py`), its sentences counted in tokens (on the event loop's thread, with
+a tokenizer of its own: a fast tokenizer is not shared across threads), queued in the batcher (`batcher.py`) and
+answered with the core's results. Every refusal is a JSON error naming the field or the limit.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from urllib.parse import urlsplit
@@ -175,7 +174,6 @@ class ServerState:
         )
         self.metrics.watch(self.batcher)
         self.counter: Translator | None = None
-        self._count_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-variants-serve-tokenize")
         self.token_limit: int | None = None
         self.info: dict = {}
 
@@ -187,7 +185,7 @@ class ServerState:
             await self.batcher.start(lambda i: self.loader(self.settings))
             loop = asyncio.get_running_loop()
             first = self.batcher.translators[0]
-            self.counter = await loop.run_in_executor(self._count_executor, counting_translator, first)
+            self.counter = await loop.run_in_executor(None, counting_translator, first)
             self.token_limit = self._token_limit(first)
             languages = first.languages
             self.info = {
@@ -245,7 +243,6 @@ class ServerState:
         self.status = "stopping"
         self.metrics.ready.set(0)
         await self.batcher.stop()
-        self._count_executor.shutdown(wait=False)
 
     # -------------------------------------------------------------------------------------------- translate
     async def translate(self, request: Request) -> Response:
@@ -264,9 +261,9 @@ class ServerState:
             message = str(error)
             name = next((n for n in ("src_lang", "tgt_lang") if message.startswith(n)), "tgt_lang")
             raise ApiError(422, "invalid_request", message, field=name) from None
-        loop = asyncio.get_running_loop()
-        lengths = await loop.run_in_executor(self._count_executor, self.counter.count_tokens, requests)
-        lengths = self.check_lengths(parsed, lengths)
+        # counted here, on the event loop's thread, the only one using this tokenizer (a thread hop would cost more
+        # than tokenizing a request's sentences)
+        lengths = self.check_lengths(parsed, self.counter.count_tokens(requests))
         work = asyncio.ensure_future(
             self.batcher.translate(requests, lengths, options, key, timeout=self.limits.request_timeout_s)
         )
