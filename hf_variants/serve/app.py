@@ -103,7 +103,12 @@ def default_allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> tuple[st
 
 def load_translator(settings: ServeSettings) -> Translator:
     """The translation core's translator of `settings.model` on its engine (called once per worker, in the
-    worker's own thread)."""
+    worker's own thread). `num_threads` also caps torch's own threads on every engine: the ONNX Runtime engine runs
+    transformers' generation loop, whose torch operations would otherwise take every core beside the engine's."""
+    if settings.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.num_threads)
     return Translator.from_pretrained(
         settings.model, engine=settings.engine, precision=settings.precision, num_threads=settings.num_threads
     )
