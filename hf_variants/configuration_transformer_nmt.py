@@ -299,11 +299,14 @@ class TransformerNmtConfig(PretrainedConfig):
             `Seq2SeqTrainer`, pass it through `compute_loss` rather than `label_smoothing_factor`, which recomputes
             the loss from the logits and drops the variants' auxiliary losses.
         languages (`list[str]`): language codes a multilingual model knows; index = task / language id.
+        source_languages (`list[str]`): the languages the model translates from (a subset of `languages`; the
+            training code records its run's sources). `[]`: not recorded (then: `languages` without the recorded
+            targets, or all of them). `check_languages` refuses any other source.
         target_languages (`list[str]`): the languages the model translates into (a subset of `languages`; the
-            training code records its run's targets). With exactly one, the model needs no target language from
-            the caller: `generate`, the pipeline, `prepare_translation_inputs` and `model(**batch)` (a
-            `Seq2SeqTrainer` batch without `tgt_lang_ids`) use it. `[]`: not recorded (a model with several
-            target-language rows then needs `tgt_lang`).
+            training code records its run's targets; `check_languages` refuses any other). With exactly one, the
+            model needs no target language from the caller: `generate`, the pipeline, `prepare_translation_inputs`
+            and `model(**batch)` (a `Seq2SeqTrainer` batch without `tgt_lang_ids`) use it. `[]`: not recorded (a
+            model with several target-language rows then needs `tgt_lang`).
         target_language_tags (`bool`): prepend a `<2xx>` target-language tag to every source sentence.
     """
 
@@ -353,6 +356,7 @@ class TransformerNmtConfig(PretrainedConfig):
         **dict.fromkeys(("activation_function", "position_embedding_type", "init_method"), (STR,)),
         **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"), (INT, NONE)),
         "languages": (STR_LIST,),
+        "source_languages": (STR_LIST,),
         "target_languages": (STR_LIST,),
         "custom_pipelines": (DICT,),
     }
@@ -454,6 +458,7 @@ class TransformerNmtConfig(PretrainedConfig):
         init_std: float = 0.02,
         label_smoothing: float = 0.0,
         languages: list[str] | None = None,
+        source_languages: list[str] | None = None,
         target_languages: list[str] | None = None,
         target_language_tags: bool = False,
         use_cache: bool = True,
@@ -494,6 +499,7 @@ class TransformerNmtConfig(PretrainedConfig):
         self.init_std = init_std
         self.label_smoothing = label_smoothing
         self.languages = _as_list(languages) if languages is not None else []
+        self.source_languages = _as_list(source_languages) if source_languages is not None else []
         self.target_languages = _as_list(target_languages) if target_languages is not None else []
         self.target_language_tags = target_language_tags
         self.use_cache = use_cache
@@ -605,13 +611,14 @@ class TransformerNmtConfig(PretrainedConfig):
             "a list of distinct non-empty language codes",
             self.languages,
         )
-        _check(
-            all(lang in self.languages for lang in self.target_languages)
-            and len(set(self.target_languages)) == len(self.target_languages),
-            "target_languages",
-            f"distinct codes of `languages`={self.languages}",
-            self.target_languages,
-        )
+        for name in ("source_languages", "target_languages"):
+            value = getattr(self, name)
+            _check(
+                all(lang in self.languages for lang in value) and len(set(value)) == len(value),
+                name,
+                f"distinct codes of `languages`={self.languages}",
+                value,
+            )
         _check(
             not self.target_language_tags or len(self.languages) > 0,
             "target_language_tags",
@@ -648,6 +655,35 @@ class TransformerNmtConfig(PretrainedConfig):
             known = ", ".join(self.languages) if self.languages else "none: this model is not multilingual"
             raise ValueError(f"Unknown language {lang!r}; this model knows: {known}.")
         return self.languages.index(lang)
+
+    def translation_languages(self) -> tuple[list[str], list[str]]:
+        """(source languages, target languages) the model was trained for: `source_languages` and
+        `target_languages` where the training code recorded them; unrecorded targets are all `languages`, unrecorded
+        sources are `languages` without the recorded targets (a one-direction model), or all of them. Both empty
+        for a model without a language list (a bilingual model that names no languages)."""
+        languages = list(self.languages or [])
+        targets = list(getattr(self, "target_languages", None) or []) or languages
+        sources = list(getattr(self, "source_languages", None) or [])
+        if not sources:
+            rest = [lang for lang in languages if lang not in (getattr(self, "target_languages", None) or [])]
+            sources = rest or languages
+        return sources, targets
+
+    def check_languages(self, src_lang: str | None = None, tgt_lang: str | None = None) -> None:
+        """Refuse a source or target language the model was not trained for (`translation_languages`), with a
+        `ValueError` naming the argument and the model's languages: a one-direction en->fr model asked for
+        `tgt_lang="en"` would otherwise translate into French and label it English. A model without a language
+        list takes no language codes to check (None passes)."""
+        if not self.languages:
+            return
+        sources, targets = self.translation_languages()
+        direction = f"this model translates from {sources} into {targets}"
+        if tgt_lang is not None and tgt_lang not in targets:
+            raise ValueError(f"tgt_lang={tgt_lang!r} is not a target language of this model: {direction}.")
+        if src_lang is not None and src_lang not in sources:
+            raise ValueError(f"src_lang={src_lang!r} is not a source language of this model: {direction}.")
+        if src_lang is not None and src_lang == tgt_lang:
+            raise ValueError(f"src_lang and tgt_lang are both {src_lang!r}: {direction}, not within one language.")
 
     def default_target_language(self) -> str | None:
         """The language this model translates into when the caller names none: the one entry of

@@ -136,6 +136,73 @@ class TokenSuppressionLogitsProcessor(LogitsProcessor):
         return scores.index_fill(-1, ids, -math.inf) if ids.numel() else scores
 
 
+# ----------------------------------------------------------------------------------------------------- lengths
+def _length_rule_values(value, where: str, base: tuple[float, int, int] | None = None) -> tuple[float, int, int]:
+    """(a, b, cap) from a length rule dict (`LENGTH_RULE_KEYS`): all three keys, or with `base` any of them (the
+    others from `base`); a ValueError naming `where` otherwise."""
+    names = set(value) if isinstance(value, dict) else set()
+    ok = isinstance(value, dict) and (
+        names == set(LENGTH_RULE_KEYS) or (base is not None and names <= set(LENGTH_RULE_KEYS))
+    )
+    if ok:
+        a, b, cap = (value.get(key, default) for key, default in zip(LENGTH_RULE_KEYS, base or (None,) * 3))
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in (a, b, cap))
+        ok = ok and all(isinstance(x, int) for x in (b, cap)) and cap > 0
+    if not ok:
+        keys = "some of " if base is not None else ""
+        raise ValueError(
+            f"{where} must be a dict with {keys}{{'max_len_a': float >= 0, 'max_len_b': int >= 0, "
+            f"'max_new_tokens': int > 0}} (a sentence gets at most min(a * its source length + b, max_new_tokens) "
+            f"new tokens), got {value!r}."
+        )
+    return float(a), b, cap
+
+
+def sentence_limits(rule: tuple[float, int, int], source_lengths: Sequence[int], positions: int) -> list[int]:
+    """Each sentence's new-token limit under the length rule (a, b, cap): min(a * its own source length + b, cap,
+    `positions`), at least 1. The limit counts the end token: a sentence that reaches it ends with EOS there."""
+    a, b, cap = rule
+    return [max(1, min(int(a * length + b), cap, positions)) for length in source_lengths]
+
+
+class SentenceLengthLogitsProcessor(LogitsProcessor):
+    """The length rule per sentence: row r (of sentence r // (rows / sentences): beams and returned sequences
+    follow their sentence) must end with EOS by its `limits[r]`-th new token, so at that step every other token is
+    set to -inf (fairseq forces EOS at its max length the same way). A sentence's translation then depends on its
+    own source only, never on the longest source of its batch. `prompt_length`: the decoder prompt's length (new
+    tokens are counted after it). No host synchronisation: the steps before the shortest limit return the scores
+    untouched, the others mask on the device."""
+
+    def __init__(self, limits: Sequence[int], eos_token_id: int, prompt_length: int = 1):
+        self.limits = [int(limit) for limit in limits]
+        self.eos_token_id, self.prompt_length = int(eos_token_id), int(prompt_length)
+        self.first = min(self.limits) if self.limits else 0
+        self._rows = {}  # (rows, device) -> the limits per row
+        self._others = {}  # (vocabulary size, device) -> [1, vocabulary] True except at EOS
+
+    def row_limits(self, rows: int, device=None) -> torch.Tensor:
+        """The limit of each of `rows` rows (each sentence's repeated over its rows)."""
+        key = (rows, device)
+        if key not in self._rows:
+            if rows % len(self.limits):
+                raise ValueError(f"{rows} rows are not whole sentences of a batch of {len(self.limits)}.")
+            limits = torch.tensor(self.limits, dtype=torch.long, device=device)
+            self._rows[key] = limits.repeat_interleave(rows // len(self.limits))
+        return self._rows[key]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        position = input_ids.shape[-1] - self.prompt_length + 1  # the new token chosen now is the position-th
+        if position < self.first:
+            return scores
+        ending = (self.row_limits(scores.shape[0], scores.device) <= position)[:, None]
+        key = (scores.shape[-1], scores.device)
+        if key not in self._others:
+            others = torch.ones(1, scores.shape[-1], dtype=torch.bool, device=scores.device)
+            others[0, self.eos_token_id] = False
+            self._others[key] = others
+        return scores.masked_fill(ending & self._others[key], -math.inf)
+
+
 # ------------------------------------------------------------------------------------------------ language inputs
 def _one_target_hint(config: TransformerNmtConfig) -> str:
     """For an error asking for the target language: how a model trained in one direction stops asking."""
@@ -202,24 +269,15 @@ class TransformerNmtGenerationMixin(GenerationMixin):
     default_length = (2.0, 10, 256)
     paper_decoding = {"num_beams": 4, "length_penalty": 0.6}
 
-    def length_rule(self) -> tuple[float, int, int]:
+    def length_rule(self, override: dict | None = None) -> tuple[float, int, int]:
         """(a, b, cap) of the length rule: `generation_config.length_rule` (`{"max_len_a": a, "max_len_b": b,
-        "max_new_tokens": cap}`), or `default_length` for a generation config saved without one."""
+        "max_new_tokens": cap}`), or `default_length` for a generation config saved without one; `override` (a
+        `generate(length_rule=...)` argument: some or all of the three keys) replaces the saved values it names."""
         saved = getattr(self.generation_config, "length_rule", None)
-        if saved is None:
-            return self.default_length
-        ok = isinstance(saved, dict) and set(saved) == set(LENGTH_RULE_KEYS)
-        if ok:
-            a, b, cap = (saved[key] for key in LENGTH_RULE_KEYS)
-            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in (a, b, cap))
-            ok = ok and all(isinstance(x, int) for x in (b, cap)) and cap > 0
-        if not ok:
-            raise ValueError(
-                f"generation_config.length_rule must be {{'max_len_a': float >= 0, 'max_len_b': int >= 0, "
-                f"'max_new_tokens': int > 0}} (new tokens = min(a * source length + b, max_new_tokens)), got "
-                f"{saved!r}."
-            )
-        return float(a), b, cap
+        rule = self.default_length if saved is None else _length_rule_values(saved, "generation_config.length_rule")
+        if override is not None:
+            rule = _length_rule_values(override, "length_rule", base=rule)
+        return rule
 
     def _unchosen_max_length(self) -> bool:
         """Whether the model's own generation config holds a `max_length` nobody chose: transformers' default
@@ -278,9 +336,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         if tgt_lang is None:  # a single-direction model's one target (None: several, or none recorded)
             tgt_lang = self.config.default_target_language()
         tgt_langs = self._target_languages(tgt_lang, len(texts))
-        if self.config.languages:
-            for lang in ([src_lang] if src_lang else []) + (tgt_langs or []):
-                self.config.language_id(lang)  # raises on unknown languages
+        for lang in dict.fromkeys(tgt_langs or [None]):  # languages the model was not trained for are refused
+            self.config.check_languages(src_lang=src_lang, tgt_lang=lang)
         if self.config.target_language_tags:
             if tgt_langs is None:
                 raise ValueError(
@@ -366,6 +423,7 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         and beam search alike (`_beam_search`), for every model type, with the tokens of the default dynamic cache.
         On CUDA a static cache alone turns the compilation on (transformers' rule)."""
         check_generation_supported()
+        rule_override = kwargs.pop("length_rule", None)
         source = next(
             (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
         )
@@ -380,6 +438,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             if source is None:
                 raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
             langs = self._target_languages(tgt_lang, source.shape[0])
+            for lang in dict.fromkeys(langs):
+                self.config.check_languages(tgt_lang=lang)
             kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
         if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
             logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
@@ -406,9 +466,23 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                     f"`{name}={value}` asks for more target positions than this model has "
                     f"(max_position_embeddings={limit})."
                 )
-        if not lengths and source is not None:
-            a, b, cap = self.length_rule()
-            kwargs["max_new_tokens"] = min(int(a * source.shape[1] + b), cap, limit)
+        if rule_override is not None:
+            given = [name for name in ("max_length", "max_new_tokens") if kwargs.get(name) is not None]
+            if given:
+                raise ValueError(f"Pass either `length_rule` or `{given[0]}` to generate, not both.")
+            if source is None:
+                raise ValueError("`length_rule` needs the source `input_ids` (or `inputs_embeds`) to measure.")
+        if (rule_override is not None or not lengths) and source is not None:
+            a, b, cap = self.length_rule(rule_override)
+            limits = sentence_limits((a, b, cap), self._source_lengths(source, kwargs), limit)
+            kwargs["max_new_tokens"] = max(limits)
+            eos = self.generation_config.eos_token_id
+            eos = self.config.eos_token_id if eos is None else eos
+            prompt = kwargs.get("decoder_input_ids")
+            processor = SentenceLengthLogitsProcessor(
+                limits, eos[0] if isinstance(eos, (list, tuple)) else eos, 1 if prompt is None else prompt.shape[-1]
+            )
+            kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), processor])
             if unchosen:
                 logger.warning_once(
                     f"generation_config.max_length={TRANSFORMERS_DEFAULT_MAX_LENGTH} is transformers' default (a "
@@ -425,6 +499,17 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         finally:
             if unchosen:
                 self.generation_config.max_length = TRANSFORMERS_DEFAULT_MAX_LENGTH
+
+    def _source_lengths(self, source: torch.Tensor, kwargs: dict) -> list[int]:
+        """Each source's length in tokens, for the length rule: its attention mask's sum, else its tokens that are
+        not padding (`input_ids` without a mask), else the padded length."""
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            return mask.sum(-1).tolist()
+        pad = self.config.pad_token_id
+        if source.dim() == 2 and not source.is_floating_point() and pad is not None:
+            return (source != pad).sum(-1).tolist()
+        return [source.shape[1]] * source.shape[0]
 
     def _get_logits_processor(self, *args, **kwargs) -> LogitsProcessorList:
         """transformers' processor list, with its token-suppression processors merged into one that copies the

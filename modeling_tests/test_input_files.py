@@ -189,12 +189,7 @@ def test_translate_reads_bom_input(tmp_path, tiny_model_dir):
     for name in ("src.en", "src.en.gz", "src.jsonl"):
         lines = [json.dumps({"text": s}) for s in sentences] if name.endswith(".jsonl") else sentences
         path = str(write(tmp_path / name, lines))
-        read = (
-            translate.read_jsonl_input(path, None, None, [])[0]
-            if name.endswith(".jsonl")
-            else translate.read_input_lines(path)
-        )
-        assert read == sentences, name
+        assert list(translate.iter_lines(path)) == lines, name  # read lazily, the BOM dropped
         translate.main(["--model", str(model_dir), "--input", path, "--output", str(tmp_path / f"out.{name}"), *gen])
         assert (tmp_path / f"out.{name}").read_text(encoding="utf-8") == expected, name
     proc = subprocess.run(
@@ -253,14 +248,15 @@ def test_translate_prints_progress_lines_when_stderr_is_a_pipe(tiny_model_dir, t
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
-    assert [line.split()[1] for line in lines] == ["2/5", "4/5", "5/5"]  # the empty line is not translated
-    assert lines[-1].startswith("progress: 5/5 sentences (100%), ") and lines[-1].endswith("ETA 0:00:00")
+    # the empty line is done without the model, then the batches of two
+    assert [line.split()[1] for line in lines] == ["1/6", "3/6", "5/6", "6/6"]
+    assert lines[-1].startswith("progress: 6/6 sentences (100%), ") and lines[-1].endswith("ETA 0:00:00")
     assert all(" sentences/s, elapsed " in line for line in lines)
     assert "translating" not in proc.stderr and "\r" not in proc.stderr  # no bar
     translate.main(command[2:] + ["--progress_interval", "0", "--no_progress"])  # stderr: pytest's capture
     assert "progress: " not in capsys.readouterr().err
     translate.main(command[2:] + ["--progress_interval", "0"])
-    assert "progress: 5/5 sentences (100%)" in capsys.readouterr().err
+    assert "progress: 6/6 sentences (100%)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         translate.build_parser().parse_args(
             ["--model", "m", "--input", "i", "--output", "o", "--progress_interval", "-1"]

@@ -206,3 +206,43 @@ def test_training_evaluation_uses_bleu_tokenize(tokenizer, capsys):
     assert "|tok:char|" in result["sacrebleu_signature"]
     french = evaluation.score(hyps[4:], [e["reference"] for e in result["examples"]][4:], tokenize="char")
     assert result["per_direction"]["en-fr"] == {k: french[k] for k in ("bleu", "chrf", "chrfpp", "ter")} | {"pairs": 4}
+
+
+def test_translate_multi_reference_scores_equal_the_sacrebleu_command_line(tokenizer, tmp_path):
+    """`hf-variants-translate --references REF1 REF2 --bleu_tokenize intl`: the results JSON's BLEU, chrF, chrF++ and
+    TER and their signatures are those of `sacrebleu REF1 REF2 -i HYP` on the files it wrote."""
+    from trained_tiny import trained_baseline
+
+    from hf_variants.training import translate
+
+    model = trained_baseline(tokenizer, steps=150)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    refs = read_sentences("de", "val", n=8)
+    paths = {"src": tmp_path / "src.en", "ref1": tmp_path / "ref1.de", "ref2": tmp_path / "ref2.de"}
+    for name, lines in (("src", read_sentences("en", "val", n=8)), ("ref1", refs), ("ref2", _perturbed(refs, 1))):
+        paths[name].write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    hyp, results = tmp_path / "hyp.de", tmp_path / "results.json"
+    translate.main(
+        ["--model", str(tmp_path / "model"), "--input", str(paths["src"]), "--output", str(hyp)]
+        + ["--references", str(paths["ref1"]), str(paths["ref2"]), "--bleu_tokenize", "intl"]
+        + ["--num_beams", "1", "--results_json", str(results), "--no_progress"]
+    )
+    got = json.loads(results.read_text())
+
+    def cli(*flags):
+        command = [sys.executable, "-m", "sacrebleu", str(paths["ref1"]), str(paths["ref2"]), "-i", str(hyp)]
+        out = subprocess.run([*command, "-f", "json", "-w", "6", *flags], capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout)
+        return {entry["name"]: entry for entry in (result if isinstance(result, list) else [result])}
+
+    main, plus = cli("-m", "bleu", "chrf", "ter", "-tok", "intl"), cli("-m", "chrf", "--chrf-word-order", "2")
+    for key, entry in (
+        ("bleu", main["BLEU"]),
+        ("chrf", main["chrF2"]),
+        ("ter", main["TER"]),
+        ("chrfpp", plus["chrF2++"]),
+    ):
+        assert got[key] == pytest.approx(entry["score"], abs=1e-5), key
+        assert got["sacrebleu_signature" if key == "bleu" else f"{key}_signature"] == entry["signature"], key
+    assert "nrefs:2|" in got["sacrebleu_signature"] and "|tok:intl|" in got["sacrebleu_signature"]

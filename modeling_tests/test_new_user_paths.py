@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -357,3 +358,22 @@ def test_wheel_install_has_every_console_script(tmp_path, checkout_wheel):
     assert "--source_column" in helped.stdout and "--train_file" in helped.stdout
     helped = subprocess.run(["hf-variants-train", "--help"], capture_output=True, text=True, cwd=outside, env=env)
     assert helped.returncode == 0 and "--dataset_name" in helped.stdout, helped.stderr[-3000:]
+
+
+def test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment():
+    """.ci/run does what the README's two set-up commands do (CI sees what a newcomer sees): a fresh virtual
+    environment, the same installs, and exactly the README's test command."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Set-up (two commands)", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, blocks
+    install, test = (block.strip() for block in blocks)
+    steps = [step.strip() for step in install.split("&&")]
+    assert steps[:2] == ["python3 -m venv .venv", ". .venv/bin/activate"], steps
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert re.search(r'python3 -m venv "\$WORK/venv"\n(?:#.*\n)*\. "\$WORK/venv/bin/activate"', ci)
+    for step in steps[2:]:
+        if step.startswith("pip install"):
+            assert f"python -m pip install --quiet {step.removeprefix('pip install ')}" in ci, step
+    assert test == "python -m pytest modeling_tests -q"
+    assert re.search(r"\n\s+python -m pytest modeling_tests -q\n", ci)

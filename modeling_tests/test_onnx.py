@@ -157,6 +157,23 @@ def test_fp32_generate_equals_torch(exported, tokenizer):
             or not bound
         )
     assert expected.shape[1] > 8  # decoded past a few steps
+    # the length rule per sentence (eos forced at each sentence's own limit) on the bound search and the loop
+    rule = {"max_len_a": 0.4, "max_len_b": 2}
+    lengths = inputs["attention_mask"].sum(-1).tolist()
+    for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, length_rule=rule, **settings)
+        got = ort.generate(**ort_inputs, length_rule=rule, **settings)
+        assert torch.equal(got, expected), settings
+        assert ort.last_decoding["path"] == ("bound_greedy" if settings["num_beams"] == 1 else "bound_beam") or not (
+            ort.shared_cache_graph is not None
+        ), ort.last_decoding
+        loop = ort.generate(**ort_inputs, length_rule=rule, return_dict_in_generate=True, **settings)
+        assert torch.equal(loop.sequences, expected), settings
+        eos = model.config.eos_token_id
+        for row, length in zip(expected.tolist(), lengths):  # at most its own limit, eos included
+            generated = row[1 : row.index(eos) + 1] if eos in row[1:] else row[1:]
+            assert len(generated) <= int(0.4 * length + 2), (row, length)
     for settings in (
         dict(do_sample=True, top_k=20, temperature=0.8, max_new_tokens=12),  # same seed, same draws
         dict(num_beams=3, max_length=7),
@@ -530,8 +547,96 @@ def test_translate_cli_onnx(baseline_export, tokenizer, tmp_path, capfd):
         assert result["onnx"] == (name == "onnx")
     assert outputs["onnx"] == outputs["torch"] and len(outputs["torch"].splitlines()) == 4
     assert "length_penalty" not in capfd.readouterr().err  # greedy search is given no length penalty
-    with pytest.raises(SystemExit, match="exactly one of --model and --onnx"):
+    from hf_variants.training.corpus import DataError
+
+    with pytest.raises(DataError, match="exactly one of --model and --onnx"):
         translate.main(["--model", str(model_dir), "--onnx", str(folder), "--input", str(src), "--output", "x"])
+
+
+def _requests(sentences, langs, prefixes=None):
+    from hf_variants.inference import TranslationRequest
+
+    prefixes = prefixes or [None] * len(sentences)
+    return [
+        TranslationRequest(s, tgt_lang=langs[i % len(langs)] if langs else None, prefix=p)
+        for i, (s, p) in enumerate(zip(sentences, prefixes))
+    ]
+
+
+def test_translation_core_on_onnx_equals_torch(exported, tokenizer):
+    """The translation core (`Translator`) on ONNX Runtime fp32 and on the torch model, for every model type: the
+    same n-best lists (texts; scores and log-probabilities within 1e-4), the same prefixed translations (prefixes of
+    different lengths in one batch, greedy and beam), token batches equal to sentence batches, sampling
+    reproducible from its seed; alignments refused naming the option."""
+    from hf_variants.inference import DecodeOptions, OptionError, Translator
+
+    model, _, fp32, _, langs = exported
+    on_torch, on_ort = Translator(model, tokenizer), Translator(fp32, tokenizer)
+    assert on_ort.engine.name == "onnx" and on_torch.engine.name == "torch"
+    requests = _requests(SENTENCES, langs)
+    options = DecodeOptions(num_beams=3, nbest=3, scores=True, max_len_a=0.5, max_len_b=4)
+    want = on_torch.translate(requests, options)
+    got = on_ort.translate(requests, options, max_tokens=40)
+    for a, b in zip(want, got):
+        assert [h.text for h in a.hypotheses] == [h.text for h in b.hypotheses]
+        assert [h.score for h in a.hypotheses] == pytest.approx([h.score for h in b.hypotheses], abs=1e-4)
+        assert [h.log_prob for h in a.hypotheses] == pytest.approx([h.log_prob for h in b.hypotheses], abs=1e-4)
+    prefixed = _requests(SENTENCES[:4], langs, ["Ein", "", "Zwei Männer", "Eine Frau mit"])
+    for beams in (1, 2):
+        options = DecodeOptions(num_beams=beams, max_len_a=0.5, max_len_b=6)
+        texts = [r.text for r in on_ort.translate(prefixed, options)]
+        assert texts == [r.text for r in on_torch.translate(prefixed, options)]
+    sample = DecodeOptions(do_sample=True, nbest=2, top_k=10, seed=5, max_len_a=0.5, max_len_b=4)
+    first = [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]
+    assert first == [[h.text for h in r.hypotheses] for r in on_ort.translate(requests, sample)]
+    with pytest.raises(OptionError, match="alignments: the onnx engine returns no attentions"):
+        on_ort.translate(requests, DecodeOptions(alignments=True))
+
+
+def test_cli_pipeline_and_onnx_translate_alike_at_any_batch_size(baseline_export, tokenizer, tmp_path):
+    """Greedy search on the 1,000 test sentences with a length rule that binds on many sentences (a = 0.8, b = 2,
+    where a rule over the batch's longest source changed them): the translate command (batch size 64), its --onnx
+    path, the translation core at batch sizes 7 and 1 (the first 100; the rule saved in the model) and the pipeline
+    (batch size 64) give identical lines."""
+    from hf_variants.inference import DecodeOptions, Translator
+    from hf_variants.training import translate
+
+    model, folder = baseline_export
+    model = copy.deepcopy(model)
+    model.generation_config.num_beams = 1
+    model.generation_config.length_rule = {"max_len_a": 0.8, "max_len_b": 2, "max_new_tokens": 256}
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    sources = read_sentences("en", "test_2016_flickr", n=1000)
+    src = tmp_path / "src.en"
+    src.write_text("\n".join(sources) + "\n")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        lines = {}
+        for name, extra in (
+            ("torch", ["--model", str(model_dir)]),
+            ("onnx", ["--onnx", str(folder), "--tokenizer", str(model_dir)]),
+        ):
+            # the export keeps the generation config it was made with: the rule named on both command lines
+            rule = ["--max_len_a", "0.8", "--max_len_b", "2", "--num_beams", "1"]
+            result = translate.main(
+                [*extra, *rule, "--input", str(src), "--output", str(tmp_path / name), "--no_progress"]
+            )
+            assert result["length_rule"] == {"max_len_a": 0.8, "max_len_b": 2} and result["num_beams"] == 1
+            lines[name] = (tmp_path / name).read_text().splitlines()
+        assert lines["onnx"] == lines["torch"] and len(set(lines["torch"])) > 900
+        translator = Translator(model, tokenizer)
+        at_7 = translator.translate(sources, DecodeOptions(), batch_size=7)
+        alone = translator.translate(sources[:100], DecodeOptions(), batch_size=1)
+        piped = pipeline("translation", model=model, tokenizer=tokenizer)(sources, batch_size=64)
+    finally:
+        torch.set_num_threads(threads)
+    assert [r.text for r in at_7] == lines["torch"]
+    assert [r.text for r in alone] == lines["torch"][:100]
+    assert [r["translation_text"].strip() for r in piped] == lines["torch"]  # the pipeline: the same rule per sentence
+    assert sum(len(r.hypotheses[0].token_ids) == int(0.8 * r.source_tokens + 2) for r in at_7) > 100  # it binds
 
 
 def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):

@@ -207,15 +207,16 @@ def test_single_direction_mimo_generates_without_tgt_lang(tokenizer):
 
 def test_translate_cli_target_from_the_recorded_targets():
     """translate.py without --tgt_lang: the one recorded target; a two-direction model asks for it."""
-    from types import SimpleNamespace
 
+    from hf_variants.inference.translator import check_request_languages
     from hf_variants.training.translate import target_language
 
-    one = SimpleNamespace(config=TiedTransformerConfig(languages=["en", "fr"], target_languages=["en"]))
+    one = TiedTransformerConfig(languages=["en", "fr"], target_languages=["en"])
     assert target_language(None, one) == "en"
-    both = SimpleNamespace(config=TiedTransformerConfig(languages=["en", "fr"], target_languages=["en", "fr"]))
-    with pytest.raises(SystemExit, match="pass --tgt_lang"):
-        target_language(None, both)
+    both = TiedTransformerConfig(languages=["en", "fr"], target_languages=["en", "fr"])
+    assert target_language(None, both) is None
+    with pytest.raises(ValueError, match=r"tgt_lang: this model translates into several languages \(en, fr\)"):
+        check_request_languages(both)
     assert target_language("fr", both) == "fr"
 
 

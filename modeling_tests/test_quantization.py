@@ -204,6 +204,12 @@ def test_translate_script_int8(tokenizer, tmp_path):
             str(tmp_path / "hyp.de"),
             "--num_beams",
             "2",
+            "--length_penalty",
+            "0.6",
+            "--max_len_a",
+            "1.2",
+            "--max_len_b",
+            "10",
             "--int8",
         ]
     )

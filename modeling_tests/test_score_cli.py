@@ -172,3 +172,31 @@ def test_languages_are_checked_before_loading(tokenizer, files, tmp_path, capsys
     err = _refused([*common, "--tgt_lang", "de", "--src_lang", "yy"], capsys, monkeypatch)
     assert "--src_lang 'yy'" in err
     assert "pass --tgt_lang" in _refused(common, capsys, monkeypatch)
+
+
+def test_scores_of_nbest_hypotheses_are_their_log_probs(model_dir, tokenizer, files, tmp_path):
+    """`hf-variants-translate --nbest 3` then `hf-variants-score` of every hypothesis against its source: each score
+    is the `log_prob` the n-best list reported (1e-4), wherever the hypothesis' text tokenizes back to its tokens."""
+    from hf_variants.training import translate
+
+    sources = files["sources"][:4]
+    out = tmp_path / "nbest.jsonl"
+    translate.main(
+        ["--model", str(model_dir), "--input", str(write(tmp_path / "in.en", sources)), "--output", str(out)]
+        + ["--nbest", "3", "--num_beams", "3", "--no_progress"]
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    hyps = [(row["source"], hyp) for row in rows for hyp in row["hypotheses"]]
+    assert len(hyps) == 12
+    score.main(
+        ["--model", str(model_dir), "--source", str(write(tmp_path / "s", [s for s, _ in hyps]))]
+        + ["--target", str(write(tmp_path / "t", [h["text"] for _, h in hyps])), "--output", str(tmp_path / "o")]
+        + ["--no_progress"]
+    )
+    scores = [json.loads(line) for line in (tmp_path / "o").read_text().splitlines()]
+    ids = tokenizer(text_target=[h["text"] for _, h in hyps])["input_ids"]
+    same = [k for k, (_, h) in enumerate(hyps) if tokenizer.convert_ids_to_tokens(ids[k]) == h["tokens"]]
+    assert len(same) >= 8
+    for k in same:
+        assert scores[k]["log_prob"] == pytest.approx(hyps[k][1]["log_prob"], abs=1e-4)
+        assert scores[k]["tokens"] == len(hyps[k][1]["tokens"])

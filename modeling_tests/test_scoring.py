@@ -218,7 +218,7 @@ def test_score_of_a_hypothesis_is_its_nbest_log_prob(case, tokenizer):
     langs = _langs(case, N)
     requests = [TranslationRequest(s, tgt_lang=langs[i] if langs else None) for i, s in enumerate(SOURCES)]
     for options in (
-        DecodeOptions(num_beams=4, nbest=4, scores=True, max_new_tokens=16),
+        DecodeOptions(num_beams=4, nbest=4, scores=True),
         DecodeOptions(num_beams=1, scores=True),
     ):
         results = translator.translate(requests[:6], options)
@@ -244,28 +244,63 @@ def test_score_of_a_hypothesis_is_its_nbest_log_prob(case, tokenizer):
 
 @pytest.fixture(scope="module")
 def onnx_export(tokenizer, tmp_path_factory):
-    """The trained tiny baseline exported with its fp32 and int8 graphs (the shared-cache step graph included)."""
+    """The trained tiny Tied Transformer (the target language an input of every graph) exported with its fp32 and
+    int8 graphs, the scoring graph included (the shared-cache step graph left out: `test_onnx` covers it)."""
     from hf_variants.onnx.export import export
 
     folder = tmp_path_factory.mktemp("scoring") / "onnx"
-    export(trained("transformer_nmt", tokenizer), tokenizer, folder, int8=True, progress=False)
+    export(
+        trained("tied_nmt", tokenizer), tokenizer, folder, int8=True, progress=False, shared_cache=False, scoring=True
+    )
     return folder
 
 
-def test_onnx_scores_equal_torch(onnx_export, tokenizer):
-    """ONNX Runtime fp32 (the step graph over the target) scores every pair as torch does (1e-4), in order, with
-    sentence and token batches; int8 scores are close (its weights are rounded) and in the same order."""
-    model = trained("transformer_nmt", tokenizer)
-    expected = _score("transformer_nmt", model, tokenizer)
+@pytest.mark.parametrize("graph", ["scoring", "step"])
+def test_onnx_scores_equal_torch(onnx_export, tokenizer, graph, monkeypatch):
+    """ONNX Runtime fp32 scores every pair (into two target languages, in one batch) as torch does (1e-4), in order,
+    with sentence and token batches: on the scoring graph (the whole target in one run) and on the step graph (one
+    position at a time); int8 scores are close (its weights are rounded) and rank the pairs alike."""
+    from hf_variants.onnx.modeling import OrtModelForSeq2SeqLM
+
+    calls = []
+    if graph == "step":
+        monkeypatch.setattr(OrtModelForSeq2SeqLM, "has_scoring_graph", property(lambda self: False))
+    else:
+        original = OrtModelForSeq2SeqLM.token_log_probs
+        monkeypatch.setattr(
+            OrtModelForSeq2SeqLM, "token_log_probs", lambda *a, **k: calls.append(1) or original(*a, **k)
+        )
+    model = trained("tied_nmt", tokenizer)
+    expected = _score("tied_nmt", model, tokenizer)
     fp32 = Translator.from_pretrained(str(onnx_export), engine="onnx", num_threads=1)
     for kwargs in (dict(batch_size=3), dict(batch_size=None, max_tokens=50)):
-        got = _score("transformer_nmt", fp32, None, **kwargs)
+        got = _score("tied_nmt", fp32, None, **kwargs)
         assert [s.tokens for s in got] == [s.tokens for s in expected]
         assert [s.log_prob for s in got] == pytest.approx([s.log_prob for s in expected], abs=1e-4)
-    int8 = _score(
-        "transformer_nmt", Translator.from_pretrained(str(onnx_export), engine="onnx", precision="int8"), None
-    )
+    assert bool(calls) == (graph == "scoring")
+    int8 = _score("tied_nmt", Translator.from_pretrained(str(onnx_export), engine="onnx", precision="int8"), None)
     assert summarize(int8).ppl == pytest.approx(summarize(expected).ppl, rel=0.05)
     ranks = sorted(range(N), key=lambda i: expected[i].log_prob / expected[i].tokens)
     int8_ranks = sorted(range(N), key=lambda i: int8[i].log_prob / int8[i].tokens)
     assert sum(a == b for a, b in zip(ranks, int8_ranks)) >= N // 2
+
+
+def test_onnx_scoring_graph_manifest_and_command(onnx_export, tokenizer, tmp_path):
+    """The manifest names the scoring graph and its inputs (the target language last); `hf-variants-score --onnx`
+    scores pairs into French as torch does."""
+    import json
+
+    from hf_variants.training import score
+
+    manifest = json.loads((onnx_export / "onnx_manifest.json").read_text())
+    assert manifest["scoring"]["graphs"] == {"fp32": "scoring_model.onnx", "int8": "scoring_model_int8.onnx"}
+    names = [v["name"] for v in manifest["scoring"]["io"]["inputs"]]
+    assert names == ["input_ids", "attention_mask", "decoder_input_ids", "labels", "tgt_lang_ids"]
+    expected = _score("tied_nmt", trained("tied_nmt", tokenizer), tokenizer)
+    idx = [i for i in range(N) if _langs("tied_nmt", N)[i] == "fr"]
+    (tmp_path / "s").write_text("".join(SOURCES[i] + "\n" for i in idx))
+    (tmp_path / "t").write_text("".join(TARGETS["fr"][i] + "\n" for i in idx))
+    args = ["--onnx", str(onnx_export), "--source", str(tmp_path / "s"), "--target", str(tmp_path / "t")]
+    score.main([*args, "--tgt_lang", "fr", "--output", str(tmp_path / "o.jsonl"), "--no_progress"])
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["log_prob"] for r in rows] == pytest.approx([expected[i].log_prob for i in idx], abs=1e-4)

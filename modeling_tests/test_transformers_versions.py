@@ -161,3 +161,29 @@ def test_saved_under_one_version_decodes_identically_under_the_other(tokenizer, 
     # and the two versions agree with each other on the same weights
     assert saved_there["ids"] == here["ids"]
     assert any(len(set(map(tuple, ids))) > 1 for per_type in here["ids"].values() for ids in per_type.values())
+
+
+def test_every_internal_names_existing_guarding_tests():
+    """docs/transformers-internals.md: every row names at least one guarding test, and every test it names as
+    `file.py::name` exists (a renamed test would leave an internal unguarded without anyone noticing)."""
+    import re
+
+    doc = (REPO_ROOT / "docs" / "transformers-internals.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and not line.startswith("| internal")]
+    rows = [row for row in rows if not set(row) <= set("|- ")]
+    assert len(rows) >= 12
+    named = 0
+    for row in rows:
+        guards = row.rstrip(" |").rsplit("|", 1)[-1]
+        references = re.findall(r"`([\w.]+\.py)::(\w+)`", guards)
+        assert references or "peer" in guards, row
+        last_file = None
+        for file, name in references:
+            last_file = file
+            source = (REPO_ROOT / "modeling_tests" / file).read_text()
+            assert re.search(rf"def {name}\(", source), f"{file}::{name} (in docs/transformers-internals.md)"
+            named += 1
+        for name in re.findall(r"`::(\w+)`", guards):  # `::name` continues the previous file
+            assert last_file and re.search(rf"def {name}\(", (REPO_ROOT / "modeling_tests" / last_file).read_text())
+            named += 1
+    assert named >= 20

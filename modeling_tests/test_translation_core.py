@@ -353,7 +353,9 @@ def test_languages_are_checked_against_the_model(tokenizer):
     )
     translator = Translator(TransformerNmtForConditionalGeneration(config).eval(), tokenizer)
     assert translator.languages == {"source": ["en"], "target": ["fr"]}
-    with pytest.raises(ValueError, match=r"requests\[0\]: tgt_lang='en': this model translates en -> fr"):
+    with pytest.raises(
+        ValueError, match=r"requests\[0\]: tgt_lang='en' is not a target language of this model: .* into \['fr'\]"
+    ):
         translator.translate([TranslationRequest("A dog.", tgt_lang="en")])
     with pytest.raises(ValueError, match=r"src_lang='fr'"):
         translator.translate([TranslationRequest("Un chien.", src_lang="fr")])
@@ -367,3 +369,36 @@ def test_languages_are_checked_against_the_model(tokenizer):
     with pytest.raises(ValueError, match="tgt_lang: this model translates into several languages"):
         tied.check_request(TranslationRequest("A dog."))
     tied.check_request(TranslationRequest("A dog.", tgt_lang="de"))
+
+
+def test_a_plain_transformers_model_gets_the_same_rule_per_sentence(tokenizer):
+    """A seq2seq model without the package's generate (transformers' MarianMTModel, trainable with
+    `--model_type marian`): the core applies the length rule per sentence with the model code's processor; greedy
+    outputs do not depend on the batch, and every hypothesis stays within its own sentence's limit."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=len(tokenizer),
+        decoder_vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=None,
+    )
+    translator = Translator(MarianMTModel(config).eval(), tokenizer)
+    assert not translator.engine._length_rule_kwarg
+    options = DecodeOptions(num_beams=1, max_len_a=0.5, max_len_b=2)
+    one = translator.translate(SOURCES, options, batch_size=1)
+    assert texts_of(translator.translate(SOURCES, options, batch_size=12)) == texts_of(one)
+    lengths = translator.count_tokens(SOURCES)
+    assert all(len(r.hypotheses[0].token_ids) <= int(0.5 * n + 2) for r, n in zip(one, lengths))
+    assert any(len(r.hypotheses[0].token_ids) == int(0.5 * n + 2) for r, n in zip(one, lengths))  # it binds

@@ -215,6 +215,13 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub):  #
     assert (tmp_path / "hyp.fr").read_text().count("\n") == 8
     assert (tmp_path / "runs" / "en-fr-flat" / "model" / "config.json").is_file()
     assert namespace["results"]["train_pairs"] == 48  # train_on_datasets
+    # section 8: n-best lists, prefixes, alignments, the Python API
+    nbest = [json.loads(line) for line in (tmp_path / "nbest.jsonl").read_text().splitlines()]
+    assert len(nbest) == 8 and all(len(row["hypotheses"]) == 4 for row in nbest)
+    prefixed = (tmp_path / "prefixed.fr").read_text().splitlines()
+    assert len(prefixed) == 8 and all(line.startswith("Un homme") for line in prefixed[::2])
+    assert all(" ||| " in line for line in (tmp_path / "aligned.fr").read_text().splitlines())
+    assert [len(r.hypotheses) for r in namespace["translations"]] == [2, 2]
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5

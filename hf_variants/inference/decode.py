@@ -26,9 +26,11 @@ streaming), so every engine gets the same behaviour:
 
 Prefixes are forced fairseq-style by a logits processor (`PrefixLogitsProcessor`): at each step below a row's prefix
 length every other token is masked, so positions, the cache and the other rows of the batch are untouched, and beam
-scores carry the prefix tokens' real log-probabilities. The default output limit is the length rule per sentence:
-each row's own source length (its attention mask) sets its limit, `min(a * length + b, cap, positions)` new tokens,
-`</s>` forced at the last one (`SourceLengthLimit`), so a translation does not depend on its batch.
+scores carry the prefix tokens' real log-probabilities. The default output limit is the length rule per sentence,
+defined once in the model code (`generation_transformer_nmt`): each row's own source length (its attention mask)
+sets its limit, `min(a * length + b, cap, positions)` new tokens, `</s>` forced at the last one; the core passes
+`generate(length_rule={"max_len_a": a, "max_len_b": b})` (a model without that argument gets the model code's
+`SentenceLengthLogitsProcessor`), so a translation does not depend on its batch.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..generation_transformer_nmt import SentenceLengthLogitsProcessor, sentence_limits
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 # engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
@@ -134,14 +137,6 @@ class Engine(ABC):
 DEFAULT_LENGTH_RULE = (2.0, 10, 256)
 
 
-def length_limit(source_length: int, options: DecodeOptions, cap: int, positions: int | None) -> int:
-    """The length rule for one sentence: at most min(a * source length + b, cap, positions) new tokens (at least
-    1), `</s>` included (`options.max_len_a` / `max_len_b` resolved)."""
-    limit = max(1, int(options.max_len_a * source_length + options.max_len_b))
-    limit = min(limit, cap)
-    return min(limit, positions) if positions else limit
-
-
 # ----------------------------------------------------------------------------------------------- logits processors
 class PrefixLogitsProcessor:
     """Forces each row's prefix tokens: at generated position t < len(prefix), every token but prefix[t] gets -inf.
@@ -168,29 +163,6 @@ class PrefixLogitsProcessor:
         scores = scores.clone()
         scores[rows_t] = -math.inf
         scores[rows_t, tokens_t] = kept
-        return scores
-
-
-class SourceLengthLimit:
-    """The length rule per sentence: a row whose sentence's limit is L new tokens gets `</s>` forced as its L-th
-    token (every other token -inf; `</s>` keeps its score, or 0 where another rule suppressed it). Rows are sentences
-    x `expand`, in order."""
-
-    def __init__(self, limits: Sequence[int], expand: int, eos_token_id: int, start: int = 1):
-        self.limits = list(limits)
-        self.expand, self.eos, self.start = expand, eos_token_id, start
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        step = input_ids.shape[-1] - self.start  # tokens generated so far; the next is number step + 1
-        rows = [r for r in range(input_ids.shape[0]) if step + 1 >= self.limits[r // self.expand]]
-        if not rows:
-            return scores
-        rows_t = torch.tensor(rows, device=scores.device)
-        kept = scores[rows_t, self.eos]
-        kept = kept.masked_fill(kept == -math.inf, 0.0)  # `</s>` suppressed by another rule: the limit wins
-        scores = scores.clone()
-        scores[rows_t] = -math.inf
-        scores[rows_t, self.eos] = kept
         return scores
 
 
@@ -249,7 +221,7 @@ class GenerateEngine(Engine):
         self.tokenizer = tokenizer
         self.config = model.config
         self.generation_config = model.generation_config
-        self._length_rule_kwarg = _generate_takes(model, "length_rule")
+        self._length_rule_kwarg = _takes_length_rule(model)
 
     # ----------------------------------------------------------------------------------------------- inputs
     def encode(self, requests: Sequence[TranslationRequest], max_source_length: int | None = None) -> dict:
@@ -309,17 +281,12 @@ class GenerateEngine(Engine):
             kwargs["max_length"] = options.max_length
         elif options.max_new_tokens is not None:
             kwargs["max_new_tokens"] = options.max_new_tokens
-        elif self._length_rule_kwarg:  # the model applies the rule per sentence itself
-            _, _, cap = self.length_rule()
-            kwargs["length_rule"] = {
-                "max_len_a": options.max_len_a,
-                "max_len_b": options.max_len_b,
-                "max_new_tokens": cap,
-            }
-        else:
+        elif self._length_rule_kwarg:  # the model applies the rule per sentence itself (generate's length_rule=)
+            kwargs["length_rule"] = {"max_len_a": options.max_len_a, "max_len_b": options.max_len_b}
+        else:  # a model without it (a plain transformers seq2seq model): the same rule, from the model code
             limits = self.length_limits(inputs["attention_mask"].sum(-1).tolist(), options)
             kwargs["max_new_tokens"] = max(limits)
-            processors.append(SourceLengthLimit(limits, expand, self.config.eos_token_id))
+            processors.append(SentenceLengthLogitsProcessor(limits, self.config.eos_token_id))
         prefixes = [self.prefix_ids(r.prefix) for r in requests]
         if any(prefixes):
             processors.append(PrefixLogitsProcessor(prefixes, expand))
@@ -332,10 +299,11 @@ class GenerateEngine(Engine):
         return kwargs
 
     def length_limits(self, source_lengths: Sequence[int], options: DecodeOptions) -> list[int]:
-        """Each sentence's new-token limit under the length rule (`length_limit`)."""
+        """Each sentence's new-token limit under the length rule with `options`' a and b and the saved cap
+        (`sentence_limits` of the model code: min(a * length + b, cap, positions), `</s>` included)."""
         _, _, cap = self.length_rule()
-        positions = getattr(self.config, "max_position_embeddings", None)
-        return [length_limit(n, options, cap, positions) for n in source_lengths]
+        positions = getattr(self.config, "max_position_embeddings", None) or cap
+        return sentence_limits((options.max_len_a, options.max_len_b, cap), source_lengths, positions)
 
     def _run_generate(self, inputs: dict, kwargs: dict):
         with torch.inference_mode():
@@ -444,9 +412,12 @@ class GenerateEngine(Engine):
         return values
 
 
-def _generate_takes(model, name: str) -> bool:
+def _takes_length_rule(model) -> bool:
+    """Whether `model.generate` applies a call's `length_rule=` per sentence (hf_variants models: their
+    `length_rule(override)` reads it)."""
+    method = getattr(model, "length_rule", None)
     try:
-        return name in inspect.signature(model.generate).parameters
+        return callable(method) and "override" in inspect.signature(method).parameters
     except (TypeError, ValueError):
         return False
 
@@ -521,11 +492,9 @@ __all__ = [
     "GenerateEngine",
     "OnnxEngine",
     "PrefixLogitsProcessor",
-    "SourceLengthLimit",
     "TorchEngine",
     "engine_class",
     "engine_for",
     "hard_alignment",
-    "length_limit",
     "word_indices",
 ]

@@ -20,9 +20,10 @@ language tags, `tgt_lang_ids`, MG-SA's phrase inputs from the `annotations`).
 Pairs are scored in length-sorted batches (`batching.length_sorted_batches`: `batch_size` pairs, or `max_tokens`:
 pairs x the longest of their longer sides), the results returned in input order; batches of similar lengths waste
 little on padding. Engines: those of `decode` (the torch model in one forward over the whole target; ONNX Runtime,
-fp32 or int8: the exported step graph over the target, one position at a time). A pair with a side longer than the
-model's positions (`config.max_position_embeddings`, special tokens included) is not scored: its `PairScore` has
-`log_prob=None` and `too_long=True`.
+fp32 or int8: the exported step graph over the target, one position at a time, or with a folder exported with
+`--scoring_graph` its scoring graph, the whole target in one run: `token_log_probs`). A pair with a side longer
+than the model's positions (`config.max_position_embeddings`, special tokens included) is not scored: its
+`PairScore` has `log_prob=None` and `too_long=True`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 from .batching import check_batching, length_sorted_batches
 from .requests import TranslationRequest
 
-__all__ = ["PairScore", "ScoreSummary", "engine_of", "score_pairs", "summarize", "target_ids"]
+__all__ = ["PairScore", "ScoreSummary", "engine_of", "score_pairs", "summarize", "target_ids", "token_log_probs"]
 
 
 @dataclass
@@ -130,6 +131,33 @@ def target_ids(tokenizer, targets: Sequence[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(text_target=list(targets))["input_ids"]]
 
 
+def token_log_probs(
+    engine, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]]
+) -> list[list[float]]:
+    """Each target token's log-probability given its source: the engine's `token_log_probs` (what decoding reports),
+    or for an ONNX Runtime model exported with `--scoring_graph` its scoring graph (the whole target in one run
+    instead of the step graph one position at a time; the same numbers in fp32, up to float rounding)."""
+    model = getattr(engine, "model", None)
+    if not getattr(model, "has_scoring_graph", False) or not targets:
+        return engine.token_log_probs(requests, targets)
+    import torch
+
+    inputs = engine.encode(requests)
+    config = engine.config
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    width = max(1, max(len(t) for t in targets))
+    decoder = torch.full((len(targets), width), pad, dtype=torch.long)
+    labels = torch.full((len(targets), width), -100, dtype=torch.long)
+    for r, target in enumerate(targets):
+        decoder[r, 0] = config.decoder_start_token_id
+        if len(target) > 1:
+            decoder[r, 1 : len(target)] = torch.tensor(target[:-1])
+        if target:
+            labels[r, : len(target)] = torch.tensor(target)
+    values = model.token_log_probs(**inputs, decoder_input_ids=decoder, labels=labels)
+    return [values[r, : len(t)].tolist() for r, t in enumerate(targets)]
+
+
 def score_pairs(
     model: Any,
     sources: Sequence[str],
@@ -188,7 +216,7 @@ def score_pairs(
     widths = [max(source_lengths[i], len(ids[i])) for i in todo]
     for batch in length_sorted_batches(widths, batch_size, max_tokens):
         rows = [todo[j] for j in batch]
-        values = engine.token_log_probs([requests[i] for i in rows], [ids[i] for i in rows])
+        values = token_log_probs(engine, [requests[i] for i in rows], [ids[i] for i in rows])
         for i, per_token in zip(rows, values):
             results[i] = PairScore(math.fsum(per_token), len(ids[i]), list(per_token) if token_scores else None)
         if progress is not None:

@@ -38,17 +38,19 @@ DEFAULT_BUFFER_SIZE = 1024  # requests read ahead by translate_stream (a pipe's 
 
 # ------------------------------------------------------------------------------------------------------ languages
 def model_languages(config) -> tuple[list[str], list[str]]:
-    """(source languages, target languages) a model was trained for, from its config: `config.source_languages`
-    where recorded, else its `languages` that are not targets (all of them for a model translating both ways); the
-    targets are `config.target_languages`, or for a two-language model saved without them and without
-    target-language tags its second language. Empty lists: the model records no languages."""
+    """(source languages, target languages) a model was trained for: the config's `translation_languages()`
+    (hf_variants configs), else its `source_languages` / `target_languages` where recorded, the targets defaulting
+    to all its `languages` and the sources to those that are not targets (all of them for a model translating both
+    ways). Empty lists: the model records no languages."""
+    method = getattr(config, "translation_languages", None)
+    if callable(method):
+        sources, targets = method()
+        return list(sources), list(targets)
     languages = list(getattr(config, "languages", None) or [])
-    targets = list(getattr(config, "target_languages", None) or [])
-    if not targets and len(languages) == 2 and not getattr(config, "target_language_tags", False):
-        targets = [languages[1]]
-    targets = targets or languages
+    recorded = list(getattr(config, "target_languages", None) or [])
+    targets = recorded or languages
     sources = list(getattr(config, "source_languages", None) or [])
-    sources = sources or [lang for lang in languages if lang not in targets] or languages
+    sources = sources or [lang for lang in languages if lang not in recorded] or languages
     return sources, targets
 
 
@@ -72,9 +74,16 @@ def check_languages(config, src_lang: str | None = None, tgt_lang: str | None = 
 
 
 def default_target_language(config) -> str | None:
-    """The target language when a request names none: the model's one target (None: several, or none recorded)."""
+    """The target language when a request names none: the model's one target; for a two-language model saved before
+    target languages were recorded (and without target-language tags), its second language; else None."""
     _, targets = model_languages(config)
-    return targets[0] if len(targets) == 1 else None
+    if len(targets) == 1:
+        return targets[0]
+    languages = list(getattr(config, "languages", None) or [])
+    recorded = getattr(config, "target_languages", None)
+    if not recorded and len(languages) == 2 and not getattr(config, "target_language_tags", False):
+        return languages[1]
+    return None
 
 
 def check_request_languages(config, src_lang: str | None = None, tgt_lang: str | None = None) -> None:
@@ -267,7 +276,8 @@ class Translator:
     ) -> list[TranslationResult]:
         """Translate `requests` (strings or `TranslationRequest`s) in length-sorted batches of `batch_size`
         sentences or `max_tokens` tokens; one result per request, in input order. `progress(n)` is called after
-        each batch with the number of sentences it held."""
+        each batch with the number of sentences it held (and once with the number of empty and too-long sources,
+        which need no model)."""
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         prepared = [self._prepared(TranslationRequest.of(r), i) for i, r in enumerate(requests)]
@@ -330,6 +340,8 @@ class Translator:
                 todo.append(i)
                 effective[i] = length
         self._check_prefixes(stripped, todo, effective, options, offset)
+        if progress is not None and len(todo) < len(requests):
+            progress(len(requests) - len(todo))  # empty and too-long sources: done without the model
         for batch in length_sorted_batches([effective[i] for i in todo], batch_size, max_tokens):
             idx = [todo[j] for j in batch]
             hypotheses = self.engine.translate_batch([stripped[i] for i in idx], options)

@@ -144,6 +144,20 @@ def _never(settings: dict) -> np.ndarray:
     return np.flatnonzero(np.asarray(settings["inputs"]["vocab_mask"]) == 0)
 
 
+def _sentence_limits(settings: dict) -> np.ndarray | None:
+    """Each sentence's new-token limit under the length rule (`SentenceLengthLogitsProcessor`), or None."""
+    limits = settings.get("sentence_limits")
+    return None if limits is None else np.asarray(limits, dtype=np.int64)
+
+
+def _force_end(scores: np.ndarray, ending: np.ndarray, eos: int) -> None:
+    """The length rule's step in place: the rows `ending` (booleans) may only choose eos."""
+    if ending.any():
+        kept = scores[ending, eos]
+        scores[ending] = -np.inf
+        scores[ending, eos] = kept
+
+
 def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.Tensor:
     """Greedy search from the start tokens of `step` (beam width 1), with `settings`
     (`decoding.search_settings`' mapping). Returns the sequences [rows, length] as transformers returns
@@ -153,7 +167,7 @@ def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.
     activations are quantized per batch)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
     eos, fill, max_length = attributes["eos_token_id"], settings["fill"], inputs["max_length"]
-    min_length, never = inputs["min_length"], _never(settings)
+    min_length, never, limits = inputs["min_length"], _never(settings), _sentence_limits(settings)
     rows = step.cache.rows
     sequences = np.full((rows, max(max_length, 1)), fill, dtype=np.int64)
     sequences[:, 0] = step.tokens[:, 0]
@@ -166,6 +180,8 @@ def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.
             scores[:, never] = -np.inf
         if width < min_length:
             scores[:, eos] = -np.inf
+        if limits is not None:  # the width-th new token (after the start token): eos where a row's limit is reached
+            _force_end(scores, limits[alive] <= width, eos)
         chosen = np.where(running, scores.argmax(1), fill)
         sequences[alive, width] = chosen
         width += 1
@@ -382,7 +398,7 @@ def beam_search(
     after each hypothesis' end; as wide as the longest returned hypothesis)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
     eos, max_length, min_length = attributes["eos_token_id"], inputs["max_length"], inputs["min_length"]
-    penalty, beams = float(inputs["length_penalty"]), inputs["num_beams"]
+    penalty, beams, limits = float(inputs["length_penalty"]), inputs["num_beams"], _sentence_limits(settings)
     rows, vocab = step.scores.shape
     sentences, keep = rows // beams, 2 * beams  # transformers keeps (1 + number of eos ids) * num_beams candidates
     prompt = 1  # the start token
@@ -415,6 +431,19 @@ def beam_search(
         else:
             step.run()
         values, indices = head_run.run(at_first)
+        if limits is not None:  # the length rule: a sentence at its limit gets eos as its only candidate
+            ending = np.repeat(limits[alive] <= length - prompt + 1, beams)
+            if ending.any():
+                logits = (first.scores if at_first else step.scores).astype(np.float64)
+                rows_logits = logits[np.flatnonzero(ending) // beams] if at_first else logits[ending]
+                peak = rows_logits.max(1, keepdims=True)
+                eos_scores = rows_logits[:, eos] - (peak[:, 0] + np.log(np.exp(rows_logits - peak).sum(1)))
+                values, indices = values.copy(), indices.copy()
+                if at_first:  # only the first beam of a sentence holds candidates at the first step
+                    eos_scores = np.where(np.flatnonzero(ending) % beams == 0, eos_scores, -np.inf)
+                values[ending] = -np.inf
+                values[ending, 0] = eos_scores
+                indices[ending] = eos
         suppressed[eos] = eos_suppressed or length < min_length
         # the sentence's top `keep` of log-probability + beam score, as transformers' topk over num_beams * vocab
         accumulated = np.where(suppressed[indices], -np.inf, values) + running_scores.reshape(-1, 1)

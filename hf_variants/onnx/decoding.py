@@ -117,9 +117,10 @@ def choose(
     return Decision(path, f"{mode} search on the shared-cache step graph, inputs and outputs bound once", settings)
 
 
-def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[set, int]:
+def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[set, int, list[int] | None]:
     """What the logits processors of a `generate()` call do, as the bound search's settings: (token ids never
-    generated, the length before which eos is suppressed). Raises Unsupported for anything else."""
+    generated, the length before which eos is suppressed, each sentence's new-token limit of the length rule or
+    None). Raises Unsupported for anything else."""
     from transformers.generation.logits_process import (
         MinLengthLogitsProcessor,
         MinNewTokensLengthLogitsProcessor,
@@ -127,11 +128,15 @@ def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[se
         SuppressTokensLogitsProcessor,
     )
 
-    from ..generation_transformer_nmt import TokenSuppressionLogitsProcessor
+    from ..generation_transformer_nmt import SentenceLengthLogitsProcessor, TokenSuppressionLogitsProcessor
 
-    suppressed, min_length, rules = set(), 0, []
+    suppressed, min_length, rules, limits = set(), 0, [], None
     for processor in logits_processor:
-        if type(processor) is TokenSuppressionLogitsProcessor:
+        if type(processor) is SentenceLengthLogitsProcessor:
+            if processor.eos_token_id != eos or processor.prompt_length != 1 or limits is not None:
+                raise Unsupported("a length rule with another end token, a decoder prompt or twice")
+            limits = list(processor.limits)
+        elif type(processor) is TokenSuppressionLogitsProcessor:
             rules += [(ids.tolist(), length) for ids, length in processor.rules]
         elif type(processor) is SuppressTokensLogitsProcessor:
             rules.append((processor.suppress_tokens.reshape(-1).tolist(), None))
@@ -152,7 +157,7 @@ def _processor_settings(logits_processor, vocab_size: int, eos: int) -> tuple[se
             min_length = max(min_length, int(length))  # eos suppressed while the sequence is shorter
         else:
             raise Unsupported(f"tokens {ids} suppressed up to a length (the bound search suppresses only eos so)")
-    return suppressed, min_length
+    return suppressed, min_length, limits
 
 
 def search_settings(
@@ -160,7 +165,8 @@ def search_settings(
 ) -> dict:
     """The bound search's settings for a `generate()` call that transformers prepared: {"inputs": max_length,
     min_length, num_beams, num_return_sequences, length_penalty, vocab_mask (0 = never generated)}, {"attributes":
-    eos_token_id, decoder_start_token_id}, "fill" (the id after a finished hypothesis, as transformers pads).
+    eos_token_id, decoder_start_token_id}, "fill" (the id after a finished hypothesis, as transformers pads),
+    "sentence_limits" (each sentence's new-token limit under the length rule, eos forced there; or None).
     Raises Unsupported naming the first thing the bound search does not implement."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
@@ -181,7 +187,7 @@ def search_settings(
     if eos is None or eos.numel() != 1:
         raise Unsupported(f"eos_token_id={config.eos_token_id} (the bound search takes exactly one end token)")
     eos = int(eos.reshape(-1)[0])
-    suppressed, min_length = _processor_settings(logits_processor, vocab_size, eos)
+    suppressed, min_length, limits = _processor_settings(logits_processor, vocab_size, eos)
     for criterion in stopping_criteria:
         if type(criterion) is EosTokenCriteria and criterion.eos_token_id.reshape(-1).tolist() == [eos]:
             continue
@@ -211,4 +217,5 @@ def search_settings(
         },
         "attributes": {"eos_token_id": eos, "decoder_start_token_id": int(input_ids[0, 0])},
         "fill": fill,
+        "sentence_limits": limits,
     }

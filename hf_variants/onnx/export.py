@@ -1,7 +1,7 @@
 """Export any hf_variants model to ONNX (two or three graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]]
-        [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
+        [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache] [--scoring_graph]
 
 Two graphs (three with fused decoder self-attention), all traced through the model's public forward (`get_encoder()`,
 then the model with `encoder_outputs`, `cache` as an `EncoderDecoderCache` and `use_cache=True`) by the
@@ -31,6 +31,14 @@ table):
   `shared_cache` names the files, inputs and outputs, or why the graph is not written (the modules left generic).
   The step graph is written either way: the loop of the model types without the shared-cache graph reads it, as
   any consumer on plain onnxruntime can.
+
+`--scoring_graph` also writes `scoring_model.onnx` (scoring graph, for forced decoding of given pairs:
+`hf-variants-score --onnx`): the whole model over a whole target in one run. `input_ids`, `attention_mask`, the
+source graph's variant inputs, `decoder_input_ids` [batch, target] (the start token, then the target but its last
+token) and `labels` [batch, target] (the target's token ids, any valid id at padded positions) -> `token_log_probs`
+[batch, target]: each label's log-softmax of the raw logits (what the step graph gives one position at a time,
+without the [batch, target, vocabulary] logits leaving the graph). The manifest's `scoring` names it (and its int8
+copy).
 
 Attention fusion (default; `--no_fuse_attention` turns it off): every attention module computing plain scaled
 dot-product attention is exported as ONE `com.microsoft::MultiHeadAttention` node of ONNX Runtime (`attention`:
@@ -103,6 +111,7 @@ GRAPH_FILES = {
     "int8": ("encoder_model_int8.onnx", "decoder_model_int8.onnx"),
 }
 SHARED_CACHE_FILES = {"fp32": "decoder_model_shared_cache.onnx", "int8": "decoder_model_shared_cache_int8.onnx"}
+SCORING_FILES = {"fp32": "scoring_model.onnx", "int8": "scoring_model_int8.onnx"}
 SHARED_CACHE_OP = "com.microsoft::DecoderMaskedMultiHeadAttention"
 SHARED_CACHE_INPUTS = ["past_sequence_length", "beam_width", "cache_indirection"]
 # the manifest's shared_cache["cross_attention"]: the graph takes the source padding and the cross-attention
@@ -262,6 +271,31 @@ class SharedCacheStepGraph(StepGraph):
         buffers = [(tensors[2 * i], tensors[2 * i + 1]) for i in range(n)]
         past_sequence_length, beam_width, cache_indirection = tensors[2 * n : 2 * n + 3]
         return SharedBufferCache(buffers, past_sequence_length, beam_width, cache_indirection), 2 * n + 3
+
+
+class ScoringGraph(nn.Module):
+    """Forced decoding of whole targets: the model's forward over the source and the decoder inputs (no cache), and
+    the log-softmax of the raw logits at each label ([batch, target]; padded positions give a value the caller
+    ignores)."""
+
+    def __init__(self, model, source_names: list[str]):
+        super().__init__()
+        self.model, self.source_names = model, source_names
+        self.eval()
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids, labels, *extra):
+        with source_padding(attention_mask):  # what fused encoder attentions mask
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                use_cache=False,
+                return_dict=True,
+                **dict(zip(self.source_names, extra)),
+            )
+        logits = out.logits.float()
+        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
 
 
 def _untie_output_projection(model) -> None:
@@ -579,6 +613,40 @@ def _export_shared_cache_graph(model, traced: _Traced, path: Path, opset: int | 
     )
 
 
+def _export_scoring_graph(model, traced: _Traced, path: Path, opset: int | None) -> None:
+    """The scoring graph (`ScoringGraph`), traced with targets of 5 tokens."""
+    batch, src, _ = _dims()
+    target = torch.export.Dim("target", min=1, max=4096)
+    sample, names = traced.sample, traced.source_names
+    generator = torch.Generator().manual_seed(1)
+    labels = torch.randint(0, model.config.vocab_size, (sample["input_ids"].shape[0], 5), generator=generator)
+    decoder_input_ids = torch.cat([traced.start, labels[:, :-1]], dim=1)
+    source_shapes = {"tgt_lang_ids": {0: batch}, "phrase_index": {0: batch, 2: src}}
+    _torch_export(
+        ScoringGraph(model, names),
+        (sample["input_ids"], sample["attention_mask"], decoder_input_ids, labels, *[sample[k] for k in names]),
+        (
+            {0: batch, 1: src},
+            {0: batch, 1: src},
+            {0: batch, 1: target},
+            {0: batch, 1: target},
+            *([tuple(source_shapes[k] for k in names)] if names else []),
+        ),
+        ["input_ids", "attention_mask", "decoder_input_ids", "labels", *names],
+        ["token_log_probs"],
+        path,
+        opset,
+    )
+    _check_dynamic(path, config_name=model.config.model_type)
+    io = _io(path)
+    for value in io["inputs"]:
+        if value["name"] in ("decoder_input_ids", "labels") and not all(isinstance(d, str) for d in value["shape"]):
+            raise ValueError(
+                f"export_onnx: {model.config.model_type}'s scoring graph fixed an axis of `{value['name']}` to "
+                f"the sample's size ({value['shape']})."
+            )
+
+
 def _shared_cache_refusal(model, fusion: dict, enabled: bool) -> str | None:
     """Why no shared-cache step graph is written (None: it is): every decoder attention must be fused."""
     if not enabled:
@@ -678,6 +746,7 @@ def export(
     int8_weights: str = DEFAULT_INT8_WEIGHTS,
     shared_cache: bool = True,
     progress: bool = True,
+    scoring: bool = False,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
@@ -686,7 +755,8 @@ def export(
     `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`. `shared_cache`: also write the
     shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says whether
     it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
-    ("exporting encoder_model.onnx ... done in 3.1 s")."""
+    ("exporting encoder_model.onnx ... done in 3.1 s"). `scoring`: also write the scoring graph (forced decoding of
+    whole targets; the manifest's `scoring`)."""
     check_exportable(model, opset)
     if int8_weights not in INT8_WEIGHTS:
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
@@ -723,6 +793,17 @@ def export(
             _export_shared_cache_graph(model, traced, staging / SHARED_CACHE_FILES["fp32"], opset)
         shared = _shared_cache_record(model, staging, traced.num_layers, time.perf_counter() - shared_started)
         files = (*files, SHARED_CACHE_FILES["fp32"])
+    scoring_record = {"written": False, "reason": "not asked for (--scoring_graph)"}
+    if scoring:
+        scoring_started = time.perf_counter()
+        with _progress(progress, f"exporting {SCORING_FILES['fp32']}"):
+            _export_scoring_graph(model, traced, staging / SCORING_FILES["fp32"], opset)
+        scoring_record = {
+            "written": True,
+            "graphs": {"fp32": SCORING_FILES["fp32"]},
+            "io": _io(staging / SCORING_FILES["fp32"]),
+            "export_seconds": round(time.perf_counter() - scoring_started, 2),
+        }
     seconds = {"export": time.perf_counter() - started, "quantize": None}
     for name in files:
         _check_dynamic(staging / name, config_name=original_config.model_type)
@@ -739,6 +820,13 @@ def export(
             shared["graphs"]["int8"] = SHARED_CACHE_FILES["int8"]
             shared["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
             seconds["quantize"] += time.perf_counter() - quantize_started
+        if scoring_record["written"]:
+            quantize_started = time.perf_counter()
+            name = SCORING_FILES["int8"]
+            with _progress(progress, f"quantizing {name}"):
+                rewritten[name] = quantize(staging / SCORING_FILES["fp32"], staging / name, int8_weights)
+            scoring_record["graphs"]["int8"] = name
+            seconds["quantize"] += time.perf_counter() - quantize_started
         int8_record = dict(
             INT8_WEIGHTS[int8_weights],
             weights=int8_weights,
@@ -753,6 +841,7 @@ def export(
     manifest = _manifest(model, original_config.model_type, traced, staging, graphs, seconds, int8_record)
     manifest["attention_fusion"] = fusion
     manifest["shared_cache"] = shared
+    manifest["scoring"] = scoring_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     # the folder appears complete or not at all; --force replaces only a folder this export wrote
     return commit_output_dir(staging, output_dir, command=COMMAND, force=force)
@@ -820,6 +909,12 @@ def main(argv=None) -> Path:
         help="do not write the shared-cache step graph (default: written where every decoder attention is "
         "fused; the manifest's shared_cache says whether, or why not)",
     )
+    parser.add_argument(
+        "--scoring_graph",
+        action="store_true",
+        help="also write the scoring graph: forced decoding of whole targets in one run (`hf-variants-score "
+        "--onnx`), instead of the step graph one position at a time",
+    )
     args = parser.parse_args(argv)
     try:  # before anything loads: the output is no input, and can be written
         check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
@@ -850,6 +945,7 @@ def main(argv=None) -> Path:
             force=args.force,
             fuse_attention=args.fuse_attention,
             shared_cache=args.shared_cache,
+            scoring=args.scoring_graph,
         )
     except (ValueError, FileExistsError) as error:
         raise SystemExit(str(error)) from error

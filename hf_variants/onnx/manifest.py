@@ -124,4 +124,8 @@ def read_manifest(folder: str | Path) -> dict:
         _io(path, "shared_cache.decoder", shared.get("decoder"))
     else:
         _expect(path, "shared_cache.reason", shared.get("reason"), str, "a string")
+    scoring = _expect(path, "scoring", manifest.get("scoring", {"written": False}), dict, "an object")
+    if _expect(path, "scoring.written", scoring.get("written"), bool, "true or false"):  # optional (--scoring_graph)
+        _graphs(folder, path, "scoring.graphs", scoring.get("graphs"), ("scoring",))
+        _io(path, "scoring.io", scoring.get("io"))
     return manifest

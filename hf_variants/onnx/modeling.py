@@ -348,6 +348,8 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         # the bound search's sessions, built on first use: the shared-cache graph (`_bound_graph`) and beam search's
         # candidates graph (`_beam_head`)
         self._bound_step_graph, self._beam_head_graph = None, None
+        # the scoring graph's session (`--scoring_graph`), built on first use (`token_log_probs`)
+        self._scoring_graph = None
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         # the bound search takes finished sentences out of the batch (`bound.DROP_SHARE`), as CTranslate2 does;
@@ -666,6 +668,50 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         out = self.shared_cache_graph.run(feeds, shapes, {f"present_{name}": t for name, t in buffers.items()})
         cache.advance()
         return out["logits"], cache
+
+    # --------------------------------------------------------------------------------------------- scoring
+    @property
+    def has_scoring_graph(self) -> bool:
+        """Whether the folder has the scoring graph (`export_onnx --scoring_graph`) for this precision."""
+        scoring = self.manifest.get("scoring") or {}
+        return bool(scoring.get("written")) and self.precision in (scoring.get("graphs") or {})
+
+    def token_log_probs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        tgt_lang_ids: torch.Tensor | None = None,
+        phrase_index: torch.Tensor | None = None,
+        **unused,
+    ) -> torch.Tensor:
+        """Forced decoding of whole targets in one run of the scoring graph: each label's log-softmax of the raw
+        logits [batch, target], given the source and `decoder_input_ids` (the start token, then the target but its
+        last token). Padded label positions (-100 or any other negative id) give 0. Needs `has_scoring_graph`."""
+        if not self.has_scoring_graph:
+            raise ValueError(
+                f"{self.folder} has no scoring graph for precision={self.precision!r}: export with "
+                "`--scoring_graph` (the step graph scores one position at a time: `forward`)."
+            )
+        if self._scoring_graph is None:
+            scoring = self.manifest["scoring"]
+            path = str(self.folder / scoring["graphs"][self.precision])
+            session = inference_session(path, self.session_options, self.providers, self.disabled_optimizers)
+            self._scoring_graph = _Graph(session, scoring["io"])
+        batch = input_ids.shape[0]
+        padded = labels < 0
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+            "decoder_input_ids": decoder_input_ids,
+            "labels": labels.masked_fill(padded, 0),
+        }
+        for name in self.manifest["source_inputs"]:
+            value = {"tgt_lang_ids": tgt_lang_ids, "phrase_index": phrase_index}[name]
+            feeds[name] = value if value is not None else self._default_input(name, batch)
+        out = self._scoring_graph.run(feeds, {"token_log_probs": tuple(labels.shape)})["token_log_probs"]
+        return out.masked_fill(padded, 0.0)
 
     # -------------------------------------------------------------------------------------------- decoding
     def generate(self, inputs=None, generation_config=None, **kwargs):

@@ -44,7 +44,7 @@ def build_config(model_type: str, preset: str, fields: dict):
             "max_position_embeddings",
         )
     }
-    language_fields = ("label_smoothing", "languages", "target_languages", "target_language_tags")
+    language_fields = ("label_smoothing", "languages", "source_languages", "target_languages", "target_language_tags")
     dims.update({k: v for k, v in fields.items() if k not in language_fields})
     if fields.get("target_language_tags"):
         raise ValueError("--model_type marian trains one direction here (no target-language tags).")

@@ -390,9 +390,9 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     return tokenizer, target_tags, sets, reports
 
 
-def build_model(args, tokenizer, languages: list[str], target_tags: bool, target_languages: list[str] | None = None):
-    """The run's model; its config records the run's label smoothing and target languages (`target_languages`:
-    a model with one target translates without `tgt_lang`)."""
+def build_model(args, tokenizer, languages: list[str], target_tags: bool, directions: list[tuple[str, str]] = ()):
+    """The run's model; its config records the run's label smoothing and its source and target languages (from the
+    run's `directions`: a model with one target translates without `tgt_lang`, and refuses other languages)."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     from ..configuration_transformer_nmt import apply_config_overrides
@@ -400,8 +400,9 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, target
 
     overrides = parse_overrides(args.config_overrides)
     fields = dict(label_smoothing=args.label_smoothing)
-    if target_languages:
-        fields["target_languages"] = list(dict.fromkeys(target_languages))
+    if directions:
+        fields["source_languages"] = list(dict.fromkeys(s for s, _ in directions))
+        fields["target_languages"] = list(dict.fromkeys(t for _, t in directions))
     if args.dropout is not None:
         fields["dropout"] = args.dropout
     if args.model_name_or_path:
@@ -411,8 +412,9 @@ def build_model(args, tokenizer, languages: list[str], target_tags: bool, target
         if missing:
             raise DataError(f"{args.model_name_or_path} does not know the languages {missing} (it has {known}).")
         # names checked and values validated as when building a config (`label_smoothing` is no Marian field)
-        if not set(fields.get("target_languages", [])) <= set(getattr(config, "languages", None) or []):
-            fields.pop("target_languages")  # a model without a language list (a bilingual baseline)
+        for name in ("source_languages", "target_languages"):  # a model without a language list (bilingual)
+            if not set(fields.get(name, [])) <= set(getattr(config, "languages", None) or []):
+                fields.pop(name)
         config = apply_config_overrides(
             config, {**{k: v for k, v in fields.items() if hasattr(config, k)}, **overrides}
         )
@@ -947,7 +949,7 @@ def build_job(run: RunContext, data: RunData) -> Job:
     from transformers import get_scheduler
 
     args, accelerator = run.args, run.accelerator
-    model = build_model(args, data.tokenizer, run.languages, data.target_tags, [t for _, t in run.eval_directions])
+    model = build_model(args, data.tokenizer, run.languages, data.target_tags, list(run.eval_directions))
     check_source_annotations(model, args)
     params = count_parameters(model)
     logger.info("Model %s (%s preset): %.2fM parameters", model.config.model_type, args.preset, params / 1e6)

@@ -703,7 +703,10 @@ def preflight(args: argparse.Namespace) -> Plan:
         evaluation.check_bleu_tokenize(args.bleu_tokenize)
     except ValueError as error:
         raise DataError(str(error)) from None
-    check_outputs(args, annotation_files)
+    try:
+        check_outputs(args, annotation_files)
+    except OutputPathError as error:
+        build_parser().exit(2, f"error: {error}\n")
     config, generation_config = load_configs(args)
     tgt_lang = target_language(args.tgt_lang, config)
     try:

@@ -3,7 +3,8 @@
 `evaluate.load("sacrebleu")` downloads the metric script from the Hub; this local script needs no network:
 
     import evaluate
-    metric = evaluate.load("training/metrics/sacrebleu_chrf")
+    from hf_variants.training.evaluation import METRIC_DIR
+    metric = evaluate.load(str(METRIC_DIR))  # hf_variants/training/metrics/sacrebleu_chrf
     metric.compute(predictions=["a cat"], references=[["a cat"]])
     # {"bleu": ..., "chrf": ..., "chrfpp": ..., "ter": ...,
     #  "sacrebleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...",
