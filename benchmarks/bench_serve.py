@@ -242,6 +242,8 @@ def table(record: dict) -> str:
         lines.append(
             f"| {item['engine']} {item['precision']} | {item['threads']} | {item['sentences_per_s']:.1f} | {shown} |"
         )
+    if record.get("note"):
+        lines += ["", f"Note: {record['note']}."]
     lines += ["", "Goals:"]
     for goal in record["goals"]:
         lines.append(f"- {goal}")
@@ -275,6 +277,7 @@ def main() -> None:
         "rows": [],
         "offline": [],
         "pipeline_loop": {},
+        "partial": True,
     }
     with tempfile.TemporaryDirectory() as tmp:
         folders = exports(args, Path(tmp))
@@ -303,6 +306,14 @@ def main() -> None:
                         )
                 finally:
                     server.stop()
+                save(args, record)  # what is measured so far (an interrupted run keeps it)
+    record.pop("partial", None)
+    save(args, record)
+
+
+def save(args, record: dict) -> None:
+    """Write the record (goals from the rows so far) to `--output`.json/.md and, for the default output, the
+    `serve` section of RESULTS.md."""
     record["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     goals = []
     for row in record["rows"]:
@@ -318,6 +329,11 @@ def main() -> None:
                 "loop (goal >= 4)"
             )
     record["goals"] = goals
+    clients = ", ".join(str(c) for c in args.clients)
+    if record.get("partial"):
+        record["note"] = f"partial: the rows measured so far of threads {args.threads}, clients {clients}"
+    else:
+        record.pop("note", None)
     written = write_result(args.output + ".json", record)
     text = f"Commit {written['metadata']['commit']}, {written['metadata']['date']}. " + table(record)
     Path(args.output + ".md").write_text(text)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from ..configuration_transformer_nmt import TransformerNmtConfig, language_tag
 from ..deploy.ctranslate2 import read_export_manifest
-from .decode import PRECISIONS, Engine, length_limit
+from ..generation_transformer_nmt import sentence_limits
+from .decode import PRECISIONS, Engine
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
@@ -113,9 +114,11 @@ class CTranslate2Engine(Engine):
         return list(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
 
     def length_limits(self, source_lengths: Sequence[int], options: DecodeOptions) -> list[int]:
+        """Each sentence's new-token limit under the length rule (the model code's `sentence_limits`, as the
+        generate() engines apply it)."""
         _, _, cap = self.length_rule()
-        positions = getattr(self.config, "max_position_embeddings", None)
-        return [length_limit(n, options, cap, positions) for n in source_lengths]
+        positions = getattr(self.config, "max_position_embeddings", None) or cap
+        return sentence_limits((options.max_len_a, options.max_len_b, cap), source_lengths, positions)
 
     # ------------------------------------------------------------------------------------------------ decoding
     def unsupported(self, options: DecodeOptions) -> str | None:
