@@ -12,18 +12,26 @@ CLI::
 `RUN_DIR` is a run folder (`results.json` + `model/`) or a model folder. The flags and the folder are checked before
 anything is read or sent (exit status 2 naming the flag); the card is written atomically (a temporary sibling, then
 renamed), so an interrupted publish leaves the old README.md whole.
+
+Inference Endpoints: the same commit adds `handler.py` (`model_cards/endpoint_handler.py`: Inference Endpoints'
+custom handler, `EndpointHandler(path)` called with `{"inputs": ..., "parameters": ...}`, on transformers and the
+repository's own code, without hf_variants) and `requirements.txt` (the transformers range the folder's model code
+supports, read from its `compat_transformer_nmt.py`), unless the folder has files of those names, which are uploaded
+as they are. Neither is written into the local folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import logging
 import os
 import re
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants, get_token
@@ -163,6 +171,50 @@ def _relative_imports(path: Path) -> list[str]:
     return sorted(set(names))
 
 
+ENDPOINT_HANDLER = Path(__file__).with_name("endpoint_handler.py")
+
+
+def endpoint_files(model_dir: Path) -> dict[str, str]:
+    """The files the Hub repository gets beside the folder's for Inference Endpoints (`handler.py`, and
+    `requirements.txt` where the folder's model code names its transformers range), less those the folder has."""
+    files = {"handler.py": ENDPOINT_HANDLER.read_text(encoding="utf-8")}
+    compat = model_dir / "compat_transformer_nmt.py"
+    match = (
+        re.search(r"^SUPPORTED_RANGE = (\(.*?\))$", compat.read_text(encoding="utf-8"), re.M)
+        if compat.is_file()
+        else None
+    )
+    if match:
+        bounds = ast.literal_eval(match.group(1))
+        files["requirements.txt"] = (
+            "# Inference Endpoints installs these before loading handler.py: the transformers versions the model's "
+            f"code supports\ntransformers{','.join(bounds)}\n"
+        )
+    return {name: text for name, text in files.items() if not (model_dir / name).exists()}
+
+
+@contextlib.contextmanager
+def _upload_view(model_dir: Path, extra: Mapping[str, str]) -> Iterator[Path]:
+    """`model_dir` as one folder to upload with `extra` files beside its own: a temporary folder of links to the
+    model folder's files (their bytes are read from the model folder) and the extra files. The model folder is not
+    touched."""
+    if not extra:
+        yield model_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="hf-variants-publish-") as tmp:
+        view = Path(tmp)
+        for path in model_dir.rglob("*"):
+            target = view / path.relative_to(model_dir)
+            if path.is_dir() and not path.is_symlink():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(path.resolve())
+        for name, text in extra.items():
+            (view / name).write_text(text, encoding="utf-8")
+        yield view
+
+
 def _find_results(model_dir: Path) -> dict | None:
     """results.json of the run folder that holds `model_dir` (run_dir/model), if any."""
     path = model_dir.parent / "results.json"
@@ -244,13 +296,14 @@ def push_to_hub(
     try:
         with quiet_http_logs():
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            commit = api.upload_folder(
-                folder_path=str(model_dir),
-                repo_id=repo_id,
-                repo_type="model",
-                commit_message=message,
-                ignore_patterns=IGNORE_PATTERNS,
-            )
+            with _upload_view(model_dir, endpoint_files(model_dir)) as folder:
+                commit = api.upload_folder(
+                    folder_path=str(folder),
+                    repo_id=repo_id,
+                    repo_type="model",
+                    commit_message=message,
+                    ignore_patterns=list(IGNORE_PATTERNS),
+                )
     except HfHubHTTPError as err:
         status = err.response.status_code if err.response is not None else None
         server = (err.server_message or "").strip()

@@ -223,7 +223,9 @@ def test_push_uploads_model_tokenizer_code_and_card(hub, tmp_path, caplog, capfd
     assert url == f"{hub.url}/org/tiny-push/commit/{head}"
     remote = hub.files("org/tiny-push")
     local = {str(p.relative_to(model_dir)): p.read_bytes() for p in model_dir.rglob("*") if p.is_file()}
-    assert {k: v for k, v in remote.items() if k != ".gitattributes"} == local
+    assert {k: v for k, v in remote.items() if k not in (".gitattributes", "handler.py")} == local
+    # Inference Endpoints' handler beside them (this folder's code names no transformers range: no requirements)
+    assert remote["handler.py"] == publish.ENDPOINT_HANDLER.read_bytes() and "requirements.txt" not in remote
     assert {
         "config.json",
         "model.safetensors",
@@ -245,6 +247,17 @@ def test_push_uploads_model_tokenizer_code_and_card(hub, tmp_path, caplog, capfd
     (model_dir / "tokenizer_config.json").write_text('{"model_max_length": 64}')
     url2 = push_to_hub(model_dir, "org/tiny-push", token=TOKEN, commit_message="retokenize")
     assert url2 != url and hub.files("org/tiny-push")["tokenizer_config.json"] == b'{"model_max_length": 64}'
+
+
+def test_a_folder_with_its_own_handler_keeps_it(hub, tmp_path):
+    model_dir = fake_checkpoint(tmp_path)
+    (model_dir / "handler.py").write_text("# my own handler\n")
+    (model_dir / "compat_transformer_nmt.py").write_text('SUPPORTED_RANGE = (">=5.23", "<5.25")\n')
+    push_to_hub(model_dir, "org/own-handler", token=TOKEN)
+    remote = hub.files("org/own-handler")
+    assert remote["handler.py"] == b"# my own handler\n"
+    assert remote["requirements.txt"].decode().splitlines()[-1] == "transformers>=5.23,<5.25"
+    assert not (model_dir / "requirements.txt").exists()  # uploaded, never written into the folder
 
 
 def test_push_without_token_fails_before_any_request(hub, tmp_path, monkeypatch):
@@ -743,6 +756,7 @@ def published(module_hub, tokenizer, tmp_path_factory):
         home = Path(os.environ["HF_HOME"])
         assert not any(home.iterdir()), "HF_HOME is not empty"
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        from huggingface_hub import snapshot_download
         out = {{}}
         for repo, sentences, translate, generation, snippet in {jobs!r}:
             model = AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True).eval()
@@ -754,8 +768,23 @@ def published(module_hub, tokenizer, tmp_path_factory):
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
                 exec(snippet, {{"__name__": "__snippet__"}})  # the model card's usage section, verbatim
+            # Inference Endpoints: the repository's handler.py, imported from a downloaded copy and called
+            folder = snapshot_download(repo)
+            spec = importlib.util.spec_from_file_location("handler", os.path.join(folder, "handler.py"))
+            handler_module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(handler_module)
+            handler = handler_module.EndpointHandler(folder)
+            # (the saved generation config holds `generation`: the request names the beam size only)
+            endpoint = handler({{"inputs": sentences, "parameters": {{**translate, "num_beams": 2}}}})
+            try:
+                handler({{"inputs": sentences, "parameters": {{"model": "/etc/passwd"}}}})
+                refused = ""
+            except ValueError as error:
+                refused = str(error)
             out[repo] = {{"ids": ids, "texts": texts, "module": type(model).__module__,
-                         "pipeline": type(translator).__module__, "snippet_output": printed.getvalue()}}
+                         "pipeline": type(translator).__module__, "snippet_output": printed.getvalue(),
+                         "endpoint": endpoint, "refused": refused,
+                         "handler_pipeline": type(handler.pipeline).__module__}}
         out["cached_repos"] = sorted(p.name for p in (home / "hub").iterdir() if p.name.startswith("models--"))
         print(json.dumps(out))
     """
@@ -783,6 +812,9 @@ def test_pushed_model_translates_like_the_local_model_in_a_fresh_process(publish
     assert remote["pipeline"].startswith("transformers_modules"), remote["pipeline"]
     assert remote["ids"] == local["ids"]
     assert remote["texts"] == local["texts"]
+    # Inference Endpoints' handler (handler.py of a downloaded copy, in the same fresh process) answers the same
+    assert remote["endpoint"] == local["texts"] and remote["handler_pipeline"].startswith("transformers_modules")
+    assert remote["refused"].startswith("unknown parameter `model`")
     assert all(t["translation_text"].strip() for t in local["texts"])  # non-trivial outputs were compared
     # The card's usage snippet runs as written and prints the local model's translation.
     assert remote["snippet_output"] == local["snippet_output"] and local["snippet_output"].strip()

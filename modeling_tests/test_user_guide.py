@@ -37,6 +37,11 @@ How each block runs (the only changes the test makes, all listed here):
   * `pip install -e ".[EXTRAS]"` is not executed (no package installs in the suite): each extra must exist in
     pyproject.toml; `pip install NAME==VERSION` must pin a version pyproject.toml's requirement allows. The real
     install from a wheel is `test_new_user_paths.py::test_wheel_install_*`.
+  * A command ending in `&` (the server: `hf-variants-serve ... &`) starts in the background as a real process
+    (`python -m hf_variants.serve`, what the console script runs); `kill %1` sends it SIGTERM and its exit status
+    must be 0. The guide's port 8000 becomes a free port the test picks, in every block (`--port 8000`,
+    `127.0.0.1:8000`); the test stops a server still running at its end.
+  * `curl` commands run the real `curl` against it, and must exit 0.
   * Any other command fails the test (add it to `run_command` with an honest way to run it, or to `NOT_RUN`).
 - Blocks without a language are file listings, never commands (checked).
 """
@@ -52,6 +57,10 @@ import json
 import re
 import runpy
 import shlex
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -383,9 +392,33 @@ def shell_streams(argv: list[str]):
             yield argv[:cut]
 
 
+BACKGROUND: list[subprocess.Popen] = []  # the `&` commands of a document still running
+
+
+def run_in_shell(argv: list[str]) -> bool:
+    """The server in the background, its SIGTERM and the curl commands that call it; False for any other command."""
+    if argv[-1] == "&":  # a server in the background (the console script's module, in a real process)
+        assert argv[0] == "hf-variants-serve" and SCRIPTS[argv[0]] == "hf_variants.serve.cli:cli", argv
+        BACKGROUND.append(subprocess.Popen([sys.executable, "-m", "hf_variants.serve", *argv[1:-1]]))
+        return True
+    if argv == ["kill", "%1"]:
+        process = BACKGROUND.pop()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(120) == 0, f"the server exited with {process.returncode}"
+        return True
+    if argv[0] == "curl":
+        assert shutil.which("curl"), "the guide's curl commands need curl"
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+        assert result.returncode == 0, f"{shlex.join(argv)} exited with {result.returncode}: {result.stderr}"
+        return True
+    return False
+
+
 def run_command(argv: list[str], monkeypatch, written: set[str], machines: dict) -> None:
     """Run one command of a document (see the module docstring); `machines`: the state of a launch over several
     machines, carried from command to command."""
+    if run_in_shell(argv):
+        return
     with shell_streams(argv) as argv:
         if argv[:2] == ["accelerate", "launch"]:
             script = next(i for i, a in enumerate(argv) if a == "-m" or a in CLONE_SCRIPTS)
@@ -429,9 +462,17 @@ def run_command(argv: list[str], monkeypatch, written: set[str], machines: dict)
             raise AssertionError(f"the test does not know how to run this command: {shlex.join(argv)}")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_document(path: Path, tmp_path: Path, monkeypatch, tokenizer) -> dict:
     """Every block of the document at `path`, in a scratch folder; returns the python namespace and the counts."""
-    blocks = code_blocks(path.read_text(encoding="utf-8"))
+    port = free_port()  # the docs' server port 8000, as a free one
+    text = path.read_text(encoding="utf-8").replace("--port 8000", f"--port {port}")
+    blocks = code_blocks(text.replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
     assert {b.lang for b in blocks} <= {"", "bash", "python"}, {b.lang for b in blocks}
     for block in blocks:  # listings, not commands
         if not block.lang:
@@ -444,24 +485,30 @@ def run_document(path: Path, tmp_path: Path, monkeypatch, tokenizer) -> dict:
     counts = {"bash": 0, "python": 0, "not run": {}, "namespace": namespace}
     written: set[str] = set()
     machines: dict = {}
-    for block in blocks:
-        where = f"{path.relative_to(REPO_ROOT)}:{block.line}"
-        if block.lang == "python":
-            reason = not_run(block, None)
-            if reason is None:
-                exec(compile(block.code, where, "exec"), namespace)
-                counts["python"] += 1
-            else:
-                counts["not run"].setdefault(reason, []).append(where)
-        elif block.lang == "bash":
-            commands = shell_commands(block.code)
-            reasons = [not_run(block, argv) for argv in commands]  # checked before anything runs
-            for argv, reason in zip(commands, reasons):
+    try:
+        for block in blocks:
+            where = f"{path.relative_to(REPO_ROOT)}:{block.line}"
+            if block.lang == "python":
+                reason = not_run(block, None)
                 if reason is None:
-                    run_command(argv, monkeypatch, written, machines)
+                    exec(compile(block.code, where, "exec"), namespace)
+                    counts["python"] += 1
                 else:
                     counts["not run"].setdefault(reason, []).append(where)
-            counts["bash"] += any(reason is None for reason in reasons)
+            elif block.lang == "bash":
+                commands = shell_commands(block.code)
+                reasons = [not_run(block, argv) for argv in commands]  # checked before anything runs
+                for argv, reason in zip(commands, reasons):
+                    if reason is None:
+                        run_command(argv, monkeypatch, written, machines)
+                    else:
+                        counts["not run"].setdefault(reason, []).append(where)
+                counts["bash"] += any(reason is None for reason in reasons)
+    finally:
+        while BACKGROUND:
+            process = BACKGROUND.pop()
+            process.kill()
+            process.wait()
     assert machines.get("next", 0) == machines.get("count", 0), machines  # every machine's command came
     return counts
 
@@ -495,6 +542,8 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5
+    served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
+    assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
 
 
 def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):

@@ -239,6 +239,9 @@ def export(model, tokenizer, output_dir: str | Path, quantization: str | None = 
                     "source_model_type": model.config.model_type,
                     "quantization": quantization or "float32",
                     "suppress_sequences": suppress,
+                    # the model's config (languages, positions, special tokens): what a translator over the
+                    # export needs beside CTranslate2's own config.json (`hf_variants.inference.ctranslate2_engine`)
+                    "model_config": json.loads(model.config.to_json_string(use_diff=False)),
                 },
                 indent=2,
             )
@@ -249,7 +252,8 @@ def export(model, tokenizer, output_dir: str | Path, quantization: str | None = 
 
 def read_export_manifest(folder: str | os.PathLike) -> dict:
     """The export's `hf_variants_export.json`, read as untrusted input: a ValueError naming the file and the field
-    when it is not JSON, a field has the wrong type, or the file is a link leaving the folder."""
+    when it is not JSON, a field has the wrong type, or the file is a link leaving the folder. `model_config` (the
+    exported model's config as a dict) is there for exports that recorded it."""
     path = Path(folder) / MANIFEST
     data = read_json_object(folder, MANIFEST, 64 * 1024 * 1024, "an export manifest", "export_ctranslate2")
     for name in ("source_model_type", "quantization"):
@@ -263,7 +267,13 @@ def read_export_manifest(folder: str | os.PathLike) -> dict:
         and all(isinstance(seq, list) and seq and all(isinstance(t, str) for t in seq) for seq in suppress)
     ):
         raise ValueError(f"{path}: `suppress_sequences` must be a list of non-empty lists of token strings.")
-    return {k: data[k] for k in ("source_model_type", "quantization", "suppress_sequences")}
+    manifest = {k: data[k] for k in ("source_model_type", "quantization", "suppress_sequences")}
+    if "model_config" in data:  # exports since the serve engine (older ones lack it)
+        config = data["model_config"]
+        if not isinstance(config, dict) or config.get("model_type") != data["source_model_type"]:
+            raise ValueError(f"{path}: `model_config` must be the config of the exported {data['source_model_type']}.")
+        manifest["model_config"] = config
+    return manifest
 
 
 def main(argv=None) -> Path:
