@@ -685,7 +685,7 @@ class TransformerNmtConfig(PretrainedConfig):
             if lang is None or lang in allowed:
                 continue
             if lang not in self.languages:
-                raise ValueError(f"Unknown language {lang!r} ({name}): {direction}.")
+                raise ValueError(f"{name}={lang!r} is an unknown language: {direction}.")
             raise ValueError(f"{name}={lang!r} is not a {side} language of this model: {direction}.")
         if src_lang is not None and src_lang == tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {src_lang!r}: {direction}, not within one language.")

@@ -2,6 +2,7 @@
 in-memory reader (hf_variants.training.corpus) gives, is reused and invalidated as it should be, and batches from
 numpy arrays."""
 
+import argparse
 import gzip
 import json
 import sys
@@ -313,7 +314,13 @@ def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message)
         lambda: data_pipeline.load_rows(
             data_pipeline.SplitSource.from_file(path), ["en", "de"], cache_dir=tmp_path / "cache"
         ),
-        lambda: translate.read_jsonl_input(str(path), "en", "de", []),
+        lambda: list(  # hf-variants-translate's reader of JSONL input
+            translate.iter_input(
+                argparse.Namespace(prefix=None, references=None, src_lang="en"),
+                translate.Plan(True, str(path), {}, [], None, "text", "de", None, None),
+                translate.iter_lines(str(path)),
+            )
+        ),
     ):
         with pytest.raises(DataError, match=message) as err:
             read()

@@ -169,7 +169,7 @@ def test_multilingual_inputs_are_validated(tokenizer):
     assert inputs["input_ids"][0, 0] == tokenizer.convert_tokens_to_ids("<2de>")
     assert inputs["input_ids"][1, 0] == tokenizer.convert_tokens_to_ids("<2fr>")
     assert (inputs["labels"] == -100).any() and (inputs["labels"] != tokenizer.pad_token_id).all()
-    with pytest.raises(ValueError, match="Unknown language 'xx'"):
+    with pytest.raises(ValueError, match="tgt_lang='xx' is an unknown language"):
         model.prepare_translation_inputs(tokenizer, ["A dog."], tgt_lang="xx")
     with pytest.raises(ValueError, match="needs `tgt_lang`"):
         model.prepare_translation_inputs(tokenizer, ["A dog."])

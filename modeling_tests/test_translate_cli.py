@@ -515,7 +515,7 @@ def test_errors_before_the_model_loads(trained_dir, tokenizer, tmp_path, monkeyp
         (["--max_new_tokens", "999"], "--max_new_tokens 999: more target positions"),
         (
             ["--tgt_lang", "fr"],
-            r"--tgt_lang 'fr' is not a target language of this model: .* from \['en'\] into \['de'\]",
+            r"--tgt_lang 'fr' is an unknown language: .* from \['en'\] into \['de'\]",
         ),
     ]
     for extra, message in cases:

@@ -122,7 +122,7 @@ def test_recorded_sources_and_unrecorded_languages(tokenizer):
         both.check_languages(src_lang="en", tgt_lang="en")
     old = TransformerNmtConfig.from_preset("tiny", languages=["en", "de", "fr"])
     assert old.translation_languages() == (["en", "de", "fr"], ["en", "de", "fr"])
-    with pytest.raises(ValueError, match=r"Unknown language 'cs' \(tgt_lang\)"):
+    with pytest.raises(ValueError, match=r"tgt_lang='cs' is an unknown language: this model translates from"):
         old.check_languages(tgt_lang="cs")
     TransformerNmtConfig.from_preset("tiny").check_languages(src_lang="en", tgt_lang="xx")
     with pytest.raises(ValueError, match="source_languages"):

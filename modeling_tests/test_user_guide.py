@@ -9,8 +9,9 @@ How each block runs (the only changes the test makes, all listed here):
   holds what the docs name as the reader's own files: `data/` (the first 48 / 8 / 8 English-French pairs of the
   bundled Multi30k train / val / test_2016_flickr, as the guide describes them: TSV with an `en<TAB>fr` header,
   `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows), `in.en`, `ref.de`, `test.en.gz` and `test.jsonl`
-  (8 en-de pairs of test_2016_flickr), `training/data` (the clone's bundled data, linked) and `opus-mt-en-de` (a
-  tiny random `MarianMTModel` with a small tokenizer, where a reader has Helsinki-NLP's).
+  (8 en-de pairs of test_2016_flickr), `clean.tsv`, `bt.tsv` and `valid.tsv` (48, 16 and 8 en-de pairs of train /
+  train / val: training/README.md's corpora), `training/data` (the clone's bundled data, linked) and `opus-mt-en-de`
+  (a tiny random `MarianMTModel` with a small tokenizer, where a reader has Helsinki-NLP's).
 - **python** blocks run with `exec` in one namespace per document (as one interactive session), in order.
 - **bash** blocks: every command (backslash continuations joined, `#` comments dropped, `&&` chains split) runs in
   this process:
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import ipaddress
 import itertools
 import json
@@ -262,6 +262,13 @@ def write_own_files(folder: Path, tokenizer) -> None:
         ),
         encoding="utf-8",
     )
+    for name, split, start, count in (("clean", "train", 0, 48), ("bt", "train", 48, 16), ("valid", "val", 0, 8)):
+        sides = []
+        for lang in ("en", "de"):  # training/README.md's corpora: en-de TSV files with a header
+            with gzip.open(DATA_DIR / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+                sides.append([line.rstrip("\n") for line in itertools.islice(f, start, start + count)])
+        rows = "".join(f"{a}\t{b}\n" for a, b in zip(*sides))
+        (folder / f"{name}.tsv").write_text("en\tde\n" + rows, encoding="utf-8")
     (folder / "training").mkdir()
     (folder / "training" / "data").symlink_to(REPO_ROOT / "training" / "data")
     torch.manual_seed(0)
@@ -374,22 +381,23 @@ def training_args(args: list[str], written: set[str]) -> list[str]:
 
 @contextlib.contextmanager
 def shell_streams(argv: list[str]):
-    """`zcat FILE | COMMAND` and `COMMAND > FILE`: yields COMMAND with its standard input and output redirected."""
-    with pytest.MonkeyPatch.context() as streams:
+    """`zcat FILE | COMMAND` and `COMMAND > FILE`: yields COMMAND with its standard input and output redirected
+    (to real files: the commands read and write file descriptors, as they do on a pipe)."""
+    with pytest.MonkeyPatch.context() as streams, contextlib.ExitStack() as files:
         if "|" in argv:
             cut = argv.index("|")
             assert argv[0] == "zcat" and cut == 2, f"pipe not handled by the test: {shlex.join(argv)}"
+            unpacked = Path(argv[1]).with_suffix(".zcat")
             with gzip.open(argv[1], "rb") as f:
-                streams.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f.read()), encoding="utf-8"))
+                unpacked.write_bytes(f.read())
+            streams.setattr(sys, "stdin", files.enter_context(open(unpacked, encoding="utf-8")))
             argv = argv[cut + 1 :]
-        if ">" not in argv:
-            yield argv
-            return
-        cut = argv.index(">")
-        assert cut == len(argv) - 2, f"redirection not handled by the test: {shlex.join(argv)}"
-        with open(argv[-1], "w", encoding="utf-8") as out:
-            streams.setattr(sys, "stdout", out)
-            yield argv[:cut]
+        if ">" in argv:
+            cut = argv.index(">")
+            assert cut == len(argv) - 2, f"redirection not handled by the test: {shlex.join(argv)}"
+            streams.setattr(sys, "stdout", files.enter_context(open(argv[-1], "w", encoding="utf-8")))
+            argv = argv[:cut]
+        yield argv
 
 
 BACKGROUND: list[subprocess.Popen] = []  # the `&` commands of a document still running
