@@ -102,6 +102,15 @@ def _audit(event: str, args: tuple) -> None:
 sys.addaudithook(_audit)
 
 
+# the files that take longest, first: with pytest-xdist (`-n auto --dist loadfile`, the README's command) each file
+# runs on one worker, in collection order, and a long file started last would finish alone
+LONGEST_FIRST = ("test_peer_suite.py", "test_onnx.py", "test_train_stops.py", "test_user_guide.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else 99)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if USER_CACHE_WRITES:
         sys.stderr.write(
@@ -115,7 +124,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "training" / "data" / "multi30k"
 LANGUAGES = ("en", "de", "fr", "cs")
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# the cores shared by the suite's processes: pytest-xdist's workers (the README's `-n auto`) split them
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 
 
 def read_sentences(lang: str, split: str = "train", n: int = 200, start: int = 0) -> list[str]:

@@ -469,9 +469,9 @@ def test_languages_in_generate_prepare_and_pipeline(tokenizer):
     translator = hf_variants.TranslationPipeline(model=model, tokenizer=tokenizer, task="translation")
     texts = translator(sentences, src_lang="en", tgt_lang=targets, batch_size=2, **gen)
     assert [t["translation_text"] for t in texts] == tokenizer.decode(by_ids.tolist(), skip_special_tokens=True)
-    with pytest.raises(ValueError, match="Unknown language 'xx'"):
+    with pytest.raises(ValueError, match="tgt_lang='xx' is an unknown language"):
         model.prepare_translation_inputs(tokenizer, sentences, tgt_lang="xx")
-    with pytest.raises(ValueError, match="Unknown language 'xx'"):
+    with pytest.raises(ValueError, match="tgt_lang='xx' is an unknown language"):
         model.generate(input_ids=inputs["input_ids"], tgt_lang="xx", max_new_tokens=2)
     with pytest.raises(ValueError, match="needs `tgt_lang`"):
         model.prepare_translation_inputs(tokenizer, sentences)

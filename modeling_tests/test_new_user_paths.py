@@ -383,5 +383,5 @@ def test_ci_runs_the_readmes_set_up_in_a_fresh_virtual_environment():
     for step in steps[2:]:
         if step.startswith("pip install"):
             assert f"python -m pip install --quiet {step.removeprefix('pip install ')}" in ci, step
-    assert test == "python -m pytest modeling_tests -q"
-    assert re.search(r"\n\s+python -m pytest modeling_tests -q\n", ci)
+    assert test == "python -m pytest modeling_tests -q -n auto --dist loadfile"
+    assert re.search(r"\n\s+python -m pytest modeling_tests -q -n auto --dist loadfile\n", ci)
