@@ -159,6 +159,26 @@ def check_output_file(output: str | os.PathLike, *, flag: str = "--output") -> P
     return path
 
 
+def check_output_files(
+    outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, str | os.PathLike | None | list]
+) -> None:
+    """A command's output files (flag -> path; None: not written): each can be written as a file and is not, does not
+    hold and does not lie inside any input (flag -> path or paths), and no two are the same file or one inside the
+    other. Raises `OutputPathError` naming the flags."""
+    written = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for flag, path in written:
+        check_output_file(path, flag=flag)
+        check_not_an_input(path, inputs, output_flag=flag)
+    for i, (flag, path) in enumerate(written):
+        for other_flag, other in written[i + 1 :]:
+            if (
+                Path(os.path.expanduser(os.fspath(path))).absolute()
+                == Path(os.path.expanduser(os.fspath(other))).absolute()
+            ):
+                raise OutputPathError(f"{other_flag} and {flag} name the same file.")
+            check_not_an_input(other, {flag: path}, output_flag=other_flag)
+
+
 def check_output_dir(
     output: str | os.PathLike, *, command: str, force: bool = False, flag: str = "--output_dir"
 ) -> list[str]:

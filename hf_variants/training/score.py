@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..outputs import OutputPathError, atomic_write_file, check_not_an_input, check_output_file, int_in_range
+from ..outputs import OutputPathError, atomic_write_file, check_output_files, int_in_range
 from .corpus import DataError, read_lines
 
 logger = logging.getLogger("hf_variants.score")
@@ -113,13 +113,9 @@ def check_outputs(args: argparse.Namespace, annotation_files: dict[str, str]) ->
         "--onnx": args.onnx,
         "--tokenizer": args.tokenizer,
     }
-    outputs = {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}
-    for flag, path in outputs.items():
-        if path is not None:
-            check_output_file(path, flag=flag)
-            check_not_an_input(path, inputs, output_flag=flag)
-    if None not in outputs.values() and Path(outputs["--output"]).absolute() == Path(args.results_json).absolute():
-        raise OutputPathError("--results_json and --output name the same file.")
+    check_output_files(
+        {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}, inputs
+    )
 
 
 def annotation_files(items: list[str]) -> dict[str, str]:

@@ -64,8 +64,7 @@ from ..inference.translator import (
 from ..outputs import (
     OutputPathError,
     atomic_write_file,
-    check_not_an_input,
-    check_output_file,
+    check_output_files,
     float_in_range,
     int_in_range,
 )
@@ -601,15 +600,9 @@ def check_outputs(args: argparse.Namespace, annotation_files: dict[str, str]) ->
         "--onnx": args.onnx,
         "--tokenizer": args.tokenizer,
     }
-    outputs = {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}
-    for flag, path in outputs.items():
-        if path is not None:
-            check_output_file(path, flag=flag)
-            check_not_an_input(path, inputs, output_flag=flag)
-    if None not in outputs.values():
-        check_not_an_input(outputs["--results_json"], {"--output": outputs["--output"]}, output_flag="--results_json")
-        if Path(outputs["--results_json"]).absolute() == Path(outputs["--output"]).absolute():
-            raise OutputPathError("--results_json and --output name the same file.")
+    check_output_files(
+        {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}, inputs
+    )
 
 
 # ------------------------------------------------------------------------------------------------------ checks
