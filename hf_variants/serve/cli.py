@@ -38,7 +38,6 @@ class UsageError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = ServeLimits()
     parser = argparse.ArgumentParser(
         prog="hf-variants-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -96,6 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="Host header names the server answers besides the loopback names (a server bound to a loopback "
         "address answers only those by default; another address answers any unless this lists some)",
     )
+    add_limit_args(parser, ServeLimits())
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--graceful_timeout_s",
+        type=float_in_range(0),
+        default=None,
+        help="on SIGTERM, how long to wait for requests in flight (default: --request_timeout_s + 10)",
+    )
+    server.add_argument("--log_level", choices=("debug", "info", "warning", "error"), default="info")
+    server.add_argument("--no_access_log", action="store_true", help="do not log every request")
+    return parser
+
+
+def add_limit_args(parser: argparse.ArgumentParser, defaults: ServeLimits) -> None:
+    """The request limits and the dynamic batching flags, with `ServeLimits`' defaults."""
     limits = parser.add_argument_group("limits (a refusal is a JSON error naming the limit)")
     limits.add_argument(
         "--max_body_bytes",
@@ -152,16 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.max_wait_ms,
         help=f"how long an idle worker waits for more sentences to join a batch (default {defaults.max_wait_ms:g})",
     )
-    server = parser.add_argument_group("server")
-    server.add_argument(
-        "--graceful_timeout_s",
-        type=float_in_range(0),
-        default=None,
-        help="on SIGTERM, how long to wait for requests in flight (default: --request_timeout_s + 10)",
-    )
-    server.add_argument("--log_level", choices=("debug", "info", "warning", "error"), default="info")
-    server.add_argument("--no_access_log", action="store_true", help="do not log every request")
-    return parser
 
 
 # ----------------------------------------------------------------------------------------------------- checks

@@ -53,27 +53,7 @@ def add_data_args(g) -> None:
         help="TSV (header = language codes) or JSONL ({'translation': {...}}) instead of --data_dir; repeat it for "
         "several corpora, mixed by --corpus_weights",
     )
-    g.add_argument(
-        "--corpus_weights",
-        nargs="+",
-        type=float,
-        metavar="W",
-        help="one weight per --train_file: its share of the training examples (1 0.5: two thirds from the first "
-        "corpus, one third from the second, whatever their sizes)",
-    )
-    g.add_argument(
-        "--corpus_tags",
-        nargs="+",
-        metavar="TAG",
-        help='one tag per --train_file, put before each of its source sentences as a special token ("" for none), '
-        'e.g. "" "<BT>" for tagged back-translation',
-    )
-    g.add_argument(
-        "--corpus_spec",
-        metavar="FILE",
-        help='a JSON file {"corpora": [{"train_file" | "data_dir" (+ "prefix") | "dataset_name" (+ "split", ...), '
-        '"weight", "tag", "name"}, ...]} listing the training corpora instead of --train_file (training/README.md)',
-    )
+    add_corpus_args(g)
     g.add_argument("--valid_file", "--validation_file")
     g.add_argument("--test_file")
     g.add_argument(
@@ -153,6 +133,31 @@ def add_data_args(g) -> None:
         "--preprocessing_num_workers",
         type=int,
         help="processes tokenizing a split when its cache is built (default: the CPU cores available)",
+    )
+
+
+def add_corpus_args(g) -> None:
+    """Several training corpora: their weights and tags, or a spec file (`corpora.py`)."""
+    g.add_argument(
+        "--corpus_weights",
+        nargs="+",
+        type=float,
+        metavar="W",
+        help="one weight per --train_file: its share of the training examples (1 0.5: two thirds from the first "
+        "corpus, one third from the second, whatever their sizes)",
+    )
+    g.add_argument(
+        "--corpus_tags",
+        nargs="+",
+        metavar="TAG",
+        help='one tag per --train_file, put before each of its source sentences as a special token ("" for none), '
+        'e.g. "" "<BT>" for tagged back-translation',
+    )
+    g.add_argument(
+        "--corpus_spec",
+        metavar="FILE",
+        help='a JSON file {"corpora": [{"train_file" | "data_dir" (+ "prefix") | "dataset_name" (+ "split", ...), '
+        '"weight", "tag", "name"}, ...]} listing the training corpora instead of --train_file (training/README.md)',
     )
 
 

@@ -163,6 +163,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="target prefixes, one a line aligned with --input (a line may be empty): each translation begins "
         "with its prefix's tokens",
     )
+    add_decoding_args(p)
+    p.add_argument("--results_json", help="write the summary (and scores) here")
+    p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
+    p.add_argument(
+        "--progress_interval",
+        type=_non_negative_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
+        "total, rate, ETA) every SECONDS seconds, in place of the progress bar (0: after every batch)",
+    )
+    p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
+        "activations (hf_variants.quantize_for_cpu); with --onnx, the export's int8 graphs",
+    )
+    return p
+
+
+# ------------------------------------------------------------------------------------------------------- model
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The decoding, length and batching flags (each default: the model's saved generation config)."""
     g = p.add_argument_group("decoding (default: the model's saved generation config)")
     g.add_argument("--num_beams", type=int_in_range(1), help="beam size (1: greedy); default: the model's")
     g.add_argument("--nbest", type=int_in_range(1), default=1, help="hypotheses per sentence (at most --num_beams)")
@@ -221,27 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUFFER_SIZE,
         help="input lines read ahead and sorted into batches; a pipe's lines are translated as they arrive",
     )
-    p.add_argument("--results_json", help="write the summary (and scores) here")
-    p.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
-    p.add_argument(
-        "--progress_interval",
-        type=_non_negative_float,
-        default=10.0,
-        metavar="SECONDS",
-        help="when stderr is no terminal (nohup, a SLURM log, CI): a progress line (sentences done / "
-        "total, rate, ETA) every SECONDS seconds, in place of the progress bar (0: after every batch)",
-    )
-    p.add_argument("--trust_remote_code", action="store_true", help="for Hub ids whose code is not installed")
-    p.add_argument(
-        "--int8",
-        action="store_true",
-        help="int8 CPU inference: every linear layer gets int8 weights and dynamically quantized int8 "
-        "activations (hf_variants.quantize_for_cpu); with --onnx, the export's int8 graphs",
-    )
-    return p
 
 
-# ------------------------------------------------------------------------------------------------------- model
 def check_model_location(args: argparse.Namespace) -> None:
     """Exactly one of `--model` / `--onnx`, naming a folder that holds what it should: a training run folder given
     for its model folder, or a folder without a model, is refused saying what to pass."""
