@@ -1,10 +1,11 @@
 """`python -m hf_variants.export_onnx` (ONNX export), kept at its documented path.
 
-The code lives in `hf_variants.onnx.export`; this module only re-exports its public names and runs its `main()`.
+The code lives in `hf_variants.onnx.export`; its command line in
+`hf_variants.commands.export_onnx`; this module re-exports the library's public names and runs the command.
 """
 
+from .commands.export_onnx import cli
 from .onnx.export import *  # noqa: F401,F403
-from .onnx.export import main
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -7,7 +7,9 @@ message. Apart from (re)writing `README.md`, the model folder is never modified,
 
 CLI::
 
-    python -m model_cards.publish RUN_DIR --repo_id ORG/NAME [--private] [--commit_message MSG]
+    hf-variants-publish RUN_DIR --repo_id ORG/NAME [--private] [--commit_message MSG]
+
+(`hf_variants.commands.publish`; `python -m model_cards.publish` runs the same)
 
 `RUN_DIR` is a run folder (`results.json` + `model/`) or a model folder. The flags and the folder are checked before
 anything is read or sent (exit status 2 naming the flag); the card is written atomically (a temporary sibling, then
@@ -22,14 +24,12 @@ as they are. Neither is written into the local folder.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import json
 import logging
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -96,7 +96,7 @@ def _endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
-def _check_repo_id(repo_id: object) -> str:
+def check_repo_id(repo_id: object) -> str:
     if not isinstance(repo_id, str) or repo_id.count("/") != 1:
         raise ValueError(
             f"Invalid repo id {repo_id!r}: expected 'namespace/name' (your user or organization name, "
@@ -109,7 +109,7 @@ def _check_repo_id(repo_id: object) -> str:
     return repo_id
 
 
-def _check_model_dir(model_dir: Path) -> dict:
+def check_model_dir(model_dir: Path) -> dict:
     """Check that `model_dir` holds a complete checkpoint; return its config."""
     if not model_dir.is_dir():
         raise ValueError(f"Model folder {str(model_dir)!r} does not exist.")
@@ -273,8 +273,8 @@ def push_to_hub(
     local checkpoint is left intact in every case.
     """
     model_dir = Path(model_dir)
-    repo_id = _check_repo_id(repo_id)
-    config = _check_model_dir(model_dir)
+    repo_id = check_repo_id(repo_id)
+    config = check_model_dir(model_dir)
     token = token or get_token()
     if not token:
         raise PublishError(
@@ -343,56 +343,7 @@ def push_to_hub(
     return commit.commit_url
 
 
-def _repo_id_flag(text: str) -> str:
-    try:
-        return _check_repo_id(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+if __name__ == "__main__":  # the command line lives in hf_variants.commands.publish (hf-variants-publish)
+    import runpy
 
-
-def _folder_flag(text: str) -> Path:
-    path = Path(text)
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a folder (a run folder or a model folder)")
-    return path
-
-
-def _message_flag(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the commit message is empty")
-    return text
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description="Push a trained hf_variants model and its card to the Hub "
-        "(HF_ENDPOINT, token from HF_TOKEN or `hf auth login`)."
-    )
-    parser.add_argument("run_dir", type=_folder_flag, help="run folder (results.json + model/) or model folder")
-    parser.add_argument("--repo_id", required=True, type=_repo_id_flag, help="namespace/name")
-    parser.add_argument("--private", action="store_true")
-    parser.add_argument("--commit_message", default=None, type=_message_flag)
-    args = parser.parse_args(argv)
-    run_dir = args.run_dir
-    model_dir = run_dir / "model" if (run_dir / "model" / "config.json").is_file() else run_dir
-    try:  # what the command line can get wrong, before anything is read or sent: exit status 2
-        _check_model_dir(model_dir)
-    except (ValueError, OSError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
-    if not get_token():
-        parser.exit(
-            2,
-            f"{parser.prog}: error: No Hugging Face token: set the HF_TOKEN environment variable or log in with "
-            "`hf auth login`. Nothing was pushed.\n",
-        )
-    try:
-        url = push_to_hub(model_dir, args.repo_id, private=args.private, commit_message=args.commit_message)
-    except (ValueError, PublishError, FileNotFoundError) as err:  # the Hub refused: exit status 1
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(url)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("hf_variants.commands.publish", run_name="__main__", alter_sys=True)

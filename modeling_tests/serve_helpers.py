@@ -24,9 +24,9 @@ from conftest import REPO_ROOT
 # the engine raise on its batch; FAULT_LOAD_DELAY seconds are added to the loading of each worker.
 FAULTS_PRELUDE = """
 import os, sys, time
-import hf_variants.serve.app as app
+import hf_variants.commands.serve as command
 
-real_loader = app.load_translator
+real_loader = command.server_translator
 
 
 class FaultyTranslator:
@@ -44,13 +44,13 @@ class FaultyTranslator:
         return self.translator.translate(requests, options, **kwargs)
 
 
-def faulty_loader(settings):
+def faulty_loader(location, settings):
     time.sleep(float(os.environ.get("FAULT_LOAD_DELAY", "0")))
-    return FaultyTranslator(real_loader(settings))
+    return FaultyTranslator(real_loader(location, settings))
 
 
-app.load_translator = faulty_loader
-from hf_variants.serve.cli import main
+command.server_translator = faulty_loader
+main = command.main
 
 sys.exit(main(sys.argv[1:]))
 """

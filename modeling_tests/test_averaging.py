@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:
 
 from test_training import data_dir, subprocess_env, tiny_args, tokenizer_dir  # noqa: E402,F401 (fixtures)
 
-from hf_variants.training import average, averaging, checkpointing, train  # noqa: E402
+from hf_variants.commands import average  # noqa: E402
+from hf_variants.training import averaging, checkpointing, train  # noqa: E402
 
 
 def fake_checkpoint(folder: Path, tensors: dict, step: int) -> Path:

@@ -254,9 +254,9 @@ def command_error(main, argv: list[str], capsys) -> str:
 
 
 def test_model_commands_name_the_model_folder_of_a_run(run_folder, tmp_path, no_model_loading, capsys):
-    from hf_variants.convert import warm_start
-    from hf_variants.deploy import ctranslate2
-    from hf_variants.onnx import export
+    from hf_variants.commands import export_ctranslate2 as ctranslate2
+    from hf_variants.commands import export_onnx as export
+    from hf_variants.commands import warm_start
 
     expected = f"--model {run_folder} is a training run folder, not a model folder: pass {run_folder / 'model'}"
     for main in (export.main, ctranslate2.main):
@@ -279,7 +279,7 @@ def test_model_commands_name_the_model_folder_of_a_run(run_folder, tmp_path, no_
 def test_convert_marian_refuses_a_model_that_is_no_marian(run_folder, tmp_path, no_model_loading, capsys):
     """Before: MarianMTModel.from_pretrained loaded a transformer_nmt folder with a warning and random weights, and
     the conversion saved that (exit status 0)."""
-    from hf_variants.convert import marian
+    from hf_variants.commands import convert_marian as marian
 
     err = command_error(
         marian.main, ["--marian", str(run_folder / "model"), "--output_dir", str(tmp_path / "o")], capsys
@@ -290,14 +290,15 @@ def test_convert_marian_refuses_a_model_that_is_no_marian(run_folder, tmp_path, 
 
 def test_ctranslate2_refuses_a_variant_before_loading_it(tokenizer, tmp_path, no_model_loading, capsys):
     mute = saved_model(tmp_path / "mute", tokenizer, MuteConfig, MuteForConditionalGeneration)
-    from hf_variants.deploy import ctranslate2
+    from hf_variants.commands import export_ctranslate2 as ctranslate2
 
     err = command_error(ctranslate2.main, ["--model", str(mute), "--output_dir", str(tmp_path / "o")], capsys)
-    assert err.startswith("error: CTranslate2 cannot express model_type='mute_nmt'") and not (tmp_path / "o").exists()
+    assert err.startswith("hf-variants-export-ctranslate2: error: CTranslate2 cannot express model_type='mute_nmt'")
+    assert not (tmp_path / "o").exists()
 
 
 def test_publish_without_a_token_says_how_to_give_one(run_folder, tmp_path, monkeypatch, capsys):
-    from model_cards import publish
+    from hf_variants.commands import publish
 
     monkeypatch.setattr(publish, "get_token", lambda: None)
     monkeypatch.setattr(publish, "push_to_hub", lambda *a, **k: pytest.fail("publish went on without a token"))

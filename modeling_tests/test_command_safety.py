@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -239,15 +240,15 @@ def _tiny_marian(folder: Path) -> Path:
 
 def _main(command: str):
     if command == "warm_start":
-        from hf_variants.convert.warm_start import main
+        from hf_variants.commands.warm_start import main
     elif command == "export_onnx":
-        from hf_variants.onnx.export import main
+        from hf_variants.commands.export_onnx import main
     elif command == "export_ctranslate2":
-        from hf_variants.deploy.ctranslate2 import main
+        from hf_variants.commands.export_ctranslate2 import main
     elif command == "convert_marian":
-        from hf_variants.convert.marian import main
+        from hf_variants.commands.convert_marian import main
     else:
-        from hf_variants.convert.legacy import main
+        from hf_variants.commands.convert_legacy import main
     return main
 
 
@@ -322,7 +323,8 @@ def test_no_command_destroys_its_input(command, relation_name, command_inputs, n
 
 
 def test_warm_start_force_replaces_its_own_output_and_refuses_a_model_too_large(command_inputs, tmp_path, capsys):
-    from hf_variants.convert.warm_start import load_warm_start_report, main
+    from hf_variants.commands.warm_start import main
+    from hf_variants.convert.warm_start import load_warm_start_report
 
     base = command_inputs["warm_start"]
     out = tmp_path / "variant"
@@ -429,15 +431,16 @@ def translate_work(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", list(TRANSLATE_CASES))
-def test_translate_checks_flags_and_output_before_loading(case, translate_work, no_loading, capsys):
-    from hf_variants.training import translate
+def test_translate_checks_flags_and_output_before_loading(case, translate_work, no_loading, capsys, monkeypatch):
+    from hf_variants.commands import translate
 
     where, extra, message = TRANSLATE_CASES[case]
     w = translate_work
     before = tree_hash(w)
     argv = ["--model", str(w / "model"), "--input", str(w / "src.en"), "--output", str(where(w)), "--no_progress"]
+    monkeypatch.setattr(sys, "argv", ["hf-variants-translate", *argv, *(a.format(w=w) for a in extra)])
     with pytest.raises(SystemExit) as exit_info:
-        translate.main(argv + [a.format(w=w) for a in extra])
+        translate.cli()
     assert exit_info.value.code == 2
     assert message.format(w=w) in capsys.readouterr().err
     assert tree_hash(w) == before and sorted(p.name for p in w.iterdir()) == [
@@ -515,7 +518,7 @@ def test_train_overwrites_only_its_own_run_folder_and_refuses_a_model_too_large(
     ],
 )
 def test_publish_checks_its_flags_before_reading_anything(argv, message, command_inputs, monkeypatch, capsys):
-    from model_cards import publish
+    from hf_variants.commands import publish
 
     monkeypatch.setattr(publish, "push_to_hub", lambda *a, **k: pytest.fail("publish went on with a bad flag"))
     model = command_inputs["export_onnx"]
@@ -524,16 +527,19 @@ def test_publish_checks_its_flags_before_reading_anything(argv, message, command
         publish.main([a.format(m=model) for a in argv])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert tree_hash(model) == before
-    assert OUTPUT_MANIFEST in publish.IGNORE_PATTERNS  # the output manifest is never uploaded
+    from model_cards.publish import IGNORE_PATTERNS
+
+    assert OUTPUT_MANIFEST in IGNORE_PATTERNS  # the output manifest is never uploaded
 
 
 def test_export_force_replaces_its_own_output_and_a_failure_keeps_it_whole(tokenizer, tmp_path, capsys, monkeypatch):
     pytest.importorskip("ctranslate2")
+    from hf_variants.commands.export_ctranslate2 import main
     from hf_variants.deploy import ctranslate2 as ct2
 
     model = _tiny_baseline(tmp_path / "model", tokenizer)
     out = tmp_path / "ct2"
-    ct2.main(["--model", str(model), "--output_dir", str(out)])
+    main(["--model", str(model), "--output_dir", str(out)])
     first = tree_hash(out)
     assert read_output_manifest(out)["command"] == "export_ctranslate2" and "model.bin" in first
     assert ct2.read_export_manifest(out)["quantization"] == "float32"
@@ -549,11 +555,11 @@ def test_export_force_replaces_its_own_output_and_a_failure_keeps_it_whole(token
     real_vocabulary = ct2.vocabulary
     monkeypatch.setattr(ct2, "vocabulary", failing_vocabulary)
     with pytest.raises(RuntimeError, match="disk full"):
-        ct2.main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
+        main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
     assert tree_hash(out) == first and sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "model"]
     monkeypatch.setattr(ct2, "vocabulary", real_vocabulary)
     capsys.readouterr()
-    ct2.main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
+    main(["--model", str(model), "--output_dir", str(out), "--force", "--quantization", "int8"])
     assert "--force: replacing" in capsys.readouterr().out
     assert ct2.read_export_manifest(out)["quantization"] == "int8" and tree_hash(out) != first
 

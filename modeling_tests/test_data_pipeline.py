@@ -305,7 +305,7 @@ def test_structural_errors_name_file_and_line(tmp_path, monkeypatch):
 def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message):
     """One JSONL line parser (corpus.parse_jsonl_line) for the in-memory loader, the Arrow pipeline and
     translate.py: each names the file and line with the same message."""
-    from hf_variants.training import translate
+    from hf_variants.commands import inputs, translate
 
     path = write(tmp_path / "bad.jsonl", [json.dumps({"translation": {"en": "a", "de": "x"}}), line, "{}"])
     errors = []
@@ -315,10 +315,10 @@ def test_jsonl_line_errors_are_the_same_in_every_reader(tmp_path, line, message)
             data_pipeline.SplitSource.from_file(path), ["en", "de"], cache_dir=tmp_path / "cache"
         ),
         lambda: list(  # hf-variants-translate's reader of JSONL input
-            translate.iter_input(
+            inputs.iter_input(
                 argparse.Namespace(prefix=None, references=None, src_lang="en"),
-                translate.Plan(True, str(path), {}, [], None, "text", "de", None, None),
-                translate.iter_lines(str(path)),
+                translate.Plan(None, True, str(path), {}, [], None, "text", "de", None, None),
+                inputs.iter_lines(str(path)),
             )
         ),
     ):

@@ -46,7 +46,7 @@ def test_greedy_output_equals_ours_token_for_token(tokenizer, tmp_path):
     model = trained_baseline(tokenizer)
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
-    from hf_variants.deploy.ctranslate2 import main
+    from hf_variants.commands.export_ctranslate2 import main
 
     out = main(["--model", str(tmp_path / "model"), "--output_dir", str(tmp_path / "ct2")])
     suppress = json.loads((out / "hf_variants_export.json").read_text())["suppress_sequences"]

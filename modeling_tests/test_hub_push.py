@@ -337,11 +337,13 @@ def test_unreachable_hub_is_reported(tmp_path, monkeypatch):
 def test_cli(hub, tmp_path, monkeypatch, capsys):
     model_dir = fake_checkpoint(tmp_path)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    assert publish.main([str(model_dir.parent), "--repo_id", "org/cli"]) == 0
+    from hf_variants.commands import publish as command
+
+    assert command.main([str(model_dir.parent), "--repo_id", "org/cli"]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith(f"{hub.url}/org/cli/commit/") and "config.json" in hub.files("org/cli")
     with pytest.raises(SystemExit) as exit_info:  # checked at parse time, before anything is read or sent
-        publish.main([str(model_dir.parent), "--repo_id", "bad id"])
+        command.main([str(model_dir.parent), "--repo_id", "bad id"])
     assert exit_info.value.code == 2 and "argument --repo_id: Invalid repo id" in capsys.readouterr().err
 
 

@@ -18,7 +18,8 @@ if str(ROOT) not in sys.path:
 
 from conftest import read_sentences  # noqa: E402
 
-from hf_variants.training import corpus, data_pipeline, train, translate  # noqa: E402
+from hf_variants.commands import inputs, progress, translate  # noqa: E402
+from hf_variants.training import corpus, data_pipeline, train  # noqa: E402
 
 BOM = "\ufeff"
 
@@ -189,7 +190,7 @@ def test_translate_reads_bom_input(tmp_path, tiny_model_dir):
     for name in ("src.en", "src.en.gz", "src.jsonl"):
         lines = [json.dumps({"text": s}) for s in sentences] if name.endswith(".jsonl") else sentences
         path = str(write(tmp_path / name, lines))
-        assert list(translate.iter_lines(path)) == lines, name  # read lazily, the BOM dropped
+        assert list(inputs.iter_lines(path)) == lines, name  # read lazily, the BOM dropped
         translate.main(["--model", str(model_dir), "--input", path, "--output", str(tmp_path / f"out.{name}"), *gen])
         assert (tmp_path / f"out.{name}").read_text(encoding="utf-8") == expected, name
     proc = subprocess.run(
@@ -269,10 +270,10 @@ def test_progress_lines_every_interval():
 
     now = [0.0]
     out = io.StringIO()
-    progress = translate.ProgressLines(10, interval=5.0, stream=out, clock=lambda: now[0])
+    bar = progress.ProgressLines(10, interval=5.0, stream=out, clock=lambda: now[0])
     for t, n in ((1, 2), (4, 2), (6, 2), (8, 2), (12, 2)):
         now[0] = t
-        progress.update(n)
+        bar.update(n)
     lines = out.getvalue().splitlines()
     assert lines == [
         "progress: 6/10 sentences (60%), 1.0 sentences/s, elapsed 0:00:06, ETA 0:00:04",

@@ -213,7 +213,7 @@ def test_translate_multi_reference_scores_equal_the_sacrebleu_command_line(token
     TER and their signatures are those of `sacrebleu REF1 REF2 -i HYP` on the files it wrote."""
     from trained_tiny import trained_baseline
 
-    from hf_variants.training import translate
+    from hf_variants.commands import translate
 
     model = trained_baseline(tokenizer, steps=150)
     model.save_pretrained(tmp_path / "model")

@@ -11,10 +11,15 @@ Layers, bottom to top (an import may only go down or stay inside its own subpack
 2. the runtime subpackages `onnx`, `deploy`, `convert`;
 3. `inference`, the translation core (requests, batching, decoding on the torch / ONNX Runtime / CTranslate2
    engines, scoring), which drives the runtime subpackages;
-4. `training` (training, the translate and score commands, evaluation) and `serve` (the HTTP service), both on
-   the translation core;
+4. `training` (training, checkpoints, averaging, evaluation) and `serve` (the HTTP service), both on the
+   translation core;
 5. `registration` (names `OrtModelForSeq2SeqLM` for the pipeline task);
-6. the package itself (`__init__`) and the command modules kept at their documented paths (`export_onnx`, ...).
+6. `commands`, the command-line front ends (translate, score, average, serve, export, convert, warm start,
+   publish: flags and files in, library calls out; their one model loader), above everything they drive;
+7. the package itself (`__init__`) and the command modules kept at their documented paths (`export_onnx`, ...).
+
+The old module paths of commands inside a lower layer (`hf_variants.training.translate`, `hf_variants.serve.cli`)
+are launchers that `runpy` the command: no import edge goes up.
 """
 
 from __future__ import annotations
@@ -93,8 +98,10 @@ def layer(name: str) -> int:
         return 1
     if top == "registration":
         return 5
-    if top in COMMANDS or top == "__init__":
+    if top == "commands":
         return 6
+    if top in COMMANDS or top == "__init__":
+        return 7
     return 0
 
 
@@ -137,7 +144,7 @@ def test_no_import_cycle_and_no_import_up_the_layers():
     for name, targets in graph.items():
         for target in targets:
             assert target in modules or target == "__init__", f"{name} imports unknown {target}"
-            same_subpackage = name.split(".")[0] == target.split(".")[0] and layer(name) in (2, 3, 4)
+            same_subpackage = name.split(".")[0] == target.split(".")[0] and layer(name) in (2, 3, 4, 6)
             assert same_subpackage or layer(target) < layer(name) or (layer(name) == layer(target) == 0), (
                 f"{name} (layer {layer(name)}) imports {target} (layer {layer(target)})"
             )

@@ -208,8 +208,8 @@ def test_single_direction_mimo_generates_without_tgt_lang(tokenizer):
 def test_translate_cli_target_from_the_recorded_targets():
     """translate.py without --tgt_lang: the one recorded target; a two-direction model asks for it."""
 
+    from hf_variants.commands.translate import target_language
     from hf_variants.inference.translator import check_request_languages
-    from hf_variants.training.translate import target_language
 
     one = TiedTransformerConfig(languages=["en", "fr"], target_languages=["en"])
     assert target_language(None, one) == "en"

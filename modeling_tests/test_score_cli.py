@@ -17,8 +17,8 @@ from conftest import LANGUAGES, REPO_ROOT, read_sentences
 from trained_tiny import trained_baseline
 
 from hf_variants import TiedTransformerConfig, TiedTransformerForConditionalGeneration
+from hf_variants.commands import score
 from hf_variants.inference.scoring import score_pairs
-from hf_variants.training import score
 
 N = 8
 
@@ -177,7 +177,7 @@ def test_languages_are_checked_before_loading(tokenizer, files, tmp_path, capsys
 def test_scores_of_nbest_hypotheses_are_their_log_probs(model_dir, tokenizer, files, tmp_path):
     """`hf-variants-translate --nbest 3` then `hf-variants-score` of every hypothesis against its source: each score
     is the `log_prob` the n-best list reported (1e-4), wherever the hypothesis' text tokenizes back to its tokens."""
-    from hf_variants.training import translate
+    from hf_variants.commands import translate
 
     sources = files["sources"][:4]
     out = tmp_path / "nbest.jsonl"

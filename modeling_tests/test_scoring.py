@@ -290,7 +290,7 @@ def test_onnx_scoring_graph_manifest_and_command(onnx_export, tokenizer, tmp_pat
     scores pairs into French as torch does."""
     import json
 
-    from hf_variants.training import score
+    from hf_variants.commands import score
 
     manifest = json.loads((onnx_export / "onnx_manifest.json").read_text())
     assert manifest["scoring"]["graphs"] == {"fp32": "scoring_model.onnx", "int8": "scoring_model_int8.onnx"}

@@ -29,8 +29,8 @@ from conftest import REPO_ROOT, read_sentences
 from serve_helpers import ServerProcess, metric_values
 from trained_tiny import trained_baseline
 
+from hf_variants.commands.serve import main as serve_main
 from hf_variants.inference import DecodeOptions, Translator
-from hf_variants.serve.cli import main as serve_main
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'hf-variants[serve]'")
 
@@ -167,7 +167,7 @@ def test_nbest_and_scores_equal_the_translation_core(server, reference):
 
 def test_answers_equal_the_translate_command(server, reference, model_dir, tmp_path):
     """The server and `hf-variants-translate --nbest` (JSON Lines) print the same hypotheses for the same lines."""
-    from hf_variants.training import translate as translate_command
+    from hf_variants.commands import translate as translate_command
 
     candidates = read_sentences("en", "val", n=20, start=80)
     sentences = [s for s, n in zip(candidates, reference.count_tokens(candidates)) if n <= 40][:4]
@@ -564,7 +564,7 @@ def test_the_command_and_its_extra_are_declared():
         import tomli as tomllib
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["hf-variants-serve"] == "hf_variants.serve.cli:cli"
+    assert project["scripts"]["hf-variants-serve"] == "hf_variants.commands.serve:cli"
     extra = project["optional-dependencies"]["serve"]
     assert {re.split(r"[<>=]", r)[0] for r in extra} == {"fastapi", "uvicorn", "prometheus_client"}
     assert all(">=" in r for r in extra) and set(extra) <= set(project["optional-dependencies"]["dev"])

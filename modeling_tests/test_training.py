@@ -341,7 +341,7 @@ def test_translate_script(baseline_run, data_dir, tmp_path):
     assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [ref_lines]).score)
     assert scores["empty_inputs"] == 1 and scores["sacrebleu_signature"].startswith("nrefs:1")
     # the translations are the model's: the same beam search in-process gives the same lines
-    from hf_variants.training.translate import load_model_and_tokenizer
+    from hf_variants.commands.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(run_dir / "model"))
     # the command's length rule defaults to the one the run evaluated with, saved with the model (--max_len_a 1.0)

@@ -28,7 +28,10 @@ from hf_variants import (  # noqa: E402
     TransformerNmtConfig,
     TransformerNmtForConditionalGeneration,
 )
-from hf_variants.training import evaluation, translate  # noqa: E402
+from hf_variants.commands import translate  # noqa: E402
+from hf_variants.commands.common import refusals  # noqa: E402
+from hf_variants.commands.loading import load_model_and_tokenizer  # noqa: E402
+from hf_variants.training import evaluation  # noqa: E402
 from hf_variants.training.corpus import DataError  # noqa: E402
 
 SCRIPT = ROOT / "training" / "translate.py"
@@ -70,7 +73,7 @@ def model_dir(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    return translate.load_model_and_tokenizer(str(model_dir))
+    return load_model_and_tokenizer(str(model_dir))
 
 
 def expected(loaded, texts, max_len_b=4):
@@ -486,10 +489,10 @@ def test_max_length_limits_the_output_and_max_source_length_truncates(trained_di
 def test_errors_before_the_model_loads(trained_dir, tokenizer, tmp_path, monkeypatch):
     """Each refusal names the flag and comes before any weights load (loading is replaced by a failure here)."""
 
-    def no_loading(args):
+    def no_loading(location):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(translate, "load_translation_model", no_loading)
+    monkeypatch.setattr(translate, "load_translator", no_loading)
     sources = read_sentences("en", "val", n=3)
     src = write(tmp_path / "src.en", sources)
     write(tmp_path / "two.txt", ["a", "b"])
@@ -503,6 +506,7 @@ def test_errors_before_the_model_loads(trained_dir, tokenizer, tmp_path, monkeyp
     onnx_dir = tmp_path / "onnx"
     onnx_dir.mkdir()
     (onnx_dir / "config.json").write_text("{}")
+    (onnx_dir / "onnx_manifest.json").write_text("{}")  # what makes a folder an ONNX export
     cases = [
         (["--nbest", "5", "--num_beams", "4"], r"--nbest 5 > --num_beams 4"),
         (["--nbest", "5"], r"--nbest 5 > --num_beams 4 \(the model's saved num_beams\)"),
@@ -527,10 +531,10 @@ def test_errors_before_the_model_loads(trained_dir, tokenizer, tmp_path, monkeyp
             r"--tgt_lang 'en' is not a target language of this model: .* into \['fr'\]",
         ),
         (["--model", str(run_dir)], rf"--model {run_dir} is a training run folder: pass its saved model, --model "),
-        (["--onnx", str(onnx_dir), "--alignments"], "--alignments needs the decoder's cross-attention"),
+        (["--onnx", str(onnx_dir), "--alignments"], "--alignments: they come from the decoder's cross-attention"),
         (["--model", str(tmp_path / "nowhere")], "no such model folder"),
     ]:
-        with pytest.raises(DataError, match=message):
+        with pytest.raises(refusals(), match=message):
             translate.main([*model_flags, "--input", str(src), "--output", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
 

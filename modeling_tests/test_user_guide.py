@@ -82,7 +82,7 @@ SCRIPTS = PYPROJECT["project"]["scripts"]
 TRAIN_MODULE = "hf_variants.training.train"
 CLONE_SCRIPTS = {
     "training/train.py": "hf_variants.training.train",
-    "training/translate.py": "hf_variants.training.translate",
+    "training/translate.py": "hf_variants.commands.translate",
 }
 TINY_TRAINING = [
     "--preset",
@@ -406,7 +406,7 @@ BACKGROUND: list[subprocess.Popen] = []  # the `&` commands of a document still 
 def run_in_shell(argv: list[str]) -> bool:
     """The server in the background, its SIGTERM and the curl commands that call it; False for any other command."""
     if argv[-1] == "&":  # a server in the background (the console script's module, in a real process)
-        assert argv[0] == "hf-variants-serve" and SCRIPTS[argv[0]] == "hf_variants.serve.cli:cli", argv
+        assert argv[0] == "hf-variants-serve" and SCRIPTS[argv[0]] == "hf_variants.commands.serve:cli", argv
         BACKGROUND.append(subprocess.Popen([sys.executable, "-m", "hf_variants.serve", *argv[1:-1]]))
         return True
     if argv == ["kill", "%1"]:

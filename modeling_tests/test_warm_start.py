@@ -25,7 +25,8 @@ from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
 import hf_variants
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.convert.warm_start import main, warm_start
+from hf_variants.commands.warm_start import main
+from hf_variants.convert.warm_start import warm_start
 
 VOCAB = 60
 

@@ -16,7 +16,6 @@ raises a ValueError that names this command.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 from pathlib import Path
@@ -114,24 +113,3 @@ def convert_checkpoint(model_dir: str | Path, output_dir: str | Path, *, force: 
                 shutil.copy2(item, staging / item.name)
         model.save_pretrained(staging)
     return model
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="folder saved by hf_variants 0.1")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that convert_legacy wrote before"
-    )
-    args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written
-        check_not_an_input(args.output_dir, {"--model": args.model})
-        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-    except (ValueError, FileExistsError) as error:
-        parser.exit(2, f"error: {error}\n")
-    model = convert_checkpoint(args.model, args.output_dir, force=args.force)
-    print(f"converted {type(model).__name__} to {args.output_dir}")
-
-
-if __name__ == "__main__":
-    main()

@@ -14,14 +14,10 @@ inside `--marian`; `--force` replaces only a folder an earlier conversion wrote.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ..configuration_transformer_nmt import TransformerNmtConfig
-from ..model_folders import load_config
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
-from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
 
 COMMAND = "convert_marian"  # recorded in the output folder's manifest: what `--force` may replace
 
@@ -109,38 +105,3 @@ def convert_marian(marian_model, **config_overrides) -> TransformerNmtForConditi
         marian_model.generation_config.to_dict()
     )
     return model.eval() if not marian_model.training else model
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--marian", required=True, help="MarianMTModel folder (or Hub id, when online)")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that convert_marian wrote before"
-    )
-    args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written
-        check_not_an_input(args.output_dir, {"--marian": args.marian})
-        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-        model_type = load_config(args.marian, "--marian").model_type
-        if model_type != "marian":  # MarianMTModel.from_pretrained would load it with a warning, weights lost
-            raise ValueError(
-                f"--marian {args.marian} holds a {model_type!r} model, not a MarianMTModel"
-                + (": it needs no conversion." if model_type == "transformer_nmt" else ".")
-            )
-    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
-        parser.exit(2, f"error: {error}\n")
-    from transformers import AutoTokenizer, MarianMTModel
-
-    model = convert_marian(MarianMTModel.from_pretrained(args.marian))
-    with atomic_output_dir(args.output_dir, command=COMMAND, force=args.force) as staging:
-        model.save_pretrained(staging)
-        try:
-            AutoTokenizer.from_pretrained(args.marian).save_pretrained(staging)
-        except (OSError, ValueError) as error:  # tokenizer needs sentencepiece, or none was saved
-            print(f"Tokenizer not copied: {error}")
-    print(f"Saved {args.output_dir}")
-
-
-if __name__ == "__main__":
-    main()

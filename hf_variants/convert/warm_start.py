@@ -63,7 +63,6 @@ names the base model (from the saved config's `warm_started_from`).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import inspect
 import json
@@ -85,14 +84,12 @@ from ..configuration_transformer_nmt import (
     parse_config_overrides,
 )
 from ..model_classes import MODEL_CLASSES
-from ..model_folders import load_config
 from ..modeling_mute import project_doubly_stochastic
 from ..modeling_transformer_nmt import TransformerNmtForConditionalGeneration
 from ..outputs import (
     atomic_output_dir,
     check_not_an_input,
     check_output_dir,
-    int_in_range,
     read_json_object,
 )
 from ..sizing import check_fits
@@ -617,76 +614,3 @@ def load_warm_start_report(folder: str | os.PathLike) -> WarmStartReport:
         initialised=field_of("initialised", dict),
         unused=field_of("unused_base_tensors", list),
     )
-
-
-def _overrides_flag(text: str) -> dict[str, Any]:
-    try:
-        return parse_config_overrides(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--base", required=True, help="folder (or Hub id) of a transformer_nmt or MarianMTModel")
-    parser.add_argument("--model_type", required=True, choices=VARIANT_TYPES)
-    parser.add_argument(
-        "--config_overrides",
-        action="append",
-        default=[],
-        type=_overrides_flag,
-        help="key=value,... variant fields (repeatable)",
-    )
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--base_model_id", help="recorded as `warm_started_from` (default: --base)")
-    parser.add_argument("--tied_init", choices=TIED_INITS, default="decoder")
-    parser.add_argument("--phrase_heads_output", choices=PHRASE_HEADS_OUTPUTS, default="zero")
-    parser.add_argument("--seed", type=int_in_range(0, 2**63 - 1), default=0)
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that a warm start wrote before"
-    )
-    parser.add_argument(
-        "--allow_large_model",
-        action="store_true",
-        help="build the variant even when its estimated size exceeds the available memory",
-    )
-    args = parser.parse_args(argv)
-    overrides: dict[str, Any] = {}
-    for parsed in args.config_overrides:
-        overrides.update(parsed)
-    try:
-        # before anything loads: the output is no input, and can be written
-        check_not_an_input(args.output_dir, {"--base": args.base})
-        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-        load_config(args.base, "--base")
-        _, report = warm_start(
-            args.base,
-            args.model_type,
-            overrides,
-            output_dir=args.output_dir,
-            base_model_id=args.base_model_id,
-            tied_init=args.tied_init,
-            phrase_heads_output=args.phrase_heads_output,
-            seed=args.seed,
-            return_report=True,
-            force=args.force,
-            allow_large_model=args.allow_large_model,
-        )
-    except (ValueError, FileExistsError) as error:  # OutputPathError and ModelTooLargeError are ValueErrors
-        parser.exit(2, f"error: {error}\n")
-    print(report.summary())
-    tokenizer = [n for n in TOKENIZER_FILES if (Path(args.output_dir) / n).is_file()]
-    print(
-        f"Saved {args.output_dir}"
-        + (
-            f" (tokenizer: {', '.join(tokenizer)})"
-            if tokenizer
-            else " (no tokenizer files in --base: pass --tokenizer to train.py)"
-        )
-    )
-
-
-if __name__ == "__main__":
-    main()

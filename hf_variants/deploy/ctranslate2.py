@@ -30,7 +30,6 @@ CTranslate2 can also quantize a float32 export when loading (`compute_type="int8
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -39,7 +38,6 @@ import numpy as np
 import torch
 
 from ..generation_transformer_nmt import check_tokenizer_fits_model
-from ..model_folders import check_tokenizer_source, load_config
 from ..modeling_transformer_nmt import sinusoidal_positions
 from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, read_json_object
 
@@ -274,45 +272,3 @@ def read_export_manifest(folder: str | os.PathLike) -> dict:
             raise ValueError(f"{path}: `model_config` must be the config of the exported {data['source_model_type']}.")
         manifest["model_config"] = config
     return manifest
-
-
-def main(argv=None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="saved transformer_nmt model folder")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--quantization", choices=QUANTIZATIONS, help="store the weights quantized (default: float32)")
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that export_ctranslate2 wrote before"
-    )
-    args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written; the model is a baseline's folder
-        check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
-        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-        check_exportable(load_config(args.model, "--model"))
-        check_tokenizer_source(args.tokenizer, args.model)
-    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
-        parser.exit(2, f"error: {error}\n")
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError as error:
-        raise SystemExit(
-            f"The CTranslate2 export needs the ctranslate2 package: pip install 'hf-variants[deploy]' ({error})."
-        ) from error
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    except (OSError, ValueError) as error:
-        parser.exit(2, f"error: no tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).\n")
-    try:
-        out = export(model, tokenizer, args.output_dir, args.quantization, args.force)
-    except (ValueError, FileExistsError) as error:
-        parser.exit(2, f"error: {error}\n")
-    print(f"Saved the CTranslate2 model to {out}")
-    return out
-
-
-if __name__ == "__main__":
-    main()

@@ -121,7 +121,8 @@ class CTranslate2Engine(Engine):
         return sentence_limits((options.max_len_a, options.max_len_b, cap), source_lengths, positions)
 
     # ------------------------------------------------------------------------------------------------ decoding
-    def unsupported(self, options: DecodeOptions) -> str | None:
+    @classmethod
+    def unsupported(cls, options: DecodeOptions) -> str | None:
         if options.seed is not None:
             return "seed: CTranslate2 samples in its own threads, which a call cannot reseed (use the torch engine)"
         return super().unsupported(options)

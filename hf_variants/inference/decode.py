@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..generation_transformer_nmt import SentenceLengthLogitsProcessor, sentence_limits
+from ..generation_transformer_nmt import SentenceLengthLogitsProcessor, check_tokenizer_fits_model, sentence_limits
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 # engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
@@ -117,10 +117,15 @@ class Engine(ABC):
         self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
     ) -> list[list[float]]: ...
 
-    def unsupported(self, options: DecodeOptions) -> str | None:
-        """Why this engine cannot decode with `options` (None: it can), in words naming the option."""
-        if options.alignments and not self.supports_alignments:
-            return f"alignments: the {self.name} engine returns no attentions (use the torch engine)"
+    @classmethod
+    def unsupported(cls, options: DecodeOptions) -> str | None:
+        """Why this engine cannot decode with `options` (None: it can), in words naming the option. A class method:
+        a command asks it before the model loads."""
+        if options.alignments and not cls.supports_alignments:
+            return (
+                f"alignments: they come from the decoder's cross-attention, which the {cls.name} engine does not "
+                "return (use the torch engine)"
+            )
         return None
 
     def length_rule(self) -> tuple[float, int, int]:
@@ -455,11 +460,13 @@ class TorchEngine(GenerateEngine):
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         model = AutoModelForSeq2SeqLM.from_pretrained(path, trust_remote_code=trust_remote_code).eval()
+        loaded = _load_tokenizer(path, tokenizer, trust_remote_code)
+        check_tokenizer_fits_model(loaded, model.config, tokenizer if isinstance(tokenizer, str) else None, path)
         if precision == "int8":
             from ..deploy.int8 import quantize_for_cpu
 
             quantize_for_cpu(model)
-        return cls(model, _load_tokenizer(path, tokenizer, trust_remote_code))
+        return cls(model, loaded)
 
 
 class OnnxEngine(GenerateEngine):

@@ -60,6 +60,53 @@ def _is_number(value: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class OptionSpec:
+    """What a `DecodeOptions` field is, for every front end that exposes it: its `kind` (int, float or bool), its
+    range (`minimum` / `maximum` inclusive, `above`: exclusive lower bound), its `help`, the flag `group` of the
+    command lines, and whether the HTTP server's requests may set it (`server`). The command-line flags
+    (`inference.flags`), the server's request schema (`serve.schema`) and `DecodeOptions.check` all read it."""
+
+    kind: type
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    group: str = "decoding"
+    server: bool = True
+
+    def range_text(self) -> str:
+        """The allowed values as the error messages say them: `an integer >= 1`, `a number in (0, 1]`, ..."""
+        what = "an integer" if self.kind is int else "a number"
+        if self.above is not None and self.maximum is not None:
+            return f"{what} in ({self.above:g}, {self.maximum:g}]"
+        if self.above is not None:
+            return f"{what} > {self.above:g}"
+        if self.minimum is not None and self.maximum is not None:
+            return f"{what} in [{self.minimum:g}, {self.maximum:g}]"
+        if self.minimum is not None:
+            return f"{what} >= {self.minimum:g}"
+        return "an integer" if self.kind is int else "a finite number"
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not one of the allowed values (None: it is)."""
+        if self.kind is bool:
+            return None if isinstance(value, bool) else "expected true or false"
+        if self.kind is int and not _is_int(value):
+            return f"expected {self.range_text()}"
+        if self.kind is float and not _is_number(value):
+            return "expected a finite number"
+        low_ok = (self.minimum is None or value >= self.minimum) and (self.above is None or value > self.above)
+        if not low_ok or (self.maximum is not None and value > self.maximum):
+            return f"expected {self.range_text()}"
+        return None
+
+
+def option(default: Any, kind: type, help: str, **spec: Any):
+    """A `DecodeOptions` field with its `OptionSpec` (see there)."""
+    return field(default=default, metadata={"option": OptionSpec(kind, help, **spec)})
+
+
+@dataclass(frozen=True)
 class DecodeOptions:
     """How to decode, for every request of a call (None: the model's saved choice, see the module docstring).
 
@@ -72,25 +119,66 @@ class DecodeOptions:
     model). Repetition: `no_repeat_ngram_size`, `repetition_penalty`. Outputs: `scores` adds each hypothesis' `score`
     and `log_prob`, `alignments` its word alignment to the source (engines that return attentions only).
     Source: `max_source_length` truncates every source to that many tokens (special tokens included); the result
-    says so (`truncated`)."""
+    says so (`truncated`).
 
-    num_beams: int | None = None
-    nbest: int = 1
-    length_penalty: float | None = None
-    do_sample: bool = False
-    top_k: int | None = None
-    top_p: float | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    max_length: int | None = None
-    max_new_tokens: int | None = None
-    max_len_a: float | None = None
-    max_len_b: int | None = None
-    no_repeat_ngram_size: int | None = None
-    repetition_penalty: float | None = None
-    scores: bool = False
-    alignments: bool = False
-    max_source_length: int | None = None
+    Each field's type, range, help and group are its metadata (`OptionSpec`, `option_specs()`): the translate and
+    score commands' flags and the server's request fields are generated from them, and `check()` enforces them."""
+
+    num_beams: int | None = option(None, int, "beam size (1: greedy)", minimum=1)
+    nbest: int = option(1, int, "hypotheses per sentence (at most num_beams; with do_sample, samples)", minimum=1)
+    length_penalty: float | None = option(None, float, "beam scores are divided by length ** length_penalty")
+    do_sample: bool = option(
+        False,
+        bool,
+        "sample instead of searching (back-translation): nbest independent samples per sentence",
+        group="sampling",
+    )
+    top_k: int | None = option(
+        None, int, "sample among the k most likely tokens (0: all)", minimum=0, group="sampling"
+    )
+    top_p: float | None = option(
+        None, float, "nucleus sampling: the smallest set of mass p", above=0, maximum=1, group="sampling"
+    )
+    temperature: float | None = option(None, float, "sampling temperature", above=0, group="sampling")
+    seed: int | None = option(
+        None, int, "random seed of sampling: the same seed, the same samples", minimum=0, group="sampling"
+    )
+    max_length: int | None = option(
+        None,
+        int,
+        "a fixed output limit instead of the length rule: tokens of the whole output (the decoder's start token "
+        "included), as in generate() and the pipeline",
+        minimum=1,
+        group="lengths",
+    )
+    max_new_tokens: int | None = option(None, int, "a fixed limit of generated tokens", minimum=1, group="lengths")
+    max_len_a: float | None = option(
+        None,
+        float,
+        "length rule per sentence: at most a * (its source length in tokens) + b new tokens",
+        minimum=0,
+        group="lengths",
+    )
+    max_len_b: int | None = option(None, int, "see max_len_a", minimum=0, group="lengths")
+    no_repeat_ngram_size: int | None = option(None, int, "no n-gram of this size twice", minimum=0)
+    repetition_penalty: float | None = option(None, float, "CTRL's repetition penalty (1: none)", above=0)
+    scores: bool = option(False, bool, "add each hypothesis' score and log-probability", group="outputs")
+    alignments: bool = option(
+        False,
+        bool,
+        "add word alignments (Pharaoh `0-0 1-2`, source word - target word over whitespace words) from the last "
+        "decoder layer's cross-attention averaged over heads (engines that return attentions: torch)",
+        group="outputs",
+    )
+    max_source_length: int | None = option(
+        None,
+        int,
+        "truncate sources to this many tokens (special tokens included); default: never (a source longer than "
+        "the model accepts is skipped)",
+        minimum=1,
+        group="lengths",
+        server=False,
+    )
 
     def replace(self, **changes) -> DecodeOptions:
         return replace(self, **changes)
@@ -113,46 +201,25 @@ class DecodeOptions:
         return 1 if self.do_sample else self.num_beams
 
     def check(self, flags: bool = False) -> DecodeOptions:
-        """Raise an `OptionError` naming the option (e.g. `nbest=5 > num_beams=4`) for a value out of its range or
-        options in conflict; returns self. `flags`: name them as command-line flags (`--nbest 5 > --num_beams 4`)."""
+        """Raise an `OptionError` naming the option (e.g. `nbest=5 > num_beams=4`) for a value out of its range
+        (its `OptionSpec`) or options in conflict; returns self. `flags`: name them as command-line flags
+        (`--nbest 5 > --num_beams 4`)."""
 
         def say(name: str, value: Any = None) -> str:
             if value is None:
                 return f"--{name}" if flags else name
             return f"--{name} {value}" if flags else f"{name}={value!r}"
 
-        def at_least(name: str, low: int) -> None:
+        for name, spec in option_specs().items():
             value = getattr(self, name)
-            if value is not None and (not _is_int(value) or value < low):
-                raise OptionError(f"{say(name, value)}: expected an integer >= {low}", name)
+            problem = None if value is None and spec.kind is not bool else spec.problem(value)
+            if problem:
+                raise OptionError(f"{say(name, value)}: {problem}", name)
+        self._check_sampling(say)
+        self._check_lengths(say)
+        return self
 
-        for name, low in (
-            ("num_beams", 1),
-            ("nbest", 1),
-            ("max_length", 1),
-            ("max_new_tokens", 1),
-            ("max_len_b", 0),
-            ("no_repeat_ngram_size", 0),
-            ("top_k", 0),
-            ("seed", 0),
-            ("max_source_length", 1),
-        ):
-            at_least(name, low)
-        for name in ("length_penalty", "max_len_a", "top_p", "temperature", "repetition_penalty"):
-            value = getattr(self, name)
-            if value is not None and not _is_number(value):
-                raise OptionError(f"{say(name, value)}: expected a finite number", name)
-        if self.max_len_a is not None and self.max_len_a < 0:
-            raise OptionError(f"{say('max_len_a', self.max_len_a)}: expected a number >= 0", "max_len_a")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise OptionError(f"{say('top_p', self.top_p)}: expected a number in (0, 1]", "top_p")
-        for name in ("temperature", "repetition_penalty"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise OptionError(f"{say(name, value)}: expected a number > 0", name)
-        for name in ("do_sample", "scores", "alignments"):
-            if not isinstance(getattr(self, name), bool):
-                raise OptionError(f"{say(name, getattr(self, name))}: expected true or false", name)
+    def _check_sampling(self, say) -> None:
         if self.do_sample:
             if self.num_beams is not None and self.num_beams > 1:
                 raise OptionError(
@@ -161,17 +228,19 @@ class DecodeOptions:
                     "do_sample",
                     "num_beams",
                 )
-        else:
-            for name in ("top_k", "top_p", "temperature", "seed"):
-                if getattr(self, name) is not None:
-                    raise OptionError(f"{say(name, getattr(self, name))} needs {say('do_sample')}", name, "do_sample")
-            if self.num_beams is not None and self.nbest > self.num_beams:
-                raise OptionError(
-                    f"{say('nbest', self.nbest)} > {say('num_beams', self.num_beams)}: beam search returns at most "
-                    f"num_beams hypotheses",
-                    "nbest",
-                    "num_beams",
-                )
+            return
+        for name in ("top_k", "top_p", "temperature", "seed"):
+            if getattr(self, name) is not None:
+                raise OptionError(f"{say(name, getattr(self, name))} needs {say('do_sample')}", name, "do_sample")
+        if self.num_beams is not None and self.nbest > self.num_beams:
+            raise OptionError(
+                f"{say('nbest', self.nbest)} > {say('num_beams', self.num_beams)}: beam search returns at most "
+                f"num_beams hypotheses",
+                "nbest",
+                "num_beams",
+            )
+
+    def _check_lengths(self, say) -> None:
         if self.max_length is not None and self.max_new_tokens is not None:
             raise OptionError(
                 f"{say('max_length')} and {say('max_new_tokens')} both limit the output: pass one",
@@ -191,7 +260,11 @@ class DecodeOptions:
             raise OptionError(
                 f"{say('max_len_a', 0)} {say('max_len_b', 0)} leaves no tokens to generate", "max_len_a", "max_len_b"
             )
-        return self
+
+
+def option_specs() -> dict[str, OptionSpec]:
+    """{field name: its `OptionSpec`} of every `DecodeOptions` field, in declaration order."""
+    return {f.name: f.metadata["option"] for f in fields(DecodeOptions)}
 
 
 @dataclass
@@ -259,8 +332,11 @@ __all__ = [
     "DecodeOptions",
     "Hypothesis",
     "OptionError",
+    "OptionSpec",
     "SKIPPED_EMPTY",
     "SKIPPED_TOO_LONG",
     "TranslationRequest",
     "TranslationResult",
+    "option",
+    "option_specs",
 ]

@@ -70,7 +70,6 @@ onnxruntime; the generate() wrapper is hf_variants' (the folder has no Python co
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -87,13 +86,10 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ..compat_transformer_nmt import output_cache
-from ..model_folders import check_tokenizer_source, load_config
 from ..outputs import (
     check_not_an_input,
     check_output_dir,
     commit_output_dir,
-    discard_output_dir,
-    int_in_range,
     start_output_dir,
 )
 from .attention import (
@@ -873,95 +869,3 @@ def _language_ids_required(model, sample) -> bool:
             return True
         raise
     return False
-
-
-def main(argv=None) -> Path:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="saved hf_variants model folder")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
-    parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
-    parser.add_argument(
-        "--int8_weights",
-        choices=sorted(INT8_WEIGHTS),
-        default=DEFAULT_INT8_WEIGHTS,
-        help="int8 weight format (see INT8_WEIGHTS): s8_reduce_range (default; VNNI's fast kernel, right on every "
-        "CPU) or u8 (about half the error, 2-4x slower MatMuls on VNNI CPUs)",
-    )
-    parser.add_argument(
-        "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that export_onnx wrote before"
-    )
-    parser.add_argument(
-        "--no_fuse_attention",
-        dest="fuse_attention",
-        action="store_false",
-        help="keep attention as generic ONNX ops (default: plain scaled dot-product attention becomes ONNX "
-        "Runtime's com.microsoft::MultiHeadAttention; the manifest's attention_fusion says which modules)",
-    )
-    parser.add_argument(
-        "--no_shared_cache",
-        dest="shared_cache",
-        action="store_false",
-        help="do not write the shared-cache step graph (default: written where every decoder attention is "
-        "fused; the manifest's shared_cache says whether, or why not)",
-    )
-    parser.add_argument(
-        "--scoring_graph",
-        action="store_true",
-        help="also write the scoring graph: forced decoding of whole targets in one run (`hf-variants-score "
-        "--onnx`), instead of the step graph one position at a time",
-    )
-    args = parser.parse_args(argv)
-    try:  # before anything loads: the output is no input, and can be written; the inputs are model folders
-        check_not_an_input(args.output_dir, {"--model": args.model, "--tokenizer": args.tokenizer})
-        check_output_dir(args.output_dir, command=COMMAND, force=args.force)
-        load_config(args.model, "--model")
-        check_tokenizer_source(args.tokenizer, args.model)
-    except (ValueError, FileExistsError) as error:  # ModelFolderError is a ValueError
-        parser.exit(2, f"error: {error}\n")
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-        import onnxscript  # noqa: F401
-    except ImportError as error:
-        raise SystemExit(
-            f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' ({error})."
-        ) from error
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    except (OSError, ValueError) as error:
-        parser.exit(2, f"error: no tokenizer in {args.tokenizer or args.model}: pass --tokenizer DIR ({error}).\n")
-    try:
-        out = export(
-            model,
-            tokenizer,
-            args.output_dir,
-            int8=args.int8,
-            int8_weights=args.int8_weights,
-            opset=args.opset,
-            force=args.force,
-            fuse_attention=args.fuse_attention,
-            shared_cache=args.shared_cache,
-            scoring=args.scoring_graph,
-        )
-    except (ValueError, FileExistsError) as error:
-        parser.exit(2, f"error: {error}\n")
-    finally:
-        discard_output_dir(args.output_dir, COMMAND)  # an export that failed leaves no temporary folder
-    manifest = json.loads((out / MANIFEST).read_text())
-    print(
-        f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
-        + (f", int8 {manifest['quantize_seconds']} s" if args.int8 else "")
-        + ")"
-    )
-    return out
-
-
-if __name__ == "__main__":
-    main()

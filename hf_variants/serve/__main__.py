@@ -1,5 +1,5 @@
-"""`python -m hf_variants.serve`: the same as `hf-variants-serve`."""
+"""`python -m hf_variants.serve`: the same as `hf-variants-serve` (`hf_variants.commands.serve`)."""
 
-from .cli import cli
+import runpy
 
-cli()
+runpy.run_module("hf_variants.commands.serve", run_name="__main__", alter_sys=True)

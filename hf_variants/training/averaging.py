@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import checkpointing
+from .checkpoint_models import run_config_dir
 from .ema import EMA_WEIGHTS
 
 WEIGHT_KINDS = ("raw", "ema")
@@ -212,18 +213,12 @@ def check_weights_intact(checkpoint: Path, weights: str) -> None:
 
 
 def checkpoint_config_dir(checkpoint: Path) -> Path:
-    """The folder with the config of a checkpoint's model: its run's `model_config/` (written when the run
-    starts), else its run's `model/`."""
-    from .trainer import MODEL_CONFIG_DIR
-
-    run_dir = Path(checkpoint).parent.parent
-    for folder in (run_dir / MODEL_CONFIG_DIR, run_dir / "model"):
-        if (folder / "config.json").is_file():
-            return folder
-    raise AveragingError(
-        f"{checkpoint}: its run folder has no config ({run_dir / MODEL_CONFIG_DIR}/config.json or "
-        f"{run_dir / 'model'}/config.json)."
-    )
+    """The folder with the config of a checkpoint's model (`checkpoint_models.run_config_dir`), an
+    `AveragingError` when its run folder has none."""
+    try:
+        return run_config_dir(checkpoint)
+    except checkpointing.CheckpointError as error:
+        raise AveragingError(str(error)) from None
 
 
 def _config_dict(folder: Path) -> dict:

@@ -96,11 +96,11 @@ _AFTER = (
 def check_push_flags(repo_id: str, token: str | None) -> None:
     """The checks that need no network (the repo id, offline mode, a token), also run when the command line is
     parsed; a `HubPushError` naming what fails."""
-    from model_cards.publish import _check_repo_id
+    from model_cards.publish import check_repo_id
 
     after = _AFTER
     try:
-        _check_repo_id(repo_id)
+        check_repo_id(repo_id)
     except ValueError as err:
         raise HubPushError(f"--hub_model_id: {err}") from None
     offline = _offline_variable()

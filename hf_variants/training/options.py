@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+from ..inference.flags import add_option_flags
 from . import corpora, external, flag_checks, settings
 from .evaluation import BLEU_TOKENIZERS, DEFAULT_BLEU_TOKENIZE, check_bleu_tokenize
 
@@ -19,6 +20,7 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 CHECKOUT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "training").is_dir() else None
 DEFAULT_DATA_DIR = CHECKOUT / "training" / "data" / "multi30k" if CHECKOUT else None
 RUNS_DIR = Path("runs")  # relative: the working directory of the run
+EVAL_DECODING = {"num_beams": 4, "length_penalty": 0.6, "max_len_a": 1.2, "max_len_b": 10}
 DESCRIPTION = "Train any hf_variants model type on parallel text with Accelerate: one loop for every variant."
 
 
@@ -307,10 +309,14 @@ def add_evaluation_args(g) -> None:
         help="the weights validation and the final model use: the moving average (--ema_decay; the default with "
         "it) or the trained weights",
     )
-    g.add_argument("--num_beams", "--generation_num_beams", type=int, default=4)
-    g.add_argument("--length_penalty", type=float, default=0.6)
-    g.add_argument("--max_len_a", type=float, default=1.2, help="max new tokens = a * source length + b")
-    g.add_argument("--max_len_b", type=int, default=10)
+    # the decoding of validation BLEU and of the test translations, saved as the model's generation config (the
+    # defaults of the translate command and the server): DecodeOptions' flags, with the papers' settings
+    add_option_flags(
+        g,
+        ["num_beams", "length_penalty", "max_len_a", "max_len_b"],
+        defaults=EVAL_DECODING,
+        aliases={"num_beams": ["--generation_num_beams"]},
+    )
     g.add_argument(
         "--eval_batch_size",
         "--per_device_eval_batch_size",
@@ -580,7 +586,6 @@ POSITIVE_INTS = (
     "max_steps",
     "num_threads",
     "ddp_timeout",
-    "num_beams",
     "eval_batch_size",
     "logging_steps",
 )
@@ -591,13 +596,11 @@ NON_NEGATIVE = {
     "eval_steps": "no periodic validation, only at the end",
     "save_steps": "checkpoints only at the end (and at the best validation)",
     "eval_bleu_pairs": "validation loss only",
-    "max_len_b": None,
     "num_examples": None,
     "keep_checkpoints": "keep all",
     "average_last": "no averaging",
     "weight_decay": None,
     "max_grad_norm": "no clipping",
-    "max_len_a": None,
     "adam_epsilon": None,
     "progress_interval": "every step",
     "patience": "never stop early",

@@ -1,0 +1,105 @@
+"""`hf-variants-export-onnx` (`python -m hf_variants.export_onnx`): export a saved model to ONNX Runtime graphs,
+fp32 and optionally int8. What the export writes: `hf_variants.onnx.export`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..onnx import export as library
+from ..onnx.export import COMMAND, MANIFEST, MIN_OPSET, export
+from ..onnx.quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS
+from ..outputs import discard_output_dir, int_in_range
+from .common import UsageError, add_output_dir_flags, exits_on_refusal
+from .loading import check_export_paths, load_model_folder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-variants-export-onnx",
+        description=library.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="saved hf_variants model folder")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    add_output_dir_flags(parser, COMMAND)
+    parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
+    parser.add_argument(
+        "--int8_weights",
+        choices=sorted(INT8_WEIGHTS),
+        default=DEFAULT_INT8_WEIGHTS,
+        help="int8 weight format (see INT8_WEIGHTS): s8_reduce_range (default; VNNI's fast kernel, right on every "
+        "CPU) or u8 (about half the error, 2-4x slower MatMuls on VNNI CPUs)",
+    )
+    parser.add_argument(
+        "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
+    )
+    parser.add_argument(
+        "--no_fuse_attention",
+        dest="fuse_attention",
+        action="store_false",
+        help="keep attention as generic ONNX ops (default: plain scaled dot-product attention becomes ONNX "
+        "Runtime's com.microsoft::MultiHeadAttention; the manifest's attention_fusion says which modules)",
+    )
+    parser.add_argument(
+        "--no_shared_cache",
+        dest="shared_cache",
+        action="store_false",
+        help="do not write the shared-cache step graph (default: written where every decoder attention is "
+        "fused; the manifest's shared_cache says whether, or why not)",
+    )
+    parser.add_argument(
+        "--scoring_graph",
+        action="store_true",
+        help="also write the scoring graph: forced decoding of whole targets in one run (`hf-variants-score "
+        "--onnx`), instead of the step graph one position at a time",
+    )
+    return parser
+
+
+@exits_on_refusal("hf-variants-export-onnx")
+def main(argv=None) -> Path:
+    args = build_parser().parse_args(argv)
+    check_export_paths(args.model, args.tokenizer, args.output_dir, COMMAND, args.force)
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError as error:
+        raise SystemExit(
+            f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' ({error})."
+        ) from error
+    model, tokenizer = load_model_folder(args.model, args.tokenizer)
+    try:
+        out = export(
+            model,
+            tokenizer,
+            args.output_dir,
+            int8=args.int8,
+            int8_weights=args.int8_weights,
+            opset=args.opset,
+            force=args.force,
+            fuse_attention=args.fuse_attention,
+            shared_cache=args.shared_cache,
+            scoring=args.scoring_graph,
+        )
+    except (ValueError, FileExistsError) as error:
+        raise UsageError(str(error)) from None
+    finally:
+        discard_output_dir(args.output_dir, COMMAND)  # an export that failed leaves no temporary folder
+    manifest = json.loads((out / MANIFEST).read_text())
+    print(
+        f"Saved the ONNX model to {out} (export {manifest['export_seconds']} s"
+        + (f", int8 {manifest['quantize_seconds']} s" if args.int8 else "")
+        + ")"
+    )
+    return out
+
+
+def cli() -> None:
+    main()
+
+
+if __name__ == "__main__":
+    cli()
