@@ -123,3 +123,48 @@ def test_the_engine_decodes_greedy_like_torch(served, trained, tokenizer):
             reached = sum(len(r.hypotheses[0].tokens) == limit for r, limit in zip(ours, limits))
             print(f"{reached} of {len(sentences)} outputs reached their limit")
             assert 0 < reached < len(sentences)
+
+
+def test_the_commands_on_the_export_answer_like_the_server(served, tokenizer, tmp_path, capsys):
+    """hf-variants-translate and hf-variants-score take the export folder as --model (the engine follows from it, or
+    is named): their n-best hypotheses are the server's on the same engine (texts; scores and log-probabilities
+    within 1e-4), and the scorer's log-probability of a hypothesis is the one translate reported."""
+    import json
+
+    from hf_variants.commands import score, translate
+
+    engine, precision, server, _, folder = served
+    sentences = read_sentences("en", "val", n=12, start=300)
+    src = tmp_path / "src.en"
+    src.write_text("\n".join(sentences) + "\n")
+    common = ["--model", str(folder), "--precision", precision, "--num_threads", "1"]
+    for named in ([], ["--engine", engine]):
+        out = tmp_path / f"nbest{len(named)}.jsonl"
+        args = [*common, *named, "--input", str(src), "--output", str(out), "--nbest", "2", "--num_beams", "2"]
+        assert translate.main([*args, "--no_progress"])["engine"] == engine
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert out.read_text() == (tmp_path / "nbest0.jsonl").read_text()
+    with server.client() as client:
+        answer = client.post("/translate", json={"text": sentences, "nbest": 2, "num_beams": 2}).json()
+    for line, served_line in zip(lines, answer["translations"], strict=True):
+        assert [h["text"] for h in line["hypotheses"]] == [h["text"] for h in served_line["hypotheses"]]
+        for ours, theirs in zip(line["hypotheses"], served_line["hypotheses"]):
+            assert ours["score"] == pytest.approx(theirs["score"], abs=1e-4)
+            assert ours["log_prob"] == pytest.approx(theirs["log_prob"], abs=1e-4)
+    best = [line["hypotheses"][0] for line in lines]
+    tgt = tmp_path / "best.de"
+    tgt.write_text("\n".join(h["text"] for h in best) + "\n")
+    scored = tmp_path / "scores.jsonl"
+    score.main([*common, "--source", str(src), "--target", str(tgt), "--output", str(scored), "--no_progress"])
+    capsys.readouterr()
+    compared = 0
+    for hypothesis, row in zip(best, map(json.loads, scored.read_text().splitlines()), strict=True):
+        ids = tokenizer(hypothesis["text"])["input_ids"]
+        if tokenizer.convert_ids_to_tokens(ids) == hypothesis["tokens"]:  # the text re-tokenizes to the hypothesis
+            assert row["log_prob"] == pytest.approx(hypothesis["log_prob"], abs=1e-4)
+            compared += 1
+    assert compared >= len(best) // 2
+    if engine == "onnx":  # an export without int8 graphs: refused before anything loads
+        with pytest.raises(SystemExit):
+            score.main(["--model", str(folder), "--precision", "int8", "--source", str(src), "--target", str(tgt)])
+        assert "graphs (export with --int8 for int8)" in capsys.readouterr().err

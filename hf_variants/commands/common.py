@@ -57,6 +57,14 @@ def add_output_dir_flags(parser: argparse.ArgumentParser, command: str, what: st
     )
 
 
+def add_model_folder_flags(parser: argparse.ArgumentParser, what: str, tokenizer: bool = True) -> None:
+    """`--model` (required: a saved model folder, `what`) and `--tokenizer` (default: the model's folder), the
+    inputs of the commands that read a model folder as it is (exports, conversions)."""
+    parser.add_argument("--model", required=True, help=what)
+    if tokenizer:
+        parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+
+
 def add_batching_flags(parser: argparse.ArgumentParser, unit: str = "sentences") -> argparse._ArgumentGroup:
     """`--batch_size` and `--max_tokens` (fairseq's), in a group the caller may add to."""
     g = parser.add_argument_group("batches")
@@ -118,6 +126,7 @@ __all__ = [
     "HelpFormatter",
     "UsageError",
     "add_batching_flags",
+    "add_model_folder_flags",
     "add_output_dir_flags",
     "as_flags",
     "batching",

@@ -8,12 +8,12 @@ import argparse
 from ..convert import legacy as library
 from ..convert.legacy import COMMAND, convert_checkpoint
 from ..outputs import check_not_an_input, check_output_dir
-from .common import UsageError, add_output_dir_flags, exits_on_refusal
+from .common import UsageError, add_model_folder_flags, add_output_dir_flags, exits_on_refusal
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-variants-convert-legacy", description=library.__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="folder saved by hf_variants 0.1")
+    add_model_folder_flags(parser, "folder saved by hf_variants 0.1", tokenizer=False)
     add_output_dir_flags(parser, COMMAND)
     return parser
 

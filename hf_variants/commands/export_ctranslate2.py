@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..deploy import ctranslate2 as library
 from ..deploy.ctranslate2 import COMMAND, QUANTIZATIONS, check_exportable, export
-from .common import UsageError, add_output_dir_flags, exits_on_refusal
+from .common import UsageError, add_model_folder_flags, add_output_dir_flags, exits_on_refusal
 from .loading import check_export_paths, load_model_folder
 
 
@@ -18,8 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=library.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="saved transformer_nmt model folder")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    add_model_folder_flags(parser, "saved transformer_nmt model folder")
     add_output_dir_flags(parser, COMMAND)
     parser.add_argument("--quantization", choices=QUANTIZATIONS, help="store the weights quantized (default: float32)")
     return parser

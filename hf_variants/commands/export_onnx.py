@@ -11,7 +11,7 @@ from ..onnx import export as library
 from ..onnx.export import COMMAND, MANIFEST, MIN_OPSET, export
 from ..onnx.quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS
 from ..outputs import discard_output_dir, int_in_range
-from .common import UsageError, add_output_dir_flags, exits_on_refusal
+from .common import UsageError, add_model_folder_flags, add_output_dir_flags, exits_on_refusal
 from .loading import check_export_paths, load_model_folder
 
 
@@ -21,8 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=library.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="saved hf_variants model folder")
-    parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
+    add_model_folder_flags(parser, "saved hf_variants model folder")
     add_output_dir_flags(parser, COMMAND)
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
     parser.add_argument(

@@ -308,17 +308,15 @@ class ServerState:
         return json_response(self.render(parsed, results))
 
     def options(self, parsed) -> tuple[DecodeOptions, tuple]:
-        """The request's decoding options, resolved against the model's saved choices, and their batch key."""
-        wants_scores = parsed.nbest is not None or parsed.scores
-        options = DecodeOptions(
-            num_beams=parsed.num_beams,
-            nbest=parsed.nbest or 1,
-            max_new_tokens=parsed.max_new_tokens,
-            scores=wants_scores,
-            max_source_length=self.token_limit if self.limits.truncate else None,
-        )
+        """The request's decoding options (those it sets, objects with scores where it asks for them), resolved
+        against the model's saved choices, and their batch key."""
+        given = dict(parsed.options)
+        given["scores"] = parsed.as_objects
+        given["nbest"] = given.get("nbest") or 1
+        if self.limits.truncate:
+            given["max_source_length"] = self.token_limit
         try:
-            resolved = self.counter.resolve(options)
+            resolved = self.counter.resolve(DecodeOptions(**given))
         except OptionError as error:
             name = next((n for n in error.names if n in TranslateRequest.model_fields), None)
             raise ApiError(422, "invalid_request", str(error), field=name) from None
@@ -345,11 +343,15 @@ class ServerState:
 
     @staticmethod
     def render(parsed, results) -> dict:
-        if parsed.nbest is None and not parsed.scores:
+        if not parsed.as_objects:
             translations = [result.text for result in results]
         else:
+            alignments = bool(parsed.options.get("alignments"))
             translations = [
-                {"source": result.source, "hypotheses": [h.to_dict(scores=True) for h in result.hypotheses]}
+                {
+                    "source": result.source,
+                    "hypotheses": [h.to_dict(scores=True, alignments=alignments) for h in result.hypotheses],
+                }
                 for result in results
             ]
         return {"translations": translations, "truncated": [i for i, r in enumerate(results) if r.truncated]}

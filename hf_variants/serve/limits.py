@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from .schema import TranslateRequest
+from .schema import TranslateRequest, server_options
 
 
 @dataclass(frozen=True)
@@ -228,17 +228,42 @@ def check_sentence(text: str, name: str) -> None:
 
 @dataclass
 class ParsedRequest:
-    """A validated `POST /translate` body: the sentences as a list (and whether one string was sent)."""
+    """A validated `POST /translate` body: the sentences as a list (and whether one string was sent), the languages,
+    and the decoding options it sets (`options`: DecodeOptions field -> value, those not null)."""
 
     texts: list[str]
     single: bool
     src_lang: str | None = None
     tgt_lang: str | None = None
-    num_beams: int | None = None
-    nbest: int | None = None
-    max_new_tokens: int | None = None
-    scores: bool = False
+    options: dict = field(default_factory=dict)
     fields: set = field(default_factory=set)
+
+    @property
+    def as_objects(self) -> bool:
+        """Whether each translation is answered as an object with its hypotheses (`nbest`, `scores`, `alignments`)
+        rather than as a string."""
+        return any(self.options.get(name) for name in ("nbest", "scores", "alignments"))
+
+
+def check_beams(options: dict, limits: ServeLimits) -> None:
+    """`num_beams` at most --max_beams, `nbest` at most `num_beams` (or --max_beams when it is left out)."""
+    beams, nbest = options.get("num_beams"), options.get("nbest")
+    if beams is not None and beams > limits.max_beams:
+        raise limit_error(
+            422,
+            "max_beams",
+            limits.max_beams,
+            f"num_beams={beams}: this server decodes with at most {limits.max_beams} beams (--max_beams)",
+            field="num_beams",
+        )
+    if nbest is not None and nbest > (beams or limits.max_beams):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"nbest={nbest} is above num_beams={beams or limits.max_beams}"
+            f"{'' if beams else ' (--max_beams)'}: a beam search returns at most num_beams hypotheses",
+            field="nbest",
+        )
 
 
 def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
@@ -274,30 +299,13 @@ def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
         code = getattr(body, name)
         if code is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", code):
             raise ApiError(422, "invalid_request", f"`{name}` is not a language code: {_describe(code)}", field=name)
-    if body.num_beams is not None and body.num_beams > limits.max_beams:
-        raise limit_error(
-            422,
-            "max_beams",
-            limits.max_beams,
-            f"num_beams={body.num_beams}: this server decodes with at most {limits.max_beams} beams (--max_beams)",
-            field="num_beams",
-        )
-    if body.nbest is not None and body.nbest > (body.num_beams or limits.max_beams):
-        raise ApiError(
-            422,
-            "invalid_request",
-            f"nbest={body.nbest} is above num_beams={body.num_beams or limits.max_beams}"
-            f"{'' if body.num_beams else ' (--max_beams)'}: a beam search returns at most num_beams hypotheses",
-            field="nbest",
-        )
+    options = {name: getattr(body, name) for name in server_options() if getattr(body, name) is not None}
+    check_beams(options, limits)
     return ParsedRequest(
         texts=texts,
         single=single,
         src_lang=body.src_lang,
         tgt_lang=body.tgt_lang,
-        num_beams=body.num_beams,
-        nbest=body.nbest,
-        max_new_tokens=body.max_new_tokens,
-        scores=body.scores,
+        options=options,
         fields=set(body.model_fields_set),
     )

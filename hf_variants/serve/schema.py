@@ -6,12 +6,27 @@ No field names a file, a path, a model or an engine: those are the server's flag
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..inference.requests import OptionSpec, option_specs
 
 EXAMPLE = {"text": ["A man rides a bike.", "Two dogs play in the snow."], "num_beams": 4}
 
+# what the server adds to an option's own help (its type, range and help come from DecodeOptions' field metadata)
+SERVER_NOTES = {
+    "num_beams": "at most --max_beams",
+    "nbest": "at most num_beams (samples: at most --max_beams); each translation becomes an object with its "
+    "hypotheses",
+    "scores": "each translation becomes an object with its hypotheses' scores, as nbest does",
+    "alignments": "each translation becomes an object; engines that return attentions only (torch)",
+    "max_length": "at most the model's positions",
+    "max_new_tokens": "at most the model's positions",
+}
 
-class TranslateRequest(BaseModel):
+
+class TranslateRequestBase(BaseModel):
     """`POST /translate`: one sentence or a list of them, with optional languages and decoding settings. Settings
     left out take the model's saved generation config (the decoding the model was evaluated with)."""
 
@@ -23,16 +38,36 @@ class TranslateRequest(BaseModel):
     )
     src_lang: str | None = Field(None, description="Source language code, for models with several (GET /health).")
     tgt_lang: str | None = Field(None, description="Target language code, for models with several (GET /health).")
-    num_beams: int | None = Field(None, ge=1, description="Beam size (at most --max_beams; 1 is greedy).")
-    nbest: int | None = Field(
-        None, ge=1, description="Hypotheses per sentence (at most num_beams): each translation becomes an object."
-    )
-    max_new_tokens: int | None = Field(
-        None, ge=1, description="Most tokens to generate per sentence (at most the model's positions)."
-    )
-    scores: bool = Field(
-        False, description="Return each translation as an object with its hypotheses' scores, as nbest does."
-    )
+
+
+def option_field(name: str, spec: OptionSpec) -> tuple[Any, Any]:
+    """The request field of a decoding option: its type (or null: the model's choice), range and help."""
+    bounds = {}
+    if spec.minimum is not None:
+        bounds["ge"] = spec.kind(spec.minimum)
+    if spec.above is not None:
+        bounds["gt"] = spec.kind(spec.above)
+    if spec.maximum is not None:
+        bounds["le"] = spec.kind(spec.maximum)
+    if spec.kind is float:
+        bounds["allow_inf_nan"] = False
+    help_text = spec.help[0].upper() + spec.help[1:]
+    note = f" ({SERVER_NOTES[name]})" if name in SERVER_NOTES else ""
+    return spec.kind | None, Field(None, description=f"{help_text}{note}.", **bounds)
+
+
+def server_options() -> dict[str, OptionSpec]:
+    """The decoding options a request may set (`OptionSpec.server`): every `DecodeOptions` field but those the
+    server's flags decide (`max_source_length`: `--max_sentence_tokens` with `--truncate`)."""
+    return {name: spec for name, spec in option_specs().items() if spec.server}
+
+
+TranslateRequest = create_model(
+    "TranslateRequest",
+    __base__=TranslateRequestBase,
+    __doc__=TranslateRequestBase.__doc__,
+    **{name: option_field(name, spec) for name, spec in server_options().items()},
+)
 
 
 class Hypothesis(BaseModel):
@@ -40,6 +75,7 @@ class Hypothesis(BaseModel):
     score: float | None = Field(None, description="What the beam ranked by (length-normalized log-probability).")
     log_prob: float | None = Field(None, description="Sum of the token log-probabilities, end of sentence included.")
     tokens: list[str] | int | None = Field(None, description="The hypothesis' tokens.")
+    alignment: str | None = Field(None, description="With `alignments`: Pharaoh `source-target` word index pairs.")
 
 
 class Scored(BaseModel):
