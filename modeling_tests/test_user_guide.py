@@ -552,6 +552,13 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert ran["bash"] >= 7 and ran["python"] >= 5
     served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
     assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
+    # section 12: the glossary's terms and a request's own constraints through the translation core
+    terminology, glossary = namespace["terminology"], namespace["glossary"]
+    assert [len(r.constraints) for r in terminology] == [1, 2, 0, 2]
+    for request, result in zip(namespace["requests"], terminology):
+        assert result.constraints_met is (None if not result.constraints else not result.unmet_constraints)
+        if result.constraints_met and request.source in namespace["sources"]:
+            assert all(check.found for check in glossary.check(request.source, result.text))
 
 
 def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):

@@ -32,6 +32,13 @@ defined once in the model code (`generation_transformer_nmt`): each row's own so
 sets its limit, `min(a * length + b, cap, positions)` new tokens, `</s>` forced at the last one; the core passes
 `generate(length_rule={"max_len_a": a, "max_len_b": b})` (a model without that argument gets the model code's
 `SentenceLengthLogitsProcessor`), so a translation does not depend on its batch.
+
+Requests with constraints (target phrases the translation must contain) go to `translate_constrained` instead
+(engines with `supports_constraints`: both generate() engines; not CTranslate2): the constrained beam search of
+`constrained` over the engine's step interface (`decoder_steps`: the torch model's forward with transformers' cache,
+or `OrtModelForSeq2SeqLM.forward` on the step graph), with the same length rule, prefixes, generation-config rules
+and hypotheses (teacher-forced `log_prob`; `score` the search's length-normalized score), and per hypothesis
+`constraints_met`.
 """
 
 from __future__ import annotations
@@ -46,6 +53,16 @@ from typing import Any, ClassVar
 import torch
 
 from ..generation_transformer_nmt import SentenceLengthLogitsProcessor, check_tokenizer_fits_model, sentence_limits
+from .constrained import (
+    DecoderSteps,
+    OrtSteps,
+    SearchSettings,
+    TorchSteps,
+    constrained_beam_search,
+    generation_rules,
+    word_continuations,
+)
+from .constraints import ConstraintTracker
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 # engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
@@ -87,6 +104,8 @@ class Engine(ABC):
 
     name: ClassVar[str] = ""
     supports_alignments: ClassVar[bool] = False
+    # whether `translate_constrained` (lexically constrained beam search) is implemented
+    supports_constraints: ClassVar[bool] = False
 
     config: Any
     tokenizer: Any
@@ -116,6 +135,14 @@ class Engine(ABC):
     def token_log_probs(
         self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
     ) -> list[list[float]]: ...
+
+    def translate_constrained(
+        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+    ) -> list[list[Hypothesis]]:
+        """As `translate_batch`, for requests with constraints (normalized, checked), by constrained beam search
+        with `options.num_beams` beams; each hypothesis' `constraints_met` set. Engines with
+        `supports_constraints` implement it."""
+        raise NotImplementedError(f"the {self.name} engine has no lexically constrained decoding")
 
     @classmethod
     def unsupported(cls, options: DecodeOptions) -> str | None:
@@ -221,6 +248,7 @@ class GenerateEngine(Engine):
     `prepare_translation_inputs`; see the module docstring for what its hypotheses carry."""
 
     name = "generate"
+    supports_constraints = True
 
     def __init__(self, model, tokenizer):
         self.model = model
@@ -228,6 +256,7 @@ class GenerateEngine(Engine):
         self.config = model.config
         self.generation_config = model.generation_config
         self._length_rule_kwarg = _takes_length_rule(model)
+        self._word_continuations: tuple[int, ...] | None = None  # read from the tokenizer on first use
 
     # ----------------------------------------------------------------------------------------------- inputs
     def encode(self, requests: Sequence[TranslationRequest], max_source_length: int | None = None) -> dict:
@@ -323,8 +352,17 @@ class GenerateEngine(Engine):
         out = self._run_generate(inputs, kwargs)
         sequences = out.sequences if hasattr(out, "sequences") else out
         sequence_scores = getattr(out, "sequences_scores", None)
-        n = options.nbest
         ids = [self._hypothesis_ids(row) for row in sequences.tolist()]
+        scores = sequence_scores.tolist() if sequence_scores is not None else None
+        return self._hypotheses(inputs, ids, options, scores)
+
+    def _hypotheses(
+        self, inputs: dict, ids: list[list[int]], options: DecodeOptions, search_scores: list[float] | None
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of token id lists (`options.nbest` consecutive ones per sentence of `inputs`), with their
+        teacher-forced `log_prob`, their `score` (`search_scores` where the search gave them, else `log_prob` over
+        length ** length_penalty) and alignments where `options` ask for them; per sentence."""
+        n = options.nbest
         hyps = [
             Hypothesis(
                 text=self.tokenizer.decode(row, skip_special_tokens=True).strip(),
@@ -339,8 +377,8 @@ class GenerateEngine(Engine):
                 lp = options.length_penalty if options.length_penalty is not None else 1.0
                 for k, (hyp, values) in enumerate(zip(hyps, log_probs)):
                     hyp.log_prob = float(sum(values))
-                    if sequence_scores is not None:
-                        hyp.score = float(sequence_scores[k])
+                    if search_scores is not None:
+                        hyp.score = float(search_scores[k])
                     else:
                         hyp.score = hyp.log_prob / (max(1, len(values)) ** lp)
             if options.alignments:
@@ -353,7 +391,78 @@ class GenerateEngine(Engine):
                         word_indices(self.tokenizer, src),
                         word_indices(self.tokenizer, hyp.token_ids),
                     )
-        return [hyps[i * n : (i + 1) * n] for i in range(len(requests))]
+        return [hyps[i * n : (i + 1) * n] for i in range(len(ids) // n)]
+
+    # ---------------------------------------------------------------------------------------- constraints
+    def constraint_ids(self, constraints: Sequence[Sequence[str]]) -> list[list[list[int]]]:
+        """The token ids of each form of each constraint (normalized: tuples of forms), as the target side
+        tokenizes it without special tokens. A ValueError names a form that gives no token, or a special token
+        (`<unk>` for characters the vocabulary lacks, `</s>`, a language tag): the output could not show it."""
+        special = set(self.tokenizer.all_special_ids)
+        out = []
+        for j, forms in enumerate(constraints):
+            ids = []
+            for a, form in enumerate(forms):
+                where = f"constraints[{j}]" if len(forms) == 1 else f"constraints[{j}][{a}]"
+                tokens = self.prefix_ids(form)
+                if not tokens:
+                    raise ValueError(f"{where}: {form!r} tokenizes to no tokens")
+                bad = [t for t in tokens if t in special]
+                if bad:
+                    token = self.tokenizer.convert_ids_to_tokens(bad[0])
+                    raise ValueError(
+                        f"{where}: {form!r} tokenizes to the special token {token!r} (characters the vocabulary "
+                        "lacks give <unk>): the translation could not contain it"
+                    )
+                ids.append(tokens)
+            out.append(ids)
+        return out
+
+    def decoder_steps(self) -> DecoderSteps:
+        """The step interface the constrained search drives (`constrained.TorchSteps` here)."""
+        return TorchSteps(self.model)
+
+    def search_settings(self, inputs: dict, requests: Sequence[TranslationRequest], options: DecodeOptions):
+        """The constrained search's settings for a batch (`constrained.SearchSettings`): `options` (resolved; its
+        beam size already the search's), the sentences' output limits (the length rule per sentence, or the fixed
+        limit), the prefixes, and the rules of the model's generation config (`constrained.generation_rules`)."""
+        rules = generation_rules(self.generation_config, self.config)
+        forced_eos = rules.pop("forced_eos")
+        if options.max_length is not None:
+            limits, force = [options.max_length - 1] * len(requests), forced_eos
+        elif options.max_new_tokens is not None:
+            limits, force = [options.max_new_tokens] * len(requests), forced_eos
+        else:
+            limits, force = self.length_limits(inputs["attention_mask"].sum(-1).tolist(), options), True
+        return SearchSettings(
+            beams=options.num_beams,
+            nbest=options.nbest,
+            length_penalty=options.length_penalty if options.length_penalty is not None else 1.0,
+            limits=[max(1, limit) for limit in limits],
+            force_eos=force,
+            prefixes=[self.prefix_ids(r.prefix) for r in requests],
+            word_continuations=self.word_continuation_ids(),
+            **rules,
+        )
+
+    def word_continuation_ids(self) -> tuple[int, ...]:
+        """The tokenizer's word-continuing tokens (`constrained.word_continuations`), read once."""
+        if self._word_continuations is None:
+            self._word_continuations = word_continuations(self.tokenizer)
+        return self._word_continuations
+
+    def translate_constrained(
+        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+    ) -> list[list[Hypothesis]]:
+        inputs = self.encode(requests, options.max_source_length)
+        trackers = [ConstraintTracker(self.constraint_ids(r.constraints)) for r in requests]
+        settings = self.search_settings(inputs, requests, options)
+        found = constrained_beam_search(self.decoder_steps(), inputs, settings, trackers)
+        flat = [f for sentence in found for f in sentence]
+        hypotheses = self._hypotheses(inputs, [f.token_ids for f in flat], options, [f.score for f in flat])
+        for hypothesis, f in zip((h for sentence in hypotheses for h in sentence), flat):
+            hypothesis.constraints_met = list(f.met)
+        return hypotheses
 
     def _hypothesis_ids(self, row: list[int]) -> list[int]:
         """The generated tokens of one output row: after the decoder's start token, up to and including the first
@@ -484,6 +593,9 @@ class OnnxEngine(GenerateEngine):
             raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
         model = OrtModelForSeq2SeqLM.from_pretrained(path, precision=precision, num_threads=num_threads)
         return cls(model, _load_tokenizer(path, tokenizer, False))
+
+    def decoder_steps(self) -> DecoderSteps:
+        return OrtSteps(self.model)
 
     def _forward(self, inputs: dict, decoder_input_ids: torch.Tensor, attentions: bool):
         if attentions:

@@ -24,13 +24,17 @@ class TranslationRequest:
     `src_lang` / `tgt_lang`: language codes (None: the model's one target language, or no check of the source);
     `prefix`: the beginning the translation must start with (its tokens are forced, then decoding continues);
     `annotations`: per-sentence model inputs a variant takes beside the text (the syntactic MG-SA's
-    `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`."""
+    `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`;
+    `constraints`: target phrases the translation must contain (lexically constrained decoding, see
+    `hf_variants.inference.constrained`): each a string, or a tuple of alternative forms of which one must appear
+    (`("Kasse", ("Warenkorb", "Einkaufswagen"))`); checked by `constraints.normalize_constraints`."""
 
     source: str
     src_lang: str | None = None
     tgt_lang: str | None = None
     prefix: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    constraints: tuple = ()
 
     @classmethod
     def of(cls, item: str | TranslationRequest) -> TranslationRequest:
@@ -276,7 +280,9 @@ class Hypothesis:
     under the model (teacher-forced, so the scoring of the same pair gives the same number); `score`: what the search
     ranked by, `log_prob` over length ** length_penalty (beam search's `sequences_scores`); `alignment`: (source
     word, target word) index pairs over whitespace words (Pharaoh `i-j`). `score`, `log_prob` and `alignment` are
-    None unless asked for (`DecodeOptions.scores`, `.alignments`)."""
+    None unless asked for (`DecodeOptions.scores`, `.alignments`). `constraints_met`: for a request with
+    constraints, per constraint (in the request's order) whether the hypothesis' tokens contain it (one of its
+    forms); None without constraints."""
 
     text: str
     score: float | None = None
@@ -284,6 +290,7 @@ class Hypothesis:
     tokens: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     alignment: list[tuple[int, int]] | None = None
+    constraints_met: list[bool] | None = None
 
     def pharaoh(self) -> str | None:
         """The alignment as Pharaoh text (`0-0 1-2`), or None."""
@@ -299,6 +306,8 @@ class Hypothesis:
         record["tokens"] = list(self.tokens)
         if alignments:
             record["alignment"] = self.pharaoh()
+        if self.constraints_met is not None:
+            record["constraints_met"] = list(self.constraints_met)
         return record
 
 
@@ -313,7 +322,8 @@ class TranslationResult:
     empty or whitespace-only source, or `"too long"`, a source longer than the model accepts).
 
     `index`: the request's position in the input; `source_tokens`: its length as the model receives it (language
-    tag and `</s>` included, before truncation); `truncated`: whether `max_source_length` cut it."""
+    tag and `</s>` included, before truncation); `truncated`: whether `max_source_length` cut it; `constraints`:
+    the request's constraints as the core read them (each a tuple of its forms; `()`: none)."""
 
     index: int
     source: str
@@ -321,11 +331,27 @@ class TranslationResult:
     source_tokens: int
     truncated: bool = False
     skipped: str | None = None
+    constraints: tuple[tuple[str, ...], ...] = ()
 
     @property
     def text(self) -> str:
         """The best hypothesis' text ("" when skipped)."""
         return self.hypotheses[0].text if self.hypotheses else ""
+
+    @property
+    def unmet_constraints(self) -> list[tuple[str, ...]]:
+        """The constraints the best hypothesis does not contain (each as its forms): those the search could not
+        place within the sentence's length limit. Empty without constraints, and for a skipped request."""
+        if not self.hypotheses or self.hypotheses[0].constraints_met is None:
+            return []
+        return [c for c, met in zip(self.constraints, self.hypotheses[0].constraints_met) if not met]
+
+    @property
+    def constraints_met(self) -> bool | None:
+        """Whether the best hypothesis contains every constraint (None: no constraints, or skipped)."""
+        if not self.constraints or not self.hypotheses:
+            return None
+        return not self.unmet_constraints
 
 
 __all__ = [

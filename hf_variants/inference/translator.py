@@ -12,17 +12,26 @@ no hypotheses (`TranslationResult.skipped` says why) without running the model, 
 length-sorted batches (`batching`: sentences or tokens) and returns the results in input order. A translation
 does not depend on its batch: the length rule is applied per sentence (greedy search gives identical outputs at
 any batch size; beam search up to float ties).
+
+Requests with `constraints` (lexically constrained decoding) are checked (`_check_constraints`: the engine supports
+them, no sampling, every form tokenizes and they fit the sentence's output limit) and translated apart from the
+others, by the engine's constrained beam search (`Engine.translate_constrained`), in batches of their own; the
+other requests take generate() as before, so their outputs do not change, and each sentence gets the translation it
+gets alone. Greedy search (num_beams=1) becomes beam search for the sentences with constraints, with
+max(`CONSTRAINED_MIN_BEAMS`, constraints + 1) beams (a logged warning says so once per translator).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import torch
 
 from .batching import buffered, check_batching, length_sorted_batches
+from .constraints import normalize_constraints
 from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for
 from .requests import (
     SKIPPED_EMPTY,
@@ -34,6 +43,11 @@ from .requests import (
 )
 
 DEFAULT_BUFFER_SIZE = 1024  # requests read ahead by translate_stream (a pipe's lines are handed on as they come)
+# the least beam size of a sentence with constraints when greedy search (num_beams=1) is asked for: constrained
+# decoding is a beam search (one bank a number of constraint tokens met), so greedy search becomes beam search with
+# max(CONSTRAINED_MIN_BEAMS, constraints + 1) beams
+CONSTRAINED_MIN_BEAMS = 4
+logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------------ languages
@@ -162,6 +176,7 @@ class Translator:
                 raise ValueError("Translator(model, tokenizer) or Translator(engine=...)")
             engine = engine_for(model, tokenizer)
         self.engine = engine
+        self._promotion_said = False  # greedy promoted to beam search for constraints: logged once
 
     @classmethod
     def from_pretrained(
@@ -245,15 +260,20 @@ class Translator:
         check_request_languages(self.config, request.src_lang, request.tgt_lang)
         if request.prefix and "\n" in request.prefix:
             raise ValueError("prefix: one line expected (it contains a line break)")
+        normalize_constraints(request.constraints)
 
     def _prepared(self, request: TranslationRequest, index: int) -> TranslationRequest:
-        """`request` checked (errors name `requests[index]`), its target language filled in."""
+        """`request` checked (errors name `requests[index]`), its target language filled in, its constraints
+        normalized (`constraints.normalize_constraints`)."""
         try:
             self.check_request(request)
         except ValueError as error:
             raise ValueError(f"requests[{index}]: {error}") from None
         if request.tgt_lang is None and self.default_tgt_lang is not None:
             request = replace(request, tgt_lang=self.default_tgt_lang)
+        constraints = normalize_constraints(request.constraints)
+        if constraints != request.constraints:
+            request = replace(request, constraints=constraints)
         return request
 
     def count_tokens(self, requests: Sequence[TranslationRequest | str]) -> list[int]:
@@ -340,22 +360,40 @@ class Translator:
                 todo.append(i)
                 effective[i] = length
         self._check_prefixes(stripped, todo, effective, options, offset)
+        constrained = [i for i in todo if stripped[i].constraints]
+        beams = self._check_constraints(stripped, constrained, effective, options, offset)
         if progress is not None and len(todo) < len(requests):
             progress(len(requests) - len(todo))  # empty and too-long sources: done without the model
-        for batch in length_sorted_batches([effective[i] for i in todo], batch_size, max_tokens):
-            idx = [todo[j] for j in batch]
-            hypotheses = self.engine.translate_batch([stripped[i] for i in idx], options)
-            for i, hyps in zip(idx, hypotheses):
-                results[i] = TranslationResult(
-                    offset + i,
-                    requests[i].source,
-                    hyps,
-                    lengths[i],
-                    truncated=cut is not None and lengths[i] > cut,
-                )
-            if progress is not None:
-                progress(len(idx))
+        plain = [i for i in todo if not stripped[i].constraints]
+        runs = [(plain, self.engine.translate_batch, options)]  # without constraints: generate(), as always
+        for size in sorted(set(beams.values())):  # constrained beam search, one beam size a run
+            group = [i for i in constrained if beams[i] == size]
+            runs.append((group, self.engine.translate_constrained, options.replace(num_beams=size)))
+        for group, decode, run_options in runs:
+            for batch in length_sorted_batches([effective[i] for i in group], batch_size, max_tokens):
+                idx = [group[j] for j in batch]
+                hypotheses = decode([stripped[i] for i in idx], run_options)
+                for i, hyps in zip(idx, hypotheses):
+                    results[i] = TranslationResult(
+                        offset + i,
+                        requests[i].source,
+                        hyps,
+                        lengths[i],
+                        truncated=cut is not None and lengths[i] > cut,
+                        constraints=stripped[i].constraints,
+                    )
+                if progress is not None:
+                    progress(len(idx))
         return results  # type: ignore[return-value]
+
+    def _output_limits(self, todo: list[int], lengths: dict, options: DecodeOptions) -> dict[int, int]:
+        """Each sentence's output limit in new tokens (`</s>` included): the fixed limit, or the length rule of its
+        (effective) source length."""
+        if options.max_length is not None:
+            return {i: options.max_length - 1 for i in todo}
+        if options.max_new_tokens is not None:
+            return {i: options.max_new_tokens for i in todo}
+        return dict(zip(todo, self.engine.length_limits([lengths[i] for i in todo], options)))
 
     def _check_prefixes(self, requests, todo, lengths, options: DecodeOptions, offset: int) -> None:
         """A prefix must leave room for `</s>` within the sentence's output limit."""
@@ -363,12 +401,7 @@ class Translator:
         with_prefix = [i for i in todo if requests[i].prefix]
         if prefix_ids is None or not with_prefix:
             return
-        if options.max_length is not None:
-            limits = {i: options.max_length - 1 for i in with_prefix}
-        elif options.max_new_tokens is not None:
-            limits = {i: options.max_new_tokens for i in with_prefix}
-        else:
-            limits = dict(zip(with_prefix, self.engine.length_limits([lengths[i] for i in with_prefix], options)))
+        limits = self._output_limits(with_prefix, lengths, options)
         for i in with_prefix:
             n = len(prefix_ids(requests[i].prefix))
             if n >= limits[i]:
@@ -376,6 +409,57 @@ class Translator:
                     f"requests[{offset + i}]: prefix: {n} tokens, but this sentence's output is limited to "
                     f"{limits[i]} tokens (</s> included): raise max_len_b or max_new_tokens"
                 )
+
+    def _check_constraints(self, requests, todo, lengths, options: DecodeOptions, offset: int) -> dict[int, int]:
+        """Requests with constraints (`todo`) checked against the engine and the options (an `OptionError` names
+        the option: an engine without constrained decoding, sampling, `no_repeat_ngram_size`,
+        `repetition_penalty`), and each constraint's forms against the tokenizer and the sentence's output limit
+        (a ValueError naming `requests[i]`: a form that gives no token; constraints whose shortest forms and
+        `</s>` exceed the limit). Returns each request's beam size: `options.num_beams`, or for greedy search
+        (num_beams=1) max(`CONSTRAINED_MIN_BEAMS`, constraints + 1), said once in a logged warning."""
+        if not todo:
+            return {}
+        engine = self.engine
+        if not getattr(engine, "supports_constraints", False):
+            raise OptionError(
+                f"constraints: the {engine.name} engine has no lexically constrained decoding (use the torch or "
+                "onnx engine)",
+                "constraints",
+            )
+        for name in ("do_sample", "no_repeat_ngram_size", "repetition_penalty"):
+            value = getattr(options, name)
+            if value not in (None, False) and not (name == "repetition_penalty" and value == 1.0):
+                raise OptionError(
+                    f"constraints: constrained beam search does not implement {name}={value!r} (translate the "
+                    "sentences with constraints without it)",
+                    "constraints",
+                    name,
+                )
+        limits = self._output_limits(todo, lengths, options)
+        for i in todo:
+            try:
+                ids = engine.constraint_ids(requests[i].constraints)
+            except ValueError as error:
+                raise ValueError(f"requests[{offset + i}]: {error}") from None
+            need = sum(min(len(form) for form in forms) for forms in ids)
+            if need >= limits[i]:
+                raise ValueError(
+                    f"requests[{offset + i}]: constraints: {need} tokens (the shortest form of each), but this "
+                    f"sentence's output is limited to {limits[i]} tokens (</s> included): raise max_len_b or "
+                    "max_new_tokens, or pass fewer constraints"
+                )
+        if options.num_beams != 1:
+            return {i: options.num_beams for i in todo}
+        beams = {i: max(CONSTRAINED_MIN_BEAMS, len(requests[i].constraints) + 1) for i in todo}
+        if not self._promotion_said:
+            self._promotion_said = True
+            logger.warning(
+                "constraints need beam search: num_beams=1 (greedy) becomes num_beams=max(%d, constraints + 1) for "
+                "the sentences with constraints (%s here); pass num_beams to choose",
+                CONSTRAINED_MIN_BEAMS,
+                ", ".join(str(b) for b in sorted(set(beams.values()))),
+            )
+        return beams
 
 
 @contextlib.contextmanager

@@ -652,6 +652,19 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             shapes.append((cross.shape[1], cross.shape[3]))
         return OrtSharedCache(shapes, rows, capacity, beam_width)
 
+    def decoding_cache(
+        self, encoder_outputs, rows: int, max_length: int, beam_width: int = 1
+    ) -> OrtSharedCache | None:
+        """The self-attention cache of a decoding driven by the caller through `forward` (one step at a time, beam
+        search's rows reordered with the cache's `reorder_cache`, as transformers' loop does): an empty
+        `OrtSharedCache` of `rows` rows (`beam_width` beams a sentence, adjacent) where the folder has the
+        shared-cache step graph, else None (the first `forward` starts the step graph's `OrtCache`).
+        `encoder_outputs`: the source graph's outputs repeated to `rows` rows; `max_length`: the positions the
+        decoding may fill (the buffers start at most `DEFAULT_SHARED_CACHE_CAPACITY` long and grow)."""
+        if self.shared_cache_graph is None:
+            return None
+        return self._new_shared_cache(encoder_outputs, rows, max_length, beam_width)
+
     def _shared_cache_step(self, feeds, kinds, encoder_outputs, attention_mask, cache, batch):
         """`_step` on the shared-cache graph: the buffers bound as both input and output (written in place). A
         forward without a cache starts one of one beam per row (generate()'s loop passes its own, `_run_loop`)."""

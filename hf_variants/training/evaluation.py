@@ -1,4 +1,5 @@
-"""Batched beam-search translation and BLEU/chrF/chrF++/TER scoring (an offline `evaluate` metric over sacreBLEU).
+"""Batched beam-search translation, BLEU/chrF/chrF++/TER scoring (an offline `evaluate` metric over sacreBLEU) and
+term accuracy against a glossary (`term_accuracy`).
 
 Shared by `train.py` (validation and the final test) and `translate.py`. Translation is a thin call into the
 translation core (`hf_variants.inference.Translator`), the one path of the translate command, the server and the
@@ -86,6 +87,30 @@ def score(
     return load_metric().compute(
         predictions=hypotheses, references=per_hypothesis, tokenize=tokenize, metrics=list(metrics)
     )
+
+
+def term_accuracy(sources: Sequence[str], hypotheses: Sequence[str], glossary) -> dict:
+    """Term accuracy, the WMT terminology task's measure: of the glossary terms that apply to the sources (a term
+    counts once per sentence it applies to), the share whose target term (one of its forms) the hypothesis of that
+    sentence contains, matched with the glossary's own options (`hf_variants.inference.glossary.Glossary`: case,
+    whole words). Returns {"term_accuracy": the share (None when no term applies), "terms": terms applied,
+    "terms_found": those found, "sentences_with_terms": sentences with at least one term}; for the same
+    hypotheses with and without the glossary's constraints, the gain the glossary brings."""
+    sources, hypotheses = list(sources), list(hypotheses)
+    if len(sources) != len(hypotheses):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(sources)} sources.")
+    applied = found = sentences = 0
+    for source, hypothesis in zip(sources, hypotheses):
+        checks = glossary.check(source, hypothesis)
+        applied += len(checks)
+        found += sum(check.found for check in checks)
+        sentences += bool(checks)
+    return {
+        "term_accuracy": found / applied if applied else None,
+        "terms": applied,
+        "terms_found": found,
+        "sentences_with_terms": sentences,
+    }
 
 
 MAX_LEN_A, MAX_LEN_B = 1.2, 10  # training's default length rule (fairseq's max_len_a / max_len_b)
