@@ -428,22 +428,48 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
         )
         if tgt_lang is not None:
-            if kwargs.get("tgt_lang_ids") is not None:
-                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
-            if self.model.language_ids_field is None:
-                raise ValueError(
-                    f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
-                    "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate."
-                )
-            if source is None:
-                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
-            langs = self._target_languages(tgt_lang, source.shape[0])
-            for lang in dict.fromkeys(langs):
-                self.config.check_languages(tgt_lang=lang)
-            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
+            kwargs.update(self._target_language_inputs(tgt_lang, source, kwargs))
         if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
             logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
             kwargs["num_beams"] = 1
+        unchosen = self._unchosen_max_length()
+        lengths = self._requested_lengths(source, generation_config, kwargs, unchosen)
+        if rule_override is not None:
+            given = [name for name in ("max_length", "max_new_tokens") if kwargs.get(name) is not None]
+            if given:
+                raise ValueError(f"Pass either `length_rule` or `{given[0]}` to generate, not both.")
+            if source is None:
+                raise ValueError("`length_rule` needs the source `input_ids` (or `inputs_embeds`) to measure.")
+        if (rule_override is not None or not lengths) and source is not None:
+            self._apply_length_rule(rule_override, source, kwargs, unchosen)
+        if unchosen:  # transformers reads the model's config too: hide the 20 for this call
+            self.generation_config.max_length = None
+        try:
+            with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
+                return super().generate(inputs, generation_config, **kwargs)
+        finally:
+            if unchosen:
+                self.generation_config.max_length = TRANSFORMERS_DEFAULT_MAX_LENGTH
+
+    def _target_language_inputs(self, tgt_lang, source: torch.Tensor | None, kwargs: dict) -> dict:
+        """`generate(tgt_lang=...)`: the model's target-language inputs (`tgt_lang_ids`), each language checked."""
+        if kwargs.get("tgt_lang_ids") is not None:
+            raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
+        if self.model.language_ids_field is None:
+            raise ValueError(
+                f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
+                "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate."
+            )
+        if source is None:
+            raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
+        langs = self._target_languages(tgt_lang, source.shape[0])
+        for lang in dict.fromkeys(langs):
+            self.config.check_languages(tgt_lang=lang)
+        return {k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()}
+
+    def _requested_lengths(self, source, generation_config, kwargs: dict, unchosen: bool) -> dict:
+        """The output lengths the call, its generation config or the saved one ask for (`max_length`,
+        `max_new_tokens`), each checked against the model's positions, as is the source."""
         limit = self.config.max_position_embeddings
         if source is not None and source.shape[1] > limit:
             raise ValueError(
@@ -451,7 +477,6 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             )
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None  # the call's max_length wins over a saved max_new_tokens
-        unchosen = self._unchosen_max_length()
         saved = vars(self.generation_config)
         if unchosen:
             saved = {key: value for key, value in saved.items() if key != "max_length"}
@@ -466,39 +491,30 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                     f"`{name}={value}` asks for more target positions than this model has "
                     f"(max_position_embeddings={limit})."
                 )
-        if rule_override is not None:
-            given = [name for name in ("max_length", "max_new_tokens") if kwargs.get(name) is not None]
-            if given:
-                raise ValueError(f"Pass either `length_rule` or `{given[0]}` to generate, not both.")
-            if source is None:
-                raise ValueError("`length_rule` needs the source `input_ids` (or `inputs_embeds`) to measure.")
-        if (rule_override is not None or not lengths) and source is not None:
-            a, b, cap = self.length_rule(rule_override)
-            limits = sentence_limits((a, b, cap), self._source_lengths(source, kwargs), limit)
-            kwargs["max_new_tokens"] = max(limits)
-            eos = self.generation_config.eos_token_id
-            eos = self.config.eos_token_id if eos is None else eos
-            prompt = kwargs.get("decoder_input_ids")
-            processor = SentenceLengthLogitsProcessor(
-                limits, eos[0] if isinstance(eos, (list, tuple)) else eos, 1 if prompt is None else prompt.shape[-1]
+        return lengths
+
+    def _apply_length_rule(self, rule_override, source: torch.Tensor, kwargs: dict, unchosen: bool) -> None:
+        """The length rule per sentence: `max_new_tokens` up to the longest sentence's limit, and a logits processor
+        that ends each sentence at its own."""
+        a, b, cap = self.length_rule(rule_override)
+        positions = self.config.max_position_embeddings
+        limits = sentence_limits((a, b, cap), self._source_lengths(source, kwargs), positions)
+        kwargs["max_new_tokens"] = max(limits)
+        eos = self.generation_config.eos_token_id
+        eos = self.config.eos_token_id if eos is None else eos
+        prompt = kwargs.get("decoder_input_ids")
+        processor = SentenceLengthLogitsProcessor(
+            limits, eos[0] if isinstance(eos, (list, tuple)) else eos, 1 if prompt is None else prompt.shape[-1]
+        )
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), processor])
+        if unchosen:
+            logger.warning_once(
+                f"generation_config.max_length={TRANSFORMERS_DEFAULT_MAX_LENGTH} is transformers' default (a "
+                "Seq2SeqTrainer evaluation with predict_with_generate writes it into the generation config it "
+                f"saves), not a limit: the length rule applies (at most {a:g} x source length + {b} new tokens, "
+                f"up to {cap}). Pass max_length= or max_new_tokens= to generate (or set "
+                "generation_config.max_new_tokens) for a fixed limit."
             )
-            kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), processor])
-            if unchosen:
-                logger.warning_once(
-                    f"generation_config.max_length={TRANSFORMERS_DEFAULT_MAX_LENGTH} is transformers' default (a "
-                    "Seq2SeqTrainer evaluation with predict_with_generate writes it into the generation config it "
-                    f"saves), not a limit: the length rule applies (at most {a:g} x source length + {b} new tokens, "
-                    f"up to {cap}). Pass max_length= or max_new_tokens= to generate (or set "
-                    "generation_config.max_new_tokens) for a fixed limit."
-                )
-        if unchosen:  # transformers reads the model's config too: hide the 20 for this call
-            self.generation_config.max_length = None
-        try:
-            with generation_scope():  # per-unit weights (MUTE, MIMO) and the cross-attention mask: once per call
-                return super().generate(inputs, generation_config, **kwargs)
-        finally:
-            if unchosen:
-                self.generation_config.max_length = TRANSFORMERS_DEFAULT_MAX_LENGTH
 
     def _source_lengths(self, source: torch.Tensor, kwargs: dict) -> list[int]:
         """Each source's length in tokens, for the length rule: its attention mask's sum, else its tokens that are
