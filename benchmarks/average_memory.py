@@ -26,7 +26,8 @@ from safetensors.torch import save_file
 from timing import peak_memory_mb, write_result
 
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.training import average, averaging, checkpointing
+from hf_variants.commands import average  # noqa: E402
+from hf_variants.training import averaging, checkpointing
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -363,9 +363,9 @@ def markdown(results: dict, args, paths: dict | None = None) -> str:
 
 # ------------------------------------------------------------------------------------------------------------- BLEU
 def bleu_mode(args) -> dict:
+    from hf_variants.commands.loading import load_model_and_tokenizer
     from hf_variants.training import evaluation
     from hf_variants.training.corpus import read_lines
-    from hf_variants.training.translate import load_model_and_tokenizer
 
     sources = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.src}.gz"))
     references = read_lines(str(DATA_DIR / f"test_2016_flickr.{args.tgt}.gz"))
@@ -383,27 +383,19 @@ def bleu_mode(args) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = export(model, tokenizer, Path(tmp) / "ct2")
-            tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
-            suppress = [[t] for t in tokenizer.convert_ids_to_tokens(model.generation_config.suppress_tokens or [])]
-            # the batches and length limit of `evaluation.translate`: length-sorted batches of --batch sources,
-            # at most max_len_a * (longest source) + max_len_b new tokens per batch
-            for kind, compute in (("ct2_fp32", "float32"), ("ct2_int8", "int8")):
-                translator = ctranslate2.Translator(
-                    str(path), device="cpu", compute_type=compute, intra_threads=args.threads or 0
+            # through the translation core, as the other rows (evaluation.translate): length-sorted batches of
+            # --batch sources, the length rule per sentence (evaluation's max_len_a / max_len_b)
+            from hf_variants.inference import DecodeOptions, TranslationRequest, Translator
+
+            options = DecodeOptions(
+                num_beams=4, length_penalty=0.6, max_len_a=evaluation.MAX_LEN_A, max_len_b=evaluation.MAX_LEN_B
+            )
+            requests = [TranslationRequest(text, tgt_lang=tgt_lang) for text in sources]
+            for kind, precision in (("ct2_fp32", "fp32"), ("ct2_int8", "int8")):
+                translator = Translator.from_pretrained(
+                    str(path), engine="ctranslate2", precision=precision, num_threads=args.threads or None
                 )
-                out = [""] * len(tokens)
-                for idx in evaluation.length_sorted_batches([len(t) for t in tokens], args.batch):
-                    limit = evaluation.new_token_limit(len(tokens[idx[0]]))
-                    results = translator.translate_batch(
-                        [tokens[i] for i in idx],
-                        beam_size=4,
-                        length_penalty=0.6,
-                        suppress_sequences=suppress,
-                        max_decoding_length=limit,
-                    )
-                    for i, r in zip(idx, results):
-                        out[i] = tokenizer.convert_tokens_to_string(r.hypotheses[0]).strip()
-                hyps[kind] = out
+                hyps[kind] = [r.text for r in translator.translate(requests, options, batch_size=args.batch)]
     ort_weights = None
     if ort_module() is not None and not args.skip_ort:  # ONNX Runtime fp32 / int8 of the same weights
         from hf_variants import OrtModelForSeq2SeqLM

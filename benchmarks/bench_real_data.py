@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Decoding speed on real data: a trained transformer_nmt checkpoint translating test_2016_flickr (1,000
-sentences) as `training/evaluation.translate` batches it (length-sorted batches of `--batch` sources, at most
-max_len_a * longest source + max_len_b new tokens a batch), greedy and beam 4 (length penalty 0.6). Engines:
+sentences) through the translation core, as hf-variants-translate and evaluation do (length-sorted batches of
+`--batch` sources, each sentence under the model's saved length rule), greedy and beam 4 (length penalty 0.6).
+Every engine is the core's `Translator` on it:
 
 - `torch_fp32`: the checkpoint's own `generate()`;
 - `ct2_fp32`, `ct2_int8`: CTranslate2 on `hf_variants.export_ctranslate2`'s conversion (when installed);
@@ -61,7 +62,7 @@ def test_set(args, tokenizer) -> tuple[list[str], list[list[int]], list[list[int
 def prepare(args, workdir: Path) -> list[str]:
     """Convert the checkpoint for the engines that need it (CTranslate2, ONNX Runtime) into `workdir`; the engines to
     run."""
-    from hf_variants.training.translate import load_model_and_tokenizer
+    from hf_variants.commands.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     if model.config.model_type != "transformer_nmt":
@@ -82,51 +83,27 @@ def prepare(args, workdir: Path) -> list[str]:
 
 
 def engine(name: str, args, workdir: Path):
-    """`translate(batch, beams)` of engine `name`: the hypotheses' token ids (no start token, eos or padding)."""
-    from hf_variants.training import evaluation
-    from hf_variants.training.translate import load_model_and_tokenizer
+    """`translate(batch, beams)` of engine `name` through the translation core (`Translator` on the torch, ONNX
+    Runtime or CTranslate2 engine, each sentence under the model's saved length rule): the hypotheses' token ids (no
+    start token, eos or padding)."""
+    from hf_variants.inference import DecodeOptions, Translator
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
-    _, ids, _ = test_set(args, tokenizer)
-
-    def limit(batch):
-        return evaluation.new_token_limit(max(len(ids[i]) for i in batch))
-
-    if name.startswith("ct2_"):
-        import ctranslate2
-
-        compute = {"ct2_fp32": "float32", "ct2_int8": "int8"}[name]
-        translator = ctranslate2.Translator(
-            str(workdir / "ct2"), device="cpu", compute_type=compute, intra_threads=args.threads, inter_threads=1
-        )
-        tokens = [tokenizer.convert_ids_to_tokens(row) for row in ids]
-        suppress = [[t] for t in tokenizer.convert_ids_to_tokens(model.generation_config.suppress_tokens or [])]
-
-        def translate(batch, beams):
-            results = translator.translate_batch(
-                [tokens[i] for i in batch],
-                beam_size=beams,
-                length_penalty=0.6 if beams > 1 else 1.0,
-                suppress_sequences=suppress,
-                max_decoding_length=limit(batch),
-            )
-            return [tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
-
-        return translate, tokenizer
-    if name.startswith("ort_"):
-        from hf_variants import OrtModelForSeq2SeqLM
-
-        precision = name.split("_")[1]
-        model = OrtModelForSeq2SeqLM.from_pretrained(workdir / "onnx", precision=precision, num_threads=args.threads)
-        model.drop_finished = not name.endswith("_keep_all")
-    special = {tokenizer.pad_token_id, model.generation_config.eos_token_id}
+    kind, precision = name.split("_")[:2]
+    folders = {"torch": args.model, "ct2": str(workdir / "ct2"), "ort": str(workdir / "onnx")}
+    engines = {"torch": "torch", "ct2": "ctranslate2", "ort": "onnx"}
+    translator = Translator.from_pretrained(
+        folders[kind], engine=engines[kind], precision=precision, num_threads=args.threads
+    )
+    if name.endswith("_keep_all"):  # every sentence of a batch decoded to the batch's end, as transformers' loop
+        translator.engine.model.drop_finished = False
+    tokenizer = translator.tokenizer
+    sources, _, _ = test_set(args, tokenizer)
+    special = {tokenizer.pad_token_id, translator.config.eos_token_id}
 
     def translate(batch, beams):
-        inputs = tokenizer.pad({"input_ids": [ids[i] for i in batch]}, return_tensors="pt")
-        settings = dict(num_beams=beams, max_new_tokens=limit(batch), **({"length_penalty": 0.6} if beams > 1 else {}))
-        with torch.inference_mode():
-            out = model.generate(**inputs, **settings)
-        return [[t for t in row[1:].tolist() if t not in special] for row in out]
+        options = DecodeOptions(num_beams=beams, length_penalty=0.6 if beams > 1 else 1.0)
+        results = translator.translate([sources[i] for i in batch], options, batch_size=len(batch))
+        return [[t for t in r.hypotheses[0].token_ids if t not in special] for r in results]
 
     return translate, tokenizer
 

@@ -69,7 +69,7 @@ def pairs(args) -> tuple[list[str], list[str]]:
 
 def prepare(args, workdir: Path) -> list[str]:
     """Convert the checkpoint for CTranslate2 and ONNX Runtime into `workdir`; the engines to run."""
-    from hf_variants.training.translate import load_model_and_tokenizer
+    from hf_variants.commands.loading import load_model_and_tokenizer
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     if model.config.model_type != "transformer_nmt":

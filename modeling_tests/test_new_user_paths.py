@@ -34,7 +34,8 @@ from transformers.utils import logging as hf_logging
 
 import hf_variants  # noqa: F401  (registers the model types and the translation task)
 from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
-from hf_variants.training import progress, train, translate
+from hf_variants.commands import translate
+from hf_variants.training import progress, train
 from hf_variants.training.corpus import DataError
 
 

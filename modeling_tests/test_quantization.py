@@ -186,7 +186,8 @@ def test_trained_model_int8_decoding_stays_near_fp32(tokenizer):
 
 def test_translate_script_int8(tokenizer, tmp_path):
     """`translate.py --int8` translates with the quantized model: its output is that of quantize_for_cpu(model)."""
-    from hf_variants.training import evaluation, translate
+    from hf_variants.commands import translate
+    from hf_variants.training import evaluation
 
     model = trained_baseline(tokenizer)
     model.save_pretrained(tmp_path / "model")
