@@ -371,9 +371,8 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     for split, r in rows.items():
         if r is not None:
             data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
-    tokenizer = build_tokenizer(
-        args, accelerator, run_dir, stream_source or rows["train"], languages, resuming=resuming
-    )
+    tokenizer = build_tokenizer(args, accelerator, run_dir, stream_source or rows["train"], languages, resuming)
+    corpora.check_tags_in_text(tokenizer, args, rows)  # a tag is no word of any sentence
     target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
     checks = [
         (name, lang)
