@@ -97,6 +97,7 @@ RESULTS_KEYS = (
     "corpora",
     "final_model",
     "early_stopping",
+    "run_id",
 )
 
 
@@ -747,6 +748,8 @@ def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
             by_step.setdefault(change.get("step"), []).append(
                 f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
             )
+    if results.run_id:
+        rows.append(("Run id", f"`{results.run_id}`"))
     if results.final_model:
         rows.append(("Final weights", str(results.final_model)))
     stop = results.early_stopping if isinstance(results.early_stopping, Mapping) else {}

@@ -96,6 +96,8 @@ class RunRecord:
     # --patience: {"patience", "min_delta", "metric", "best", "best_step", "validations_without_improvement",
     # "stopped_at_step" (None: the run did not stop early)}
     early_stopping: dict | None = field(default=None, metadata=_OPTIONAL)
+    # the run's id (train.py: hf_variants/training/run_identity.py; kept on resume, in every checkpoint)
+    run_id: str | None = field(default=None, metadata=_OPTIONAL)
     extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions
 
     @classmethod

@@ -1115,6 +1115,7 @@ def build_results(
             # the values of the last part of the run
             "settings_changes": state.settings_changes,
             "nonfinite_skipped": state.nonfinite_skipped,
+            "run_id": trainer.run_id,  # hf_variants/training/run_identity.py
             "corpora": corpora.summary(data.train_set),
             "early_stopping": early_stopping_summary(state, args),
         }

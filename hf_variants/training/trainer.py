@@ -23,6 +23,8 @@ import torch
 
 from ..loss_transformer_nmt import smoothed_cross_entropy
 from . import best_checkpoints, cache_store, checkpointing, corpus, early_stopping, ema, evaluation, external
+from .run_identity import KEY as RUN_ID_KEY
+from .run_identity import resolve as resolve_run_id
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -530,6 +532,7 @@ class Trainer:
         self.wall_time_base = self.state.wall_time
         self.signals = StopSignals()
         self.tokenizer_fingerprint = cache_store.tokenizer_fingerprint(data.tokenizer)
+        self.run_id = resolve_run_id(self.accelerator, run.resume)  # kept on resume, in every checkpoint
         self.stop_flag = AgreedFlag(self.accelerator.device)
         # the step of the newest checkpoint of this run's state (the resumed one: nothing has changed since)
         self.saved_step: int | None = self.state.step if run.resume is not None else None
@@ -585,6 +588,7 @@ class Trainer:
                 "best_step": state.best_step,
                 "settings": self.run.run_settings,
                 checkpointing.TOKENIZER_KEY: self.tokenizer_fingerprint,
+                RUN_ID_KEY: self.run_id,  # hf_variants/training/run_identity.py
             },
             {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()},
             tokenizer_dir=self.run.run_dir / checkpointing.TOKENIZER_DIR,
