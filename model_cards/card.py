@@ -98,6 +98,7 @@ RESULTS_KEYS = (
     "final_model",
     "early_stopping",
     "run_id",
+    "best_checkpoint",
 )
 
 
@@ -752,6 +753,9 @@ def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
         rows.append(("Run id", f"`{results.run_id}`"))
     if results.final_model:
         rows.append(("Final weights", str(results.final_model)))
+    choice = results.best_checkpoint if isinstance(results.best_checkpoint, Mapping) else {}
+    if choice.get("final_step") is not None and choice.get("statement"):
+        rows.append(("Checkpoint choice", str(choice["statement"])))
     stop = results.early_stopping if isinstance(results.early_stopping, Mapping) else {}
     if stop.get("stopped_at_step") is not None:
         rows.append(

@@ -12,7 +12,8 @@ A checkpoint's weights are its model weights (`model.safetensors`) or, in a run 
 exponential moving average of them (`ema.safetensors`, `hf_variants/training/ema.py`): `weights="raw"` or `"ema"`.
 
 `final_weights` picks the final model of a run from its checkpoints: `--average_last K`, else `--final_model best`
-(the best validated checkpoint) or `last`, each in the weights `--eval_weights` names.
+(the best validated checkpoint: hf_variants/training/final_choice.py) or `last`, each in the weights `--eval_weights`
+names.
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ def final_weights(trainer) -> tuple[dict[str, torch.Tensor], str]:
             )
         return average_checkpoints(chosen, kind), f"average of {of}{', '.join(p.name for p in chosen)}"
     if args.final_model == "best" and state.best_step is not None:
-        step, what = state.best_step, f"best validated checkpoint step_{state.best_step}"
+        from .final_choice import choose  # the ranking's best, or the best candidate on the whole validation set
+
+        step = choose(trainer, kind)
+        what = f"best validated checkpoint step_{step}"
     else:
         step, what = state.step, f"last step {state.step}"
     return load_weights(checkpoint_dir / f"step_{step}", kind), f"{of}{what}"

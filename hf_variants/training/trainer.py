@@ -540,6 +540,7 @@ class Trainer:
         self.ema = ema.for_run(self.args, job.unwrapped, run.resume)  # --ema_decay (a no-op without it)
         best_checkpoints.adopt(self.state, run.checkpoint_dir, resumed=run.resume is not None)
         early_stopping.check_validation_data(self.args, data.valid_pairs)  # --patience, --keep_best
+        self.kept_best = best_checkpoints.log_ranking(self.args, len(data.valid_pairs or []))  # the best N kept
         if self.state.window is not None:  # a preempted run's window, logged at its next logging step
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
@@ -595,7 +596,7 @@ class Trainer:
             extra_files=self.ema.checkpoint_files(),
         )
         if self.accelerator.is_main_process:  # only the run's own checkpoints, never the newest and best ones
-            best_checkpoints.rotate(self.run.checkpoint_dir, state, args)
+            best_checkpoints.rotate(self.run.checkpoint_dir, state, args, self.kept_best)
         self.accelerator.wait_for_everyone()
         self.saved_step = step
 
@@ -928,8 +929,9 @@ class Trainer:
             with self.ema.for_validation():  # --eval_weights ema: the moving average validates
                 is_best = self.evaluate(state.step)
             if state.evals and state.evals[-1]["step"] == state.step:
-                # --keep_best: a step among the best N is checkpointed; --patience: a stopping step is the last
-                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, args.keep_best)
+                # --keep_best, --final_candidates: a step among the best N is checkpointed; --patience: a stopping
+                # step is the last
+                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, self.kept_best)
                 is_best |= early_stopping.update(state, state.evals[-1], args)
         if saving or is_best:
             self.save(state.step)
