@@ -357,3 +357,9 @@ def test_a_tag_that_is_a_vocabulary_token_or_a_word_of_the_text_is_refused(
     (folder / "clean.tsv").write_text("".join(lines))
     with pytest.raises(corpus.DataError, match=r"corpus tag 'bt' occurs as a word in .*clean\.tsv:4 \(en\)"):
         train.main(corpus_args(folder, tokenizer_dir, tmp_path / "word", tags=("", "bt")))
+    (folder / "clean.tsv").write_text((word_corpora / "clean.tsv").read_text())  # and in the validation data
+    lines = (folder / "valid.tsv").read_text().splitlines(keepends=True)
+    lines[2] = "A man (bt) runs.\tEin Mann (bt) rennt.\n"
+    (folder / "valid.tsv").write_text("".join(lines))
+    with pytest.raises(corpus.DataError, match=r"'bt' occurs as a word in the valid data, .*valid\.tsv:3 \(en\)"):
+        train.main(corpus_args(folder, tokenizer_dir, tmp_path / "word", tags=("", "bt")))

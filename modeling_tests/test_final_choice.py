@@ -94,6 +94,12 @@ def test_the_ranking_is_stated_and_the_final_model_is_the_best_candidate_on_all_
     assert f"Checkpoints rank by validation BLEU on the first {BLEU_PAIRS} of {VALID} validation pairs;" in log
     assert f"Final model chosen: {statement}" in log
     assert f"| Checkpoint choice | {statement} |" in (out / "model" / "README.md").read_text()
+    # an average of the run's checkpoints is no choice of the run's: its card says what it is, and whose
+    from hf_variants.commands import average
+
+    averaged = average.main([str(out), "--checkpoints", f"step_{final}", "--output_dir", str(tmp_path / "avg")])
+    card = (averaged / "README.md").read_text()
+    assert "Checkpoint choice" not in card and f"| Run id | `{results['run_id']}` |" in card
 
 
 def test_a_noisy_few_pair_ranking_does_not_choose_the_final_model(copy_run, copy_task, tokenizer_dir, tmp_path):

@@ -315,6 +315,7 @@ def average_record(run_dir: Path, checkpoints: Sequence[Path], weights: str, how
     for name in ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "per_direction", "eval_split"):
         setattr(record, name, None)
     record.eval_pairs, record.validation, record.best_step, record.stopped = None, [], None, None
+    record.best_checkpoint = None  # the run's choice of its own final model, not this one's
     record.steps = max(int(checkpointing.checkpoint_info(c).get("step", 0)) for c in checkpoints)
     of = "EMA weights of " if weights == "ema" else ""
     names = ", ".join(c.name if c.parent.parent == Path(run_dir) else str(c) for c in checkpoints)
