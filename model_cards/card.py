@@ -97,6 +97,8 @@ RESULTS_KEYS = (
     "corpora",
     "final_model",
     "early_stopping",
+    "run_id",
+    "best_checkpoint",
 )
 
 
@@ -747,8 +749,13 @@ def _training_rows(results: RunRecord) -> list[tuple[str, str]]:
             by_step.setdefault(change.get("step"), []).append(
                 f"`{change['setting']}` {_fmt(change.get('from'))} → {_fmt(change.get('to'))}"
             )
+    if results.run_id:
+        rows.append(("Run id", f"`{results.run_id}`"))
     if results.final_model:
         rows.append(("Final weights", str(results.final_model)))
+    choice = results.best_checkpoint if isinstance(results.best_checkpoint, Mapping) else {}
+    if choice.get("final_step") is not None and choice.get("statement"):
+        rows.append(("Checkpoint choice", str(choice["statement"])))
     stop = results.early_stopping if isinstance(results.early_stopping, Mapping) else {}
     if stop.get("stopped_at_step") is not None:
         rows.append(

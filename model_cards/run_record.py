@@ -96,6 +96,11 @@ class RunRecord:
     # --patience: {"patience", "min_delta", "metric", "best", "best_step", "validations_without_improvement",
     # "stopped_at_step" (None: the run did not stop early)}
     early_stopping: dict | None = field(default=None, metadata=_OPTIONAL)
+    # how validated checkpoints ranked and the final one was chosen (hf_variants/training/final_choice.py):
+    # {"metric", "pairs", "validation_pairs", "tie_rule", "statement", "best_step", "rescored", "final_step"}
+    best_checkpoint: dict | None = field(default=None, metadata=_OPTIONAL)
+    # the run's id (train.py: hf_variants/training/run_identity.py; kept on resume, in every checkpoint)
+    run_id: str | None = field(default=None, metadata=_OPTIONAL)
     extra: dict[str, Any] = field(default_factory=dict, metadata={"extra": True})  # keys of other versions
 
     @classmethod

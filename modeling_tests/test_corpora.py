@@ -284,3 +284,82 @@ def test_flags_and_spec_are_checked_when_parsed(argv, spec, message, tmp_path, c
         train.parse_args(["--output_dir", "x", *argv])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------ tags that could collide
+TAGGED = SimpleNamespace(corpora=[{"name": "clean", "tag": ""}, {"name": "bt", "tag": "bt"}], model_name_or_path=None)
+
+
+def test_a_tag_is_one_id_read_as_a_whole_word_only(tokenizer_dir):
+    """A tag whose letters occur inside words ("bt" in "obtenir", "subtle") leaves those words alone: the text
+    round-trips unchanged and holds no tag id; a tagged source starts with the tag's one id, dropped when decoded."""
+    from transformers import AutoTokenizer
+
+    tokenizer = corpora.with_tags(AutoTokenizer.from_pretrained(tokenizer_dir), TAGGED)
+    tag_id = tokenizer.convert_tokens_to_ids("bt")
+    assert "bt" in tokenizer.all_special_tokens and tag_id == len(tokenizer) - 1
+    for text in ("Il veut obtenir un prix. A subtle man", "Obtuse abt-bt_x btbt 1bt"):
+        ids = tokenizer(text).input_ids
+        assert tag_id not in ids and tokenizer.decode(ids, skip_special_tokens=True) == text
+        tagged = tokenizer(f"bt {text}").input_ids
+        assert tagged[0] == tag_id and tagged.count(tag_id) == 1
+        assert tokenizer.decode(tagged, skip_special_tokens=True) == text
+    assert corpora.tag_tokens(tokenizer, "bt") == 1  # the pairs stage counts one token for it
+
+
+@pytest.fixture(scope="module")
+def word_corpora(two_corpora, tmp_path_factory):
+    """two_corpora with one more clean pair whose words hold the letters of the tag "bt" (obtains, subtle)."""
+    folder = tmp_path_factory.mktemp("word_corpora")
+    for name in ("clean.tsv", "bt.tsv", "valid.tsv"):
+        (folder / name).write_text((two_corpora / name).read_text())
+    with open(folder / "clean.tsv", "a") as f:
+        f.write("A subtle man obtains a prize.\tEin subtiler Mann erhält einen Preis.\n")
+    return folder
+
+
+def test_tagged_training_data_with_the_tag_letters_inside_words(word_corpora, tokenizer_dir, tmp_path):
+    args = train.parse_args(corpus_args(word_corpora, tokenizer_dir, tmp_path / "a", tags=("", "bt")))
+    data = train.load_data(train.setup_run(args))
+    mixed, tokenizer = data.train_set, data.tokenizer
+    tag_id = tokenizer.convert_tokens_to_ids("bt")
+    subtle = mixed.pairs([200])[0]  # the last clean pair
+    assert subtle.src == "A subtle man obtains a prize."
+    assert tag_id not in tokenizer(subtle.src).input_ids
+    tagged = mixed.pairs([201])[0]  # the first bt pair
+    ids = tokenizer(tagged.src).input_ids
+    assert tagged.src.startswith("bt ") and ids[0] == tag_id and ids.count(tag_id) == 1
+
+
+def test_a_tag_that_is_a_vocabulary_token_or_a_word_of_the_text_is_refused(
+    word_corpora, tokenizer_dir, tmp_path, monkeypatch, capsys
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    vocab, added = tokenizer.get_vocab(), set(tokenizer.added_tokens_encoder)
+    word = next(t for t in ("en", "er", "es", "an", "in", "un") if t in vocab and t not in added)
+    argv = corpus_args(word_corpora, tokenizer_dir, tmp_path / "vocab", tags=("", word))
+    monkeypatch.setattr(sys, "argv", ["hf-variants-train", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        train.cli()
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"corpus tag {word!r} is a token of the tokenizer's vocabulary" in err
+    assert not (tmp_path / "vocab").exists()  # a refused launch leaves no run folder
+    # "bt" as a word of a sentence (of any corpus or split) would be read as the tag: refused, naming the line
+    folder = tmp_path / "text"
+    folder.mkdir()
+    for name in ("clean.tsv", "bt.tsv", "valid.tsv"):
+        (folder / name).write_text((word_corpora / name).read_text())
+    lines = (folder / "clean.tsv").read_text().splitlines(keepends=True)
+    lines[3] = "He said bt, and left.\tEr sagte bt und ging.\n"
+    (folder / "clean.tsv").write_text("".join(lines))
+    with pytest.raises(corpus.DataError, match=r"corpus tag 'bt' occurs as a word in .*clean\.tsv:4 \(en\)"):
+        train.main(corpus_args(folder, tokenizer_dir, tmp_path / "word", tags=("", "bt")))
+    (folder / "clean.tsv").write_text((word_corpora / "clean.tsv").read_text())  # and in the validation data
+    lines = (folder / "valid.tsv").read_text().splitlines(keepends=True)
+    lines[2] = "A man (bt) runs.\tEin Mann (bt) rennt.\n"
+    (folder / "valid.tsv").write_text("".join(lines))
+    with pytest.raises(corpus.DataError, match=r"'bt' occurs as a word in the valid data, .*valid\.tsv:3 \(en\)"):
+        train.main(corpus_args(folder, tokenizer_dir, tmp_path / "word", tags=("", "bt")))

@@ -170,3 +170,158 @@ def test_fsdp_is_refused_when_parsed(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--output_dir", "x", "--ema_decay", "0.99"])
     assert "--ema_decay is not supported under FSDP" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- a checkpoint's weights, the run's identity
+@pytest.fixture(scope="module")
+def texts(data_dir, tmp_path_factory):
+    """8 validation pairs (en, de) as line files."""
+    from test_training import head
+
+    folder = tmp_path_factory.mktemp("texts")
+    for lang in ("en", "de"):
+        (folder / f"in.{lang}").write_text("".join(line + "\n" for line in head(data_dir / f"val.{lang}.gz", 8)))
+    return folder
+
+
+def run_translate(model, texts, out, *extra) -> tuple[str, dict]:
+    from hf_variants.commands import translate
+
+    argv = ["--model", str(model), "--input", str(texts / "in.en"), "--output", str(out), *extra]
+    result = translate.main([*argv, "--results_json", f"{out}.json", "--no_progress"])
+    assert json.loads(Path(f"{out}.json").read_text()) == result  # the results JSON is the printed summary
+    return Path(out).read_text(), result
+
+
+def run_score(model, texts, out, *extra) -> tuple[list[float], dict]:
+    from hf_variants.commands import score
+
+    argv = ["--model", str(model), "--source", str(texts / "in.en"), "--target", str(texts / "in.de")]
+    result = score.main([*argv, "--output", str(out), "--results_json", f"{out}.json", "--no_progress", *extra])
+    assert json.loads(Path(f"{out}.json").read_text()) == result
+    return [json.loads(line)["log_prob"] for line in Path(out).read_text().splitlines()], result
+
+
+def test_a_checkpoint_of_an_ema_run_decodes_with_the_weights_its_run_validated(runs, texts, tmp_path):
+    """`--model RUN/checkpoints/step_8` of a run whose model/ is step 8's moving average (--final_model last,
+    --eval_weights ema) translates and scores exactly as `RUN/model`; `--weights raw` takes the trained weights
+    (other scores); the summary and the results JSON name the weights used."""
+    base, _, _ = runs
+    run, checkpoint = base / "ema", base / "ema" / "checkpoints" / "step_8"
+    published, result = run_translate(run / "model", texts, tmp_path / "model.de")
+    assert "weights" not in result  # a model folder holds one set of weights
+    default, result = run_translate(checkpoint, texts, tmp_path / "ckpt.de")
+    assert default == published and result["weights"] == "ema" and result["model"] == str(checkpoint)
+    assert run_translate(checkpoint, texts, tmp_path / "ema.de", "--weights", "ema")[0] == published
+    _, result = run_translate(checkpoint, texts, tmp_path / "raw.de", "--weights", "raw")
+    assert result["weights"] == "raw"
+    model_scores, result = run_score(run / "model", texts, tmp_path / "model.jsonl")
+    assert "weights" not in result
+    ema_scores, result = run_score(checkpoint, texts, tmp_path / "ckpt.jsonl")
+    assert ema_scores == model_scores and result["weights"] == "ema"
+    raw_scores, result = run_score(checkpoint, texts, tmp_path / "raw.jsonl", "--weights", "raw")
+    assert result["weights"] == "raw" and raw_scores != ema_scores
+    # the raw weights are the checkpoint's model.safetensors: the plain run (same training, no average) scores so
+    assert raw_scores == run_score(base / "plain" / "checkpoints" / "step_8", texts, tmp_path / "plain.jsonl")[0]
+
+
+def server_health(*argv) -> dict:
+    """`GET /health` of an in-process server of `hf-variants-serve ARGV` once it is ready."""
+    import time
+    from functools import partial
+
+    pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'hf-variants[serve]'")
+    from fastapi.testclient import TestClient
+
+    from hf_variants.commands import serve
+    from hf_variants.serve.app import create_app
+
+    args = serve.build_parser().parse_args([*argv, "--num_threads", "1", "--allowed_hosts", "testserver"])
+    location, settings = serve.settings_from_args(args)
+    with TestClient(create_app(settings, loader=partial(serve.server_translator, location))) as client:
+        deadline = time.monotonic() + 300
+        while (answer := client.get("/health")).status_code == 503:
+            assert time.monotonic() < deadline, answer.json()
+            time.sleep(0.05)
+        return answer.json()
+
+
+def test_the_server_names_a_checkpoints_weights(runs):
+    base, _, _ = runs
+    checkpoint = base / "ema" / "checkpoints" / "step_8"
+    assert server_health("--model", str(checkpoint))["weights"] == "ema"
+    assert server_health("--model", str(checkpoint), "--weights", "raw")["weights"] == "raw"
+    assert "weights" not in server_health("--model", str(base / "ema" / "model"))
+
+
+def test_average_takes_the_validated_weights_by_default(runs, tmp_path, capsys):
+    from hf_variants.commands import average
+
+    base, _, _ = runs
+    run = base / "ema"
+    out = average.main([str(run), "--checkpoints", "step_8", "--output_dir", str(tmp_path / "default")])
+    assert "Averaged the moving averages of 1 checkpoint(s)" in capsys.readouterr().out
+    assert same(load_file(str(out / "model.safetensors")), load_file(str(run / "model" / "model.safetensors")))
+    assert "average of EMA weights of step_8" in (out / "README.md").read_text()
+    raw = average.main([str(run), "--checkpoints", "step_8", "--weights", "raw", "--output_dir", str(tmp_path / "r")])
+    assert "Averaged the weights of 1 checkpoint(s)" in capsys.readouterr().out
+    assert same(load_file(str(raw / "model.safetensors")), checkpointing.load_weights(run / "checkpoints" / "step_8"))
+
+
+def run_ids(run: Path) -> dict[int, str]:
+    return {
+        s: json.loads((p / checkpointing.MARKER).read_text())["run_id"]
+        for s, p in checkpointing.list_checkpoints(run / "checkpoints")
+    }
+
+
+def test_every_checkpoint_records_its_run_and_a_resume_keeps_it(runs):
+    base, plain, averaged = runs
+    ids = {name: run_ids(base / name) for name in ("plain", "ema", "resumed")}
+    assert all(set(steps) == {4, 8} and len(set(steps.values())) == 1 for steps in ids.values())  # one id a run
+    assert ids["ema"][8] == averaged["run_id"] and ids["plain"][8] == plain["run_id"] != averaged["run_id"]
+    resumed = json.loads((base / "resumed" / "results.json").read_text())
+    assert resumed["run_id"] == ids["resumed"][4] == ids["resumed"][8] != averaged["run_id"]  # kept on resume
+    assert f"| Run id | `{averaged['run_id']}` |" in (base / "ema" / "model" / "README.md").read_text()
+
+
+def test_averaging_checkpoints_of_two_runs_is_refused_naming_both(runs, tmp_path, capsys):
+    """Same config and tokenizer, another run: refused (exit 2) naming both checkpoints and both run ids;
+    `--allow_other_runs` averages them and the card says so; a checkpoint written before run ids belongs to the run
+    of its folder."""
+    import shutil
+
+    from hf_variants.commands import average
+    from hf_variants.training import averaging
+
+    base, plain, averaged = runs
+    ema_ckpt, plain_ckpt = base / "ema" / "checkpoints" / "step_8", base / "plain" / "checkpoints" / "step_8"
+    both = [str(base / "ema"), "--checkpoints", str(ema_ckpt), str(plain_ckpt), "--weights", "raw"]
+    with pytest.raises(SystemExit) as exit_:
+        average.main([*both, "--output_dir", str(tmp_path / "refused")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1, err
+    assert f"{ema_ckpt} and {plain_ckpt} are checkpoints of different runs" in err
+    assert f"(run {averaged['run_id']} and run {plain['run_id']})" in err and not (tmp_path / "refused").exists()
+    out = average.main([*both, "--allow_other_runs", "--output_dir", str(tmp_path / "mixed")])
+    said = capsys.readouterr().out
+    assert f"of 2 runs ({averaged['run_id']}, {plain['run_id']})" in said
+    card = (out / "README.md").read_text()
+    assert f"checkpoints of 2 runs: {averaged['run_id']}, {plain['run_id']}, averaged with --allow_other_runs" in card
+    assert "| Run id |" not in card
+    # a checkpoint without a run id (written before them): the run of its folder
+    old = tmp_path / "old"
+    shutil.copytree(base / "ema", old)
+    marker = old / "checkpoints" / "step_4" / checkpointing.MARKER
+    marker.write_text(json.dumps({k: v for k, v in json.loads(marker.read_text()).items() if k != "run_id"}))
+    average.main([str(old), "--last", "2", "--output_dir", str(tmp_path / "old_avg")])
+    assert f"{old / 'checkpoints' / 'step_4'} was written before run ids" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        average.main([str(old), "--checkpoints", "step_4", str(plain_ckpt), "--output_dir", str(tmp_path / "x")])
+    assert f"(the run in {old.resolve()} (no run id: written before run ids) and run {plain['run_id']})" in (
+        capsys.readouterr().err
+    )
+    # --average_last averages the run's own checkpoints: one of another run put in its folder is left out
+    shutil.copytree(plain_ckpt, old / "checkpoints" / "step_9")
+    own = averaging.own_checkpoints(old / "checkpoints", averaged["run_id"])
+    assert [p.name for p in own] == ["step_4", "step_8"]

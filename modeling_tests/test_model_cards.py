@@ -504,6 +504,7 @@ def test_card_reads_every_record_field_it_shows(tmp_path):
             dataset="wmt16",
             dataset_id="org/wmt16-copy",
             settings_changes=[{"step": 99, "setting": "learning_rate", "from": 0.1, "to": 0.2, "free": False}],
+            run_id="0123456789abcdef",
         )
     )
     run = make_run(tmp_path, "transformer_nmt", results=record.to_dict())
@@ -522,6 +523,7 @@ def test_card_reads_every_record_field_it_shows(tmp_path):
         record.sacrebleu_signature,
         "Resumed at step 99",
         "`learning_rate`",
+        "| Run id | `0123456789abcdef` |",
     ):
         assert shown in text, shown
     assert data.license == "apache-2.0" and data.base_model == "org/parent-model"

@@ -15,9 +15,12 @@ test set with `hf-variants-translate` to score it). The same code averages `--av
 - `--weights ema|raw`: the checkpoints' moving averages (a run trained with `--ema_decay`) or their model weights;
   default: those the run validated (`--eval_weights`).
 - Refused before anything is written, naming what is wrong: checkpoints of models with different configs or
-  tokenizers, a weights file that differs from its checkpoint's manifest, fewer checkpoints than asked for, an
-  `--output_dir` that is, holds or lies inside an input (the run folder included), a non-empty `--output_dir`
-  (`--force` replaces only a folder this command wrote). Exit status 2, one line.
+  tokenizers, checkpoints of different runs (their run ids, `hf_variants/training/run_identity.py`: the same
+  config and tokenizer with another seed or other data; `--allow_other_runs` averages them anyway and the model
+  card says so; a checkpoint written before run ids belongs to the run of its folder), a weights file that differs
+  from its checkpoint's manifest, fewer checkpoints than asked for, an `--output_dir` that is, holds or lies inside
+  an input (the run folder included), a non-empty `--output_dir` (`--force` replaces only a folder this command
+  wrote). Exit status 2, one line.
 
 Peak memory: about two models (the float32 sum, then the model it is loaded into), whatever K is
 (`benchmarks/average_memory.py`). fairseq's `scripts/average_checkpoints.py`, OpenNMT-py's `average_models` and
@@ -34,6 +37,7 @@ from pathlib import Path
 from ..outputs import OutputPathError, int_in_range
 from ..training import averaging, checkpointing, progress
 from ..training.checkpoint_models import validated_weights
+from ..training.run_identity import check_same_run
 from .common import add_output_dir_flags
 
 
@@ -53,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         choices=averaging.WEIGHT_KINDS,
         help="the checkpoints' moving averages (--ema_decay runs) or model weights (default: what the run validated)",
+    )
+    parser.add_argument(
+        "--allow_other_runs",
+        action="store_true",
+        help="average checkpoints of different runs (refused by default: their mean is a model neither run "
+        "trained); the model card records it",
     )
     add_output_dir_flags(parser, "hf-variants-average", "the averaged model folder")
     return parser
@@ -82,7 +92,14 @@ def main(argv=None) -> Path:
         chosen, how = choose(args, run_dir)
         weights = args.weights or validated_weights(chosen[-1])
         out = averaging.write_average(
-            run_dir, chosen, args.output_dir, weights=weights, how=how, force=args.force, log=print
+            run_dir,
+            chosen,
+            args.output_dir,
+            weights=weights,
+            how=how,
+            force=args.force,
+            allow_other_runs=args.allow_other_runs,
+            log=print,
         )
     except (averaging.AveragingError, OutputPathError, FileExistsError, checkpointing.CheckpointError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
@@ -90,7 +107,9 @@ def main(argv=None) -> Path:
         parser.exit(2, f"{parser.prog}: error: {error} (was it deleted while averaging?)\n")
     names = ", ".join(p.name for p in chosen)
     of = "moving averages" if weights == "ema" else "weights"
-    print(f"Averaged the {of} of {len(chosen)} checkpoint(s) of {run_dir} ({how}: {names}) into {out}")
+    runs, mixed = check_same_run(chosen, allow_other_runs=True, log=lambda message: None)
+    whose = f"of {len(runs)} runs ({', '.join(runs)})" if mixed else f"of run {runs[0]} in {run_dir}"
+    print(f"Averaged the {of} of {len(chosen)} checkpoint(s) {whose} ({how}: {names}) into {out}")
     return out
 
 

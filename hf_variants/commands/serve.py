@@ -237,6 +237,7 @@ def settings_from_args(args: argparse.Namespace):
         model=location.path,
         engine=location.engine,
         precision=location.precision,
+        weights=location.weights,
         num_threads=num_threads,
         workers=args.workers,
         limits=limits,

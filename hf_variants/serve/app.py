@@ -72,6 +72,7 @@ class ServeSettings:
     model: str
     engine: str = "torch"
     precision: str = "fp32"
+    weights: str | None = None  # a training checkpoint's: "ema" or "raw" (`--weights`); None for a model folder
     num_threads: int | None = None
     workers: int = 1
     limits: ServeLimits = field(default_factory=ServeLimits)
@@ -199,6 +200,7 @@ class ServerState:
                 "precision": self.settings.precision,
                 "languages": languages,
                 "max_sentence_tokens": self.token_limit,
+                **({"weights": self.settings.weights} if self.settings.weights else {}),
             }
             self.metrics.model.info(
                 {

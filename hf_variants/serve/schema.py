@@ -113,3 +113,4 @@ class Health(BaseModel):
     precision: str | None = None
     languages: list[str] | None = None
     max_sentence_tokens: int | None = None
+    weights: str | None = Field(None, description="A training checkpoint's weights: ema (moving average) or raw.")

@@ -12,7 +12,8 @@ A checkpoint's weights are its model weights (`model.safetensors`) or, in a run 
 exponential moving average of them (`ema.safetensors`, `hf_variants/training/ema.py`): `weights="raw"` or `"ema"`.
 
 `final_weights` picks the final model of a run from its checkpoints: `--average_last K`, else `--final_model best`
-(the best validated checkpoint) or `last`, each in the weights `--eval_weights` names.
+(the best validated checkpoint: hf_variants/training/final_choice.py) or `last`, each in the weights `--eval_weights`
+names.
 """
 
 from __future__ import annotations
@@ -127,17 +128,37 @@ def final_weights(trainer) -> tuple[dict[str, torch.Tensor], str]:
     kind = getattr(args, "eval_weights", None) or "raw"
     of = "EMA weights of " if kind == "ema" else ""
     if args.average_last and args.average_last > 1:
-        chosen = [p for _, p in checkpointing.list_checkpoints(checkpoint_dir)[-args.average_last :]]
+        chosen = own_checkpoints(checkpoint_dir, trainer.run_id)[-args.average_last :]
         if len(chosen) < args.average_last:
             logging.getLogger("hf_variants.train").warning(
                 "--average_last %d: only %d checkpoints exist; averaging those", args.average_last, len(chosen)
             )
         return average_checkpoints(chosen, kind), f"average of {of}{', '.join(p.name for p in chosen)}"
     if args.final_model == "best" and state.best_step is not None:
-        step, what = state.best_step, f"best validated checkpoint step_{state.best_step}"
+        from .final_choice import choose  # the ranking's best, or the best candidate on the whole validation set
+
+        step = choose(trainer, kind)
+        what = f"best validated checkpoint step_{step}"
     else:
         step, what = state.step, f"last step {state.step}"
     return load_weights(checkpoint_dir / f"step_{step}", kind), f"{of}{what}"
+
+
+def own_checkpoints(checkpoint_dir: Path, run_id: str | None) -> list[Path]:
+    """The complete checkpoints in `checkpoint_dir` of the run `run_id` (and those written before run ids), oldest
+    first: a checkpoint of another run put there is left out, with a warning."""
+    import logging
+
+    from .run_identity import checkpoint_run_id
+
+    own = []
+    for _, path in checkpointing.list_checkpoints(checkpoint_dir):
+        other = checkpoint_run_id(path)
+        if run_id is not None and other not in (None, run_id):
+            logging.getLogger("hf_variants.train").warning("%s is a checkpoint of run %s: not averaged", path, other)
+            continue
+        own.append(path)
+    return own
 
 
 # ---------------------------------------------------------------------------------- averaging a run's checkpoints
@@ -269,9 +290,11 @@ def check_same_model(checkpoints: Sequence[Path]) -> tuple[Path, Path]:
     return configs[-1][1], tokenizer_dir
 
 
-def average_record(run_dir: Path, checkpoints: Sequence[Path], weights: str, how: str):
+def average_record(run_dir: Path, checkpoints: Sequence[Path], weights: str, how: str, runs=((), False)):
     """The model card's run record of an averaged model: the run's results.json (or, for a run still training, its
-    settings) without the scores of the run's own final model, with `final_model` naming the checkpoints."""
+    settings) without the scores of the run's own final model, with `final_model` naming the checkpoints, and
+    `run_id` their run's (`runs`: `run_identity.check_same_run`'s answer; checkpoints of several runs, averaged with
+    --allow_other_runs, are named in `final_model` and have no `run_id`)."""
     from model_cards.card import load_results
     from model_cards.run_record import RunRecord
 
@@ -292,9 +315,14 @@ def average_record(run_dir: Path, checkpoints: Sequence[Path], weights: str, how
     for name in ("bleu", "chrf", "sacrebleu_signature", "chrf_signature", "per_direction", "eval_split"):
         setattr(record, name, None)
     record.eval_pairs, record.validation, record.best_step, record.stopped = None, [], None, None
+    record.best_checkpoint = None  # the run's choice of its own final model, not this one's
     record.steps = max(int(checkpointing.checkpoint_info(c).get("step", 0)) for c in checkpoints)
     of = "EMA weights of " if weights == "ema" else ""
     names = ", ".join(c.name if c.parent.parent == Path(run_dir) else str(c) for c in checkpoints)
+    ids, mixed = runs
+    if mixed:
+        how = f"{how}; checkpoints of {len(ids)} runs: {', '.join(ids)}, averaged with --allow_other_runs"
+    record.run_id = None if mixed else next((i for i in ids if not i.startswith("(no id)")), None)
     record.final_model = f"average of {of}{names} ({how}; hf-variants-average)"
     return record
 
@@ -307,19 +335,26 @@ def write_average(
     weights: str = "raw",
     how: str = "",
     force: bool = False,
+    allow_other_runs: bool = False,
     log=print,
 ) -> Path:
     """Average `checkpoints` into a model folder `output_dir` (weights, config, generation config, tokenizer,
     model card), written atomically (`outputs.atomic_output_dir`; `force` replaces only a folder this command
-    wrote); the checks (same model, intact weights) run before anything is written."""
+    wrote); the checks (same model, one run unless `allow_other_runs`, intact weights) run before anything is
+    written."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
     from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
+    from .run_identity import check_same_run
 
     run_dir = Path(run_dir)
     check_not_an_input(output_dir, {"RUN_DIR": str(run_dir), "--checkpoints": [str(c) for c in checkpoints]})
     check_output_dir(output_dir, command=COMMAND, force=force)
     config_dir, tokenizer_dir = check_same_model(checkpoints)
+    try:
+        runs = check_same_run(checkpoints, allow_other_runs, log)
+    except ValueError as error:
+        raise AveragingError(str(error)) from None
     for checkpoint in checkpoints:
         check_weights_intact(checkpoint, weights)
     with atomic_output_dir(output_dir, command=COMMAND, force=force, log=log) as staging:
@@ -333,7 +368,7 @@ def write_average(
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         tokenizer.model_max_length = model.config.max_position_embeddings
         tokenizer.save_pretrained(staging)
-        record = average_record(run_dir, checkpoints, weights, how)
+        record = average_record(run_dir, checkpoints, weights, how, runs)
         try:
             from model_cards.card import FAMILIES, build_model_card
 

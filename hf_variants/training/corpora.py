@@ -32,9 +32,12 @@ batches mix the corpora. Everything follows from the seed and the epoch: a resum
 
 **Tags.** A corpus's tag (e.g. `<BT>`) is put before each of its source sentences (`"<BT> " + source`); it is a
 special token of the tokenizer (added when the tokenizer is trained or loaded, `add_tags`), so it is one token id
-at the start of the source (after a target-language tag), never split and never in a decoded translation. The
-pairs stage counts it in the source length (`--max_length`, batching). A tag cannot be added to a resumed run's
-tokenizer or to the tokenizer of a `--model_name_or_path` model (its embeddings have no row for it).
+at the start of the source (after a target-language tag), never split and never in a decoded translation. It is
+matched as a whole word only (`tag_token`: "obtenir" keeps its letters under the tag "bt"), and a tag that could be
+text is refused naming it: a token of the tokenizer's vocabulary ("man": text encodes to it), or a word of any
+sentence of the run's data (`check_tags_in_text`, naming the file and line). The pairs stage counts it in the
+source length (`--max_length`, batching). A tag cannot be added to a resumed run's tokenizer or to the tokenizer of
+a `--model_name_or_path` model (its embeddings have no row for it).
 
 **The cache.** Each corpus has its own cached rows, token counts and pairs (`data_pipeline`), keyed by its source,
 the tokenizer (whose added tokens include the tags) and the tag's length; the epochs' batches depend on the weights,
@@ -294,16 +297,48 @@ def load_corpus_rows(args, languages: Sequence[str]) -> CorpusRows:
 
 
 # -------------------------------------------------------------------------------------------------- the tags
+def _tags(args) -> list[str]:
+    return list(dict.fromkeys(spec["tag"] for spec in args.corpora or [] if spec["tag"]))
+
+
+def tag_token(tag: str):
+    """The added token of a corpus tag: special (dropped from decoded text), never normalized, and matched as a
+    whole word only (`single_word`): never inside a word that contains its letters ("bt" in "obtenir")."""
+    from tokenizers import AddedToken
+
+    return AddedToken(tag, special=True, single_word=True, normalized=False, lstrip=False, rstrip=False)
+
+
+def _check_not_in_vocabulary(tokenizer, tags: list[str], whose: str) -> None:
+    """A tag that is a token of the tokenizer's own vocabulary (a piece of ordinary text, e.g. "man") is no tag: it
+    would be that text's id, and decoding would drop the text. A `DataError` naming the tag."""
+    added = set(tokenizer.added_tokens_encoder)
+    vocab = tokenizer.get_vocab()
+    for tag in tags:
+        if tag in vocab and tag not in added:
+            raise DataError(
+                f"corpus tag {tag!r} is a token of the tokenizer's vocabulary ({whose}): text encodes to it, so it "
+                f"cannot mark a corpus. Choose a tag that is no token of it and no word of the text, e.g. <BT>."
+            )
+
+
 def add_tags(tokenizer, args, resuming=None) -> bool:
-    """Add the corpora's tags to `tokenizer` as special tokens (each at the end of its vocabulary); True when it
-    changed (then it is saved again). A resumed run's tokenizer or a `--model_name_or_path` model's must have
-    them already: a `DataError` naming the tag otherwise."""
-    tags = list(dict.fromkeys(spec["tag"] for spec in args.corpora or [] if spec["tag"]))
+    """Add the corpora's tags to `tokenizer` as special tokens (each at the end of its vocabulary, `tag_token`); True
+    when it changed (then it is saved again). A tag that is a token of the vocabulary is refused; a resumed run's
+    tokenizer or a `--model_name_or_path` model's must have the tags already: a `DataError` naming the tag."""
+    tags = _tags(args)
+    whose = (
+        f"the tokenizer of {resuming}"
+        if resuming
+        else f"the tokenizer of {args.model_name_or_path}"
+        if args.model_name_or_path
+        else "the run's tokenizer"
+    )
+    _check_not_in_vocabulary(tokenizer, tags, whose)
     missing = [tag for tag in tags if tag not in tokenizer.get_vocab()]
     if not missing:
         return False
     if resuming or args.model_name_or_path:
-        whose = f"the tokenizer of {resuming}" if resuming else f"the tokenizer of {args.model_name_or_path}"
         raise DataError(
             f"corpus tag {missing[0]} is not a token of {whose}, and a model's vocabulary cannot grow within a "
             f"run: train with the tags from the start (a new run), or tag with a token the tokenizer has."
@@ -313,18 +348,65 @@ def add_tags(tokenizer, args, resuming=None) -> bool:
 
 
 def with_tags(tokenizer, args):
-    """`tokenizer` with the corpora's tags added as special tokens (those it lacks, in the corpora's order)."""
-    tags = list(dict.fromkeys(spec["tag"] for spec in args.corpora or [] if spec["tag"]))
+    """`tokenizer` with the corpora's tags added as special tokens (those it lacks, in the corpora's order; see
+    `tag_token`)."""
+    tags = _tags(args)
+    _check_not_in_vocabulary(tokenizer, tags, "the run's tokenizer")
     missing = [tag for tag in tags if tag not in tokenizer.get_vocab()]
     if missing:
         extra = list(getattr(tokenizer, "extra_special_tokens", None) or [])
-        tokenizer.add_special_tokens({"extra_special_tokens": extra + missing})
+        tokenizer.add_special_tokens({"extra_special_tokens": extra + [tag_token(tag) for tag in missing]})
     return tokenizer
 
 
 def tag_tokens(tokenizer, tag: str) -> int:
     """How many tokens `tag` adds to a source sentence (1 for a special token)."""
     return len(tokenizer(tag, add_special_tokens=False).input_ids) if tag else 0
+
+
+def _tagged_sentence(tokenizer, part, lang: str, ids: dict) -> tuple[int, str] | None:
+    """(row, tag) of the first `lang` sentence of `part` in which the tokenizer reads a tag (`ids`: {id: tag}), else
+    None: a substring scan of the column, the tokenizer only on the sentences that hold a tag's letters."""
+    import pyarrow.compute as pc
+
+    from .cache_store import _text_col
+
+    offset = 0
+    for batch in part.batches([_text_col(lang)]):
+        column = batch.column(0)
+        hits = np.zeros(batch.num_rows, dtype=bool)
+        for tag in ids.values():
+            hits |= pc.fill_null(pc.match_substring(column, tag), False).to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(hits).tolist():
+            found = set(tokenizer(column[i].as_py(), add_special_tokens=False).input_ids) & set(ids)
+            if found:
+                return offset + i, ids[min(found)]
+        offset += batch.num_rows
+    return None
+
+
+def check_tags_in_text(tokenizer, args, rows: dict) -> None:
+    """No sentence of any split (`rows`: {split: rows}; every corpus, every language) holds a corpus tag where the
+    tokenizer reads it (as a word): such a sentence would be marked as the tagged corpus's, and decoding would drop
+    the word. A `DataError` naming the tag and the first such sentence (file:line)."""
+    tags = _tags(args)
+    if not tags:
+        return
+    ids = {tokenizer.convert_tokens_to_ids(tag): tag for tag in tags}
+    for split, split_rows in rows.items():
+        if split_rows is None:
+            continue
+        parts = split_rows.parts if isinstance(split_rows, CorpusRows) else [({"name": None}, split_rows)]
+        for spec, part in parts:
+            for lang in part.languages_present:
+                found = _tagged_sentence(tokenizer, part, lang, ids)
+                if found is not None:
+                    what = f"corpus {spec['name']}" if spec["name"] else f"the {split} data"
+                    raise DataError(
+                        f"corpus tag {found[1]!r} occurs as a word in {what}, {part.locate(found[0], lang)} ({lang}): "
+                        f"the tokenizer would read it as the tag (and decoding would drop it). Choose a tag that no "
+                        f"sentence holds, e.g. <BT>."
+                    )
 
 
 # ------------------------------------------------------------------------------------------------- the pairs

@@ -288,7 +288,14 @@ def add_evaluation_args(g) -> None:
         default=200,
         help="validation pairs translated for BLEU/chrF during training (0: loss only)",
     )
-    g.add_argument("--best_metric", choices=["bleu", "loss"], default="bleu")
+    g.add_argument(
+        "--best_metric",
+        choices=["bleu", "loss"],
+        default="bleu",
+        help="how validated checkpoints rank (--keep_best, --patience, --final_model best): BLEU on the first "
+        "--eval_bleu_pairs validation pairs (ties: the lower validation loss, then the earlier step), or the "
+        "validation loss on every validation pair",
+    )
     g.add_argument(
         "--patience",
         type=int,
@@ -364,6 +371,15 @@ def add_checkpoints_args(g) -> None:
         choices=["best", "last"],
         default="best",
         help="final model without --average_last: the best validated checkpoint or the last one",
+    )
+    g.add_argument(
+        "--final_candidates",
+        type=int,
+        default=3,
+        metavar="K",
+        help="--final_model best with BLEU ranked on part of the validation set (--eval_bleu_pairs): keep the K best "
+        "validated checkpoints and choose the final model among them by BLEU on the whole validation set at the end "
+        "(ties: the lower validation loss, then the earlier step); 1: the ranking's best as it is",
     )
     g.add_argument(
         "--resume_from_checkpoint",
@@ -588,6 +604,7 @@ POSITIVE_INTS = (
     "ddp_timeout",
     "eval_batch_size",
     "logging_steps",
+    "final_candidates",
 )
 NON_NEGATIVE = {
     "tokenizer_sample_lines": "all",

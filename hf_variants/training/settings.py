@@ -39,6 +39,7 @@ FREE = frozenset(
         "keep_best",
         "average_last",
         "final_model",  # which checkpoints make the final model
+        "final_candidates",
         "patience",
         "min_delta",  # when the run stops early (it may train on with a larger patience)
         "test_prefix",

@@ -48,6 +48,7 @@ from . import (  # noqa: E402
     corpus,
     data_pipeline,
     external,
+    final_choice,
     flag_checks,
     progress,
     run_lock,
@@ -371,9 +372,8 @@ def prepare_data(args, accelerator, run_dir: Path, languages, directions, eval_d
     for split, r in rows.items():
         if r is not None:
             data_pipeline.check_languages(r, directions, args.source_annotations, args.bidirectional)
-    tokenizer = build_tokenizer(
-        args, accelerator, run_dir, stream_source or rows["train"], languages, resuming=resuming
-    )
+    tokenizer = build_tokenizer(args, accelerator, run_dir, stream_source or rows["train"], languages, resuming)
+    corpora.check_tags_in_text(tokenizer, args, rows)  # a tag is no word of any sentence
     target_tags = resolve_target_language_tags(args, len({t for _, t in eval_directions}))
     checks = [
         (name, lang)
@@ -518,14 +518,6 @@ def apply_optimizer_settings(optimizer, scheduler, args) -> None:
     for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
         group["lr"] = base * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
-def build_model_like(model):
-    """A fresh (non-distributed) instance of `model`'s class and config, in float32 on CPU."""
-    import copy
-
-    config = copy.deepcopy(model.config)
-    return type(model)._from_config(config) if hasattr(type(model), "_from_config") else type(model)(config)
 
 
 def count_parameters(model) -> int:
@@ -1028,7 +1020,7 @@ def load_final_model(trainer: Trainer):
             EXIT_NONFINITE,
             {"reason": "nonfinite_final_model", "step": state.step, "final_model": final_source},
         )
-    final_model = build_model_like(trainer.job.unwrapped)
+    final_model = final_choice.build_model_like(trainer.job.unwrapped)
     checkpointing.load_model_weights(final_model, weights)
     final_model.to(trainer.accelerator.device).eval()
     return final_model, final_source
@@ -1116,6 +1108,8 @@ def build_results(
             # the values of the last part of the run
             "settings_changes": state.settings_changes,
             "nonfinite_skipped": state.nonfinite_skipped,
+            "run_id": trainer.run_id,  # hf_variants/training/run_identity.py
+            "best_checkpoint": final_choice.summary(trainer),  # the ranking and how the final model was chosen
             "corpora": corpora.summary(data.train_set),
             "early_stopping": early_stopping_summary(state, args),
         }

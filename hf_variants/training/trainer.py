@@ -23,6 +23,8 @@ import torch
 
 from ..loss_transformer_nmt import smoothed_cross_entropy
 from . import best_checkpoints, cache_store, checkpointing, corpus, early_stopping, ema, evaluation, external
+from .run_identity import KEY as RUN_ID_KEY
+from .run_identity import resolve as resolve_run_id
 
 logger = logging.getLogger("hf_variants.train")
 
@@ -530,6 +532,7 @@ class Trainer:
         self.wall_time_base = self.state.wall_time
         self.signals = StopSignals()
         self.tokenizer_fingerprint = cache_store.tokenizer_fingerprint(data.tokenizer)
+        self.run_id = resolve_run_id(self.accelerator, run.resume)  # kept on resume, in every checkpoint
         self.stop_flag = AgreedFlag(self.accelerator.device)
         # the step of the newest checkpoint of this run's state (the resumed one: nothing has changed since)
         self.saved_step: int | None = self.state.step if run.resume is not None else None
@@ -537,6 +540,7 @@ class Trainer:
         self.ema = ema.for_run(self.args, job.unwrapped, run.resume)  # --ema_decay (a no-op without it)
         best_checkpoints.adopt(self.state, run.checkpoint_dir, resumed=run.resume is not None)
         early_stopping.check_validation_data(self.args, data.valid_pairs)  # --patience, --keep_best
+        self.kept_best = best_checkpoints.log_ranking(self.args, len(data.valid_pairs or []))  # the best N kept
         if self.state.window is not None:  # a preempted run's window, logged at its next logging step
             self.stats.load_state_dict(self.state.window, self.accelerator.device, self.accelerator.is_main_process)
             self.state.window = None
@@ -585,13 +589,14 @@ class Trainer:
                 "best_step": state.best_step,
                 "settings": self.run.run_settings,
                 checkpointing.TOKENIZER_KEY: self.tokenizer_fingerprint,
+                RUN_ID_KEY: self.run_id,  # hf_variants/training/run_identity.py
             },
             {"train_state": state.state_dict(), "scheduler": self.job.scheduler.state_dict()},
             tokenizer_dir=self.run.run_dir / checkpointing.TOKENIZER_DIR,
             extra_files=self.ema.checkpoint_files(),
         )
         if self.accelerator.is_main_process:  # only the run's own checkpoints, never the newest and best ones
-            best_checkpoints.rotate(self.run.checkpoint_dir, state, args)
+            best_checkpoints.rotate(self.run.checkpoint_dir, state, args, self.kept_best)
         self.accelerator.wait_for_everyone()
         self.saved_step = step
 
@@ -924,8 +929,9 @@ class Trainer:
             with self.ema.for_validation():  # --eval_weights ema: the moving average validates
                 is_best = self.evaluate(state.step)
             if state.evals and state.evals[-1]["step"] == state.step:
-                # --keep_best: a step among the best N is checkpointed; --patience: a stopping step is the last
-                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, args.keep_best)
+                # --keep_best, --final_candidates: a step among the best N is checkpointed; --patience: a stopping
+                # step is the last
+                is_best |= best_checkpoints.in_top(state.evals, state.step, args.best_metric, self.kept_best)
                 is_best |= early_stopping.update(state, state.evals[-1], args)
         if saving or is_best:
             self.save(state.step)
