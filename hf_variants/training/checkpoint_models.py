@@ -28,10 +28,8 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 def run_config_dir(checkpoint: str | os.PathLike) -> Path:
     """The folder with the config of a checkpoint's model: its run's `model_config/`, else its run's `model/`; a
     `CheckpointError` naming both when neither has a config.json."""
-    from .trainer import MODEL_CONFIG_DIR
-
     run_dir = Path(checkpoint).parent.parent
-    candidates = [run_dir / MODEL_CONFIG_DIR, run_dir / "model"]
+    candidates = [run_dir / checkpointing.MODEL_CONFIG_DIR, run_dir / "model"]
     for folder in candidates:
         if (folder / "config.json").is_file():
             return folder

@@ -69,6 +69,7 @@ from . import state_files
 
 CHECKPOINT_RE = re.compile(r"^step_(\d+)$")
 MARKER = "checkpoint.json"
+MODEL_CONFIG_DIR = "model_config"  # run_dir/model_config: the run's model config, written when the run starts
 TRAINER_STATE = "trainer_state.json"
 RNG_STATE = "rng_state_{}.json"
 FORMAT_VERSION = 2  # 1 (no "format" key): Accelerate's pickled RNG and registered-object states

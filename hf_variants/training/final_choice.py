@@ -41,7 +41,7 @@ def rescore(trainer, candidates: list[int], kind: str) -> list[dict]:
     """Each candidate checkpoint's BLEU and chrF on the whole validation set, with its validation loss: the `kind`
     weights ("raw" / "ema") of `step_N`, translated as validation translates (collective: every process takes part;
     the main process's scores are the answer on every process)."""
-    from .averaging import load_weights
+    from .checkpoint_models import read_weights
     from .trainer import accelerator_broadcast, evaluate_pairs
 
     data, run, args, accelerator = trainer.data, trainer.run, trainer.args, trainer.accelerator
@@ -49,7 +49,7 @@ def rescore(trainer, candidates: list[int], kind: str) -> list[dict]:
     rows = []
     for step in candidates:
         model = build_model_like(trainer.job.unwrapped)
-        checkpointing.load_model_weights(model, load_weights(run.checkpoint_dir / f"step_{step}", kind))
+        checkpointing.load_model_weights(model, read_weights(run.checkpoint_dir / f"step_{step}", kind))
         model.to(accelerator.device).eval()
         scores = evaluate_pairs(
             accelerator, model, data.tokenizer, data.valid_pairs, run.eval_directions, args.bidirectional, args

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import checkpointing
+from .collectives import accelerator_broadcast
 
 KEY = "run_id"  # in checkpoint.json and results.json
 
@@ -40,8 +41,6 @@ def checkpoint_run_id(checkpoint: str | os.PathLike) -> str | None:
 
 def resolve(accelerator, resume: Path | None) -> str:
     """The run's id: the resumed checkpoint's, else a new one (the main process's, the same on every process)."""
-    from .trainer import accelerator_broadcast
-
     run_id = checkpoint_run_id(resume) if resume is not None else None
     if run_id is not None:
         logger.info("Run id %s (resumed from %s)", run_id, resume.name)

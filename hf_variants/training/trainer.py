@@ -23,6 +23,7 @@ import torch
 
 from ..loss_transformer_nmt import smoothed_cross_entropy
 from . import best_checkpoints, cache_store, checkpointing, corpus, early_stopping, ema, evaluation, external
+from .collectives import accelerator_broadcast  # noqa: F401 (re-exported: the stages import it from here)
 from .run_identity import KEY as RUN_ID_KEY
 from .run_identity import resolve as resolve_run_id
 
@@ -30,7 +31,7 @@ logger = logging.getLogger("hf_variants.train")
 
 # run_dir/model_config: the model's config.json and generation_config.json, written when the run starts, so that a
 # checkpoint loads (the config + its weights: training/translate.py) before the run has finished
-MODEL_CONFIG_DIR = "model_config"
+MODEL_CONFIG_DIR = checkpointing.MODEL_CONFIG_DIR  # the run's model config, written at its start
 EXIT_NONFINITE = 3  # exit status of a run stopped by a non-finite loss (--on_nonfinite stop)
 EXIT_INTERRUPTED = 130  # exit status of a process stopped by Ctrl-C (SIGINT) after its checkpoint: 128 + SIGINT
 
@@ -166,17 +167,6 @@ def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) ->
         max_length=max_length + 2,
         **extra,
     )
-
-
-def accelerator_broadcast(accelerator, obj):
-    """The main process's `obj` on every process."""
-    if accelerator.num_processes == 1:
-        return obj
-    from accelerate.utils import broadcast_object_list
-
-    box = [obj if accelerator.is_main_process else None]
-    broadcast_object_list(box, from_process=0)
-    return box[0]
 
 
 def evaluate_pairs(
