@@ -217,7 +217,6 @@ def quantize_activations_per_row(model) -> dict[str, int]:
 
     graph = model.graph
     index = _GraphIndex(graph)
-    _add_constants(graph)
     replaced, dropped, zero_points = {}, set(), {}
     counts = {"activations": 0, "one_sided": 0, "matmuls": 0}
     for node in graph.node:
@@ -244,6 +243,7 @@ def quantize_activations_per_row(model) -> dict[str, int]:
     rewritten = [new for node in graph.node if id(node) not in dropped for new in replaced.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(rewritten)
+    _add_constants(graph)
     _set_opsets(model)
     return counts
 
@@ -290,18 +290,19 @@ _ZERO_POINT_128, _ZERO_POINT_0 = "per_row/zero_point_128", "per_row/zero_point_0
 
 
 def _add_constants(graph) -> None:
+    """The rewrite's constants that its nodes read (an unread initializer makes ONNX Runtime warn at every load)."""
     import numpy as np
     from onnx import numpy_helper
 
-    graph.initializer.extend(
-        [
-            numpy_helper.from_array(np.array([-1], dtype=np.int64), _AXES),
-            numpy_helper.from_array(np.array(1 / 127, dtype=np.float32), _INV_127),
-            numpy_helper.from_array(np.array(1 / 255, dtype=np.float32), _INV_255),
-            numpy_helper.from_array(np.array(128, dtype=np.uint8), _ZERO_POINT_128),
-            numpy_helper.from_array(np.array(0, dtype=np.uint8), _ZERO_POINT_0),
-        ]
-    )
+    constants = {
+        _AXES: np.array([-1], dtype=np.int64),
+        _INV_127: np.array(1 / 127, dtype=np.float32),
+        _INV_255: np.array(1 / 255, dtype=np.float32),
+        _ZERO_POINT_128: np.array(128, dtype=np.uint8),
+        _ZERO_POINT_0: np.array(0, dtype=np.uint8),
+    }
+    read = {name for node in graph.node for name in node.input}
+    graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items() if name in read)
 
 
 def _matmul_chains(node, index: _GraphIndex) -> list[tuple]:
