@@ -227,8 +227,9 @@ def test_int8_keeps_decisive_first_tokens(exported, tokenizer):
     logits8 = ort8(**inputs, decoder_input_ids=start).logits[:, 0]
     error = (logits8 - logits).norm(dim=-1) / logits.norm(dim=-1)
     # d_model 32: every int8 error is large relative to the logits (quantize_for_cpu: 0.064-0.100 on the trained
-    # tiny baseline); measured here with s8_reduce_range weights: mean 0.011-0.047, max 0.013-0.089 over the six
-    # model types (u8 weights: mean 0.007-0.032, max 0.008-0.073)
+    # tiny baseline); measured here with s8_reduce_range weights and activations per row: mean 0.010-0.042, max
+    # 0.011-0.073 over the six model types (per tensor: mean 0.011-0.047, max 0.013-0.089; u8 weights per tensor:
+    # mean 0.007-0.032, max 0.008-0.073)
     assert error.max() < 0.15, error
     top = logits.topk(2, dim=-1)
     margin = top.values[:, 0] - top.values[:, 1]
@@ -397,18 +398,28 @@ def baseline_export(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def unfused_export(baseline_export, tokenizer, tmp_path_factory):
-    """The baseline saved and exported by the CLI with `--no_fuse_attention` (fp32 only)."""
+    """The baseline saved and exported by the CLI with `--no_fuse_attention`, its int8 graphs with
+    `--int8_activations per_tensor`."""
     model, _ = baseline_export
     model_dir, folder = tmp_path_factory.mktemp("saved"), tmp_path_factory.mktemp("unfused") / "onnx"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    export_onnx.main(["--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"])
+    export_onnx.main(
+        [
+            *("--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"),
+            *("--int8", "--int8_activations", "per_tensor"),
+        ]
+    )
     return folder
 
 
 def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_export, tokenizer):
     """`--no_fuse_attention`: generic attention ops only, the manifest says so, and fp32 greedy and beam-4 decoding
-    equals the torch model's and the fused export's; the two step graphs' logits agree over a growing cache."""
+    equals the torch model's and the fused export's; the two step graphs' logits agree over a growing cache.
+    `--int8_activations per_tensor`: quantize_dynamic's graphs as they were (DynamicQuantizeLinear, no row scales),
+    the manifest and the loaded model say so."""
+    import onnx
+
     model, fused_folder = baseline_export
     manifest = json.loads((unfused_export / "onnx_manifest.json").read_text())
     assert manifest["attention_fusion"] == {
@@ -416,7 +427,12 @@ def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_ex
         "applied": False,
         "reason": "disabled (--no_fuse_attention)",
     }
-    assert sorted(manifest["graphs"]) == ["fp32"]
+    assert sorted(manifest["graphs"]) == ["fp32", "int8"] and manifest["int8"]["activations"] == "per_tensor"
+    assert "per_row" not in manifest["int8"]
+    int8_ops = {n.op_type for n in onnx.load(str(unfused_export / "decoder_model_int8.onnx")).graph.node}
+    assert "DynamicQuantizeLinear" in int8_ops and not {"MatMulIntegerToFloat", "QuantizeLinear"} & int8_ops
+    with pytest.warns(UserWarning, match=r"per tensor \(exported with --int8_activations per_tensor\)"):
+        assert OrtModelForSeq2SeqLM.from_pretrained(unfused_export, precision="int8").int8_activations == "per_tensor"
     assert manifest["shared_cache"] == {"written": False, "reason": "attention fusion disabled (--no_fuse_attention)"}
     assert _ops(unfused_export / "encoder_model.onnx") == _ops(unfused_export / "decoder_model.onnx") == 0
     assert _ops(unfused_export / "decoder_model.onnx", "Softmax") == 2 * model.config.decoder_layers

@@ -1,7 +1,7 @@
-"""int8 weights for exported graphs (`export_onnx --int8`): onnxruntime's `quantize_dynamic`, after two rewrites
-that let it quantize every constant MatMul per output channel.
+"""int8 graphs for exports (`export_onnx --int8`): onnxruntime's `quantize_dynamic`, after two rewrites that let it
+quantize every constant MatMul per output channel, and a rewrite after it that quantizes activations per row.
 
-`quantize(source, target, weights)`:
+`quantize(source, target, weights, activations="per_row")`:
 1. folds constant subgraphs (ONNX Runtime's basic optimizations): the exporter writes MUTE's unit and MIMO's
    stream weights as initializers followed by Transposes and Reshapes, and quantize_dynamic only quantizes a
    MatMul whose weight is an initializer;
