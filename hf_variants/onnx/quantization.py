@@ -224,12 +224,18 @@ def quantize_activations_per_row(model) -> dict[str, int]:
             continue
         chains = _matmul_chains(node, index)
         one_sided = index.producer_type(node.input[0]) == "Relu"
-        weight = index.initializers[chains[0][0].input[1]]
-        nodes, scale, zero_point = _row_quantization(node, weight.dims[-2], one_sided, index, zero_points)
+        nodes, scale, zero_point = _row_quantization(node, _width(chains, index), one_sided, index, zero_points)
         for matmul, cast, mul, scales in chains:
             nodes_of_matmul = helper.make_node(
                 "MatMulIntegerToFloat",
-                [node.output[0], matmul.input[1], scale, _other(scales, node.output[1]), zero_point, matmul.input[3]],
+                [
+                    node.output[0],
+                    matmul.input[1],
+                    scale,
+                    _other(scales, node.output[1]),
+                    zero_point,
+                    *matmul.input[3:4],
+                ],
                 list(mul.output),
                 name=matmul.name,
                 domain="com.microsoft",
@@ -325,6 +331,15 @@ def _matmul_chains(node, index: _GraphIndex) -> list[tuple]:
     if not chains or readers != {id(n) for chain in chains for n in (chain[0], chain[3])}:
         raise RuntimeError(f"per-row int8: the outputs of DynamicQuantizeLinear {node.name!r} feed other nodes.")
     return chains
+
+
+def _width(chains: list[tuple], index: _GraphIndex) -> int:
+    """The length of the quantized rows: the weights' input dimension (the rows' last axis)."""
+    matmul = chains[0][0]
+    weight = index.initializers.get(matmul.input[1])
+    if weight is None or len(weight.dims) < 2:
+        raise RuntimeError(f"per-row int8: MatMulInteger {matmul.name!r} has no constant weight of rank 2 or more.")
+    return weight.dims[-2]
 
 
 def _other(node, name: str) -> str:
