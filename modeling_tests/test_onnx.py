@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -226,8 +227,9 @@ def test_int8_keeps_decisive_first_tokens(exported, tokenizer):
     logits8 = ort8(**inputs, decoder_input_ids=start).logits[:, 0]
     error = (logits8 - logits).norm(dim=-1) / logits.norm(dim=-1)
     # d_model 32: every int8 error is large relative to the logits (quantize_for_cpu: 0.064-0.100 on the trained
-    # tiny baseline); measured here with s8_reduce_range weights: mean 0.011-0.047, max 0.013-0.089 over the six
-    # model types (u8 weights: mean 0.007-0.032, max 0.008-0.073)
+    # tiny baseline); measured here with s8_reduce_range weights and activations per row: mean 0.010-0.042, max
+    # 0.011-0.073 over the six model types (per tensor: mean 0.011-0.047, max 0.013-0.089; u8 weights per tensor:
+    # mean 0.007-0.032, max 0.008-0.073)
     assert error.max() < 0.15, error
     top = logits.topk(2, dim=-1)
     margin = top.values[:, 0] - top.values[:, 1]
@@ -262,6 +264,7 @@ def test_export_seconds_recorded(exported):
     manifest = json.loads((folder / "onnx_manifest.json").read_text())
     assert 0 < manifest["export_seconds"]
     assert manifest["int8"]["weights"] == "s8_reduce_range" and manifest["int8"]["weight_type"] == "QInt8"
+    assert manifest["int8"]["activations"] == "per_row" and manifest["int8"]["opset"] == 21
     print(
         f"export of {manifest['model_type']}: {manifest['export_seconds']} s (+ int8 "
         f"{manifest['quantize_seconds']} s)",
@@ -395,18 +398,28 @@ def baseline_export(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def unfused_export(baseline_export, tokenizer, tmp_path_factory):
-    """The baseline saved and exported by the CLI with `--no_fuse_attention` (fp32 only)."""
+    """The baseline saved and exported by the CLI with `--no_fuse_attention`, its int8 graphs with
+    `--int8_activations per_tensor`."""
     model, _ = baseline_export
     model_dir, folder = tmp_path_factory.mktemp("saved"), tmp_path_factory.mktemp("unfused") / "onnx"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    export_onnx.main(["--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"])
+    export_onnx.main(
+        [
+            *("--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"),
+            *("--int8", "--int8_activations", "per_tensor"),
+        ]
+    )
     return folder
 
 
 def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_export, tokenizer):
     """`--no_fuse_attention`: generic attention ops only, the manifest says so, and fp32 greedy and beam-4 decoding
-    equals the torch model's and the fused export's; the two step graphs' logits agree over a growing cache."""
+    equals the torch model's and the fused export's; the two step graphs' logits agree over a growing cache.
+    `--int8_activations per_tensor`: quantize_dynamic's graphs as they were (DynamicQuantizeLinear, no row scales),
+    the manifest and the loaded model say so."""
+    import onnx
+
     model, fused_folder = baseline_export
     manifest = json.loads((unfused_export / "onnx_manifest.json").read_text())
     assert manifest["attention_fusion"] == {
@@ -414,7 +427,12 @@ def test_unfused_export_decodes_like_fused_and_torch(baseline_export, unfused_ex
         "applied": False,
         "reason": "disabled (--no_fuse_attention)",
     }
-    assert sorted(manifest["graphs"]) == ["fp32"]
+    assert sorted(manifest["graphs"]) == ["fp32", "int8"] and manifest["int8"]["activations"] == "per_tensor"
+    assert "per_row" not in manifest["int8"]
+    int8_ops = {n.op_type for n in onnx.load(str(unfused_export / "decoder_model_int8.onnx")).graph.node}
+    assert "DynamicQuantizeLinear" in int8_ops and not {"MatMulIntegerToFloat", "QuantizeLinear"} & int8_ops
+    with pytest.warns(UserWarning, match=r"per tensor \(exported with --int8_activations per_tensor\)"):
+        assert OrtModelForSeq2SeqLM.from_pretrained(unfused_export, precision="int8").int8_activations == "per_tensor"
     assert manifest["shared_cache"] == {"written": False, "reason": "attention fusion disabled (--no_fuse_attention)"}
     assert _ops(unfused_export / "encoder_model.onnx") == _ops(unfused_export / "decoder_model.onnx") == 0
     assert _ops(unfused_export / "decoder_model.onnx", "Softmax") == 2 * model.config.decoder_layers
@@ -689,6 +707,8 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         export(model, tokenizer, folder)
     with pytest.raises(ValueError, match=r"int8_weights='s4'.*\['s8_reduce_range', 'u8'\]"):
         export(model, tokenizer, tmp_path / "c", int8=True, int8_weights="s4")
+    with pytest.raises(ValueError, match=r"int8_activations='per_column'.*\['per_row', 'per_tensor'\]"):
+        export(model, tokenizer, tmp_path / "c", int8=True, int8_activations="per_column")
     with pytest.raises(ValueError, match=r"precision='fp16'.*\['fp32', 'int8'\]"):
         OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp16")
     with pytest.raises(FileNotFoundError, match="onnx_manifest.json"):
@@ -706,6 +726,10 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         OrtModelForSeq2SeqLM.from_pretrained(folder, shared_cache=False)
 
 
+# the integer MatMuls of int8 graphs: per-row activations (MatMulIntegerToFloat) or quantize_dynamic's per-tensor ones
+INTEGER_MATMULS = ("MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul")
+
+
 def _quantized_weights(path) -> list:
     """The int8 weight tensors of a quantized graph (the initializers that feed an integer MatMul's B input)."""
     import onnx
@@ -713,14 +737,15 @@ def _quantized_weights(path) -> list:
 
     graph = onnx.load(str(path)).graph
     initializers = {init.name: init for init in graph.initializer}
-    names = {node.input[1] for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
+    names = {node.input[1] for node in graph.node if node.op_type in INTEGER_MATMULS}
     return [numpy_helper.to_array(initializers[name]) for name in names if name in initializers]
 
 
 def test_int8_quantizes_every_constant_matmul(exported):
     """Every MatMul of the int8 graphs whose weight is a constant (an initializer, or computed from initializers
     only: MUTE's unit and MIMO's stream weights pass through Transposes and Reshapes) has integer weights: the
-    exporter folds constants before quantizing."""
+    exporter folds constants before quantizing; and every one quantizes its activations per row (MatMulIntegerToFloat
+    with row scales; no DynamicQuantizeLinear is left), as the manifest counts them."""
     import onnx
 
     model, folder, _, _, _ = exported
@@ -736,7 +761,10 @@ def test_int8_quantizes_every_constant_matmul(exported):
                 constant.update(node.output)
         float_constant = [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in constant]
         assert not float_constant, f"{model.config.model_type} {name}: float MatMuls on constants {float_constant}"
-        assert any(n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul") for n in graph.node)
+        ops = [n.op_type for n in graph.node]
+        # activations per row: every integer MatMul takes its rows' scales, none is quantized per tensor
+        assert "MatMulIntegerToFloat" in ops and not {"MatMulInteger", "DynamicQuantizeLinear"} & set(ops), name
+        assert manifest["int8"]["per_row"][name]["matmuls"] == ops.count("MatMulIntegerToFloat"), name
 
 
 def _stacked_weight_graph(path, unit_scales, units_axis=4, batch=False):
@@ -794,10 +822,11 @@ def test_quantize_folds_weights_computed_from_constants(tmp_path):
 
     source, target = tmp_path / "g.onnx", tmp_path / "g_int8.onnx"
     feeds = _stacked_weight_graph(source, [0.3] * 4)
-    assert onnx_quantization.quantize(source, target) == {"split": ["stacked"], "per_tensor": []}
+    rewritten = onnx_quantization.quantize(source, target)
+    assert rewritten["split"] == ["stacked"] and rewritten["per_tensor"] == []
     ops = [n.op_type for n in onnx.load(str(target)).graph.node]
     # the projection and the stacked weight's 4 units, every one on integer weights
-    assert "MatMul" not in ops and ops.count("MatMulInteger") + ops.count("DynamicQuantizeMatMul") == 5, ops
+    assert "MatMul" not in ops and sum(ops.count(op) for op in INTEGER_MATMULS) == 5, ops
     assert not list(tmp_path.glob("*.folded.onnx"))  # the folded copy is removed
     expected = onnxruntime.InferenceSession(str(source)).run(None, feeds)
     for got, want in zip(onnxruntime.InferenceSession(str(target)).run(None, feeds), expected):
@@ -821,7 +850,7 @@ def test_stacked_weights_quantize_per_unit_and_channel(tmp_path, batch):
         source, target = tmp_path / f"g_{units_axis}.onnx", tmp_path / f"g_{units_axis}_int8.onnx"
         feeds = _stacked_weight_graph(source, scales, units_axis, batch)
         rewritten = onnx_quantization.quantize(source, target)
-        assert rewritten == (
+        assert {k: rewritten[k] for k in ("split", "per_tensor")} == (
             {"split": ["stacked"], "per_tensor": []} if units_axis == 4 else {"split": [], "per_tensor": ["stacked"]}
         )
         want = np.moveaxis(onnxruntime.InferenceSession(str(source)).run(["ys"], feeds)[0], -3, 0)
@@ -852,6 +881,183 @@ def test_int8_weight_formats(baseline_export, tmp_path, weights, dtype, low, hig
     assert min(int(t.min()) for t in tensors) >= low and max(int(t.max()) for t in tensors) <= high
     # the full range is used: per channel, some weight reaches the format's bound
     assert max(int(t.max()) for t in tensors) == high
+
+
+# ----------------------------------------------------------------------------------- int8 activations per row
+def _two_layer_graph(path, rng):
+    """x [B, S, 16] -> MatMul + bias -> Relu -> MatMul + bias -> y [B, S, 4], saved to `path`; returns its float
+    function (numpy)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, b1 = rng.standard_normal((16, 8)).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    w2, b2 = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="first"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h"]),
+        helper.make_node("MatMul", ["h", "w2"], ["y0"], name="second"),
+        helper.make_node("Add", ["y0", "b2"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", 4])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return lambda x: np.maximum(x @ w1 + b1, 0) @ w2 + b2
+
+
+def test_per_row_activations_make_rows_independent(tmp_path):
+    """`quantize` (activations per row): every row's int8 output is bit-identical whatever the rows beside it (alone,
+    or beside a row 1000x larger, a zero row and padding) and close to float32, the small rows included; with
+    activations per tensor (quantize_dynamic's scheme) the outlier row coarsens its neighbours, and a row's output
+    changes with the batch. The Relu's output is quantized one-sided (zero point 0); no DynamicQuantizeLinear is
+    left; the int8 graph declares opset 21 (blocked QuantizeLinear)."""
+    import onnx
+    import onnxruntime
+
+    rng = np.random.default_rng(0)
+    source = tmp_path / "g.onnx"
+    reference = _two_layer_graph(source, rng)
+    x = rng.standard_normal((4, 3, 16)).astype(np.float32)
+    x[1, 2] *= 1000.0  # an outlier token
+    x[2, 1] = 0.0  # a zero row (padding of a model without bias would look like it)
+    outputs, errors = {}, {}
+    for scheme in ("per_row", "per_tensor"):
+        target = tmp_path / f"g_{scheme}.onnx"
+        rewritten = onnx_quantization.quantize(source, target, activations=scheme)
+        assert rewritten["activations"] == scheme
+        session = onnxruntime.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+        batch = session.run(None, {"x": x})[0]
+        rows = [[x[b : b + 1, t : t + 1] for t in range(3)] for b in range(4)]
+        alone = np.array([[session.run(None, {"x": row})[0][0, 0] for row in batch_rows] for batch_rows in rows])
+        outputs[scheme] = (batch, alone)
+        want = reference(x)
+        errors[scheme] = np.linalg.norm(batch - want, axis=-1) / np.linalg.norm(want, axis=-1)
+    model = onnx.load(str(tmp_path / "g_per_row.onnx"))
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMulIntegerToFloat") == 2 and "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
+    assert onnx_quantization.quantize(source, tmp_path / "again.onnx")["per_row"] == {
+        "activations": 2,
+        "one_sided": 1,
+        "matmuls": 2,
+    }
+    quantizers = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    blocks = [a.i for n in quantizers for a in n.attribute if a.name == "block_size"]
+    assert sorted(blocks) == [8, 16]  # one block per row: the rows' widths
+    assert next(o.version for o in model.opset_import if o.domain == "") == 21
+    batch, alone = outputs["per_row"]
+    np.testing.assert_array_equal(batch, alone)  # bit for bit
+    assert errors["per_row"].max() < 0.06, (
+        errors
+    )  # every row, the small ones beside the outlier included (measured 0.04)
+    batch, alone = outputs["per_tensor"]
+    assert not np.array_equal(batch, alone) and errors["per_tensor"].max() > 10 * errors["per_row"].max(), errors
+
+
+def test_per_row_rewrite_refuses_an_unknown_pattern():
+    """A DynamicQuantizeLinear whose scale feeds anything but the MatMul's output scale is refused by name, never
+    left quantized per tensor."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"], name="mm"),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["xs", "ws"], ["scales"]),
+        helper.make_node("Mul", ["accf", "scales"], ["y"]),
+        helper.make_node("Identity", ["xs"], ["seen"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones((4, 2), np.int8), "w"),
+        numpy_helper.from_array(np.zeros(2, np.int8), "wz"),
+        numpy_helper.from_array(np.ones(2, np.float32), "ws"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "seen")],
+        inits,
+    )
+    with pytest.raises(RuntimeError, match="DynamicQuantizeLinear 'dql' feed other nodes"):
+        onnx_quantization.quantize_activations_per_row(helper.make_model(graph))
+
+
+def _translate(model, tokenizer, sentences, batch_size, **generate_kwargs) -> list[list[int]]:
+    """Each sentence's generated tokens (without the start token, up to its eos), decoded `batch_size` at a time."""
+    out, eos, pad = [], model.config.eos_token_id, model.config.pad_token_id
+    for start in range(0, len(sentences), batch_size):
+        inputs = model.prepare_translation_inputs(tokenizer, sentences[start : start + batch_size])
+        for row in model.generate(**inputs, **generate_kwargs).tolist():
+            row = row[1:]
+            out.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad])
+    return out
+
+
+def test_int8_translation_does_not_depend_on_the_batch(baseline_export, tokenizer):
+    """ONNX Runtime int8 (activations per row) translates each of the 1,000 test sentences the same at batch sizes
+    1, 7 and 64 (neighbours, padded lengths and finished sentences leaving the batch all differ), greedy and beam 4,
+    as torch does (test_translation_core); the translations are varied. (Beam 4 at batch size 1: the first 200.)"""
+    _, folder = baseline_export
+    ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    sources = read_sentences("en", "test_2016_flickr", n=1000)
+    for settings, alone in ((dict(num_beams=1), 1000), (dict(num_beams=4, length_penalty=0.6), 200)):
+        at_64 = _translate(ort8, tokenizer, sources, 64, **settings)
+        assert _translate(ort8, tokenizer, sources, 7, **settings) == at_64, settings
+        assert _translate(ort8, tokenizer, sources[:alone], 1, **settings) == at_64[:alone], settings
+        assert len({tuple(t) for t in at_64}) > 500, settings
+
+
+def _per_tensor_copy(folder, target, record: bool):
+    """A copy of export `folder` whose int8 graphs quantize activations per tensor, as a folder exported before
+    per-row activations (`record=False`: its manifest without `int8.activations`) or with `--int8_activations
+    per_tensor` (`record=True`)."""
+    shutil.copytree(folder, target)
+    manifest = json.loads((target / "onnx_manifest.json").read_text())
+    pairs = [(manifest["graphs"]["fp32"][role], manifest["graphs"]["int8"][role]) for role in ("encoder", "decoder")]
+    for entry, role in (("shared_cache", "decoder"), ("scoring", "scoring")):
+        if manifest[entry]["written"]:
+            pairs.append((manifest[entry]["graphs"]["fp32"], manifest[entry]["graphs"]["int8"]))
+    for fp32, int8 in pairs:
+        onnx_quantization.quantize(target / fp32, target / int8, activations="per_tensor")
+    for key in ("activations", "per_row", "opset"):
+        manifest["int8"].pop(key)
+    if record:
+        manifest["int8"]["activations"] = "per_tensor"
+    (target / "onnx_manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def test_int8_folder_quantized_per_tensor_loads_with_a_warning(baseline_export, tokenizer, tmp_path, caplog):
+    """A folder whose int8 graphs quantize activations per tensor (exported before the manifest's
+    `int8.activations`, or with `--int8_activations per_tensor`) still loads and translates, warning that a
+    sentence's translation can depend on its batch, and says which in `int8_activations` and the load's log line:
+    there the defect is real (sentences translated differently at batch sizes 1 and 64)."""
+    _, folder = baseline_export
+    old = _per_tensor_copy(folder, tmp_path / "old", record=False)
+    with (
+        pytest.warns(UserWarning, match=r"quantize activations per tensor \(exported before .*Export the model again"),
+        caplog.at_level("INFO", logger="hf_variants.onnx.modeling"),
+    ):
+        ort8 = OrtModelForSeq2SeqLM.from_pretrained(old, precision="int8", num_threads=1)
+    assert ort8.int8_activations == "per_tensor"
+    assert any(r.getMessage().endswith("(activations quantized per tensor)") for r in caplog.records)
+    sources = read_sentences("en", "test_2016_flickr", n=100)
+    at_64 = _translate(ort8, tokenizer, sources, 64, num_beams=1)
+    alone = _translate(ort8, tokenizer, sources, 1, num_beams=1)
+    assert sum(a != b for a, b in zip(alone, at_64)) >= 5
+    asked = _per_tensor_copy(folder, tmp_path / "asked", record=True)
+    with pytest.warns(UserWarning, match=r"per tensor \(exported with --int8_activations per_tensor\)"):
+        assert OrtModelForSeq2SeqLM.from_pretrained(asked, precision="int8").int8_activations == "per_tensor"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fp32 and per-row int8: no warning
+        OrtModelForSeq2SeqLM.from_pretrained(old)
+        OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8")
 
 
 # ------------------------------------------------------------------------------------ MG-SA's phrase heads
@@ -1160,6 +1366,8 @@ DAMAGED_MANIFESTS = {
     "shape": ("encoder.outputs.0.shape", {"a": 1}, "must be a list, got dict"),
     "no_shared_cache": ("shared_cache", None, "must be an object, got NoneType"),
     "step_inputs": ("step_inputs", "tgt_lang_ids", "must be a list of strings"),
+    "int8_activations": ("int8.activations", "per_column", "must be one of ['per_row', 'per_tensor']"),
+    "int8_not_object": ("int8", "per_row", "must be an object or null, got str"),
 }
 
 
@@ -1269,9 +1477,9 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
     tokens and length written in place): torch fp32's sequences (rows ending early padded, the width where every
     row had ended; a minimum length; a first capacity of 2, so the buffers grow and are bound again), the
     concatenated step graph never run, finished rows taken out of the batch (`drop_finished`, the trained
-    baseline's sentences end at different steps; the caller's inputs untouched); in int8, decoding every row to the
-    end (drop_finished=False), exactly the loop's sequences on the same graph (the same feeds per step, finished
-    rows fed the pad id)."""
+    baseline's sentences end at different steps; the caller's inputs untouched); in int8 (activations per row),
+    exactly the loop's sequences on the same graph, whether finished rows leave the batch or are fed the pad id to
+    the end."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     eos = model.config.eos_token_id
@@ -1296,11 +1504,16 @@ def test_shared_cache_greedy(shared_export, tokenizer, monkeypatch):
         assert (ends > 0).sum() >= 2 and len(set(ends[ends > 0].tolist())) > 1, ends
         assert min(rows) < len(SENTENCES), rows  # finished rows left the batch
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
-    ort8.drop_finished = False
-    bound = ort8.generate(**inputs, num_beams=1, max_new_tokens=16)
-    assert ort8.last_decoding["path"] == "bound_greedy"
-    loop = _loop(ort8, **inputs, num_beams=1, max_new_tokens=16)
-    assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop)
+    loop = _loop(ort8, **inputs, num_beams=1, max_new_tokens=40)
+    assert ort8.last_decoding["cache"] == "shared_buffer"
+    for drop in (True, False):  # activations per row: the rows leaving the batch change no other row's numbers
+        ort8.drop_finished = drop
+        bound = _bound_shapes(ort8.shared_cache_graph, monkeypatch)
+        assert torch.equal(ort8.generate(**inputs, num_beams=1, max_new_tokens=40), loop), drop
+        assert ort8.last_decoding["path"] == "bound_greedy"
+        rows = [shapes["decoder_input_ids"][0] for shapes in bound]
+        if not drop or model.config.model_type == "transformer_nmt":  # (the trained model's sentences finish)
+            assert (min(rows) < len(SENTENCES)) == drop, rows
     assert ort8._bound_step_graph is None  # one intra-op thread: the loop's session serves
 
 
@@ -1334,8 +1547,9 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
     an odd beam width, a minimum length, and a first capacity of 2 (the buffers grow and are bound again), in as
     many steps as transformers' loop (which stops the trained model's decodings before max_length where a setting
     lets it), finished sentences taken out of the batch (`drop_finished`: the trained baseline's, whose sentences
-    finish at different steps); the concatenated step graph never runs. In int8, decoding every sentence to the end
-    (drop_finished=False), exactly the loop's sequences on the same graph. Beam sampling takes the loop."""
+    finish at different steps); the concatenated step graph never runs. In int8 (activations per row), exactly the
+    loop's sequences on the same graph, whether finished sentences leave the batch or not. Beam sampling takes the
+    loop."""
     model, folder, langs = shared_export
     inputs = _inputs(model, tokenizer, SENTENCES, langs)
     eos = model.config.eos_token_id
@@ -1371,12 +1585,13 @@ def test_shared_cache_beam(shared_export, tokenizer, monkeypatch):
         assert len(ended - {0}) > 2 and stopped_early == {True, False}, (ended, stopped_early)
         assert True in dropped  # with as many steps as the loop, whose batch keeps every sentence
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
-    ort8.drop_finished = False
-    for settings in BOUND_BEAM_SETTINGS[:2]:
-        bound = ort8.generate(**inputs, max_new_tokens=16, **settings)
-        assert ort8.last_decoding["path"] == "bound_beam"
-        loop = _loop(ort8, **inputs, max_new_tokens=16, **settings)
-        assert ort8.last_decoding["cache"] == "shared_buffer" and torch.equal(bound, loop), settings
+    for settings in BOUND_BEAM_SETTINGS[:2] + BOUND_BEAM_SETTINGS[6:7]:  # the last: trained sentences finish
+        loop = _loop(ort8, **inputs, **{"max_new_tokens": 16, **settings})
+        assert ort8.last_decoding["cache"] == "shared_buffer"
+        for drop in (True, False):  # activations per row: the sentences leaving the batch change no other's numbers
+            ort8.drop_finished = drop
+            bound = ort8.generate(**inputs, **{"max_new_tokens": 16, **settings})
+            assert ort8.last_decoding["path"] == "bound_beam" and torch.equal(bound, loop), (settings, drop)
     ort8.generate(**inputs, max_new_tokens=4, num_beams=2, do_sample=True)
     assert ort8.last_decoding == {
         "path": "loop",
@@ -1605,7 +1820,8 @@ def test_runtime_class_mro():
 
 def test_runtime_model_holds_no_weights_and_logs_its_precision(baseline_export, caplog):
     """fp32 is the default precision of from_pretrained (as of the pipeline and translate.py); the loaded graphs are
-    logged once per load, naming the precision; the instance has no torch parameters or layers."""
+    logged once per load, naming the precision (and for int8 the activation scheme); the instance has no torch
+    parameters or layers."""
     _, folder = baseline_export
     with caplog.at_level("INFO", logger="hf_variants.onnx.modeling"):
         ort = OrtModelForSeq2SeqLM.from_pretrained(folder)
@@ -1615,9 +1831,10 @@ def test_runtime_model_holds_no_weights_and_logs_its_precision(baseline_export, 
         f"Loaded the fp32 ONNX graphs of {folder}: decoder_model.onnx, encoder_model.onnx, "
         "decoder_model_shared_cache.onnx",
         f"Loaded the int8 ONNX graphs of {folder}: decoder_model_int8.onnx, encoder_model_int8.onnx, "
-        "decoder_model_shared_cache_int8.onnx",
+        "decoder_model_shared_cache_int8.onnx (activations quantized per row)",
     ]
     assert ort.precision == "fp32" and ort8.precision == "int8"
+    assert ort.int8_activations is None and ort8.int8_activations == "per_row"
     assert list(ort.parameters()) == [] and list(ort.buffers()) == []
     assert [type(m).__name__ for m in ort.modules()] == [type(ort).__name__, "_LanguageIds"]
 

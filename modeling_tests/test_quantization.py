@@ -300,3 +300,26 @@ def test_int8_linear_module():
         assert torch.equal(out[2], onednn(x[0, 2:3])[0])
     with pytest.raises(RuntimeError, match="inference-only"):
         onednn(x.requires_grad_())
+
+
+def test_int8_linear_rows_do_not_depend_on_the_batch():
+    """Per-token activations (the default): each row's output is bit-identical whatever the other rows of the call
+    (alone, in batches of 7 and 64, beside an outlier row 100x larger), so a linear never makes a sentence depend on
+    its batch. Per tensor (`activation_granularity="per_tensor"`, and fbgemm's only scheme) one scale covers every row:
+    a row's output changes with its neighbours. (Whole translations: the docstring of `hf_variants/deploy/int8.py`.)"""
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 48)
+    x = torch.randn(64, 32)
+    x[5] *= 100.0
+    per_token = Int8Linear.from_linear(linear)
+    per_tensor = Int8Linear.from_linear(linear, activation_granularity="per_tensor")
+    with torch.no_grad():
+        for size in (1, 7):
+            parts = torch.cat([per_token(x[i : i + size]) for i in range(0, 64, size)])
+            assert torch.equal(parts, per_token(x)), size
+            assert torch.equal(per_token(x.view(8, 8, 32)).view(64, 48), per_token(x))  # any leading shape
+        alone = torch.cat([per_tensor(x[i : i + 1]) for i in range(64)])
+        assert not torch.equal(alone, per_tensor(x))
+        others = torch.arange(64) != 5  # beside the outlier, the other rows lose their resolution
+        reference = linear(x)[others]
+        assert relative_error(per_tensor(x)[others], reference) > 5 * relative_error(alone[others], reference)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..onnx import export as library
 from ..onnx.export import COMMAND, MANIFEST, MIN_OPSET, export
-from ..onnx.quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS
+from ..onnx.quantization import DEFAULT_INT8_ACTIVATIONS, DEFAULT_INT8_WEIGHTS, INT8_ACTIVATIONS, INT8_WEIGHTS
 from ..outputs import discard_output_dir, int_in_range
 from .common import UsageError, add_model_folder_flags, add_output_dir_flags, exits_on_refusal
 from .loading import check_export_paths, load_model_folder
@@ -30,6 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_INT8_WEIGHTS,
         help="int8 weight format (see INT8_WEIGHTS): s8_reduce_range (default; VNNI's fast kernel, right on every "
         "CPU) or u8 (about half the error, 2-4x slower MatMuls on VNNI CPUs)",
+    )
+    parser.add_argument(
+        "--int8_activations",
+        choices=list(INT8_ACTIVATIONS),
+        default=DEFAULT_INT8_ACTIVATIONS,
+        help="how the int8 graphs quantize activations: per_row (default: one scale per token, so a sentence gets "
+        "the same translation in any batch) or per_tensor (one scale per call over the whole batch, as onnxruntime's "
+        "quantize_dynamic: a sentence's translation can depend on its batch)",
     )
     parser.add_argument(
         "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
@@ -77,6 +85,7 @@ def main(argv=None) -> Path:
             args.output_dir,
             int8=args.int8,
             int8_weights=args.int8_weights,
+            int8_activations=args.int8_activations,
             opset=args.opset,
             force=args.force,
             fuse_attention=args.fuse_attention,

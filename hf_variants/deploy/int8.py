@@ -24,6 +24,16 @@ takes plain int8 tensors; per matmul it is 0.9-2.3x as fast as fp32 at decoding 
 rows, where fbgemm is 1.6x; most on the output projection), and 1.2-1.6x slower than fbgemm at 32 rows.
 `backend="fbgemm"` is kept as an opt-in for comparison while torch still ships it (it warns).
 
+Batches: per token, a row's int8 values and scale come from that row alone and the int32 products are exact, so an
+`Int8Linear` gives each row the same output in any batch, bit for bit (`test_quantization`). Per tensor (and
+fbgemm, which only quantizes per tensor) one scale covers every token of the call, i.e. every sentence of the batch:
+a sentence's numbers, and at times its translation, depend on its neighbours (the trained tiny baseline, 300
+test_2016_flickr sentences: 177 translated differently at batch size 1 and 64 greedy, 149 with beam 4). The rest of
+the torch model runs in float32, whose kernels (attention over a padded length, matrix products of another row
+count) can differ in the last bit with the batch; int8 rounding can, rarely, carry such a bit into another token
+(per token, the same test: 1 of 300 sentences differed greedy, none with beam 4). ONNX Runtime's int8 graphs
+quantize activations per row too (`hf_variants.onnx.quantization`).
+
 Numerics: without VNNI (AVX2, AVX-512 without VNNI), x86 int8 kernels multiply uint8 by int8 in pairs summed in
 int16, which saturates for full-range activations; activations then use 7 bits (`reduce_range=True`, as torch's
 dynamic quantization does on x86). `reduce_range=None` (default) picks it from the CPU.
@@ -270,8 +280,9 @@ def quantize_for_cpu(
             dynamic-quantization kernel; its qint8 weights are deprecated in torch 2.13).
         reduce_range: 7-bit activations (True), 8-bit (False), or None: 7-bit unless the CPU has VNNI.
         activation_granularity: `"per_token"` (one symmetric scale per token: default with oneDNN; what
-            CTranslate2 does) or `"per_tensor"` (one per call: a little faster, less accurate on trained models;
-            the only choice of fbgemm, and what `quantize_dynamic` does).
+            CTranslate2 does; a token's output does not depend on the other tokens of the call) or `"per_tensor"`
+            (one per call: a little faster, less accurate on trained models, and a sentence's translation can
+            depend on its batch; the only choice of fbgemm, and what `quantize_dynamic` does).
     """
     Int8Linear(1, 1, backend=backend, activation_granularity=activation_granularity)  # validates the options
     skip = list(modules_to_not_convert or [])

@@ -21,10 +21,10 @@ Both decode with the logits processors `decoding.search_settings` maps (tokens n
 below a minimum length; not no_repeat_ngram_size) and stop where transformers stops. With
 `drop=True` (`OrtModelForSeq2SeqLM.drop_finished`, the default) finished sentences leave the batch
 (`BoundStep.keep`) once an eighth of it has finished, as CTranslate2 drops them; transformers decodes them to the
-batch's end. Their sequences and the others' stay the same in fp32; int8 graphs quantize activations per batch, so
-there tokens may differ where the batch does. With drop=False every row gets what transformers feeds it: in int8 the
-loop's sequences. No imports of the model's module: the graphs (`_Graph`), the feeds and the cache come from
-`OrtModelForSeq2SeqLM`.
+batch's end. Their sequences and the others' stay the same, fp32 and int8 (activations quantized per row); in int8
+graphs that quantize activations per tensor (exported before, or asked for) tokens may differ where the batch does,
+and drop=False, every row getting what transformers feeds it, gives the loop's sequences. No imports of the model's
+module: the graphs (`_Graph`), the feeds and the cache come from `OrtModelForSeq2SeqLM`.
 
 Measured against ONNX Runtime's `com.microsoft::BeamSearch` op running the same graphs' whole loop (small baseline,
 batch 32, 20 new tokens, 1 thread, AMD EPYC): the op's tok/s times greedy 1.08 (fp32) / 1.39 (int8), beam 4 1.10 /
@@ -163,8 +163,8 @@ def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.
     (`decoding.search_settings`' mapping). Returns the sequences [rows, length] as transformers returns
     them: the start token, the tokens, eos where a row ended, then the fill id, cut at the step where every row had
     ended or at max_length. Finished rows are fed the fill id, as transformers feeds them; `drop`: they leave the
-    batch instead once `_worth_dropping` says so (the other rows' tokens stay the same, but in int8 graphs, whose
-    activations are quantized per batch)."""
+    batch instead once `_worth_dropping` says so (the other rows' tokens stay the same, but in int8 graphs whose
+    activations are quantized per tensor)."""
     inputs, attributes = settings["inputs"], settings["attributes"]
     eos, fill, max_length = attributes["eos_token_id"], settings["fill"], inputs["max_length"]
     min_length, never, limits = inputs["min_length"], _never(settings), _sentence_limits(settings)
@@ -393,7 +393,7 @@ def beam_search(
     beam; CTranslate2 once per sentence), and its cache position is copied to the
     beams. `drop`: a sentence whose hypotheses can no longer change (transformers' early-stop check says it cannot
     improve) leaves the batch once `_worth_dropping` says so, where transformers runs it on to the end (its tokens
-    and the others' stay the same, but in int8 graphs, whose activations are quantized per batch). Returns the
+    and the others' stay the same, but in int8 graphs whose activations are quantized per tensor). Returns the
     sequences [sentences * num_return_sequences, length] as transformers returns them (best first; the fill id
     after each hypothesis' end; as wide as the longest returned hypothesis)."""
     inputs, attributes = settings["inputs"], settings["attributes"]

@@ -1,7 +1,8 @@
 """Export any hf_variants model to ONNX (two or three graphs) for ONNX Runtime, in float32 and optionally int8.
 
-    python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]]
-        [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache] [--scoring_graph]
+    python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]
+        [--int8_activations per_row|per_tensor]] [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
+        [--scoring_graph]
 
 Two graphs (three with fused decoder self-attention), all traced through the model's public forward (`get_encoder()`,
 then the model with `encoder_outputs`, `cache` as an `EncoderDecoderCache` and `use_cache=True`) by the
@@ -60,7 +61,10 @@ settings) are written beside the graphs.
 `--int8` also writes `encoder_model_int8.onnx` / `decoder_model_int8.onnx` (and `decoder_model_shared_cache_int8.onnx`
 where the shared-cache graph is written; `quantization.quantize`: onnxruntime's `quantize_dynamic` after folding
 constants and splitting stacked unit weights, int8 weights of every MatMul per output channel, the output projection
-included, activations quantized per call; `--int8_weights`: the weight format, see `INT8_WEIGHTS`).
+included; `--int8_weights`: the weight format, see `INT8_WEIGHTS`) with activations quantized per row (one scale per
+token, so a sentence's translation does not depend on the other sentences of its batch; the int8 graphs are opset
+21) or, with `--int8_activations per_tensor`, per call over the whole batch (quantize_dynamic's own scheme, what
+folders exported before had). The manifest's `int8.activations` records which.
 
 Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (the fp32 graphs; `precision="int8"` for the int8
 ones) for generate and the pipeline. The export prints one progress line per graph on stderr. The graphs run on plain
@@ -99,7 +103,15 @@ from .attention import (
     translation_table,
     unfused_decoder_attention,
 )
-from .quantization import DEFAULT_INT8_WEIGHTS, INT8_WEIGHTS, QUANTIZED_OP_TYPES, quantize
+from .manifest import INT8_ACTIVATIONS
+from .quantization import (
+    DEFAULT_INT8_ACTIVATIONS,
+    DEFAULT_INT8_WEIGHTS,
+    INT8_WEIGHTS,
+    PER_ROW_OPSET,
+    QUANTIZED_OP_TYPES,
+    quantize,
+)
 
 MANIFEST = "onnx_manifest.json"
 COMMAND = "export_onnx"  # recorded in the output folder's manifest: what `--force` may replace
@@ -686,14 +698,41 @@ def _shared_cache_record(model, staging: Path, num_layers: int, seconds: float) 
     }
 
 
-def _quantize_graphs(staging: Path, weights: str) -> tuple[dict, float, dict]:
-    """int8 copies of both graphs: (their file names, seconds, per graph file what `quantize` rewrote: the MatMuls
-    split per unit and those quantized per tensor)."""
+def _quantize_graphs(
+    staging: Path, weights: str, activations: str, shared: dict, scoring: dict, progress: bool
+) -> tuple[dict, float, dict]:
+    """int8 copies of every graph written (`quantize` with `weights` and `activations`), the shared-cache and
+    scoring graphs' entries of `shared` and `scoring` completed: (the int8 source and step graph files, seconds, the
+    manifest's `int8` record)."""
     started, rewritten = time.perf_counter(), {}
-    for fp32_name, int8_name in zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]):
-        rewritten[int8_name] = quantize(staging / fp32_name, staging / int8_name, weights)
+    names = list(zip(GRAPH_FILES["fp32"], GRAPH_FILES["int8"]))
+    with _progress(progress, f"quantizing {', '.join(GRAPH_FILES['int8'])}"):
+        for fp32_name, int8_name in names:
+            rewritten[int8_name] = quantize(staging / fp32_name, staging / int8_name, weights, activations=activations)
+    for record, files in ((shared, SHARED_CACHE_FILES), (scoring, SCORING_FILES)):
+        if not record["written"]:
+            continue
+        quantize_started = time.perf_counter()
+        with _progress(progress, f"quantizing {files['int8']}"):
+            rewritten[files["int8"]] = quantize(
+                staging / files["fp32"], staging / files["int8"], weights, activations=activations
+            )
+        record["graphs"]["int8"] = files["int8"]
+        if record is shared:
+            record["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
+    int8_record = dict(
+        INT8_WEIGHTS[weights],
+        weights=weights,
+        activations=activations,
+        op_types_to_quantize=QUANTIZED_OP_TYPES,
+        split_stacked_matmuls={name: len(r["split"]) for name, r in rewritten.items()},
+        per_tensor_matmuls=[m for r in rewritten.values() for m in r["per_tensor"]],
+    )
+    if activations == "per_row":  # per graph file: the activations quantized per row, the MatMuls reading them
+        int8_record["per_row"] = {name: r["per_row"] for name, r in rewritten.items()}
+        int8_record["opset"] = PER_ROW_OPSET
     files = {"encoder": GRAPH_FILES["int8"][0], "decoder": GRAPH_FILES["int8"][1]}
-    return files, time.perf_counter() - started, rewritten
+    return files, time.perf_counter() - started, int8_record
 
 
 def _manifest(model, model_type: str, traced: _Traced, staging: Path, graphs: dict, seconds: dict, int8: dict):
@@ -744,12 +783,15 @@ def export(
     shared_cache: bool = True,
     progress: bool = True,
     scoring: bool = False,
+    int8_activations: str = DEFAULT_INT8_ACTIVATIONS,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
     attention becomes one `com.microsoft::MultiHeadAttention` node (`attention`); the others, and all of them
     with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
-    `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`. `shared_cache`: also write the
+    `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`; `int8_activations`: how they quantize
+    activations, "per_row" (default: a sentence's numbers do not depend on its batch) or "per_tensor" (one scale per
+    call, over the batch; `quantization`'s module docstring). `shared_cache`: also write the
     shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says whether
     it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
     ("exporting encoder_model.onnx ... done in 3.1 s"). `scoring`: also write the scoring graph (forced decoding of
@@ -757,6 +799,8 @@ def export(
     check_exportable(model, opset)
     if int8_weights not in INT8_WEIGHTS:
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
+    if int8_activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"int8_activations={int8_activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
     output_dir = Path(output_dir)
     check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
     check_output_dir(output_dir, command=COMMAND, force=force)
@@ -807,29 +851,8 @@ def export(
 
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
-        with _progress(progress, f"quantizing {', '.join(GRAPH_FILES['int8'])}"):
-            graphs["int8"], seconds["quantize"], rewritten = _quantize_graphs(staging, int8_weights)
-        if shared["written"]:
-            quantize_started = time.perf_counter()
-            name = SHARED_CACHE_FILES["int8"]
-            with _progress(progress, f"quantizing {name}"):
-                rewritten[name] = quantize(staging / SHARED_CACHE_FILES["fp32"], staging / name, int8_weights)
-            shared["graphs"]["int8"] = SHARED_CACHE_FILES["int8"]
-            shared["quantize_seconds"] = round(time.perf_counter() - quantize_started, 2)
-            seconds["quantize"] += time.perf_counter() - quantize_started
-        if scoring_record["written"]:
-            quantize_started = time.perf_counter()
-            name = SCORING_FILES["int8"]
-            with _progress(progress, f"quantizing {name}"):
-                rewritten[name] = quantize(staging / SCORING_FILES["fp32"], staging / name, int8_weights)
-            scoring_record["graphs"]["int8"] = name
-            seconds["quantize"] += time.perf_counter() - quantize_started
-        int8_record = dict(
-            INT8_WEIGHTS[int8_weights],
-            weights=int8_weights,
-            op_types_to_quantize=QUANTIZED_OP_TYPES,
-            split_stacked_matmuls={name: len(r["split"]) for name, r in rewritten.items()},
-            per_tensor_matmuls=[m for r in rewritten.values() for m in r["per_tensor"]],
+        graphs["int8"], seconds["quantize"], int8_record = _quantize_graphs(
+            staging, int8_weights, int8_activations, shared, scoring_record, progress
         )
 
     original_config.save_pretrained(staging)

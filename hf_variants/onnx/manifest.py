@@ -4,6 +4,10 @@
 folder may have been copied, edited or damaged since, so `read_manifest` checks every field the runtime reads (its
 type, and for graph files that the path is relative, has no `..`, and resolves, symlinks included, to a file inside
 the folder) and raises a ValueError naming the manifest and the entry, before any graph is opened.
+
+`int8_activations(manifest)` says how a folder's int8 graphs quantize activations: "per_row" (one scale per row, i.e.
+per token: a sentence's numbers do not depend on the other rows of its batch) or "per_tensor" (one scale per call,
+over the whole batch: what folders exported before the manifest recorded `int8.activations` have).
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 MANIFEST = "onnx_manifest.json"
 PRECISIONS = ("fp32", "int8")
+# how int8 graphs quantize their activations (the manifest's `int8.activations`): one scale per row (per token), or one
+# per call over the whole tensor, i.e. over the batch (folders exported before the entry existed)
+INT8_ACTIVATIONS = ("per_row", "per_tensor")
+LEGACY_INT8_ACTIVATIONS = "per_tensor"
 # the ONNX element types the runtime binds (`modeling._NUMPY`)
 DTYPES = ("float", "int64", "int32", "bool")
 
@@ -124,8 +132,21 @@ def read_manifest(folder: str | Path) -> dict:
         _io(path, "shared_cache.decoder", shared.get("decoder"))
     else:
         _expect(path, "shared_cache.reason", shared.get("reason"), str, "a string")
+    int8 = manifest.get("int8")
+    if int8 is not None:  # written by --int8 exports (null without): the activation scheme is read at load
+        _expect(path, "int8", int8, dict, "an object or null")
+        if int8.get("activations", LEGACY_INT8_ACTIVATIONS) not in INT8_ACTIVATIONS:
+            _fail(
+                path, "int8.activations", f"must be one of {list(INT8_ACTIVATIONS)}, got {int8['activations']!r:.80}"
+            )
     scoring = _expect(path, "scoring", manifest.get("scoring", {"written": False}), dict, "an object")
     if _expect(path, "scoring.written", scoring.get("written"), bool, "true or false"):  # optional (--scoring_graph)
         _graphs(folder, path, "scoring.graphs", scoring.get("graphs"), ("scoring",))
         _io(path, "scoring.io", scoring.get("io"))
     return manifest
+
+
+def int8_activations(manifest: dict) -> str:
+    """How the folder's int8 graphs quantize activations (`INT8_ACTIVATIONS`): the manifest's `int8.activations`, or
+    "per_tensor" for a folder exported before that entry was written (`read_manifest` checked the value)."""
+    return (manifest.get("int8") or {}).get("activations", LEGACY_INT8_ACTIVATIONS)

@@ -6,12 +6,15 @@
     pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`
 
 `from_pretrained` loads the fp32 graphs unless asked for `precision="int8"` (a folder exported with `--int8` has
-both) and logs which graphs it loaded. The object is the model type's generation class without its weights:
-transformers' `GenerationMixin.generate()` prepares each call, so greedy and beam search (length penalty, early
-stopping, `num_return_sequences`), sampling, `max_length` / `max_new_tokens`, logits processors, streamers, and the
-package's conveniences (`tgt_lang`, the default length rule, the length checks, `prepare_translation_inputs`) behave
-as on the torch model. Which decoding runs is decided in one place, `decoding.choose()` (its docstring has the
-table); `model.last_decoding` records the path and why:
+both) and logs which graphs it loaded. int8 graphs quantize activations per row (`model.int8_activations`: a
+sentence's numbers do not depend on the other sentences of its batch); a folder exported before that, or with
+`--int8_activations per_tensor`, still loads, with a warning that its translations can depend on the batch. The
+object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()` prepares
+each call, so greedy and beam search (length penalty, early stopping, `num_return_sequences`), sampling,
+`max_length` / `max_new_tokens`, logits processors, streamers, and the package's conveniences (`tgt_lang`, the
+default length rule, the length checks, `prepare_translation_inputs`) behave as on the torch model. Which decoding
+runs is decided in one place, `decoding.choose()` (its docstring has the table); `model.last_decoding` records the
+path and why:
 
 - greedy and beam search run bound on the shared-cache step graph (`bound`: every input and output bound once,
   transformers' bookkeeping in numpy), where the folder has that graph (`export_onnx`: every decoder attention
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +45,7 @@ from ..compat_transformer_nmt import CACHE_NAME, accepts_cache_alias, cache_fiel
 from ..model_classes import MODEL_CLASSES
 from .bound import BEAM_HEAD_IO, BoundStep, beam_head_model, beam_search, compact_rows, greedy_search
 from .decoding import BOUND_GREEDY, LOOP, choose, may_skip_encoder
-from .manifest import MANIFEST, read_manifest
+from .manifest import MANIFEST, int8_activations, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,20 @@ DEFAULT_SHARED_CACHE_CAPACITY = 64
 # replaces (one per sublayer: 9 per decoder step of the small model), and whole decodings ran 1.04-1.13x faster
 # without it (small, 1 thread)
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+# said once per load of int8 graphs that quantize activations per tensor
+_PER_TENSOR_WARNING = (
+    "{folder}: its int8 graphs quantize activations per tensor{before}: one scale over every sentence of a batch, so "
+    "a sentence's translation can change with the other sentences batched with it. Export the model again "
+    "(`python -m hf_variants.export_onnx --int8`: activations per row) for translations that do not depend on the "
+    "batch."
+)
+
+
+def _exported_before(manifest: dict) -> str:
+    """Why a folder's int8 graphs quantize per tensor: exported before the scheme was recorded, or asked for."""
+    if "activations" in (manifest.get("int8") or {}):
+        return " (exported with --int8_activations per_tensor)"
+    return " (exported before int8 activations were quantized per row)"
 
 
 def inference_session(model, options, providers, disabled_optimizers=DISABLED_OPTIMIZERS):
@@ -353,9 +371,12 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         # the shared cache's first capacity: None picks it (DEFAULT_SHARED_CACHE_CAPACITY); an int: that
         self.shared_cache_capacity: int | None = None
         # the bound search takes finished sentences out of the batch (`bound.DROP_SHARE`), as CTranslate2 does;
-        # False decodes every row to the end, as transformers' loop does (int8: activations are quantized per
-        # batch, so tokens may differ where the rows do)
+        # False decodes every row to the end, as transformers' loop does (the same tokens, but in int8 graphs that
+        # quantize activations per tensor, whose numbers depend on the batch's rows)
         self.drop_finished = True
+        # how the loaded graphs quantize activations: None (fp32), "per_row" or "per_tensor" (`manifest.
+        # int8_activations`: a folder exported before the manifest recorded it quantizes per tensor)
+        self.int8_activations = int8_activations(manifest) if precision == "int8" else None
         self.num_layers = manifest["num_layers"]
         self._encoder = _OrtEncoder(self)
         self.model = _LanguageIds(MODEL_CLASSES[config.model_type][2].base_model_class.language_ids_field)
@@ -378,8 +399,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         **kwargs,
     ):
         """Load a folder written by `python -m hf_variants.export_onnx`: its fp32 graphs, or with
-        `precision="int8"` its int8 graphs (logged once at load). The manifest is read as untrusted input
-        (`manifest.read_manifest`: every graph inside the folder, every field's type checked).
+        `precision="int8"` its int8 graphs (logged once at load, with the activation scheme; graphs that quantize
+        activations per tensor warn that a sentence's translation can depend on its batch). The manifest is read as
+        untrusted input (`manifest.read_manifest`: every graph inside the folder, every field's type checked).
         `disabled_optimizers`: ONNX Runtime graph transformers every session leaves out (default
         `DISABLED_OPTIMIZERS`, which says why; `()` runs them all). Loading arguments of torch models that
         `pipeline()` passes (`dtype="auto"`, `revision`, `token`, `trust_remote_code`, ...) are accepted where they
@@ -436,12 +458,15 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         )
         shared = manifest["shared_cache"]
         logger.info(
-            "Loaded the %s ONNX graphs of %s: %s%s",
+            "Loaded the %s ONNX graphs of %s: %s%s%s",
             precision,
             folder,
             ", ".join(sorted(graphs[precision].values())),
             f", {shared['graphs'][precision]}" if model.shared_cache_graph is not None else "",
+            f" (activations quantized {model.int8_activations.replace('_', ' ')})" if model.int8_activations else "",
         )
+        if model.int8_activations == "per_tensor":
+            warnings.warn(_PER_TENSOR_WARNING.format(folder=folder, before=_exported_before(manifest)), stacklevel=2)
         return model
 
     @classmethod

@@ -1,7 +1,7 @@
-"""int8 weights for exported graphs (`export_onnx --int8`): onnxruntime's `quantize_dynamic`, after two rewrites
-that let it quantize every constant MatMul per output channel.
+"""int8 graphs for exports (`export_onnx --int8`): onnxruntime's `quantize_dynamic`, after two rewrites that let it
+quantize every constant MatMul per output channel, and a rewrite after it that quantizes activations per row.
 
-`quantize(source, target, weights)`:
+`quantize(source, target, weights, activations="per_row")`:
 1. folds constant subgraphs (ONNX Runtime's basic optimizations): the exporter writes MUTE's unit and MIMO's
    stream weights as initializers followed by Transposes and Reshapes, and quantize_dynamic only quantizes a
    MatMul whose weight is an initializer;
@@ -10,8 +10,25 @@ that let it quantize every constant MatMul per output channel.
    per-channel zero points on 2-D weights only, so a stacked weight would get ONE scale for all n units (the trained
    small MUTE: int8 BLEU 0.35 below float32, 0.19 split). The split costs 2-6% of int8 decoding speed (small MUTE
    and MIMO, 1 thread: `benchmarks/bench_ort_stacked_weights.py`);
-3. quantizes every MatMul/Gemm on a constant weight with `INT8_WEIGHTS[weights]` (activations per call), and any
-   weight left of another rank per tensor (none in the exporter's graphs; the names are returned).
+3. quantizes every MatMul/Gemm on a constant weight with `INT8_WEIGHTS[weights]`, and any weight left of another
+   rank per tensor (none in the exporter's graphs; the names are returned);
+4. (`activations="per_row"`, the default) quantizes every activation row by row (`quantize_activations_per_row`):
+   quantize_dynamic's activations are quantized per call, one scale and zero point over the whole tensor, i.e. over
+   every sentence of the batch (ONNX Runtime's DynamicQuantizeMatMul), so a sentence's numbers, and at times its
+   translation, depended on the other sentences of its batch (a trained small baseline, test_2016_flickr: 107 of
+   461 sentences translated differently at batch size 1 and 64). Per row (per token, as CTranslate2 quantizes),
+   each row's int8 values and scale come from that row alone, and the int32 products are exact: a sentence gets the
+   same numbers in any batch, whatever its neighbours, their number and the batch's padded length.
+
+The per-row graph, for each quantized activation x [..., K] (shared by the MatMuls that read it):
+`scale = ReduceMax(Abs(x), axis -1) / 127` ([..., 1], symmetric), `q = QuantizeLinear(x, scale, 128)` (uint8,
+one block per row: opset 21's blocked quantization; the zero point 128 expanded to the scale's shape once per row
+shape of the graph), then per MatMul `com.microsoft::MatMulIntegerToFloat(q, W, scale, W scale, 128, W zero point)`
+(the u8 x s8 kernel of DynamicQuantizeMatMul, the row scales applied to its output) and the bias `Add` it had fused.
+The output of a Relu is one-sided: `scale = ReduceMax(x) / 255` and zero point 0 (all 256 levels, no Abs). ONNX
+Runtime has no fused per-row kernel (DynamicQuantizeMatMul and MatMulIntegerToFloat take one scale for A; MatMulNBits
+quantizes rows per block but runs 2-3x slower at 32 rows and more), so the scheme costs a few small nodes per
+activation: `benchmarks/bench_ort_int8_activations.py` measures it against per-tensor activations side by side.
 
 Tooling (imported by `export_onnx`), not shipped with saved models.
 """
@@ -19,7 +36,10 @@ Tooling (imported by `export_onnx`), not shipped with saved models.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from pathlib import Path
+
+from .manifest import INT8_ACTIVATIONS
 
 # onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
 # output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
@@ -39,17 +59,31 @@ INT8_WEIGHTS = {
 }
 DEFAULT_INT8_WEIGHTS = "s8_reduce_range"
 QUANTIZED_OP_TYPES = ["MatMul", "Gemm"]
+# how the int8 graphs quantize activations, one per `--int8_activations` choice (`manifest.INT8_ACTIVATIONS`):
+# "per_row" (default; batch-independent) or "per_tensor" (quantize_dynamic's own: one scale per call)
+DEFAULT_INT8_ACTIVATIONS = "per_row"
+# the opset of the per-row graphs: QuantizeLinear with `block_size` (a scale per block of the last axis) is opset 21's
+PER_ROW_OPSET = 21
 
 
 def quantize(
-    source: Path, target: Path, weights: str = DEFAULT_INT8_WEIGHTS, split_units: bool = True
-) -> dict[str, list[str]]:
-    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_WEIGHTS[weights]`), written to
-    `target` (steps: the module docstring; `split_units=False` skips step 2, for
-    `benchmarks/bench_ort_stacked_weights.py`). Returns {"split": the MatMuls on stacked weights split per unit,
-    "per_tensor": the MatMuls quantized with one scale per tensor (weights of a rank other than 2 after the split)}."""
+    source: Path,
+    target: Path,
+    weights: str = DEFAULT_INT8_WEIGHTS,
+    split_units: bool = True,
+    activations: str = DEFAULT_INT8_ACTIVATIONS,
+) -> dict:
+    """int8 weights for every MatMul/Gemm of `source` with a constant weight (`INT8_WEIGHTS[weights]`), activations
+    quantized per row (`activations="per_row"`) or per tensor ("per_tensor"), written to `target` (steps: the module
+    docstring; `split_units=False` skips step 2, for `benchmarks/bench_ort_stacked_weights.py`). Returns {"split": the
+    MatMuls on stacked weights split per unit, "per_tensor": the MatMuls whose WEIGHTS have one scale per tensor
+    (a rank other than 2 after the split), "activations": the scheme, "per_row": what
+    `quantize_activations_per_row` rewrote (per_row only)}."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"activations={activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
 
     # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
     # exporter's graphs (dynamic shapes from torch.export) do not need
@@ -61,7 +95,12 @@ def quantize(
         if split:
             onnx.save(model, str(folded))
         per_tensor = _quantize(folded, Path(target), INT8_WEIGHTS[weights], QuantType, quantize_dynamic)
-        return {"split": split, "per_tensor": per_tensor}
+        result = {"split": split, "per_tensor": per_tensor, "activations": activations}
+        if activations == "per_row":
+            model = onnx.load(str(target))
+            result["per_row"] = quantize_activations_per_row(model)
+            onnx.save(model, str(target))
+        return result
     finally:
         logging.getLogger().removeFilter(_without_preprocess_hint)
         folded.unlink(missing_ok=True)
@@ -164,3 +203,196 @@ def _quantize(source: Path, target: Path, settings: dict, QuantType, quantize_dy
             extra_options={"DefaultTensorType": 1},
         )
     return kept
+
+
+def quantize_activations_per_row(model) -> dict[str, int]:
+    """Rewrite, in place, quantize_dynamic's per-tensor activation quantization of `model` (an onnx ModelProto) to
+    one scale per row (the module docstring's graph): every `DynamicQuantizeLinear` becomes the row-scale nodes and a
+    blocked `QuantizeLinear`, and each `MatMulInteger -> Cast -> Mul(x scale * W scale)` reading it one
+    `com.microsoft::MatMulIntegerToFloat`. The default domain's opset becomes at least `PER_ROW_OPSET`. A
+    DynamicQuantizeLinear whose outputs feed anything else raises a RuntimeError naming it (no activation is left
+    quantized per tensor). Returns {"activations": the tensors quantized per row, "one_sided": those of them read
+    from a Relu, "matmuls": the MatMuls rewritten}."""
+    from onnx import helper
+
+    graph = model.graph
+    index = _GraphIndex(graph)
+    replaced, dropped, zero_points = {}, set(), {}
+    counts = {"activations": 0, "one_sided": 0, "matmuls": 0}
+    for node in graph.node:
+        if node.op_type != "DynamicQuantizeLinear":
+            continue
+        chains = _matmul_chains(node, index)
+        one_sided = index.producer_type(node.input[0]) == "Relu"
+        nodes, scale, zero_point = _row_quantization(node, _width(chains, index), one_sided, index, zero_points)
+        for matmul, cast, mul, scales in chains:
+            nodes_of_matmul = helper.make_node(
+                "MatMulIntegerToFloat",
+                [
+                    node.output[0],
+                    matmul.input[1],
+                    scale,
+                    _other(scales, node.output[1]),
+                    zero_point,
+                    *matmul.input[3:4],
+                ],
+                list(mul.output),
+                name=matmul.name,
+                domain="com.microsoft",
+            )
+            replaced[id(matmul)] = [nodes_of_matmul]
+            dropped.update({id(cast), id(mul), id(scales)})
+        replaced[id(node)] = nodes
+        counts["activations"] += 1
+        counts["one_sided"] += one_sided
+        counts["matmuls"] += len(chains)
+    rewritten = [new for node in graph.node if id(node) not in dropped for new in replaced.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(rewritten)
+    _add_constants(graph)
+    _set_opsets(model)
+    return counts
+
+
+class _GraphIndex:
+    """A graph's producers, consumers, initializers and declared shapes, by tensor name."""
+
+    def __init__(self, graph):
+        self.producers = {name: node for node in graph.node for name in node.output}
+        self.consumers = defaultdict(list)
+        for node in graph.node:
+            for name in node.input:
+                self.consumers[name].append(node)
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.shapes = {
+            value.name: value.type.tensor_type.shape.dim
+            for value in (*graph.value_info, *graph.input, *graph.output)
+            if value.type.tensor_type.HasField("shape")
+        }
+
+    def producer_type(self, name: str) -> str | None:
+        node = self.producers.get(name)
+        return node.op_type if node is not None else None
+
+    def only_consumer(self, name: str, op_type: str, where: str):
+        consumers = self.consumers[name]
+        if len(consumers) != 1 or consumers[0].op_type != op_type:
+            found = [c.op_type for c in consumers]
+            raise RuntimeError(f"per-row int8: {where} feeds {found}, not one {op_type} (quantize_dynamic's pattern).")
+        return consumers[0]
+
+    def row_shape(self, name: str) -> tuple | None:
+        """The leading dimensions of `name` (all but the last) when the graph declares every one of them (a size or
+        a symbolic name), else None."""
+        dims = self.shapes.get(name)
+        if not dims:
+            return None
+        leading = tuple(d.dim_param or d.dim_value for d in list(dims)[:-1])
+        return leading if all(leading) else None
+
+
+_AXES, _INV_127, _INV_255 = "per_row/axes", "per_row/inv_127", "per_row/inv_255"
+_ZERO_POINT_128, _ZERO_POINT_0 = "per_row/zero_point_128", "per_row/zero_point_0"
+
+
+def _add_constants(graph) -> None:
+    """The rewrite's constants that its nodes read (an unread initializer makes ONNX Runtime warn at every load)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    constants = {
+        _AXES: np.array([-1], dtype=np.int64),
+        _INV_127: np.array(1 / 127, dtype=np.float32),
+        _INV_255: np.array(1 / 255, dtype=np.float32),
+        _ZERO_POINT_128: np.array(128, dtype=np.uint8),
+        _ZERO_POINT_0: np.array(0, dtype=np.uint8),
+    }
+    read = {name for node in graph.node for name in node.input}
+    graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in constants.items() if name in read)
+
+
+def _matmul_chains(node, index: _GraphIndex) -> list[tuple]:
+    """The (MatMulInteger, Cast, Mul, scales Mul) chains reading DynamicQuantizeLinear `node`'s outputs, checked to be
+    all that reads them."""
+    quantized, scale, zero_point = node.output
+    chains = []
+    for matmul in index.consumers[quantized]:
+        if matmul.op_type != "MatMulInteger" or matmul.input[0] != quantized or matmul.input[2] != zero_point:
+            raise RuntimeError(f"per-row int8: {quantized} feeds {matmul.op_type} {matmul.name!r}, not MatMulInteger.")
+        cast = index.only_consumer(matmul.output[0], "Cast", f"MatMulInteger {matmul.name!r}")
+        mul = index.only_consumer(cast.output[0], "Mul", f"the Cast of {matmul.name!r}")
+        scales = index.producers.get(_other(mul, cast.output[0]))
+        if scales is None or scales.op_type != "Mul" or scale not in scales.input:
+            raise RuntimeError(
+                f"per-row int8: the output scale of {matmul.name!r} is not {scale} times a weight scale."
+            )
+        chains.append((matmul, cast, mul, scales))
+    readers = {id(c) for c in (*index.consumers[scale], *index.consumers[zero_point])}
+    if not chains or readers != {id(n) for chain in chains for n in (chain[0], chain[3])}:
+        raise RuntimeError(f"per-row int8: the outputs of DynamicQuantizeLinear {node.name!r} feed other nodes.")
+    return chains
+
+
+def _width(chains: list[tuple], index: _GraphIndex) -> int:
+    """The length of the quantized rows: the weights' input dimension (the rows' last axis)."""
+    matmul = chains[0][0]
+    weight = index.initializers.get(matmul.input[1])
+    if weight is None or len(weight.dims) < 2:
+        raise RuntimeError(f"per-row int8: MatMulInteger {matmul.name!r} has no constant weight of rank 2 or more.")
+    return weight.dims[-2]
+
+
+def _other(node, name: str) -> str:
+    """The input of two-input `node` that is not `name`."""
+    (other,) = [i for i in node.input if i != name] or [name]
+    return other
+
+
+def _row_quantization(node, width: int, one_sided: bool, index: _GraphIndex, zero_points: dict):
+    """The nodes quantizing DynamicQuantizeLinear `node`'s input row by row into its quantized output (rows of
+    `width` values), and the names of the row scales and of the zero point for MatMulIntegerToFloat. `zero_points`:
+    the zero-point tensors made so far, by row shape (one per row shape of the graph)."""
+    from onnx import helper
+
+    x, quantized = node.input[0], node.output[0]
+    base = f"{x}/per_row"
+    scale = f"{base}/scale"
+    if one_sided:  # a Relu's output: [0, max] on all 256 levels, zero point 0 (QuantizeLinear's default)
+        nodes = [
+            helper.make_node("ReduceMax", [x, _AXES], [f"{base}/max"], name=f"{base}/max", keepdims=1),
+            helper.make_node("Mul", [f"{base}/max", _INV_255], [scale], name=f"{base}/scale"),
+            helper.make_node("QuantizeLinear", [x, scale], [quantized], name=f"{base}/q", axis=-1, block_size=width),
+        ]
+        return nodes, scale, _ZERO_POINT_0
+    nodes = [
+        helper.make_node("Abs", [x], [f"{base}/abs"], name=f"{base}/abs"),
+        helper.make_node("ReduceMax", [f"{base}/abs", _AXES], [f"{base}/max"], name=f"{base}/max", keepdims=1),
+        helper.make_node("Mul", [f"{base}/max", _INV_127], [scale], name=f"{base}/scale"),
+    ]
+    rows = index.row_shape(x)
+    zero_point = zero_points.get(rows) if rows is not None else None
+    if zero_point is None:  # 128 in the scale's shape (blocked quantization takes no broadcast zero point)
+        zero_point = f"{base}/zero_point"
+        nodes += [
+            helper.make_node("Shape", [scale], [f"{base}/shape"], name=f"{base}/shape"),
+            helper.make_node("Expand", [_ZERO_POINT_128, f"{base}/shape"], [zero_point], name=f"{base}/zero_point"),
+        ]
+        if rows is not None:
+            zero_points[rows] = zero_point
+    nodes.append(
+        helper.make_node(
+            "QuantizeLinear", [x, scale, zero_point], [quantized], name=f"{base}/q", axis=-1, block_size=width
+        )
+    )
+    return nodes, scale, _ZERO_POINT_128
+
+
+def _set_opsets(model) -> None:
+    """The default domain at opset `PER_ROW_OPSET` or later (blocked QuantizeLinear) and com.microsoft's declared."""
+    from onnx import helper
+
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, PER_ROW_OPSET)
+    if not any(opset.domain == "com.microsoft" for opset in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
