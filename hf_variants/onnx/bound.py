@@ -376,6 +376,23 @@ class _Finished:
         return torch.from_numpy(np.ascontiguousarray(out[:, :width]))
 
 
+def _end_at_limit(values, indices, ending: np.ndarray, source: BoundStep, at_first: bool, eos: int, beams: int):
+    """The candidates of the rows `ending` (their sentence at its length limit) replaced by eos alone, with its
+    log-probability from `source`'s logits (at the first step: `first`'s, one row per sentence, eos on the first
+    beam of each sentence only)."""
+    logits = source.scores.astype(np.float64)
+    rows_logits = logits[np.flatnonzero(ending) // beams] if at_first else logits[ending]
+    peak = rows_logits.max(1, keepdims=True)
+    eos_scores = rows_logits[:, eos] - (peak[:, 0] + np.log(np.exp(rows_logits - peak).sum(1)))
+    values, indices = values.copy(), indices.copy()
+    if at_first:  # only the first beam of a sentence holds candidates at the first step
+        eos_scores = np.where(np.flatnonzero(ending) % beams == 0, eos_scores, -np.inf)
+    values[ending] = -np.inf
+    values[ending, 0] = eos_scores
+    indices[ending] = eos
+    return values, indices
+
+
 def beam_search(
     step: BoundStep,
     head,
@@ -434,16 +451,9 @@ def beam_search(
         if limits is not None:  # the length rule: a sentence at its limit gets eos as its only candidate
             ending = np.repeat(limits[alive] <= length - prompt + 1, beams)
             if ending.any():
-                logits = (first.scores if at_first else step.scores).astype(np.float64)
-                rows_logits = logits[np.flatnonzero(ending) // beams] if at_first else logits[ending]
-                peak = rows_logits.max(1, keepdims=True)
-                eos_scores = rows_logits[:, eos] - (peak[:, 0] + np.log(np.exp(rows_logits - peak).sum(1)))
-                values, indices = values.copy(), indices.copy()
-                if at_first:  # only the first beam of a sentence holds candidates at the first step
-                    eos_scores = np.where(np.flatnonzero(ending) % beams == 0, eos_scores, -np.inf)
-                values[ending] = -np.inf
-                values[ending, 0] = eos_scores
-                indices[ending] = eos
+                values, indices = _end_at_limit(
+                    values, indices, ending, first if at_first else step, at_first, eos, beams
+                )
         suppressed[eos] = eos_suppressed or length < min_length
         # the sentence's top `keep` of log-probability + beam score, as transformers' topk over num_beams * vocab
         accumulated = np.where(suppressed[indices], -np.inf, values) + running_scores.reshape(-1, 1)
