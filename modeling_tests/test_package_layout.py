@@ -14,7 +14,8 @@ Layers, bottom to top (an import may only go down or stay inside its own subpack
 4. `training` (training, the translate and score commands, evaluation) and `serve` (the HTTP service), both on
    the translation core;
 5. `registration` (names `OrtModelForSeq2SeqLM` for the pipeline task);
-6. the package itself (`__init__`) and the command modules kept at their documented paths (`export_onnx`, ...).
+6. the package itself (`__init__`), the command-line front ends (`commands`) and the command modules kept at their
+   documented paths (`export_onnx`, ...).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def layer(name: str) -> int:
         return 1
     if top == "registration":
         return 5
-    if top in COMMANDS or top == "__init__":
+    if top in COMMANDS or top in ("__init__", "commands"):  # commands: the console scripts' front ends
         return 6
     return 0
 
