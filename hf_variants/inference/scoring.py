@@ -189,6 +189,12 @@ def score_pairs(
         tgt_langs = list(tgt_lang)
         if len(tgt_langs) != len(sources):
             raise ValueError(f"{len(tgt_langs)} target languages for {len(sources)} pairs.")
+    if getattr(engine.config, "target_language_token", False):  # M2M100 / NLLB-200: both languages, up front
+        from .translator import check_request_languages, default_source_language
+
+        src_lang = src_lang or default_source_language(engine.config)
+        for lang in dict.fromkeys(tgt_langs):
+            check_request_languages(engine.config, src_lang, lang)
     requests = [
         TranslationRequest(
             source,
