@@ -4,6 +4,7 @@ logits processor, beam search's cache reordering), the per-call `generation_scop
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -406,8 +407,14 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         prefixes = [""] * len(texts)
         if self.config.target_language_tags:
             prefixes = [f"{language_tag(lang)} " for lang in tgt_langs]
+        tokens = getattr(self.config, "target_language_token", False)
+        if tokens and text_target is not None and tgt_langs and getattr(tokenizer, "tgt_lang", "") is None:
+            # M2M100's tokenizer writes no labels without a `tgt_lang`: a copy with one (its token is replaced per
+            # row below), the caller's tokenizer untouched (M2M100's state is plain attributes)
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.tgt_lang = tgt_langs[0]
         inputs = self._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
-        if getattr(self.config, "target_language_token", False):
+        if tokens:
             self._put_language_tokens(tokenizer, inputs, src_langs, tgt_langs)
         if text_target is not None:
             labels = inputs["labels"]

@@ -213,6 +213,34 @@ def test_generate_equal_greedy_and_beam(family, models, tokenizers):
         assert got[row, : alone.shape[1]].tolist() == alone[0].tolist()
 
 
+@pytest.mark.parametrize("family", ["nllb", "m2m100"])
+def test_training_batches_start_labels_with_the_target_language(family, models, tokenizers):
+    """prepare_translation_inputs with `text_target` (the trainer's batches): each source starts with its source
+    language's token, each label row with its target language's (M2M100's tokenizer, saved with no `tgt_lang`,
+    left untouched), and the loss is transformers' M2M100 loss on the same labels."""
+    original, converted = models[family]
+    tokenizer = tokenizers[family]
+    (src, first), (second, _) = PAIRS[family][0], PAIRS[family][1]
+    texts, targets = sources_of(src)[:2], read_sentences("fr", "val", n=2)
+    before = getattr(tokenizer, "tgt_lang", None)
+    batch = converted.prepare_translation_inputs(
+        tokenizer, texts, src_lang=[src, second], tgt_lang=[first, src], text_target=targets
+    )
+    assert getattr(tokenizer, "tgt_lang", None) == before
+    assert batch["input_ids"][:, 0].tolist() == [lang_token(tokenizer, src), lang_token(tokenizer, second)]
+    assert batch["labels"][:, 0].tolist() == [lang_token(tokenizer, first), lang_token(tokenizer, src)]
+    inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}
+    with torch.no_grad():
+        assert converted(**batch).loss.item() == pytest.approx(original(**inputs).loss.item(), abs=1e-5)
+
+
+def test_ctranslate2_export_refuses_the_forced_language_token(models):
+    from hf_variants.deploy.ctranslate2 import check_exportable
+
+    with pytest.raises(ValueError, match="target_language_token=True"):
+        check_exportable(models["nllb"][1].config)
+
+
 def test_generate_needs_a_target_language(models, tokenizers):
     _, converted = models["nllb"]
     inputs = source_batch(tokenizers["nllb"], sources_of("en"), "eng_Latn")
@@ -282,6 +310,8 @@ def test_pipeline_and_translator_take_the_model_codes(family, models, tokenizers
     assert [s.tokens for s in scored] == lengths and all(s.log_prob < 0 for s in scored)
     with pytest.raises(ValueError, match="src_lang: this model marks the source language with a token"):
         core.translate([TranslationRequest(texts[0], tgt_lang=tgt)])
+    with pytest.raises(ValueError, match="src_lang: this model marks the source language with a token"):
+        score_pairs(core, texts, targets, tgt_lang=tgt)
     with pytest.raises(ValueError, match="is an unknown language"):
         core.translate([TranslationRequest(texts[0], src_lang="xx", tgt_lang=tgt)])
 
@@ -327,7 +357,7 @@ def test_pruning_keeps_the_text_and_its_greedy_translations(pruned_nllb, models,
     from hf_variants.convert.prune import compare_translations
 
     reference = {(str(corpus / "text.eng_Latn"), "eng_Latn", "fra_Latn"): (lines, full_ids)}
-    counted = compare_translations(full, pruned, tokenizers["nllb"], pruned_tokenizer, back, reference, 8, **beam)
+    counted = compare_translations(full, pruned, pruned_tokenizer, back, reference, 8, **beam)
     assert [r["differing"] for r in counted.values()] == [differing]
 
 

@@ -391,7 +391,7 @@ def _directions(files: dict[str, list[str]], languages: Sequence[str]) -> list[t
     return directions
 
 
-def compare_translations(full, pruned, full_tok, pruned_tok, kept, reference, batch_size, **generate_kwargs) -> dict:
+def compare_translations(full, pruned, pruned_tok, kept, reference, batch_size, **generate_kwargs) -> dict:
     """Translate every direction with the pruned model and count the lines whose tokens (mapped back to the full
     vocabulary) differ from the full model's `reference` ({(path, src, tgt): (lines, token ids)})."""
     results = {}
@@ -456,7 +456,7 @@ def prune_vocabulary(
         )
         if reference:
             report.translations = compare_translations(
-                model, pruned, tokenizer, pruned_tok, kept, reference, batch_size, **generate_kwargs
+                model, pruned, pruned_tok, kept, reference, batch_size, **generate_kwargs
             )
     return pruned, pruned_tok, report
 
