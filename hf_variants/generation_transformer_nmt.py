@@ -426,11 +426,11 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         self, tokenizer, inputs: dict, src_langs: list[str] | None, tgt_langs: list[str] | None
     ) -> None:
         """M2M100 / NLLB-200's language tokens (`target_language_token`), in place: each source starts with its
-        source language's token and each label row with its target language's (the tokenizer wrote its own
-        `src_lang` / `tgt_lang` there: its state is read, never changed, so one tokenizer serves mixed batches and
-        threads), and `tgt_lang_ids` tells `generate` which token to force first. Without `src_lang` a model with
-        one source language uses it; otherwise the source language is required (the tokenizer's default, e.g.
-        `eng_Latn`, would mark every source as English)."""
+        source language's token and each label row with its target language's (the tokenizer wrote those of its own
+        `src_lang` / `tgt_lang` there, replaced here row by row: the caller's tokenizer keeps its languages, and one
+        tokenizer serves mixed batches), and `tgt_lang_ids` tells `generate` which token to force first. Without
+        `src_lang` a model with one source language uses it; otherwise the source language is required (the
+        tokenizer's default, e.g. `eng_Latn`, would mark every source as English)."""
         config = self.config
         n = inputs["input_ids"].shape[0]
         if src_langs is None:
@@ -622,29 +622,29 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         if self.model.language_ids_field is None:
             kwargs.pop("tgt_lang_ids", None)  # the baseline reads the language from its decoder's first token
         prompt = kwargs.get("decoder_input_ids")
-        forced = [kwargs.get("forced_bos_token_id")]
-        forced += [getattr(c, "forced_bos_token_id", None) for c in (generation_config, self.generation_config)]
+        forced = (kwargs.get("forced_bos_token_id"), getattr(generation_config, "forced_bos_token_id", None))
         chosen = any(f is not None for f in forced) or (prompt is not None and prompt.shape[-1] > 1)
-        if langs is not None:
-            index = [config.language_id(lang) for lang in langs]
-        elif ids is not None:
-            index = torch.as_tensor(ids).reshape(-1).tolist()
-            if any(not 0 <= i < len(config.languages) for i in index):
-                raise ValueError(f"`tgt_lang_ids` must be in [0, {len(config.languages)}) (config.languages).")
-        elif config.default_target_language() is not None and source is not None and not chosen:
-            index = [config.language_id(config.default_target_language())] * source.shape[0]
-        elif chosen:
+        saved = getattr(self.generation_config, "forced_bos_token_id", None) is not None
+        if langs is not None or ids is not None:
+            if chosen:
+                raise ValueError(
+                    "`tgt_lang` forces the first token after the decoder start token; this call forces it already "
+                    "(`forced_bos_token_id`, or a `decoder_input_ids` prompt): pass one of them."
+                )
+            index = [config.language_id(lang) for lang in langs] if langs is not None else None
+            if index is None:
+                index = torch.as_tensor(ids).reshape(-1).tolist()
+                if any(not 0 <= i < len(config.languages) for i in index):
+                    raise ValueError(f"`tgt_lang_ids` must be in [0, {len(config.languages)}) (config.languages).")
+        elif chosen or saved:  # the call's (or the saved generation config's) own first token
             return
+        elif config.default_target_language() is not None and source is not None:
+            index = [config.language_id(config.default_target_language())] * source.shape[0]
         else:
             raise ValueError(
                 f"This model starts each translation with the target language's token: pass `tgt_lang` (one of "
                 f"{_short_list(config.translation_languages()[1])}; one code or one per sentence), or "
                 "`forced_bos_token_id`."
-            )
-        if chosen:
-            raise ValueError(
-                "`tgt_lang` forces the first token after the decoder start token; this call forces it already "
-                "(`forced_bos_token_id`, or a `decoder_input_ids` prompt): pass one of them."
             )
         processor = TargetLanguageLogitsProcessor([config.language_token_ids[i] for i in index])
         kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), processor])
