@@ -621,6 +621,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         ids = kwargs.get("tgt_lang_ids")
         if self.model.language_ids_field is None:
             kwargs.pop("tgt_lang_ids", None)  # the baseline reads the language from its decoder's first token
+        if any(isinstance(p, TargetLanguageLogitsProcessor) for p in kwargs.get("logits_processor") or ()):
+            return  # forced already: transformers passes the processors on (an assistant model's generate)
         prompt = kwargs.get("decoder_input_ids")
         forced = (kwargs.get("forced_bos_token_id"), getattr(generation_config, "forced_bos_token_id", None))
         chosen = any(f is not None for f in forced) or (prompt is not None and prompt.shape[-1] > 1)
@@ -638,8 +640,8 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                     raise ValueError(f"`tgt_lang_ids` must be in [0, {len(config.languages)}) (config.languages).")
         elif chosen or saved:  # the call's (or the saved generation config's) own first token
             return
-        elif config.default_target_language() is not None and source is not None:
-            index = [config.language_id(config.default_target_language())] * source.shape[0]
+        elif config.default_target_language() is not None:  # one token for every row
+            index = [config.language_id(config.default_target_language())]
         else:
             raise ValueError(
                 f"This model starts each translation with the target language's token: pass `tgt_lang` (one of "

@@ -16,7 +16,7 @@ PEER_DIR = Path(os.environ.get("PEER_TESTS_DIR", Path(__file__).resolve().parent
 if str(PEER_DIR) not in sys.path:
     sys.path.insert(0, str(PEER_DIR))
 
-from peer_harness import PeerSeq2SeqModelTest  # noqa: E402
+from peer_harness import PeerSeq2SeqModelTest, Seq2SeqModelTester  # noqa: E402
 
 from hf_variants import (  # noqa: E402
     TransformerNmtConfig,
@@ -35,6 +35,18 @@ M2M100_LAYOUT = {
 }
 
 
+class M2M100LayoutTester(Seq2SeqModelTester):
+    """The harness's tester with the decoder inputs clamped above the padding id, as transformers' own M2M100 tester
+    does (tests/models/m2m_100/test_modeling_m2m_100.py): fairseq's positions skip padding tokens, which input ids
+    show and embeddings do not, so a padding token inside a random decoder input would make `input_ids` and
+    `inputs_embeds` (and a cache continued from either) place the later tokens differently, by design."""
+
+    def prepare_config_and_inputs(self):
+        config, inputs = super().prepare_config_and_inputs()
+        inputs["decoder_input_ids"] = inputs["decoder_input_ids"].clamp(self.pad_token_id + 1)
+        return config, inputs
+
+
 class TransformerNmtM2M100LayoutPeerTest(PeerSeq2SeqModelTest, unittest.TestCase):
     config_class = TransformerNmtConfig
     all_model_classes = (TransformerNmtModel, TransformerNmtForConditionalGeneration)
@@ -42,3 +54,7 @@ class TransformerNmtM2M100LayoutPeerTest(PeerSeq2SeqModelTest, unittest.TestCase
     tester_kwargs = {"extra_config_kwargs": M2M100_LAYOUT}
     config_tester_kwargs = M2M100_LAYOUT
     test_missing_keys = False  # shared embeddings are saved once
+
+    def setUp(self):
+        super().setUp()
+        self.model_tester = M2M100LayoutTester(self, self.config_class, **self.tester_kwargs)
