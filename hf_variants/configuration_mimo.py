@@ -36,6 +36,11 @@ class MimoConfig(TransformerNmtConfig):
             task-aware many-to-one link.
         mixing_init_std (`float`): standard deviation of the initial task-attention logits. 0 (DECISION in
             docs/variants-spec.md §4.1) starts every mixture uniform at 1/n.
+        normalize_before (`bool`): False (default) is the paper's post-norm "Trans" unit,
+            LN_k(i_k + Dropout(f_k(i_k))); True makes every unit pre-norm, i_k + Dropout(f_k(LN_k(i_k))), with the
+            backbone's final LayerNorm on each encoder output stream and on the decoder's output (what a warm start
+            from a pre-norm base, e.g. a converted NLLB-200 / M2M100, needs). Pre-norm needs task attention
+            (softmax links): plain sums of n residual streams would grow n-fold per block.
         lipschitz_init (`bool`): Neutron's Lipschitz-constrained initialisation (the paper's, §4.1): every weight
             matrix U(+-1/sqrt(fan_in)), embeddings Xavier-uniform with gain sqrt(1/3) (padding row 0), biases 0,
             LayerNorms 1/0. `False` uses the backbone's `init_method`.
@@ -73,8 +78,9 @@ class MimoConfig(TransformerNmtConfig):
         target_language_tags: bool | None = None,
         **kwargs,
     ):
-        if target_language_tags is None:  # the source carries `<2xx>` whenever the model is multilingual
-            target_language_tags = bool(languages)
+        if target_language_tags is None:  # the source carries `<2xx>` whenever the model is multilingual (and the
+            # target language is not the decoder's first token, M2M100 / NLLB's way: `target_language_token`)
+            target_language_tags = bool(languages) and not kwargs.get("target_language_token", False)
         super().__init__(
             attention_dropout=attention_dropout,
             activation_dropout=activation_dropout,
@@ -108,9 +114,9 @@ class MimoConfig(TransformerNmtConfig):
             self.mixing_init_std,
         )
         _check(
-            not self.normalize_before,
+            not (self.normalize_before and not self.task_attention),
             "normalize_before",
-            "False (MIMO's 'Trans' units are post-norm: LN(x + Dropout(f(x))))",
+            "False with task_attention=False (plain sums of n pre-norm residual streams grow n-fold per block)",
             self.normalize_before,
         )
         _check(

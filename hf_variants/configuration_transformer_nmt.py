@@ -26,6 +26,8 @@ from transformers.activations import ACT2FN
 
 from .compat_transformer_nmt import warn_if_unsupported  # noqa: F401  (the transformers version check, at import)
 
+# `position_embedding_type` values (see `TransformerNmtConfig`'s docstring)
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned", "none", "fairseq_sinusoidal")
 TRANSLATION_PIPELINE = {
     "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "tf": []}
 }
@@ -275,7 +277,12 @@ class TransformerNmtConfig(PretrainedConfig):
         dropout / attention_dropout / activation_dropout (`float`): residual, attention-probability and FFN-inner
             dropout, each in [0, 1).
         max_position_embeddings (`int`): table size for learned positions and the longest accepted sequence.
-        position_embedding_type (`str`): `"sinusoidal"`, `"learned"` or `"none"`.
+        position_embedding_type (`str`): `"sinusoidal"` (Marian / tensor2tensor: frequencies 10000^(-2i/d), token
+            t at position t), `"learned"`, `"none"`, or `"fairseq_sinusoidal"` (fairseq's
+            `SinusoidalPositionalEmbedding`, as M2M100 and NLLB-200 use it: frequencies 10000^(-i/(d/2-1)); the k-th
+            non-padding token of a sequence (k = 1, 2, ...) sits at position `pad_token_id + k` (+ the cache length
+            in decoding), and a padding token gets the zero vector, so left or inner padding shifts nothing;
+            `inputs_embeds` count every position).
         max_relative_positions (`int`): Shaw et al. (2018) clipping distance of relative positions in every
             self-attention; 0 disables them.
         relative_position_values (`bool`): also add the relative-position term to the values (OpenNMT shares one
@@ -308,6 +315,15 @@ class TransformerNmtConfig(PretrainedConfig):
             and `model(**batch)` (a `Seq2SeqTrainer` batch without `tgt_lang_ids`) use it. `[]`: not recorded (a
             model with several target-language rows then needs `tgt_lang`).
         target_language_tags (`bool`): prepend a `<2xx>` target-language tag to every source sentence.
+        language_token_ids (`list[int]`): the vocabulary id of each language's token, in the order of `languages`
+            (`[]`: the model has no language tokens). The tokens of M2M100 / NLLB-200 (`__en__`, `eng_Latn`): the
+            tokenizer writes the source language's token before the source (`tokenizer.src_lang`), and with
+            `target_language_token` the target language's token is the decoder's first token.
+        target_language_token (`bool`): the decoder starts with `decoder_start_token_id` followed by the target
+            language's token (`language_token_ids`), which `generate(tgt_lang=...)`, the pipeline and
+            `prepare_translation_inputs` force at the first decoding step, one per sentence: M2M100 / NLLB-200's
+            `forced_bos_token_id`, with the same scores (the token gets log-probability 0). Training labels start
+            with it (`[lang] tokens </s>`, as their tokenizers write targets). Excludes `target_language_tags`.
     """
 
     model_type = "transformer_nmt"
@@ -346,6 +362,7 @@ class TransformerNmtConfig(PretrainedConfig):
                 "tie_word_embeddings",
                 "output_bias",
                 "target_language_tags",
+                "target_language_token",
                 "use_cache",
                 "is_encoder_decoder",
                 "output_hidden_states",
@@ -358,6 +375,7 @@ class TransformerNmtConfig(PretrainedConfig):
         "languages": (STR_LIST,),
         "source_languages": (STR_LIST,),
         "target_languages": (STR_LIST,),
+        "language_token_ids": (INT_LIST,),
         "custom_pipelines": (DICT,),
     }
     # The generic names transformers' utilities read (Marian's mapping). The decoder's KV cache is still sized from
@@ -461,6 +479,8 @@ class TransformerNmtConfig(PretrainedConfig):
         source_languages: list[str] | None = None,
         target_languages: list[str] | None = None,
         target_language_tags: bool = False,
+        language_token_ids: list[int] | None = None,
+        target_language_token: bool = False,
         use_cache: bool = True,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
@@ -502,6 +522,8 @@ class TransformerNmtConfig(PretrainedConfig):
         self.source_languages = _as_list(source_languages) if source_languages is not None else []
         self.target_languages = _as_list(target_languages) if target_languages is not None else []
         self.target_language_tags = target_language_tags
+        self.language_token_ids = _as_list(language_token_ids) if language_token_ids is not None else []
+        self.target_language_token = target_language_token
         self.use_cache = use_cache
         self.pad_token_id = pad_token_id
         self.bos_token_id = bos_token_id
@@ -572,16 +594,26 @@ class TransformerNmtConfig(PretrainedConfig):
             self.activation_function,
         )
         _check(
-            self.position_embedding_type in ("sinusoidal", "learned", "none"),
+            self.position_embedding_type in POSITION_EMBEDDING_TYPES,
             "position_embedding_type",
-            "one of 'sinusoidal', 'learned', 'none'",
+            f"one of {', '.join(repr(kind) for kind in POSITION_EMBEDDING_TYPES)}",
             self.position_embedding_type,
         )
         _check(
-            self.position_embedding_type != "sinusoidal" or self.d_model % 2 == 0,
+            "sinusoidal" not in self.position_embedding_type or self.d_model % 2 == 0,
             "d_model",
             "even with sinusoidal positions",
             self.d_model,
+        )
+        fairseq = self.position_embedding_type == "fairseq_sinusoidal"
+        _check(
+            not fairseq or self.d_model >= 4, "d_model", "at least 4 with fairseq_sinusoidal positions", self.d_model
+        )
+        _check(
+            not fairseq or self.pad_token_id is not None,
+            "pad_token_id",
+            "an integer with fairseq_sinusoidal positions (positions count from it)",
+            self.pad_token_id,
         )
         _check(
             isinstance(self.max_relative_positions, int) and self.max_relative_positions >= 0,
@@ -623,6 +655,34 @@ class TransformerNmtConfig(PretrainedConfig):
             not self.target_language_tags or len(self.languages) > 0,
             "target_language_tags",
             "False unless `languages` is set",
+            self.target_language_tags,
+        )
+        self._validate_language_tokens()
+
+    def _validate_language_tokens(self) -> None:
+        ids = self.language_token_ids
+        _check(
+            not ids
+            or (
+                len(ids) == len(self.languages)
+                and len(set(ids)) == len(ids)
+                and all(0 <= i < self.vocab_size for i in ids)
+            ),
+            "language_token_ids",
+            f"[] or one distinct id in [0, vocab_size={self.vocab_size}) per entry of `languages` "
+            f"({len(self.languages)})",
+            ids,
+        )
+        _check(
+            not self.target_language_token or len(ids) > 0,
+            "target_language_token",
+            "False unless `language_token_ids` is set",
+            self.target_language_token,
+        )
+        _check(
+            not (self.target_language_token and self.target_language_tags),
+            "target_language_tags",
+            "False with `target_language_token` (the target language is the decoder's first token)",
             self.target_language_tags,
         )
 
@@ -689,6 +749,19 @@ class TransformerNmtConfig(PretrainedConfig):
             raise ValueError(f"{name}={lang!r} is not a {side} language of this model: {direction}.")
         if src_lang is not None and src_lang == tgt_lang:
             raise ValueError(f"src_lang and tgt_lang are both {src_lang!r}: {direction}, not within one language.")
+
+    def language_token_id(self, lang: str) -> int:
+        """The vocabulary id of `lang`'s token (`language_token_ids`); a ValueError for a language without one."""
+        index = self.language_id(lang)
+        if not self.language_token_ids:
+            raise ValueError(f"This model has no language tokens (config.language_token_ids is empty): {lang!r}.")
+        return self.language_token_ids[index]
+
+    def default_source_language(self) -> str | None:
+        """The source language when the caller names none: the one entry of `translation_languages()`'s sources
+        (a model translating from one language); None otherwise."""
+        sources = self.translation_languages()[0] if self.languages else []
+        return sources[0] if len(sources) == 1 else None
 
     def default_target_language(self) -> str | None:
         """The language this model translates into when the caller names none: the one entry of

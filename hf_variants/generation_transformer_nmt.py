@@ -4,6 +4,7 @@ logits processor, beam search's cache reordering), the per-call `generation_scop
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -203,6 +204,50 @@ class SentenceLengthLogitsProcessor(LogitsProcessor):
         return scores.masked_fill(ending & self._others[key], -math.inf)
 
 
+class TargetLanguageLogitsProcessor(LogitsProcessor):
+    """The target language's token as the first generated token, one per sentence (M2M100 / NLLB-200, config
+    `target_language_token`): at the step after the decoder's start token, row r's scores become -inf except at its
+    sentence's token (`token_ids[r // (rows / sentences)]`: beams and returned sequences follow their sentence),
+    which gets 0. transformers' `ForcedBOSTokenLogitsProcessor` with one token per sentence: the same scores, so the
+    same search, greedy or beam (the token adds 0 to a hypothesis' log-probability)."""
+
+    def __init__(self, token_ids: Sequence[int]):
+        self.token_ids = [int(i) for i in token_ids]
+        self._rows = {}  # (rows, device) -> the token of each row
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] != 1:
+            return scores
+        rows = scores.shape[0]
+        key = (rows, scores.device)
+        if key not in self._rows:
+            if rows % len(self.token_ids):
+                raise ValueError(f"{rows} rows are not whole sentences of a batch of {len(self.token_ids)}.")
+            tokens = torch.tensor(self.token_ids, dtype=torch.long, device=scores.device)
+            self._rows[key] = tokens.repeat_interleave(rows // len(self.token_ids))[:, None]
+        forced = torch.full_like(scores, -math.inf)
+        return forced.scatter_(1, self._rows[key], 0.0)
+
+
+def put_language_tokens(ids: torch.Tensor, real: torch.Tensor, token_ids: Sequence[int], known: set[int], what: str):
+    """Write each row's language token (`token_ids[r]`) over the language token its tokenizer put at the row's first
+    real position (`real`: [B, T] booleans; M2M100 / NLLB tokenizers write `[lang] tokens </s>`), in place. A
+    ValueError naming `what` when that position holds no language token (`known`): a tokenizer with another layout
+    (NLLB's `legacy_behaviour=True` puts the code last), or not the model's."""
+    if not ids.numel():
+        return
+    first = real.int().argmax(dim=1, keepdim=True)
+    present = ids.gather(1, first).squeeze(1).tolist()
+    wrong = [i for i, token in enumerate(present) if token not in known]
+    if wrong:
+        raise ValueError(
+            f"{what}: row {wrong[0]} starts with token id {present[wrong[0]]}, not a language token of this model "
+            f"(config.language_token_ids): this model needs its own M2M100 / NLLB tokenizer, writing the language "
+            f"code first (NLLB's legacy_behaviour=False)."
+        )
+    ids.scatter_(1, first, torch.tensor(list(token_ids), dtype=ids.dtype, device=ids.device)[:, None])
+
+
 # ------------------------------------------------------------------------------------------------ language inputs
 def _one_target_hint(config: TransformerNmtConfig) -> str:
     """For an error asking for the target language: how a model trained in one direction stops asking."""
@@ -213,6 +258,13 @@ def _one_target_hint(config: TransformerNmtConfig) -> str:
         f"`model.config.target_languages = [{config.languages[-1] if config.languages else 'xx'!r}]`, "
         "and be saved: then it needs none"
     )
+
+
+def _short_list(items: Sequence[str], limit: int = 12) -> str:
+    """`items` for a message: all of them, or the first `limit` and how many more."""
+    items = list(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
 def resolve_language_ids(
@@ -319,16 +371,18 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         tokenizer,
         texts: str | Sequence[str],
         *,
-        src_lang: str | None = None,
+        src_lang: str | Sequence[str] | None = None,
         tgt_lang: str | Sequence[str] | None = None,
         text_target: str | Sequence[str] | None = None,
         max_length: int | None = None,
         **variant_kwargs,
     ) -> dict[str, torch.Tensor]:
         """Tokenize source sentences (and `text_target` as labels, padding = -100) into the model's inputs:
-        target-language tags `<2xx>` when `config.target_language_tags`, and variant inputs (`_language_inputs`;
-        `variant_kwargs` go to `_encode_sources`, e.g. MG-SA's `parses`). `tgt_lang` is one code or one per
-        sentence. Used by the pipeline, the training and the evaluation code."""
+        target-language tags `<2xx>` when `config.target_language_tags`, language tokens when
+        `config.target_language_token` (`_put_language_tokens`), and variant inputs (`_language_inputs`;
+        `variant_kwargs` go to `_encode_sources`, e.g. MG-SA's `parses`). `src_lang` and `tgt_lang` are one code or
+        one per sentence, checked against the model's languages. Used by the pipeline, the training and the
+        evaluation code."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         if isinstance(text_target, str):
             text_target = [text_target]
@@ -336,8 +390,10 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         if tgt_lang is None:  # a single-direction model's one target (None: several, or none recorded)
             tgt_lang = self.config.default_target_language()
         tgt_langs = self._target_languages(tgt_lang, len(texts))
-        for lang in dict.fromkeys(tgt_langs or [None]):  # languages the model was not trained for are refused
-            self.config.check_languages(src_lang=src_lang, tgt_lang=lang)
+        src_langs = self._target_languages(src_lang, len(texts), "src_lang")
+        pairs = zip(src_langs or [None] * len(texts), tgt_langs or [None] * len(texts))
+        for source, target in dict.fromkeys(pairs):  # languages the model was not trained for are refused
+            self.config.check_languages(src_lang=source, tgt_lang=target)
         if self.config.target_language_tags:
             if tgt_langs is None:
                 raise ValueError(
@@ -351,12 +407,54 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         prefixes = [""] * len(texts)
         if self.config.target_language_tags:
             prefixes = [f"{language_tag(lang)} " for lang in tgt_langs]
+        tokens = getattr(self.config, "target_language_token", False)
+        if tokens and text_target is not None and tgt_langs and getattr(tokenizer, "tgt_lang", "") is None:
+            # M2M100's tokenizer writes no labels without a `tgt_lang`: a copy with one (its token is replaced per
+            # row below), the caller's tokenizer untouched (M2M100's state is plain attributes)
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.tgt_lang = tgt_langs[0]
         inputs = self._encode_sources(tokenizer, texts, prefixes, text_target, max_length, **variant_kwargs)
+        if tokens:
+            self._put_language_tokens(tokenizer, inputs, src_langs, tgt_langs)
         if text_target is not None:
             labels = inputs["labels"]
             inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
         inputs.update(self._language_inputs(tgt_langs, len(texts)))
         return {key: value.to(self.device) for key, value in inputs.items()}
+
+    def _put_language_tokens(
+        self, tokenizer, inputs: dict, src_langs: list[str] | None, tgt_langs: list[str] | None
+    ) -> None:
+        """M2M100 / NLLB-200's language tokens (`target_language_token`), in place: each source starts with its
+        source language's token and each label row with its target language's (the tokenizer wrote those of its own
+        `src_lang` / `tgt_lang` there, replaced here row by row: the caller's tokenizer keeps its languages, and one
+        tokenizer serves mixed batches), and `tgt_lang_ids` tells `generate` which token to force first. Without
+        `src_lang` a model with one source language uses it; otherwise the source language is required (the
+        tokenizer's default, e.g. `eng_Latn`, would mark every source as English)."""
+        config = self.config
+        n = inputs["input_ids"].shape[0]
+        if src_langs is None:
+            default = config.default_source_language()
+            if default is None:
+                sources = config.translation_languages()[0]
+                raise ValueError(
+                    f"This model marks the source language with a token: pass `src_lang` (one code or one per "
+                    f"sentence; its source languages: {_short_list(sources)})."
+                )
+            src_langs = [default] * n
+        known = set(config.language_token_ids)
+        ids = [config.language_token_id(lang) for lang in src_langs]
+        put_language_tokens(inputs["input_ids"], inputs["attention_mask"].bool(), ids, known, "input_ids")
+        if "labels" in inputs:
+            if tgt_langs is None:
+                raise ValueError(
+                    "Labels of this model start with the target language's token: pass `tgt_lang` with `text_target`."
+                )
+            labels = inputs["labels"]
+            ids = [config.language_token_id(lang) for lang in tgt_langs]
+            put_language_tokens(labels, labels.ne(tokenizer.pad_token_id) & labels.ne(-100), ids, known, "labels")
+        if tgt_langs is not None and "tgt_lang_ids" not in self._language_inputs(tgt_langs, n):
+            inputs["tgt_lang_ids"] = torch.tensor([config.language_id(lang) for lang in tgt_langs], dtype=torch.long)
 
     def _encode_sources(
         self,
@@ -387,14 +485,19 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         return inputs
 
     @staticmethod
-    def _target_languages(tgt_lang: str | Sequence[str] | None, batch_size: int) -> list[str] | None:
+    def _target_languages(
+        tgt_lang: str | Sequence[str] | None, batch_size: int, name: str = "tgt_lang"
+    ) -> list[str] | None:
+        """One language code per sentence from one code or a list (`name`: the argument, for errors)."""
         if tgt_lang is None:
             return None
         if isinstance(tgt_lang, str):
             return [tgt_lang] * batch_size
         langs = list(tgt_lang)
         if len(langs) != batch_size:
-            raise ValueError(f"`tgt_lang` has {len(langs)} entries for {batch_size} sentences.")
+            raise ValueError(f"`{name}` has {len(langs)} entries for {batch_size} sentences.")
+        if len(set(langs)) == 1 and langs[0] is None:
+            return None
         return langs
 
     # --------------------------------------------------------------------------------------------- generate
@@ -427,8 +530,7 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         source = next(
             (x for x in (inputs, kwargs.get("input_ids"), kwargs.get("inputs_embeds")) if x is not None), None
         )
-        if tgt_lang is not None:
-            kwargs.update(self._target_language_inputs(tgt_lang, source, kwargs))
+        self._target_language_kwargs(tgt_lang, kwargs, source, generation_config)
         if kwargs.get("streamer") is not None and "num_beams" not in kwargs and generation_config is None:
             logger.info("A streamer decodes one hypothesis: using greedy search (pass num_beams=1 to silence this).")
             kwargs["num_beams"] = 1
@@ -450,22 +552,6 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         finally:
             if unchosen:
                 self.generation_config.max_length = TRANSFORMERS_DEFAULT_MAX_LENGTH
-
-    def _target_language_inputs(self, tgt_lang, source: torch.Tensor | None, kwargs: dict) -> dict:
-        """`generate(tgt_lang=...)`: the model's target-language inputs (`tgt_lang_ids`), each language checked."""
-        if kwargs.get("tgt_lang_ids") is not None:
-            raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
-        if self.model.language_ids_field is None:
-            raise ValueError(
-                f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
-                "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate."
-            )
-        if source is None:
-            raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
-        langs = self._target_languages(tgt_lang, source.shape[0])
-        for lang in dict.fromkeys(langs):
-            self.config.check_languages(tgt_lang=lang)
-        return {k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()}
 
     def _requested_lengths(self, source, generation_config, kwargs: dict, unchosen: bool) -> dict:
         """The output lengths the call, its generation config or the saved one ask for (`max_length`,
@@ -515,6 +601,67 @@ class TransformerNmtGenerationMixin(GenerationMixin):
                 f"up to {cap}). Pass max_length= or max_new_tokens= to generate (or set "
                 "generation_config.max_new_tokens) for a fixed limit."
             )
+
+    def _target_language_kwargs(self, tgt_lang, kwargs: dict, source, generation_config=None) -> None:
+        """`generate`'s target language, into `kwargs`: `tgt_lang` (one code or one per sentence) checked, as
+        `tgt_lang_ids` for the models that condition on it (MIMO, Tied); with `config.target_language_token`, the
+        `TargetLanguageLogitsProcessor` forcing each sentence's language token (from `tgt_lang`, the
+        `tgt_lang_ids` that `prepare_translation_inputs` gives, or the model's one target language), unless the
+        call forces a first token itself (`forced_bos_token_id`, a decoder prompt)."""
+        token = getattr(self.config, "target_language_token", False)
+        langs = None
+        if tgt_lang is not None:
+            if kwargs.get("tgt_lang_ids") is not None:
+                raise ValueError("Pass either `tgt_lang` or `tgt_lang_ids`, not both.")
+            if self.model.language_ids_field is None and not token:
+                raise ValueError(
+                    f"{type(self).__name__} takes the target language as the `<2xx>` tag of its source: "
+                    "pass `tgt_lang` to `prepare_translation_inputs` or the pipeline, not to generate."
+                )
+            if source is None:
+                raise ValueError("`tgt_lang` needs the source `input_ids` to know the batch size.")
+            langs = self._target_languages(tgt_lang, source.shape[0])
+            for lang in dict.fromkeys(langs):
+                self.config.check_languages(tgt_lang=lang)
+            kwargs.update({k: v.to(source.device) for k, v in self._language_inputs(langs, len(langs)).items()})
+        if token:
+            self._force_target_language(kwargs, source, langs, generation_config)
+
+    def _force_target_language(self, kwargs: dict, source, langs: list[str] | None, generation_config) -> None:
+        """See `_target_language_kwargs` (`config.target_language_token`)."""
+        config = self.config
+        ids = kwargs.get("tgt_lang_ids")
+        if self.model.language_ids_field is None:
+            kwargs.pop("tgt_lang_ids", None)  # the baseline reads the language from its decoder's first token
+        if any(isinstance(p, TargetLanguageLogitsProcessor) for p in kwargs.get("logits_processor") or ()):
+            return  # forced already: transformers passes the processors on (an assistant model's generate)
+        prompt = kwargs.get("decoder_input_ids")
+        forced = (kwargs.get("forced_bos_token_id"), getattr(generation_config, "forced_bos_token_id", None))
+        chosen = any(f is not None for f in forced) or (prompt is not None and prompt.shape[-1] > 1)
+        saved = getattr(self.generation_config, "forced_bos_token_id", None) is not None
+        if langs is not None or ids is not None:
+            if chosen:
+                raise ValueError(
+                    "`tgt_lang` forces the first token after the decoder start token; this call forces it already "
+                    "(`forced_bos_token_id`, or a `decoder_input_ids` prompt): pass one of them."
+                )
+            index = [config.language_id(lang) for lang in langs] if langs is not None else None
+            if index is None:
+                index = torch.as_tensor(ids).reshape(-1).tolist()
+                if any(not 0 <= i < len(config.languages) for i in index):
+                    raise ValueError(f"`tgt_lang_ids` must be in [0, {len(config.languages)}) (config.languages).")
+        elif chosen or saved:  # the call's (or the saved generation config's) own first token
+            return
+        elif config.default_target_language() is not None:  # one token for every row
+            index = [config.language_id(config.default_target_language())]
+        else:
+            raise ValueError(
+                f"This model starts each translation with the target language's token: pass `tgt_lang` (one of "
+                f"{_short_list(config.translation_languages()[1])}; one code or one per sentence), or "
+                "`forced_bos_token_id`."
+            )
+        processor = TargetLanguageLogitsProcessor([config.language_token_ids[i] for i in index])
+        kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), processor])
 
     def _source_lengths(self, source: torch.Tensor, kwargs: dict) -> list[int]:
         """Each source's length in tokens, for the length rule: its attention mask's sum, else its tokens that are
@@ -619,6 +766,7 @@ def compiled_decoding_steps(model, compile_config=None):
 
 
 __all__ = [
+    "TargetLanguageLogitsProcessor",
     "TransformerNmtGenerationMixin",
     "TokenSuppressionLogitsProcessor",
     "generation_scope",

@@ -4,10 +4,12 @@ Xiong, ACL 2021), on the hf_variants backbone.
 What the paper adds to the Transformer, and where it lives here:
 
 - Cardinality: every attention and FFN block holds n full-size "Trans" units (post-norm: LN_k(i_k +
-  Dropout(f_k(i_k))), each with its own LayerNorm). Each unit's linear maps are `nn.Linear` modules (PEFT,
-  quantization and pruning reach them) held by the backbone's `StackedLinear`, which runs the n units of a block as
-  ONE batched matmul; the attention blocks are the backbone's attention with n units (`num_units`), the n units'
-  heads side by side on the head axis of one kernel call.
+  Dropout(f_k(i_k))), each with its own LayerNorm; `normalize_before=True` makes them pre-norm, with the final
+  LayerNorm on each encoder stream and on the decoder output, for a pre-norm base such as a converted NLLB-200).
+  Each unit's linear maps are `nn.Linear` modules (PEFT, quantization and pruning reach them) held by the
+  backbone's `StackedLinear`, which runs the n units of a block as ONE batched matmul; the attention blocks are
+  the backbone's attention with n units (`num_units`), the n units' heads side by side on the head axis of one
+  kernel call.
 - MIMO links (eq. 2-4, `MimoMix`): between blocks the input of unit k is a softmax-weighted sum of the previous
   block's n outputs, with logits V[task, k, :] per link, gathered per example from `tgt_lang_ids` (task = target
   language). One-to-many at the first encoder and decoder self-attention (no weights: `enter_stack` gives every
@@ -119,7 +121,7 @@ class MimoEncoderLayer(GradientCheckpointingLayer):
             self.self_attn_layer_norm,
             hidden_states,
             lambda x: self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions, **kwargs),
-            False,
+            self.config.normalize_before,
             self.config.dropout,
         )
         return self.ffn(self.ffn_mix(hidden_states, task_ids)), weights, aux
@@ -186,7 +188,7 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
                 output_attentions=output_attentions,
                 **kwargs,
             ),
-            False,
+            self.config.normalize_before,
             p,
         )
         cross_weights = None
@@ -204,7 +206,7 @@ class MimoDecoderLayer(GradientCheckpointingLayer):
                     output_attentions=output_attentions,
                     **kwargs,
                 ),
-                False,
+                self.config.normalize_before,
                 p,
             )
         hidden_states = self.ffn(self.ffn_mix(hidden_states, task_ids))
@@ -288,9 +290,14 @@ class MimoEncoder(MimoStreams, MimoPreTrainedModel, TransformerNmtEncoder):
         self.post_init()
 
     def exit_stack(self, hidden_states: torch.Tensor, task_ids=None, **layer_inputs) -> tuple[torch.Tensor, dict]:
+        if self.layer_norm is not None:  # pre-norm: the final LayerNorm on every stream the decoder reads
+            hidden_states = self.layer_norm(hidden_states)
         if self.memory_merge is not None:  # mimo_memory="merge": one task-aware many-to-one at the top
             return self.memory_merge(hidden_states, task_ids)[0], {"streams": None}
         return hidden_states.mean(0), {"streams": hidden_states.transpose(0, 1)}
+
+    def final_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states  # normalised per stream in `exit_stack` (pre-norm), or already (post-norm)
 
     def forward(
         self,
@@ -329,7 +336,8 @@ class MimoDecoder(MimoStreams, MimoPreTrainedModel, TransformerNmtDecoder):
         self.post_init()
 
     def exit_stack(self, hidden_states: torch.Tensor, task_ids=None, **layer_inputs) -> tuple[torch.Tensor, dict]:
-        return self.output_mix(hidden_states, task_ids)[0], {}  # post-norm: no final LayerNorm
+        # post-norm: no final LayerNorm; pre-norm: the backbone's, on the mixed output (`final_norm`)
+        return self.output_mix(hidden_states, task_ids)[0], {}
 
 
 # --------------------------------------------------------------------------------------------------------- models

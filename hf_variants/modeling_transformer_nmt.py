@@ -46,6 +46,7 @@ A variant overrides only what its paper changes:
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -107,6 +108,25 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int) -> torch.Tensor:
     inv_freq = torch.pow(10000.0, -torch.arange(half, device=positions.device, dtype=torch.float32) * 2.0 / dim)
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+
+def fairseq_sinusoidal_positions(positions: torch.Tensor, dim: int, padding_idx: int) -> torch.Tensor:
+    """fairseq's sinusoidal encodings (`SinusoidalPositionalEmbedding`: M2M100, NLLB-200) of `positions` (any shape)
+    as [..., dim]: sines in the first half, cosines in the second, of position x 10000^(-i/(dim/2 - 1)); position
+    `padding_idx` (a padding token's) is the zero vector. The values of fairseq's and transformers' M2M100 table."""
+    half = dim // 2
+    step = math.log(10000) / (half - 1)
+    inv_freq = torch.exp(torch.arange(half, device=positions.device, dtype=torch.int64).float() * -step)
+    angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    encodings = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    return encodings.masked_fill((positions == padding_idx).unsqueeze(-1), 0.0)
+
+
+def fairseq_position_ids(input_ids: torch.Tensor, padding_idx: int, offset: int | torch.Tensor = 0) -> torch.Tensor:
+    """fairseq's `make_positions` ([B, T] ids -> [B, T] positions): the k-th non-padding token of a row (k = 1, 2,
+    ...) at `padding_idx + offset + k`, padding tokens at `padding_idx`. `offset`: the cache length in decoding."""
+    mask = input_ids.ne(padding_idx).int()
+    return ((torch.cumsum(mask, dim=1).type_as(mask) + offset) * mask).long() + padding_idx
 
 
 def self_attention_cache(cache: Cache | None) -> Cache | None:
@@ -913,11 +933,14 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
         self.embed_tokens = value
 
     # ---------------------------------------------------------------------------------------------- embedding
-    def position_embeddings(self, length: int, offset, device, dtype) -> torch.Tensor | None:
-        """[length, d] encodings of positions `offset ..` (`offset`: an int, or a 0-d tensor with a static cache)."""
+    def position_embeddings(self, length: int, offset, device, dtype, input_ids=None) -> torch.Tensor | None:
+        """[length, d] encodings of positions `offset ..` (`offset`: an int, or a 0-d tensor with a static cache);
+        with `fairseq_sinusoidal` and `input_ids`, [B, length, d] (padding-aware, `fairseq_position_ids`)."""
         kind = self.config.position_embedding_type
         if kind == "none":
             return None
+        if kind == "fairseq_sinusoidal":
+            return self._fairseq_position_embeddings(length, offset, device, dtype, input_ids)
         if kind == "sinusoidal" and not torch.compiler.is_compiling():
             end = offset + length if isinstance(offset, int) else None
             table = self._sinusoidal_table(end, device, dtype)
@@ -928,6 +951,21 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             return self.embed_positions(positions)
         return sinusoidal_positions(positions, self.config.d_model).to(dtype)
 
+    def _fairseq_position_embeddings(self, length: int, offset, device, dtype, input_ids=None) -> torch.Tensor:
+        """fairseq's positions (M2M100 / NLLB-200): from `input_ids` each row's non-padding tokens counted from
+        `pad_token_id + 1` (+ `offset`, the cache length), padding at the zero vector ([B, T, d]); without them
+        (`inputs_embeds`) every position counted ([T, d]), as transformers' M2M100 does."""
+        pad = self.config.pad_token_id
+        if input_ids is not None:
+            positions = fairseq_position_ids(input_ids, pad, offset)
+        else:
+            positions = torch.arange(length, device=device) + offset + (pad + 1)
+        end = offset + length + pad + 1 if isinstance(offset, int) else None
+        table = None if torch.compiler.is_compiling() else self._sinusoidal_table(end, device, dtype)
+        if table is None:
+            return fairseq_sinusoidal_positions(positions, self.config.d_model, pad).to(dtype)
+        return table[positions]
+
     def _sinusoidal_table(self, end: int | None, device, dtype) -> torch.Tensor | None:
         """The sinusoidal encodings of positions 0 .. n-1 (n >= `end`, a power of two up to the model's limit),
         built on first use and kept for the next calls on the same device and dtype: decoding reads one row per
@@ -937,8 +975,17 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
             return None
         table = self._position_table
         if table is None or table.device != device or table.dtype != dtype or table.shape[0] < end:
-            size = min(max(64, 1 << (end - 1).bit_length()), max(end, self.config.max_position_embeddings))
-            table = sinusoidal_positions(torch.arange(size, device=device), self.config.d_model).to(dtype)
+            config = self.config
+            fairseq = config.position_embedding_type == "fairseq_sinusoidal"
+            limit = config.max_position_embeddings + (
+                config.pad_token_id + 1 if fairseq else 0
+            )  # fairseq: + rows 0..pad
+            size = min(max(64, 1 << (end - 1).bit_length()), max(end, limit))
+            positions = torch.arange(size, device=device)
+            if fairseq:
+                table = fairseq_sinusoidal_positions(positions, config.d_model, config.pad_token_id).to(dtype)
+            else:
+                table = sinusoidal_positions(positions, config.d_model).to(dtype)
             self._position_table = table
         return table
 
@@ -990,7 +1037,9 @@ class TransformerNmtStack(TransformerNmtPreTrainedModel):
                 f"{type(self).__name__}: a sequence of {query_offset + length} tokens is longer than "
                 f"the model's limit, max_position_embeddings={limit}."
             )
-        positions = self.position_embeddings(length, query_offset, hidden_states.device, hidden_states.dtype)
+        positions = self.position_embeddings(
+            length, query_offset, hidden_states.device, hidden_states.dtype, input_ids=input_ids
+        )
         if positions is not None:
             hidden_states = hidden_states + positions
         if self.training:
@@ -1267,13 +1316,15 @@ class TransformerNmtModel(TransformerNmtPreTrainedModel):
         output_attentions, output_hidden_states, return_dict = self._output_flags(
             output_attentions, output_hidden_states, return_dict
         )
-        if tgt_lang_ids is not None:
-            if self.language_ids_field is None:
-                raise ValueError(
-                    f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
-                    "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source)."
-                )
+        if tgt_lang_ids is not None and self.language_ids_field is not None:
             kwargs["tgt_lang_ids"] = tgt_lang_ids
+        elif tgt_lang_ids is not None and not getattr(self.config, "target_language_token", False):
+            raise ValueError(
+                f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
+                "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source)."
+            )
+        # with `target_language_token` the decoder reads the language from its first token after the start token
+        # (`decoder_input_ids`, or the labels'): `tgt_lang_ids` (from `prepare_translation_inputs`) is for generate
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,

@@ -439,12 +439,14 @@ def test_config_presets_and_validation():
         ("num_transformations", 0),
         ("mimo_memory", "concat"),
         ("mixing_init_std", -1.0),
-        ("normalize_before", True),
         ("max_relative_positions", 4),
         ("task_attention", "yes"),
     ]:
         with pytest.raises(ValueError, match=field):
             MimoConfig(**{field: value})
+    assert MimoConfig(normalize_before=True).normalize_before  # pre-norm units (a pre-norm base's warm start)
+    with pytest.raises(ValueError, match="`normalize_before` must be False with task_attention=False"):
+        MimoConfig(normalize_before=True, task_attention=False)  # plain sums of pre-norm streams would grow
     with pytest.raises(ValueError, match="Unknown language 'xx'"):
         MimoConfig(languages=["en", "de"]).language_id("xx")
 

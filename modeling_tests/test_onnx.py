@@ -1863,3 +1863,43 @@ def test_single_direction_model_needs_no_tgt_lang(tokenizer, tmp_path_factory, t
     gen = dict(num_beams=2, max_new_tokens=8)
     reference = pipeline("translation", model=model, tokenizer=tokenizer)(SENTENCES[:2], tgt_lang="fr", **gen)
     assert pipeline("translation", model=ort, tokenizer=tokenizer)(SENTENCES[:2], **gen) == reference
+
+
+def test_m2m100_layout_exports_and_decodes_like_torch(tokenizer, tmp_path):
+    """A baseline in a converted M2M100 / NLLB-200's layout (pre-norm, fairseq's padding-aware positions, the
+    target language's token forced after the start token, one per sentence: `hf-variants-convert-m2m100`'s config)
+    exports, and ONNX Runtime fp32 decodes a padded batch token for token like torch, greedy and beam 3 (the forced
+    token makes transformers' loop run over the step graph: `last_decoding` says why), and scores given tokens
+    alike (the translation core's teacher forcing, the language token as the decoder's prompt)."""
+    from hf_variants.inference.decode import OnnxEngine, TorchEngine
+
+    tags = tokenizer.convert_tokens_to_ids([f"<2{lang}>" for lang in LANGUAGES])  # any ids serve as language tokens
+    model = _random(
+        TransformerNmtForConditionalGeneration,
+        TransformerNmtConfig,
+        tokenizer,
+        normalize_before=True,
+        position_embedding_type="fairseq_sinusoidal",
+        init_method="normal",
+        init_std=0.1,
+        languages=list(LANGUAGES),
+        language_token_ids=tags,
+        target_language_token=True,
+    )
+    export(model, tokenizer, tmp_path / "onnx", progress=False)
+    ort = OrtModelForSeq2SeqLM.from_pretrained(tmp_path / "onnx", num_threads=1)
+    encoded = tokenizer(SENTENCES[:4], padding=True, return_tensors="pt")
+    inputs = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    langs = ["de", "fr", "cs", "de"]
+    for settings in (dict(num_beams=1), dict(num_beams=3, length_penalty=0.6)):
+        with torch.no_grad():
+            expected = model.generate(**inputs, tgt_lang=langs, max_new_tokens=10, **settings)
+        assert expected[:, 1].tolist() == [tags[LANGUAGES.index(lang)] for lang in langs]
+        assert torch.equal(ort.generate(**inputs, tgt_lang=langs, max_new_tokens=10, **settings), expected)
+        assert ort.last_decoding["path"] == "loop" and "TargetLanguageLogitsProcessor" in ort.last_decoding["reason"]
+    batch = {**inputs, "tgt_lang_ids": torch.tensor([LANGUAGES.index(lang) for lang in langs])}
+    targets = [[7, 8, 9, 2], [10, 2], [11, 12, 2], [13, 14, 15, 16, 2]]
+    expected, _ = TorchEngine(model, tokenizer)._teacher_forced(batch, targets, 1)
+    got, _ = OnnxEngine(ort, tokenizer)._teacher_forced(batch, targets, 1)
+    assert [len(v) for v in got] == [len(t) for t in targets]
+    assert np.allclose(np.concatenate(got), np.concatenate(expected), atol=1e-4)

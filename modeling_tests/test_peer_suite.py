@@ -1,7 +1,9 @@
 """transformers' own common model tests (ModelTesterMixin + GenerationTesterMixin + ConfigTester, the suite every
-model inside transformers passes) on the six model types, through the harness in `../shared/peer_tests` (its
-README; MarianMTModel passes it with 0 failures). The suite runs once, in a child pytest (the harness has its own
-conftest and pytest.ini), and each model type is one test here: 0 failures, 0 errors.
+model inside transformers passes) on the six model types, and on the baseline in a converted M2M100 / NLLB-200's
+layout (`peer_m2m100_layout.py`: pre-norm, fairseq positions, language tokens), through the harness in
+`../shared/peer_tests` (its README; MarianMTModel passes it with 0 failures). The suite runs once, in a child
+pytest (the harness has its own conftest and pytest.ini), and each model type is one test here: 0 failures, 0
+errors.
 
 Nothing is deselected or skipped on our side: every upstream test that applies runs (the harness itself skips what
 needs an accelerator, Flash Attention or a Hub token). Without `../shared/peer_tests` (a clone on its own) the tests
@@ -28,6 +30,9 @@ MODEL_FILES = {
     "mgsa_nmt": "test_peer_mgsa.py",
     "mimo_nmt": "test_peer_mimo.py",
     "tied_nmt": "test_peer_tied.py",
+    # the baseline in a converted M2M100 / NLLB-200's layout (pre-norm, fairseq positions, language tokens): this
+    # repository's file, run by the same harness
+    "transformer_nmt (M2M100 layout)": str(REPO_ROOT / "modeling_tests" / "peer_m2m100_layout.py"),
 }
 
 
@@ -57,7 +62,7 @@ def peer_results(tmp_path_factory):
     outcomes = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         file = Path(case.get("file") or case.get("classname", "").replace(".", "/") + ".py").name
-        file = next((f for f in MODEL_FILES.values() if f.removesuffix(".py") in case.get("classname", "")), file)
+        file = next((f for f in MODEL_FILES.values() if Path(f).stem in case.get("classname", "")), file)
         kinds = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
         outcomes.setdefault(file, []).append(
             (case.get("name"), kinds[0] if kinds else "passed", next((c.get("message", "") for c in case), ""))

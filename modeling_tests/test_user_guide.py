@@ -10,8 +10,12 @@ How each block runs (the only changes the test makes, all listed here):
   bundled Multi30k train / val / test_2016_flickr, as the guide describes them: TSV with an `en<TAB>fr` header,
   `{prefix}.{lang}` text files, JSONL `{"translation": ...}` rows), `in.en`, `ref.de`, `test.en.gz` and `test.jsonl`
   (8 en-de pairs of test_2016_flickr), `clean.tsv`, `bt.tsv` and `valid.tsv` (48, 16 and 8 en-de pairs of train /
-  train / val: training/README.md's corpora), `training/data` (the clone's bundled data, linked) and `opus-mt-en-de`
-  (a tiny random `MarianMTModel` with a small tokenizer, where a reader has Helsinki-NLP's).
+  train / val: training/README.md's corpora), `training/data` (the clone's bundled data, linked), `opus-mt-en-de`
+  (a tiny random `MarianMTModel` with a small tokenizer, where a reader has Helsinki-NLP's), and
+  `nllb-200-distilled-600M` / `m2m100_418M` (tiny random `M2M100ForConditionalGeneration`s with an NLLB and an M2M100
+  tokenizer over a small SentencePiece model, M2M100's with its LayerDrop of 0.05, where a reader has facebook's);
+  `data/` also holds its text files under NLLB-200's codes (`train.eng_Latn`, ...), as the guide's section 12 names
+  them.
 - **python** blocks run with `exec` in one namespace per document (as one interactive session), in order.
 - **bash** blocks: every command (backslash continuations joined, `#` comments dropped, `&&` chains split) runs in
   this process:
@@ -232,6 +236,8 @@ def write_data(folder: Path) -> None:
             with gzip.open(DATA_DIR / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
                 sides[lang] = [line.rstrip("\n") for line in itertools.islice(f, n)]
             (folder / f"{name}.{lang}").write_text("\n".join(sides[lang]) + "\n", encoding="utf-8")
+            nllb = {"en": "eng_Latn", "fr": "fra_Latn"}[lang]  # the same text under NLLB-200's codes (section 12)
+            (folder / f"{name}.{nllb}").write_text("\n".join(sides[lang]) + "\n", encoding="utf-8")
         pairs = list(zip(sides["en"], sides["fr"]))
         (folder / f"{name}.tsv").write_text("en\tfr\n" + "".join(f"{a}\t{b}\n" for a, b in pairs), encoding="utf-8")
         (folder / f"{name}.jsonl").write_text(
@@ -293,6 +299,68 @@ def write_own_files(folder: Path, tokenizer) -> None:
     )
     marian.save_pretrained(folder / "opus-mt-en-de")
     tokenizer.save_pretrained(folder / "opus-mt-en-de")
+    with torch.random.fork_rng(devices=[]):  # the blocks see the random state they saw before these folders
+        write_m2m100_checkpoints(folder)
+
+
+def write_m2m100_checkpoints(folder: Path) -> None:
+    """Tiny random `nllb-200-distilled-600M` and `m2m100_418M` folders (the guide's section 12): an NLLB and an
+    M2M100 tokenizer over one SentencePiece model trained on 300 lines of the bundled data (fairseq's special ids:
+    <s> 0, <pad> 1, </s> 2, <unk> 3), M2M100's LayerDrop 0.05 as the real 418M has."""
+    import io
+
+    import sentencepiece
+    import torch
+    from transformers import M2M100Config, M2M100ForConditionalGeneration, M2M100Tokenizer, NllbTokenizer
+
+    lines = []
+    for lang in ("en", "fr", "de"):
+        with gzip.open(DATA_DIR / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines += [line.rstrip("\n") for line in itertools.islice(f, 100)]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=300,
+        model_type="bpe",
+        character_coverage=1.0,
+        bos_id=0,
+        pad_id=1,
+        eos_id=2,
+        unk_id=3,
+        minloglevel=2,
+    )
+    spm = folder / "spm"
+    spm.mkdir()
+    (spm / "sentencepiece.bpe.model").write_bytes(model.getvalue())
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    (spm / "vocab.json").write_text(json.dumps({pieces.id_to_piece(i): i for i in range(pieces.get_piece_size())}))
+    nllb = NllbTokenizer.from_pretrained(spm, additional_special_tokens=["eng_Latn", "fra_Latn", "deu_Latn"])
+    m2m = M2M100Tokenizer(spm / "vocab.json", spm / "sentencepiece.bpe.model")
+    for name, tokenizer, vocab, layerdrop in (
+        ("nllb-200-distilled-600M", nllb, len(nllb), 0.0),
+        ("m2m100_418M", m2m, 408, 0.05),
+    ):
+        torch.manual_seed(0)
+        config = M2M100Config(
+            vocab_size=vocab,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=256,
+            encoder_layerdrop=layerdrop,
+            decoder_layerdrop=layerdrop,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+        )
+        M2M100ForConditionalGeneration(config).save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -525,6 +593,15 @@ def run_document(path: Path, tmp_path: Path, monkeypatch, tokenizer) -> dict:
 def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tokenizer):  # noqa: F811
     ran = run_document(GUIDE, tmp_path, monkeypatch, tokenizer)
     assert not ran["not run"]
+    # section 12: NLLB converted, pruned (its greedy translations of the text kept), fine-tuned, translated
+    pruned = json.loads((tmp_path / "nllb-600M-en-fr" / "prune.json").read_text())
+    assert pruned["languages"] == ["eng_Latn", "fra_Latn"] and pruned["tokenization_mismatches"] == 0
+    assert pruned["vocab_size_after"] < pruned["vocab_size_before"]
+    assert all(row["lines"] == 48 for row in pruned["translations"].values())
+    assert json.loads((tmp_path / "mimo-from-nllb" / "config.json").read_text())["target_language_token"]
+    tuned = json.loads((tmp_path / "runs" / "nllb-en-fr" / "model" / "config.json").read_text())
+    assert tuned["languages"] == ["eng_Latn", "fra_Latn"] and tuned["language_token_ids"]
+    assert (tmp_path / "hyp-nllb.fr").read_text().count("\n") == 8
     # what the blocks produced: a sample of the promised results
     results = json.loads((tmp_path / "runs" / "en-fr" / "results.json").read_text())
     assert results["train_pairs"] == 48
@@ -552,7 +629,7 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert ran["bash"] >= 7 and ran["python"] >= 5
     served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
     assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
-    # section 12: the glossary's terms and a request's own constraints through the translation core
+    # section 13: the glossary's terms and a request's own constraints through the translation core
     terminology, glossary = namespace["terminology"], namespace["glossary"]
     assert [len(r.constraints) for r in terminology] == [1, 2, 0, 2]
     for request, result in zip(namespace["requests"], terminology):

@@ -265,9 +265,11 @@ def test_a_base_the_variant_cannot_have_is_a_clear_error(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"mimo_nmt with the base model's settings is not valid: `normalize_before` "
-        r"must be False",
+        r"must be False with task_attention=False",
     ):
-        warm_start(make_base(normalize_before=True), "mimo_nmt")
+        warm_start(make_base(normalize_before=True), "mimo_nmt", {"task_attention": False})
+    with pytest.raises(ValueError, match=r"`max_relative_positions` must be 0"):
+        warm_start(make_base(normalize_before=True, max_relative_positions=4), "mimo_nmt")
     with pytest.raises(ValueError, match=r"`decoder_layers` must be equal to encoder_layers=2"):
         warm_start(make_base(decoder_layers=1), "tied_nmt")
     variant = warm_start(make_base(), "mute_nmt")

@@ -37,12 +37,15 @@ adds is initialised so that the variant starts as close to the pretrained functi
   exact copies. Not exact.
 - **MIMO** (`mimo_nmt`): every transformation of every block is a copy of the pretrained sub-layer (its LayerNorm
   included). Any softmax mixture of identical streams is that stream, so the model is **exact** whatever the mixing
-  logits (zeros by default: uniform 1/n). With a multilingual base (`languages`, `<2xx>` tags) the task-attention
-  tables get one row per target language; with a bilingual one they have a single row (the links are learned but
-  task-independent: MIMO's cardinality without its task awareness) and the start is exact all the same. MIMO's
-  "Trans" units are post-norm without relative positions: a pre-norm base, or one with relative positions, cannot
-  be warm-started as MIMO (ValueError). With `task_attention=False` (the ablation's plain-sum links, eq. 1) every
-  transformation's LayerNorm is scaled by 1/n, so that each sum of n streams is the base's value: exact too.
+  logits (zeros by default: uniform 1/n). With a multilingual base (`languages`: `<2xx>` tags, or a converted
+  NLLB-200 / M2M100's language tokens) the task-attention tables get one row per language of the base, its
+  `tgt_lang_ids` picking the row; with a bilingual one they have a single row (the links are learned but
+  task-independent: MIMO's cardinality without its task awareness) and the start is exact all the same. A pre-norm
+  base (NLLB-200, M2M100) gives a pre-norm MIMO (`normalize_before=True`: pre-norm units, the final LayerNorm on
+  each encoder stream and on the decoder output), exact too; it needs task attention. MIMO has no relative
+  positions: a base with them cannot be warm-started as MIMO (ValueError). With `task_attention=False` (the
+  ablation's plain-sum links, eq. 1) every transformation's LayerNorm of a post-norm base is scaled by 1/n, so that
+  each sum of n streams is the base's value: exact too.
 - **Tied** (`tied_nmt`): one stack from two pretrained stacks has no exact start. Default `tied_init="decoder"`: every
   block (self-attention, cross-attention, FFN, LayerNorms) and the final LayerNorm come from the base's decoder, so
   the decoder path is the pretrained decoder exactly and the encoder path runs the decoder blocks without their
@@ -57,6 +60,10 @@ settings raise a ValueError naming both values. The output folder holds the mode
 `warm_started_from`, generation config copied from the base, weights, code for `trust_remote_code`) and the base
 folder's tokenizer files; `training/train.py --model_name_or_path OUT` fine-tunes it, and the model card of the run
 names the base model (from the saved config's `warm_started_from`).
+
+A converted NLLB-200 / M2M100 (`hf-variants-convert-m2m100`, pruned or not) is a base like any other: the variant
+keeps its language tokens (`language_token_ids`, `target_language_token`) and its tokenizer, so it translates with
+the same `src_lang` / `tgt_lang` codes.
 
 (Tooling: not shipped with saved models.)
 """
@@ -122,6 +129,8 @@ BASE_FIELDS = (
     "decoder_start_token_id",
     "languages",
     "target_language_tags",
+    "language_token_ids",
+    "target_language_token",
 )
 # Training settings: the base's values by default (it was trained with them), free to override.
 TRAINING_FIELDS = (

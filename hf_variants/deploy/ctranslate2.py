@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..generation_transformer_nmt import check_tokenizer_fits_model
-from ..modeling_transformer_nmt import sinusoidal_positions
+from ..modeling_transformer_nmt import fairseq_sinusoidal_positions, sinusoidal_positions
 from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, read_json_object
 
 COMMAND = "export_ctranslate2"  # recorded in the output folder's manifest: what `--force` may replace
@@ -89,6 +89,12 @@ def check_exportable(config) -> None:
     for name in ("decoder_start_token_id", "eos_token_id"):
         if getattr(config, name) is None:
             raise ValueError(f"CTranslate2 needs `{name}` (a token id), got None.")
+    if getattr(config, "target_language_token", False):
+        raise ValueError(
+            "target_language_token=True (a converted M2M100 / NLLB-200: the target language's token forced after "
+            "the start token): the CTranslate2 engine of this package does not force it; export to ONNX "
+            "(hf-variants-export-onnx), or convert the original checkpoint with CTranslate2's own converter."
+        )
 
 
 def vocabulary(tokenizer, config) -> list[str]:
@@ -137,6 +143,10 @@ def _positions(stack, config) -> np.ndarray:
         return _array(stack.embed_positions.weight)
     if config.position_embedding_type == "sinusoidal":
         return _array(sinusoidal_positions(torch.arange(config.max_position_embeddings), config.d_model))
+    if config.position_embedding_type == "fairseq_sinusoidal":  # CTranslate2 counts from 0: fairseq from pad + 1
+        first = config.pad_token_id + 1
+        positions = torch.arange(first, first + config.max_position_embeddings)
+        return _array(fairseq_sinusoidal_positions(positions, config.d_model, config.pad_token_id))
     return np.zeros((config.max_position_embeddings, config.d_model), dtype=np.float32)  # "none"
 
 

@@ -266,9 +266,12 @@ class GenerateEngine(Engine):
         names = sorted({name for r in requests for name in r.annotations})
         annotations = {name: [r.annotations.get(name) for r in requests] for name in names}
         langs = [r.tgt_lang for r in requests]
+        sources = [r.src_lang for r in requests]
         prepare = getattr(self.model, "prepare_translation_inputs", None)
         if prepare is not None:
             kwargs = {"tgt_lang": langs} if any(lang is not None for lang in langs) else {}
+            if any(lang is not None for lang in sources):  # M2M100 / NLLB-200: the source language's token
+                kwargs["src_lang"] = sources
             return prepare(self.tokenizer, texts, max_length=max_source_length, **kwargs, **annotations)
         if annotations:
             raise ValueError(f"{type(self.model).__name__} takes no annotations, got {names}.")
@@ -464,12 +467,19 @@ class GenerateEngine(Engine):
             hypothesis.constraints_met = list(f.met)
         return hypotheses
 
+    @property
+    def prompt_length(self) -> int:
+        """The decoder's tokens before a hypothesis: its start token, and the target language's token where the
+        model forces one (`config.target_language_token`: M2M100 / NLLB-200), which is no choice of the search: not
+        part of the hypothesis, not scored."""
+        return 2 if getattr(self.config, "target_language_token", False) else 1
+
     def _hypothesis_ids(self, row: list[int]) -> list[int]:
-        """The generated tokens of one output row: after the decoder's start token, up to and including the first
-        `</s>`, without padding."""
+        """The generated tokens of one output row: after the decoder's prompt (`prompt_length`), up to and including
+        the first `</s>`, without padding."""
         eos = self.config.eos_token_id
         pad = self.config.pad_token_id
-        tokens = row[1:]
+        tokens = row[self.prompt_length :]
         if eos in tokens:
             return tokens[: tokens.index(eos) + 1]
         while tokens and tokens[-1] == pad:
@@ -484,11 +494,24 @@ class GenerateEngine(Engine):
         with torch.inference_mode():
             return self.model(**inputs, **kwargs)
 
+    def _prompts(self, inputs: dict, rows: int, expand: int) -> list[list[int]]:
+        """Each row's decoder prompt (`prompt_length` tokens): the start token, then for a model forcing the target
+        language's token (`config.target_language_token`) that token, from the batch's `tgt_lang_ids`."""
+        start = self.config.decoder_start_token_id
+        if self.prompt_length == 1:
+            return [[start]] * rows
+        ids = inputs.get("tgt_lang_ids")
+        if ids is None:
+            raise ValueError("This model starts each translation with the target language's token: pass tgt_lang.")
+        tokens = [self.config.language_token_ids[i] for i in ids.reshape(-1).tolist()]
+        return [[start, tokens[r // expand]] for r in range(rows)]
+
     def _teacher_inputs(
         self, inputs: dict, targets: Sequence[Sequence[int]], expand: int
-    ) -> tuple[dict, torch.Tensor, torch.Tensor]:
-        """(the source inputs repeated `expand` times per sentence, decoder inputs [rows, width]: the start token
-        then each target but its last token, labels [rows, width]: each target, -100 where padded)."""
+    ) -> tuple[dict, torch.Tensor, torch.Tensor, int]:
+        """(the source inputs repeated `expand` times per sentence, decoder inputs [rows, width]: the decoder's
+        prompt (`_prompts`) then each target but its last token, labels [rows, width]: each target, -100 where
+        padded and over the prompt, the position of each target's first label: `prompt_length - 1`)."""
         batch = inputs["input_ids"].shape[0]
         rows = len(targets)
         if rows != batch * expand:
@@ -496,19 +519,20 @@ class GenerateEngine(Engine):
         expanded = {
             k: (v.repeat_interleave(expand, dim=0) if _is_tensor_batch(v, batch) else v) for k, v in inputs.items()
         }
-        start = self.config.decoder_start_token_id
+        prompts = self._prompts(inputs, rows, expand)
+        offset = self.prompt_length - 1
         pad = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        width = max(1, max((len(t) for t in targets), default=1))
+        width = max(1, offset + max((len(t) for t in targets), default=1))
         device = inputs["input_ids"].device
         decoder = torch.full((rows, width), pad, dtype=torch.long, device=device)
         labels = torch.full((rows, width), -100, dtype=torch.long, device=device)
-        for r, target in enumerate(targets):
-            decoder[r, 0] = start
+        for r, (prompt, target) in enumerate(zip(prompts, targets)):
+            decoder[r, : offset + 1] = torch.tensor(prompt, device=device)
             if len(target) > 1:
-                decoder[r, 1 : len(target)] = torch.tensor(target[:-1], device=device)
+                decoder[r, offset + 1 : offset + len(target)] = torch.tensor(target[:-1], device=device)
             if target:
-                labels[r, : len(target)] = torch.tensor(target, device=device)
-        return expanded, decoder, labels
+                labels[r, offset : offset + len(target)] = torch.tensor(target, device=device)
+        return expanded, decoder, labels, offset
 
     def _teacher_forced(
         self, inputs: dict, targets: Sequence[Sequence[int]], expand: int, attentions: bool = False
@@ -516,15 +540,15 @@ class GenerateEngine(Engine):
         """Per target (`expand` consecutive targets per sentence of `inputs`): each token's log-probability under
         the model given the source and the tokens before it, and with `attentions` the last decoder layer's
         cross-attention averaged over heads ([target tokens, source tokens])."""
-        expanded, decoder, labels = self._teacher_inputs(inputs, targets, expand)
+        expanded, decoder, labels, offset = self._teacher_inputs(inputs, targets, expand)
         out = self._forward(expanded, decoder, attentions)
         log_probs = torch.log_softmax(out.logits.float(), dim=-1)
         picked = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        values = [picked[r, : len(t)].tolist() for r, t in enumerate(targets)]
+        values = [picked[r, offset : offset + len(t)].tolist() for r, t in enumerate(targets)]
         maps = None
         if attentions:
             cross = out.cross_attentions[-1].float().mean(dim=1)  # [rows, target, source]: heads averaged
-            maps = [cross[r] for r in range(len(targets))]
+            maps = [cross[r, offset:] for r in range(len(targets))]
         return values, maps
 
     def token_log_probs(
@@ -610,10 +634,10 @@ class OnnxEngine(GenerateEngine):
             raise ValueError("the onnx engine returns no attentions (alignments need the torch engine)")
         if not getattr(self.model, "has_scoring_graph", False) or not targets:
             return super()._teacher_forced(inputs, targets, expand)
-        expanded, decoder, labels = self._teacher_inputs(inputs, targets, expand)
+        expanded, decoder, labels, offset = self._teacher_inputs(inputs, targets, expand)
         with torch.inference_mode():
             values = self.model.token_log_probs(**expanded, decoder_input_ids=decoder, labels=labels)
-        return [values[r, : len(t)].tolist() for r, t in enumerate(targets)], None
+        return [values[r, offset : offset + len(t)].tolist() for r, t in enumerate(targets)], None
 
 
 def engine_for(model, tokenizer) -> GenerateEngine:

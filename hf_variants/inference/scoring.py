@@ -124,10 +124,15 @@ def engine_of(model: Any, tokenizer=None):
     return engine_for(model, tokenizer)
 
 
-def target_ids(tokenizer, targets: Sequence[str]) -> list[list[int]]:
-    """Each target's token ids as the model's labels (`tokenizer(text_target=...)`: end-of-sentence included)."""
+def target_ids(tokenizer, targets: Sequence[str], config=None) -> list[list[int]]:
+    """Each target's token ids as the model's labels (`tokenizer(text_target=...)`: end-of-sentence included). For
+    a model that forces the target language's token (`config.target_language_token`: M2M100 / NLLB-200) that
+    token is the decoder's prompt, not part of the target: the text's tokens and `</s>`."""
     if not targets:
         return []
+    if getattr(config, "target_language_token", False):
+        eos = tokenizer.eos_token_id
+        return [list(ids) + [eos] for ids in tokenizer(list(targets), add_special_tokens=False)["input_ids"]]
     return [list(ids) for ids in tokenizer(text_target=list(targets))["input_ids"]]
 
 
@@ -143,19 +148,10 @@ def token_log_probs(
     import torch
 
     inputs = engine.encode(requests)
-    config = engine.config
-    pad = config.pad_token_id if config.pad_token_id is not None else 0
-    width = max(1, max(len(t) for t in targets))
-    decoder = torch.full((len(targets), width), pad, dtype=torch.long)
-    labels = torch.full((len(targets), width), -100, dtype=torch.long)
-    for r, target in enumerate(targets):
-        decoder[r, 0] = config.decoder_start_token_id
-        if len(target) > 1:
-            decoder[r, 1 : len(target)] = torch.tensor(target[:-1])
-        if target:
-            labels[r, : len(target)] = torch.tensor(target)
-    values = model.token_log_probs(**inputs, decoder_input_ids=decoder, labels=labels)
-    return [values[r, : len(t)].tolist() for r, t in enumerate(targets)]
+    inputs, decoder, labels, offset = engine._teacher_inputs(inputs, targets, 1)
+    with torch.inference_mode():
+        values = model.token_log_probs(**inputs, decoder_input_ids=decoder, labels=labels)
+    return [values[r, offset : offset + len(t)].tolist() for r, t in enumerate(targets)]
 
 
 def score_pairs(
@@ -193,6 +189,12 @@ def score_pairs(
         tgt_langs = list(tgt_lang)
         if len(tgt_langs) != len(sources):
             raise ValueError(f"{len(tgt_langs)} target languages for {len(sources)} pairs.")
+    if getattr(engine.config, "target_language_token", False):  # M2M100 / NLLB-200: both languages, up front
+        from .translator import check_request_languages, default_source_language
+
+        src_lang = src_lang or default_source_language(engine.config)
+        for lang in dict.fromkeys(tgt_langs):
+            check_request_languages(engine.config, src_lang, lang)
     requests = [
         TranslationRequest(
             source,
@@ -202,7 +204,7 @@ def score_pairs(
         )
         for i, source in enumerate(sources)
     ]
-    ids = target_ids(engine.tokenizer, targets)
+    ids = target_ids(engine.tokenizer, targets, engine.config)
     source_lengths = engine.source_lengths(requests) if requests else []
     limit = getattr(engine.config, "max_position_embeddings", None)
     results: list[PairScore | None] = [None] * len(requests)

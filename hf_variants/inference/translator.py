@@ -100,14 +100,36 @@ def default_target_language(config) -> str | None:
     return None
 
 
+def default_source_language(config) -> str | None:
+    """The source language when a request names none, for a model that marks it with a token (M2M100 / NLLB-200:
+    `config.target_language_token`): its one source language; else None (other models need no source language)."""
+    if not getattr(config, "target_language_token", False):
+        return None
+    sources, _ = model_languages(config)
+    return sources[0] if len(sources) == 1 else None
+
+
 def check_request_languages(config, src_lang: str | None = None, tgt_lang: str | None = None) -> None:
     """`check_languages`, and a ValueError naming `tgt_lang` when none is given to a model translating into several
-    languages (a one-target model uses its own). Needs the config only: a command runs it before loading weights."""
+    languages (a one-target model uses its own), or naming `src_lang` when none is given to a model that marks the
+    source language with a token (M2M100 / NLLB-200) and has several. Needs the config only: a command runs it
+    before loading weights."""
     tgt_lang = tgt_lang or default_target_language(config)
+    src_lang = src_lang or default_source_language(config)
     check_languages(config, src_lang, tgt_lang)
-    _, targets = model_languages(config)
+    sources, targets = model_languages(config)
     if tgt_lang is None and len(targets) > 1:
-        raise ValueError(f"tgt_lang: this model translates into several languages ({', '.join(targets)}): pass one")
+        raise ValueError(f"tgt_lang: this model translates into several languages ({_listed(targets)}): pass one")
+    if src_lang is None and getattr(config, "target_language_token", False) and len(sources) > 1:
+        raise ValueError(
+            f"src_lang: this model marks the source language with a token and translates from several languages "
+            f"({_listed(sources)}): pass one"
+        )
+
+
+def _listed(languages: list[str], limit: int = 12) -> str:
+    shown = ", ".join(languages[:limit])
+    return shown + (f", ... ({len(languages)} in all)" if len(languages) > limit else "")
 
 
 def saved_length_rule(generation_config) -> tuple[float, int, int]:
@@ -274,6 +296,8 @@ class Translator:
         constraints = normalize_constraints(request.constraints)
         if constraints != request.constraints:
             request = replace(request, constraints=constraints)
+        if request.src_lang is None and default_source_language(self.config) is not None:
+            request = replace(request, src_lang=default_source_language(self.config))
         return request
 
     def count_tokens(self, requests: Sequence[TranslationRequest | str]) -> list[int]:
@@ -479,6 +503,7 @@ __all__ = [
     "Translator",
     "check_languages",
     "check_request_languages",
+    "default_source_language",
     "default_target_language",
     "model_languages",
     "resolve_options",

@@ -570,7 +570,11 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             feeds[name] = value
         if phrase_index is not None and "phrase_index" not in feeds:
             raise ValueError(f"`phrase_index` is only used by the syntactic MG-SA; this is {self.config.model_type}.")
-        if tgt_lang_ids is not None and "tgt_lang_ids" not in feeds:
+        if (
+            tgt_lang_ids is not None
+            and "tgt_lang_ids" not in feeds
+            and not getattr(self.config, "target_language_token", False)
+        ):
             raise ValueError(
                 f"{type(self).__name__} does not condition on the target language: `tgt_lang_ids` "
                 "would be ignored (a multilingual baseline reads the `<2xx>` tag of its source)."

@@ -211,9 +211,11 @@ class ServerState:
                     "num_threads": str(self.settings.num_threads or "default"),
                 }
             )
-            warmup = TranslationRequest(
-                WARMUP_SENTENCE, tgt_lang=first.default_tgt_lang or _first(languages["target"])
-            )
+            target = first.default_tgt_lang or _first(languages["target"])
+            source = None  # a model marking the source language with a token (M2M100 / NLLB-200) needs one
+            if getattr(first.config, "target_language_token", False):
+                source = next((lang for lang in languages["source"] if lang != target), None)
+            warmup = TranslationRequest(WARMUP_SENTENCE, src_lang=source, tgt_lang=target)
             for i in range(self.settings.workers):
                 await self.batcher.run_in_worker(i, lambda translator: translator.translate([warmup], DecodeOptions()))
         except Exception as error:

@@ -140,8 +140,8 @@ class Job:
 
 # ------------------------------------------------------------------------------------------------ batches, eval
 def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
-    """Sources, targets, target languages, the common source language (or None) and the variant inputs of a
-    batch; with `bidirectional`, every pair also appears reversed."""
+    """Sources, targets, target languages, the source language (one code, or one per sentence in a batch of several
+    sources) and the variant inputs of a batch; with `bidirectional`, every pair also appears reversed."""
     src = [p.src for p in pairs]
     tgt = [p.tgt for p in pairs]
     tgt_langs = [p.tgt_lang for p in pairs]
@@ -150,12 +150,14 @@ def batch_texts(pairs: list[corpus.Pair], bidirectional: bool):
     if bidirectional:
         src, tgt, tgt_langs, src_langs = src + tgt, tgt + src, tgt_langs + src_langs, src_langs + tgt_langs
         extra = {name: values + [p.tgt_extra[name] for p in pairs] for name, values in extra.items()}
-    src_lang = src_langs[0] if len(set(src_langs)) == 1 else None
+    src_lang = src_langs[0] if len(set(src_langs)) == 1 else src_langs  # per sentence: M2M100 / NLLB language tokens
     return src, tgt, tgt_langs, src_lang, extra
 
 
 def make_batch(model, tokenizer, pairs, bidirectional: bool, max_length: int) -> dict:
     src, tgt, tgt_langs, src_lang, extra = batch_texts(pairs, bidirectional)
+    if not isinstance(src_lang, str) and not getattr(getattr(model, "config", None), "target_language_token", False):
+        src_lang = None  # only a model marking the source language with a token (M2M100 / NLLB) reads each one
     # length filtering already dropped longer pairs; the margin leaves room for a language tag
     return external.prepare_translation_inputs(
         model,
