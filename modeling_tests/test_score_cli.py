@@ -160,7 +160,7 @@ def test_outputs_are_never_inputs(model_dir, files, tmp_path, capsys, monkeypatc
 
 def test_languages_are_checked_before_loading(tokenizer, files, tmp_path, capsys, monkeypatch):
     """A multilingual model: an unknown --tgt_lang or --src_lang is refused naming the flag and the model's
-    languages, and a missing --tgt_lang asks for it, before the weights load."""
+    languages, and a missing --tgt_lang asks for it (the translate command's message), before the weights load."""
     torch.manual_seed(0)
     config = TiedTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), languages=list(LANGUAGES))
     folder = tmp_path / "tied"
@@ -171,7 +171,7 @@ def test_languages_are_checked_before_loading(tokenizer, files, tmp_path, capsys
     assert "--tgt_lang 'xx'" in err and "de" in err
     err = _refused([*common, "--tgt_lang", "de", "--src_lang", "yy"], capsys, monkeypatch)
     assert "--src_lang 'yy'" in err
-    assert "pass --tgt_lang" in _refused(common, capsys, monkeypatch)
+    assert "--tgt_lang: this model translates into several languages" in _refused(common, capsys, monkeypatch)
 
 
 def test_scores_of_nbest_hypotheses_are_their_log_probs(model_dir, tokenizer, files, tmp_path):

@@ -65,19 +65,22 @@ def add_model_folder_flags(parser: argparse.ArgumentParser, what: str, tokenizer
         parser.add_argument("--tokenizer", help="tokenizer folder (default: --model)")
 
 
-def add_batching_flags(parser: argparse.ArgumentParser, unit: str = "sentences") -> argparse._ArgumentGroup:
-    """`--batch_size` and `--max_tokens` (fairseq's), in a group the caller may add to."""
+def add_batching_flags(
+    parser: argparse.ArgumentParser, unit: str = "sentences", max_tokens: bool = True
+) -> argparse._ArgumentGroup:
+    """`--batch_size` and (`max_tokens`) `--max_tokens` (fairseq's), in a group the caller may add to."""
     g = parser.add_argument_group("batches")
     g.add_argument(
         "--batch_size",
         type=int_in_range(1),
-        help=f"{unit} per batch (default {DEFAULT_BATCH_SIZE} without --max_tokens)",
+        help=f"{unit} per batch (default {DEFAULT_BATCH_SIZE}" + (" without --max_tokens)" if max_tokens else ")"),
     )
-    g.add_argument(
-        "--max_tokens",
-        type=int_in_range(1),
-        help=f"tokens per batch: {unit} x the longest of them (fairseq's --max-tokens)",
-    )
+    if max_tokens:
+        g.add_argument(
+            "--max_tokens",
+            type=int_in_range(1),
+            help=f"tokens per batch: {unit} x the longest of them (fairseq's --max-tokens)",
+        )
     return g
 
 

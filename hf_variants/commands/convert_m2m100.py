@@ -18,6 +18,7 @@ import argparse
 from ..convert.m2m100 import COMMAND, LAYERDROP_FIELDS, check_convertible, convert_m2m100
 from ..model_folders import load_config
 from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
+from .common import add_output_dir_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,15 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="folder (or Hub id, when online) of an M2M100ForConditionalGeneration: M2M100 or a dense NLLB-200",
     )
-    parser.add_argument("--output_dir", required=True)
+    add_output_dir_flags(parser, "this command")
     parser.add_argument(
         "--ignore_layerdrop",
         action="store_true",
         help=f"convert a model with {' / '.join(LAYERDROP_FIELDS)} > 0 (M2M100-418M): LayerDrop acts in training "
         "only, the converted model is the same at inference and fine-tunes without it",
-    )
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that this command wrote before"
     )
     return parser
 

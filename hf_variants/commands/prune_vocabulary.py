@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 
 from ..convert.prune import COMMAND, prune_vocabulary, write_report
+from ..inference.flags import add_option_flags
 from ..model_folders import load_config
-from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir, int_in_range
+from ..outputs import atomic_output_dir, check_not_an_input, check_output_dir
+from .common import DEFAULT_BATCH_SIZE, add_batching_flags, add_model_folder_flags, add_output_dir_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="a transformer_nmt folder (e.g. hf-variants-convert-m2m100's)")
-    parser.add_argument("--output_dir", required=True)
+    add_model_folder_flags(parser, "a transformer_nmt folder (e.g. hf-variants-convert-m2m100's)", tokenizer=False)
+    add_output_dir_flags(parser, "this command")
     parser.add_argument(
         "--keep_languages",
         required=True,
@@ -49,12 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also keep the tokens of the full model's translations of each file (PREFIX.LANG[.gz]) into the other "
         "kept languages, and count the lines the pruned model translates otherwise",
     )
-    parser.add_argument("--num_beams", type=int_in_range(1, 64), help="for --with_translations (default: the model's)")
-    parser.add_argument("--max_new_tokens", type=int_in_range(1, 4096), help="for --with_translations")
-    parser.add_argument("--batch_size", type=int_in_range(1, 4096), default=32)
-    parser.add_argument(
-        "--force", action="store_true", help="replace a non-empty --output_dir that this command wrote before"
-    )
+    with_translations = parser.add_argument_group("--with_translations: decoding (default: the model's)")
+    add_option_flags(with_translations, ["num_beams", "max_new_tokens"])
+    add_batching_flags(parser, max_tokens=False)
     return parser
 
 
@@ -82,7 +81,7 @@ def main(argv=None) -> None:
             args.keep_languages,
             args.keep_tokens_from,
             with_translations=args.with_translations,
-            batch_size=args.batch_size,
+            batch_size=args.batch_size or DEFAULT_BATCH_SIZE,
             generate_kwargs={k: v for k, v in generate_kwargs.items() if v is not None},
         )
     except (ValueError, FileExistsError, OSError) as error:  # OutputPathError, ModelFolderError: ValueErrors

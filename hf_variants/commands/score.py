@@ -38,7 +38,7 @@ from pathlib import Path
 
 from ..outputs import atomic_write_file, check_output_files
 from ..training.corpus import DataError, read_lines
-from .common import UsageError, add_batching_flags, batching, command_parser, exits_on_refusal
+from .common import UsageError, add_batching_flags, as_flags, batching, command_parser, exits_on_refusal
 from .inputs import STDIO
 from .loading import ModelLocation, add_model_flags, load_translator, locate_model, model_record, read_configs
 from .progress import progress_bar
@@ -122,22 +122,17 @@ def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> tuple[list[st
 
 
 def check_languages(config, src_lang: str | None, tgt_lang: str | None) -> str | None:
-    """`--src_lang` / `--tgt_lang` checked against the model's languages (a UsageError naming the flag), and the
-    target language to score in: `--tgt_lang`, else the model's one target (None: the model records none)."""
-    from ..inference.translator import check_languages as check
-    from ..inference.translator import default_target_language, model_languages
+    """`--src_lang` / `--tgt_lang` checked against the model's languages as the translate command checks them (the
+    core's `check_request_languages`: a multilingual model needs --tgt_lang, an NLLB-200 / M2M100 model with several
+    sources --src_lang; a UsageError naming the flag), and the target language to score in: `--tgt_lang`, else the
+    model's one target (None: the model records none)."""
+    from ..inference.translator import check_request_languages, default_target_language
 
     try:
-        check(config, src_lang=src_lang, tgt_lang=tgt_lang)
+        check_request_languages(config, src_lang, tgt_lang)
     except ValueError as error:
-        message = str(error).replace("tgt_lang=", "--tgt_lang ").replace("src_lang=", "--src_lang ")
-        raise UsageError(message) from None
-    if tgt_lang is None:
-        tgt_lang = default_target_language(config)
-        _, targets = model_languages(config)
-        if tgt_lang is None and len(targets) > 1:
-            raise UsageError(f"This model translates into several languages ({', '.join(targets)}): pass --tgt_lang.")
-    return tgt_lang
+        raise UsageError(as_flags(str(error))) from None
+    return tgt_lang or default_target_language(config)
 
 
 # ------------------------------------------------------------------------------------------------------- output
