@@ -24,13 +24,17 @@ class TranslationRequest:
     `src_lang` / `tgt_lang`: language codes (None: the model's one target language, or no check of the source);
     `prefix`: the beginning the translation must start with (its tokens are forced, then decoding continues);
     `annotations`: per-sentence model inputs a variant takes beside the text (the syntactic MG-SA's
-    `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`."""
+    `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`;
+    `source_ids`: the source's token ids as the model receives them (language tag and `</s>` included, not
+    truncated), when it was already tokenized (`Translator.encode`): the engine decodes them without tokenizing the
+    text again (a request with `annotations` is encoded from its text, which the variant's inputs need)."""
 
     source: str
     src_lang: str | None = None
     tgt_lang: str | None = None
     prefix: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    source_ids: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, item: str | TranslationRequest) -> TranslationRequest:
@@ -40,6 +44,11 @@ class TranslationRequest:
         if isinstance(item, str):
             return cls(item)
         raise TypeError(f"expected a str or a TranslationRequest, got {type(item).__name__}")
+
+
+class DecodingCancelled(Exception):
+    """The caller's `cancelled()` turned true while a batch decoded (`Translator.decode_batch`): the decoding stopped
+    at its next step and its hypotheses were dropped."""
 
 
 class OptionError(ValueError):
@@ -330,6 +339,7 @@ class TranslationResult:
 
 __all__ = [
     "DecodeOptions",
+    "DecodingCancelled",
     "Hypothesis",
     "OptionError",
     "OptionSpec",
