@@ -97,7 +97,7 @@ def log_records(server) -> list[dict]:
 
 def access_records(server, request_id: str | None = None) -> list[dict]:
     records = [r for r in log_records(server) if r["logger"] == "hf_variants.serve.access"]
-    return [r for r in records if request_id is None or r["request_id"] == request_id]
+    return [r for r in records if request_id is None or r.get("request_id") == request_id]
 
 
 def wait_for_access(server, request_id: str, timeout: float = 60) -> dict:

@@ -399,6 +399,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def connection_refused(state, kind: str, client: str | None) -> None:
+    """A connection closed by a limit (`serve.protocol`): counted, and (but for idle ones) in the access log."""
+    from ..serve.logs import log_access
+
+    state.metrics.errors.labels(kind).inc()
+    if kind != "idle_timeout_s":
+        status = {"max_connections": 503, "header_timeout_s": 408}.get(kind, 408)
+        log_access({"client": client, "status": status, "error": kind}, f"connection closed: {kind} ({status})")
+
+
 def make_server(args, location: ModelLocation, settings, graceful: float, failures: list):
     """The uvicorn server of the app: the server's connection handling (`serve.protocol`), its own access log,
     and a SIGTERM that drains (`ServerState.begin_drain`) for `graceful` seconds before uvicorn's own shutdown
@@ -442,7 +452,7 @@ def make_server(args, location: ModelLocation, settings, graceful: float, failur
             header_timeout_s=limits.header_timeout_s,
             body_timeout_s=limits.body_timeout_s,
             max_connections=limits.max_connections,
-            on_refusal=lambda kind: state.metrics.errors.labels(kind).inc(),
+            on_refusal=partial(connection_refused, state),
         ),
         log_config=None,
         log_level=args.log_level,

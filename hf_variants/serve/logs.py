@@ -70,7 +70,8 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     root.setLevel(getattr(logging, level.upper()))
 
 
-def log_access(fields: dict) -> None:
-    """One access-log line (see the module docstring)."""
-    message = f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
-    logging.getLogger(ACCESS_LOGGER).info(message, extra={"fields": fields})
+def log_access(fields: dict, message: str | None = None) -> None:
+    """One access-log line (see the module docstring); `message` default: method, path and status."""
+    message = message or f"{fields.get('method')} {fields.get('path')} {fields.get('status')}"
+    present = {key: value for key, value in fields.items() if value is not None}
+    logging.getLogger(ACCESS_LOGGER).info(message, extra={"fields": present})

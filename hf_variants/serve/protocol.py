@@ -17,7 +17,8 @@ all before reading) gets a connection reset instead of the answer. `ServeProtoco
   (what nginx's `lingering_close` does); an answer given while the body is unread closes the connection so.
 
 Refusals are counted in the server's metrics (`errors_total{kind}`: idle_timeout_s, header_timeout_s,
-body_timeout_s, max_connections).
+body_timeout_s, max_connections) and, but for idle connections, written in the access log with the client's address
+(they never reached a route).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def protocol_class(
     on_refusal: Callable[[str], None] | None = None,
 ) -> type[H11Protocol]:
     """The protocol class of `uvicorn.Config(http=...)` with these settings (see the module docstring);
-    `on_refusal(kind)` is called for every connection closed by a limit."""
+    `on_refusal(kind, client)` is called for every connection closed by a limit (`client`: "host:port")."""
     return type(
         "ServeProtocol",
         (ServeProtocol,),
@@ -116,7 +117,7 @@ def protocol_class(
             "header_timeout_s": header_timeout_s,
             "body_timeout_s": body_timeout_s,
             "max_connections": max_connections,
-            "on_refusal": staticmethod(on_refusal or (lambda kind: None)),
+            "on_refusal": staticmethod(on_refusal or (lambda kind, client: None)),
         },
     )
 
@@ -128,7 +129,11 @@ class ServeProtocol(H11Protocol):
     header_timeout_s = 10.0
     body_timeout_s = 30.0
     max_connections = 512
-    on_refusal = staticmethod(lambda kind: None)
+    on_refusal = staticmethod(lambda kind, client: None)
+
+    def _refused_by(self, kind: str) -> None:
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else None
+        self.on_refusal(kind, client)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -139,7 +144,7 @@ class ServeProtocol(H11Protocol):
         self.timeout_keep_alive = self.idle_timeout_s
         if len(self.connections) > self.max_connections:
             self._refused = True
-            self.on_refusal("max_connections")
+            self._refused_by("max_connections")
             self.transport.write(
                 raw_error(
                     503,
@@ -203,13 +208,13 @@ class ServeProtocol(H11Protocol):
 
     def _idle_expired(self) -> None:
         if self._phase == "idle" and not self.transport.is_closing():
-            self.on_refusal("idle_timeout_s")
+            self._refused_by("idle_timeout_s")
             self.transport.close()
 
     def _headers_expired(self) -> None:
         if self._phase != "headers" or self.transport.is_closing():
             return
-        self.on_refusal("header_timeout_s")
+        self._refused_by("header_timeout_s")
         message = f"the request's headers did not arrive in {self.header_timeout_s:g} s (--header_timeout_s)"
         self.transport.write(raw_error(408, "Request Timeout", "header_timeout_s", message))
         self.transport.close()
@@ -217,7 +222,7 @@ class ServeProtocol(H11Protocol):
     def _body_expired(self) -> None:
         if self._phase != "body" or self.transport.is_closing():
             return
-        self.on_refusal("body_timeout_s")
+        self._refused_by("body_timeout_s")
         self.transport.close()
 
     def connection_lost(self, exc) -> None:
