@@ -4,8 +4,12 @@
   sequences): concurrent clients get their own translations, in order, equal to the translation core's
   `Translator.translate` on the same sentences; n-best with scores equal the core's; every bad input gets its status
   and a JSON error naming the field or the limit, and the next good request succeeds; `/metrics` counts what was
-  sent; OpenAPI; CORS; the page at `/` loads and its script translates (run by Node.js against the server where
-  `node` is installed; by a headless Chromium where `chromium` is; else its HTML and fetch call are read).
+  sent; OpenAPI (`/health`'s languages an object) and the Swagger page with its assets served locally (no CDN);
+  paragraphs split into sentences and joined with their whitespace, equal to the core's sentence by sentence; the
+  LibreTranslate mount with the request shapes LibreTranslate's tests and docs send (form, query, multipart, JSON
+  text or list, alternatives, source auto) and its refusals; CORS; the page at `/` loads and its script translates
+  (run by Node.js against the server where `node` is installed; by a headless Chromium where `chromium` is; else
+  its HTML and fetch call are read).
 - One server whose engine is wrapped to be slow or to fail on purpose (`serve_helpers.FAULTS_PRELUDE`): /health
   503 while loading then 200, API keys (401 / 401 / 200, /health open), truncation, the full queue (503 +
   Retry-After), the request timeout (504), an engine crash (500 naming it, the server goes on), and SIGTERM with a

@@ -264,32 +264,38 @@ def test_a_request_of_other_settings_decodes_beside_a_held_batch():
 def test_settings_groups_are_served_in_turn():
     """With one batch at a time, a request of other settings arriving while a long request decodes batch by batch is
     in the next batch, not after all of the long request's batches (the oldest request no longer decides)."""
-    translator = RecordingTranslator(delay=0.05)
-    long_request = [f"long {i}" for i in range(8)]
+    translator = RecordingTranslator()
+    long_request = [f"HOLD long {i}" for i in range(8)]
 
     async def main():
         batcher = await started(translator, max_batch_tokens=10, max_wait_ms=0)  # one sentence a batch
         first = asyncio.create_task(batcher.translate([request(s) for s in long_request], [10] * 8, "a", "a"))
-        while not translator.batches:
+        await asyncio.to_thread(translator.holding.wait, 30)  # the long request's first batch decodes (held)
+        other = asyncio.create_task(batcher.translate([request("other")], [10], "b", "b"))
+        while batcher.queued < 8:  # 7 sentences of the long request and the other one wait
             await asyncio.sleep(0.005)
-        other = await batcher.translate([request("other")], [10], "b", "b")
-        await first
+        translator.release.set()
+        await asyncio.gather(first, other)
         await batcher.stop()
-        return other
+        return other.result()
 
     assert run(main())[0].text == "OTHER"
     assert [b for b, _ in translator.batches][1] == ["other"]
 
 
 def test_a_batch_nobody_waits_for_stops_and_frees_the_engine():
-    """A request that times out while its batch decodes: the batch is cancelled at its next step (the engine's
-    `cancelled()` turns true), and the next request of the same settings is decoded at once."""
+    """A request withdrawn while its batch decodes (its client left; a timeout withdraws it the same way): the batch
+    is cancelled at its next step (the engine's `cancelled()` turns true), and the next request of the same settings
+    is decoded at once."""
     translator = RecordingTranslator()
 
     async def main():
         batcher = await started(translator)
-        with pytest.raises(asyncio.TimeoutError):
-            await batcher.translate([request("HOLD a"), request("HOLD b")], [5, 5], "o", "k", timeout=0.2)
+        leaving = asyncio.create_task(batcher.translate([request("HOLD a"), request("HOLD b")], [5, 5], "o", "k"))
+        await asyncio.to_thread(translator.holding.wait, 30)
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
         after = await asyncio.wait_for(batcher.translate([request("after")], [5], "o", "k"), 30)
         await batcher.stop()
         return after
@@ -299,15 +305,17 @@ def test_a_batch_nobody_waits_for_stops_and_frees_the_engine():
 
 
 def test_a_batch_shared_with_a_waiting_request_runs_on():
-    """Only one of the two requests sharing a held batch times out: the batch is not stopped (the other still
-    waits), and the other request gets its answer once the batch ends."""
+    """Only one of the two requests sharing a held batch leaves: the batch is not stopped (the other still waits),
+    and the other request gets its answer once the batch ends."""
     translator = RecordingTranslator()
 
     async def main():
-        batcher = await started(translator, max_wait_ms=200)
-        leaving = asyncio.create_task(batcher.translate([request("HOLD x")], [5], "o", "k", timeout=0.3))
+        batcher = await started(translator, max_batch_tokens=10)  # the two requests fill a batch: taken at once
+        leaving = asyncio.create_task(batcher.translate([request("HOLD x")], [5], "o", "k"))
         staying = asyncio.create_task(batcher.translate([request("HOLD y")], [5], "o", "k"))
-        with pytest.raises(asyncio.TimeoutError):
+        await asyncio.to_thread(translator.holding.wait, 30)
+        leaving.cancel()
+        with pytest.raises(asyncio.CancelledError):
             await leaving
         await asyncio.sleep(0.1)  # the engine asks cancelled() every 5 ms: it would have stopped by now
         translator.release.set()
@@ -371,16 +379,40 @@ def test_the_clients_just_answered_join_the_next_batch():
     join the late one's instead of the two groups alternating in batches of 4 and 1."""
     translator = RecordingTranslator(delay=0.3)
 
-    async def client(batcher, name: str, rounds: int, start: float = 0.0):
-        await asyncio.sleep(start)
+    async def client(batcher, name: str, rounds: int, late: bool = False):
+        while late and not translator.batches:  # the late client sends once the others' first batch decodes
+            await asyncio.sleep(0.005)
         for i in range(rounds):
             await batcher.translate([request(f"{name}{i}")], [3], "o", "k")
 
     async def main():
-        batcher = await started(translator, max_wait_ms=100)
-        await asyncio.gather(*(client(batcher, name, 3) for name in "abcd"), client(batcher, "e", 3, start=0.15))
+        batcher = await started(translator, max_wait_ms=100, max_batch_tokens=15)  # 5 sentences fill a batch
+        await asyncio.gather(*(client(batcher, name, 3) for name in "abcd"), client(batcher, "e", 3, late=True))
         await batcher.stop()
 
     run(main())
     sizes = [len(b) for b, _ in translator.batches]
     assert sizes[0] == 4 and sizes[1] == 5, sizes  # the late client joined the answered ones
+
+
+def test_a_batch_goes_as_soon_as_the_clients_it_answered_are_back():
+    """Two clients in step: their first batch waits max_wait_ms (3 s) for company; each later one goes as soon as
+    both answered clients sent their next sentence, not max_wait_ms after the previous batch (4 rounds: about 3 s,
+    not 12)."""
+    translator = RecordingTranslator()
+
+    async def client(batcher, name: str):
+        for i in range(4):
+            await batcher.translate([request(f"{name}{i}")], [3], "o", "k")
+
+    async def main():
+        batcher = await started(translator, max_wait_ms=3000, max_batch_tokens=100)
+        start = time.monotonic()
+        await asyncio.gather(client(batcher, "a"), client(batcher, "b"))
+        elapsed = time.monotonic() - start
+        await batcher.stop()
+        return elapsed
+
+    elapsed = run(main())
+    assert [sorted(b) for b, _ in translator.batches] == [[f"a{i}", f"b{i}"] for i in range(4)]
+    assert elapsed < 9.0  # one company wait (3 s), where waiting after every batch would take 12 s

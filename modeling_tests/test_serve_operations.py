@@ -67,7 +67,7 @@ def ops(model_dir, tmp_path_factory):
     keys = folder / "keys.txt"
     keys.write_text(f"{MAIN_KEY}\n{RATE_KEY} requests_per_minute=2\n{CHARS_KEY} characters_per_minute=50\n")
     args = ["--model", str(model_dir), "--num_threads", "1", "--api_key_file", str(keys), "--log_format", "json"]
-    args += ["--request_timeout_s", "3", "--idle_timeout_s", "1", "--header_timeout_s", "1", "--body_timeout_s", "2"]
+    args += ["--request_timeout_s", "10", "--idle_timeout_s", "1", "--header_timeout_s", "1", "--body_timeout_s", "2"]
     args += ["--max_concurrent_requests", "3", "--max_body_bytes", "4096", "--max_sentence_tokens", "40"]
     args += ["--max_wait_ms", "20"]
     env = {"FAULT_DIR": str(folder), "FAULT_LOAD_DELAY": "2"}

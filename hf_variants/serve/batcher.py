@@ -16,7 +16,9 @@ Scheduling, on the event loop's thread (all queue state lives there; the engines
    generator is one per process, and `seed` must give the same samples).
 3. **When.** A group's batch is due once its waiting sentences fill `max_batch_tokens` padded tokens, or
    `max_wait_ms` after its oldest waiting sentence arrived and after its last batch ended (the clients just answered
-   may send their next sentence: they join instead of being left for a batch of their own).
+   may send their next sentence: they join instead of being left for a batch of their own), or as soon as as many
+   requests arrived since its last batch ended as that batch answered (the answered clients are back: no one else is
+   waited for).
 4. **What.** The sentences of a group's jobs in arrival order, one sentence of each job in turn (a request of many
    sentences cannot hold back a later request of one: that one is in the next batch), each job's own sentences
    shortest first, while the padded size (longest sentence x sentences) stays within `max_batch_tokens`; the first
@@ -188,6 +190,8 @@ class Batcher:
         self._groups: dict[Any, Group] = {}  # by key: the groups with sentences waiting
         self._last_done: dict[Any, float] = {}  # when each key's last batch ended
         self._served: dict[Any, int] = {}  # each key's last turn (the round robin: least recently served first)
+        self._answered: dict[Any, int] = {}  # requests each key's last batch answered
+        self._since: dict[Any, int] = {}  # requests of each key that arrived after its last batch ended
         self._turn = 0
         self._queued = 0  # sentences not yet in a batch
         self._lanes: list[Lane] = []
@@ -327,6 +331,8 @@ class Batcher:
         job = Job(requests, lengths, options, key, loop.create_future(), exclusive, request_id)
         group = self._groups.setdefault(key, Group(key))
         group.jobs.append(job)
+        if key in self._last_done and not self._running_key(key):
+            self._since[key] = self._since.get(key, 0) + 1
         group.pending += len(requests)
         group.pending_tokens += sum(lengths)
         self._queued += len(requests)
@@ -365,9 +371,12 @@ class Batcher:
     def _due_at(self, group: Group) -> float:
         """When `group`'s next batch is due: now when it fills a batch, else max_wait after its oldest sentence
         arrived and after its last batch ended."""
+        key = group.key
         if group.pending_tokens >= self.max_batch_tokens:
             return -math.inf
-        return max(group.jobs[0].arrived, self._last_done.get(group.key, -math.inf)) + self.max_wait
+        if 0 < self._answered.get(key, 0) <= self._since.get(key, 0):  # the clients it answered are back
+            return -math.inf
+        return max(group.jobs[0].arrived, self._last_done.get(key, -math.inf)) + self.max_wait
 
     def _allowed(self, lane: Lane, group: Group) -> bool:
         """Whether `lane` may decode `group` now: its worker decodes no batch of that key, none that samples, and
@@ -467,6 +476,7 @@ class Batcher:
             finally:
                 lane.batch = None
                 self._last_done[batch.key] = time.monotonic()
+                self._since[batch.key] = 0
             self._finish(batch, results, error)
             if self.on_batch is not None:
                 self.on_batch(batch, time.monotonic() - start, error)
@@ -479,10 +489,12 @@ class Batcher:
         """Route each result to its job and slot (answer a job once its last sentence is back), or fail the jobs of
         a failed batch; a stopped batch's jobs were already answered (withdrawn or aborted)."""
         now = time.monotonic()
+        self._answered[batch.key] = 0
         for key, done in list(self._last_done.items()):  # keys whose last batch is past any wait, with none waiting
             if now - done > self.max_wait and key not in self._groups and not self._running_key(key):
                 del self._last_done[key]
-                self._served.pop(key, None)
+                for state in (self._served, self._answered, self._since):
+                    state.pop(key, None)
         if isinstance(error, DecodingCancelled):
             for job in batch.jobs:
                 if not job.future.done():  # cancelled with a job still waiting: cannot be, but never leave it hanging
@@ -493,8 +505,11 @@ class Batcher:
                 self._fail(job, EngineError(error))
             return
         self._done_times.append((now, len(results)))
+        answered = 0
         for (job, i), result in zip(batch.items, results):
             job.results[i] = result
             job.remaining -= 1
             if job.remaining == 0 and not job.future.done():
                 job.future.set_result(job.results)
+                answered += 1
+        self._answered[batch.key] = answered
