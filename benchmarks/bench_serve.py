@@ -5,27 +5,37 @@ test_2016_flickr (natural lengths) one request at a time, beside the same engine
 and a one-request-at-a-time `pipeline()` loop (the torch model's translation pipeline called per sentence: the web
 app a user writes without this server), all in one run.
 
-For each engine (torch fp32, ONNX Runtime int8, CTranslate2 int8 by default) at each thread count (1 and 2): a real
-server process (`python -m hf_variants.serve --num_threads T`), the clients in this process (threads with an HTTP
-client each, a shared queue of sentences), then the server stopped and the offline run here with the same threads.
-Per row: sentences/s, p50/p99 latency of a request, the mean batch size (the server's `batch_sentences` histogram)
-and the ratio to the engine's offline throughput. Decoding is the model's saved one (what the server does for a
-request that names none). Goals: at 64 clients >= 0.8x offline; ONNX Runtime int8 served >= 4x the pipeline loop.
+For each engine (torch fp32, ONNX Runtime int8, CTranslate2 int8 by default) at each thread count: a real server
+process (`python -m hf_variants.serve --num_threads T`), the clients in this process (threads with an HTTP client
+each, a shared queue of sentences), then the server stopped and the offline run here with the same threads.
+
+The server and the offline run are pinned to the same cores (`--server_cpus`, default the first T cores: the server
+started under `taskset -c`) and the clients to others (`--client_cpus`, default the next core): the clients' HTTP
+work does not take the engine's core, so a row measures the server, not its neighbours. `--no_pin` runs everything
+unpinned (the previous rounds' setup). Per row: sentences/s, p50/p99 latency of a request, the mean batch size (the
+server's `batch_sentences` histogram) and the ratio to the engine's offline throughput. Decoding is the model's saved
+one (what the server does for a request that names none). Goals: at 64 clients >= 0.8x offline and >= the 8-client
+rate; ONNX Runtime int8 served >= 4x the pipeline loop.
+
+`--health_probe`: per engine, also the latency of `GET /health/ready` (p50 / p99 / max over `--probes` probes) while
+other clients post 1 MB bodies of long sentences (each parsed, checked and tokenized, then refused with 413): the
+event loop must stay free for the probes (goal: p99 < 50 ms).
 
     python benchmarks/bench_serve.py --model runs/transformer_nmt-en-de/model [--onnx DIR] [--ct2 DIR] \\
-        [--sentences 300] [--threads 1 2] [--clients 1 8 64] [--output benchmarks/results/serve]
+        [--sentences 300] [--threads 1] [--clients 1 8 64] [--health_probe] [--output benchmarks/results/serve]
     python benchmarks/bench_serve.py --random_preset small    # no trained model at hand: random weights
 
 Without `--onnx` / `--ct2` the model is exported into a temporary folder (int8 graphs; CTranslate2 for a
-`transformer_nmt`). The load average before and after is recorded: the clients share the machine with the server,
-as they would on one host; run it on a quiet machine. Writes `--output`.json/.md and (for the default output) the
-`serve` section of benchmarks/RESULTS.md.
+`transformer_nmt`). The load average before and after is recorded; run it on a quiet machine. Writes
+`--output`.json/.md and (for the default output) the `serve` section of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import json
 import os
 import queue
 import re
@@ -53,15 +63,46 @@ def sentences(n: int) -> list[str]:
         return [line.rstrip("\n") for line, _ in zip(f, range(n))]
 
 
+def pinning(args) -> tuple[set[int] | None, set[int] | None]:
+    """(the server's cores, the clients' cores) for runs at up to `max(args.threads)` threads; (None, None)
+    unpinned."""
+    if args.no_pin:
+        return None, None
+    available = sorted(os.sched_getaffinity(0))
+    server = set(args.server_cpus) if args.server_cpus else set(available[: max(args.threads)])
+    others = [cpu for cpu in available if cpu not in server]
+    clients = set(args.client_cpus) if args.client_cpus else set(others[:1])
+    if not clients or server & clients or not (server | clients) <= set(available):
+        raise SystemExit(
+            f"--server_cpus {sorted(server)} and --client_cpus {sorted(clients)}: disjoint cores of {available} "
+            "are needed (fewer --threads, or --no_pin)"
+        )
+    return server, clients
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+    """This process (its threads: the clients, or the offline run) on `cpus` within the block."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 class Server:
-    def __init__(
-        self, folder: str, engine: str, precision: str, threads: int, max_batch_tokens: int, max_wait_ms: float
-    ):
+    def __init__(self, folder: str, engine: str, precision: str, threads: int, args, cpus: set[int] | None = None):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         command = [sys.executable, "-m", "hf_variants.serve", "--model", folder, "--engine", engine]
         command += ["--precision", precision, "--num_threads", str(threads), "--port", "0", "--no_access_log"]
-        command += ["--max_batch_tokens", str(max_batch_tokens), "--max_wait_ms", str(max_wait_ms)]
-        command += ["--max_queue", "4096", "--request_timeout_s", "600"]
+        command += ["--max_batch_tokens", str(args.max_batch_tokens), "--max_wait_ms", str(args.max_wait_ms)]
+        command += ["--max_queue", "4096", "--request_timeout_s", "600", "--max_concurrent_requests", "4096"]
+        if cpus is not None:  # the server and every thread it starts on these cores
+            command = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         import httpx
 
@@ -143,6 +184,50 @@ def serve_run(server: Server, texts: list[str], clients: int) -> dict:
     }
 
 
+def health_probe(server: Server, probes: int, posters: int = 4) -> dict:
+    """Latency of `GET /health/ready` (`probes` of them, one after the other) while `posters` clients post 1 MB bodies
+    of long sentences without pause (each refused with 413 once parsed, checked and tokenized)."""
+    import httpx
+
+    # 127 sentences of 8 KB (within --max_sentences): every one tokenized before the first is refused as too long
+    sentence = "A man in a blue shirt is riding a red bicycle down a very long road near the big old house. " * 88
+    body = json.dumps({"text": [sentence] * min(127, ((1 << 20) - 64) // (len(sentence) + 4))}).encode()
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def poster():
+        with httpx.Client(base_url=server.url, timeout=600) as http:
+            while not stop.is_set():
+                response = http.post("/translate", content=body, headers={"Content-Type": "application/json"})
+                statuses.append(response.status_code)
+
+    threads = [threading.Thread(target=poster) for _ in range(posters)]
+    for thread in threads:
+        thread.start()
+    latencies = []
+    try:
+        with httpx.Client(base_url=server.url, timeout=600) as http:
+            while not statuses:  # the bodies are being posted
+                time.sleep(0.01)
+            for _ in range(probes):
+                start = time.perf_counter()
+                http.get("/health/ready").raise_for_status()
+                latencies.append(1000 * (time.perf_counter() - start))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    latencies.sort()
+    return {
+        "body_bytes": len(body),
+        "bodies": len(statuses),
+        "body_statuses": sorted(set(statuses)),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "max_ms": latencies[-1],
+    }
+
+
 def offline_run(folder: str, engine: str, precision: str, threads: int, texts: list[str], max_tokens: int) -> float:
     import torch
 
@@ -201,14 +286,14 @@ def exports(args, tmp: Path) -> dict[str, str]:
     folders = {"torch": args.model}
     if "onnx" in args.engines:
         if args.onnx is None:
-            from hf_variants.onnx.export import main as export_onnx
+            from hf_variants.commands.export_onnx import main as export_onnx
 
             args.onnx = str(tmp / "onnx")
             export_onnx(["--model", args.model, "--output_dir", args.onnx, "--int8"])
         folders["onnx"] = args.onnx
     if "ctranslate2" in args.engines:
         if args.ct2 is None:
-            from hf_variants.deploy.ctranslate2 import main as export_ct2
+            from hf_variants.commands.export_ctranslate2 import main as export_ct2
 
             args.ct2 = str(tmp / "ct2")
             export_ct2(["--model", args.model, "--output_dir", args.ct2])
@@ -220,7 +305,7 @@ def table(record: dict) -> str:
     lines = [
         f"`{record['command']}`; CPU: {record['cpu']}; load average before/after: "
         f"{record['load_before']} / {record['load_after']}; {record['sentences']} sentences of test_2016_flickr, "
-        "single-sentence requests",
+        f"single-sentence requests; pinning: {record.get('pinning', 'none')}",
         "",
         "| engine | threads | clients | sentences/s | p50 ms | p99 ms | mean batch | x offline |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -242,6 +327,17 @@ def table(record: dict) -> str:
         lines.append(
             f"| {item['engine']} {item['precision']} | {item['threads']} | {item['sentences_per_s']:.1f} | {shown} |"
         )
+    if record.get("health"):
+        lines += [
+            "",
+            "| engine | /health p50 ms | p99 ms | max ms | 1 MB bodies posted meanwhile |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for probe in record["health"]:
+            lines.append(
+                f"| {probe['engine']} {probe['precision']} | {probe['p50_ms']:.1f} | {probe['p99_ms']:.1f} "
+                f"| {probe['max_ms']:.1f} | {probe['bodies']} |"
+            )
     if record.get("note"):
         lines += ["", f"Note: {record['note']}."]
     lines += ["", "Goals:"]
@@ -250,7 +346,7 @@ def table(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="a saved model folder (the torch engine's)")
@@ -261,74 +357,114 @@ def main() -> None:
     parser.add_argument("--onnx", help="its ONNX export with int8 graphs (default: exported here)")
     parser.add_argument("--ct2", help="its CTranslate2 export (default: exported here)")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1])
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 64])
     parser.add_argument("--sentences", type=int, default=300)
     parser.add_argument("--max_batch_tokens", type=int, default=4096)
     parser.add_argument("--max_wait_ms", type=float, default=10)
+    parser.add_argument("--server_cpus", nargs="+", type=int, help="the server's (and offline run's) cores")
+    parser.add_argument("--client_cpus", nargs="+", type=int, help="the clients' cores (disjoint from the server's)")
+    parser.add_argument("--no_pin", action="store_true", help="no pinning: clients and server share every core")
+    parser.add_argument("--health_probe", action="store_true", help="also /health latency under 1 MB bodies")
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--no_pipeline", action="store_true", help="skip the pipeline() loop")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "serve"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def run_engine(args, record: dict, folder: str, engine: str, threads: int, texts: list[str], cpus) -> None:
+    """The offline run, then the server under each client count (and the health probe), of one engine."""
+    server_cpus, client_cpus = cpus
+    precision = ENGINES[engine]
+    with pinned(server_cpus):
+        offline = offline_run(folder, engine, precision, threads, texts, args.max_batch_tokens)
+    record["offline"].append(
+        {"engine": engine, "precision": precision, "threads": threads, "sentences_per_s": offline}
+    )
+    server = Server(folder, engine, precision, threads, args, server_cpus)
+    try:
+        with pinned(client_cpus):
+            for clients in args.clients:
+                row = serve_run(server, texts, clients)
+                row.update(engine=engine, precision=precision, threads=threads, clients=clients)
+                row["x_offline"] = row["sentences_per_s"] / offline
+                record["rows"].append(row)
+                print(
+                    f"{engine} {precision}, {threads} thread(s), {clients} clients: {row['sentences_per_s']:.1f} "
+                    f"sentences/s ({row['x_offline']:.2f}x offline {offline:.1f}), p50 {row['p50_ms']:.0f} ms, "
+                    f"p99 {row['p99_ms']:.0f} ms, mean batch {row['mean_batch']:.1f}",
+                    flush=True,
+                )
+            if args.health_probe:
+                probe = health_probe(server, args.probes)
+                probe.update(engine=engine, precision=precision, threads=threads)
+                record["health"].append(probe)
+                print(
+                    f"{engine}: /health under 1 MB bodies: p50 {probe['p50_ms']:.1f} ms, p99 {probe['p99_ms']:.1f} ms"
+                )
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    args = parse_args()
     texts = sentences(args.sentences)
+    cpus = pinning(args)
     record = {
         "command": "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:]),
         "cpu": cpu_model(),
         "load_before": " ".join(f"{x:.1f}" for x in os.getloadavg()),
         "sentences": len(texts),
+        "pinning": "none" if cpus[0] is None else f"server cores {sorted(cpus[0])}, client cores {sorted(cpus[1])}",
         "rows": [],
         "offline": [],
+        "health": [],
         "pipeline_loop": {},
         "partial": True,
     }
     with tempfile.TemporaryDirectory() as tmp:
         folders = exports(args, Path(tmp))
         for threads in args.threads:
-            record["pipeline_loop"][str(threads)] = pipeline_loop(args.model, threads, texts)
-            print(f"pipeline() loop, {threads} thread(s): {record['pipeline_loop'][str(threads)]:.1f} sentences/s")
+            if not args.no_pipeline:
+                with pinned(cpus[0]):
+                    record["pipeline_loop"][str(threads)] = pipeline_loop(args.model, threads, texts)
+                print(f"pipeline() loop, {threads} thread(s): {record['pipeline_loop'][str(threads)]:.1f} sentences/s")
             for engine in args.engines:
-                precision = ENGINES[engine]
-                offline = offline_run(folders[engine], engine, precision, threads, texts, args.max_batch_tokens)
-                record["offline"].append(
-                    {"engine": engine, "precision": precision, "threads": threads, "sentences_per_s": offline}
-                )
-                server = Server(folders[engine], engine, precision, threads, args.max_batch_tokens, args.max_wait_ms)
-                try:
-                    for clients in args.clients:
-                        row = serve_run(server, texts, clients)
-                        row.update(engine=engine, precision=precision, threads=threads, clients=clients)
-                        row["x_offline"] = row["sentences_per_s"] / offline
-                        record["rows"].append(row)
-                        print(
-                            f"{engine} {precision}, {threads} thread(s), {clients} clients: "
-                            f"{row['sentences_per_s']:.1f} sentences/s ({row['x_offline']:.2f}x offline "
-                            f"{offline:.1f}), p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, "
-                            f"mean batch {row['mean_batch']:.1f}",
-                            flush=True,
-                        )
-                finally:
-                    server.stop()
+                run_engine(args, record, folders[engine], engine, threads, texts, cpus)
                 save(args, record)  # what is measured so far (an interrupted run keeps it)
     record.pop("partial", None)
     save(args, record)
+
+
+def goals_of(args, record: dict) -> list[str]:
+    goals = []
+    eight = {(r["engine"], r["threads"]): r["sentences_per_s"] for r in record["rows"] if r["clients"] == 8}
+    for row in record["rows"]:
+        if row["clients"] != max(args.clients):
+            continue
+        goals.append(
+            f"{row['engine']} {row['precision']}, {row['threads']} thread(s), {row['clients']} clients: "
+            f"{row['x_offline']:.2f}x offline (goal >= 0.8)"
+        )
+        if (row["engine"], row["threads"]) in eight:
+            ratio = row["sentences_per_s"] / eight[(row["engine"], row["threads"])]
+            goals.append(f"{row['engine']} {row['precision']}: {ratio:.2f}x its 8-client rate (goal >= 1)")
+        loop = record["pipeline_loop"].get(str(row["threads"]))
+        if row["engine"] == "onnx" and loop:
+            goals.append(
+                f"onnx int8 served, {row['threads']} thread(s): {row['sentences_per_s'] / loop:.2f}x the pipeline() "
+                "loop (goal >= 4)"
+            )
+    for probe in record["health"]:
+        goals.append(f"{probe['engine']}: /health p99 {probe['p99_ms']:.1f} ms under 1 MB bodies (goal < 50)")
+    return goals
 
 
 def save(args, record: dict) -> None:
     """Write the record (goals from the rows so far) to `--output`.json/.md and, for the default output, the
     `serve` section of RESULTS.md."""
     record["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    goals = []
-    for row in record["rows"]:
-        if row["clients"] == max(args.clients):
-            goals.append(
-                f"{row['engine']} {row['precision']}, {row['threads']} thread(s), {row['clients']} clients: "
-                f"{row['x_offline']:.2f}x offline (goal >= 0.8)"
-            )
-        if row["engine"] == "onnx" and row["clients"] == max(args.clients):
-            loop = record["pipeline_loop"][str(row["threads"])]
-            goals.append(
-                f"onnx int8 served, {row['threads']} thread(s): {row['sentences_per_s'] / loop:.2f}x the pipeline() "
-                "loop (goal >= 4)"
-            )
-    record["goals"] = goals
+    record["goals"] = goals_of(args, record)
     clients = ", ".join(str(c) for c in args.clients)
     if record.get("partial"):
         record["note"] = f"partial: the rows measured so far of threads {args.threads}, clients {clients}"

@@ -20,13 +20,56 @@ from pathlib import Path
 import httpx
 from conftest import REPO_ROOT
 
-# Sentences beginning with "SLOW " make their batch take FAULT_DELAY seconds more; a sentence holding "CRASH" makes
-# the engine raise on its batch; FAULT_LOAD_DELAY seconds are added to the loading of each worker.
+# The fault-injecting start (`ServerProcess(faults=True)`): each worker's real translator is wrapped in
+# FaultyTranslator, whose `decode_batch` (the batcher's one call into the engine) does, for a batch holding
+# - a sentence beginning with "SLOW ": sleep FAULT_DELAY seconds, then decode;
+# - a sentence holding "CRASH": raise;
+# - a sentence beginning with "HOLD:NAME ": print "fault: HOLD:NAME waiting", wait until the file FAULT_DIR/NAME
+#   exists, then decode; or stop when the batcher cancels the batch (the engine's DecodingCancelled), printing
+#   "fault: HOLD:NAME cancelled";
+# - a sentence beginning with "STEPS ": decode on the real engine, whose cancel flag (asked at every decoding step)
+#   is wrapped: at the second ask it prints "fault: held at decoding step 2" and waits (at most 120 s) until the
+#   batcher cancels the batch; once the engine returned it prints "fault: stopped after N asks" (a stopped decoding:
+#   its 2 steps and the engine's check after generate(), 3).
+# A body holding b"PREPHOLD" waits in the preparation thread until FAULT_DIR/prephold exists ("fault: prepare held").
+# FAULT_LOAD_DELAY seconds are added to the loading of each worker.
 FAULTS_PRELUDE = """
 import os, sys, time
+from pathlib import Path
 import hf_variants.commands.serve as command
+import hf_variants.serve.app as serve_app
+from hf_variants.inference.requests import DecodingCancelled
 
 real_loader = command.server_translator
+real_prepare = serve_app.prepare_body
+FAULT_DIR = Path(os.environ.get("FAULT_DIR", "."))
+
+
+def say(message):
+    print(f"fault: {message}", file=sys.stderr, flush=True)
+
+
+def wait_for(name, cancelled):
+    say(f"HOLD:{name} waiting")
+    while not (FAULT_DIR / name).exists():
+        if cancelled is not None and cancelled():
+            say(f"HOLD:{name} cancelled")
+            raise DecodingCancelled("held batch cancelled")
+        time.sleep(0.01)
+
+
+class StepWatch:
+    def __init__(self, cancelled):
+        self.cancelled, self.steps = cancelled, 0
+
+    def __call__(self):
+        self.steps += 1
+        if self.steps == 2:
+            say("held at decoding step 2")
+            deadline = time.monotonic() + 120
+            while not self.cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return self.cancelled()
 
 
 class FaultyTranslator:
@@ -36,12 +79,25 @@ class FaultyTranslator:
     def __getattr__(self, name):
         return getattr(self.translator, name)
 
-    def translate(self, requests, options=None, **kwargs):
-        if any("CRASH" in r.source for r in requests):
+    def fork(self, parallel=False):
+        return FaultyTranslator(self.translator.fork(parallel))
+
+    def decode_batch(self, requests, options, cancelled=None):
+        sources = [r.source for r in requests]
+        if any("CRASH" in s for s in sources):
             raise RuntimeError("injected engine fault")
-        if any(r.source.startswith("SLOW ") for r in requests):
+        if any(s.startswith("SLOW ") for s in sources):
             time.sleep(float(os.environ.get("FAULT_DELAY", "2")))
-        return self.translator.translate(requests, options, **kwargs)
+        for s in sources:
+            if s.startswith("HOLD:"):
+                wait_for(s.split()[0][5:], cancelled)
+        if any(s.startswith("STEPS ") for s in sources) and cancelled is not None:
+            watch = StepWatch(cancelled)
+            try:
+                return self.translator.decode_batch(requests, options, cancelled=watch)
+            finally:
+                say(f"stopped after {watch.steps} asks")
+        return self.translator.decode_batch(requests, options, cancelled=cancelled)
 
 
 def faulty_loader(location, settings):
@@ -49,7 +105,16 @@ def faulty_loader(location, settings):
     return FaultyTranslator(real_loader(location, settings))
 
 
+def held_prepare(translator, body, *args):
+    if b"PREPHOLD" in body:
+        say("prepare held")
+        while not (FAULT_DIR / "prephold").exists():
+            time.sleep(0.01)
+    return real_prepare(translator, body, *args)
+
+
 command.server_translator = faulty_loader
+serve_app.prepare_body = held_prepare
 main = command.main
 
 sys.exit(main(sys.argv[1:]))
@@ -74,6 +139,16 @@ class ServerProcess:
 
     def log(self) -> str:
         return Path(self.log_file.name).read_text(errors="replace")
+
+    def wait_for_log(self, text: str, count: int = 1, timeout: float = 120) -> str:
+        """Wait until the log holds `text` at least `count` times (the server wrote it); the log."""
+        deadline = time.monotonic() + timeout
+        while (log := self.log()).count(text) < count:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the server exited with {self.process.returncode}:\n{log[-4000:]}")
+            assert time.monotonic() < deadline, f"{text!r} not logged {count} times in {timeout} s:\n{log[-4000:]}"
+            time.sleep(0.02)
+        return log
 
     def _read_url(self, timeout: float) -> str:
         deadline = time.monotonic() + timeout

@@ -4,8 +4,12 @@
   sequences): concurrent clients get their own translations, in order, equal to the translation core's
   `Translator.translate` on the same sentences; n-best with scores equal the core's; every bad input gets its status
   and a JSON error naming the field or the limit, and the next good request succeeds; `/metrics` counts what was
-  sent; OpenAPI; CORS; the page at `/` loads and its script translates (run by Node.js against the server where
-  `node` is installed; by a headless Chromium where `chromium` is; else its HTML and fetch call are read).
+  sent; OpenAPI (`/health`'s languages an object) and the Swagger page with its assets served locally (no CDN);
+  paragraphs split into sentences and joined with their whitespace, equal to the core's sentence by sentence; the
+  LibreTranslate mount with the request shapes LibreTranslate's tests and docs send (form, query, multipart, JSON
+  text or list, alternatives, source auto) and its refusals; CORS; the page at `/` loads and its script translates
+  (run by Node.js against the server where `node` is installed; by a headless Chromium where `chromium` is; else
+  its HTML and fetch call are read).
 - One server whose engine is wrapped to be slow or to fail on purpose (`serve_helpers.FAULTS_PRELUDE`): /health
   503 while loading then 200, API keys (401 / 401 / 200, /health open), truncation, the full queue (503 +
   Retry-After), the request timeout (504), an engine crash (500 naming it, the server goes on), and SIGTERM with a
@@ -94,7 +98,7 @@ def test_health_names_the_model_and_openapi_describes_the_api(server):
         # every decoding option but max_source_length (the server's --truncate decides it), generated from
         # DecodeOptions (test_front_end.py checks types, ranges and help against it)
         options = set(DecodeOptions.__dataclass_fields__) - {"max_source_length"}
-        assert set(body["properties"]) == {"text", "src_lang", "tgt_lang", *options}
+        assert set(body["properties"]) == {"text", "src_lang", "tgt_lang", "split_sentences", *options}
         assert body["additionalProperties"] is False and body["required"] == ["text"]
         assert {"413", "422", "503", "504"} <= set(schema["paths"]["/translate"]["post"]["responses"])
         assert client.get("/docs").status_code == 200
@@ -182,6 +186,110 @@ def test_answers_equal_the_translate_command(server, reference, model_dir, tmp_p
         assert [h["log_prob"] for h in item["hypotheses"]] == pytest.approx(
             [h["log_prob"] for h in line["hypotheses"]], abs=1e-5
         )
+
+
+def test_the_openapi_schema_and_the_docs_page_are_served_without_a_cdn(server):
+    """Defect 10: /health's `languages` is described as the object it is; /docs loads Swagger's assets from the
+    server itself (no CDN: the page works offline), and the probes and /languages are in the schema."""
+    with server.client() as client:
+        schema = client.get("/openapi.json").json()
+        page = client.get("/docs")
+        script = client.get("/docs/assets/swagger-ui-bundle.js")
+        style = client.get("/docs/assets/swagger-ui.css")
+        unknown = client.get("/docs/assets/../../etc/passwd")
+    components = schema["components"]["schemas"]
+    languages = components["Health"]["properties"]["languages"]["anyOf"][0]["$ref"].rsplit("/", 1)[1]
+    assert set(components[languages]["properties"]) == {"source", "target"}
+    assert {"/health/live", "/health/ready", "/languages", "/libretranslate/translate"} <= set(schema["paths"])
+    assert page.status_code == 200 and "http" not in page.text and "cdn" not in page.text
+    assert 'src="docs/assets/swagger-ui-bundle.js"' in page.text and "self'" in page.headers["content-security-policy"]
+    assert script.status_code == 200 and "SwaggerUIBundle" in script.text[:200000]
+    assert style.status_code == 200 and style.headers["content-type"].startswith("text/css")
+    assert unknown.status_code == 404
+
+
+def test_paragraphs_are_split_into_sentences_and_joined_with_their_whitespace(server, reference):
+    """`split_sentences`: each item a paragraph or a document; its sentences (sentencex) translated in the same
+    batches as everything else, equal to the core's translation of each sentence, joined with the item's own
+    whitespace (line breaks and blank lines kept)."""
+    first, second, third = read_sentences("en", "val", n=3, start=30)
+    document = f"  {first} {second}\n\n{third}\n"
+    with server.client() as client:
+        answer = translate(client, {"text": [document, "", third], "split_sentences": True}).json()
+        refused = translate(client, {"text": ["A.\nB."], "split_sentences": True, "nbest": 2})
+        line_break = translate(client, {"text": "One.\nTwo."})
+    core = {r.source: r.text for r in reference.translate([first, second, third])}
+    assert answer == {
+        "translations": [f"  {core[first]} {core[second]}\n\n{core[third]}\n", "", core[third]],
+        "truncated": [],
+    }
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "nbest"
+    assert line_break.status_code == 422 and "split_sentences" in line_break.json()["error"]["message"]
+
+
+# LibreTranslate's own tests and docs send these shapes: a form (data=), JSON with one text or a list, alternatives,
+# source "auto"; its errors are {"error": "message"} with 400 (403 for a key)
+def libre(client, **kwargs) -> httpx.Response:
+    return client.post("/libretranslate/translate", **kwargs)
+
+
+def test_the_libretranslate_mount_translates_the_shapes_its_clients_send(server, reference):
+    sentences = ["A man rides a bike.", "Two dogs play in the snow. They run."]
+    core = {
+        r.source: r.text
+        for r in reference.translate(["A man rides a bike.", "Two dogs play in the snow.", "They run."])
+    }
+    joined = f"{core['Two dogs play in the snow.']} {core['They run.']}"
+    with server.client() as client:
+        form = libre(client, data={"q": sentences[0], "source": "en", "target": "de", "format": "text"}).json()
+        query = libre(client, params={"q": sentences[0], "source": "en", "target": "de"}).json()
+        multipart = libre(client, files={"q": (None, sentences[0]), "source": (None, "en"), "target": (None, "de")})
+        batch = libre(client, json={"q": sentences, "source": "en", "target": "de", "format": "text"}).json()
+        auto = libre(client, json={"q": sentences[1], "source": "auto", "target": "de"}).json()
+        alternatives = libre(client, json={"q": sentences, "source": "en", "target": "de", "alternatives": 2}).json()
+        languages = client.get("/libretranslate/languages").json()
+        settings = client.get("/libretranslate/frontend/settings").json()
+    assert form == query == multipart.json() == {"translatedText": core[sentences[0]]}
+    assert batch == {"translatedText": [core[sentences[0]], joined]}
+    assert auto == {"translatedText": joined, "detectedLanguage": {"confidence": 100.0, "language": "en"}}
+    # alternatives: the n-best list of a beam search of alternatives + 1 beams (at least the saved beam size)
+    beams = max(3, reference.resolve(DecodeOptions()).num_beams)
+    nbest = reference.translate(
+        ["A man rides a bike.", "Two dogs play in the snow.", "They run."], DecodeOptions(num_beams=beams, nbest=3)
+    )
+    best = [nbest[0].text, f"{nbest[1].text} {nbest[2].text}"]
+    assert alternatives["translatedText"] == best
+    expected = [h.text for h in nbest[0].hypotheses[1:] if h.text != best[0]]
+    assert alternatives["alternatives"][0] == list(dict.fromkeys(expected))
+    second = [f"{nbest[1].hypotheses[k].text} {nbest[2].hypotheses[k].text}" for k in (1, 2)]
+    assert alternatives["alternatives"][1] == list(dict.fromkeys(t for t in second if t != best[1]))
+    assert languages == [{"code": "en", "name": "en", "targets": ["de"]}, {"code": "de", "name": "de", "targets": []}]
+    assert settings["keyRequired"] is False and settings["language"]["target"]["code"] == "de"
+
+
+LIBRE_REFUSALS = [
+    ({"data": {"source": "en", "target": "de"}}, 400, "Invalid request: missing q parameter"),
+    ({"json": {"q": [], "source": "en", "target": "de"}}, 400, "Invalid request: missing q parameter"),
+    ({"data": {"q": "Hello", "target": "de"}}, 400, "Invalid request: missing source parameter"),
+    ({"data": {"q": "Hello", "source": "en"}}, 400, "Invalid request: missing target parameter"),
+    ({"data": {"q": "Hello", "source": "en", "target": "zz"}}, 400, "zz is not supported"),
+    ({"data": {"q": "Hello", "source": "zz", "target": "de"}}, 400, "zz is not supported"),
+    ({"data": {"q": "Hello", "source": "en", "target": "de", "format": "xml"}}, 400, "xml format is not supported"),
+    ({"data": {"q": "Hello", "source": "en", "target": "de", "format": "html"}}, 400, "html format is not supported"),
+    (
+        {"data": {"q": "Hello", "source": "en", "target": "de", "alternatives": "abc"}},
+        400,
+        "Invalid request: alternatives parameter is not a number",
+    ),
+    ({"json": ["not", "a", "dict"]}, 400, "Invalid JSON format"),
+]
+
+
+@pytest.mark.parametrize("kwargs,status,message", LIBRE_REFUSALS, ids=[m for _, _, m in LIBRE_REFUSALS])
+def test_the_libretranslate_mount_refuses_as_libretranslate_does(server, kwargs, status, message):
+    with server.client() as client:
+        response = libre(client, **kwargs)
+    assert response.status_code == status and response.json() == {"error": message}
 
 
 LONG = "A man in a blue shirt is riding a red bicycle down a very long road near the big old house. " * 3
@@ -561,5 +669,12 @@ def test_the_command_and_its_extra_are_declared():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["hf-variants-serve"] == "hf_variants.commands.serve:cli"
     extra = project["optional-dependencies"]["serve"]
-    assert {re.split(r"[<>=]", r)[0] for r in extra} == {"fastapi", "uvicorn", "prometheus_client"}
+    assert {re.split(r"[<>=]", r)[0] for r in extra} == {
+        "fastapi",
+        "uvicorn",
+        "prometheus_client",
+        "sentencex",
+        "python-multipart",
+        "swagger-ui-bundle",
+    }
     assert all(">=" in r for r in extra) and set(extra) <= set(project["optional-dependencies"]["dev"])

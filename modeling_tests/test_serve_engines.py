@@ -1,10 +1,13 @@
-"""`hf-variants-serve` on its other engines, one real server process each: ONNX Runtime (fp32 graphs, two workers
-decoding in parallel) and CTranslate2 (the baseline, int8). Concurrent clients get their own translations, in
-order, equal to the translation core's `Translator.translate` on the same engine and sentences; n-best with scores
-equal the core's.
+"""`hf-variants-serve` on its other engines, one real server process each: ONNX Runtime (fp32 graphs of a default
+export: greedy and beam search run bound on its shared-cache graph; two workers decoding in parallel) and CTranslate2
+(the baseline, int8). Concurrent clients get their own translations, in order, equal to the translation core's
+`Translator.translate` on the same engine and sentences; n-best with scores equal the core's; a cancelled batch
+stops inside each engine (the bound search's step, CTranslate2's greedy callback); the server logs no line per
+batch.
 
-(ONNX Runtime int8 is not compared under concurrency: it quantizes activations per tensor, so a sentence's int8
-translation depends on the sentences that share its batch; CTranslate2's int8 quantizes per row and does not.)"""
+(ONNX Runtime int8 quantizes activations per row, so a sentence's int8 translation does not depend on the sentences
+that share its batch: test_onnx.py checks 1,000 sentences at batch sizes 1, 7 and 64, which is what a server's
+batches are; CTranslate2's int8 quantizes per row too and is compared here under concurrency.)"""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from serve_helpers import ServerProcess, metric_values
 from trained_tiny import trained_baseline
 
 from hf_variants.inference import DecodeOptions, Translator
+from hf_variants.inference.requests import DecodingCancelled
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed: pip install 'hf-variants[serve]'")
 
@@ -42,7 +46,7 @@ def served(request, trained, tokenizer, tmp_path_factory):
         pytest.importorskip("onnxruntime")
         from hf_variants.onnx.export import export
 
-        export(trained, tokenizer, folder, shared_cache=False, progress=False)
+        export(trained, tokenizer, folder, progress=False)
     else:
         pytest.importorskip("ctranslate2")
         from hf_variants.deploy.ctranslate2 import export
@@ -76,6 +80,7 @@ def test_concurrent_clients_get_the_core_translations_of_the_engine(served):
         metrics = metric_values(client.get("/metrics").text)
     assert metrics["hf_variants_serve_sentences_total"] == sum(map(len, jobs))
     assert f'engine="{engine}"' in client_info(server)
+    assert "generate():" not in server.log()  # no INFO line per batch (ONNX Runtime's decoding path is DEBUG)
 
 
 def client_info(server) -> str:
@@ -109,7 +114,7 @@ def test_the_engine_decodes_greedy_like_torch(served, trained, tokenizer):
     fp32 = Translator.from_pretrained(str(folder), engine=engine, precision="fp32", num_threads=1)
     torch_translator = Translator(trained.eval(), tokenizer)
     sentences = read_sentences("en", "val", n=40, start=200)
-    rule = DecodeOptions(num_beams=1, scores=True)
+    rule = DecodeOptions(num_beams=1, max_len_a=1.0, max_len_b=0, scores=True)  # a rule that binds on some
     for options in (rule, DecodeOptions(num_beams=1, max_new_tokens=6, scores=True)):
         ours, theirs = torch_translator.translate(sentences, options), fp32.translate(sentences, options)
         assert [r.hypotheses[0].tokens for r in theirs] == [r.hypotheses[0].tokens for r in ours]
@@ -168,3 +173,30 @@ def test_the_commands_on_the_export_answer_like_the_server(served, tokenizer, tm
         with pytest.raises(SystemExit):
             score.main(["--model", str(folder), "--precision", "int8", "--source", str(src), "--target", str(tgt)])
         assert "graphs (export with --int8 for int8)" in capsys.readouterr().err
+
+
+def test_a_cancelled_batch_stops_inside_the_engine(served):
+    """`decode_batch(cancelled=...)`, the server's call: a flag that turns true at its second ask stops greedy and
+    beam search inside ONNX Runtime's bound search (asked before every step: 2 asks, then the check after it) and
+    CTranslate2's greedy search (its callback, asked for each sentence's token: every sentence stopped at its first
+    token), then `DecodingCancelled`; CTranslate2's beam search cannot be stopped inside its call and is asked before
+    and after it. A flag that stays false changes nothing."""
+    engine, _, _, reference, _ = served
+    sentences = read_sentences("en", "val", n=4, start=400)
+    encoded = reference.encode(sentences)
+    for beams in (1, 3):
+        resolved = reference.resolve(DecodeOptions(num_beams=beams))
+        asks = []
+
+        def cancelled():
+            asks.append(1)
+            return len(asks) >= 2
+
+        with pytest.raises(DecodingCancelled):
+            reference.decode_batch(encoded, resolved, cancelled=cancelled)
+        expected = {"onnx": 3, "ctranslate2": 2 + len(sentences) if beams == 1 else 2}[engine]
+        assert len(asks) == expected, (engine, beams, len(asks))
+        if engine == "onnx":
+            assert reference.model.last_decoding["path"] == ("bound_greedy" if beams == 1 else "bound_beam")
+        kept = reference.decode_batch(encoded, resolved, cancelled=lambda: False)
+        assert [r.text for r in kept] == [r.text for r in reference.translate(sentences, resolved)]

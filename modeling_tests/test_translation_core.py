@@ -43,6 +43,7 @@ from hf_variants.inference import (  # noqa: E402
 )
 from hf_variants.inference.batching import LineReader  # noqa: E402
 from hf_variants.inference.decode import hard_alignment, word_indices  # noqa: E402
+from hf_variants.inference.requests import DecodingCancelled  # noqa: E402
 
 # model type -> (class, config class, config overrides, target language of its requests)
 TYPES = {
@@ -318,6 +319,79 @@ def test_empty_too_long_and_truncated_sources(baseline):
     cut = baseline.translate([long, SOURCES[0]], DecodeOptions(num_beams=1, max_source_length=30, **RULE))
     assert cut[0].truncated and not cut[1].truncated and cut[0].text
     assert cut[0].source_tokens == baseline.count_tokens([long])[0]
+
+
+class CountingEngine:
+    """The baseline's engine, recording every source it tokenizes (`encode_sources`, `encode`) and the requests of
+    every batch it decodes."""
+
+    def __init__(self, engine):
+        self.engine, self.tokenized, self.batches = engine, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def encode_sources(self, requests, max_source_length=None):
+        self.tokenized += [r.source for r in requests]
+        return self.engine.encode_sources(requests, max_source_length)
+
+    def encode(self, requests, max_source_length=None):
+        self.tokenized += [r.source for r in requests]
+        return self.engine.encode(requests, max_source_length)
+
+    def batch_inputs(self, requests, max_source_length=None):  # the engine's own, its tokenizer calls recorded
+        return type(self.engine).batch_inputs(self, requests, max_source_length)
+
+    def translate_batch(self, requests, options, cancelled=None):
+        self.batches.append(list(requests))
+        return type(self.engine).translate_batch(self, requests, options, cancelled)
+
+
+def test_each_sentence_is_tokenized_once_and_decoded_from_its_ids(baseline, tokenizer):
+    """`translate` tokenizes every source once (its count and its token ids travel into the engine); decoding from
+    the ids gives what decoding from the text gives, for greedy and beam search, with truncation."""
+    counting = CountingEngine(baseline.engine)
+    translator = Translator(engine=counting)
+    for options in (DecodeOptions(num_beams=1, **RULE), DecodeOptions(num_beams=3, nbest=2, scores=True)):
+        counting.tokenized.clear()
+        results = translator.translate(SOURCES, options, batch_size=5)
+        assert sorted(counting.tokenized) == sorted(SOURCES)  # once each
+        assert all(r.source_ids is not None for batch in counting.batches for r in batch)
+        from_text = baseline.engine.translate_batch(requests_of(SOURCES, None), baseline.resolve(options))
+        assert [[h.token_ids for h in r.hypotheses] for r in results] == [[h.token_ids for h in s] for s in from_text]
+    cut = DecodeOptions(num_beams=1, max_source_length=6, **RULE)
+    encoded = baseline.encode(SOURCES[:4])
+    by_ids = baseline.engine.translate_batch(encoded, baseline.resolve(cut))
+    by_text = baseline.engine.translate_batch(requests_of(SOURCES[:4], None), baseline.resolve(cut))
+    assert [h[0].token_ids for h in by_ids] == [h[0].token_ids for h in by_text]
+    assert [len(r.source_ids) for r in encoded] == baseline.count_tokens(SOURCES[:4])
+    assert encoded[0].source_ids == tuple(tokenizer(SOURCES[0])["input_ids"])
+
+
+def test_decode_batch_decodes_one_batch_as_given_and_stops_when_cancelled(baseline):
+    """`decode_batch` (the server's call: encoded requests, resolved options, one batch) equals `translate`; a
+    cancel flag that turns true at the second decoding step stops greedy and beam search there (no result), and
+    one that stays false changes nothing."""
+    counting = CountingEngine(baseline.engine)
+    translator = Translator(engine=counting)
+    encoded = translator.encode(["", *SOURCES[:6]])
+    counting.tokenized.clear()
+    for options in (DecodeOptions(num_beams=1, **RULE), DecodeOptions(num_beams=2, **RULE)):
+        resolved = translator.resolve(options)
+        counting.batches.clear()
+        results = translator.decode_batch(encoded, resolved, cancelled=lambda: False)
+        assert len(counting.batches) == 1 and counting.tokenized == []  # one batch, nothing tokenized again
+        assert results[0].skipped == "empty"
+        assert texts_of(results[1:]) == texts_of(baseline.translate(SOURCES[:6], options))
+        asks = []
+
+        def cancelled():
+            asks.append(1)
+            return len(asks) >= 2
+
+        with pytest.raises(DecodingCancelled):
+            translator.decode_batch(encoded, resolved, cancelled=cancelled)
+        assert len(asks) == 3  # two steps, then the check after generate()
 
 
 def test_streaming_reads_lazily_and_keeps_the_order(baseline):

@@ -1,7 +1,7 @@
-"""The documentation runs: every code block of docs/user-guide.md, README.md and training/README.md, in order, as a
-reader would paste them, so that no command or snippet of the docs can rot. A block or command that cannot run here
-is listed in `NOT_RUN` with its reason, and the test checks the reason (it never skips one silently): a new block
-runs, or fails until it is run or classified.
+"""The documentation runs: every code block of docs/user-guide.md, docs/serving.md, README.md and training/README.md,
+in order, as a reader would paste them, so that no command or snippet of the docs can rot. A block or command that
+cannot run here is listed in `NOT_RUN` with its reason, and the test checks the reason (it never skips one
+silently): a new block runs, or fails until it is run or classified.
 
 How each block runs (the only changes the test makes, all listed here):
 
@@ -655,6 +655,24 @@ def test_every_code_block_of_the_training_readme_runs(tmp_path, monkeypatch, tok
     assert (tmp_path / "hyp.de").read_text().count("\n") == 8  # the last command: test.jsonl's 8 rows
     assert ran["namespace"]["metric"].name == "sacrebleu_chrf"
     assert ran["bash"] >= 4 and ran["python"] >= 1
+
+
+def test_every_code_block_of_the_serving_page_runs(tmp_path, monkeypatch, tokenizer):
+    """docs/serving.md, the operator's page: its server (on a tiny en -> de model saved where the page names the
+    reader's model), probes, requests, paragraphs, the LibreTranslate mount, metrics and SIGTERM (exit status 0)."""
+    import torch
+
+    from hf_variants import TransformerNmtConfig, TransformerNmtForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = TransformerNmtConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), languages=["en", "de"], target_languages=["de"]
+    )
+    folder = tmp_path / "runs" / "en-de" / "model"
+    TransformerNmtForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    ran = run_document(REPO_ROOT / "docs" / "serving.md", tmp_path, monkeypatch, tokenizer)
+    assert not ran["not run"] and ran["bash"] >= 6 and not BACKGROUND
 
 
 def test_the_guide_lists_every_console_script():

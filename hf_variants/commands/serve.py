@@ -7,11 +7,12 @@ requests in shared batches.
     hf-variants-serve --model runs/en-fr/checkpoints/step_4000 --weights raw     # a checkpoint, as translate takes
 
 The flags are checked before anything loads (exit status 2 naming the flag); the port is bound next, so a port in
-use stops the command before the model loads too. The model then loads in the background: `GET /health` answers
-503 until it is loaded and a warm-up batch ran, then 200. A model that fails to load stops the server with exit
-status 1. SIGTERM (or Ctrl+C) stops accepting connections, finishes the requests in flight and exits 0; a second
-Ctrl+C exits at once. Routes, limits and metrics: `serve/app.py`, `serve/limits.py`, `serve/metrics.py`;
-docs/user-guide.md ("Serving") walks through them.
+use stops the command before the model loads too. The model then loads in the background: `GET /health/ready`
+answers 503 until it is loaded and a warm-up batch ran, then 200 (`GET /health/live` answers 200 all along). A model
+that fails to load stops the server with exit status 1. SIGTERM (or Ctrl+C) stops accepting connections, answers new
+requests 503, finishes the requests in flight for at most --graceful_timeout_s, answers the rest with a JSON 503 and
+exits 0; a second Ctrl+C exits at once. Routes, limits and metrics: `serve/app.py`, `serve/limits.py`,
+`serve/metrics.py`; docs/serving.md is the operator's page.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit
 from ..inference.translator import Translator
 from ..outputs import float_in_range, int_in_range
 from ..serve.limits import ServeLimits
+from ..serve.logs import LOG_FORMATS
 from .common import UsageError, refusals
 from .loading import ModelLocation, add_model_flags, load_translator, locate_model, read_configs
 
@@ -57,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     net.add_argument(
         "--api_key_file",
-        help="a file of API keys, one a line (blank lines and # comments skipped; at least 16 characters each): "
-        "every route but /health, / and the OpenAPI docs then needs `Authorization: Bearer KEY`",
+        help="a file of API keys, one a line (blank lines and # comments skipped; at least 16 characters each), "
+        "each optionally followed by its own limits (KEY requests_per_minute=N characters_per_minute=N): every "
+        "route but the probes, /languages, / and the docs then needs `Authorization: Bearer KEY`",
     )
     net.add_argument(
         "--cors_origins",
@@ -82,10 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--graceful_timeout_s",
         type=float_in_range(0),
         default=None,
-        help="on SIGTERM, how long to wait for requests in flight (default: --request_timeout_s + 10)",
+        help="on SIGTERM, how long the requests in flight may still take; the rest are answered 503 (default: "
+        "--request_timeout_s + 10)",
     )
     server.add_argument("--log_level", choices=("debug", "info", "warning", "error"), default="info")
+    server.add_argument(
+        "--log_format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text lines, or one JSON object a line (default text)",
+    )
     server.add_argument("--no_access_log", action="store_true", help="do not log every request")
+    server.add_argument("--no_docs", action="store_true", help="no Swagger page at /docs (/openapi.json stays)")
     return parser
 
 
@@ -132,8 +143,10 @@ def add_limit_args(parser: argparse.ArgumentParser, defaults: ServeLimits) -> No
         "--request_timeout_s",
         type=float_in_range(0.001),
         default=defaults.request_timeout_s,
-        help=f"seconds a request may wait and decode (504; default {defaults.request_timeout_s:g})",
+        help=f"seconds a request may wait and decode (504; its batch stops when nobody else waits for it; default "
+        f"{defaults.request_timeout_s:g})",
     )
+    add_traffic_args(limits, defaults)
     batching = parser.add_argument_group("dynamic batching")
     batching.add_argument(
         "--max_batch_tokens",
@@ -145,14 +158,83 @@ def add_limit_args(parser: argparse.ArgumentParser, defaults: ServeLimits) -> No
         "--max_wait_ms",
         type=float_in_range(0),
         default=defaults.max_wait_ms,
-        help=f"how long an idle worker waits for more sentences to join a batch (default {defaults.max_wait_ms:g})",
+        help="how long a batch waits for more sentences after its first one arrived and after its settings' last "
+        f"batch ended (default {defaults.max_wait_ms:g})",
+    )
+    batching.add_argument(
+        "--concurrent_batches",
+        type=int_in_range(1, 16),
+        default=defaults.concurrent_batches,
+        help="batches one worker decodes at once, each of other decoding settings: a request of other settings "
+        f"starts beside a long batch instead of waiting for it (1: one at a time; default "
+        f"{defaults.concurrent_batches})",
     )
 
 
+def add_traffic_args(limits, defaults: ServeLimits) -> None:
+    """The per-client limits and the connection limits."""
+    limits.add_argument(
+        "--max_concurrent_requests",
+        type=int_in_range(1),
+        default=defaults.max_concurrent_requests,
+        help=f"translate requests in flight (429 with Retry-After; default {defaults.max_concurrent_requests})",
+    )
+    limits.add_argument(
+        "--requests_per_minute",
+        type=int_in_range(1),
+        default=None,
+        help="translate requests a minute per API key, per client address without keys (429; default: none)",
+    )
+    limits.add_argument(
+        "--characters_per_minute",
+        type=int_in_range(1),
+        default=None,
+        help="characters of text a minute per API key, per client address without keys (429; default: none)",
+    )
+    limits.add_argument(
+        "--max_connections",
+        type=int_in_range(1),
+        default=defaults.max_connections,
+        help=f"open connections (one more gets a 503 and is closed; default {defaults.max_connections}; keep it "
+        "under the process's open-file limit)",
+    )
+    for name, what in (
+        ("idle_timeout_s", "a connection without a request in progress is closed after"),
+        ("header_timeout_s", "a request's headers must arrive in full within (408)"),
+        ("body_timeout_s", "a request's body must arrive in full within (408)"),
+    ):
+        limits.add_argument(
+            f"--{name}",
+            type=float_in_range(0.001),
+            default=getattr(defaults, name),
+            help=f"{what} this many seconds (default {getattr(defaults, name):g})",
+        )
+
+
 # ----------------------------------------------------------------------------------------------------- checks
-def read_api_keys(path: str) -> tuple[bytes, ...]:
-    """The SHA-256 digests of the keys in `path` (one a line; blank lines and `#` comments skipped)."""
-    from ..serve.app import key_digest
+KEY_LIMITS = ("requests_per_minute", "characters_per_minute")
+
+
+def key_limits(path: str, number: int, fields: list[str]):
+    """A key's own limits from the `name=N` fields after it on its line."""
+    from ..serve.access import KeyLimits
+
+    values = {}
+    for item in fields:
+        name, _, value = item.partition("=")
+        if name not in KEY_LIMITS or not value.isdigit() or int(value) < 1 or name in values:
+            raise UsageError(
+                f"--api_key_file {path}:{number}: {item!r}: after the key, {' or '.join(KEY_LIMITS)}=N (N >= 1), "
+                "each at most once"
+            )
+        values[name] = int(value)
+    return KeyLimits(**values)
+
+
+def read_api_keys(path: str) -> tuple[tuple[bytes, ...], dict]:
+    """(the SHA-256 digests of the keys in `path`, {digest: its own `KeyLimits`}): one key a line, optionally
+    followed by `requests_per_minute=N characters_per_minute=N`; blank lines and `#` comments skipped."""
+    from ..serve.access import key_digest
 
     file = Path(path)
     if not file.is_file():
@@ -161,11 +243,11 @@ def read_api_keys(path: str) -> tuple[bytes, ...]:
         lines = file.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"--api_key_file {path}: cannot read it ({error})") from None
-    keys = []
+    keys, limits = [], {}
     for number, line in enumerate(lines, 1):
-        key = line.strip()
-        if not key or key.startswith("#"):
+        if not line.strip() or line.strip().startswith("#"):
             continue
+        key, *fields = line.split()
         if not all(33 <= ord(c) < 127 for c in key):
             raise UsageError(f"--api_key_file {path}:{number}: a key is printable ASCII without spaces")
         if len(key) < MIN_KEY_LENGTH:
@@ -174,9 +256,11 @@ def read_api_keys(path: str) -> tuple[bytes, ...]:
                 f"(at least {MIN_KEY_LENGTH}; e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         keys.append(key_digest(key))
+        if fields:
+            limits[keys[-1]] = key_limits(path, number, fields)
     if not keys:
         raise UsageError(f"--api_key_file {path}: holds no key")
-    return tuple(keys)
+    return tuple(keys), limits
 
 
 def check_origin(origin: str) -> str:
@@ -209,22 +293,15 @@ def server_translator(location: ModelLocation, settings) -> Translator:
 def settings_from_args(args: argparse.Namespace):
     """(the model's location, the server's settings) from the parsed flags; a `UsageError` naming the flag for
     anything refused."""
-    from ..serve.app import ServeSettings, cpu_count, default_allowed_hosts
+    from dataclasses import fields as dataclass_fields
+
+    from ..serve.access import default_allowed_hosts
+    from ..serve.app import ServeSettings, cpu_count
 
     location = locate_model(args)
     check_model(location, args.max_sentence_tokens)
     try:
-        limits = ServeLimits(
-            max_body_bytes=args.max_body_bytes,
-            max_sentences=args.max_sentences,
-            max_sentence_tokens=args.max_sentence_tokens,
-            truncate=args.truncate,
-            max_beams=args.max_beams,
-            max_queue=args.max_queue,
-            request_timeout_s=args.request_timeout_s,
-            max_batch_tokens=args.max_batch_tokens,
-            max_wait_ms=args.max_wait_ms,
-        )
+        limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclass_fields(ServeLimits)})
     except ValueError as error:
         raise UsageError(f"--{str(error).split('`')[1]}: {error}" if "`" in str(error) else str(error)) from None
     num_threads = args.num_threads
@@ -233,6 +310,7 @@ def settings_from_args(args: argparse.Namespace):
     for name in args.allowed_hosts:
         if not name or any(c in name for c in "/:@ ") and not name.startswith("["):
             raise UsageError(f"--allowed_hosts {name!r}: a host name or address, without scheme or port")
+    keys, own_limits = read_api_keys(args.api_key_file) if args.api_key_file else ((), {})
     return location, ServeSettings(
         model=location.path,
         engine=location.engine,
@@ -241,9 +319,12 @@ def settings_from_args(args: argparse.Namespace):
         num_threads=num_threads,
         workers=args.workers,
         limits=limits,
-        api_keys=read_api_keys(args.api_key_file) if args.api_key_file else (),
+        api_keys=keys,
+        key_limits=own_limits,
         cors_origins=tuple(check_origin(o) for o in args.cors_origins),
         allowed_hosts=default_allowed_hosts(args.host, [h.strip("[]").lower() for h in args.allowed_hosts]),
+        docs=not args.no_docs,
+        access_log=not args.no_access_log,
     )
 
 
@@ -283,13 +364,11 @@ def main(argv: list[str] | None = None) -> int:
         sock = bind(args.host, args.port)
     except refusals() as error:
         parser.exit(2, f"hf-variants-serve: error: {error}\n")
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from ..serve.logs import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as error:
         sock.close()
         parser.exit(
@@ -297,42 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     from transformers.utils import logging as transformers_logging
 
-    from ..serve.app import create_app
-
     transformers_logging.disable_progress_bar()  # a server's log is no terminal
+    graceful = args.graceful_timeout_s if args.graceful_timeout_s is not None else args.request_timeout_s + 10
     failures: list[BaseException] = []
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            if not self.should_exit:
-                logger.info(
-                    "Stopping (%s): no new connections; finishing the requests in flight", signal.Signals(sig).name
-                )
-                state = getattr(app.state, "serve", None)
-                if state is not None and state.status in ("loading", "ready"):
-                    state.status = "stopping"
-                    state.metrics.ready.set(0)
-            super().handle_exit(sig, frame)
-
-    def failed(error: BaseException) -> None:
-        failures.append(error)
-        server.should_exit = True
-
-    app = create_app(settings, loader=partial(server_translator, location), on_failure=failed)
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        log_level=args.log_level,
-        access_log=not args.no_access_log,
-        timeout_graceful_shutdown=args.graceful_timeout_s
-        if args.graceful_timeout_s is not None
-        else args.request_timeout_s + 10,
-        lifespan="on",
-        server_header=False,
-        ws="none",
-        proxy_headers=False,
-    )
-    server = Server(config)
+    server = make_server(args, location, settings, graceful, failures)
     # uvicorn re-raises a caught SIGTERM / SIGINT after its graceful shutdown (with the handler it found at start):
     # with these no-op handlers the process then ends normally, with exit status 0
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -353,9 +400,78 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def connection_refused(state, kind: str, client: str | None) -> None:
+    """A connection closed by a limit (`serve.protocol`): counted, and (but for idle ones) in the access log."""
+    from ..serve.logs import log_access
+
+    state.metrics.errors.labels(kind).inc()
+    if kind != "idle_timeout_s":
+        status = {"max_connections": 503, "header_timeout_s": 408}.get(kind, 408)
+        log_access({"client": client, "status": status, "error": kind}, f"connection closed: {kind} ({status})")
+
+
+def make_server(args, location: ModelLocation, settings, graceful: float, failures: list):
+    """The uvicorn server of the app: the server's connection handling (`serve.protocol`), its own access log,
+    and a SIGTERM that drains (`ServerState.begin_drain`) for `graceful` seconds before uvicorn's own shutdown
+    (given 10 s more, which the drain never needs)."""
+    import asyncio
+
+    import uvicorn
+
+    from ..serve.app import create_app
+    from ..serve.protocol import protocol_class
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if not self.should_exit:
+                logger.info(
+                    "Stopping (%s): no new connections; finishing the requests in flight (at most %g s)",
+                    signal.Signals(sig).name,
+                    graceful,
+                )
+                state = getattr(app.state, "serve", None)
+                loop = getattr(self, "loop", None)
+                if state is not None and loop is not None:
+                    loop.call_soon_threadsafe(state.begin_drain, graceful)
+            super().handle_exit(sig, frame)
+
+        async def serve(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+    def failed(error: BaseException) -> None:
+        failures.append(error)
+        server.should_exit = True
+
+    app = create_app(settings, loader=partial(server_translator, location), on_failure=failed)
+    limits = settings.limits
+    state = app.state.serve
+    config = uvicorn.Config(
+        app,
+        http=protocol_class(
+            idle_timeout_s=limits.idle_timeout_s,
+            header_timeout_s=limits.header_timeout_s,
+            body_timeout_s=limits.body_timeout_s,
+            max_connections=limits.max_connections,
+            on_refusal=partial(connection_refused, state),
+        ),
+        log_config=None,
+        log_level=args.log_level,
+        access_log=False,  # the server writes its own (serve.access): request ids, 499s, JSON
+        timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
+        timeout_graceful_shutdown=graceful + 10,
+        lifespan="on",
+        server_header=False,
+        ws="none",
+        proxy_headers=False,
+    )
+    server = Server(config)
+    return server
+
+
 def cli() -> None:
     sys.exit(main())
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(main())

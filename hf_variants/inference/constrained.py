@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..compat_transformer_nmt import CACHE_NAME, output_cache
 from .constraints import ConstraintTracker
+from .requests import DecodingCancelled
 
 __all__ = [
     "DecoderSteps",
@@ -463,10 +464,15 @@ def _force(logp: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
 
 
 def constrained_beam_search(
-    steps: DecoderSteps, inputs: dict, settings: SearchSettings, trackers: Sequence[ConstraintTracker]
+    steps: DecoderSteps,
+    inputs: dict,
+    settings: SearchSettings,
+    trackers: Sequence[ConstraintTracker],
+    cancelled: Callable[[], bool] | None = None,
 ) -> list[list[Found]]:
     """Decode the batch `inputs` (one `ConstraintTracker` per sentence) with `steps`; per sentence its
-    `settings.nbest` hypotheses, best first (see the module docstring)."""
+    `settings.nbest` hypotheses, best first (see the module docstring). `cancelled()` (optional) is asked before
+    every decoding step: once it is true the search stops with `DecodingCancelled`."""
     if len(trackers) != inputs["input_ids"].shape[0] or len(settings.limits) != len(trackers):
         raise ValueError(f"{len(trackers)} trackers and {len(settings.limits)} limits for a batch of sentences")
     if settings.nbest > settings.beams:
@@ -475,6 +481,8 @@ def constrained_beam_search(
     with steps.scope():
         steps.start(inputs, settings.beams, max(settings.limits))
         while not all(search.done):
+            if cancelled is not None and cancelled():
+                raise DecodingCancelled("the decoding was cancelled")
             rows = search.step(steps.logits(search.sequences))
             if all(search.done):
                 break

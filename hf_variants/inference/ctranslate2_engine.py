@@ -22,13 +22,13 @@ the command that re-exports it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..configuration_transformer_nmt import TransformerNmtConfig, language_tag
 from ..deploy.ctranslate2 import read_export_manifest
 from ..generation_transformer_nmt import sentence_limits
-from .decode import PRECISIONS, Engine
+from .decode import PRECISIONS, Engine, check_cancelled
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
@@ -46,6 +46,19 @@ class CTranslate2Engine(Engine):
         self.config = config
         self.generation_config = generation_config
         self.suppress_sequences = suppress_sequences
+        self.translator_args: dict | None = None  # how `translator` was made (`parallel_copy`)
+
+    def parallel_copy(self) -> CTranslate2Engine:
+        """A copy with a CTranslate2 translator of its own (the same folder and settings: another copy of the
+        weights in memory), to decode at the same time as this engine (`Translator.fork(parallel=True)`)."""
+        import copy
+
+        import ctranslate2
+
+        other = copy.copy(self)
+        if self.translator_args is not None:
+            other.translator = ctranslate2.Translator(**self.translator_args)
+        return other
 
     @classmethod
     def load(cls, path, *, precision="fp32", num_threads=None, trust_remote_code=False, tokenizer=None):
@@ -73,14 +86,18 @@ class CTranslate2Engine(Engine):
             generation_config = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation_config = GenerationConfig.from_model_config(config)
-        translator = ctranslate2.Translator(
-            str(folder),
+        arguments = dict(
+            model_path=str(folder),
             device="cpu",
             compute_type=COMPUTE_TYPES[precision],
             intra_threads=num_threads or 0,
             inter_threads=1,
         )
-        return cls(translator, tokenizer, config, generation_config, manifest["suppress_sequences"])
+        engine = cls(
+            ctranslate2.Translator(**arguments), tokenizer, config, generation_config, manifest["suppress_sequences"]
+        )
+        engine.translator_args = arguments
+        return engine
 
     # -------------------------------------------------------------------------------------------------- inputs
     def _target_language(self, request: TranslationRequest) -> str | None:
@@ -105,8 +122,24 @@ class CTranslate2Engine(Engine):
         )
         return [list(ids) for ids in encoded["input_ids"]]
 
-    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]:
-        return [len(ids) for ids in self.encode_ids(requests)]
+    def encode_sources(
+        self, requests: Sequence[TranslationRequest], max_source_length: int | None = None
+    ) -> list[list[int]]:
+        return self.encode_ids(requests, max_source_length)
+
+    def source_ids(self, requests: Sequence[TranslationRequest], max_source_length: int | None = None):
+        """Each request's token ids: its `source_ids` where it carries them (a source longer than
+        `max_source_length` encoded again, cut), else `encode_ids`."""
+        ids = [list(r.source_ids) if r.source_ids is not None else None for r in requests]
+        again = [
+            i
+            for i, row in enumerate(ids)
+            if row is None or (max_source_length is not None and len(row) > max_source_length)
+        ]
+        if again:
+            for i, row in zip(again, self.encode_ids([requests[i] for i in again], max_source_length)):
+                ids[i] = row
+        return ids
 
     def prefix_ids(self, prefix: str | None) -> list[int]:
         if not prefix:
@@ -128,9 +161,12 @@ class CTranslate2Engine(Engine):
         return super().unsupported(options)
 
     def translate_batch(
-        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
-        ids = self.encode_ids(requests, options.max_source_length)
+        ids = self.source_ids(requests, options.max_source_length)
         if options.max_length is not None:
             steps, force_eos = [options.max_length - 1] * len(ids), False
         elif options.max_new_tokens is not None:
@@ -144,7 +180,7 @@ class CTranslate2Engine(Engine):
 
         # one call up to the longest limit; a sentence whose output passed its own limit: greedy (and sampling)
         # tokens before the limit do not depend on it, so it is cut there; beam search is redone at its limit
-        raw = self._decode(ids, requests, max(steps, default=0), options)
+        raw = self._decode(ids, requests, max(steps, default=0), options, cancelled)
         redo: dict[int, list[int]] = {}
         for i, hyps in enumerate(raw):
             if any(len(body(tokens)) > steps[i] for tokens in hyps):
@@ -154,7 +190,7 @@ class CTranslate2Engine(Engine):
                     redo.setdefault(steps[i], []).append(i)
         for limit, rows in redo.items():
             for i, hyps in zip(
-                rows, self._decode([ids[i] for i in rows], [requests[i] for i in rows], limit, options)
+                rows, self._decode([ids[i] for i in rows], [requests[i] for i in rows], limit, options, cancelled)
             ):
                 raw[i] = hyps
         out = []
@@ -171,8 +207,11 @@ class CTranslate2Engine(Engine):
             self._score(ids, out, options)
         return out
 
-    def _decode(self, sources, requests, steps: int, options: DecodeOptions) -> list[list[list[str]]]:
-        """CTranslate2's tokens of `options.nbest` hypotheses per source, at most `steps` tokens before `</s>`."""
+    def _decode(self, sources, requests, steps: int, options: DecodeOptions, cancelled=None) -> list[list[list[str]]]:
+        """CTranslate2's tokens of `options.nbest` hypotheses per source, at most `steps` tokens before `</s>`.
+        `cancelled`: asked at every generated token of a greedy search (CTranslate2's `callback`, which stops the
+        batch); a beam search cannot be stopped inside CTranslate2's call, so it is asked before and after it."""
+        check_cancelled(cancelled)
         source_tokens = [self.tokenizer.convert_ids_to_tokens(x) for x in sources]
         prefixes = [self.tokenizer.convert_ids_to_tokens(self.prefix_ids(r.prefix)) for r in requests]
         kwargs = {
@@ -197,7 +236,10 @@ class CTranslate2Engine(Engine):
             kwargs["repetition_penalty"] = options.repetition_penalty
         if any(prefixes):
             kwargs["target_prefix"] = [p or None for p in prefixes]
+        if cancelled is not None and options.beams == 1:
+            kwargs["callback"] = lambda step: bool(cancelled())
         results = self.translator.translate_batch(source_tokens, **kwargs)
+        check_cancelled(cancelled)
         return [[list(tokens) for tokens in result.hypotheses[: options.nbest]] for result in results]
 
     def _score(self, sources: list[list[int]], hypotheses: list[list[Hypothesis]], options: DecodeOptions) -> None:
@@ -226,7 +268,7 @@ class CTranslate2Engine(Engine):
     def token_log_probs(
         self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
     ) -> list[list[float]]:
-        return self.token_log_probs_of_ids(self.encode_ids(requests, max_source_length), targets)
+        return self.token_log_probs_of_ids(self.source_ids(requests, max_source_length), targets)
 
 
 __all__ = ["CTranslate2Engine"]

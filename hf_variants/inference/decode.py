@@ -47,7 +47,7 @@ import importlib
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -63,7 +63,7 @@ from .constrained import (
     word_continuations,
 )
 from .constraints import ConstraintTracker
-from .requests import DecodeOptions, Hypothesis, TranslationRequest
+from .requests import DecodeOptions, DecodingCancelled, Hypothesis, TranslationRequest
 
 # engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
 ENGINES: dict[str, str] = {
@@ -92,11 +92,13 @@ class Engine(ABC):
     """What the `Translator` needs of an engine. A subclass sets `name` and `supports_alignments` and implements:
 
     - `load(path, precision, num_threads, trust_remote_code, tokenizer)`: the engine of a saved model;
-    - `source_lengths(requests)`: each source's length in tokens as the model receives it (language tag and `</s>`
-      included), without truncation;
-    - `translate_batch(requests, options)`: per request its `options.nbest` hypotheses, best first; the requests are
-      checked, non-empty and fit the model; `options` are resolved (`Translator.resolve`: no None where the model
-      has a saved choice);
+    - `encode_sources(requests, max_source_length)`: each source's token ids as the model receives them (language tag
+      and `</s>` included), cut to `max_source_length` tokens where given (`source_lengths`: their lengths);
+    - `translate_batch(requests, options, cancelled)`: per request its `options.nbest` hypotheses, best first; the
+      requests are checked, non-empty and fit the model, and are decoded from their `source_ids` where they carry
+      them (tokenized once, by `encode_sources`); `options` are resolved (`Translator.resolve`: no None where the
+      model has a saved choice); `cancelled()` (optional) is asked at every decoding step: once it is true the
+      decoding stops and `DecodingCancelled` is raised;
     - `token_log_probs(requests, targets)`: the log-probability of each token of each target (token ids after the
       decoder's start token, `</s>` included) given its source, by teacher forcing.
 
@@ -124,11 +126,19 @@ class Engine(ABC):
     ) -> Engine: ...
 
     @abstractmethod
-    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]: ...
+    def encode_sources(
+        self, requests: Sequence[TranslationRequest], max_source_length: int | None = None
+    ) -> list[list[int]]: ...
+
+    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]:
+        return [len(ids) for ids in self.encode_sources(requests)]
 
     @abstractmethod
     def translate_batch(
-        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]: ...
 
     @abstractmethod
@@ -137,7 +147,10 @@ class Engine(ABC):
     ) -> list[list[float]]: ...
 
     def translate_constrained(
-        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         """As `translate_batch`, for requests with constraints (normalized, checked), by constrained beam search
         with `options.num_beams` beams; each hypothesis' `constraints_met` set. Engines with
@@ -197,6 +210,23 @@ class PrefixLogitsProcessor:
         scores[rows_t] = -math.inf
         scores[rows_t, tokens_t] = kept
         return scores
+
+
+class CancelCriteria:
+    """A stopping criterion of `generate()` that ends every row once `cancelled()` is true: the caller's cancel flag,
+    asked at every decoding step (transformers' loops call it; the ONNX Runtime bound search reads `cancelled`)."""
+
+    def __init__(self, cancelled: Callable[[], bool]):
+        self.cancelled = cancelled
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), bool(self.cancelled()), dtype=torch.bool, device=input_ids.device)
+
+
+def check_cancelled(cancelled: Callable[[], bool] | None) -> None:
+    """Raise `DecodingCancelled` when `cancelled()` is true."""
+    if cancelled is not None and cancelled():
+        raise DecodingCancelled("the decoding was cancelled")
 
 
 # ---------------------------------------------------------------------------------------------------- words
@@ -285,12 +315,42 @@ class GenerateEngine(Engine):
         device = getattr(self.model, "device", torch.device("cpu"))
         return {k: encoded[k].to(device) for k in ("input_ids", "attention_mask")}
 
-    def source_lengths(self, requests: Sequence[TranslationRequest]) -> list[int]:
-        lengths: list[int] = []
+    def encode_sources(
+        self, requests: Sequence[TranslationRequest], max_source_length: int | None = None
+    ) -> list[list[int]]:
+        ids: list[list[int]] = []
         for start in range(0, len(requests), COUNT_CHUNK):
-            inputs = self.encode(requests[start : start + COUNT_CHUNK])
-            lengths += inputs["attention_mask"].sum(-1).tolist()
-        return lengths
+            inputs = self.encode(requests[start : start + COUNT_CHUNK], max_source_length)
+            for row, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist()):
+                ids.append([token for token, kept in zip(row, mask) if kept])
+        return ids
+
+    def batch_inputs(self, requests: Sequence[TranslationRequest], max_source_length: int | None = None) -> dict:
+        """The model inputs of a batch: from the requests' `source_ids` where every request carries them (padded as
+        the tokenizer pads; a source longer than `max_source_length` encoded again, cut), else `encode`."""
+        if not requests or any(r.source_ids is None or r.annotations for r in requests):
+            return self.encode(requests, max_source_length)
+        rows = [list(r.source_ids) for r in requests]
+        if max_source_length is not None:
+            long = [i for i, row in enumerate(rows) if len(row) > max_source_length]
+            for i, ids in zip(long, self.encode_sources([requests[i] for i in long], max_source_length)):
+                rows[i] = ids
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.config.pad_token_id
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), pad if pad is not None else 0, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        for i, row in enumerate(rows):
+            span = slice(width - len(row), width) if left else slice(0, len(row))
+            input_ids[i, span] = torch.tensor(row, dtype=torch.long)
+            mask[i, span] = 1
+        inputs = {"input_ids": input_ids, "attention_mask": mask}
+        language = getattr(self.model, "_language_inputs", None)
+        if callable(language) and getattr(self.model, "prepare_translation_inputs", None) is not None:
+            langs = [r.tgt_lang for r in requests]
+            inputs.update(language(langs if any(lang is not None for lang in langs) else None, len(rows)))
+        device = getattr(self.model, "device", torch.device("cpu"))
+        return {key: value.to(device) for key, value in inputs.items()}
 
     def prefix_ids(self, prefix: str | None) -> list[int]:
         """The token ids a prefix forces (no special tokens: `</s>` is not appended)."""
@@ -348,11 +408,19 @@ class GenerateEngine(Engine):
             return self.model.generate(**inputs, **kwargs)
 
     def translate_batch(
-        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
-        inputs = self.encode(requests, options.max_source_length)
+        inputs = self.batch_inputs(requests, options.max_source_length)
         kwargs = self.generate_kwargs(inputs, requests, options)
+        if cancelled is not None:
+            from transformers import StoppingCriteriaList
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList([CancelCriteria(cancelled)])
         out = self._run_generate(inputs, kwargs)
+        check_cancelled(cancelled)
         sequences = out.sequences if hasattr(out, "sequences") else out
         sequence_scores = getattr(out, "sequences_scores", None)
         ids = [self._hypothesis_ids(row) for row in sequences.tolist()]
@@ -455,12 +523,15 @@ class GenerateEngine(Engine):
         return self._word_continuations
 
     def translate_constrained(
-        self, requests: Sequence[TranslationRequest], options: DecodeOptions
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         inputs = self.encode(requests, options.max_source_length)
         trackers = [ConstraintTracker(self.constraint_ids(r.constraints)) for r in requests]
         settings = self.search_settings(inputs, requests, options)
-        found = constrained_beam_search(self.decoder_steps(), inputs, settings, trackers)
+        found = constrained_beam_search(self.decoder_steps(), inputs, settings, trackers, cancelled)
         flat = [f for sentence in found for f in sentence]
         hypotheses = self._hypotheses(inputs, [f.token_ids for f in flat], options, [f.score for f in flat])
         for hypothesis, f in zip((h for sentence in hypotheses for h in sentence), flat):
@@ -554,7 +625,7 @@ class GenerateEngine(Engine):
     def token_log_probs(
         self, requests: Sequence[TranslationRequest], targets: Sequence[Sequence[int]], max_source_length=None
     ) -> list[list[float]]:
-        inputs = self.encode(requests, max_source_length)
+        inputs = self.batch_inputs(requests, max_source_length)
         values, _ = self._teacher_forced(inputs, targets, 1)
         return values
 
@@ -652,6 +723,7 @@ def engine_for(model, tokenizer) -> GenerateEngine:
 __all__ = [
     "DEFAULT_LENGTH_RULE",
     "ENGINES",
+    "CancelCriteria",
     "Engine",
     "GenerateEngine",
     "OnnxEngine",

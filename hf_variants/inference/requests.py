@@ -27,7 +27,11 @@ class TranslationRequest:
     `{"parses": "(ROOT ...)"}`), passed to the model's `prepare_translation_inputs`;
     `constraints`: target phrases the translation must contain (lexically constrained decoding, see
     `hf_variants.inference.constrained`): each a string, or a tuple of alternative forms of which one must appear
-    (`("Kasse", ("Warenkorb", "Einkaufswagen"))`); checked by `constraints.normalize_constraints`."""
+    (`("Kasse", ("Warenkorb", "Einkaufswagen"))`); checked by `constraints.normalize_constraints`.
+
+    `source_ids`: the source's token ids as the model receives them (language tag and `</s>` included, not
+    truncated), when it was already tokenized (`Translator.encode`): the engine decodes them without tokenizing the
+    text again (a request with `annotations` is encoded from its text, which the variant's inputs need)."""
 
     source: str
     src_lang: str | None = None
@@ -35,6 +39,7 @@ class TranslationRequest:
     prefix: str | None = None
     annotations: Mapping[str, Any] = field(default_factory=dict)
     constraints: tuple = ()
+    source_ids: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, item: str | TranslationRequest) -> TranslationRequest:
@@ -44,6 +49,11 @@ class TranslationRequest:
         if isinstance(item, str):
             return cls(item)
         raise TypeError(f"expected a str or a TranslationRequest, got {type(item).__name__}")
+
+
+class DecodingCancelled(Exception):
+    """The caller's `cancelled()` turned true while a batch decoded (`Translator.decode_batch`): the decoding stopped
+    at its next step and its hypotheses were dropped."""
 
 
 class OptionError(ValueError):
@@ -356,6 +366,7 @@ class TranslationResult:
 
 __all__ = [
     "DecodeOptions",
+    "DecodingCancelled",
     "Hypothesis",
     "OptionError",
     "OptionSpec",

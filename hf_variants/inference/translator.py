@@ -9,7 +9,8 @@ training, the scoring command, the HTTP server), on any engine (`decode.ENGINES`
 It checks requests (languages against what the model was trained for, prefixes) and options (`DecodeOptions.check`,
 then the model's saved defaults filled in: `resolve`), gives empty sources and sources longer than the model accepts
 no hypotheses (`TranslationResult.skipped` says why) without running the model, translates the rest in
-length-sorted batches (`batching`: sentences or tokens) and returns the results in input order. A translation
+length-sorted batches (`batching`: sentences or tokens) and returns the results in input order. Each source is
+tokenized once: its count and its token ids (`TranslationRequest.source_ids`) travel into the engine. A translation
 does not depend on its batch: the length rule is applied per sentence (greedy search gives identical outputs at
 any batch size; beam search up to float ties).
 
@@ -19,6 +20,12 @@ others, by the engine's constrained beam search (`Engine.translate_constrained`)
 other requests take generate() as before, so their outputs do not change, and each sentence gets the translation it
 gets alone. Greedy search (num_beams=1) becomes beam search for the sentences with constraints, with
 max(`CONSTRAINED_MIN_BEAMS`, constraints + 1) beams (a logged warning says so once per translator).
+
+A caller that batches by itself (the HTTP server) does each step once, in its own place:
+
+    requests = translator.encode(requests)           # checked, target language filled in, tokenized (source_ids)
+    options = translator.resolve(options)            # checked, the model's saved choices filled in
+    results = translator.decode_batch(requests[:8], options, cancelled=lambda: client_gone)  # one batch, as given
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from .requests import (
     SKIPPED_EMPTY,
     SKIPPED_TOO_LONG,
     DecodeOptions,
+    DecodingCancelled,
     OptionError,
     TranslationRequest,
     TranslationResult,
@@ -222,6 +230,21 @@ class Translator:
         )
         return cls(engine=loaded)
 
+    def fork(self, parallel: bool = False) -> Translator:
+        """A translator sharing this one's model with its own copy of the tokenizer, for another thread: a fast
+        tokenizer refuses concurrent calls that change its padding or truncation ("Already borrowed"); decoding
+        concurrently on one model is otherwise safe (torch's inference, ONNX Runtime's runs). `parallel`: the copy
+        decodes at the same time as this one (the CTranslate2 engine then gets a translator of its own, since
+        CTranslate2 queues the calls of one translator beyond its `inter_threads`)."""
+        import copy
+
+        engine = copy.copy(self.engine)
+        if getattr(engine, "tokenizer", None) is not None:
+            engine.tokenizer = copy.deepcopy(engine.tokenizer)
+        if parallel and callable(getattr(engine, "parallel_copy", None)):
+            engine = engine.parallel_copy()
+        return type(self)(engine=engine)
+
     # ----------------------------------------------------------------------------------------------- model
     @property
     def model(self):
@@ -280,6 +303,11 @@ class Translator:
         if not isinstance(request.annotations, dict) and not hasattr(request.annotations, "items"):
             raise ValueError(f"annotations: expected a mapping, got {type(request.annotations).__name__}")
         check_request_languages(self.config, request.src_lang, request.tgt_lang)
+        if request.source_ids is not None:
+            vocab = getattr(self.config, "vocab_size", None)
+            ids = request.source_ids
+            if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < (vocab or t + 1) for t in ids):
+                raise ValueError(f"source_ids: expected token ids (integers in [0, {vocab})), got {list(ids)[:8]}")
         if request.prefix and "\n" in request.prefix:
             raise ValueError("prefix: one line expected (it contains a line break)")
         normalize_constraints(request.constraints)
@@ -302,11 +330,22 @@ class Translator:
 
     def count_tokens(self, requests: Sequence[TranslationRequest | str]) -> list[int]:
         """Each source's length in tokens as the model receives it (language tag and `</s>` included), before any
-        truncation."""
+        truncation (a request's `source_ids` where it carries them)."""
         requests = [TranslationRequest.of(r) for r in requests]
-        if not requests:
-            return []
-        return self.engine.source_lengths(requests)
+        todo = [r for r in requests if r.source_ids is None]
+        counted = iter(self.engine.source_lengths(todo) if todo else [])
+        return [len(r.source_ids) if r.source_ids is not None else next(counted) for r in requests]
+
+    def encode(self, requests: Sequence[TranslationRequest | str]) -> list[TranslationRequest]:
+        """`requests` ready for `decode_batch`: each checked (a ValueError naming `requests[i]` and the field), its
+        target language filled in, its source stripped and tokenized once (`source_ids`: the token ids as the model
+        receives them, not truncated; their count is the source's length). Empty sources keep no ids."""
+        prepared = [self._prepared(TranslationRequest.of(r), i) for i, r in enumerate(requests)]
+        stripped = [replace(r, source=r.source.strip()) if r.source_ids is None else r for r in prepared]
+        todo = [i for i, r in enumerate(stripped) if r.source_ids is None and r.source]
+        for i, ids in zip(todo, self.engine.encode_sources([stripped[i] for i in todo]) if todo else []):
+            stripped[i] = replace(stripped[i], source_ids=tuple(ids))
+        return stripped
 
     # ------------------------------------------------------------------------------------------- translate
     def translate(
@@ -356,6 +395,20 @@ class Translator:
                 yield from self._translate(prepared, options, batch_size, max_tokens, offset, progress)
                 offset += len(chunk)
 
+    def decode_batch(
+        self,
+        requests: Sequence[TranslationRequest],
+        options: DecodeOptions,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[TranslationResult]:
+        """Decode `requests` as ONE batch, as given: requests as `encode` returned them and options as `resolve`
+        returned them (nothing is checked, resolved, tokenized or sorted again). Empty sources and sources longer
+        than the model accepts get no hypotheses, as in `translate`. `cancelled()` (optional) is asked at every
+        decoding step; once it is true the decoding stops and `DecodingCancelled` is raised (no partial results)."""
+        with _seeded(options):
+            return self._translate(list(requests), options, None, None, 0, None, one_batch=True, cancelled=cancelled)
+
     def _translate(
         self,
         requests: list[TranslationRequest],
@@ -364,13 +417,15 @@ class Translator:
         max_tokens: int | None,
         offset: int,
         progress: Callable[[int], None] | None,
+        one_batch: bool = False,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[TranslationResult]:
         results: list[TranslationResult | None] = [None] * len(requests)
         keep = [i for i, r in enumerate(requests) if r.source.strip()]
         for i in set(range(len(requests))) - set(keep):
             results[i] = TranslationResult(offset + i, requests[i].source, [], 0, skipped=SKIPPED_EMPTY)
-        stripped = {i: replace(requests[i], source=requests[i].source.strip()) for i in keep}
-        lengths = dict(zip(keep, self.count_tokens([stripped[i] for i in keep])))
+        stripped = self._with_ids({i: requests[i] for i in keep})
+        lengths = {i: len(stripped[i].source_ids) for i in keep}
         cut = options.max_source_length
         limit = self.max_source_tokens
         todo, effective = [], {}
@@ -394,9 +449,14 @@ class Translator:
             group = [i for i in constrained if beams[i] == size]
             runs.append((group, self.engine.translate_constrained, options.replace(num_beams=size)))
         for group, decode, run_options in runs:
-            for batch in length_sorted_batches([effective[i] for i in group], batch_size, max_tokens):
+            batches = (
+                [list(range(len(group)))]
+                if one_batch
+                else length_sorted_batches([effective[i] for i in group], batch_size, max_tokens)
+            )
+            for batch in batches if group else []:
                 idx = [group[j] for j in batch]
-                hypotheses = decode([stripped[i] for i in idx], run_options)
+                hypotheses = decode([stripped[i] for i in idx], run_options, cancelled)
                 for i, hyps in zip(idx, hypotheses):
                     results[i] = TranslationResult(
                         offset + i,
@@ -418,6 +478,17 @@ class Translator:
         if options.max_new_tokens is not None:
             return {i: options.max_new_tokens for i in todo}
         return dict(zip(todo, self.engine.length_limits([lengths[i] for i in todo], options)))
+
+    def _with_ids(self, requests: dict[int, TranslationRequest]) -> dict[int, TranslationRequest]:
+        """`requests` (by index) with their sources stripped and tokenized once (`source_ids`) where they carry no
+        ids yet."""
+        todo = [i for i, r in requests.items() if r.source_ids is None]
+        stripped = {i: replace(requests[i], source=requests[i].source.strip()) for i in todo}
+        encoded = self.engine.encode_sources([stripped[i] for i in todo]) if todo else []
+        out = dict(requests)
+        for i, ids in zip(todo, encoded):
+            out[i] = replace(stripped[i], source_ids=tuple(ids))
+        return out
 
     def _check_prefixes(self, requests, todo, lengths, options: DecodeOptions, offset: int) -> None:
         """A prefix must leave room for `</s>` within the sentence's output limit."""
@@ -500,6 +571,7 @@ def _seeded(options: DecodeOptions):
 
 __all__ = [
     "DEFAULT_BUFFER_SIZE",
+    "DecodingCancelled",
     "Translator",
     "check_languages",
     "check_request_languages",

@@ -139,6 +139,12 @@ def _worth_dropping(live: np.ndarray) -> bool:
     return finished > 0 and finished >= DROP_SHARE * live.size
 
 
+def _cancelled(settings: dict) -> bool:
+    """Whether the caller's cancel flag (`decoding.search_settings`' "cancelled") says to stop before the next step."""
+    flag = settings.get("cancelled")
+    return flag is not None and bool(flag())
+
+
 def _never(settings: dict) -> np.ndarray:
     """The token ids never generated (`decoding.search_settings`' vocabulary mask)."""
     return np.flatnonzero(np.asarray(settings["inputs"]["vocab_mask"]) == 0)
@@ -174,7 +180,7 @@ def greedy_search(step: BoundStep, settings: dict, drop: bool = False) -> torch.
     running = np.ones(rows, dtype=bool)
     alive = np.arange(rows)  # the rows of `sequences` the batch holds, in its order
     width = 1
-    while width < max_length:
+    while width < max_length and not _cancelled(settings):
         scores = step.run()
         if never.size:
             scores[:, never] = -np.inf
@@ -440,7 +446,7 @@ def beam_search(
     first_rows, at = (alive * beams)[:, None], alive[:, None]
 
     length = prompt
-    while length < max_length:
+    while length < max_length and not _cancelled(settings):
         at_first = first is not None and length == prompt
         if at_first:
             first.run()

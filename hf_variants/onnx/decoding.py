@@ -166,7 +166,8 @@ def search_settings(
     """The bound search's settings for a `generate()` call that transformers prepared: {"inputs": max_length,
     min_length, num_beams, num_return_sequences, length_penalty, vocab_mask (0 = never generated)}, {"attributes":
     eos_token_id, decoder_start_token_id}, "fill" (the id after a finished hypothesis, as transformers pads),
-    "sentence_limits" (each sentence's new-token limit under the length rule, eos forced there; or None).
+    "sentence_limits" (each sentence's new-token limit under the length rule, eos forced there; or None),
+    "cancelled" (a stopping criterion's `cancelled()` flag, asked before every step: true ends the search; or None).
     Raises Unsupported naming the first thing the bound search does not implement."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
@@ -188,8 +189,12 @@ def search_settings(
         raise Unsupported(f"eos_token_id={config.eos_token_id} (the bound search takes exactly one end token)")
     eos = int(eos.reshape(-1)[0])
     suppressed, min_length, limits = _processor_settings(logits_processor, vocab_size, eos)
+    cancelled = None
     for criterion in stopping_criteria:
         if type(criterion) is EosTokenCriteria and criterion.eos_token_id.reshape(-1).tolist() == [eos]:
+            continue
+        if callable(getattr(criterion, "cancelled", None)):  # a caller's cancel flag: the search asks it every step
+            cancelled = criterion.cancelled
             continue
         if type(criterion) is not MaxLengthCriteria:
             raise Unsupported(f"the stopping criterion {type(criterion).__name__}")
@@ -218,4 +223,5 @@ def search_settings(
         "attributes": {"eos_token_id": eos, "decoder_start_token_id": int(input_ids[0, 0])},
         "fill": fill,
         "sentence_limits": limits,
+        "cancelled": cancelled,
     }

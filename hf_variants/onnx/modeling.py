@@ -830,7 +830,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             vocab_size=self.config.vocab_size,
         )
         self.last_decoding = decision.record()
-        logger.info("generate(): %s (%s)", decision.path, decision.reason)
+        logger.debug("generate(): %s (%s)", decision.path, decision.reason)
         expand = input_ids.shape[0] // inputs_tensor.shape[0] if inputs_tensor is not None else 1
         if decision.path == LOOP:
             kw = self._with_encoder_outputs(inputs_tensor, expand, kw)

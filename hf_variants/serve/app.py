@@ -1,68 +1,69 @@
-"""The HTTP application: routes, access control, the model's loading and warm-up, on the translation core.
+"""The HTTP application: routes, the model's loading and warm-up, the drain, on the translation core.
 
 | route | access | what |
 | --- | --- | --- |
-| `POST /translate` | key | sentences in, translations out (`schema.TranslateRequest` / `TranslateResponse`) |
-| `GET /health` | open | 200 once the model is loaded and a warm-up batch ran; 503 loading, stopping, failed |
+| `POST /translate` | key | sentences (or paragraphs: `split_sentences`) in, translations out |
+| `GET /health/live` | open | 200 while the process answers HTTP (loading, ready, stopping): liveness |
+| `GET /health/ready`, `/health` | open | 200 once the model is loaded and warmed up; 503 loading, stopping, failed |
+| `GET /languages` | open | the languages the model translates from and into, and the default target |
 | `GET /metrics` | key | Prometheus text format (`metrics.py`) |
+| `/libretranslate/...` | key / open | LibreTranslate's API: translate, languages (`libretranslate.py`) |
 | `GET /` | open | a page to try the model in a browser (its script calls `POST /translate`) |
-| `GET /openapi.json`, `/docs` | open | the API's OpenAPI schema and its Swagger page |
+| `GET /openapi.json`, `/docs` | open | the OpenAPI schema and its Swagger page (assets served here, `docs.py`) |
 
-Access: with API keys (`--api_key_file`), every route marked "key" needs `Authorization: Bearer KEY` (compared
-in constant time: SHA-256 digests through `hmac.compare_digest`, every key compared), else 401. A request carrying
-an `Origin` that is neither the server's own nor listed in `--cors_origins` gets 403 (a browser page elsewhere
-cannot make the server work, whatever the browser does with the answer); listed origins get CORS headers and
-preflight answers. A server bound to a loopback address answers only requests whose `Host` is a loopback name (or
-listed in `--allowed_hosts`): a page cannot reach it through a DNS name rebound to 127.0.0.1.
+Access, request ids, rate limits and the access log: `access.Guard`. Each translate request is read (its body
+within `--body_timeout_s`, 413 as soon as it is over `--max_body_bytes`, 499 when the client leaves), made ready in a
+preparation thread (`prepare.py`: parsed, checked, split, options resolved, every sentence tokenized once), queued in
+the batcher (`batcher.py`) and answered with the core's results; a client that leaves while its request waits or
+decodes withdraws it (499 in the access log). Every refusal is a JSON error naming the field or the limit.
 
-Each translate request is checked (`limits.py`), its sentences counted in tokens (on the event loop's thread, with
-a tokenizer of its own: a fast tokenizer is not shared across threads), queued in the batcher (`batcher.py`) and
-answered with the core's results. Every refusal is a JSON error naming the field or the limit.
+Stopping (SIGTERM): the server answers new requests 503 (`stopping`), lets the queued and running ones finish for at
+most `--graceful_timeout_s` (`drain`), then answers the rest 503 too and stops their batches at the next decoding
+step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import hashlib
-import hmac
-import ipaddress
-import json
 import logging
-import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from ..inference.requests import DecodeOptions, OptionError, TranslationRequest
+from ..inference.requests import DecodeOptions, TranslationRequest
 from ..inference.translator import Translator
-from .batcher import Batcher, EngineError, QueueFull, ShuttingDown
-from .limits import ApiError, ServeLimits, check_content_type, limit_error, parse_json, parse_translate_request
+from .access import Guard, KeyLimits, RateLimiter, default_allowed_hosts, is_loopback, key_digest
+from .batcher import Batcher, EngineError, QueueFull, ShuttingDown, lane_translator
+from .docs import ASSETS, assets_folder, docs_page
+from .docs import PAGE_HEADERS as DOCS_HEADERS
+from .libretranslate import add_libretranslate_routes
+from .limits import ApiError, ServeLimits, check_content_type, limit_error
 from .metrics import ServeMetrics
-from .schema import ErrorResponse, Health, TranslateRequest, TranslateResponse
+from .prepare import Prepared, Preparer, prepare_body, render
+from .responses import client_closed, error_response, json_response, read_body, wait_for_disconnect
+from .schema import ErrorResponse, Health, LanguagesResponse, Liveness, TranslateRequest, TranslateResponse
 
 logger = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/", "/health", "/docs", "/openapi.json"})
-ENDPOINTS = frozenset({"/", "/health", "/metrics", "/translate", "/docs", "/openapi.json"})
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 WARMUP_SENTENCE = "A man rides a bike."
+PREPARE_THREADS = 2
 PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+__all__ = ["ServeSettings", "create_app", "default_allowed_hosts", "is_loopback", "key_digest", "load_translator"]
 
 
 @dataclass(frozen=True)
@@ -77,35 +78,16 @@ class ServeSettings:
     workers: int = 1
     limits: ServeLimits = field(default_factory=ServeLimits)
     api_keys: tuple[bytes, ...] = ()  # SHA-256 digests of the accepted keys (`key_digest`)
+    key_limits: dict = field(default_factory=dict)  # digest -> `access.KeyLimits` of the keys with their own
     cors_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] | None = None  # None: any Host header
-
-
-def key_digest(key: str | bytes) -> bytes:
-    return hashlib.sha256(key.encode("utf-8") if isinstance(key, str) else key).digest()
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def default_allowed_hosts(bind_host: str, extra: Sequence[str] = ()) -> tuple[str, ...] | None:
-    """The Host names a server bound to `bind_host` answers: loopback names for a loopback address (plus `extra`),
-    any for another address unless `extra` lists some."""
-    if is_loopback(bind_host):
-        return tuple(dict.fromkeys([*LOOPBACK_NAMES, bind_host.strip("[]"), *extra]))
-    return tuple(extra) or None
+    docs: bool = True
+    access_log: bool = True
 
 
 def load_translator(settings: ServeSettings) -> Translator:
     """The translation core's translator of `settings.model` on its engine (called once per worker, in the
-    worker's own thread). `num_threads` also caps torch's own threads on every engine: the ONNX Runtime engine runs
-    transformers' generation loop, whose torch operations would otherwise take every core beside the engine's."""
+    worker's own thread). `num_threads` also caps torch's own threads on every engine."""
     if settings.num_threads is not None:
         import torch
 
@@ -115,48 +97,14 @@ def load_translator(settings: ServeSettings) -> Translator:
     )
 
 
-def counting_translator(translator: Translator) -> Translator:
-    """A translator sharing `translator`'s model but with its own copy of the tokenizer, to count tokens in another
-    thread while the worker decodes (a fast tokenizer refuses concurrent calls that change its padding or
-    truncation: "Already borrowed")."""
-    engine = copy.copy(translator.engine)
-    engine.tokenizer = copy.deepcopy(translator.engine.tokenizer)
-    return Translator(engine=engine)
-
-
-# ---------------------------------------------------------------------------------------------------- responses
-def json_response(content, status: int = 200, headers: dict | None = None) -> Response:
-    """JSON with non-finite floats as null (a log-probability of -inf is no JSON number)."""
-
-    def clean(value):
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        return value
-
-    body = json.dumps(clean(content), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return Response(body.encode("utf-8"), status_code=status, headers=headers, media_type="application/json")
-
-
-def error_response(error: ApiError, metrics: ServeMetrics | None) -> Response:
-    if metrics is not None:
-        metrics.errors.labels(error.kind).inc()
-    headers = dict(error.headers)
-    if error.status == 401:
-        headers.setdefault("WWW-Authenticate", 'Bearer realm="hf-variants-serve"')
-    return json_response(error.body(), error.status, headers)
-
-
 def page_html() -> str:
     return resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------------ state
 class ServerState:
-    """The loaded engines, the batcher and the server's status (loading -> ready -> stopping, or failed)."""
+    """The loaded engines, the batcher, the preparation threads and the server's status (loading -> ready ->
+    stopping, or failed)."""
 
     def __init__(
         self,
@@ -165,7 +113,7 @@ class ServerState:
         on_failure: Callable[[BaseException], None] | None,
     ):
         self.settings = settings
-        self.limits = settings.limits
+        self.limits = limits = settings.limits
         self.loader = loader
         self.on_failure = on_failure
         self.metrics = ServeMetrics()
@@ -173,51 +121,42 @@ class ServerState:
         self.error: BaseException | None = None
         self.batcher = Batcher(
             settings.workers,
-            max_batch_tokens=settings.limits.max_batch_tokens,
-            max_wait_ms=settings.limits.max_wait_ms,
-            max_queue=settings.limits.max_queue,
+            max_batch_tokens=limits.max_batch_tokens,
+            max_wait_ms=limits.max_wait_ms,
+            max_queue=limits.max_queue,
+            concurrent_batches=limits.concurrent_batches,
             on_batch=self.metrics.on_batch,
         )
         self.metrics.watch(self.batcher)
-        self.counter: Translator | None = None
+        self.limiter = RateLimiter(
+            KeyLimits(limits.requests_per_minute, limits.characters_per_minute), settings.key_limits
+        )
+        self.preparer: Preparer | None = None
         self.token_limit: int | None = None
+        self.languages: dict = {"source": [], "target": []}
+        self.default_target: str | None = None
         self.info: dict = {}
+        self._drain: asyncio.Task | None = None
 
     async def load(self) -> None:
-        """Load one translator per worker (in its thread), check the limits against the model, run a warm-up batch
-        on every worker, then answer as ready. A failure is logged and handed to `on_failure`."""
+        """Load one translator per worker (in its thread), check the limits against the model, make the preparation
+        threads' translators, run a warm-up batch on every worker, then answer as ready. A failure is logged and
+        handed to `on_failure`."""
         start = time.monotonic()
         try:
             await self.batcher.start(lambda i: self.loader(self.settings))
-            loop = asyncio.get_running_loop()
             first = self.batcher.translators[0]
-            self.counter = await loop.run_in_executor(None, counting_translator, first)
-            self.token_limit = self._token_limit(first)
-            languages = first.languages
-            self.info = {
-                "model_type": getattr(first.config, "model_type", None),
-                "engine": self.settings.engine,
-                "precision": self.settings.precision,
-                "languages": languages,
-                "max_sentence_tokens": self.token_limit,
-                **({"weights": self.settings.weights} if self.settings.weights else {}),
-            }
-            self.metrics.model.info(
-                {
-                    "model_type": str(self.info["model_type"]),
-                    "engine": self.settings.engine,
-                    "precision": self.settings.precision,
-                    "workers": str(self.settings.workers),
-                    "num_threads": str(self.settings.num_threads or "default"),
-                }
-            )
-            target = first.default_tgt_lang or _first(languages["target"])
+            loop = asyncio.get_running_loop()
+            copies = [await loop.run_in_executor(None, lane_translator, first, False) for _ in range(PREPARE_THREADS)]
+            self.preparer = Preparer(copies)
+            self._describe(first)
+            target = self.default_target or _first(self.languages["target"])
             source = None  # a model marking the source language with a token (M2M100 / NLLB-200) needs one
             if getattr(first.config, "target_language_token", False):
-                source = next((lang for lang in languages["source"] if lang != target), None)
+                source = next((lang for lang in self.languages["source"] if lang != target), None)
             warmup = TranslationRequest(WARMUP_SENTENCE, src_lang=source, tgt_lang=target)
             for i in range(self.settings.workers):
-                await self.batcher.run_in_worker(i, lambda translator: translator.translate([warmup], DecodeOptions()))
+                await self.batcher.run_in_worker(i, _warm_up, warmup)
         except Exception as error:
             self.status, self.error = "failed", error
             logger.error("Loading %s failed: %s: %s", self.settings.model, type(error).__name__, error, exc_info=True)
@@ -227,16 +166,47 @@ class ServerState:
         if self.status == "loading":
             self.status = "ready"
             self.metrics.ready.set(1)
+            settings = self.settings
             logger.info(
                 "Ready: %s (%s, %s engine, %s, %d worker%s) loaded and warmed up in %.1f s",
-                self.settings.model,
+                settings.model,
                 self.info["model_type"],
-                self.settings.engine,
-                self.settings.precision,
-                self.settings.workers,
-                "s" if self.settings.workers > 1 else "",
+                settings.engine,
+                settings.precision,
+                settings.workers,
+                "s" if settings.workers > 1 else "",
                 time.monotonic() - start,
             )
+
+    def _describe(self, translator: Translator) -> None:
+        """What /health, /languages and the metrics say of the model."""
+        self.token_limit = self._token_limit(translator)
+        self.languages = translator.languages
+        self.default_target = translator.default_tgt_lang
+        settings = self.settings
+        self.info = {
+            "model_type": getattr(translator.config, "model_type", None),
+            "engine": settings.engine,
+            "precision": settings.precision,
+            "languages": self.languages,
+            "max_sentence_tokens": self.token_limit,
+            **({"weights": settings.weights} if settings.weights else {}),
+        }
+        self.metrics.model.info(
+            {
+                "model_type": str(self.info["model_type"]),
+                "engine": settings.engine,
+                "precision": settings.precision,
+                "workers": str(settings.workers),
+                "num_threads": str(settings.num_threads or "default"),
+            }
+        )
+
+    @property
+    def split_language(self) -> str | None:
+        """The sentence splitter's language for a request that names none: the model's one source language."""
+        sources = self.languages["source"]
+        return sources[0] if len(sources) == 1 else None
 
     def _token_limit(self, translator: Translator) -> int | None:
         model_limit = translator.max_source_tokens
@@ -248,46 +218,84 @@ class ServerState:
             )
         return flag if flag is not None else model_limit
 
+    # ------------------------------------------------------------------------------------------------ stopping
+    def begin_drain(self, timeout: float) -> None:
+        """SIGTERM: answer new requests 503, let the queued and running ones finish for at most `timeout` seconds,
+        then answer the rest 503 too (`drain`). Called on the event loop's thread."""
+        if self.status in ("loading", "ready"):
+            self.status = "stopping"
+            self.metrics.ready.set(0)
+        if self._drain is None:
+            self._drain = asyncio.ensure_future(self.drain(timeout))
+
+    async def drain(self, timeout: float) -> None:
+        self.batcher.close()
+        if self.batcher.idle:
+            return
+        queued, running = self.batcher.queued, self.batcher.running
+        logger.info("Draining: %d sentences queued, %d batches decoding (at most %g s)", queued, running, timeout)
+        if await self.batcher.drained(timeout):
+            logger.info("Drained: every request in flight was answered")
+            return
+        logger.warning(
+            "Drain timeout (--graceful_timeout_s %g): %d sentences queued and %d batches decoding are answered 503",
+            timeout,
+            self.batcher.queued,
+            self.batcher.running,
+        )
+        await self.batcher.abort()
+
     async def stop(self) -> None:
         self.status = "stopping"
         self.metrics.ready.set(0)
         await self.batcher.stop()
+        if self.preparer is not None:
+            self.preparer.close()
 
     # -------------------------------------------------------------------------------------------- translate
     async def translate(self, request: Request) -> Response:
+        self.check_ready()
+        check_content_type(request.headers.get("content-type"))
+        body = await read_body(request, self.limits)
+        prepared = await self.preparer.run(prepare_body, body, self.limits, self.token_limit, self.split_language)
+        results = await self.decode(request, prepared)
+        return json_response(render(prepared, results))
+
+    def check_ready(self) -> None:
         if self.status != "ready":
             raise self.not_ready()
-        check_content_type(request.headers.get("content-type"))
-        body = await read_body(request, self.limits.max_body_bytes)
-        parsed = parse_translate_request(parse_json(body), self.limits)
-        requests = [
-            TranslationRequest(text, src_lang=parsed.src_lang, tgt_lang=parsed.tgt_lang) for text in parsed.texts
-        ]
-        options, key = self.options(parsed)
-        try:
-            self.counter.check_request(requests[0], options)
-        except ValueError as error:
-            message = str(error)
-            name = next((n for n in ("src_lang", "tgt_lang") if message.startswith(n)), "tgt_lang")
-            raise ApiError(422, "invalid_request", message, field=name) from None
-        # counted here, on the event loop's thread, the only one using this tokenizer (a thread hop would cost more
-        # than tokenizing a request's sentences)
-        lengths = self.check_lengths(parsed, self.counter.count_tokens(requests))
+
+    async def decode(self, request: Request, prepared: Prepared) -> list:
+        """`prepared`'s sentences through the batcher (after the key's characters per minute); the results in
+        order. The client leaving withdraws them (499); the limits and failures are JSON errors."""
+        local = request.state
+        local.sentences = len(prepared.requests)
+        refusal = self.limiter.refusal(local.identity, "characters_per_minute", prepared.characters, "characters")
+        if refusal is not None:
+            raise refusal
         work = asyncio.ensure_future(
-            self.batcher.translate(requests, lengths, options, key, timeout=self.limits.request_timeout_s)
+            self.batcher.translate(
+                prepared.requests,
+                prepared.lengths,
+                prepared.options,
+                prepared.key,
+                timeout=self.limits.request_timeout_s,
+                exclusive=prepared.exclusive,
+                request_id=getattr(local, "request_id", None),
+            )
         )
         gone = asyncio.ensure_future(wait_for_disconnect(request))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-        if not work.done():  # the client left: its sentences leave the queue
+        if not work.done():  # the client left: its sentences leave the queue, its batch stops if nobody else waits
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
-            raise ApiError(499, "client_closed", "the client closed the connection before the answer")
+            raise client_closed("before the answer")
         try:
-            results = work.result()
+            return work.result()
         except QueueFull as full:
             raise limit_error(
                 503,
@@ -308,62 +316,13 @@ class ServerState:
         except EngineError as error:
             raise ApiError(500, "engine_error", f"the engine failed on this request's batch: {error}") from None
         except ShuttingDown:
-            raise self.not_ready() from None
-        return json_response(self.render(parsed, results))
+            raise self.not_ready("stopping") from None
 
-    def options(self, parsed) -> tuple[DecodeOptions, tuple]:
-        """The request's decoding options (those it sets, objects with scores where it asks for them), resolved
-        against the model's saved choices, and their batch key."""
-        given = dict(parsed.options)
-        given["scores"] = parsed.as_objects
-        given["nbest"] = given.get("nbest") or 1
-        if self.limits.truncate:
-            given["max_source_length"] = self.token_limit
-        try:
-            resolved = self.counter.resolve(DecodeOptions(**given))
-        except OptionError as error:
-            name = next((n for n in error.names if n in TranslateRequest.model_fields), None)
-            raise ApiError(422, "invalid_request", str(error), field=name) from None
-        return resolved, tuple(sorted(resolved.to_dict().items()))
-
-    def check_lengths(self, parsed, lengths: list[int]) -> list[int]:
-        """413 for a sentence over the token limit (without `--truncate`); the lengths the batcher packs by."""
-        limit = self.token_limit
-        if limit is None:
-            return lengths
-        if not self.limits.truncate:
-            for i, length in enumerate(lengths):
-                if length > limit and parsed.texts[i].strip():
-                    name = "text" if parsed.single else f"text[{i}]"
-                    raise limit_error(
-                        413,
-                        "max_sentence_tokens",
-                        limit,
-                        f"`{name}` is {length} tokens long (special tokens included); this server translates at "
-                        f"most {limit} tokens a sentence (--max_sentence_tokens): split it",
-                        field=name,
-                    )
-        return [min(length, limit) for length in lengths]
-
-    @staticmethod
-    def render(parsed, results) -> dict:
-        if not parsed.as_objects:
-            translations = [result.text for result in results]
-        else:
-            alignments = bool(parsed.options.get("alignments"))
-            translations = [
-                {
-                    "source": result.source,
-                    "hypotheses": [h.to_dict(scores=True, alignments=alignments) for h in result.hypotheses],
-                }
-                for result in results
-            ]
-        return {"translations": translations, "truncated": [i for i, r in enumerate(results) if r.truncated]}
-
-    def not_ready(self) -> ApiError:
-        if self.status == "loading":
+    def not_ready(self, status: str | None = None) -> ApiError:
+        status = status or self.status
+        if status == "loading":
             return ApiError(503, "loading", "the model is still loading; retry shortly", headers={"Retry-After": "5"})
-        if self.status == "failed":
+        if status == "failed":
             return ApiError(503, "failed", f"the model failed to load: {self.error}")
         return ApiError(503, "stopping", "the server is stopping", headers={"Connection": "close"})
 
@@ -377,128 +336,9 @@ def _first(items):
     return items[0] if items else None
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 from its Content-Length or as soon as more than `limit` bytes arrived."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ApiError(400, "invalid_request", f"invalid Content-Length {declared!r}", field="Content-Length")
-        if int(declared) > limit:
-            raise _too_large(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit, more=True)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int, more: bool = False) -> ApiError:
-    return limit_error(
-        413,
-        "max_body_bytes",
-        limit,
-        f"the body is {'more than ' if more else ''}{size} bytes; this server takes at most {limit} "
-        "(--max_body_bytes): send fewer sentences a request",
-        headers={"Connection": "close"},
-    )
-
-
-async def wait_for_disconnect(request: Request) -> None:
-    """Return when the client disconnects (after its body was read, the next ASGI message is the disconnect)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-# ----------------------------------------------------------------------------------------------- access control
-class Guard:
-    """ASGI middleware in front of the routes: the Host check, the cross-origin refusal, the API key, and the
-    request metrics (count by route and status, latency, requests in flight)."""
-
-    def __init__(self, app, state: ServerState):
-        self.app = app
-        self.state = state
-        settings = state.settings
-        self.keys = settings.api_keys
-        self.origins = set(settings.cors_origins)
-        self.allowed_hosts = None if settings.allowed_hosts is None else {h.lower() for h in settings.allowed_hosts}
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        metrics = self.state.metrics
-        path = scope.get("path", "")
-        endpoint = path if path in ENDPOINTS else "other"
-        start = time.monotonic()
-        status = [500]
-
-        async def send_status(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        metrics.in_flight.inc()
-        try:
-            refusal = self.refusal(scope)
-            if refusal is not None:
-                await error_response(refusal, metrics)(scope, receive, send_status)
-            else:
-                await self.app(scope, receive, send_status)
-        finally:
-            metrics.in_flight.dec()
-            metrics.requests.labels(endpoint, str(status[0])).inc()
-            metrics.latency.labels(endpoint).observe(time.monotonic() - start)
-
-    def refusal(self, scope) -> ApiError | None:
-        headers = {}
-        for name, value in scope.get("headers", []):
-            headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
-        host = headers.get("host", "")
-        if self.allowed_hosts is not None:
-            hostname = (urlsplit(f"//{host}").hostname or "").lower()
-            if hostname not in self.allowed_hosts:
-                return ApiError(
-                    400,
-                    "host_not_allowed",
-                    f"Host {host!r} is not one this server answers (--allowed_hosts): "
-                    f"{', '.join(sorted(self.allowed_hosts))}",
-                    field="Host",
-                )
-        origin = headers.get("origin")
-        if origin is not None and origin not in self.origins and "*" not in self.origins:
-            parts = urlsplit(origin)
-            if not (parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()):
-                return limit_error(
-                    403,
-                    "cors_origins",
-                    None,
-                    f"cross-origin requests from {origin!r} are refused: the server's --cors_origins does not list it",
-                )
-        if not self.keys or scope.get("path") in OPEN_PATHS:
-            return None
-        if scope.get("method") == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
-            return None  # a CORS preflight (no credentials by design) of a listed origin
-        if not self.authorized(headers.get("authorization")):
-            reason = "no API key" if not headers.get("authorization") else "an invalid API key"
-            return ApiError(
-                401, "unauthorized", f"{reason}: send `Authorization: Bearer KEY` with a key of --api_key_file"
-            )
-        return None
-
-    def authorized(self, header: str | None) -> bool:
-        if not header:
-            return False
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        given = key_digest(token.strip().encode("latin-1"))
-        match = False
-        for digest in self.keys:  # every key compared, each in constant time
-            match |= hmac.compare_digest(given, digest)
-        return match
+def _warm_up(translator, request: TranslationRequest) -> None:
+    """One decoding on the path requests take (`encode`, `resolve`, `decode_batch`)."""
+    translator.decode_batch(translator.encode([request]), translator.resolve(DecodeOptions()))
 
 
 # ------------------------------------------------------------------------------------------------------ the app
@@ -508,14 +348,108 @@ ERROR_RESPONSES = {
         400: "Invalid UTF-8 or JSON",
         401: "No or an invalid API key",
         403: "A cross-origin request from an origin not listed in --cors_origins",
-        413: "Over a size limit: max_body_bytes, max_sentences, max_sentence_tokens",
+        408: "The body did not arrive within body_timeout_s",
+        413: "Over a size limit: max_body_bytes, max_sentences, max_sentence_tokens, characters_per_minute",
         415: "The body is not declared JSON",
         422: "A field of the wrong type or value, or over max_beams / max_new_tokens",
+        429: "Over max_concurrent_requests, requests_per_minute or characters_per_minute (Retry-After)",
         500: "The engine failed on the batch that held this request",
         503: "Loading, stopping, or the queue is full (max_queue; Retry-After)",
         504: "Over request_timeout_s",
     }.items()
 }
+
+
+def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
+    def answer(request: Request, error: ApiError) -> Response:
+        request.state.error = error.kind
+        return error_response(error, state.metrics)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        return answer(request, error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        kinds = {404: "not_found", 405: "method_not_allowed"}
+        message = f"{request.method} {request.url.path}: {error.detail}"
+        kind = kinds.get(error.status_code, "http_error")
+        return answer(request, ApiError(error.status_code, kind, message, headers=dict(error.headers or {})))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError):
+        return answer(request, ApiError(422, "invalid_request", str(error)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, error: ClientDisconnect):
+        return answer(request, client_closed("before the answer"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception):
+        logger.exception("Internal error on %s %s", request.method, request.url.path)
+        return answer(request, ApiError(500, "internal_error", f"internal error: {type(error).__name__}: {error}"))
+
+
+def _add_routes(app: FastAPI, state: ServerState) -> None:
+    @app.post(
+        "/translate",
+        response_model=TranslateResponse,
+        responses=ERROR_RESPONSES,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
+            }
+        },
+        summary="Translate one sentence or a list of sentences (or paragraphs, with split_sentences)",
+    )
+    async def translate(request: Request):
+        return await state.translate(request)
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Readiness")
+    async def health():
+        return state.health()
+
+    @app.get("/health/ready", response_model=Health, responses={503: {"model": Health}}, summary="Readiness probe")
+    async def ready():
+        return state.health()
+
+    @app.get("/health/live", response_model=Liveness, summary="Liveness probe")
+    async def live():
+        return json_response({"status": "alive", "state": state.status})
+
+    @app.get("/languages", response_model=LanguagesResponse, responses={503: {"model": ErrorResponse}})
+    async def languages():
+        """The languages the model translates from and into, and the target of a request without tgt_lang."""
+        if state.status not in ("ready", "stopping"):
+            raise state.not_ready()
+        return json_response({**state.languages, "default_target": state.default_target})
+
+    @app.get("/metrics", response_class=Response, summary="Prometheus metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page():
+        return HTMLResponse(page_html(), headers=PAGE_HEADERS)
+
+
+def _add_docs(app: FastAPI, title: str) -> None:
+    folder = assets_folder()
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs():
+        if folder is None:
+            raise ApiError(
+                404, "not_found", "the docs page needs the swagger-ui-bundle package: pip install 'hf-variants[serve]'"
+            )
+        return HTMLResponse(docs_page(title), headers=DOCS_HEADERS)
+
+    @app.get("/docs/assets/{name}", include_in_schema=False)
+    async def docs_asset(name: str):
+        if folder is None or name not in ASSETS:
+            raise ApiError(404, "not_found", f"no docs asset {name!r}")
+        return FileResponse(folder / name, media_type=ASSETS[name], headers={"Cache-Control": "max-age=86400"})
 
 
 def create_app(
@@ -526,7 +460,8 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI application serving `settings.model`. Loading starts with the application (its lifespan) and
     runs in the background: `/health` answers 503 until the model is loaded and warmed up. `loader(settings)` builds
-    one translator (per worker; default `load_translator`); `on_failure(error)` is called when loading fails."""
+    one translator (per worker; default `load_translator`); `on_failure(error)` is called when loading fails.
+    `app.state.serve` is the `ServerState` (`begin_drain` on SIGTERM)."""
     state = ServerState(settings, loader or load_translator, on_failure)
 
     @contextlib.asynccontextmanager
@@ -541,78 +476,35 @@ def create_app(
                     await loading
             await state.stop()
 
+    title = "hf-variants-serve"
     app = FastAPI(
-        title="hf-variants-serve",
+        title=title,
         description="Translation with an hf_variants model, decoded in dynamic batches. Errors are "
         '`{"error": {"type", "message", "field"?, "limit"?, "value"?}}`.',
         version=_version(),
         lifespan=lifespan,
+        docs_url=None,
         redoc_url=None,
     )
     app.state.serve = state
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError):
-        return error_response(error, state.metrics)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException):
-        kinds = {404: "not_found", 405: "method_not_allowed"}
-        return error_response(
-            ApiError(
-                error.status_code,
-                kinds.get(error.status_code, "http_error"),
-                f"{request.method} {request.url.path}: {error.detail}",
-                headers=dict(error.headers or {}),
-            ),
-            state.metrics,
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError):
-        return error_response(ApiError(422, "invalid_request", str(error)), state.metrics)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, error: Exception):
-        logger.exception("Internal error on %s %s", request.method, request.url.path)
-        return error_response(
-            ApiError(500, "internal_error", f"internal error: {type(error).__name__}: {error}"), state.metrics
-        )
-
-    @app.post(
-        "/translate",
-        response_model=TranslateResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}},
-            }
-        },
-        summary="Translate one sentence or a list of sentences",
+    _add_error_handlers(app, state)
+    _add_routes(app, state)
+    add_libretranslate_routes(app, state)
+    if settings.docs:
+        _add_docs(app, title)
+    app.add_middleware(
+        Guard,
+        state=state,
+        error_response=lambda error: error_response(error, state.metrics),
+        access_log=settings.access_log,
     )
-    async def translate(request: Request):
-        return await state.translate(request)
-
-    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Readiness")
-    async def health():
-        return state.health()
-
-    @app.get("/metrics", response_class=Response, summary="Prometheus metrics")
-    async def metrics():
-        return Response(state.metrics.render(), media_type=state.metrics.content_type)
-
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page():
-        return HTMLResponse(page_html(), headers=PAGE_HEADERS)
-
-    app.add_middleware(Guard, state=state)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(settings.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
             max_age=600,
         )
     return app

@@ -9,15 +9,23 @@ or the limit.
 | `--max_beams` | 8 | 422 (and `nbest` at most `num_beams`) |
 | `max_new_tokens` of a request | the model's positions | 422 |
 | `--max_queue` sentences waiting | 2048 | 503 with `Retry-After` |
-| `--request_timeout_s` | 60 | 504 (the request's sentences leave the queue) |
+| `--request_timeout_s` | 60 | 504 (the request's sentences leave the queue; its batch stops if nobody else waits) |
+| `--max_concurrent_requests` translate requests in flight | 256 | 429 with `Retry-After` |
+| `--requests_per_minute` per API key (per client address without keys) | none | 429 with `Retry-After` |
+| `--characters_per_minute` per API key (idem) | none | 429 with `Retry-After` (413 above a minute's worth) |
+| `--body_timeout_s` for the whole body | 30 | 408 |
+| `--header_timeout_s` for the headers | 10 | 408, and the connection is closed |
+| `--idle_timeout_s` without a request | 5 | the connection is closed |
+| `--max_connections` open connections | 512 | 503, and the connection is closed |
 
 Each refusal's `type` and `limit` are the limit's name (the flag without `--`); tokens count special tokens (the
-language tag and `</s>`); a sentence cut by `--truncate` is listed in the answer's `truncated`.
+language tag and `</s>`); a sentence cut by `--truncate` is listed in the answer's `truncated`. An API key's own
+limits (`KEY requests_per_minute=N characters_per_minute=N` in `--api_key_file`) replace the flags' for that key.
 
 Malformed bodies: a Content-Type other than JSON 415; invalid UTF-8 or invalid JSON 400 (`invalid_json`, with the
 byte or line and column); wrong types, unknown fields, an empty list, control characters (C0 and C1, line breaks
-included, tab allowed) or unpaired surrogates in a sentence 422 (`invalid_request`, naming the field, e.g.
-`text[3]`). None of these ever reaches the engine.
+included, tab allowed; line breaks allowed with `split_sentences`) or unpaired surrogates in a sentence 422
+(`invalid_request`, naming the field, e.g. `text[3]`). None of these ever reaches the engine.
 """
 
 from __future__ import annotations
@@ -46,18 +54,29 @@ class ServeLimits:
     request_timeout_s: float = 60.0
     max_batch_tokens: int = 4096
     max_wait_ms: float = 10.0
+    concurrent_batches: int = 2
+    max_concurrent_requests: int = 256
+    requests_per_minute: int | None = None
+    characters_per_minute: int | None = None
+    max_connections: int = 512
+    idle_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "max_sentences", "max_beams", "max_queue", "max_batch_tokens"):
+        integers = ("max_body_bytes", "max_sentences", "max_beams", "max_queue", "max_batch_tokens")
+        integers += ("concurrent_batches", "max_concurrent_requests", "max_connections")
+        optional = ("max_sentence_tokens", "requests_per_minute", "characters_per_minute")
+        for name in integers + optional:
             value = getattr(self, name)
+            if value is None and name in optional:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}")
-        if self.max_sentence_tokens is not None and (
-            not isinstance(self.max_sentence_tokens, int) or self.max_sentence_tokens < 1
-        ):
-            raise ValueError(f"`max_sentence_tokens` must be an integer >= 1, got {self.max_sentence_tokens!r}")
-        if not (isinstance(self.request_timeout_s, (int, float)) and 0 < self.request_timeout_s < math.inf):
-            raise ValueError(f"`request_timeout_s` must be a positive number, got {self.request_timeout_s!r}")
+        for name in ("request_timeout_s", "idle_timeout_s", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ValueError(f"`{name}` must be a positive number, got {value!r}")
         if not (isinstance(self.max_wait_ms, (int, float)) and 0 <= self.max_wait_ms < math.inf):
             raise ValueError(f"`max_wait_ms` must be a number >= 0, got {self.max_wait_ms!r}")
         if self.max_sentences > self.max_queue:
@@ -201,29 +220,36 @@ def validation_error(error: ValidationError) -> ApiError:
     return ApiError(422, "invalid_request", message, field=name)
 
 
-_ALLOWED_CONTROLS = {"\t"}
+# control characters (unicodedata category Cc: C0, DEL, C1) but tab, and unpaired surrogates (Cs); with
+# `split_sentences` line feeds and carriage returns are text too
+_REFUSED = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]")
+_REFUSED_IN_PARAGRAPHS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def check_sentence(text: str, name: str) -> None:
-    """422 for control characters (C0, DEL, C1; tab allowed) and unpaired surrogates (from `\\ud800` escapes)."""
-    for position, char in enumerate(text):
-        category = unicodedata.category(char)
-        if category == "Cc" and char not in _ALLOWED_CONTROLS:
-            what = "a line break" if char in "\n\r\x85" else "a control character"
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"`{name}` holds {what} (U+{ord(char):04X}) at position {position}: send one sentence per item, "
-                "without control characters",
-                field=name,
-            )
-        if category == "Cs":
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"`{name}` holds an unpaired surrogate (U+{ord(char):04X}) at position {position}: not a character",
-                field=name,
-            )
+def check_sentence(text: str, name: str, paragraphs: bool = False) -> None:
+    """422 for control characters (C0, DEL, C1; tab allowed, line breaks too with `paragraphs`) and unpaired
+    surrogates (from `\\ud800` escapes). One regular expression over the text (a 1 MB body is checked in
+    milliseconds)."""
+    found = (_REFUSED_IN_PARAGRAPHS if paragraphs else _REFUSED).search(text)
+    if found is None:
+        return
+    char, position = found.group(), found.start()
+    if unicodedata.category(char) == "Cs":
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"`{name}` holds an unpaired surrogate (U+{ord(char):04X}) at position {position}: not a character",
+            field=name,
+        )
+    what = "a line break" if char in "\n\r\x85\x0b\x0c" else "a control character"
+    hint = "" if paragraphs else " (or set `split_sentences` to send paragraphs)"
+    raise ApiError(
+        422,
+        "invalid_request",
+        f"`{name}` holds {what} (U+{ord(char):04X}) at position {position}: send one sentence per item, "
+        f"without control characters{hint}",
+        field=name,
+    )
 
 
 @dataclass
@@ -237,6 +263,7 @@ class ParsedRequest:
     tgt_lang: str | None = None
     options: dict = field(default_factory=dict)
     fields: set = field(default_factory=set)
+    split_sentences: bool = False
 
     @property
     def as_objects(self) -> bool:
@@ -294,13 +321,21 @@ def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
             field="text",
         )
     for i, text in enumerate(texts):
-        check_sentence(text, "text" if single else f"text[{i}]")
+        check_sentence(text, "text" if single else f"text[{i}]", paragraphs=body.split_sentences)
     for name in ("src_lang", "tgt_lang"):
-        code = getattr(body, name)
-        if code is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", code):
-            raise ApiError(422, "invalid_request", f"`{name}` is not a language code: {_describe(code)}", field=name)
+        check_language_code(getattr(body, name), name)
     options = {name: getattr(body, name) for name in server_options() if getattr(body, name) is not None}
     check_beams(options, limits)
+    if body.split_sentences:
+        whole = [name for name in ("nbest", "scores", "alignments") if options.get(name)]
+        if whole:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"`split_sentences` answers each item with its sentences' best translations joined: `{whole[0]}` "
+                "is per sentence (send the sentences as items instead)",
+                field=whole[0],
+            )
     return ParsedRequest(
         texts=texts,
         single=single,
@@ -308,4 +343,11 @@ def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
         tgt_lang=body.tgt_lang,
         options=options,
         fields=set(body.model_fields_set),
+        split_sentences=body.split_sentences,
     )
+
+
+def check_language_code(code: str | None, name: str) -> None:
+    """422 for a language code that is no code (letters, digits, `_`, `-`; at most 32)."""
+    if code is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", code):
+        raise ApiError(422, "invalid_request", f"`{name}` is not a language code: {_describe(code)}", field=name)

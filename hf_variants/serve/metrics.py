@@ -13,8 +13,10 @@ expects. Every name starts with `hf_variants_serve_`:
 | `sentences_per_second` | gauge | sentences decoded per second over the last 60 s |
 | `batch_sentences`, `batch_tokens` | histograms | sentences and padded source tokens of each decoded batch |
 | `batch_duration_seconds` | histogram | decoding time of each batch |
+| `batches_stopped_total` | counter | batches stopped at a step: nobody waited (timeouts, clients gone, drain) |
 | `queue_sentences` | gauge | sentences waiting for a batch |
 | `requests_in_flight` | gauge | requests received and not yet answered |
+| `errors_total{kind="client_closed"}` | counter | requests whose client left before the answer (499 in the log) |
 | `ready` | gauge | 1 once the model is loaded and warmed up, 0 while loading or stopping |
 | `model_info{model_type,engine,precision,workers,num_threads}` | gauge (info) | what is served |
 """
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from ..inference.requests import DecodingCancelled
 
 PREFIX = "hf_variants_serve"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -74,6 +78,11 @@ class ServeMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.stopped = Counter(
+            f"{PREFIX}_batches_stopped",
+            "Batches stopped at a decoding step because nobody waited for them any more.",
+            registry=registry,
+        )
         self.queue = Gauge(f"{PREFIX}_queue_sentences", "Sentences waiting for a batch.", registry=registry)
         self.in_flight = Gauge(
             f"{PREFIX}_requests_in_flight", "Requests received and not yet answered.", registry=registry
@@ -97,6 +106,8 @@ class ServeMetrics:
         self.batch_duration.observe(seconds)
         if error is None:
             self.sentences.inc(len(batch.items))
+        elif isinstance(error, DecodingCancelled):
+            self.stopped.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

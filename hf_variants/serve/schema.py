@@ -36,8 +36,14 @@ class TranslateRequestBase(BaseModel):
         description="A sentence, or a non-empty list of sentences (at most --max_sentences). One sentence per item: "
         'control characters (line breaks included) are refused; an empty or blank item translates to "".'
     )
-    src_lang: str | None = Field(None, description="Source language code, for models with several (GET /health).")
-    tgt_lang: str | None = Field(None, description="Target language code, for models with several (GET /health).")
+    src_lang: str | None = Field(None, description="Source language code, for models with several (GET /languages).")
+    tgt_lang: str | None = Field(None, description="Target language code, for models with several (GET /languages).")
+    split_sentences: bool = Field(
+        False,
+        description="Each item is a paragraph or a document: line breaks allowed, split into sentences (sentencex), "
+        "translated in the same batches and joined with their whitespace (each sentence counts against "
+        "--max_sentences and --max_sentence_tokens). Not with nbest, scores or alignments.",
+    )
 
 
 def option_field(name: str, spec: OptionSpec) -> tuple[Any, Any]:
@@ -106,11 +112,28 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class Languages(BaseModel):
+    """`GET /languages`, and `languages` in `GET /health`: the language codes the model translates from and into
+    (empty lists: the model records none)."""
+
+    source: list[str] = Field(description="Source language codes (`src_lang`).")
+    target: list[str] = Field(description="Target language codes (`tgt_lang`).")
+
+
+class LanguagesResponse(Languages):
+    default_target: str | None = Field(None, description="The target language a request without `tgt_lang` gets.")
+
+
 class Health(BaseModel):
     status: str = Field(description="ready, loading, stopping or failed")
     model_type: str | None = None
     engine: str | None = None
     precision: str | None = None
-    languages: list[str] | None = None
+    languages: Languages | None = None
     max_sentence_tokens: int | None = None
     weights: str | None = Field(None, description="A training checkpoint's weights: ema (moving average) or raw.")
+
+
+class Liveness(BaseModel):
+    status: str = Field(description="alive: the process answers HTTP (loading, ready or stopping)")
+    state: str = Field(description="loading, ready, stopping or failed (what /health/ready answers)")
