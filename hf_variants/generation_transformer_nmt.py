@@ -419,8 +419,20 @@ class TransformerNmtGenerationMixin(GenerationMixin):
         if text_target is not None:
             labels = inputs["labels"]
             inputs["labels"] = labels.masked_fill(labels == tokenizer.pad_token_id, -100)
-        inputs.update(self._language_inputs(tgt_langs, len(texts)))
+        inputs.update(self.target_language_inputs(tgt_langs, len(texts)))
         return {key: value.to(self.device) for key, value in inputs.items()}
+
+    def target_language_inputs(self, tgt_langs: list[str] | None, batch_size: int) -> dict[str, torch.Tensor]:
+        """The inputs naming each sentence's target language that decoding needs beside the source's token ids
+        (which carry the `<2xx>` tag or the source language's token already): `tgt_lang_ids` for the models that
+        condition on the target language (`_language_inputs`), and for those that force the target language's token
+        first (`config.target_language_token`: `generate` reads which token from it)."""
+        inputs = self._language_inputs(tgt_langs, batch_size)
+        forced = getattr(self.config, "target_language_token", False)
+        if forced and tgt_langs is not None and "tgt_lang_ids" not in inputs:
+            ids = [self.config.language_id(lang) for lang in tgt_langs]
+            inputs["tgt_lang_ids"] = torch.tensor(ids, dtype=torch.long)
+        return inputs
 
     def _put_language_tokens(
         self, tokenizer, inputs: dict, src_langs: list[str] | None, tgt_langs: list[str] | None
@@ -453,8 +465,6 @@ class TransformerNmtGenerationMixin(GenerationMixin):
             labels = inputs["labels"]
             ids = [config.language_token_id(lang) for lang in tgt_langs]
             put_language_tokens(labels, labels.ne(tokenizer.pad_token_id) & labels.ne(-100), ids, known, "labels")
-        if tgt_langs is not None and "tgt_lang_ids" not in self._language_inputs(tgt_langs, n):
-            inputs["tgt_lang_ids"] = torch.tensor([config.language_id(lang) for lang in tgt_langs], dtype=torch.long)
 
     def _encode_sources(
         self,

@@ -404,7 +404,9 @@ def unfused_export(baseline_export, tokenizer, tmp_path_factory):
     model_dir, folder = tmp_path_factory.mktemp("saved"), tmp_path_factory.mktemp("unfused") / "onnx"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    export_onnx.main(
+    from hf_variants.commands.export_onnx import main
+
+    main(
         [
             *("--model", str(model_dir), "--output_dir", str(folder), "--no_fuse_attention"),
             *("--int8", "--int8_activations", "per_tensor"),

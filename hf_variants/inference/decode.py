@@ -345,7 +345,9 @@ class GenerateEngine(Engine):
             input_ids[i, span] = torch.tensor(row, dtype=torch.long)
             mask[i, span] = 1
         inputs = {"input_ids": input_ids, "attention_mask": mask}
-        language = getattr(self.model, "_language_inputs", None)
+        # the target language's inputs (tgt_lang_ids); models saved before `target_language_inputs` have only
+        # `_language_inputs`
+        language = getattr(self.model, "target_language_inputs", None) or getattr(self.model, "_language_inputs", None)
         if callable(language) and getattr(self.model, "prepare_translation_inputs", None) is not None:
             langs = [r.tgt_lang for r in requests]
             inputs.update(language(langs if any(lang is not None for lang in langs) else None, len(rows)))
