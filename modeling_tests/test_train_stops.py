@@ -199,13 +199,13 @@ def uninterrupted(data_dir, tokenizer_dir, tmp_path_factory):
     return ref
 
 
-def preempt_reference(data_dir, tokenizer_dir, tmp_path: Path, *extra):
+def preempt_reference(data_dir, tokenizer_dir, tmp_path: Path):
     """A function of n that trains the PREEMPT run uninterrupted for n steps (in this process) and returns its
     folder."""
 
     def trained(steps: int) -> Path:
         ref = tmp_path / f"reference_{steps}"
-        train.main(tiny_args(data_dir, ref, *PREEMPT, *extra, tokenizer=tokenizer_dir, steps=steps))
+        train.main(tiny_args(data_dir, ref, *PREEMPT, tokenizer=tokenizer_dir, steps=steps))
         return ref
 
     return trained
@@ -221,8 +221,9 @@ def reference_past(step: int, uninterrupted: Path, steps: int, train_reference) 
 
 
 def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
-    """SIGTERM, then SIGUSR1 while the checkpoint is being written: one checkpoint at the next step boundary, exit
-    status 143; `--resume_from_checkpoint latest` ends exactly as an uninterrupted run."""
+    """SIGUSR1 and SIGTERM together (the second arrives while the run stops, and changes nothing): one checkpoint at
+    the next step boundary, exit status 143; `--resume_from_checkpoint latest` ends exactly as an uninterrupted
+    run."""
     out = tmp_path / "run"
 
     def command(steps):
