@@ -291,6 +291,13 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     assert_same_run(ref, out)
 
 
+def sigint_as_at_a_terminal() -> None:
+    """`preexec_fn` of a process the test sends Ctrl-C: SIGINT's default action, as a program started at a terminal
+    has it. A test run started in the background (`&` in a script, `nohup`) passes SIGINT on ignored, and train.py
+    then leaves it alone, as it should: the signal would never reach the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
     """A real SIGINT (Ctrl-C) to a training process is handled like SIGTERM: one line, a checkpoint at the next step
     boundary, exit status 130 (128 + SIGINT) without a traceback; the resume ends exactly as an uninterrupted run.
@@ -303,7 +310,12 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
         )
 
     proc = subprocess.Popen(
-        command(UNREACHABLE_STEPS), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env()
+        command(UNREACHABLE_STEPS),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
     wait_for_log(out, proc)  # step 3 logged; the run cannot end before the signal lands
     os.kill(proc.pid, signal.SIGINT)
@@ -341,6 +353,7 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
         stderr=subprocess.PIPE,
         text=True,
         env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
     wait_for_log(again, proc)  # step 1 logged: its validation starts
     os.kill(proc.pid, signal.SIGINT)
