@@ -3,7 +3,7 @@
 A saved model carries this file (it is part of the model closure), so the check below runs under the transformers
 of whoever loads the model, not only under the one this package was installed with.
 
-Supported: `SUPPORTED_RANGE` (`>=5.23,<5.25`), the range the test suite runs (5.23 and 5.24, each with
+Supported: `SUPPORTED_RANGE` (`>=5.23,<5.26`), the range the test suite runs (5.23, 5.24 and 5.25, each with
 transformers' own common model and generation tests). Outside it the code warns once at import, naming the range
 and the running version; on a version in `KNOWN_WRONG` (it loads and runs, but decodes wrongly) `generate` refuses,
 naming it (`check_generation_supported`).
@@ -17,7 +17,18 @@ signatures), not inferred from the version number:
   accept both names (`accepts_cache_alias`) and write the output field by its current name (`cache_field`,
   `output_cache`).
 - the mask helpers' cache argument (`create_causal_mask(..., cache=)` in 5.24, `past_key_values=` before):
-  `causal_mask`.
+  `causal_mask`. Since 5.25 their signatures list the deprecated `past_key_values` too (so that code which filters
+  its arguments by signature keeps passing it), and passing it warns: the current name is `cache` wherever the
+  signature has it, whatever else it lists.
+- loading: since 5.25 `from_pretrained` applies Hub kernels unless told not to (`use_kernels` defaults to yes) and
+  then needs the `kernels` package (a new dependency of transformers; a load without it raises). These models have
+  no layer a Hub kernel replaces, so their `from_pretrained` passes `use_kernels=False` unless the caller chose
+  (`without_hub_kernels`): the default of 5.23 and 5.24, and on every version a load that needs no `kernels`.
+
+Differences of 5.25 that need nothing here: `PreTrainedModel._is_stateful` is gone (no code of the models reads
+it), `generate()`'s prefill reads `get_seq_length()` of every cache instead of only non-linear ones (the ONNX
+Runtime caches answer it), and caches gained `get_recurrent_states_to_keep` and `activate_past_recording(**kwargs)`
+for assisted decoding (transformers' `EncoderDecoderCache` the models use has them).
 
 The tests that guard each dependency on transformers' internals are listed in docs/transformers-internals.md.
 """
@@ -35,8 +46,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 # The tested range, as pyproject.toml declares it.
-SUPPORTED_RANGE = (">=5.23", "<5.25")
-_LOWEST, _ABOVE = Version("5.23"), Version("5.25")
+SUPPORTED_RANGE = (">=5.23", "<5.26")
+_LOWEST, _ABOVE = Version("5.23"), Version("5.26")
 # Releases (or minors, "5.22") on which the models load and run but decode wrongly, with what goes wrong: `generate`
 # refuses them. None is known: below the range, 5.20.2 and 5.22.2 pass every model and generation test of the suite
 # (cached = uncached, static = dynamic cache, beam search, the pipeline; only the tests that call a newer
@@ -49,6 +60,7 @@ TRANSFORMERS_VERSION = transformers.__version__
 # The name under which generate() passes the cache to forward and reads it from the output: "cache" since 5.24.
 CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 LEGACY_CACHE_NAME = "past_key_values"
+# "cache" first: since 5.25 the signature lists the deprecated "past_key_values" beside it
 _MASK_CACHE_ARG = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
@@ -91,6 +103,14 @@ def causal_mask(config, inputs_embeds, attention_mask, cache):
     return create_causal_mask(
         config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, **{_MASK_CACHE_ARG: cache}
     )
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def without_hub_kernels(kwargs: dict) -> dict:
+    """`from_pretrained`'s keyword arguments with `use_kernels=False` unless the caller passed it (transformers 5.25
+    applies Hub kernels by default and needs the `kernels` package for that; the models have no layer one replaces)."""
+    kwargs.setdefault("use_kernels", False)
+    return kwargs
 
 
 # -------------------------------------------------------------------------------------------- the version check

@@ -72,7 +72,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, logging
 
-from .compat_transformer_nmt import accepts_cache_alias, cache_field, causal_mask, output_cache
+from .compat_transformer_nmt import accepts_cache_alias, cache_field, causal_mask, output_cache, without_hub_kernels
 from .configuration_transformer_nmt import TransformerNmtConfig
 from .generation_transformer_nmt import LENGTH_RULE_KEYS, TransformerNmtGenerationMixin, current_generation_scope
 from .loss_transformer_nmt import projected_smoothed_cross_entropy, smoothed_cross_entropy
@@ -810,8 +810,9 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """transformers' `from_pretrained`, then: a checkpoint in hf_variants 0.1's stacked layout
-        (`_legacy_keys_pattern`) raises a ValueError naming the conversion command, and `_after_load` runs.
+        """transformers' `from_pretrained` (with `use_kernels=False` unless given: `without_hub_kernels`), then: a
+        checkpoint in hf_variants 0.1's stacked layout (`_legacy_keys_pattern`) raises a ValueError naming the
+        conversion command, and `_after_load` runs.
 
         Not transformers 5's checkpoint-conversion mapping (`conversion_mapping.register_checkpoint_conversion_mapping`
         / `WeightConverter`): `save_pretrained` reverts the conversions a model was loaded with
@@ -821,7 +822,7 @@ class TransformerNmtPreTrainedModel(PreTrainedModel):
         output_loading_info = kwargs.pop("output_loading_info", False)
         try:
             model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **without_hub_kernels(kwargs)
             )
         except SafetensorError as error:  # names no file: the same error type, naming the damaged file(s)
             damaged = damaged_weight_files(pretrained_model_name_or_path, kwargs.get("subfolder") or "")

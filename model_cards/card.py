@@ -281,6 +281,8 @@ NOT_HYPERPARAMETERS = frozenset(
         "ddp_timeout",
         "requeue_exit_code",
         "num_threads",
+        "threads_from_load",
+        "cpu_threads",
         "cpu",
         "allow_changed_settings",
         "allow_large_model",

@@ -113,6 +113,33 @@ def test_run_stops_early_says_why_and_keeps_the_best(uninterrupted):
     )
 
 
+def started_well_before(cmd: list[str], out: Path, stop_step: int, attempts: int = 5) -> subprocess.Popen:
+    """The run of `cmd` (into `out`), stopped (SIGSTOP) once it has logged a step and checked to be at least 3 steps
+    before `stop_step` (where it stops early: a signal sent now is seen at a step boundary before it). A run that got
+    further before it was stopped (a busy machine) is killed and started again. Send the signal, then SIGCONT."""
+    for _ in range(attempts):
+        shutil.rmtree(out, ignore_errors=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env()
+        )
+        wait_for_log(out, proc)
+        os.kill(proc.pid, signal.SIGSTOP)
+        logged = []
+        for line in (out / "log.jsonl").read_text().splitlines():
+            try:
+                logged.append(json.loads(line)["step"])
+            except ValueError:  # a line it was writing when it stopped
+                pass
+        # frozen before the next logging step (2 steps on) has written its record: the signal is seen by then
+        if max(logged) + 3 < stop_step:
+            return proc
+        proc.kill()
+        proc.communicate()
+    raise AssertionError(
+        f"the run got within 3 steps of step {stop_step} before it could be stopped, {attempts} times"
+    )
+
+
 def test_stop_step_is_the_same_after_sigterm_and_resume(uninterrupted, data_dir, tokenizer_dir, tmp_path):
     """A real SIGTERM to a real train.py process; the resumed run (into a folder holding a user's files and a
     checkpoint copied from another run) stops at the same step with the same weights and counter; rotation left
@@ -122,9 +149,9 @@ def test_stop_step_is_the_same_after_sigterm_and_resume(uninterrupted, data_dir,
     cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
         data_dir, out, *PATIENT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=STEPS
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
-    wait_for_log(out, proc)
+    proc = started_well_before(cmd, out, ref_results["steps"])
     os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signal.SIGCONT)
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 143, stderr[-3000:]
     preempted = checkpointing.list_checkpoints(out / "checkpoints")[-1][0]

@@ -256,31 +256,67 @@ def test_the_run_log_leaves_out_http_requests(tmp_path, capsys):
     "cores, processes, load, threads",
     [(2, 1, 0.3, 2), (2, 1, 1.9, 1), (2, 1, 3.5, 1), (16, 2, 4.0, 6), (16, 2, 1.0, 8), (8, 1, None, 8)],
 )
-def test_default_threads_leave_busy_cores_alone(cores, processes, load, threads):
-    chosen, reason = train.default_cpu_threads(cores, processes, load)
+def test_threads_from_load_leave_busy_cores_alone(cores, processes, load, threads):
+    chosen, reason = train.threads.load_fitted(cores, processes, load)
     assert chosen == threads
     assert (reason is None) == (threads == cores // processes)
+    asked = train.threads.choose(None, True, None, cores, processes, {}, load)
+    assert (asked.threads, asked.source, asked.note) == (threads, "load", reason)
 
 
-def test_a_busy_machine_gets_fewer_threads_and_a_hint(monkeypatch, caplog):
+@pytest.mark.parametrize("load", [0.0, 1.9, 64.0])
+def test_the_default_thread_count_ignores_the_load(load):
+    """Without --threads_from_load the count is the cores per process whatever the load average says; the user's
+    OMP_NUM_THREADS counts unless a launcher set it; --num_threads wins; a resume keeps the recorded count."""
+    choose = train.threads.choose
+    assert choose(None, False, None, 2, 1, {}, load) == train.threads.ThreadChoice(
+        2, "cores", "2 core(s) / 1 process(es) on this machine"
+    )
+    assert choose(None, False, None, 16, 3, {}, load).threads == 5
+    assert choose(None, False, None, 2, 4, {}, load).threads == 1
+    assert choose(None, False, None, 16, 1, {"OMP_NUM_THREADS": "3"}, load).key == (3, "OMP_NUM_THREADS")
+    launched = {"OMP_NUM_THREADS": "1", "ACCELERATE_DYNAMO_BACKEND": "NO"}  # accelerate launch's default, not ours
+    assert choose(None, False, None, 16, 2, launched, load).key == (8, "cores")
+    assert choose(4, False, 1, 2, 1, {"OMP_NUM_THREADS": "3"}, load).key == (4, "flag")
+    kept = choose(None, False, 1, 16, 1, {}, load)
+    assert kept.key == (1, "checkpoint")
+    assert "Keeping the run's 1 CPU thread(s) per process" in kept.note and "--num_threads 16" in kept.note
+    assert choose(None, False, 2, 2, 1, {}, load).note is None  # the same count: nothing to say
+
+
+def test_set_cpu_threads_on_a_busy_machine_keeps_the_count(monkeypatch, caplog):
     class Accelerator:
         device, num_processes = torch.device("cpu"), 1
 
-    args = train.parse_args(["--preset", "tiny"])
     before = torch.get_num_threads()
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 2.0, 2.0))
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.5, 9.0, 9.0))
+    for name in ("LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", *train.threads.LAUNCHER_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
     try:
         with caplog.at_level(logging.INFO, logger="hf_variants.train"):
-            train.set_cpu_threads(args, Accelerator())
-        assert torch.get_num_threads() == 1
-        assert "1 CPU thread(s) per process instead of 2: the load average 2.2" in caplog.text
-        assert "--num_threads N to choose" in caplog.text
+            assert train.set_cpu_threads(train.parse_args(["--preset", "tiny"]), Accelerator()).threads == 2
+            assert torch.get_num_threads() == 2 and "load average" not in caplog.text
+            asked = train.parse_args(["--preset", "tiny", "--threads_from_load"])
+            assert train.set_cpu_threads(asked, Accelerator()).threads == 1
+            assert torch.get_num_threads() == 1
+            assert "1 CPU thread(s) per process instead of 2: the load average 9.5" in caplog.text
         train.set_cpu_threads(train.parse_args(["--num_threads", "2"]), Accelerator())  # the flag always wins
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_thread_flags_are_checked(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--preset", "tiny", "--num_threads", "2", "--threads_from_load"])
+    assert "--threads_from_load picks them by the load: give one" in capsys.readouterr().err
+    monkeypatch.setenv("OMP_NUM_THREADS", "two")
+    for name in train.threads.LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--preset", "tiny"])
+    assert "OMP_NUM_THREADS='two' is not a positive integer" in capsys.readouterr().err
 
 
 # -------------------------------------------------------------------------------------------------- install

@@ -106,15 +106,33 @@ def test_nbest_with_scores_equals_the_core(served):
         assert len(item["hypotheses"]) == 3
 
 
+def rule_with_some_cut(translator: Translator, sentences: list[str]) -> tuple[DecodeOptions, int]:
+    """A length rule (greedy) under which some of `sentences` reach their own limit and the others end before it,
+    with limits that differ between sentences: chosen from the model's unlimited greedy outputs (a greedy output
+    under a limit is the unlimited one cut there, `</s>` forced as the limit-th token), so the situation is made,
+    whatever the fixture model's outputs are. Returns the options and how many sentences reach their limit."""
+    unlimited = translator.translate(sentences, DecodeOptions(num_beams=1, max_new_tokens=64))
+    natural = [len(r.hypotheses[0].tokens) for r in unlimited]  # `</s>` included; 64: at least that
+    lengths = translator.count_tokens(sentences)
+    for a in (1.0, 0.5, 1.5, 2.0):
+        for b in range(16):
+            options = translator.resolve(DecodeOptions(num_beams=1, max_len_a=a, max_len_b=b, scores=True))
+            limits = translator.engine.length_limits(lengths, options)
+            reach = sum(n >= limit for n, limit in zip(natural, limits))
+            if 0 < reach < len(sentences) and len(set(limits)) > 1 and max(limits) < 64:
+                return options, reach
+    raise AssertionError(f"no length rule cuts some of these outputs and not others: lengths {natural}")
+
+
 def test_the_engine_decodes_greedy_like_torch(served, trained, tokenizer):
-    """The engine behind the server (fp32) against the torch model: the same greedy tokens under the length rule
-    (sentences of many lengths in one batch, some reaching their own limit) and under max_new_tokens, and the same
-    log-probabilities."""
+    """The engine behind the server (fp32) against the torch model: the same greedy tokens under a length rule
+    (sentences of many lengths in one batch, some reaching their own limit, chosen so that some do) and under
+    max_new_tokens, and the same log-probabilities."""
     engine, _, _, _, folder = served
     fp32 = Translator.from_pretrained(str(folder), engine=engine, precision="fp32", num_threads=1)
     torch_translator = Translator(trained.eval(), tokenizer)
     sentences = read_sentences("en", "val", n=40, start=200)
-    rule = DecodeOptions(num_beams=1, max_len_a=1.0, max_len_b=0, scores=True)  # a rule that binds on some
+    rule, reach = rule_with_some_cut(torch_translator, sentences)
     for options in (rule, DecodeOptions(num_beams=1, max_new_tokens=6, scores=True)):
         ours, theirs = torch_translator.translate(sentences, options), fp32.translate(sentences, options)
         assert [r.hypotheses[0].tokens for r in theirs] == [r.hypotheses[0].tokens for r in ours]
@@ -122,12 +140,9 @@ def test_the_engine_decodes_greedy_like_torch(served, trained, tokenizer):
             [r.hypotheses[0].log_prob for r in ours], abs=1e-4
         )
         if options is rule:  # outputs cut by their own sentence's limit were compared
-            limits = torch_translator.engine.length_limits(
-                torch_translator.count_tokens(sentences), torch_translator.resolve(rule)
-            )
+            limits = torch_translator.engine.length_limits(torch_translator.count_tokens(sentences), rule)
             reached = sum(len(r.hypotheses[0].tokens) == limit for r, limit in zip(ours, limits))
-            print(f"{reached} of {len(sentences)} outputs reached their limit")
-            assert 0 < reached < len(sentences)
+            assert reached == reach and 0 < reached < len(sentences)
 
 
 def test_the_commands_on_the_export_answer_like_the_server(served, tokenizer, tmp_path, capsys):

@@ -186,6 +186,9 @@ def assert_same_run(ref_dir: Path, got_dir: Path) -> None:
 
 
 PREEMPT_STEPS = 30
+# An interrupted run is launched with this many steps: it cannot end before the signal lands, however long this
+# process takes to send it. The resumed run sets the real length (--max_steps may change on a resume).
+UNREACHABLE_STEPS = 100_000
 
 
 @pytest.fixture(scope="module")
@@ -196,28 +199,57 @@ def uninterrupted(data_dir, tokenizer_dir, tmp_path_factory):
     return ref
 
 
+def preempt_reference(data_dir, tokenizer_dir, tmp_path: Path):
+    """A function of n that trains the PREEMPT run uninterrupted for n steps (in this process) and returns its
+    folder."""
+
+    def trained(steps: int) -> Path:
+        ref = tmp_path / f"reference_{steps}"
+        train.main(tiny_args(data_dir, ref, *PREEMPT, tokenizer=tokenizer_dir, steps=steps))
+        return ref
+
+    return trained
+
+
+def reference_past(step: int, uninterrupted: Path, steps: int, train_reference) -> tuple[Path, int]:
+    """The uninterrupted run and its length to compare a run interrupted at `step` with: `uninterrupted` (`steps`
+    long) when `step` is a few steps before its end, else `train_reference(n)`'s run of n = step + 4 steps (a signal
+    that landed late, on a busy machine)."""
+    if step + 4 <= steps:
+        return uninterrupted, steps
+    return train_reference(step + 4), step + 4
+
+
 def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
-    """SIGTERM, then SIGUSR1 while the checkpoint is being written: one checkpoint at the next step boundary, exit
-    status 143; `--resume_from_checkpoint latest` ends exactly as an uninterrupted run."""
-    steps = PREEMPT_STEPS
+    """SIGUSR1 and SIGTERM together (the second arrives while the run stops, and changes nothing): one checkpoint at
+    the next step boundary, exit status 143; `--resume_from_checkpoint latest` ends exactly as an uninterrupted
+    run."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
-        data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=steps
+
+    def command(steps):
+        return [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+            data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=steps
+        )
+
+    proc = subprocess.Popen(
+        command(UNREACHABLE_STEPS), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env()
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     wait_for_log(out, proc)
+    # both signals while the process is stopped: on SIGCONT they arrive together, the lower number first (the
+    # kernel and Python deliver pending signals in signal order), so the second one surely comes while it stops
+    os.kill(proc.pid, signal.SIGSTOP)
     os.kill(proc.pid, signal.SIGTERM)
-    seen = stderr_until(proc, "SIGTERM received:")  # (two signals pending at once are handled in signal order)
-    os.kill(proc.pid, signal.SIGUSR1)  # a second signal, while it stops, changes nothing
-    stderr = seen + proc.communicate(timeout=240)[1]
+    os.kill(proc.pid, signal.SIGUSR1)
+    os.kill(proc.pid, signal.SIGCONT)
+    stderr = proc.communicate(timeout=240)[1]
     assert proc.returncode == 143, stderr[-3000:]
     checkpoints = checkpointing.list_checkpoints(out / "checkpoints")
     step = checkpoints[-1][0]
-    assert 3 <= step < steps, stderr[-2000:]
-    assert "SIGTERM received: saving a checkpoint at the next step boundary" in stderr
-    assert "SIGUSR1 received while stopping (after SIGTERM): ignored, the checkpoint is on its way" in stderr
+    assert step >= 3, stderr[-2000:]
+    assert "SIGUSR1 received: saving a checkpoint at the next step boundary" in stderr
+    assert "SIGTERM received while stopping (after SIGUSR1): ignored, the checkpoint is on its way" in stderr
     assert (
-        f"train.py: Preempted (SIGTERM): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
+        f"train.py: Preempted (SIGUSR1): checkpoint {out / 'checkpoints' / f'step_{step}'} saved at step {step}; "
         f"exiting with status 143. Continue with --resume_from_checkpoint latest."
     ) in stderr
     assert not (out / "results.json").exists() and not list((out / "checkpoints").glob(".tmp_*"))
@@ -250,10 +282,20 @@ def test_sigterm_checkpoints_and_resume_is_exact(data_dir, tokenizer_dir, tmp_pa
     saved = json.loads((out / "model_config" / "generation_config.json").read_text())
     assert saved["num_beams"] == 2  # the run's decoding, its length rule (--max_len_a 1.0 --max_len_b 4) included
     assert saved["length_rule"] == {"max_len_a": 1.0, "max_len_b": 4, "max_new_tokens": 256}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    ref, steps = reference_past(
+        step, uninterrupted, PREEMPT_STEPS, preempt_reference(data_dir, tokenizer_dir, tmp_path)
+    )
+    proc = subprocess.run(command(steps), capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()
-    assert_same_run(uninterrupted, out)
+    assert_same_run(ref, out)
+
+
+def sigint_as_at_a_terminal() -> None:
+    """`preexec_fn` of a process the test sends Ctrl-C: SIGINT's default action, as a program started at a terminal
+    has it. A test run started in the background (`&` in a script, `nohup`) passes SIGINT on ignored, and train.py
+    then leaves it alone, as it should: the signal would never reach the run."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path, uninterrupted):
@@ -261,16 +303,26 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
     boundary, exit status 130 (128 + SIGINT) without a traceback; the resume ends exactly as an uninterrupted run.
     A second Ctrl-C while it stops ends the process at once, by SIGINT."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
-        data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=PREEMPT_STEPS
+
+    def command(steps):
+        return [sys.executable, str(TRAIN_SCRIPT)] + tiny_args(
+            data_dir, out, *PREEMPT, "--resume_from_checkpoint", "latest", tokenizer=tokenizer_dir, steps=steps
+        )
+
+    proc = subprocess.Popen(
+        command(UNREACHABLE_STEPS),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
-    wait_for_log(out, proc)
+    wait_for_log(out, proc)  # step 3 logged; the run cannot end before the signal lands
     os.kill(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 130, stderr[-3000:]
     step = checkpointing.list_checkpoints(out / "checkpoints")[-1][0]
-    assert 3 <= step < PREEMPT_STEPS, stderr[-2000:]
+    assert step >= 3, stderr[-2000:]
     assert (
         "SIGINT received: saving a checkpoint at the next step boundary, then exiting (Ctrl-C again: stop at once, "
         "without it)" in stderr
@@ -280,21 +332,30 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
         f"exiting with status 130. Continue with --resume_from_checkpoint latest."
     )
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=subprocess_env())
+    ref, steps = reference_past(
+        step, uninterrupted, PREEMPT_STEPS, preempt_reference(data_dir, tokenizer_dir, tmp_path)
+    )
+    proc = subprocess.run(command(steps), capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {out / 'checkpoints' / f'step_{step}'}: step {step}" in (out / "train.log").read_text()
-    assert_same_run(uninterrupted, out)
+    assert_same_run(ref, out)
 
+    # Ctrl-C twice: the second one must come while the run stops. The first lands during a long validation of step
+    # 1 (30 pairs decoded one at a time, beam 4, up to 200 tokens of a nearly untrained model), which the run
+    # finishes before its next step boundary: the second one comes while thousands of decoding steps are left.
     again = tmp_path / "again"
+    long_validation = ["--logging_steps", "1", "--eval_steps", "1", "--max_valid_pairs", "30", "--eval_bleu_pairs"]
+    long_validation += ["30", "--num_beams", "4", "--max_len_b", "200", "--eval_batch_size", "1"]
     proc = subprocess.Popen(
         [sys.executable, str(TRAIN_SCRIPT)]
-        + tiny_args(data_dir, again, *PREEMPT, tokenizer=tokenizer_dir, steps=PREEMPT_STEPS),
+        + tiny_args(data_dir, again, *PREEMPT, *long_validation, tokenizer=tokenizer_dir, steps=UNREACHABLE_STEPS),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
-    wait_for_log(again, proc)
+    wait_for_log(again, proc)  # step 1 logged: its validation starts
     os.kill(proc.pid, signal.SIGINT)
     seen = stderr_until(proc, "SIGINT received:")  # the first one is being handled
     os.kill(proc.pid, signal.SIGINT)
@@ -302,6 +363,7 @@ def test_ctrl_c_checkpoints_exits_130_and_resume_is_exact(data_dir, tokenizer_di
     assert proc.returncode == -signal.SIGINT, stderr[-3000:]  # ended by the signal itself
     assert "SIGINT received again while stopping (after SIGINT): stopping at once" in stderr
     assert "Traceback" not in stderr and "Interrupted (SIGINT)" not in stderr
+    assert not checkpointing.list_checkpoints(again / "checkpoints")  # stopped during step 1's validation
 
 
 def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir, tokenizer_dir, tmp_path):
@@ -309,20 +371,17 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     at the same step boundary (the flag rides the step's all-reduce), save one checkpoint with both processes'
     random states and exit with --requeue_exit_code; the resumed 2-process run ends exactly as an uninterrupted
     one."""
-    steps = 24
 
-    def command(out, *extra):
+    def command(out, steps, *extra):
         return two_process_launch(
             *tiny_args(
                 data_dir, out, *PREEMPT, "--requeue_exit_code", "99", *extra, tokenizer=tokenizer_dir, steps=steps
             )
         )
 
-    proc = subprocess.run(command(tmp_path / "ref"), capture_output=True, text=True, timeout=400, env=subprocess_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        command(out, "--resume_from_checkpoint", "latest"),
+        command(out, UNREACHABLE_STEPS, "--resume_from_checkpoint", "latest"),  # it cannot end before the signal
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -336,12 +395,17 @@ def test_signal_to_one_of_two_processes_stops_both_and_resume_is_exact(data_dir,
     assert proc.returncode != 0
     checkpoints = checkpointing.list_checkpoints(out / "checkpoints")
     step = checkpoints[-1][0]
-    assert 3 <= step < steps, stderr[-2000:]
+    assert step >= 3, stderr[-2000:]
     assert {"rng_state_0.json", "rng_state_1.json"} <= {p.name for p in checkpoints[-1][1].iterdir()}
     assert "SIGUSR1 received: saving a checkpoint at the next step boundary" in stderr
     assert stderr.count(f"saved at step {step}; exiting with status 99") == 2, stderr[-3000:]  # both processes
+    steps = max(24, step + 4)  # the uninterrupted run to compare with: a few steps past the checkpoint at least
     proc = subprocess.run(
-        command(out, "--resume_from_checkpoint", "latest"),
+        command(tmp_path / "ref", steps), capture_output=True, text=True, timeout=400, env=subprocess_env()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(
+        command(out, steps, "--resume_from_checkpoint", "latest"),
         capture_output=True,
         text=True,
         timeout=400,

@@ -31,7 +31,8 @@ def test_declared_range_is_the_checked_range():
     assert spec == "transformers" + ",".join(compat.SUPPORTED_RANGE)
     assert compat.is_supported(transformers.__version__), "the suite runs on a version outside the declared range"
     assert compat.is_supported("5.23.0") and compat.is_supported("5.24.3") and compat.is_supported("5.24.0.dev0")
-    assert not compat.is_supported("5.22.2") and not compat.is_supported("5.25.0") and not compat.is_supported("6.0")
+    assert compat.is_supported("5.25.0") and compat.is_supported("5.25.2")
+    assert not compat.is_supported("5.22.2") and not compat.is_supported("5.26.0") and not compat.is_supported("6.0")
 
 
 def test_outside_the_range_one_warning_names_range_and_version():
@@ -54,7 +55,7 @@ def test_outside_the_range_one_warning_names_range_and_version():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     (message,) = eval(result.stdout.strip().splitlines()[-1])
-    assert ">=5.23,<5.25" in message and "5.22.0" in message
+    assert ">=5.23,<5.26" in message and "5.22.0" in message
 
 
 def test_supported_version_does_not_warn():
@@ -108,6 +109,39 @@ def test_cache_under_either_name():
             cache=compat.output_cache(first),
             past_key_values=compat.output_cache(other),
         )
+
+
+def test_the_mask_helpers_get_the_cache_under_its_current_name():
+    """The mask helpers' cache keyword is the running version's cache name (5.25 also lists the deprecated
+    `past_key_values` in their signatures): a cached decoding step builds its masks without a deprecation warning."""
+    assert compat._MASK_CACHE_ARG == compat.CACHE_NAME
+    torch.manual_seed(0)
+    model = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=40)).eval()
+    source = torch.tensor([[5, 6, 7, 2]])
+    first = model(input_ids=source, decoder_input_ids=torch.tensor([[0, 9]]), use_cache=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step = model(
+            input_ids=source, decoder_input_ids=torch.tensor([[11]]), **compat.cache_field(compat.output_cache(first))
+        )
+    full = model(input_ids=source, decoder_input_ids=torch.tensor([[0, 9, 11]])).logits[:, -1:]
+    torch.testing.assert_close(step.logits, full, rtol=1e-5, atol=1e-5)
+
+
+def test_loading_needs_no_hub_kernels(tmp_path, monkeypatch):
+    """`from_pretrained` does not apply Hub kernels unless asked (transformers 5.25 does by default, and then needs
+    the `kernels` package): a load where `kernels` is unavailable works and gives the same model."""
+    import transformers.modeling_utils as modeling_utils
+
+    torch.manual_seed(0)
+    model = TransformerNmtForConditionalGeneration(TransformerNmtConfig.from_preset("tiny", vocab_size=40)).eval()
+    model.save_pretrained(tmp_path)
+    monkeypatch.setattr(modeling_utils, "is_kernels_available", lambda: False, raising=False)
+    loaded = TransformerNmtForConditionalGeneration.from_pretrained(tmp_path).eval()
+    assert loaded.use_kernels is False
+    ids = torch.tensor([[5, 6, 7, 2]])
+    assert torch.equal(loaded.generate(ids, max_new_tokens=4), model.generate(ids, max_new_tokens=4))
+    assert compat.without_hub_kernels({"use_kernels": True}) == {"use_kernels": True}  # asked: transformers decides
 
 
 def _run(python: str, *args: str) -> dict:

@@ -474,10 +474,22 @@ def test_token_batches_buffers_and_batch_sizes_change_nothing(trained_dir, tmp_p
 
 
 def test_max_length_limits_the_output_and_max_source_length_truncates(trained_dir, tokenizer, tmp_path, caplog):
+    """--max_length L: each greedy output is the unlimited one cut to L - 1 tokens (the decoder's start token
+    counts), L chosen below the longest unlimited output so that one is cut whatever the fixture model says;
+    --max_source_length truncates the sources, counted and warned per line."""
     sources = read_sentences("en", "val", n=5)
-    result, short = run(trained_dir, tmp_path, sources, "--max_length", "3", "--num_beams", "1", name="ml")
-    assert result["max_length"] == 3 and result["truncated_inputs"] == 0
-    assert all(len(tokenizer(line, add_special_tokens=False)["input_ids"]) <= 2 for line in short)
+    greedy = ["--num_beams", "1", "--output_format", "jsonl"]
+    _, rows = run(trained_dir, tmp_path, sources, *greedy, "--max_new_tokens", "64", name="full")
+    full = [json.loads(row)["hypotheses"][0]["tokens"] for row in rows]
+    limit = max(len(tokens) for tokens in full)  # the longest output (its `</s>` included) is cut to limit - 1
+    assert limit >= 2, full
+    result, rows = run(trained_dir, tmp_path, sources, *greedy, "--max_length", str(limit), name="ml")
+    assert result["max_length"] == limit and result["truncated_inputs"] == 0
+    cut = [json.loads(row)["hypotheses"][0] for row in rows]
+    assert [h["tokens"] for h in cut] == [tokens[: limit - 1] for tokens in full]
+    assert sum(len(tokens) > limit - 1 for tokens in full) >= 1
+    _, short = run(trained_dir, tmp_path, sources, "--num_beams", "1", "--max_length", str(limit), name="mltext")
+    assert short == [h["text"] for h in cut]
     with caplog.at_level(logging.WARNING, logger="hf_variants.translate"):
         result, _ = run(trained_dir, tmp_path, sources, "--max_source_length", "8", name="ms")
     lengths = [len(tokenizer(s)["input_ids"]) for s in sources]

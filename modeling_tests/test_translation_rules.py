@@ -35,21 +35,40 @@ def trained(tokenizer):
     return trained_baseline(tokenizer, steps=150)
 
 
+def binding_rule(model, tokenizer) -> tuple[dict, list[list[int]]]:
+    """A tight rule under which more than 10 of SENTENCES' greedy translations reach their own limit, chosen from
+    the model's unlimited greedy translations (returned too: a greedy translation under a limit is the unlimited
+    one cut there, `</s>` forced as the limit-th token), so the rule binds whatever the fixture model says."""
+    unlimited = _decode(model, tokenizer, SENTENCES, 64, num_beams=1, max_new_tokens=64)
+    lengths = [len(x) for x in tokenizer(SENTENCES)["input_ids"]]
+    for a, b in ((0.5, 1), (0.5, 0), (0.25, 1), (0.25, 0)):
+        limits = [int(a * n + b) for n in lengths]
+        if min(limits) >= 1 and sum(len(t) >= limit for t, limit in zip(unlimited, limits)) > 10:
+            return {"max_len_a": a, "max_len_b": b}, unlimited
+    raise AssertionError(f"no tight rule binds: the unlimited greedy lengths are {[len(t) for t in unlimited]}")
+
+
 def test_the_length_rule_is_per_sentence_greedy_and_beam(trained, tokenizer):
-    """64 sentences at batch sizes 1, 7 and 64 under a tight rule (most sentences reach their limit): the same
-    tokens, greedy and beam 4; each translation within its own source's limit, ending with eos there."""
-    rule = {"max_len_a": 0.5, "max_len_b": 1}
+    """64 sentences at batch sizes 1, 7 and 64 under a tight rule (more than 10 sentences reach their limit, by
+    construction): the same tokens, greedy and beam 4; each translation within its own source's limit, ending with
+    eos there; a greedy one is the unlimited greedy translation cut at its limit."""
+    rule, unlimited = binding_rule(trained, tokenizer)
+    runs = {}
     for settings in (dict(num_beams=1), dict(num_beams=4, length_penalty=0.6)):
         runs = {size: _decode(trained, tokenizer, SENTENCES, size, length_rule=rule, **settings) for size in (1, 7)}
         runs[64] = _decode(trained, tokenizer, SENTENCES, 64, length_rule=rule, **settings)
         assert runs[1] == runs[7] == runs[64], settings
+        if settings["num_beams"] == 1:
+            greedy = runs[1]
     lengths = [len(x) for x in tokenizer(SENTENCES)["input_ids"]]
-    limits = [int(0.5 * n + 1) for n in lengths]
-    reached = 0
-    for tokens, limit in zip(runs[1], limits):
-        assert len(tokens) <= limit and tokens[-1] == trained.config.eos_token_id
-        reached += len(tokens) == limit
-    assert reached > 10, "the rule should bind for many sentences at this setting"
+    limits = [int(rule["max_len_a"] * n + rule["max_len_b"]) for n in lengths]
+    eos = trained.config.eos_token_id
+    for tokens in runs[1]:
+        assert tokens[-1] == eos
+    assert all(len(tokens) <= limit for tokens, limit in zip(runs[1], limits))
+    cut = [full if len(full) < limit else full[: limit - 1] + [eos] for full, limit in zip(unlimited, limits)]
+    assert greedy == cut
+    assert sum(len(tokens) == limit for tokens, limit in zip(greedy, limits)) > 10
 
 
 def test_the_saved_rule_applies_per_sentence_without_arguments(trained, tokenizer):

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from ..inference.flags import add_option_flags
-from . import corpora, external, flag_checks, settings
+from . import corpora, external, flag_checks, settings, threads
 from .evaluation import BLEU_TOKENIZERS, DEFAULT_BLEU_TOKENIZE, check_bleu_tokenize
 
 # A clone of the repository (this package imported from its checkout) bundles Multi30k en-de in training/data; an
@@ -251,9 +251,15 @@ def add_optimisation_args(g) -> None:
     g.add_argument(
         "--num_threads",
         type=int,
-        help="CPU threads per process (default on CPU: the cores available divided by the processes on this "
-        "machine, fewer when the load average leaves fewer cores idle, at least 1; `accelerate launch` would "
-        "otherwise leave one)",
+        help="CPU threads per process (default on CPU: OMP_NUM_THREADS when you set it, else the cores available "
+        "divided by the training processes on this machine, at least 1; `accelerate launch` would otherwise leave "
+        "one). Recorded in the run: a resume keeps the recorded count unless this flag is given",
+    )
+    g.add_argument(
+        "--threads_from_load",
+        action="store_true",
+        help="at each launch, fewer CPU threads when the 1-minute load average leaves fewer cores idle (faster on a "
+        "busy machine; the weights then depend on the load, and the count used is recorded)",
     )
     g.add_argument(
         "--cpu",
@@ -549,6 +555,12 @@ def parse_args(argv=None, data_required: bool = True) -> argparse.Namespace:
         args.save_steps = args.eval_steps
     for message in numeric_flag_errors(args):
         parser.error(message)
+    if args.num_threads and args.threads_from_load:
+        parser.error("--num_threads N fixes the CPU threads, --threads_from_load picks them by the load: give one")
+    try:
+        threads.user_omp_threads(os.environ)
+    except ValueError as error:
+        parser.error(str(error))
     if args.streaming and args.num_epochs:
         parser.error("--streaming reads a corpus of unknown length: give --max_steps, not --num_epochs")
     if args.resume_from_checkpoint and args.overwrite_output_dir:

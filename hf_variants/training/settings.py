@@ -55,7 +55,12 @@ FREE = frozenset(
         "license",
         "dataset_label",
         "run_name",  # output only
+        # the CPU threads (`cpu_threads`, derived: hf_variants/training/threads.py): a resume keeps the recorded
+        # count; a new one given on purpose (--num_threads, --threads_from_load) is allowed and recorded, although
+        # the low bits of the steps after it differ from an uninterrupted run's
         "num_threads",
+        "threads_from_load",
+        "cpu_threads",
         "progress_interval",
         "no_progress",  # how progress is shown
         "preprocessing_num_workers",
@@ -89,7 +94,7 @@ FIXED = frozenset(
 
 # Settings fixed at run time rather than given as options (accepted by --allow_changed_settings as well); `data`
 # is compared by hf_variants/training/data_fingerprint.py
-DERIVED = ("num_processes", "mixed_precision", "device", "data")
+DERIVED = ("num_processes", "mixed_precision", "device", "data", "cpu_threads")
 COMPARED_ELSEWHERE = frozenset({"data"})
 
 # Settings whose new value must be written into the restored optimizer/scheduler state to take effect.

@@ -53,6 +53,7 @@ from . import (  # noqa: E402
     progress,
     run_lock,
     settings,
+    threads,
 )
 from .corpus import DataError, DropReport  # noqa: E402
 from .data_fingerprint import check_resume as check_resume_data  # noqa: E402
@@ -621,37 +622,30 @@ def resume_settings_changes(args, resume: Path | None, run_settings: dict) -> li
     return changes
 
 
-def default_cpu_threads(cores: int, local_processes: int, load: float | None) -> tuple[int, str | None]:
-    """Threads per process when --num_threads is not given: the cores available divided by the processes on this
-    machine, or fewer when the 1-minute load average leaves fewer cores idle (threads that wait for cores other
-    processes hold slow every step down: the tiny preset on a busy 2-core machine trained at 2,487 tokens/s with 2
-    threads and at 21,245 with 1), at least 1. Returns the threads and, when the load lowered them, the reason."""
-    local_processes = max(local_processes, 1)
-    threads = max(1, cores // local_processes)
-    if load is None:
-        return threads, None
-    idle = max(cores - load, 0.0)
-    fitting = max(1, int(idle / local_processes + 0.5))
-    if fitting >= threads:
-        return threads, None
-    return fitting, (
-        f"{fitting} CPU thread(s) per process instead of {threads}: the load average {load:.1f} leaves "
-        f"{idle:.1f} of this machine's {cores} cores idle (--num_threads N to choose)"
+def set_cpu_threads(args, accelerator, resume: Path | None = None) -> threads.ThreadChoice | None:
+    """On CPU: the threads per process of this launch (hf_variants/training/threads.py: --num_threads, else
+    --threads_from_load's load-fitted count, else the count recorded in the checkpoint `resume`, else the user's
+    OMP_NUM_THREADS or the cores per process; not on a resume with another number of processes), set in torch and
+    logged when it is worth a line. None on an accelerator."""
+    if accelerator.device.type != "cpu":
+        return None
+    saved = checkpointing.checkpoint_info(resume).get("settings") if resume else None
+    recorded = threads.recorded_threads(saved)
+    if saved and saved.get("num_processes") not in (None, accelerator.num_processes):
+        recorded = None  # resumed on another number of processes (allowed): this launch's share of the cores
+    choice = threads.choose(
+        args.num_threads,
+        args.threads_from_load,
+        recorded,
+        cores=threads.available_cores(),
+        local_processes=int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes),
+        env=os.environ,
+        load=threads.load_average() if args.threads_from_load else None,
     )
-
-
-def set_cpu_threads(args, accelerator) -> None:
-    if accelerator.device.type == "cpu":
-        if args.num_threads:
-            torch.set_num_threads(args.num_threads)
-            return
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE") or accelerator.num_processes)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        threads, reason = default_cpu_threads(cores, local_processes, load)
-        torch.set_num_threads(threads)
-        if reason:
-            logger.info(reason)
+    torch.set_num_threads(choice.threads)
+    if choice.note:
+        logger.info(choice.note)
+    return choice
 
 
 def setup_run(args) -> RunContext:
@@ -683,12 +677,14 @@ def setup_run(args) -> RunContext:
         setup_logging(accelerator, run_dir)
         for message in skipped:  # damaged checkpoints `latest` passed over
             logger.warning(message)
+        cpu_threads = set_cpu_threads(args, accelerator, resume)
         # the run's settings, stored in every checkpoint; a resume compares them before anything is loaded
         run_settings = settings.run_settings(
             args,
             num_processes=accelerator.num_processes,
             mixed_precision=str(accelerator.mixed_precision),
             device=accelerator.device.type,
+            cpu_threads=cpu_threads.threads if cpu_threads else None,
         )
         settings_changes = resume_settings_changes(args, resume, run_settings) + check_resume_data(
             args, accelerator, resume, run_settings, languages, split_source, IN_MEMORY_SPLITS.get() is not None
@@ -697,14 +693,14 @@ def setup_run(args) -> RunContext:
         if lock is not None:
             lock.release()
         raise
-    set_cpu_threads(args, accelerator)
     logger.info(
-        "Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process",
+        "Run %s: %d process(es), %s, mixed precision %s, %d CPU threads per process%s",
         run_dir,
         accelerator.num_processes,
         accelerator.distributed_type,
         accelerator.mixed_precision,
         torch.get_num_threads(),
+        f" ({cpu_threads.reason})" if cpu_threads else "",
     )
     return RunContext(
         args=args,
