@@ -220,6 +220,10 @@ class Guard:
             refusal = self._over_limits(scope, path)
         if refusal is not None:
             scope["state"]["error"] = refusal.kind
+            if _carries_a_body(headers):
+                # refused before its body was read: the connection closes after the answer, so that a client
+                # keeping it alive never sends its next request on a connection whose unread body the server drops
+                refusal.headers = {**refusal.headers, "Connection": "close"}
             await self.error_response(refusal)(scope, receive, send)
             return
         if not translating:
@@ -310,3 +314,9 @@ class Guard:
                 "key": local.get("key"),
             }
         )
+
+
+def _carries_a_body(headers: dict[str, str]) -> bool:
+    """Whether a request announces a body (a Content-Length above 0, or a chunked one)."""
+    length = headers.get("content-length", "0").strip()
+    return (length.isdigit() and int(length) > 0) or "transfer-encoding" in headers
