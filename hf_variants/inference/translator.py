@@ -16,14 +16,11 @@ any batch size; beam search up to float ties).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-import torch
-
 from .batching import buffered, check_batching, length_sorted_batches
-from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for
+from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for, ranks_samples
 from .requests import (
     SKIPPED_EMPTY,
     SKIPPED_TOO_LONG,
@@ -32,6 +29,7 @@ from .requests import (
     TranslationRequest,
     TranslationResult,
 )
+from .sampling import best_first
 
 DEFAULT_BUFFER_SIZE = 1024  # requests read ahead by translate_stream (a pipe's lines are handed on as they come)
 
@@ -245,6 +243,9 @@ class Translator:
         check_request_languages(self.config, request.src_lang, request.tgt_lang)
         if request.prefix and "\n" in request.prefix:
             raise ValueError("prefix: one line expected (it contains a line break)")
+        index = request.index
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
+            raise ValueError(f"index: expected an integer >= 0 (the sentence's position in its corpus), got {index!r}")
 
     def _prepared(self, request: TranslationRequest, index: int) -> TranslationRequest:
         """`request` checked (errors name `requests[index]`), its target language filled in."""
@@ -254,6 +255,8 @@ class Translator:
             raise ValueError(f"requests[{index}]: {error}") from None
         if request.tgt_lang is None and self.default_tgt_lang is not None:
             request = replace(request, tgt_lang=self.default_tgt_lang)
+        if request.index is None:  # what seeds its samples: its position in the call or stream
+            request = replace(request, index=index)
         return request
 
     def count_tokens(self, requests: Sequence[TranslationRequest | str]) -> list[int]:
@@ -281,8 +284,7 @@ class Translator:
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         prepared = [self._prepared(TranslationRequest.of(r), i) for i, r in enumerate(requests)]
-        with _seeded(options):
-            return self._translate(prepared, options, batch_size, max_tokens, 0, progress)
+        return self._translate(prepared, options, batch_size, max_tokens, 0, progress)
 
     def translate_stream(
         self,
@@ -298,19 +300,18 @@ class Translator:
         """Translate an iterable of requests read `buffer_size` at a time (never all at once), yielding the results
         in input order, each buffer's as soon as it is translated. `ready()` (optional) tells whether the next
         request is available without waiting; a buffer is then cut short rather than waited for (a pipe's line is
-        answered while the pipe stays open). Options and batching as in `translate`; `options.seed` seeds the
-        stream once."""
+        answered while the pipe stays open). Options and batching as in `translate`; with `options.seed`, a request
+        without an `index` samples as the sentence at its position in the stream (whatever the buffers)."""
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         return self._stream(requests, options, buffer_size, batch_size, max_tokens, ready, progress)
 
     def _stream(self, requests, options, buffer_size, batch_size, max_tokens, ready, progress):
         offset = 0
-        with _seeded(options):
-            for chunk in buffered(requests, buffer_size, ready):
-                prepared = [self._prepared(TranslationRequest.of(r), offset + i) for i, r in enumerate(chunk)]
-                yield from self._translate(prepared, options, batch_size, max_tokens, offset, progress)
-                offset += len(chunk)
+        for chunk in buffered(requests, buffer_size, ready):
+            prepared = [self._prepared(TranslationRequest.of(r), offset + i) for i, r in enumerate(chunk)]
+            yield from self._translate(prepared, options, batch_size, max_tokens, offset, progress)
+            offset += len(chunk)
 
     def _translate(
         self,
@@ -345,6 +346,8 @@ class Translator:
         for batch in length_sorted_batches([effective[i] for i in todo], batch_size, max_tokens):
             idx = [todo[j] for j in batch]
             hypotheses = self.engine.translate_batch([stripped[i] for i in idx], options)
+            if ranks_samples(options):  # samples come in draw order: best first, as every n-best list
+                hypotheses = [best_first(hyps) for hyps in hypotheses]
             for i, hyps in zip(idx, hypotheses):
                 results[i] = TranslationResult(
                     offset + i,
@@ -376,18 +379,6 @@ class Translator:
                     f"requests[{offset + i}]: prefix: {n} tokens, but this sentence's output is limited to "
                     f"{limits[i]} tokens (</s> included): raise max_len_b or max_new_tokens"
                 )
-
-
-@contextlib.contextmanager
-def _seeded(options: DecodeOptions):
-    """Within the block, torch's random generator seeded with `options.seed` (sampling reproducible); the caller's
-    generator state is restored after."""
-    if options.seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(options.seed)
-        yield
 
 
 __all__ = [
