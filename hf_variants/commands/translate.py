@@ -65,6 +65,7 @@ from ..inference.translator import (
 from ..outputs import atomic_write_file, check_output_files, int_in_range
 from ..training import evaluation
 from ..training.corpus import DataError
+from . import sharding
 from .common import add_batching_flags, as_flags, batching, command_parser, run_command
 from .inputs import (
     STDIO,
@@ -78,8 +79,10 @@ from .inputs import (
 )
 from .loading import ModelLocation, add_model_flags, load_translator, locate_model, model_record, read_configs
 from .progress import progress_bar
+from .sharding import add_sharding_flags
 
 logger = logging.getLogger("hf_variants.translate")
+TSV_PAIRS = "tsv_pairs"
 
 
 def _non_negative_float(text: str) -> float:
@@ -104,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUFFER_SIZE,
         help="input lines read ahead and sorted into batches; a pipe's lines are translated as they arrive",
     )
+    add_sharding_flags(p)
     g = p.add_argument_group("summary and progress")
     g.add_argument("--results_json", help="write the summary (and scores) here")
     g.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
@@ -143,10 +147,12 @@ def add_io_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--output_format",
-        choices=["auto", "text", "jsonl"],
+        choices=["auto", "text", "jsonl", TSV_PAIRS],
         default="auto",
         help="text: one translation a line; jsonl: one object a line with the n-best hypotheses, their scores, "
-        "log-probabilities and tokens; auto: jsonl with --nbest > 1 or --scores, else text",
+        "log-probabilities and tokens; tsv_pairs: a training corpus for hf-variants-train --train_file (a header "
+        "SRC<TAB>TGT naming the languages, then source<TAB>translation per line and hypothesis; lines with an "
+        "empty source or translation left out and counted); auto: jsonl with --nbest > 1 or --scores, else text",
     )
     g.add_argument(
         "--references",
@@ -235,11 +241,13 @@ def format_result(result, output_format: str, alignments: bool) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
-def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str]) -> None:
+def check_outputs(
+    args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str], work: bool = False
+) -> None:
     """Before anything loads: `--output` and `--results_json` can be written as files (no folder, a parent that is
     a writable folder or can be made), are not the same file, and are not, do not hold and do not lie inside any
-    input (`--input`, `--references`, `--prefix`, `--source_annotation` files, the model and tokenizer folders).
-    Raises `OutputPathError` naming the flags."""
+    input (`--input`, `--references`, `--prefix`, `--source_annotation` files, the model and tokenizer folders);
+    for a sharded run (`work`) the work folder neither. Raises `OutputPathError` naming the flags."""
     inputs = {
         "--input": None if args.input == STDIO else args.input,
         "--references": list(args.references or []),
@@ -251,6 +259,8 @@ def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_
     check_output_files(
         {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}, inputs
     )
+    if work:
+        sharding.check_work_dir(args, inputs)
 
 
 # ------------------------------------------------------------------------------------------------------ checks
@@ -271,17 +281,47 @@ class Plan:
     lines: int | None
     max_source_tokens: int | None
     source_langs: set = field(default_factory=set)
+    header: str | None = None  # the output's first line (tsv_pairs: the languages of its columns)
+    work: bool = False  # a sharded, resumable run (`sharding`)
 
 
 def output_format(args: argparse.Namespace) -> str:
-    """`--output_format`, auto resolved: jsonl with --nbest > 1 or --scores; text refused with them."""
+    """`--output_format`, auto resolved: jsonl with --nbest > 1 or --scores; text refused with them; tsv_pairs
+    refused with what it cannot hold (scores, alignments) and with --references (its lines are not the input's)."""
     wants_json = args.nbest > 1 or args.scores
     if args.output_format == "text" and wants_json:
         flag = f"--nbest {args.nbest}" if args.nbest > 1 else "--scores"
         raise DataError(f"{flag} writes JSON Lines: pass --output_format jsonl (or leave it out).")
+    if args.output_format == TSV_PAIRS:
+        unfit = [flag for flag, on in (("--scores", args.scores), ("--alignments", args.alignments)) if on]
+        if unfit:
+            raise DataError(f"--output_format tsv_pairs writes source<TAB>translation pairs only: drop {unfit[0]}.")
+        if args.references:
+            raise DataError(
+                "--output_format tsv_pairs leaves out the lines without a pair, so its lines are not the input's: "
+                "score against --references with --output_format text (or jsonl)."
+            )
     if args.output_format == "auto":
         return "jsonl" if wants_json else "text"
     return args.output_format
+
+
+def pairs_header(args: argparse.Namespace, config, tgt_lang: str | None) -> str:
+    """The header of a tsv_pairs output: the source and target languages (`--src_lang`, else the model's one source
+    language; the target language), as hf-variants-train's TSV reader expects them."""
+    from ..inference.translator import model_languages
+
+    sources, _ = model_languages(config)
+    src_lang = args.src_lang or (sources[0] if len(sources) == 1 else None)
+    missing = [flag for flag, lang in (("--src_lang", src_lang), ("--tgt_lang", tgt_lang)) if lang is None]
+    if missing:
+        raise DataError(
+            f"--output_format tsv_pairs names the languages of its columns in its header: pass {missing[0]} "
+            "(the model does not record a single one)."
+        )
+    if src_lang == tgt_lang:
+        raise DataError(f"--output_format tsv_pairs: the source and target languages are both {src_lang!r}.")
+    return f"{src_lang}\t{tgt_lang}"
 
 
 def check_options(args: argparse.Namespace, location: ModelLocation, output_format: str) -> DecodeOptions:
@@ -333,7 +373,10 @@ def preflight(args: argparse.Namespace) -> Plan:
         evaluation.check_bleu_tokenize(args.bleu_tokenize)
     except ValueError as error:
         raise DataError(str(error)) from None
-    check_outputs(args, location, annotation_files)
+    work = sharding.wanted(args)
+    if work:
+        sharding.check_flags(args, {"--input": args.input})
+    check_outputs(args, location, annotation_files, work)
     config, generation_config = read_configs(location)
     tgt_lang = target_language(args.tgt_lang, config)
     try:
@@ -347,9 +390,13 @@ def preflight(args: argparse.Namespace) -> Plan:
         raise DataError(as_flags(str(error))) from None
     label = "stdin" if args.input == STDIO else args.input
     lines = check_aligned_files(args, label, annotation_files)
-    return Plan(
+    plan = Plan(
         location, jsonl, label, annotation_files, annotations_from_rows, options, fmt, tgt_lang, lines, positions
     )
+    if fmt == TSV_PAIRS:
+        plan.header = pairs_header(args, config, tgt_lang)
+    plan.work = work
+    return plan
 
 
 def target_language(tgt_lang: str | None, config) -> str | None:
@@ -361,13 +408,141 @@ def target_language(tgt_lang: str | None, config) -> str | None:
 # ------------------------------------------------------------------------------------------------------- run
 @dataclass
 class Tally:
-    """What the run met, for the summary and the warnings."""
+    """What the run met, for the summary and the warnings (line numbers 1-based); with `tsv_pairs` also the pairs
+    written, the lines that gave none (an empty source or translation) and those whose text held a tab."""
 
     sentences: int = 0
     empty: list[int] = field(default_factory=list)
     too_long: list[int] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)
     translated: int = 0
+    pairs: int = 0
+    unpaired: list[int] = field(default_factory=list)
+    tabs: list[int] = field(default_factory=list)
+
+    def counts(self) -> dict:
+        """The tally as a JSON object (a work unit's record)."""
+        return dict(self.__dict__)
+
+    def add(self, counts: dict) -> None:
+        """Add a work unit's counts (`counts()`), in input order."""
+        for name, value in counts.items():
+            setattr(self, name, getattr(self, name) + value)
+
+
+class ResultLines:
+    """Translation results as output lines (`format_result`; with `tsv_pairs` one `source<TAB>translation` line per
+    non-empty hypothesis), counting what the run met in `tally` and warning per line about sources longer than the
+    model accepts and truncated sources."""
+
+    def __init__(self, args: argparse.Namespace, plan: Plan, tally: Tally):
+        self.args, self.plan, self.tally = args, plan, tally
+
+    def __call__(self, result, line: int) -> list[str]:
+        tally, plan = self.tally, self.plan
+        tally.sentences += 1
+        if result.skipped == "empty":
+            tally.empty.append(line)
+        elif result.skipped:
+            tally.too_long.append(line)
+            logger.warning(
+                "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
+                "config.max_position_embeddings); its output line is empty",
+                line,
+                result.source_tokens,
+                plan.max_source_tokens,
+            )
+        else:
+            tally.translated += 1
+        if result.truncated:
+            tally.truncated.append(line)
+            logger.warning(
+                "line %d: truncated from %d to %d tokens (--max_source_length)",
+                line,
+                result.source_tokens,
+                self.args.max_source_length,
+            )
+        if plan.output_format != TSV_PAIRS:
+            return [format_result(result, plan.output_format, self.args.alignments)]
+        return self.pairs(result, line)
+
+    def pairs(self, result, line: int) -> list[str]:
+        """`source<TAB>translation` per non-empty hypothesis (a tab in either replaced by a space, counted)."""
+        source = result.source
+        out = []
+        for hypothesis in result.hypotheses if source.strip() else []:
+            text = hypothesis.text.replace("\n", " ")
+            if not text.strip():
+                continue
+            if "\t" in source or "\t" in text:
+                if not self.tally.tabs or self.tally.tabs[-1] != line:
+                    self.tally.tabs.append(line)
+                source, text = source.replace("\t", " "), text.replace("\t", " ")
+            out.append(f"{source}\t{text}")
+        if not out:
+            self.tally.unpaired.append(line)
+        self.tally.pairs += len(out)
+        return out
+
+
+class ReferenceSets:
+    """The 1-best translations and their references, kept when the run is scored: against `--references` (one list
+    per file), or a JSONL input's target side when every row has one (with a warning naming the first row without
+    one, and then no scores)."""
+
+    def __init__(self, args: argparse.Namespace, plan: Plan):
+        self.args, self.plan = args, plan
+        self.keep_file_refs = bool(args.references)
+        self.keep_row_refs = plan.jsonl and not args.references and plan.output_format != TSV_PAIRS
+        self.hyps: list[str] = []
+        self.file_refs: list[list[str]] = []
+        self.row_refs: list[str] = []
+        self.first_without_target: int | None = None
+
+    def add(self, text: str, item: InputLine, line: int) -> None:
+        if self.keep_file_refs or self.keep_row_refs:
+            self.hyps.append(text)
+        if self.keep_file_refs:
+            self.file_refs.append(item.references)
+        if not self.keep_row_refs:
+            return
+        if item.row_reference is None:
+            self.first_without_target = self.first_without_target or line
+            self.keep_row_refs = False  # not every row has a target side: nothing to score against
+            self.row_refs.clear()
+            if not self.keep_file_refs:
+                self.hyps.clear()
+        else:
+            self.row_refs.append(item.row_reference)
+
+    def scored(self, sentences: int) -> tuple | None:
+        """(hypotheses, reference sets, label) to score, or None."""
+        args, plan = self.args, self.plan
+        if args.references:
+            refs = self.file_refs
+            sets = [list(r) for r in zip(*refs)] if refs else [[] for _ in args.references]
+            return self.hyps, sets, " ".join(args.references)
+        if plan.jsonl and self.first_without_target is not None:
+            logger.warning(
+                "not every row of %s has a target side (line %d has none): not scoring against them",
+                plan.input_label,
+                self.first_without_target,
+            )
+        if self.keep_row_refs and sentences:
+            return self.hyps, [self.row_refs], f"{plan.input_label} (target side)"
+        return None
+
+
+def request_of(args: argparse.Namespace, plan: Plan, item: InputLine, index: int) -> TranslationRequest:
+    """The request of input line `index` (0-based: it seeds the line's samples, `sampling.sentence_seed`)."""
+    return TranslationRequest(
+        item.source,
+        src_lang=args.src_lang,
+        tgt_lang=plan.tgt_lang,
+        prefix=item.prefix or None,
+        annotations=item.annotations,
+        index=index,
+    )
 
 
 def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translator, out: StreamOutput) -> tuple:
@@ -380,80 +555,26 @@ def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translato
         lines, ready = iter_lines(args.input), None
     pending: dict[int, InputLine] = {}
     tally = Tally()
-    keep_file_refs = bool(args.references)
-    keep_row_refs = plan.jsonl and not args.references
-    hyps: list[str] = []
-    file_refs: list[list[str]] = []
-    row_refs: list[str] = []
-    first_without_target: list[int] = []
+    output_lines = ResultLines(args, plan, tally)
+    references = ReferenceSets(args, plan)
 
     def requests():
         for index, item in enumerate(iter_input(args, plan, lines)):
             pending[index] = item
-            yield TranslationRequest(
-                item.source,
-                src_lang=args.src_lang,
-                tgt_lang=plan.tgt_lang,
-                prefix=item.prefix or None,
-                annotations=item.annotations,
-            )
+            yield request_of(args, plan, item, index)
 
+    if plan.header is not None:
+        out.write(plan.header)
     with progress_bar(plan.lines, args.no_progress, args.progress_interval) as bar:
         results = translator.translate_stream(
             requests(), plan.options, buffer_size=args.buffer_size, ready=ready, progress=bar.update, **batching(args)
         )
         for result in results:
             item = pending.pop(result.index)
-            line = result.index + 1
-            tally.sentences += 1
-            if result.skipped == "empty":
-                tally.empty.append(line)
-            elif result.skipped:
-                tally.too_long.append(line)
-                logger.warning(
-                    "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
-                    "config.max_position_embeddings); its output line is empty",
-                    line,
-                    result.source_tokens,
-                    plan.max_source_tokens,
-                )
-            else:
-                tally.translated += 1
-            if result.truncated:
-                tally.truncated.append(line)
-                logger.warning(
-                    "line %d: truncated from %d to %d tokens (--max_source_length)",
-                    line,
-                    result.source_tokens,
-                    args.max_source_length,
-                )
-            out.write(format_result(result, plan.output_format, args.alignments))
-            if keep_file_refs or keep_row_refs:
-                hyps.append(result.text)
-            if keep_file_refs:
-                file_refs.append(item.references)
-            if keep_row_refs:
-                if item.row_reference is None:
-                    if not first_without_target:
-                        first_without_target.append(line)
-                    keep_row_refs = keep_file_refs  # not every row has a target side: nothing to score against
-                    row_refs.clear()
-                    if not keep_file_refs:
-                        hyps.clear()
-                else:
-                    row_refs.append(item.row_reference)
-    if args.references:
-        sets = [list(refs) for refs in zip(*file_refs)] if file_refs else [[] for _ in args.references]
-        return tally, (hyps, sets, " ".join(args.references))
-    if plan.jsonl and first_without_target:
-        logger.warning(
-            "not every row of %s has a target side (line %d has none): not scoring against them",
-            plan.input_label,
-            first_without_target[0],
-        )
-    if keep_row_refs and tally.sentences:
-        return tally, (hyps, [row_refs], f"{plan.input_label} (target side)")
-    return tally, None
+            for line in output_lines(result, result.index + 1):
+                out.write(line)
+            references.add(result.text, item, result.index + 1)
+    return tally, references.scored(tally.sentences)
 
 
 def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: float) -> dict:
@@ -497,6 +618,8 @@ def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: fl
             result[name] = value
     if options.alignments:
         result["alignments"] = True
+    if plan.output_format == TSV_PAIRS:
+        result.update(pairs=tally.pairs, unpaired_lines=len(tally.unpaired), tab_lines=len(tally.tabs))
     result.update(
         int8=plan.location.precision == "int8",
         seconds=round(elapsed, 2),
@@ -517,10 +640,50 @@ def add_scores(result: dict, scored, bleu_tokenize: str) -> None:
     result.update(scores)
 
 
-def main(argv=None) -> dict:
+def report(args: argparse.Namespace, plan: Plan, tally: Tally, scored, elapsed: float, extra=None) -> dict:
+    """The end of a run: the warnings about what it met, the summary (with `extra`) printed as JSON and written to
+    `--results_json`; returns the summary."""
+    if plan.source_langs:
+        logger.info("%s: source side %s", plan.input_label, ", ".join(sorted(plan.source_langs)))
+    if tally.empty:
+        logger.warning(
+            "%d empty input lines (e.g. line %d): their output lines are empty", len(tally.empty), tally.empty[0]
+        )
+    if tally.unpaired:
+        logger.warning(
+            "%d input lines gave no pair (an empty source or translation; e.g. line %d): left out of %s",
+            len(tally.unpaired),
+            tally.unpaired[0],
+            args.output,
+        )
+    if tally.tabs:
+        logger.warning(
+            "%d lines held a tab in the source or translation (e.g. line %d): replaced by a space in %s",
+            len(tally.tabs),
+            tally.tabs[0],
+            args.output,
+        )
+    result = build_result(args, plan, tally, elapsed)
+    result.update(extra or {})
+    if scored is not None:
+        add_scores(result, scored, args.bleu_tokenize)
+    if args.results_json:
+        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
+    return result
+
+
+def main(argv=None) -> dict | None:
+    """The command (see the module docstring); returns its summary (None in the processes of a launch but the
+    main one, and in a shard that does not merge)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     plan = preflight(args)
+    if plan.work:
+        from .translate_units import run_job
+
+        return run_job(args, plan)
     translator = load_translator(plan.location)
     start = time.time()
     out = StreamOutput(args.output)
@@ -530,21 +693,7 @@ def main(argv=None) -> dict:
         out.discard()
         raise
     out.commit()
-    elapsed = time.time() - start
-    if plan.source_langs:
-        logger.info("%s: source side %s", plan.input_label, ", ".join(sorted(plan.source_langs)))
-    if tally.empty:
-        logger.warning(
-            "%d empty input lines (e.g. line %d): their output lines are empty", len(tally.empty), tally.empty[0]
-        )
-    result = build_result(args, plan, tally, elapsed)
-    if scored is not None:
-        add_scores(result, scored, args.bleu_tokenize)
-    if args.results_json:
-        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
-    return result
+    return report(args, plan, tally, scored, time.time() - start)
 
 
 def cli() -> None:
