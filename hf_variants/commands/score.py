@@ -22,26 +22,39 @@ end-of-sentence token included: `tokens` of them); `ppl` = exp(-log_prob / token
 (`config.max_position_embeddings` tokens on either side) gets null scores (nan in TSV) and a warning naming its
 line.
 
+N-best lists (`--nbest_input FILE.jsonl`, hf-variants-translate's `--nbest` JSON Lines output): every hypothesis
+is scored as the target of its line's source (`--reverse`: the line's source as the target of each hypothesis, for a
+model of the reverse direction: the noisy channel of reranking, `hf-variants-rerank`), and the output keeps the
+structure, one line per input line: `{"source": ..., "hypotheses": [{"text": ..., "log_prob": ..., "tokens": ...,
+"ppl": ...}, ...]}` in the input's order (JSON Lines only).
+
 A summary (sentences, scored pairs, target tokens, total and mean log-probability per token, corpus perplexity,
-seconds, pairs/s) goes to stderr as JSON, and to `--results_json`.
+seconds, pairs/s) goes to stderr as JSON, and to `--results_json`. Large inputs are scored across processes
+(`accelerate launch`), in job arrays and resumably as hf-variants-translate's (`--unit_lines`, `--num_shards`,
+`--merge`: hf_variants/commands/sharding.py), byte-identical to one process.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..outputs import atomic_write_file, check_output_files
-from ..training.corpus import DataError, read_lines
+from ..inference.translator import DEFAULT_BUFFER_SIZE
+from ..outputs import atomic_write_file, check_output_files, int_in_range
+from ..training.corpus import DataError, parse_jsonl_line, read_lines
+from . import sharding
 from .common import UsageError, add_batching_flags, batching, command_parser, exits_on_refusal
-from .inputs import STDIO
+from .inputs import STDIO, count_lines, iter_lines
 from .loading import ModelLocation, add_model_flags, load_translator, locate_model, model_record, read_configs
 from .progress import progress_bar
+from .sharding import add_sharding_flags
 
 logger = logging.getLogger("hf_variants.score")
 
@@ -50,9 +63,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = command_parser("hf-variants-score", __doc__, epilog_from=3)
     add_model_flags(p, what="score")
     g = p.add_argument_group("input and output")
-    g.add_argument("--source", required=True, help="source sentences, one a line (plain or .gz)")
-    g.add_argument("--target", required=True, help="target sentences, line-aligned with --source (plain or .gz)")
-    g.add_argument("--output", default=STDIO, help="the scores, one line per pair; '-' writes stdout")
+    g.add_argument("--source", help="source sentences, one a line (plain or .gz)")
+    g.add_argument("--target", help="target sentences, line-aligned with --source (plain or .gz)")
+    g.add_argument(
+        "--nbest_input",
+        metavar="FILE.jsonl",
+        help="instead of --source/--target: hf-variants-translate's n-best JSON Lines; every hypothesis scored, "
+        "the output one line per input line with each hypothesis' scores",
+    )
+    g.add_argument(
+        "--reverse",
+        action="store_true",
+        help="with --nbest_input: score each line's source given each hypothesis (a model of the reverse "
+        "direction, the noisy channel of reranking)",
+    )
+    g.add_argument("--output", default=STDIO, help="the scores, one line per input line; '-' writes stdout")
     g.add_argument("--output_format", choices=["jsonl", "tsv"], default="jsonl")
     g.add_argument(
         "--token_scores",
@@ -69,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--src_lang", help="source language (checked against the model's languages)")
     g.add_argument("--tgt_lang", help="target language (needed by multilingual models)")
-    add_batching_flags(p, unit="pairs")
+    g = add_batching_flags(p, unit="pairs")
+    g.add_argument(
+        "--buffer_size",
+        type=int_in_range(1),
+        default=DEFAULT_BUFFER_SIZE,
+        help="input lines scored together (their pairs length-sorted into batches), buffer after buffer",
+    )
+    add_sharding_flags(p, what="scoring")
     g = p.add_argument_group("summary and progress")
     g.add_argument("--results_json", help="write the summary here")
     g.add_argument("--no_progress", action="store_true", help="no progress bar (shown only on a terminal)")
@@ -77,12 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------------------- checks
-def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str]) -> None:
+def check_outputs(
+    args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str], work: bool = False
+) -> None:
     """`--output` and `--results_json` can be written as files, are not the same file, and are not, hold or lie
-    inside an input (`--source`, `--target`, annotation files, the model folders). Raises `OutputPathError`."""
+    inside an input (`--source`, `--target`, `--nbest_input`, annotation files, the model folders); for a sharded
+    run (`work`) the work folder neither. Raises `OutputPathError`."""
     inputs = {
         "--source": args.source,
         "--target": args.target,
+        "--nbest_input": args.nbest_input,
         "--source_annotation": list(annotation_files.values()),
         "--onnx" if args.onnx else "--model": location.path,
         "--tokenizer": args.tokenizer,
@@ -90,6 +126,22 @@ def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_
     check_output_files(
         {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}, inputs
     )
+    if work:
+        sharding.check_work_dir(args, inputs)
+
+
+def check_input_flags(args: argparse.Namespace, files: dict[str, str]) -> None:
+    """--source with --target, or --nbest_input (JSON Lines output only; --reverse with it, and then no source
+    annotations: its sources are the hypotheses)."""
+    pairs = args.source is not None or args.target is not None
+    if pairs == (args.nbest_input is not None) or (pairs and (args.source is None or args.target is None)):
+        raise UsageError("give --source and --target (line-aligned pairs), or --nbest_input (n-best JSON Lines).")
+    if args.reverse and args.nbest_input is None:
+        raise UsageError("--reverse scores the hypotheses of --nbest_input in the reverse direction: give it.")
+    if args.nbest_input is not None and args.output_format != "jsonl":
+        raise UsageError("--nbest_input keeps the n-best structure: --output_format jsonl (the default).")
+    if args.reverse and files:
+        raise UsageError("--reverse scores the source given each hypothesis: --source_annotation has no source.")
 
 
 def annotation_files(items: list[str]) -> dict[str, str]:
@@ -102,8 +154,34 @@ def annotation_files(items: list[str]) -> dict[str, str]:
     return files
 
 
-def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> tuple[list[str], list[str], dict[str, list]]:
-    """The source and target lines and the annotation lines, refused (`DataError`) when their counts differ."""
+@dataclass
+class Pairs:
+    """What is scored: `sources`, `targets`, per-pair `annotations`; for n-best input `rows` holds each input line's
+    source and hypotheses (its pairs are consecutive), None for line-aligned pairs."""
+
+    sources: list[str]
+    targets: list[str]
+    annotations: dict[str, list] = field(default_factory=dict)
+    rows: list[tuple[str, list[str]]] | None = None
+
+    @property
+    def lines(self) -> int:
+        return len(self.rows) if self.rows is not None else len(self.sources)
+
+
+def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> Pairs:
+    """The source and target lines and the annotation lines, refused (`DataError`) when their counts differ; or the
+    pairs of an n-best file."""
+    if args.nbest_input is not None:
+        rows = [nbest_row(line, f"{args.nbest_input}:{i}") for i, line in enumerate(iter_lines(args.nbest_input), 1)]
+        annotations = {name: read_lines(path) for name, path in files.items()}
+        for name, path in files.items():
+            if len(annotations[name]) != len(rows):
+                raise DataError(
+                    f"--nbest_input {args.nbest_input} has {len(rows)} lines but {path} ({name}) has "
+                    f"{len(annotations[name])}."
+                )
+        return nbest_pairs(rows, annotations, args.reverse)
     if STDIO in (args.source, args.target):
         raise DataError("--source and --target must be files ('-' is not accepted: both are read whole).")
     sources, targets = read_lines(args.source), read_lines(args.target)
@@ -118,7 +196,35 @@ def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> tuple[list[st
         if len(values) != len(sources):
             raise DataError(f"--source {args.source} has {len(sources)} lines but {path} ({name}) has {len(values)}.")
         annotations[name] = values
-    return sources, targets, annotations
+    return Pairs(sources, targets, annotations)
+
+
+def nbest_row(line: str, where: str) -> tuple[str, list[str]]:
+    """(source, hypothesis texts) of one line of hf-variants-translate's n-best JSON Lines (`where`: file:line)."""
+    obj = parse_jsonl_line(line, where)
+    hypotheses = obj.get("hypotheses")
+    ok = isinstance(obj.get("source"), str) and isinstance(hypotheses, list)
+    ok = ok and all(isinstance(h, dict) and isinstance(h.get("text"), str) for h in hypotheses)
+    if not ok:
+        raise DataError(
+            f'{where}: expected a line of hf-variants-translate\'s n-best JSON Lines, {{"source": "...", '
+            f'"hypotheses": [{{"text": "...", ...}}, ...]}}, got the keys {sorted(obj)}.'
+        )
+    return obj["source"], [h["text"] for h in hypotheses]
+
+
+def nbest_pairs(rows: list[tuple[str, list[str]]], annotations: dict[str, list], reverse: bool) -> Pairs:
+    """The pairs of n-best rows: (source, hypothesis) for each hypothesis, or (hypothesis, source) with `reverse`;
+    each pair with its row's annotations."""
+    sources, targets = [], []
+    per_pair: dict[str, list] = {name: [] for name in annotations}
+    for r, (source, texts) in enumerate(rows):
+        for text in texts:
+            sources.append(text if reverse else source)
+            targets.append(source if reverse else text)
+            for name, values in annotations.items():
+                per_pair[name].append(values[r])
+    return Pairs(sources, targets, per_pair, list(rows))
 
 
 def check_languages(config, src_lang: str | None, tgt_lang: str | None) -> str | None:
@@ -152,6 +258,18 @@ def format_line(score, output_format: str, token_scores: bool) -> str:
     return "\t".join(fields)
 
 
+def output_lines(pairs: Pairs, scores, output_format: str, token_scores: bool) -> list[str]:
+    """One line per input line: a pair's scores, or an n-best row with each hypothesis' scores."""
+    if pairs.rows is None:
+        return [format_line(s, output_format, token_scores) for s in scores]
+    lines, k = [], 0
+    for source, texts in pairs.rows:
+        hypotheses = [{"text": text} | scores[k + j].to_dict(token_scores) for j, text in enumerate(texts)]
+        lines.append(json.dumps({"source": source, "hypotheses": hypotheses}, ensure_ascii=False))
+        k += len(texts)
+    return lines
+
+
 def write_output(path: str, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if path == STDIO:
@@ -162,65 +280,137 @@ def write_output(path: str, lines: list[str]) -> None:
     atomic_write_file(path, text)
 
 
-def preflight(args: argparse.Namespace):
-    """Before anything loads: the model's folder, the outputs, the inputs (their line counts), the languages.
-    Returns (location, sources, targets, annotations, target language)."""
+@dataclass
+class ScorePlan:
+    """What the checks before loading decided: the model's location, the target language, the annotation files, the
+    input's line count, whether the run is sharded (`work`) and, for a one-process run, the pairs (read whole)."""
+
+    location: ModelLocation
+    tgt_lang: str | None
+    files: dict[str, str]
+    lines: int
+    work: bool = False
+    pairs: Pairs | None = None
+
+
+def count_aligned(args: argparse.Namespace, files: dict[str, str]) -> int:
+    """The input's line count (a sharded run reads its units lazily), the files aligned with it checked to have as
+    many lines (a `DataError` naming both counts)."""
+    main_flag, main_path = (
+        ("--nbest_input", args.nbest_input) if args.nbest_input is not None else ("--source", args.source)
+    )
+    lines = count_lines(main_path)
+    aligned = {} if args.nbest_input is not None else {f"--target {args.target}": args.target}
+    aligned.update({f"{path} ({name})": path for name, path in files.items()})
+    for name, path in aligned.items():
+        count = count_lines(path)
+        if count != lines:
+            raise DataError(
+                f"{main_flag} {main_path} has {lines} lines but {name} has {count}; line {min(lines, count) + 1} "
+                "has no counterpart."
+            )
+    return lines
+
+
+def preflight(args: argparse.Namespace) -> ScorePlan:
+    """Before anything loads: the inputs (their line counts; a one-process run reads them), the model's folder,
+    the outputs, the languages."""
     files = annotation_files(args.source_annotation)
+    check_input_flags(args, files)
+    work = sharding.wanted(args)
+    if work:
+        sharding.check_flags(
+            args, {"--source": args.source, "--target": args.target, "--nbest_input": args.nbest_input}
+        )
     try:
-        sources, targets, annotations = read_pairs(args, files)
+        pairs = None if work else read_pairs(args, files)
+        lines = count_aligned(args, files) if work else pairs.lines
     except OSError as error:
         raise DataError(str(error)) from None
     location = locate_model(args)
-    check_outputs(args, location, files)
+    check_outputs(args, location, files, work)
     config, _ = read_configs(location)
     tgt_lang = check_languages(config, args.src_lang, args.tgt_lang)
-    return location, sources, targets, annotations, tgt_lang
+    return ScorePlan(location, tgt_lang, files, lines, work, pairs)
 
 
-@exits_on_refusal("hf-variants-score")
-def main(argv=None) -> dict:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
-    location, sources, targets, annotations, tgt_lang = preflight(args)
+def buffers(pairs: Pairs, size: int) -> list[Pairs]:
+    """`pairs` cut every `size` input lines (an n-best line's pairs stay together)."""
+    if pairs.rows is None:
+        spans = [(i, min(i + size, len(pairs.sources))) for i in range(0, len(pairs.sources), size)]
+        rows = [None] * len(spans)
+    else:
+        offsets = list(itertools.accumulate((len(texts) for _, texts in pairs.rows), initial=0))
+        firsts = range(0, len(pairs.rows), size)
+        spans = [(offsets[r], offsets[min(r + size, len(pairs.rows))]) for r in firsts]
+        rows = [pairs.rows[r : r + size] for r in firsts]
+    return [
+        Pairs(
+            pairs.sources[a:b],
+            pairs.targets[a:b],
+            {name: values[a:b] for name, values in pairs.annotations.items()},
+            part_rows,
+        )
+        for (a, b), part_rows in zip(spans, rows)
+    ]
 
-    from ..inference.scoring import score_pairs, summarize
 
-    translator = load_translator(location)
-    start = time.time()
-    with progress_bar(len(sources), args.no_progress, unit="pair", desc="scoring", log_lines=False) as bar:
-        scores = score_pairs(
+def score(translator, args: argparse.Namespace, plan: ScorePlan, pairs: Pairs, progress) -> list:
+    """Every pair's `PairScore` (`score_pairs`), in input order, buffer after buffer (`--buffer_size` input lines:
+    a sharded run's units hold whole buffers, so each pair is batched, and scored to the last digit, alike)."""
+    from ..inference.scoring import score_pairs
+
+    scores = []
+    for part in buffers(pairs, args.buffer_size):
+        scores += score_pairs(
             translator,
-            sources,
-            targets,
+            part.sources,
+            part.targets,
             src_lang=args.src_lang,
-            tgt_lang=tgt_lang,
-            annotations=annotations,
+            tgt_lang=plan.tgt_lang,
+            annotations=part.annotations,
             token_scores=args.token_scores,
-            progress=bar.update,
+            progress=progress,
             **batching(args),
         )
-    elapsed = time.time() - start
-    limit = getattr(translator.engine.config, "max_position_embeddings", None)
-    for i, s in enumerate(scores):
+    return scores
+
+
+def warn_too_long(pairs: Pairs, scores, limit, first_line: int = 1) -> list[int]:
+    """A warning per pair not scored (longer than the model accepts), naming its line (and hypothesis); returns
+    their 1-based positions among the pairs."""
+    where = [(first_line + i, None) for i in range(len(pairs.sources))]
+    if pairs.rows is not None:
+        where = [(first_line + r, j + 1) for r, (_, texts) in enumerate(pairs.rows) for j in range(len(texts))]
+    for (line, hypothesis), s in zip(where, scores):
         if s.too_long:
             logger.warning(
-                "line %d: longer than this model accepts (%s tokens, config.max_position_embeddings): not scored",
-                i + 1,
+                "line %d%s: longer than this model accepts (%s tokens, config.max_position_embeddings): not scored",
+                line,
+                f" hypothesis {hypothesis}" if hypothesis is not None else "",
                 limit,
             )
-    write_output(args.output, [format_line(s, args.output_format, args.token_scores) for s in scores])
+    return [i + 1 for i, s in enumerate(scores) if s.too_long]
+
+
+def report(args: argparse.Namespace, plan: ScorePlan, scores, elapsed: float, extra=None) -> dict:
+    """The summary, printed as JSON on stderr and written to `--results_json`; returns it."""
+    from ..inference.scoring import summarize
+
     summary = summarize(scores)
+    inputs = {"source": args.source, "target": args.target}
+    if args.nbest_input is not None:
+        inputs = {"nbest_input": args.nbest_input, "reverse": args.reverse, "lines": plan.lines}
     result = {
-        **model_record(location),
-        "int8": location.precision == "int8",
-        "source": args.source,
-        "target": args.target,
+        **model_record(plan.location),
+        "int8": plan.location.precision == "int8",
+        **inputs,
         "output": "stdout" if args.output == STDIO else args.output,
-        "tgt_lang": tgt_lang,
+        "tgt_lang": plan.tgt_lang,
         **summary.to_dict(),
         "seconds": round(elapsed, 3),
         "pairs_per_sec": round(summary.scored / max(elapsed, 1e-9), 2),
+        **(extra or {}),
     }
     if result["ppl"] is not None and not math.isfinite(result["ppl"]):
         result["ppl"] = None  # JSON has no infinity
@@ -229,6 +419,27 @@ def main(argv=None) -> dict:
         atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2), file=sys.stderr)
     return result
+
+
+@exits_on_refusal("hf-variants-score")
+def main(argv=None) -> dict | None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
+    plan = preflight(args)
+    if plan.work:
+        from .score_units import run_job
+
+        return run_job(args, plan)
+    translator = load_translator(plan.location)
+    pairs = plan.pairs
+    start = time.time()
+    with progress_bar(len(pairs.sources), args.no_progress, unit="pair", desc="scoring", log_lines=False) as bar:
+        scores = score(translator, args, plan, pairs, bar.update)
+    elapsed = time.time() - start
+    warn_too_long(pairs, scores, getattr(translator.engine.config, "max_position_embeddings", None))
+    write_output(args.output, output_lines(pairs, scores, args.output_format, args.token_scores))
+    return report(args, plan, scores, elapsed)
 
 
 def cli() -> None:

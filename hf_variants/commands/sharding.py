@@ -85,8 +85,9 @@ def add_sharding_flags(parser, what: str = "translation") -> None:
     g.add_argument(
         "--unit_lines",
         type=int_in_range(1),
-        help=f"input lines per work unit (default: the work folder's, else {DEFAULT_UNIT_LINES:,}): "
-        "each finished unit is kept in --work_dir, and a rerun of the same command does only the others",
+        help=f"input lines per work unit, a multiple of --buffer_size (default: the work folder's, else "
+        f"{DEFAULT_UNIT_LINES:,} rounded up to whole buffers): each finished unit is kept in --work_dir, and a "
+        "rerun of the same command does only the others",
     )
     g.add_argument("--work_dir", help="the work folder (default: OUTPUT.work beside --output)")
     g.add_argument("--keep_work_dir", action="store_true", help="keep the work folder after the merge")
@@ -142,7 +143,8 @@ def wanted(args) -> bool:
 
 
 def check_flags(args, input_flags: dict[str, str | None]) -> None:
-    """The sharding flags on their own and against the input and output (a UsageError naming the flag)."""
+    """The sharding flags on their own and against the input, the output and the buffers (a UsageError naming the
+    flag)."""
     stdio = [flag for flag, value in input_flags.items() if value == "-"]
     if stdio or args.output == "-":
         flag = stdio[0] if stdio else "--output"
@@ -158,6 +160,7 @@ def check_flags(args, input_flags: dict[str, str | None]) -> None:
         raise UsageError(f"--shard_index {args.shard_index}: expected 0 to {args.num_shards - 1} (--num_shards)")
     if args.merge and args.shard_index is not None:
         raise UsageError("--merge writes the output of every shard: drop --shard_index")
+    check_unit_lines(args)
 
 
 def work_dir_of(args) -> Path:
@@ -165,14 +168,29 @@ def work_dir_of(args) -> Path:
 
 
 def unit_lines_of(args) -> int:
-    """--unit_lines, else the work folder's (a rerun need not repeat it), else `DEFAULT_UNIT_LINES`."""
+    """--unit_lines, else the work folder's (a rerun need not repeat it), else `DEFAULT_UNIT_LINES` rounded up to a
+    whole number of --buffer_size buffers."""
     if args.unit_lines is not None:
         return args.unit_lines
     with contextlib.suppress(DataError):
         manifest = WorkFolder(work_dir_of(args)).manifest()
         if manifest and isinstance(manifest.get("unit_lines"), int) and manifest["unit_lines"] > 0:
             return manifest["unit_lines"]
-    return DEFAULT_UNIT_LINES
+    return -(-DEFAULT_UNIT_LINES // args.buffer_size) * args.buffer_size
+
+
+def check_unit_lines(args) -> None:
+    """A unit holds whole buffers of --buffer_size lines: a sentence is then batched with the same sentences as in a
+    one-process run (whose buffers start every --buffer_size lines), so even its scores, whose last digits depend on
+    the batch, are the same (a UsageError otherwise)."""
+    unit = unit_lines_of(args)
+    if unit % args.buffer_size:
+        lower = max(args.buffer_size, unit // args.buffer_size * args.buffer_size)
+        raise UsageError(
+            f"--unit_lines {unit} is not a multiple of --buffer_size {args.buffer_size}: a unit holds whole buffers, "
+            f"so that every sentence is batched as in a one-process run (pass --unit_lines {lower}, or a "
+            "--buffer_size dividing it)"
+        )
 
 
 def check_work_dir(args, inputs: dict) -> None:
@@ -623,6 +641,62 @@ def run_units(
         writer.commit(dict(extra, counts=counts, seconds=round(time.time() - start_time, 3)))
         done.append(unit)
     return done
+
+
+def drive(
+    job: Job,
+    launch: Launch,
+    manifest: Callable[[], dict],
+    prog: str,
+    worker: Callable[[list[int]], contextlib.AbstractContextManager],
+    merge_only: bool = False,
+) -> dict | None:
+    """A process' part of a job: `start`, then its share of the units to do (`worker(units)` is a context manager
+    giving the `do_unit` of `run_units`: the model loaded, the input opened), then in the main process the wait for
+    the others' units. Returns the start state in the main process when the output is to be merged (None in the
+    other processes and in a shard). A stop signal ends the process (`exit_stopped`)."""
+    state = start(job, launch, manifest, merge=merge_only)
+    if merge_only:
+        return state if launch.main else None
+    mine = state["todo"][launch.rank :: launch.world]
+    with StopSignals() as stop:
+        try:
+            if mine:
+                with worker(mine) as do_unit:
+                    run_units(job, launch, state, do_unit, stop)
+            if launch.main:
+                wait_for_units(job, state["todo"], stop)
+        except Stopped as error:
+            exit_stopped(prog, job, error)
+    if not launch.main:
+        return None
+    if job.shard_index is not None:
+        logger.info("shard %d of %d: %s", job.shard_index, job.num_shards, status_line(job))
+        return None
+    return state
+
+
+def place(translator, launch: Launch):
+    """`translator` on this process' device where it has one (Accelerate's placement; the torch engine)."""
+    device = launch.device
+    if device is not None and getattr(device, "type", "cpu") != "cpu" and translator.engine.name == "torch":
+        translator.engine.model.to(device)
+    return translator
+
+
+def process_location(location, launch: Launch):
+    """The model's location for this process: without --num_threads, the CPU threads of a process of a launch are
+    this machine's cores divided by its processes (a deterministic function of the machine and the launch)."""
+    import dataclasses
+
+    if launch.world == 1 or location.num_threads is not None:
+        return location
+    device = launch.device
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        return location
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or launch.world)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return dataclasses.replace(location, num_threads=max(1, cores // max(local, 1)))
 
 
 def wait_for_units(job: Job, units: list[int], stop: StopSignals) -> None:

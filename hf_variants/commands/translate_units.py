@@ -10,10 +10,9 @@ counts; scores against references are computed at the merge from the merged outp
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -73,26 +72,9 @@ def job_manifest(args: argparse.Namespace, plan: Plan) -> dict:
     }
 
 
-def process_location(location, launch: sharding.Launch):
-    """The model's location for this process: without --num_threads, the CPU threads of a process of a launch are
-    this machine's cores divided by its processes (a deterministic function of the machine and the launch)."""
-    if launch.world == 1 or location.num_threads is not None:
-        return location
-    device = launch.device
-    if device is not None and getattr(device, "type", "cpu") != "cpu":
-        return location
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or launch.world)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return dataclasses.replace(location, num_threads=max(1, cores // max(local, 1)))
-
-
 def load_for(location, launch: sharding.Launch) -> Translator:
-    """The translator of this process, on its device where it has one (Accelerate's placement; torch engine)."""
-    translator = load_translator(process_location(location, launch))
-    device = launch.device
-    if device is not None and getattr(device, "type", "cpu") != "cpu" and translator.engine.name == "torch":
-        translator.engine.model.to(device)
-    return translator
+    """The translator of this process: its CPU threads and device (`sharding.process_location`, `sharding.place`)."""
+    return sharding.place(load_translator(sharding.process_location(location, launch)), launch)
 
 
 class UnitReader:
@@ -163,32 +145,31 @@ def merged_scores(args: argparse.Namespace, plan: Plan, sentences: int):
     return references.scored(sentences)
 
 
+@contextlib.contextmanager
+def unit_worker(args: argparse.Namespace, plan: Plan, job: sharding.Job, launch: sharding.Launch, mine: list[int]):
+    """The `do_unit` of this process' units `mine`: the model loaded, the input opened, a progress bar (the main
+    process only)."""
+    translator = load_for(plan.location, launch)
+    reader = UnitReader(args, plan, job, mine)
+    total = sum(len(job.unit_range(u)) for u in mine)
+    with progress_bar(total, args.no_progress or not launch.main, args.progress_interval) as bar:
+        yield unit_translator(args, plan, job, translator, reader, bar)
+
+
 def run_job(args: argparse.Namespace, plan: Plan) -> dict | None:
     """The sharded run (see `sharding`): returns the summary in the process that merges, else None."""
     launch = sharding.join_launch()
     job = make_job(args, plan)
     start = time.time()
-    state = sharding.start(job, launch, lambda: job_manifest(args, plan), merge=args.merge)
-    if args.merge:
-        return finish(args, plan, job, launch, state, start) if launch.main else None
-    mine = state["todo"][launch.rank :: launch.world]
-    with sharding.StopSignals() as stop:
-        try:
-            if mine:
-                translator = load_for(plan.location, launch)
-                reader = UnitReader(args, plan, job, mine)
-                total = sum(len(job.unit_range(u)) for u in mine)
-                with progress_bar(total, args.no_progress or not launch.main, args.progress_interval) as bar:
-                    do_unit = unit_translator(args, plan, job, translator, reader, bar)
-                    sharding.run_units(job, launch, state, do_unit, stop)
-            if launch.main:
-                sharding.wait_for_units(job, state["todo"], stop)
-        except sharding.Stopped as error:
-            sharding.exit_stopped(PROG, job, error)
-    if not launch.main:
-        return None
-    if args.shard_index is not None:
-        logger.info("shard %d of %d: %s", args.shard_index, args.num_shards, sharding.status_line(job))
+    state = sharding.drive(
+        job,
+        launch,
+        lambda: job_manifest(args, plan),
+        PROG,
+        lambda mine: unit_worker(args, plan, job, launch, mine),
+        merge_only=args.merge,
+    )
+    if state is None:
         return None
     return finish(args, plan, job, launch, state, start)
 
