@@ -293,9 +293,10 @@ class GenerateEngine(Engine):
             kwargs["max_length"] = options.max_length
         elif options.max_new_tokens is not None:
             kwargs["max_new_tokens"] = options.max_new_tokens
-        elif self._length_rule_kwarg:  # the model applies the rule per sentence itself (generate's length_rule=)
+        elif self._length_rule_kwarg and not options.do_sample:  # the model applies the rule per sentence itself
             kwargs["length_rule"] = {"max_len_a": options.max_len_a, "max_len_b": options.max_len_b}
-        else:  # a model without it (a plain transformers seq2seq model): the same rule, from the model code
+        else:  # the same rule, from the model code: a plain transformers seq2seq model, or sampling (whose sampler
+            # must come after the rule's end token, as transformers' warpers come after the model's processors)
             limits = self.length_limits(inputs["attention_mask"].sum(-1).tolist(), options)
             kwargs["max_new_tokens"] = max(limits)
             processors.append(SentenceLengthLogitsProcessor(limits, self.config.eos_token_id))
