@@ -27,6 +27,11 @@ or `--scores`): one object a line, `{"source": ..., "hypotheses": [{"text", "sco
 best first; `score` is what the search ranked by (log_prob / length ** length_penalty, beam search's
 sequences_scores), `log_prob` the sum of the returned tokens' log-probabilities (`</s>` included; what
 `hf-variants-score` gives the same pair), `tokens` the subwords; with `--alignments` an `"alignment"` per hypothesis.
+`--output_format tsv_pairs`: a training corpus for `hf-variants-train --train_file` (back-translation, distillation):
+a header naming the languages (`--src_lang`, else the model's source language, then the target language), then
+`source<TAB>translation` per line and hypothesis (with `--nbest`, every hypothesis); a line with an empty source or
+translation gives no pair (counted in the summary's `unpaired_lines`, with a warning naming the first); a tab in a
+text becomes a space (counted). A corpus tag is training's (`--corpus_tags`), not written into the text.
 An empty input line gives an empty output line (`"hypotheses": []`); so does a source longer than the model
 accepts (`config.max_position_embeddings` tokens, special tokens included), with a warning naming its line;
 `--max_source_length` truncates sources instead, with a warning per line and the count in the summary. With
@@ -34,6 +39,18 @@ references, BLEU and chrF (sacreBLEU, signatures included) are printed as JSON (
 to stdout) and written to `--results_json`. A progress bar goes to stderr when it is a terminal; elsewhere (nohup, a
 SLURM log, CI) a line `progress: D/T sentences (P%), R sentences/s, elapsed H:MM:SS, ETA H:MM:SS` every
 `--progress_interval` seconds (`--no_progress` turns both off).
+
+Sampling (`--do_sample`, `--nbest` samples per line, best first by score): with `--seed S` the samples of input line
+L come from a generator seeded with `sentence_seed(S, L - 1)` (hf_variants/inference/sampling.py: the first 8 bytes of
+SHA-256 of "hf_variants.sample:S:L-1", big-endian, shifted right by one bit), so they do not depend on the batch
+size, the buffers, a pipe's timing or the number of processes.
+
+Large jobs (file input and output): `accelerate launch --multi_gpu --num_processes N -m hf_variants.commands.translate
+...` splits the input into work units of `--unit_lines` lines among N processes (each on its own GPU, or with
+`--num_threads` CPU threads), `--num_shards N --shard_index i` among the tasks of a job array (then `--merge`); each
+finished unit is kept in `--work_dir` (default OUTPUT.work), a rerun of the same command does only the others, and
+the output is merged at the end, byte-identical to one process (hf_variants/commands/sharding.py). Without these
+flags (and one process) a file's output appears atomically when its last line is done, and stdin streams.
 """
 
 from __future__ import annotations
