@@ -343,3 +343,27 @@ def test_sigkill_of_one_process_then_the_same_command_resumes(folders, tmp_path)
         f"{len(before)} of the 12 units were done before and are kept; {12 - len(before)} to do"
         in (tmp_path / "launch.log").read_text()
     )
+
+
+def test_the_sharding_flags_are_checked_before_anything_loads(folders, tmp_path, monkeypatch):
+    def no_loading(*_, **__):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(translate, "load_translator", no_loading)
+    base = ["--model", str(folders["torch"]), "--input", str(folders["input"]), "--no_progress"]
+    out = ["--output", str(tmp_path / "o.de")]
+    for args, message in (
+        ([*base[:2], "--input", "-", *out, "--unit_lines", "10"], "--input -: sharded and resumable runs read"),
+        ([*base, "--output", "-", "--num_shards", "2", "--shard_index", "0"], "--output -: sharded"),
+        ([*base, *out, "--num_shards", "2"], "give this task's --shard_index (0 to 1)"),
+        ([*base, *out, "--num_shards", "2", "--shard_index", "2"], "--shard_index 2: expected 0 to 1"),
+        ([*base, *out, "--unit_lines", "15", "--buffer_size", "10"], "--unit_lines 15 is not a multiple of"),
+        (
+            [*base, "--output", str(tmp_path / "w" / "o.de"), "--work_dir", str(tmp_path / "w")],
+            "lies inside --work_dir",
+        ),
+        ([*base, *out, "--work_dir", str(folders["root"])], "--work_dir"),
+        ([*base, *out, "--merge"], "no work folder here"),
+    ):
+        with pytest.raises(refusals(), match=message):
+            translate.main(args)

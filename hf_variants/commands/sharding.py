@@ -196,14 +196,15 @@ def check_unit_lines(args) -> None:
 def check_work_dir(args, inputs: dict) -> None:
     """The work folder is no input and holds none, and neither holds nor is the output or the results file (the
     merge removes it): an `OutputPathError` naming the flags."""
-    from ..outputs import check_not_an_input
+    from ..outputs import OutputPathError, check_not_an_input
 
     folder = work_dir_of(args)
     outputs = {"--output": args.output, "--results_json": getattr(args, "results_json", None)}
     check_not_an_input(folder, {**inputs, **outputs}, output_flag="--work_dir")
+    for flag, path in outputs.items():  # an output not written yet, inside the folder the merge removes
+        if path is not None and Path(path).resolve().is_relative_to(folder.resolve()):
+            raise OutputPathError(f"{flag} {path} lies inside --work_dir {folder}, which is removed after the merge.")
     if folder.exists() and not folder.is_dir():
-        from ..outputs import OutputPathError
-
         raise OutputPathError(f"--work_dir {folder}: a file, not a folder.")
 
 
@@ -552,9 +553,8 @@ def start(job: Job, launch: Launch, manifest: Callable[[], dict], merge: bool = 
             if merge and WorkFolder(job.work_dir).manifest() is None:
                 raise DataError(f"{job.work_dir}: no work folder here (no {MANIFEST}): nothing to merge.")
             plan = _main_start(job, manifest())
-        except (DataError, UsageError) as error:
-            plan = {"error": str(error)}
-            launch.share(plan)
+        except BaseException as error:  # the others must not wait for a plan that never comes
+            launch.share({"error": str(error)})
             raise
     plan = launch.share(plan)
     if "error" in plan:
