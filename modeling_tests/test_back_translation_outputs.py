@@ -189,7 +189,7 @@ def test_rerank_with_weight_0_on_the_reverse_model_is_the_1_best(folders, data, 
     score.main(
         ["--model", str(folders["reverse"]), "--nbest_input", str(nbest), "--reverse", "--output", str(channel)]
     )
-    common = ["--nbest", str(nbest), "--features", f"reverse={channel}"]
+    common = ["--nbest_input", str(nbest), "--features", f"reverse={channel}"]
     result = rerank.main([*common, "--weight", "reverse=0", "--output", str(tmp_path / "r0.de")])
     assert (tmp_path / "r0.de").read_text() == plain.read_text() and result["weights"]["reverse"] == 0
     # a weight on the reverse model changes the choice somewhere, by its scores
@@ -216,7 +216,6 @@ def test_rerank_with_weight_0_on_the_reverse_model_is_the_1_best(folders, data, 
     row = json.loads(lines[0])
     row["hypotheses"][1]["text"] = "something else"
     other = write(tmp_path / "other.jsonl", [json.dumps(row), *lines[1:]])
-    err = refused(
-        rerank.main, ["--nbest", str(nbest), "--features", f"reverse={other}", "--output", str(tmp_path / "z")], capsys
-    )
+    args = ["--nbest_input", str(nbest), "--features", f"reverse={other}", "--output", str(tmp_path / "z")]
+    err = refused(rerank.main, args, capsys)
     assert f"{other}:1: hypothesis 2 is not the n-best list's" in err

@@ -355,7 +355,7 @@ def test_the_sharding_flags_are_checked_before_anything_loads(folders, tmp_path,
     for args, message in (
         ([*base[:2], "--input", "-", *out, "--unit_lines", "10"], "--input -: sharded and resumable runs read"),
         ([*base, "--output", "-", "--num_shards", "2", "--shard_index", "0"], "--output -: sharded"),
-        ([*base, *out, "--num_shards", "2"], "give this task's --shard_index (0 to 1)"),
+        ([*base, *out, "--num_shards", "2"], r"give this task's --shard_index \(0 to 1\)"),
         ([*base, *out, "--num_shards", "2", "--shard_index", "2"], "--shard_index 2: expected 0 to 1"),
         ([*base, *out, "--unit_lines", "15", "--buffer_size", "10"], "--unit_lines 15 is not a multiple of"),
         (

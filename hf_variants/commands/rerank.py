@@ -3,9 +3,9 @@ examples/noisychannel), where a model of the reverse direction scores how well e
 
     hf-variants-translate --model runs/en-fr/model --input dev.en --output dev.nbest.jsonl --nbest 8 --num_beams 8
     hf-variants-score --model runs/fr-en/model --nbest_input dev.nbest.jsonl --reverse --output dev.reverse.jsonl
-    hf-variants-rerank --nbest dev.nbest.jsonl --features reverse=dev.reverse.jsonl --references dev.fr \\
+    hf-variants-rerank --nbest_input dev.nbest.jsonl --features reverse=dev.reverse.jsonl --references dev.fr \\
         --tune --weights_out weights.json --output dev.reranked.fr
-    hf-variants-rerank --nbest test.nbest.jsonl --features reverse=test.reverse.jsonl --weights weights.json \\
+    hf-variants-rerank --nbest_input test.nbest.jsonl --features reverse=test.reverse.jsonl --weights weights.json \\
         --output test.reranked.fr
 
 Each hypothesis of an n-best line (hf-variants-translate's JSON Lines with `score` and `log_prob`) gets the score
@@ -15,7 +15,7 @@ order; a line without hypotheses gives an empty line):
   forward_log_prob  the n-best's `log_prob`
   length            the hypothesis' tokens (`</s>` included): a word bonus
   NAME              the `log_prob` of each `--features NAME=FILE` (hf-variants-score --nbest_input output, its lines
-                    and hypotheses those of --nbest, texts checked)
+                    and hypotheses those of --nbest_input, texts checked)
 Every weight but `forward`'s is 0 unless given (`--weight NAME=VALUE`, `--weights FILE.json`): with no other weight
 the 1-best of the n-best list is the answer, whatever the features.
 
@@ -46,7 +46,9 @@ DEFAULT_GRID = [round(-2 + 0.1 * i, 1) for i in range(41)]
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("hf-variants-rerank", __doc__, epilog_from=2)
-    p.add_argument("--nbest", required=True, help="hf-variants-translate's n-best JSON Lines (with scores)")
+    p.add_argument(
+        "--nbest_input", required=True, metavar="FILE.jsonl", help="hf-variants-translate's n-best JSON Lines (scores)"
+    )
     p.add_argument(
         "--features",
         nargs="+",
@@ -100,7 +102,7 @@ def add_feature(rows: list[list[dict]], name: str, path: str) -> None:
     for number, line in enumerate(iter_lines(path), 1):
         where = f"{path}:{number}"
         if number > len(rows):
-            raise DataError(f"{where}: --features {name} has more lines than --nbest ({len(rows)}).")
+            raise DataError(f"{where}: --features {name} has more lines than --nbest_input ({len(rows)}).")
         hypotheses = parse_jsonl_line(line, where).get("hypotheses")
         row = rows[number - 1]
         if not isinstance(hypotheses, list) or len(hypotheses) != len(row):
@@ -113,7 +115,7 @@ def add_feature(rows: list[list[dict]], name: str, path: str) -> None:
             mine[name] = float(value) if isinstance(value, (int, float)) else -math.inf
         count = number
     if count != len(rows):
-        raise DataError(f"--features {name}={path} has {count} lines, --nbest has {len(rows)}.")
+        raise DataError(f"--features {name}={path} has {count} lines, --nbest_input has {len(rows)}.")
 
 
 def parse_weights(args: argparse.Namespace, names: list[str]) -> dict[str, float]:
@@ -190,10 +192,10 @@ def main(argv=None) -> dict:
         raise UsageError("--tune chooses the weights by BLEU against --references: give them.")
     outputs = {"--output": None if args.output == "-" else args.output, "--results_json": args.results_json}
     outputs["--weights_out"] = args.weights_out
-    inputs = {"--nbest": args.nbest, "--references": args.references, "--weights": args.weights}
+    inputs = {"--nbest_input": args.nbest_input, "--references": args.references, "--weights": args.weights}
     inputs["--features"] = [item.partition("=")[2] for item in args.features]
     check_output_files(outputs, inputs)
-    rows = read_nbest(args.nbest)
+    rows = read_nbest(args.nbest_input)
     names = list(FIXED_FEATURES)
     for item in args.features:
         name, sep, path = item.partition("=")
@@ -204,8 +206,8 @@ def main(argv=None) -> dict:
     weights = parse_weights(args, names)
     refs = read_lines(args.references) if args.references else None
     if refs is not None and len(refs) != len(rows):
-        raise DataError(f"--references {args.references} has {len(refs)} lines, --nbest has {len(rows)}.")
-    result: dict = {"nbest": args.nbest, "lines": len(rows), "features": names}
+        raise DataError(f"--references {args.references} has {len(refs)} lines, --nbest_input has {len(rows)}.")
+    result: dict = {"nbest_input": args.nbest_input, "lines": len(rows), "features": names}
     if args.tune:
         weights, result["tuning"] = tune(rows, refs, weights, args.grid, args.rounds, args.bleu_tokenize)
     chosen = choose(rows, weights)

@@ -37,23 +37,30 @@ seconds, pairs/s) goes to stderr as JSON, and to `--results_json`. Large inputs 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import logging
-import math
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..inference.translator import DEFAULT_BUFFER_SIZE
 from ..outputs import atomic_write_file, check_output_files, int_in_range
-from ..training.corpus import DataError, parse_jsonl_line, read_lines
+from ..training.corpus import DataError, read_lines
 from . import sharding
-from .common import UsageError, add_batching_flags, batching, command_parser, exits_on_refusal
+from .common import UsageError, add_batching_flags, command_parser, exits_on_refusal
 from .inputs import STDIO, count_lines, iter_lines
-from .loading import ModelLocation, add_model_flags, load_translator, locate_model, model_record, read_configs
+from .loading import ModelLocation, add_model_flags, load_translator, locate_model, read_configs
 from .progress import progress_bar
+from .score_io import (
+    Pairs,
+    ScorePlan,
+    nbest_pairs,
+    nbest_row,
+    output_lines,
+    report,
+    score,
+    warn_too_long,
+)
+from .score_units import run_job
 from .sharding import add_sharding_flags
 
 logger = logging.getLogger("hf_variants.score")
@@ -154,21 +161,6 @@ def annotation_files(items: list[str]) -> dict[str, str]:
     return files
 
 
-@dataclass
-class Pairs:
-    """What is scored: `sources`, `targets`, per-pair `annotations`; for n-best input `rows` holds each input line's
-    source and hypotheses (its pairs are consecutive), None for line-aligned pairs."""
-
-    sources: list[str]
-    targets: list[str]
-    annotations: dict[str, list] = field(default_factory=dict)
-    rows: list[tuple[str, list[str]]] | None = None
-
-    @property
-    def lines(self) -> int:
-        return len(self.rows) if self.rows is not None else len(self.sources)
-
-
 def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> Pairs:
     """The source and target lines and the annotation lines, refused (`DataError`) when their counts differ; or the
     pairs of an n-best file."""
@@ -199,34 +191,6 @@ def read_pairs(args: argparse.Namespace, files: dict[str, str]) -> Pairs:
     return Pairs(sources, targets, annotations)
 
 
-def nbest_row(line: str, where: str) -> tuple[str, list[str]]:
-    """(source, hypothesis texts) of one line of hf-variants-translate's n-best JSON Lines (`where`: file:line)."""
-    obj = parse_jsonl_line(line, where)
-    hypotheses = obj.get("hypotheses")
-    ok = isinstance(obj.get("source"), str) and isinstance(hypotheses, list)
-    ok = ok and all(isinstance(h, dict) and isinstance(h.get("text"), str) for h in hypotheses)
-    if not ok:
-        raise DataError(
-            f'{where}: expected a line of hf-variants-translate\'s n-best JSON Lines, {{"source": "...", '
-            f'"hypotheses": [{{"text": "...", ...}}, ...]}}, got the keys {sorted(obj)}.'
-        )
-    return obj["source"], [h["text"] for h in hypotheses]
-
-
-def nbest_pairs(rows: list[tuple[str, list[str]]], annotations: dict[str, list], reverse: bool) -> Pairs:
-    """The pairs of n-best rows: (source, hypothesis) for each hypothesis, or (hypothesis, source) with `reverse`;
-    each pair with its row's annotations."""
-    sources, targets = [], []
-    per_pair: dict[str, list] = {name: [] for name in annotations}
-    for r, (source, texts) in enumerate(rows):
-        for text in texts:
-            sources.append(text if reverse else source)
-            targets.append(source if reverse else text)
-            for name, values in annotations.items():
-                per_pair[name].append(values[r])
-    return Pairs(sources, targets, per_pair, list(rows))
-
-
 def check_languages(config, src_lang: str | None, tgt_lang: str | None) -> str | None:
     """`--src_lang` / `--tgt_lang` checked against the model's languages (a UsageError naming the flag), and the
     target language to score in: `--tgt_lang`, else the model's one target (None: the model records none)."""
@@ -246,30 +210,6 @@ def check_languages(config, src_lang: str | None, tgt_lang: str | None) -> str |
     return tgt_lang
 
 
-# ------------------------------------------------------------------------------------------------------- output
-def format_line(score, output_format: str, token_scores: bool) -> str:
-    """One output line (without its newline) of a `PairScore`."""
-    if output_format == "jsonl":
-        return json.dumps(score.to_dict(token_scores), ensure_ascii=False)
-    values = [score.log_prob, score.tokens, score.ppl]
-    fields = [repr(float("nan")) if v is None else (str(v) if isinstance(v, int) else f"{v:.6f}") for v in values]
-    if token_scores:
-        fields.append(" ".join(f"{v:.6f}" for v in score.token_log_probs or []))
-    return "\t".join(fields)
-
-
-def output_lines(pairs: Pairs, scores, output_format: str, token_scores: bool) -> list[str]:
-    """One line per input line: a pair's scores, or an n-best row with each hypothesis' scores."""
-    if pairs.rows is None:
-        return [format_line(s, output_format, token_scores) for s in scores]
-    lines, k = [], 0
-    for source, texts in pairs.rows:
-        hypotheses = [{"text": text} | scores[k + j].to_dict(token_scores) for j, text in enumerate(texts)]
-        lines.append(json.dumps({"source": source, "hypotheses": hypotheses}, ensure_ascii=False))
-        k += len(texts)
-    return lines
-
-
 def write_output(path: str, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if path == STDIO:
@@ -278,19 +218,6 @@ def write_output(path: str, lines: list[str]) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_file(path, text)
-
-
-@dataclass
-class ScorePlan:
-    """What the checks before loading decided: the model's location, the target language, the annotation files, the
-    input's line count, whether the run is sharded (`work`) and, for a one-process run, the pairs (read whole)."""
-
-    location: ModelLocation
-    tgt_lang: str | None
-    files: dict[str, str]
-    lines: int
-    work: bool = False
-    pairs: Pairs | None = None
 
 
 def count_aligned(args: argparse.Namespace, files: dict[str, str]) -> int:
@@ -334,93 +261,6 @@ def preflight(args: argparse.Namespace) -> ScorePlan:
     return ScorePlan(location, tgt_lang, files, lines, work, pairs)
 
 
-def buffers(pairs: Pairs, size: int) -> list[Pairs]:
-    """`pairs` cut every `size` input lines (an n-best line's pairs stay together)."""
-    if pairs.rows is None:
-        spans = [(i, min(i + size, len(pairs.sources))) for i in range(0, len(pairs.sources), size)]
-        rows = [None] * len(spans)
-    else:
-        offsets = list(itertools.accumulate((len(texts) for _, texts in pairs.rows), initial=0))
-        firsts = range(0, len(pairs.rows), size)
-        spans = [(offsets[r], offsets[min(r + size, len(pairs.rows))]) for r in firsts]
-        rows = [pairs.rows[r : r + size] for r in firsts]
-    return [
-        Pairs(
-            pairs.sources[a:b],
-            pairs.targets[a:b],
-            {name: values[a:b] for name, values in pairs.annotations.items()},
-            part_rows,
-        )
-        for (a, b), part_rows in zip(spans, rows)
-    ]
-
-
-def score(translator, args: argparse.Namespace, plan: ScorePlan, pairs: Pairs, progress) -> list:
-    """Every pair's `PairScore` (`score_pairs`), in input order, buffer after buffer (`--buffer_size` input lines:
-    a sharded run's units hold whole buffers, so each pair is batched, and scored to the last digit, alike)."""
-    from ..inference.scoring import score_pairs
-
-    scores = []
-    for part in buffers(pairs, args.buffer_size):
-        scores += score_pairs(
-            translator,
-            part.sources,
-            part.targets,
-            src_lang=args.src_lang,
-            tgt_lang=plan.tgt_lang,
-            annotations=part.annotations,
-            token_scores=args.token_scores,
-            progress=progress,
-            **batching(args),
-        )
-    return scores
-
-
-def warn_too_long(pairs: Pairs, scores, limit, first_line: int = 1) -> list[int]:
-    """A warning per pair not scored (longer than the model accepts), naming its line (and hypothesis); returns
-    their 1-based positions among the pairs."""
-    where = [(first_line + i, None) for i in range(len(pairs.sources))]
-    if pairs.rows is not None:
-        where = [(first_line + r, j + 1) for r, (_, texts) in enumerate(pairs.rows) for j in range(len(texts))]
-    for (line, hypothesis), s in zip(where, scores):
-        if s.too_long:
-            logger.warning(
-                "line %d%s: longer than this model accepts (%s tokens, config.max_position_embeddings): not scored",
-                line,
-                f" hypothesis {hypothesis}" if hypothesis is not None else "",
-                limit,
-            )
-    return [i + 1 for i, s in enumerate(scores) if s.too_long]
-
-
-def report(args: argparse.Namespace, plan: ScorePlan, scores, elapsed: float, extra=None) -> dict:
-    """The summary, printed as JSON on stderr and written to `--results_json`; returns it."""
-    from ..inference.scoring import summarize
-
-    summary = summarize(scores)
-    inputs = {"source": args.source, "target": args.target}
-    if args.nbest_input is not None:
-        inputs = {"nbest_input": args.nbest_input, "reverse": args.reverse, "lines": plan.lines}
-    result = {
-        **model_record(plan.location),
-        "int8": plan.location.precision == "int8",
-        **inputs,
-        "output": "stdout" if args.output == STDIO else args.output,
-        "tgt_lang": plan.tgt_lang,
-        **summary.to_dict(),
-        "seconds": round(elapsed, 3),
-        "pairs_per_sec": round(summary.scored / max(elapsed, 1e-9), 2),
-        **(extra or {}),
-    }
-    if result["ppl"] is not None and not math.isfinite(result["ppl"]):
-        result["ppl"] = None  # JSON has no infinity
-    if args.results_json:
-        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2), file=sys.stderr)
-    return result
-
-
 @exits_on_refusal("hf-variants-score")
 def main(argv=None) -> dict | None:
     parser = build_parser()
@@ -428,8 +268,6 @@ def main(argv=None) -> dict | None:
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     plan = preflight(args)
     if plan.work:
-        from .score_units import run_job
-
         return run_job(args, plan)
     translator = load_translator(plan.location)
     pairs = plan.pairs

@@ -21,7 +21,7 @@ from . import sharding
 from .inputs import iter_lines
 from .loading import load_translator
 from .progress import progress_bar
-from .score import Pairs, ScorePlan, nbest_pairs, nbest_row, output_lines, report, score, warn_too_long
+from .score_io import Pairs, ScorePlan, nbest_pairs, nbest_row, output_lines, report, score, warn_too_long
 
 logger = logging.getLogger("hf_variants.score")
 PROG = "hf-variants-score"

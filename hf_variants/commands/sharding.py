@@ -22,10 +22,12 @@ temporary files, which the merge removes.
 
 **A rerun** of the same command (after SIGTERM, Ctrl-C, SIGKILL, a lost machine) compares the manifest with the job
 it is asked to do: the input's size and SHA-256, the aligned files', the model folder's files' SHA-256 (weights,
-config, tokenizer), the engine, the precision, the weights, the output format and every decoding setting. A
-difference is refused naming what changed, then and now; `--allow_changed` keeps the finished units anyway and
-records the change in the manifest's `overrides` (the unit size and the output format cannot change). Otherwise it
-says how many units it kept and translates only the others.
+config, tokenizer), the engine, the precision, the weights, the output format and every decoding setting (the
+batching flags are recorded, not compared: like the thread count, they can change the last digits of scores, and
+with ONNX Runtime int8, which quantizes activations per batch, tokens). A difference is refused naming what changed,
+then and now; `--allow_changed` keeps the finished units anyway and records the change in the manifest's
+`overrides` (the unit size and the output format cannot change). Otherwise it says how many units it kept and
+translates only the others.
 
 **Signals.** SIGTERM (and SIGUSR1, what SLURM sends before a preemption) and SIGINT (Ctrl-C) stop a process at the
 next batch boundary: the unit in progress is dropped (its temporary file removed), every finished unit stays, and the

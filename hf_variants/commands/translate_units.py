@@ -23,7 +23,7 @@ from .common import batching
 from .inputs import InputLine, iter_input, iter_lines
 from .loading import load_translator
 from .progress import progress_bar
-from .translate import TSV_PAIRS, Plan, ReferenceSets, ResultLines, Tally, report, request_of
+from .translate_io import TSV_PAIRS, Plan, ReferenceSets, ResultLines, Tally, report, request_of
 
 logger = logging.getLogger("hf_variants.translate")
 PROG = "hf-variants-translate"
