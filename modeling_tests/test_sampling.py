@@ -195,7 +195,7 @@ def pipe_in_bursts(model_dir, sources: list[str], bursts) -> list[str]:
         cwd=REPO_ROOT,
         env=ENV,
     )
-    out: list[str] = []
+    received = b""  # read from the pipe itself (a buffered reader would hide lines from select)
     try:
         start = 0
         for size in bursts:
@@ -203,14 +203,14 @@ def pipe_in_bursts(model_dir, sources: list[str], bursts) -> list[str]:
             proc.stdin.flush()
             start += size
             deadline = time.time() + 300
-            while len(out) < start:
+            while received.count(b"\n") < start:
                 ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.time(), 0.1))
-                assert ready and time.time() < deadline, f"{len(out)} answers of {start}"
-                out.append(proc.stdout.readline().decode("utf-8").rstrip("\n"))
+                assert ready and time.time() < deadline, f"{len(received.splitlines())} answers of {start}"
+                received += os.read(proc.stdout.fileno(), 1 << 16)
         proc.stdin.close()
-        assert proc.stdout.read() == b""
         assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()[-3000:]
+        assert proc.stdout.read() == b""
     finally:
         if proc.poll() is None:
             proc.kill()
-    return out
+    return received.decode("utf-8").splitlines()
