@@ -26,6 +26,9 @@ How each block runs (the only changes the test makes, all listed here):
     training command in this one process; the launcher options are checked, not executed: every `--config_file`
     must be one of the clone's accelerate configs and parse as YAML, `--machine_rank` must be below its
     `num_machines`;
+  * `accelerate launch [LAUNCHER OPTIONS] -m hf_variants.commands.translate ARGS` (or `.score`) runs for real: the
+    launcher with the guide's options (checked as above) and a free `--main_process_port`, its processes (gloo on
+    CPUs, one thread each as the guide says) in the scratch folder; it must exit with status 0;
   * a launch over several machines (`--num_machines` above 1, or a config's `num_machines`) is one command per
     machine: they must follow each other with `--machine_rank` 0, 1, ... and be identical apart from it; they are
     checked, not run here (one process cannot be two machines): `test_multi_node.py` runs the guide's one-machine
@@ -491,6 +494,21 @@ def run_in_shell(argv: list[str]) -> bool:
     return False
 
 
+LAUNCHED_COMMANDS = ("hf_variants.commands.translate", "hf_variants.commands.score")
+
+
+def run_launch(options: list[str], module: str, args: list[str]) -> None:
+    """`accelerate launch OPTIONS -m MODULE ARGS` for real, in the scratch folder (the working directory), on a free
+    port; its processes see this checkout's package."""
+    from test_training import free_port, subprocess_env
+
+    command = [sys.executable, "-m", "accelerate.commands.launch", *options, "--num_machines", "1"]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    env = dict(subprocess_env(), OMP_NUM_THREADS="1")
+    done = subprocess.run([*command, "-m", module, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, f"accelerate launch -m {module} exited with {done.returncode}: {done.stderr[-4000:]}"
+
+
 def run_command(argv: list[str], monkeypatch, written: set[str], machines: dict) -> None:
     """Run one command of a document (see the module docstring); `machines`: the state of a launch over several
     machines, carried from command to command."""
@@ -508,6 +526,9 @@ def run_command(argv: list[str], monkeypatch, written: set[str], machines: dict)
                 else:
                     assert machines.get("command") == same and machines.get("next") == rank, (machines, argv)
                     machines["next"] += 1
+                return
+            if argv[script] == "-m" and argv[script + 1] in LAUNCHED_COMMANDS:
+                run_launch(argv[2:script], argv[script + 1], argv[script + 2 :])
                 return
             if argv[script] == "-m":
                 assert argv[script + 1] == TRAIN_MODULE, argv
@@ -621,9 +642,14 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     # (nearly untrained) model predicts, where "above the plain one" depended on how much it had learnt
     assert namespace["metrics"]["eval_loss"] == pytest.approx(smoothed["loss"], rel=1e-5)
     assert plain["tokens"] == smoothed["tokens"] > 0 and plain["perplexity"] == pytest.approx(math.exp(plain["loss"]))
-    # back-translation: 16 synthetic pairs beside the 48 real ones, tagged; their best checkpoints averaged
+    # back-translation: the reverse model's samples of the 16 French lines as a training corpus (tsv_pairs), beside
+    # the 48 real pairs, tagged; their best checkpoints averaged
+    synthetic = (tmp_path / "data" / "bt.tsv").read_text(encoding="utf-8").splitlines()
+    mono = (tmp_path / "data" / "mono.fr").read_text(encoding="utf-8").splitlines()
+    assert synthetic[0] == "fr\ten" and 0 < len(synthetic) - 1 <= 16
+    assert all(line.split("\t")[0] in mono and len(line.split("\t")) == 2 for line in synthetic[1:])
     bt = json.loads((tmp_path / "runs" / "en-fr-bt" / "results.json").read_text())
-    assert [(c["pairs"], c["tag"]) for c in bt["corpora"]] == [(48, None), (16, "<BT>")]
+    assert [(c["pairs"], c["tag"]) for c in bt["corpora"]] == [(48, None), (len(synthetic) - 1, "<BT>")]
     assert "(the best 2 by validation bleu" in (tmp_path / "runs" / "en-fr-bt-best2" / "README.md").read_text()
     # section 8: n-best lists, prefixes, alignments, the Python API
     nbest = [json.loads(line) for line in (tmp_path / "nbest.jsonl").read_text().splitlines()]
@@ -632,6 +658,26 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert len(prefixed) == 8 and all(line.startswith("Un homme") for line in prefixed[::2])
     assert all(" ||| " in line for line in (tmp_path / "aligned.fr").read_text().splitlines())
     assert [len(r.hypotheses) for r in namespace["translations"]] == [2, 2]
+    for row in map(json.loads, (tmp_path / "sampled.jsonl").read_text().splitlines()):  # samples best first
+        assert [h["score"] for h in row["hypotheses"]] == sorted((h["score"] for h in row["hypotheses"]), reverse=True)
+    # large jobs: two processes, and three shards merged, each line translated
+    for name in ("train.beam.fr", "train.shards.fr"):
+        assert (tmp_path / name).read_text().count("\n") == 48 and not (tmp_path / f"{name}.work").exists()
+    # reranking: tuned on the development set, applied to the test set
+    assert (tmp_path / "valid.reranked.fr").read_text().count("\n") == 8
+    assert set(json.loads((tmp_path / "rerank.json").read_text())["weights"]) == {
+        "forward",
+        "forward_log_prob",
+        "length",
+        "reverse",
+    }
+    assert (tmp_path / "test.reranked.fr").read_text().count("\n") == 8
+    # distillation: the teacher's beam translations of the 48 training sources (2 processes), the student
+    distilled = (tmp_path / "data" / "distilled.tsv").read_text(encoding="utf-8").splitlines()
+    assert distilled[0] == "en\tfr" and 0 < len(distilled) - 1 <= 48
+    student = json.loads((tmp_path / "runs" / "en-fr-student" / "results.json").read_text())
+    assert [c["pairs"] for c in student["corpora"]] == [len(distilled) - 1, 48]
+    assert (tmp_path / "student.fr").read_text().count("\n") == 8
     published = hub.files("my-org/en-fr-transformer")
     assert {"README.md", "config.json", "model.safetensors"} <= set(published)
     assert ran["bash"] >= 7 and ran["python"] >= 5

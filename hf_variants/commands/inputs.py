@@ -1,6 +1,8 @@
 """Reading a translation command's input: text files (plain or .gz, or stdin) read lazily line by line, JSON Lines
 rows (`{"translation": {lang: text}}`, `{"text": ...}`, `{"source": ..., "target": ...}`), and the files aligned with
-the input line by line (references, prefixes, source annotations), each mismatch named with the file and line.
+the input line by line (references, prefixes, source annotations), each mismatch named with the file and line. A line
+of hf-variants-translate's own n-best JSON Lines output (`{"source": ..., "hypotheses": [...]}`) is refused where a
+sentence or a row is expected, naming its line.
 """
 
 from __future__ import annotations
@@ -8,11 +10,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..inference.batching import LineReader
-from ..training.corpus import DataError, parse_jsonl_line
+from ..training.corpus import DataError, check_not_nbest, nbest_error, parse_jsonl_line
 
 STDIO = "-"
 TEXT_KEYS = ("text", "source")  # JSONL rows without "translation": the source text
@@ -153,41 +155,61 @@ def _zip_aligned(label: str, main: Iterator, others: dict[str, Iterator]) -> Ite
             raise DataError(f"{label} has {count} lines but {name} has more; line {count + 1} has no counterpart.")
 
 
-def iter_input(args: argparse.Namespace, plan, lines: Iterator[str]) -> Iterator[InputLine]:
+def _row_item(args: argparse.Namespace, plan, line: str, where: str) -> InputLine:
+    """The `InputLine` of one JSONL row (its source, reference and per-row annotations)."""
+    obj = parse_jsonl_line(line, where)
+    if "source" in obj and isinstance(obj.get("hypotheses"), list):
+        raise nbest_error(where)
+    source, lang, reference = _row_source(obj, where, args.src_lang, plan.tgt_lang)
+    if lang is not None:
+        plan.source_langs.add(lang)
+    item = InputLine(source, reference)
+    for name in plan.annotations_from_rows:
+        value = obj.get(name)
+        if isinstance(value, dict):
+            value = value.get(lang) if lang is not None else None
+        if value is None and source.strip():
+            raise DataError(
+                f'{where}: no {name!r} for the source (expected "{name}": value or {{"{lang or "lang"}": value}}).'
+            )
+        item.annotations[name] = value
+    return item
+
+
+def iter_input(
+    args: argparse.Namespace,
+    plan,
+    lines: Iterator[str],
+    select: Callable[[int], bool] | None = None,
+    references: bool = True,
+) -> Iterator[InputLine]:
     """The input lines with their references, annotations and prefixes, read lazily (see the module docstring).
     `plan`: the translate command's `Plan` (the input's kind and name, the annotation files and names, the target
-    language; the JSONL rows' source languages are added to its `source_langs`)."""
+    language; the JSONL rows' source languages are added to its `source_langs`). `select(index)` (0-based line
+    index): only the lines it accepts are parsed and yielded, as `(index, InputLine)` pairs (the others are read past
+    unparsed); `references`: False leaves the --references files unread. A line of an n-best JSON Lines output is
+    refused, naming it."""
     others = {f"--prefix {args.prefix}": iter_lines(args.prefix)} if args.prefix else {}
-    for path in args.references or []:
+    reference_files = list(args.references or []) if references else []
+    for path in reference_files:
         others[f"--references {path}"] = iter_lines(path)
     for name, path in plan.annotation_files.items():
         others[f"--source_annotation {name}={path}"] = iter_lines(path)
     for number, (line, values) in enumerate(_zip_aligned(plan.input_label, lines, others), 1):
+        if select is not None and not select(number - 1):
+            continue
+        where = f"{plan.input_label}:{number}"
         if plan.jsonl:
-            where = f"{plan.input_label}:{number}"
-            obj = parse_jsonl_line(line, where)
-            source, lang, reference = _row_source(obj, where, args.src_lang, plan.tgt_lang)
-            if lang is not None:
-                plan.source_langs.add(lang)
-            item = InputLine(source, reference)
-            for name in plan.annotations_from_rows:
-                value = obj.get(name)
-                if isinstance(value, dict):
-                    value = value.get(lang) if lang is not None else None
-                if value is None and source.strip():
-                    raise DataError(
-                        f'{where}: no {name!r} for the source (expected "{name}": value or '
-                        f'{{"{lang or "lang"}": value}}).'
-                    )
-                item.annotations[name] = value
+            item = _row_item(args, plan, line, where)
         else:
+            check_not_nbest(line, where)
             item = InputLine(line)
         for name, path in plan.annotation_files.items():
             item.annotations[name] = values[f"--source_annotation {name}={path}"]
-        item.references = [values[f"--references {path}"] for path in args.references or []]
+        item.references = [values[f"--references {path}"] for path in reference_files]
         if args.prefix:
             item.prefix = values[f"--prefix {args.prefix}"]
-        yield item
+        yield item if select is None else (number - 1, item)
 
 
 def stdin_lines(reader: LineReader) -> Iterator[str]:

@@ -27,6 +27,11 @@ or `--scores`): one object a line, `{"source": ..., "hypotheses": [{"text", "sco
 best first; `score` is what the search ranked by (log_prob / length ** length_penalty, beam search's
 sequences_scores), `log_prob` the sum of the returned tokens' log-probabilities (`</s>` included; what
 `hf-variants-score` gives the same pair), `tokens` the subwords; with `--alignments` an `"alignment"` per hypothesis.
+`--output_format tsv_pairs`: a training corpus for `hf-variants-train --train_file` (back-translation, distillation):
+a header naming the languages (`--src_lang`, else the model's source language, then the target language), then
+`source<TAB>translation` per line and hypothesis (with `--nbest`, every hypothesis); a line with an empty source or
+translation gives no pair (counted in the summary's `unpaired_lines`, with a warning naming the first); a tab in a
+text becomes a space (counted). A corpus tag is training's (`--corpus_tags`), not written into the text.
 An empty input line gives an empty output line (`"hypotheses": []`); so does a source longer than the model
 accepts (`config.max_position_embeddings` tokens, special tokens included), with a warning naming its line;
 `--max_source_length` truncates sources instead, with a warning per line and the count in the summary. With
@@ -34,24 +39,31 @@ references, BLEU and chrF (sacreBLEU, signatures included) are printed as JSON (
 to stdout) and written to `--results_json`. A progress bar goes to stderr when it is a terminal; elsewhere (nohup, a
 SLURM log, CI) a line `progress: D/T sentences (P%), R sentences/s, elapsed H:MM:SS, ETA H:MM:SS` every
 `--progress_interval` seconds (`--no_progress` turns both off).
+
+Sampling (`--do_sample`, `--nbest` samples per line, best first by score): with `--seed S` the samples of input line
+L come from a generator seeded with `sentence_seed(S, L - 1)` (hf_variants/inference/sampling.py: the first 8 bytes of
+SHA-256 of "hf_variants.sample:S:L-1", big-endian, shifted right by one bit), so they do not depend on the batch
+size, the buffers, a pipe's timing or the number of processes.
+
+Large jobs (file input and output): `accelerate launch --multi_gpu --num_processes N -m hf_variants.commands.translate
+...` splits the input into work units of `--unit_lines` lines among N processes (each on its own GPU, or with
+`--num_threads` CPU threads), `--num_shards N --shard_index i` among the tasks of a job array (then `--merge`); each
+finished unit is kept in `--work_dir` (default OUTPUT.work), a rerun of the same command does only the others, and
+the output is merged at the end, byte-identical to one process (hf_variants/commands/sharding.py). Without these
+flags (and one process) a file's output appears atomically when its last line is done, and stdin streams.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
-import os
 import sys
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..inference import OptionError, TranslationRequest, Translator
+from ..inference import OptionError, Translator
 from ..inference.batching import LineReader
 from ..inference.decode import engine_class
 from ..inference.flags import add_option_flags, options_from_args
@@ -62,9 +74,10 @@ from ..inference.translator import (
     default_target_language,
     resolve_options,
 )
-from ..outputs import atomic_write_file, check_output_files, int_in_range
+from ..outputs import check_output_files, int_in_range
 from ..training import evaluation
 from ..training.corpus import DataError
+from . import sharding
 from .common import add_batching_flags, as_flags, batching, command_parser, run_command
 from .inputs import (
     STDIO,
@@ -76,8 +89,20 @@ from .inputs import (
     read_annotation_files,
     stdin_lines,
 )
-from .loading import ModelLocation, add_model_flags, load_translator, locate_model, model_record, read_configs
+from .loading import ModelLocation, add_model_flags, load_translator, locate_model, read_configs
 from .progress import progress_bar
+from .sharding import add_sharding_flags
+from .translate_io import (
+    TSV_PAIRS,
+    Plan,
+    ReferenceSets,
+    ResultLines,
+    StreamOutput,
+    Tally,
+    report,
+    request_of,
+)
+from .translate_units import run_job
 
 logger = logging.getLogger("hf_variants.translate")
 
@@ -104,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_BUFFER_SIZE,
         help="input lines read ahead and sorted into batches; a pipe's lines are translated as they arrive",
     )
+    add_sharding_flags(p)
     g = p.add_argument_group("summary and progress")
     g.add_argument("--results_json", help="write the summary (and scores) here")
     g.add_argument("--no_progress", action="store_true", help="no progress bar or progress lines")
@@ -143,10 +169,12 @@ def add_io_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--output_format",
-        choices=["auto", "text", "jsonl"],
+        choices=["auto", "text", "jsonl", TSV_PAIRS],
         default="auto",
         help="text: one translation a line; jsonl: one object a line with the n-best hypotheses, their scores, "
-        "log-probabilities and tokens; auto: jsonl with --nbest > 1 or --scores, else text",
+        "log-probabilities and tokens; tsv_pairs: a training corpus for hf-variants-train --train_file (a header "
+        "SRC<TAB>TGT naming the languages, then source<TAB>translation per line and hypothesis; lines with an "
+        "empty source or translation left out and counted); auto: jsonl with --nbest > 1 or --scores, else text",
     )
     g.add_argument(
         "--references",
@@ -179,67 +207,13 @@ def add_io_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-# ------------------------------------------------------------------------------------------------------ output
-class StreamOutput:
-    """Output lines written as they come: to stdout (flushed after each line), or to a hidden temporary sibling of
-    the file, renamed over it by `commit()` when complete (a reader sees the old file or the whole new one; `discard()`
-    removes the part on a failure)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        if path == STDIO:
-            self.stream, self.tmp = sys.stdout.buffer, None
-        else:
-            target = Path(path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-            self.stream = open(self.tmp, "wb")
-
-    def write(self, line: str) -> None:
-        self.stream.write((line + "\n").encode("utf-8"))
-        if self.tmp is None:
-            self.stream.flush()
-
-    def commit(self) -> None:
-        if self.tmp is None:
-            self.stream.flush()
-            return
-        self.stream.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        if self.tmp is not None:
-            self.stream.close()
-            with contextlib.suppress(OSError):
-                self.tmp.unlink()
-
-
-def format_result(result, output_format: str, alignments: bool) -> str:
-    """One output line: the best translation (text; ` ||| ` and its alignment with `alignments`), or the JSON object
-    with every hypothesis (jsonl)."""
-    if output_format == "text":
-        text = result.text.replace("\n", " ")
-        if alignments:
-            return f"{text} ||| {result.hypotheses[0].pharaoh() if result.hypotheses else ''}"
-        return text
-    record: dict = {
-        "source": result.source,
-        "hypotheses": [h.to_dict(scores=True, alignments=alignments) for h in result.hypotheses],
-    }
-    for hypothesis in record["hypotheses"]:
-        hypothesis["text"] = hypothesis["text"].replace("\n", " ")
-    if result.skipped:
-        record["skipped"] = result.skipped
-    if result.truncated:
-        record["truncated"] = True
-    return json.dumps(record, ensure_ascii=False)
-
-
-def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str]) -> None:
+def check_outputs(
+    args: argparse.Namespace, location: ModelLocation, annotation_files: dict[str, str], work: bool = False
+) -> None:
     """Before anything loads: `--output` and `--results_json` can be written as files (no folder, a parent that is
     a writable folder or can be made), are not the same file, and are not, do not hold and do not lie inside any
-    input (`--input`, `--references`, `--prefix`, `--source_annotation` files, the model and tokenizer folders).
-    Raises `OutputPathError` naming the flags."""
+    input (`--input`, `--references`, `--prefix`, `--source_annotation` files, the model and tokenizer folders);
+    for a sharded run (`work`) the work folder neither. Raises `OutputPathError` naming the flags."""
     inputs = {
         "--input": None if args.input == STDIO else args.input,
         "--references": list(args.references or []),
@@ -251,37 +225,48 @@ def check_outputs(args: argparse.Namespace, location: ModelLocation, annotation_
     check_output_files(
         {"--output": None if args.output == STDIO else args.output, "--results_json": args.results_json}, inputs
     )
+    if work:
+        sharding.check_work_dir(args, inputs)
 
 
 # ------------------------------------------------------------------------------------------------------ checks
-@dataclass
-class Plan:
-    """What the checks before loading decided: the model's location, the input's kind and name, the annotations,
-    the decoding options (resolved against the saved generation config), the output format, the target language
-    and the line count (None for stdin)."""
-
-    location: ModelLocation
-    jsonl: bool
-    input_label: str
-    annotation_files: dict[str, str]
-    annotations_from_rows: list[str]
-    options: DecodeOptions
-    output_format: str
-    tgt_lang: str | None
-    lines: int | None
-    max_source_tokens: int | None
-    source_langs: set = field(default_factory=set)
-
-
 def output_format(args: argparse.Namespace) -> str:
-    """`--output_format`, auto resolved: jsonl with --nbest > 1 or --scores; text refused with them."""
+    """`--output_format`, auto resolved: jsonl with --nbest > 1 or --scores; text refused with them; tsv_pairs
+    refused with what it cannot hold (scores, alignments) and with --references (its lines are not the input's)."""
     wants_json = args.nbest > 1 or args.scores
     if args.output_format == "text" and wants_json:
         flag = f"--nbest {args.nbest}" if args.nbest > 1 else "--scores"
         raise DataError(f"{flag} writes JSON Lines: pass --output_format jsonl (or leave it out).")
+    if args.output_format == TSV_PAIRS:
+        unfit = [flag for flag, on in (("--scores", args.scores), ("--alignments", args.alignments)) if on]
+        if unfit:
+            raise DataError(f"--output_format tsv_pairs writes source<TAB>translation pairs only: drop {unfit[0]}.")
+        if args.references:
+            raise DataError(
+                "--output_format tsv_pairs leaves out the lines without a pair, so its lines are not the input's: "
+                "score against --references with --output_format text (or jsonl)."
+            )
     if args.output_format == "auto":
         return "jsonl" if wants_json else "text"
     return args.output_format
+
+
+def pairs_header(args: argparse.Namespace, config, tgt_lang: str | None) -> str:
+    """The header of a tsv_pairs output: the source and target languages (`--src_lang`, else the model's one source
+    language; the target language), as hf-variants-train's TSV reader expects them."""
+    from ..inference.translator import model_languages
+
+    sources, _ = model_languages(config)
+    src_lang = args.src_lang or (sources[0] if len(sources) == 1 else None)
+    missing = [flag for flag, lang in (("--src_lang", src_lang), ("--tgt_lang", tgt_lang)) if lang is None]
+    if missing:
+        raise DataError(
+            f"--output_format tsv_pairs names the languages of its columns in its header: pass {missing[0]} "
+            "(the model does not record a single one)."
+        )
+    if src_lang == tgt_lang:
+        raise DataError(f"--output_format tsv_pairs: the source and target languages are both {src_lang!r}.")
+    return f"{src_lang}\t{tgt_lang}"
 
 
 def check_options(args: argparse.Namespace, location: ModelLocation, output_format: str) -> DecodeOptions:
@@ -333,7 +318,10 @@ def preflight(args: argparse.Namespace) -> Plan:
         evaluation.check_bleu_tokenize(args.bleu_tokenize)
     except ValueError as error:
         raise DataError(str(error)) from None
-    check_outputs(args, location, annotation_files)
+    work = sharding.wanted(args)
+    if work:
+        sharding.check_flags(args, {"--input": args.input})
+    check_outputs(args, location, annotation_files, work)
     config, generation_config = read_configs(location)
     tgt_lang = target_language(args.tgt_lang, config)
     try:
@@ -347,9 +335,13 @@ def preflight(args: argparse.Namespace) -> Plan:
         raise DataError(as_flags(str(error))) from None
     label = "stdin" if args.input == STDIO else args.input
     lines = check_aligned_files(args, label, annotation_files)
-    return Plan(
+    plan = Plan(
         location, jsonl, label, annotation_files, annotations_from_rows, options, fmt, tgt_lang, lines, positions
     )
+    if fmt == TSV_PAIRS:
+        plan.header = pairs_header(args, config, tgt_lang)
+    plan.work = work
+    return plan
 
 
 def target_language(tgt_lang: str | None, config) -> str | None:
@@ -359,17 +351,6 @@ def target_language(tgt_lang: str | None, config) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------------- run
-@dataclass
-class Tally:
-    """What the run met, for the summary and the warnings."""
-
-    sentences: int = 0
-    empty: list[int] = field(default_factory=list)
-    too_long: list[int] = field(default_factory=list)
-    truncated: list[int] = field(default_factory=list)
-    translated: int = 0
-
-
 def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translator, out: StreamOutput) -> tuple:
     """Read, translate and write the input in buffers; returns (tally, hypotheses and references when the
     translations are scored, else None)."""
@@ -380,147 +361,36 @@ def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translato
         lines, ready = iter_lines(args.input), None
     pending: dict[int, InputLine] = {}
     tally = Tally()
-    keep_file_refs = bool(args.references)
-    keep_row_refs = plan.jsonl and not args.references
-    hyps: list[str] = []
-    file_refs: list[list[str]] = []
-    row_refs: list[str] = []
-    first_without_target: list[int] = []
+    output_lines = ResultLines(args, plan, tally)
+    references = ReferenceSets(args, plan)
 
     def requests():
         for index, item in enumerate(iter_input(args, plan, lines)):
             pending[index] = item
-            yield TranslationRequest(
-                item.source,
-                src_lang=args.src_lang,
-                tgt_lang=plan.tgt_lang,
-                prefix=item.prefix or None,
-                annotations=item.annotations,
-            )
+            yield request_of(args, plan, item, index)
 
+    if plan.header is not None:
+        out.write(plan.header)
     with progress_bar(plan.lines, args.no_progress, args.progress_interval) as bar:
         results = translator.translate_stream(
             requests(), plan.options, buffer_size=args.buffer_size, ready=ready, progress=bar.update, **batching(args)
         )
         for result in results:
             item = pending.pop(result.index)
-            line = result.index + 1
-            tally.sentences += 1
-            if result.skipped == "empty":
-                tally.empty.append(line)
-            elif result.skipped:
-                tally.too_long.append(line)
-                logger.warning(
-                    "line %d: %d tokens (special tokens included), more than this model accepts (%d, "
-                    "config.max_position_embeddings); its output line is empty",
-                    line,
-                    result.source_tokens,
-                    plan.max_source_tokens,
-                )
-            else:
-                tally.translated += 1
-            if result.truncated:
-                tally.truncated.append(line)
-                logger.warning(
-                    "line %d: truncated from %d to %d tokens (--max_source_length)",
-                    line,
-                    result.source_tokens,
-                    args.max_source_length,
-                )
-            out.write(format_result(result, plan.output_format, args.alignments))
-            if keep_file_refs or keep_row_refs:
-                hyps.append(result.text)
-            if keep_file_refs:
-                file_refs.append(item.references)
-            if keep_row_refs:
-                if item.row_reference is None:
-                    if not first_without_target:
-                        first_without_target.append(line)
-                    keep_row_refs = keep_file_refs  # not every row has a target side: nothing to score against
-                    row_refs.clear()
-                    if not keep_file_refs:
-                        hyps.clear()
-                else:
-                    row_refs.append(item.row_reference)
-    if args.references:
-        sets = [list(refs) for refs in zip(*file_refs)] if file_refs else [[] for _ in args.references]
-        return tally, (hyps, sets, " ".join(args.references))
-    if plan.jsonl and first_without_target:
-        logger.warning(
-            "not every row of %s has a target side (line %d has none): not scoring against them",
-            plan.input_label,
-            first_without_target[0],
-        )
-    if keep_row_refs and tally.sentences:
-        return tally, (hyps, [row_refs], f"{plan.input_label} (target side)")
-    return tally, None
+            for line in output_lines(result, result.index + 1):
+                out.write(line)
+            references.add(result.text, item, result.index + 1)
+    return tally, references.scored(tally.sentences)
 
 
-def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: float) -> dict:
-    """The run's summary (printed as JSON and written to `--results_json`)."""
-    options = plan.options
-    result = {
-        **model_record(plan.location),
-        "onnx": plan.location.engine == "onnx",
-        "input": plan.input_label,
-        "output": "stdout" if args.output == STDIO else args.output,
-        "output_format": plan.output_format,
-        "sentences": tally.sentences,
-        "empty_inputs": len(tally.empty),
-        "too_long_inputs": len(tally.too_long),
-        "too_long_lines": tally.too_long,
-        "truncated_inputs": len(tally.truncated),
-        "truncated_lines": tally.truncated,
-        "max_source_tokens": plan.max_source_tokens,
-        "max_source_length": options.max_source_length,
-        "src_lang": args.src_lang,
-        "tgt_lang": plan.tgt_lang,
-        "num_beams": options.num_beams,
-        "nbest": options.nbest,
-        "length_penalty": options.length_penalty,
-    }
-    if options.max_length is not None or options.max_new_tokens is not None:
-        result.update(max_length=options.max_length, max_new_tokens=options.max_new_tokens)
-    else:
-        result["length_rule"] = {"max_len_a": options.max_len_a, "max_len_b": options.max_len_b}
-    if options.do_sample:
-        result.update(
-            do_sample=True,
-            top_k=options.top_k,
-            top_p=options.top_p,
-            temperature=options.temperature,
-            seed=options.seed,
-        )
-    for name in ("no_repeat_ngram_size", "repetition_penalty", "prefix"):
-        value = getattr(args, name)
-        if value is not None:
-            result[name] = value
-    if options.alignments:
-        result["alignments"] = True
-    result.update(
-        int8=plan.location.precision == "int8",
-        seconds=round(elapsed, 2),
-        sentences_per_sec=round(tally.translated / max(elapsed, 1e-9), 2),
-    )
-    return result
-
-
-def add_scores(result: dict, scored, bleu_tokenize: str) -> None:
-    """BLEU, chrF, chrF++ and TER (`evaluation.score`, sacreBLEU with signatures) of the translations against one
-    reference set or several."""
-    hyps, sets, label = scored
-    if not hyps:
-        return
-    references = sets[0] if len(sets) == 1 else sets
-    scores = evaluation.score(hyps, references, tokenize=bleu_tokenize)
-    result["references"] = label
-    result.update(scores)
-
-
-def main(argv=None) -> dict:
+def main(argv=None) -> dict | None:
+    """The command (see the module docstring); returns its summary (None in the processes of a launch but the
+    main one, and in a shard that does not merge)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", level=logging.INFO)
     plan = preflight(args)
+    if plan.work:
+        return run_job(args, plan)
     translator = load_translator(plan.location)
     start = time.time()
     out = StreamOutput(args.output)
@@ -530,21 +400,7 @@ def main(argv=None) -> dict:
         out.discard()
         raise
     out.commit()
-    elapsed = time.time() - start
-    if plan.source_langs:
-        logger.info("%s: source side %s", plan.input_label, ", ".join(sorted(plan.source_langs)))
-    if tally.empty:
-        logger.warning(
-            "%d empty input lines (e.g. line %d): their output lines are empty", len(tally.empty), tally.empty[0]
-        )
-    result = build_result(args, plan, tally, elapsed)
-    if scored is not None:
-        add_scores(result, scored, args.bleu_tokenize)
-    if args.results_json:
-        Path(args.results_json).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_file(args.results_json, json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2), file=sys.stderr if args.output == STDIO else sys.stdout)
-    return result
+    return report(args, plan, tally, scored, time.time() - start)
 
 
 def cli() -> None:

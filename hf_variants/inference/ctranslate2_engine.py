@@ -28,7 +28,7 @@ from pathlib import Path
 from ..configuration_transformer_nmt import TransformerNmtConfig, language_tag
 from ..deploy.ctranslate2 import read_export_manifest
 from ..generation_transformer_nmt import sentence_limits
-from .decode import PRECISIONS, Engine, check_cancelled
+from .decode import PRECISIONS, Engine, check_cancelled, ranks_samples
 from .requests import DecodeOptions, Hypothesis, TranslationRequest
 
 COMPUTE_TYPES = {"fp32": "float32", "int8": "int8"}
@@ -157,7 +157,10 @@ class CTranslate2Engine(Engine):
     @classmethod
     def unsupported(cls, options: DecodeOptions) -> str | None:
         if options.seed is not None:
-            return "seed: CTranslate2 samples in its own threads, which a call cannot reseed (use the torch engine)"
+            return (
+                "seed: CTranslate2 samples in its own threads, which a call cannot reseed, so its samples cannot be "
+                "reproduced sentence by sentence (use the torch or onnx engine for seeded sampling)"
+            )
         return super().unsupported(options)
 
     def translate_batch(
@@ -203,7 +206,7 @@ class CTranslate2Engine(Engine):
                 text = self.tokenizer.decode(token_ids, skip_special_tokens=True).strip()
                 sentence.append(Hypothesis(text=text, tokens=tokens, token_ids=token_ids))
             out.append(sentence)
-        if options.scores:
+        if options.scores or ranks_samples(options):  # sampled n-best lists are sorted by score
             self._score(ids, out, options)
         return out
 

@@ -31,7 +31,9 @@ scores carry the prefix tokens' real log-probabilities. The default output limit
 defined once in the model code (`generation_transformer_nmt`): each row's own source length (its attention mask)
 sets its limit, `min(a * length + b, cap, positions)` new tokens, `</s>` forced at the last one; the core passes
 `generate(length_rule={"max_len_a": a, "max_len_b": b})` (a model without that argument gets the model code's
-`SentenceLengthLogitsProcessor`), so a translation does not depend on its batch.
+`SentenceLengthLogitsProcessor`), so a translation does not depend on its batch. Sampling draws each sentence's
+samples from a generator of its own (`sampling`: seeded from `DecodeOptions.seed` and `TranslationRequest.index`),
+so samples do not depend on the batch either; a sampled n-best list is scored and sorted best first.
 
 Requests with constraints (target phrases the translation must contain) go to `translate_constrained` instead
 (engines with `supports_constraints`: both generate() engines; not CTranslate2): the constrained beam search of
@@ -64,6 +66,7 @@ from .constrained import (
 )
 from .constraints import ConstraintTracker
 from .requests import DecodeOptions, DecodingCancelled, Hypothesis, TranslationRequest
+from .sampling import SentenceSampler, sampling_warpers, sentence_seeds
 
 # engine name -> "module:Class" (imported when asked for: the ctranslate2 engine needs its extra)
 ENGINES: dict[str, str] = {
@@ -177,6 +180,12 @@ class Engine(ABC):
         if isinstance(rule, Mapping):
             return float(rule["max_len_a"]), int(rule["max_len_b"]), int(rule["max_new_tokens"])
         return DEFAULT_LENGTH_RULE
+
+
+def ranks_samples(options: DecodeOptions) -> bool:
+    """Whether the hypotheses of a call are samples to sort by score (`nbest` > 1 with `do_sample`): the engines
+    then compute every hypothesis' score, asked for or not."""
+    return options.do_sample and options.nbest > 1
 
 
 # a model saved without a length rule (transformers' MarianMTModel trained by the toolkit, older checkpoints)
@@ -362,17 +371,14 @@ class GenerateEngine(Engine):
 
     # -------------------------------------------------------------------------------------------- decoding
     def generate_kwargs(self, inputs: dict, requests: Sequence[TranslationRequest], options: DecodeOptions) -> dict:
-        """generate()'s arguments for `options` (resolved) on the batch `inputs`."""
+        """generate()'s arguments for `options` (resolved) on the batch `inputs` (with sampling: `sampling_inputs`,
+        each sentence's rows repeated `nbest` times)."""
         beams = options.beams
         expand = beams if beams > 1 else options.nbest
-        kwargs: dict[str, Any] = {"num_beams": beams, "num_return_sequences": options.nbest, "do_sample": False}
+        returned = 1 if options.do_sample else options.nbest  # sampling: the rows are already sentences x nbest
+        kwargs: dict[str, Any] = {"num_beams": beams, "num_return_sequences": returned, "do_sample": False}
         if beams > 1:
             kwargs["length_penalty"] = options.length_penalty
-        if options.do_sample:
-            kwargs["do_sample"] = True
-            for name in ("top_k", "top_p", "temperature"):
-                if getattr(options, name) is not None:
-                    kwargs[name] = getattr(options, name)
         for name in ("no_repeat_ngram_size", "repetition_penalty"):
             if getattr(options, name) is not None:
                 kwargs[name] = getattr(options, name)
@@ -381,15 +387,20 @@ class GenerateEngine(Engine):
             kwargs["max_length"] = options.max_length
         elif options.max_new_tokens is not None:
             kwargs["max_new_tokens"] = options.max_new_tokens
-        elif self._length_rule_kwarg:  # the model applies the rule per sentence itself (generate's length_rule=)
+        elif self._length_rule_kwarg and not options.do_sample:  # the model applies the rule per sentence itself
             kwargs["length_rule"] = {"max_len_a": options.max_len_a, "max_len_b": options.max_len_b}
-        else:  # a model without it (a plain transformers seq2seq model): the same rule, from the model code
+        else:  # the same rule, from the model code: a plain transformers seq2seq model, or sampling (whose sampler
+            # must come after the rule's end token, as transformers' warpers come after the model's processors)
             limits = self.length_limits(inputs["attention_mask"].sum(-1).tolist(), options)
             kwargs["max_new_tokens"] = max(limits)
             processors.append(SentenceLengthLogitsProcessor(limits, self.config.eos_token_id))
         prefixes = [self.prefix_ids(r.prefix) for r in requests]
         if any(prefixes):
             processors.append(PrefixLogitsProcessor(prefixes, expand))
+        if options.do_sample:  # per-sentence generators, after every other processor (`sampling`)
+            processors += sampling_warpers(options, self.generation_config)
+            seeds = sentence_seeds(options.seed, [r.index for r in requests])
+            processors.append(SentenceSampler(seeds, options.nbest))
         if processors:
             from transformers import LogitsProcessorList
 
@@ -409,6 +420,14 @@ class GenerateEngine(Engine):
         with torch.inference_mode():
             return self.model.generate(**inputs, **kwargs)
 
+    def sampling_inputs(self, inputs: dict, nbest: int) -> dict:
+        """The model inputs of a sampled batch: each sentence's rows repeated `nbest` times (its samples are rows
+        of greedy search, drawn by `SentenceSampler`)."""
+        batch = inputs["input_ids"].shape[0]
+        if nbest == 1:
+            return inputs
+        return {k: (v.repeat_interleave(nbest, dim=0) if _is_tensor_batch(v, batch) else v) for k, v in inputs.items()}
+
     def translate_batch(
         self,
         requests: Sequence[TranslationRequest],
@@ -416,12 +435,13 @@ class GenerateEngine(Engine):
         cancelled: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
         inputs = self.batch_inputs(requests, options.max_source_length)
-        kwargs = self.generate_kwargs(inputs, requests, options)
+        search = self.sampling_inputs(inputs, options.nbest) if options.do_sample else inputs
+        kwargs = self.generate_kwargs(search, requests, options)
         if cancelled is not None:
             from transformers import StoppingCriteriaList
 
             kwargs["stopping_criteria"] = StoppingCriteriaList([CancelCriteria(cancelled)])
-        out = self._run_generate(inputs, kwargs)
+        out = self._run_generate(search, kwargs)
         check_cancelled(cancelled)
         sequences = out.sequences if hasattr(out, "sequences") else out
         sequence_scores = getattr(out, "sequences_scores", None)
@@ -444,9 +464,9 @@ class GenerateEngine(Engine):
             )
             for row in ids
         ]
-        if options.scores or options.alignments:
+        if options.scores or options.alignments or ranks_samples(options):
             log_probs, attentions = self._teacher_forced(inputs, ids, n, attentions=options.alignments)
-            if options.scores:
+            if options.scores or ranks_samples(options):
                 lp = options.length_penalty if options.length_penalty is not None else 1.0
                 for k, (hyp, values) in enumerate(zip(hyps, log_probs)):
                     hyp.log_prob = float(sum(values))

@@ -31,7 +31,13 @@ class TranslationRequest:
 
     `source_ids`: the source's token ids as the model receives them (language tag and `</s>` included, not
     truncated), when it was already tokenized (`Translator.encode`): the engine decodes them without tokenizing the
-    text again (a request with `annotations` is encoded from its text, which the variant's inputs need)."""
+    text again (a request with `annotations` is encoded from its text, which the variant's inputs need).
+
+
+    `index`: the sentence's 0-based position in its corpus, which seeds its samples (`DecodeOptions.seed`: the
+    generator of sentence `index` is seeded with `sampling.sentence_seed(seed, index)`, so it draws the same samples
+    in any batch, call or process); None: its position in the call (`Translator` fills it in). A caller translating
+    a corpus in pieces passes each sentence's own index."""
 
     source: str
     src_lang: str | None = None
@@ -40,6 +46,7 @@ class TranslationRequest:
     annotations: Mapping[str, Any] = field(default_factory=dict)
     constraints: tuple = ()
     source_ids: tuple[int, ...] | None = None
+    index: int | None = None
 
     @classmethod
     def of(cls, item: str | TranslationRequest) -> TranslationRequest:
@@ -126,12 +133,15 @@ class DecodeOptions:
 
     Search: `num_beams` (beam search, 1: greedy), `nbest` hypotheses per sentence (at most `num_beams`; with
     `do_sample`, `nbest` independent samples), `length_penalty` (beam scores are divided by length ** it).
-    Sampling: `do_sample` with `top_k`, `top_p`, `temperature`; `seed` makes a call reproducible (the same requests,
-    options and batches give the same samples). Output length: `max_length` (the whole output, the decoder's start
-    token included, as in `generate()` and the pipeline) or `max_new_tokens`; without either, the length rule: at
-    most `max_len_a` x (the sentence's own source length) + `max_len_b` new tokens (None: the rule saved with the
-    model). Repetition: `no_repeat_ngram_size`, `repetition_penalty`. Outputs: `scores` adds each hypothesis' `score`
-    and `log_prob`, `alignments` its word alignment to the source (engines that return attentions only).
+    Sampling: `do_sample` with `top_k`, `top_p`, `temperature`; `seed` makes sampling reproducible sentence by
+    sentence: each sentence draws from a generator seeded from `seed` and its index (`TranslationRequest.index`;
+    the rule: `sampling.sentence_seed`), so its samples do not depend on its batch, buffer, call or process; the
+    `nbest` samples come best first, sorted by `score`. Output length: `max_length` (the whole output, the
+    decoder's start token included, as in `generate()` and the pipeline) or `max_new_tokens`; without either, the
+    length rule: at most `max_len_a` x (the sentence's own source length) + `max_len_b` new tokens (None: the rule
+    saved with the model). Repetition: `no_repeat_ngram_size`, `repetition_penalty`. Outputs: `scores` adds each
+    hypothesis' `score` and `log_prob`, `alignments` its word alignment to the source (engines that return
+    attentions only).
     Source: `max_source_length` truncates every source to that many tokens (special tokens included); the result
     says so (`truncated`).
 
@@ -144,7 +154,7 @@ class DecodeOptions:
     do_sample: bool = option(
         False,
         bool,
-        "sample instead of searching (back-translation): nbest independent samples per sentence",
+        "sample instead of searching (back-translation): nbest independent samples per sentence, sorted by score",
         group="sampling",
     )
     top_k: int | None = option(
@@ -155,7 +165,12 @@ class DecodeOptions:
     )
     temperature: float | None = option(None, float, "sampling temperature", above=0, group="sampling")
     seed: int | None = option(
-        None, int, "random seed of sampling: the same seed, the same samples", minimum=0, group="sampling"
+        None,
+        int,
+        "random seed of sampling: each sentence samples from a generator seeded by (seed, its 0-based line number), "
+        "the same samples in any batch, buffer or process",
+        minimum=0,
+        group="sampling",
     )
     max_length: int | None = option(
         None,

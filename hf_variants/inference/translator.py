@@ -30,16 +30,13 @@ A caller that batches by itself (the HTTP server) does each step once, in its ow
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-import torch
-
 from .batching import buffered, check_batching, length_sorted_batches
 from .constraints import normalize_constraints
-from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for
+from .decode import DEFAULT_LENGTH_RULE, Engine, engine_class, engine_for, ranks_samples
 from .requests import (
     SKIPPED_EMPTY,
     SKIPPED_TOO_LONG,
@@ -49,6 +46,7 @@ from .requests import (
     TranslationRequest,
     TranslationResult,
 )
+from .sampling import best_first
 
 DEFAULT_BUFFER_SIZE = 1024  # requests read ahead by translate_stream (a pipe's lines are handed on as they come)
 # the least beam size of a sentence with constraints when greedy search (num_beams=1) is asked for: constrained
@@ -311,6 +309,9 @@ class Translator:
         if request.prefix and "\n" in request.prefix:
             raise ValueError("prefix: one line expected (it contains a line break)")
         normalize_constraints(request.constraints)
+        index = request.index
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool) or index < 0):
+            raise ValueError(f"index: expected an integer >= 0 (the sentence's position in its corpus), got {index!r}")
 
     def _prepared(self, request: TranslationRequest, index: int) -> TranslationRequest:
         """`request` checked (errors name `requests[index]`), its target language filled in, its constraints
@@ -326,6 +327,8 @@ class Translator:
             request = replace(request, constraints=constraints)
         if request.src_lang is None and default_source_language(self.config) is not None:
             request = replace(request, src_lang=default_source_language(self.config))
+        if request.index is None:  # what seeds its samples: its position in the call or stream
+            request = replace(request, index=index)
         return request
 
     def count_tokens(self, requests: Sequence[TranslationRequest | str]) -> list[int]:
@@ -364,8 +367,7 @@ class Translator:
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         prepared = [self._prepared(TranslationRequest.of(r), i) for i, r in enumerate(requests)]
-        with _seeded(options):
-            return self._translate(prepared, options, batch_size, max_tokens, 0, progress)
+        return self._translate(prepared, options, batch_size, max_tokens, 0, progress)
 
     def translate_stream(
         self,
@@ -381,19 +383,18 @@ class Translator:
         """Translate an iterable of requests read `buffer_size` at a time (never all at once), yielding the results
         in input order, each buffer's as soon as it is translated. `ready()` (optional) tells whether the next
         request is available without waiting; a buffer is then cut short rather than waited for (a pipe's line is
-        answered while the pipe stays open). Options and batching as in `translate`; `options.seed` seeds the
-        stream once."""
+        answered while the pipe stays open). Options and batching as in `translate`; with `options.seed`, a request
+        without an `index` samples as the sentence at its position in the stream (whatever the buffers)."""
         options = self.resolve(options)
         check_batching(batch_size, max_tokens)
         return self._stream(requests, options, buffer_size, batch_size, max_tokens, ready, progress)
 
     def _stream(self, requests, options, buffer_size, batch_size, max_tokens, ready, progress):
         offset = 0
-        with _seeded(options):
-            for chunk in buffered(requests, buffer_size, ready):
-                prepared = [self._prepared(TranslationRequest.of(r), offset + i) for i, r in enumerate(chunk)]
-                yield from self._translate(prepared, options, batch_size, max_tokens, offset, progress)
-                offset += len(chunk)
+        for chunk in buffered(requests, buffer_size, ready):
+            prepared = [self._prepared(TranslationRequest.of(r), offset + i) for i, r in enumerate(chunk)]
+            yield from self._translate(prepared, options, batch_size, max_tokens, offset, progress)
+            offset += len(chunk)
 
     def decode_batch(
         self,
@@ -406,8 +407,7 @@ class Translator:
         returned them (nothing is checked, resolved, tokenized or sorted again). Empty sources and sources longer
         than the model accepts get no hypotheses, as in `translate`. `cancelled()` (optional) is asked at every
         decoding step; once it is true the decoding stops and `DecodingCancelled` is raised (no partial results)."""
-        with _seeded(options):
-            return self._translate(list(requests), options, None, None, 0, None, one_batch=True, cancelled=cancelled)
+        return self._translate(list(requests), options, None, None, 0, None, one_batch=True, cancelled=cancelled)
 
     def _translate(
         self,
@@ -457,6 +457,8 @@ class Translator:
             for batch in batches if group else []:
                 idx = [group[j] for j in batch]
                 hypotheses = decode([stripped[i] for i in idx], run_options, cancelled)
+                if ranks_samples(run_options):  # samples come in draw order: best first, as every n-best list
+                    hypotheses = [best_first(hyps) for hyps in hypotheses]
                 for i, hyps in zip(idx, hypotheses):
                     results[i] = TranslationResult(
                         offset + i,
@@ -555,18 +557,6 @@ class Translator:
                 ", ".join(str(b) for b in sorted(set(beams.values()))),
             )
         return beams
-
-
-@contextlib.contextmanager
-def _seeded(options: DecodeOptions):
-    """Within the block, torch's random generator seeded with `options.seed` (sampling reproducible); the caller's
-    generator state is restored after."""
-    if options.seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(options.seed)
-        yield
 
 
 __all__ = [

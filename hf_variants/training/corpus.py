@@ -50,6 +50,25 @@ def check_language_code(lang: str, where: str = "") -> str:
 
 # ----------------------------------------------------------------------------------------------------- reading
 UTF8_BOM = b"\xef\xbb\xbf"  # the byte-order mark Windows editors (Notepad) write at the start of UTF-8 files
+# a line of hf-variants-translate's n-best JSON Lines output: {"source": ..., "hypotheses": [...]}
+NBEST_LINE = re.compile(r'^\{\s*"source"\s*:.*"hypotheses"\s*:\s*\[')
+
+
+def nbest_error(where: str) -> DataError:
+    """The `DataError` for a line of hf-variants-translate's n-best JSON Lines output found at `where` (file:line)
+    where a sentence or a corpus row is expected."""
+    return DataError(
+        f'{where}: a line of hf-variants-translate\'s n-best JSON Lines output ({{"source": ..., "hypotheses": '
+        "[...]}), not a sentence: translate with --output_format text or tsv_pairs to get text (tsv_pairs: "
+        "source<TAB>translation pairs for training), or score its hypotheses with hf-variants-score --nbest_input."
+    )
+
+
+def check_not_nbest(line: str, where: str) -> None:
+    """`nbest_error(where)` when `line` is a line of hf-variants-translate's n-best JSON Lines output: its JSON
+    would otherwise become a sentence's text."""
+    if line.startswith("{") and NBEST_LINE.match(line):
+        raise nbest_error(where)
 
 
 def open_text(path: str | os.PathLike):
@@ -72,6 +91,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
                     lines.append(raw.decode("utf-8-sig" if not lines else "utf-8").rstrip("\r\n"))
                 except UnicodeDecodeError as err:
                     raise DataError(f"{path}: line {len(lines) + 1} is not valid UTF-8 ({err.reason}).") from err
+                check_not_nbest(lines[-1], f"{path}:{len(lines)}")
     except (OSError, EOFError) as err:
         raise DataError(f"{path}: cannot read ({err}).") from err
     return lines
@@ -233,6 +253,8 @@ def parse_jsonl_line(line: str, where: str) -> dict:
 
 
 def _translation_row(obj, where: str) -> dict[str, str]:
+    if isinstance(obj, dict) and "source" in obj and isinstance(obj.get("hypotheses"), list):
+        raise nbest_error(where)
     if isinstance(obj, dict) and "translation" in obj:
         obj = obj["translation"]
     if not isinstance(obj, dict):

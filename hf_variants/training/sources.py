@@ -268,6 +268,9 @@ def _decode(data: bytes, path: Path, seen: int) -> list[str]:
     lines = text.split("\n")
     if "\r" in text:
         lines = [line.rstrip("\r") for line in lines]
+    if '"hypotheses"' in text:  # an n-best JSON Lines output given as a corpus: named by its line
+        for i, line in enumerate(lines):
+            corpus.check_not_nbest(line, f"{path}:{seen + i + 1}")
     return lines
 
 
