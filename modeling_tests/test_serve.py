@@ -613,6 +613,24 @@ def test_an_engine_crash_fails_its_batch_with_500_and_the_server_goes_on(faulty)
     assert after.status_code == 200 and faulty.process.poll() is None
 
 
+def test_a_request_refused_before_its_body_closes_the_connection(faulty):
+    """A refusal answered before the body was read (no API key) says `Connection: close`: a keep-alive client must
+    not send its next request on a connection whose unread body the server drops (httpx reported "Server
+    disconnected without sending a response" for the request after a 401). The body is held back here, so the
+    refusal always comes before it."""
+    host, port = faulty.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(
+            b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 25\r\nConnection: keep-alive\r\n\r\n"
+        )
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += conn.recv(4096)
+    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
+    assert head.startswith("http/1.1 401") and "connection: close" in head, head
+
+
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(faulty, reference):
     """(The last test of the fault-injected server: it stops it.)"""
     with ThreadPoolExecutor(1) as pool, faulty.client(headers=auth()) as client:
@@ -678,21 +696,3 @@ def test_the_command_and_its_extra_are_declared():
         "swagger-ui-bundle",
     }
     assert all(">=" in r for r in extra) and set(extra) <= set(project["optional-dependencies"]["dev"])
-
-
-def test_a_request_refused_before_its_body_closes_the_connection(faulty):
-    """A refusal answered before the body was read (no API key) says `Connection: close`: a keep-alive client must
-    not send its next request on a connection whose unread body the server drops (httpx reported "Server
-    disconnected without sending a response" for the request after a 401). The body is held back here, so the
-    refusal always comes before it."""
-    host, port = faulty.url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as conn:
-        conn.sendall(
-            b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 25\r\nConnection: keep-alive\r\n\r\n"
-        )
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            answer += conn.recv(4096)
-    head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").lower()
-    assert head.startswith("http/1.1 401") and "connection: close" in head, head
