@@ -690,6 +690,33 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
         assert result.constraints_met is (None if not result.constraints else not result.unmet_constraints)
         if result.constraints_met and request.source in namespace["sources"]:
             assert all(check.found for check in glossary.check(request.source, result.text))
+    # ... from the command line: each line's own constraints, then its glossary terms' ("hat" -> "chapeau" once)
+    from hf_variants.training.evaluation import term_accuracy
+
+    rows = [json.loads(line) for line in (tmp_path / "terms.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert (
+        len(rows) == 8
+        and rows[0]["constraints"] == [["chapeau"]]
+        and rows[1]["constraints"][0] == ["herbe", "pelouse"]
+    )
+    assert rows[0]["glossary"][0]["source"] == "hat" and all("glossary" in row for row in rows)
+    assert [bool(row.get("constraints")) for row in rows] == [True, True, True, True, True, False, True, False]
+    for row in rows:
+        met = row["hypotheses"][0].get("constraints_met")
+        assert row.get("unmet_constraints", []) == [
+            c for c, ok in zip(row.get("constraints", []), met or []) if not ok
+        ]
+    summary = json.loads((tmp_path / "terms.json").read_text())
+    assert summary["constrained_sentences"] == 6 and summary["constrained_num_beams"] == [6]
+    assert summary["constraints_met_sentences"] + summary["unmet_constraints_sentences"] == 6
+    texts = [row["hypotheses"][0]["text"] for row in rows]
+    sources = (tmp_path / "data" / "test.en").read_text(encoding="utf-8").splitlines()
+    assert summary["term_accuracy"] == term_accuracy(sources, texts, glossary)["term_accuracy"] and "bleu" in summary
+    # ... over HTTP: the request's glossary ("park") over the server's ("people", "dog")
+    item = namespace["terms_answer"]["translations"][0]
+    assert [t["source"] for t in item["glossary"]] == ["people", "dog", "park"]
+    assert item["constraints"] == [["personnes", "gens"], ["chien"], ["parc", "jardin"]]
+    assert namespace["terms_answer"]["unmet_constraints"] == ([0] if item["unmet_constraints"] else [])
 
 
 def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):
