@@ -683,7 +683,12 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert ran["bash"] >= 7 and ran["python"] >= 5
     served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
     assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
-    # section 13: the glossary's terms and a request's own constraints through the translation core
+    check_terminology(tmp_path, namespace)
+
+
+def check_terminology(tmp_path: Path, namespace: dict) -> None:
+    """Section 13: the glossary's terms and a request's own constraints through the translation core, the translate
+    command and the server."""
     terminology, glossary = namespace["terminology"], namespace["glossary"]
     assert [len(r.constraints) for r in terminology] == [1, 2, 0, 2]
     for request, result in zip(namespace["requests"], terminology):
@@ -695,9 +700,7 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
 
     rows = [json.loads(line) for line in (tmp_path / "terms.jsonl").read_text(encoding="utf-8").splitlines()]
     assert (
-        len(rows) == 8
-        and rows[0]["constraints"] == [["chapeau"]]
-        and rows[1]["constraints"][0] == ["herbe", "pelouse"]
+        len(rows) == 8 and rows[0]["constraints"] == [["chapeau"]] and rows[1]["constraints"] == [["herbe", "pelouse"]]
     )
     assert rows[0]["glossary"][0]["source"] == "hat" and all("glossary" in row for row in rows)
     assert [bool(row.get("constraints")) for row in rows] == [True, True, True, True, True, False, True, False]

@@ -262,8 +262,8 @@ def check_sentence(text: str, name: str, paragraphs: bool = False) -> None:
 @dataclass
 class ParsedRequest:
     """A validated `POST /translate` body: the sentences as a list (and whether one string was sent), the languages,
-    the decoding options it sets (`options`: DecodeOptions field -> value, those not null), its own constraints per
-    item and its glossary's (source, target forms) pairs (`terms`; None: the field was not sent)."""
+    the decoding options it sets (`options`: DecodeOptions field -> value, those not null), its own `constraints` per
+    item and its `glossary`'s (source, target forms) pairs (`terms.py`; None: the field was not sent)."""
 
     texts: list[str]
     single: bool
