@@ -499,6 +499,30 @@ def test_glossary_matching_case_words_and_longest_terms():
     ]
 
 
+def test_a_glossary_over_another_overrides_its_terms_and_matches_the_longest_of_both():
+    base = Glossary([("card", "Karte"), ("credit card", "Kreditkarte"), ("dog", "Hund")], ignore_case=True)
+    over = base.with_terms([("DOG", "Köter"), ("gift card", "Geschenkkarte"), ("credit", "Kredit")])
+    assert (over.ignore_case, over.whole_word) == (True, True)
+    # its own terms first, then the base's it does not give again; the base itself is unchanged
+    assert [(t.source, t.targets) for t in over] == [
+        ("DOG", ("Köter",)),
+        ("gift card", ("Geschenkkarte",)),
+        ("credit", ("Kredit",)),
+        ("card", ("Karte",)),
+        ("credit card", ("Kreditkarte",)),
+    ]
+    assert base.constraints_for("A dog with a gift card.") == (("Hund",), ("Karte",))
+    # leftmost-longest over both: "gift card" (own) over "card" (base), "credit card" (base) over "credit" (own)
+    assert over.constraints_for("A dog with a gift card and a credit card.") == (
+        ("Köter",),
+        ("Geschenkkarte",),
+        ("Kreditkarte",),
+    )
+    assert over.constraints_for("Credit, then a card.") == (("Kredit",), ("Karte",))
+    with pytest.raises(GlossaryError, match=r"glossary\[1\]: the source term 'Dog' is given twice"):
+        base.with_terms([("dog", "Köter"), ("Dog", "Hündchen")])
+
+
 def test_term_accuracy_numbers():
     glossary = Glossary([("dog", "Hund"), ("street", "Straße|Strasse"), ("ball", "Ball")], ignore_case=True)
     sources = ["A dog on the street.", "The dog and the ball.", "Nothing here.", "A Ball."]

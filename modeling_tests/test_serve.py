@@ -98,7 +98,8 @@ def test_health_names_the_model_and_openapi_describes_the_api(server):
         # every decoding option but max_source_length (the server's --truncate decides it), generated from
         # DecodeOptions (test_front_end.py checks types, ranges and help against it)
         options = set(DecodeOptions.__dataclass_fields__) - {"max_source_length"}
-        assert set(body["properties"]) == {"text", "src_lang", "tgt_lang", "split_sentences", *options}
+        fields = {"text", "src_lang", "tgt_lang", "split_sentences", "constraints", "glossary"}
+        assert set(body["properties"]) == {*fields, *options}
         assert body["additionalProperties"] is False and body["required"] == ["text"]
         assert {"413", "422", "503", "504"} <= set(schema["paths"]["/translate"]["post"]["responses"])
         assert client.get("/docs").status_code == 200

@@ -683,13 +683,43 @@ def test_every_code_block_of_the_user_guide_runs(tmp_path, monkeypatch, hub, tok
     assert ran["bash"] >= 7 and ran["python"] >= 5
     served = namespace["answer"]["translations"]  # the server's n-best answer to the guide's Python client
     assert len(served) == 2 and all(len(item["hypotheses"]) == 2 for item in served)
-    # section 13: the glossary's terms and a request's own constraints through the translation core
+    check_terminology(tmp_path, namespace)
+
+
+def check_terminology(tmp_path: Path, namespace: dict) -> None:
+    """Section 13: the glossary's terms and a request's own constraints through the translation core, the translate
+    command and the server."""
     terminology, glossary = namespace["terminology"], namespace["glossary"]
     assert [len(r.constraints) for r in terminology] == [1, 2, 0, 2]
     for request, result in zip(namespace["requests"], terminology):
         assert result.constraints_met is (None if not result.constraints else not result.unmet_constraints)
         if result.constraints_met and request.source in namespace["sources"]:
             assert all(check.found for check in glossary.check(request.source, result.text))
+    # ... from the command line: each line's own constraints, then its glossary terms' ("hat" -> "chapeau" once)
+    from hf_variants.training.evaluation import term_accuracy
+
+    rows = [json.loads(line) for line in (tmp_path / "terms.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert (
+        len(rows) == 8 and rows[0]["constraints"] == [["chapeau"]] and rows[1]["constraints"] == [["herbe", "pelouse"]]
+    )
+    assert rows[0]["glossary"][0]["source"] == "hat" and all("glossary" in row for row in rows)
+    assert [bool(row.get("constraints")) for row in rows] == [True, True, True, True, True, False, True, False]
+    for row in rows:
+        met = row["hypotheses"][0].get("constraints_met")
+        assert row.get("unmet_constraints", []) == [
+            c for c, ok in zip(row.get("constraints", []), met or []) if not ok
+        ]
+    summary = json.loads((tmp_path / "terms.json").read_text())
+    assert summary["constrained_sentences"] == 6 and summary["constrained_num_beams"] == [6]
+    assert summary["constraints_met_sentences"] + summary["unmet_constraints_sentences"] == 6
+    texts = [row["hypotheses"][0]["text"] for row in rows]
+    sources = (tmp_path / "data" / "test.en").read_text(encoding="utf-8").splitlines()
+    assert summary["term_accuracy"] == term_accuracy(sources, texts, glossary)["term_accuracy"] and "bleu" in summary
+    # ... over HTTP: the request's glossary ("park") over the server's ("people", "dog")
+    item = namespace["terms_answer"]["translations"][0]
+    assert [t["source"] for t in item["glossary"]] == ["people", "dog", "park"]
+    assert item["constraints"] == [["personnes", "gens"], ["chien"], ["parc", "jardin"]]
+    assert namespace["terms_answer"]["unmet_constraints"] == ([0] if item["unmet_constraints"] else [])
 
 
 def test_every_code_block_of_the_readme_runs(tmp_path, monkeypatch, tokenizer):

@@ -1,8 +1,8 @@
 """Reading a translation command's input: text files (plain or .gz, or stdin) read lazily line by line, JSON Lines
 rows (`{"translation": {lang: text}}`, `{"text": ...}`, `{"source": ..., "target": ...}`), and the files aligned with
-the input line by line (references, prefixes, source annotations), each mismatch named with the file and line. A line
-of hf-variants-translate's own n-best JSON Lines output (`{"source": ..., "hypotheses": [...]}`) is refused where a
-sentence or a row is expected, naming its line.
+the input line by line (references, prefixes, constraints, source annotations), each mismatch named with the file and
+line. A line of hf-variants-translate's own n-best JSON Lines output (`{"source": ..., "hypotheses": [...]}`) is
+refused where a sentence or a row is expected, naming its line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..inference.batching import LineReader
+from ..inference.constraints import parse_constraints
 from ..training.corpus import DataError, check_not_nbest, nbest_error, parse_jsonl_line
 
 STDIO = "-"
@@ -132,6 +133,7 @@ class InputLine:
     annotations: dict = field(default_factory=dict)
     references: list[str] = field(default_factory=list)
     prefix: str | None = None
+    constraints: tuple = ()  # the --constraints line's (`constraints.parse_constraints`)
 
 
 _END = object()
@@ -176,6 +178,14 @@ def _row_item(args: argparse.Namespace, plan, line: str, where: str) -> InputLin
     return item
 
 
+def parse_line(line: str, path: str, number: int) -> tuple[tuple[str, ...], ...]:
+    """The constraints of line `number` of a constraints file (a DataError naming FILE:LINE and the phrase)."""
+    try:
+        return parse_constraints(line, f"--constraints {path}:{number}")
+    except ValueError as error:
+        raise DataError(str(error)) from None
+
+
 def iter_input(
     args: argparse.Namespace,
     plan,
@@ -190,6 +200,9 @@ def iter_input(
     unparsed); `references`: False leaves the --references files unread. A line of an n-best JSON Lines output is
     refused, naming it."""
     others = {f"--prefix {args.prefix}": iter_lines(args.prefix)} if args.prefix else {}
+    constraints = getattr(args, "constraints", None)
+    if constraints:
+        others[f"--constraints {constraints}"] = iter_lines(constraints)
     reference_files = list(args.references or []) if references else []
     for path in reference_files:
         others[f"--references {path}"] = iter_lines(path)
@@ -209,6 +222,8 @@ def iter_input(
         item.references = [values[f"--references {path}"] for path in reference_files]
         if args.prefix:
             item.prefix = values[f"--prefix {args.prefix}"]
+        if constraints:
+            item.constraints = parse_line(values[f"--constraints {constraints}"], constraints, number)
         yield item if select is None else (number - 1, item)
 
 

@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "address answers only those by default; another address answers any unless this lists some)",
     )
     add_limit_args(parser, ServeLimits())
+    add_glossary_args(parser)
     server = parser.add_argument_group("server")
     server.add_argument(
         "--graceful_timeout_s",
@@ -146,6 +147,17 @@ def add_limit_args(parser: argparse.ArgumentParser, defaults: ServeLimits) -> No
         help=f"seconds a request may wait and decode (504; its batch stops when nobody else waits for it; default "
         f"{defaults.request_timeout_s:g})",
     )
+    for name, help_text, status in (
+        ("max_constraints", "constraints per sentence, its own and its glossary terms'", 422),
+        ("max_constraint_chars", "characters of a constraint phrase, form or glossary term", 422),
+        ("max_glossary_terms", "terms of a request's own glossary", 413),
+    ):
+        limits.add_argument(
+            f"--{name}",
+            type=int_in_range(1),
+            default=getattr(defaults, name),
+            help=f"{help_text} ({status}; default {getattr(defaults, name)})",
+        )
     add_traffic_args(limits, defaults)
     batching = parser.add_argument_group("dynamic batching")
     batching.add_argument(
@@ -169,6 +181,49 @@ def add_limit_args(parser: argparse.ArgumentParser, defaults: ServeLimits) -> No
         f"starts beside a long batch instead of waiting for it (1: one at a time; default "
         f"{defaults.concurrent_batches})",
     )
+
+
+def add_glossary_args(parser: argparse.ArgumentParser) -> None:
+    """The server's glossary and how every glossary matches."""
+    terms = parser.add_argument_group("terminology")
+    terms.add_argument(
+        "--glossary",
+        metavar="FILE",
+        help="a glossary applied to every request, LibreTranslate's included (UTF-8 TSV: source term<TAB>target "
+        "term, forms separated by |): the terms found in a sentence become its constraints; a request's own "
+        "`glossary` adds to it (torch and onnx engines)",
+    )
+    terms.add_argument(
+        "--glossary_ignore_case", action="store_true", help="glossaries (the server's and requests') ignore case"
+    )
+    terms.add_argument(
+        "--glossary_substring",
+        action="store_true",
+        help="glossary terms match inside words too (compounding languages); default: whole words only",
+    )
+
+
+def read_glossary(args: argparse.Namespace, engine: str):
+    """The server's `ServerTerms`: `--glossary` read (a UsageError naming the file and line; refused for an engine
+    without constrained decoding) and the matching flags."""
+    from ..inference.decode import engine_class
+    from ..inference.glossary import Glossary, GlossaryError
+    from ..serve.terms import ServerTerms
+
+    ignore_case, whole_word = args.glossary_ignore_case, not args.glossary_substring
+    if not args.glossary:
+        return ServerTerms(None, ignore_case, whole_word)
+    if not engine_class(engine).supports_constraints:
+        raise UsageError(
+            f"--glossary: the {engine} engine has no lexically constrained decoding: serve the torch or onnx engine"
+        )
+    try:
+        glossary = Glossary.load(args.glossary, ignore_case=ignore_case, whole_word=whole_word)
+    except GlossaryError as error:
+        raise UsageError(f"--glossary {error}") from None
+    except OSError as error:
+        raise UsageError(f"--glossary {args.glossary}: cannot read it ({error.strerror or error})") from None
+    return ServerTerms(glossary, ignore_case, whole_word)
 
 
 def add_traffic_args(limits, defaults: ServeLimits) -> None:
@@ -325,6 +380,7 @@ def settings_from_args(args: argparse.Namespace):
         allowed_hosts=default_allowed_hosts(args.host, [h.strip("[]").lower() for h in args.allowed_hosts]),
         docs=not args.no_docs,
         access_log=not args.no_access_log,
+        terms=read_glossary(args, location.engine),
     )
 
 

@@ -45,6 +45,15 @@ L come from a generator seeded with `sentence_seed(S, L - 1)` (hf_variants/infer
 SHA-256 of "hf_variants.sample:S:L-1", big-endian, shifted right by one bit), so they do not depend on the batch
 size, the buffers, a pipe's timing or the number of processes.
 
+Terminology: `--constraints FILE` (aligned with the input: per line its target phrases, separated by tabs, the
+alternative forms of one by `|`; an empty line: none) and `--glossary FILE` (source term<TAB>target term; matching
+case-sensitive and on whole words unless `--glossary_ignore_case` / `--glossary_substring`) make the translation
+contain those phrases (lexically constrained beam search; greedy search becomes beam search for those sentences, the
+summary's `constrained_num_beams` says with how many beams; not on the ctranslate2 engine). JSON Lines output adds
+per line `constraints`, `unmet_constraints` (those its best translation misses within the length limit) and with a
+glossary `glossary` (`[{"source", "target", "found"}]`); the summary counts the sentences with constraints, those
+with all met and the lines with some unmet, and with a glossary gives term accuracy (`commands/translate_terms.py`).
+
 Large jobs (file input and output): `accelerate launch --multi_gpu --num_processes N -m hf_variants.commands.translate
 ...` splits the input into work units of `--unit_lines` lines among N processes (each on its own GPU, or with
 `--num_threads` CPU threads), `--num_shards N --shard_index i` among the tasks of a job array (then `--merge`); each
@@ -102,6 +111,7 @@ from .translate_io import (
     report,
     request_of,
 )
+from .translate_terms import add_terms_flags, check_terms, line_error
 from .translate_units import run_job
 
 logger = logging.getLogger("hf_variants.translate")
@@ -121,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command_parser("hf-variants-translate", __doc__, epilog_from=3)
     add_model_flags(p)
     add_io_flags(p)
+    add_terms_flags(p)
     add_option_flags(p)
     g = add_batching_flags(p)
     g.add_argument(
@@ -218,6 +229,8 @@ def check_outputs(
         "--input": None if args.input == STDIO else args.input,
         "--references": list(args.references or []),
         "--prefix": args.prefix,
+        "--constraints": args.constraints,
+        "--glossary": args.glossary,
         "--source_annotation": list(annotation_files.values()),
         "--onnx" if args.onnx else "--model": location.path,
         "--tokenizer": args.tokenizer,
@@ -283,12 +296,14 @@ def check_options(args: argparse.Namespace, location: ModelLocation, output_form
 
 
 def check_aligned_files(args: argparse.Namespace, label: str, annotation_files: dict[str, str]) -> int | None:
-    """The input's line count, each file aligned with it (prefixes, references, annotations) checked to have as many
-    lines (None: stdin, counted as it is read)."""
+    """The input's line count, each file aligned with it (prefixes, constraints, references, annotations) checked to
+    have as many lines (None: stdin, counted as it is read)."""
     if args.input == STDIO:
         return None
     lines = count_lines(args.input)
     aligned = {f"--prefix {args.prefix}": args.prefix} if args.prefix else {}
+    if args.constraints:
+        aligned[f"--constraints {args.constraints}"] = args.constraints
     aligned.update({f"--references {path}": path for path in args.references or []})
     aligned.update({f"--source_annotation {n}={path}": path for n, path in annotation_files.items()})
     for name, path in aligned.items():
@@ -309,6 +324,9 @@ def preflight(args: argparse.Namespace) -> Plan:
         raise DataError("--references cannot be stdin ('-'); give a file.")
     if args.prefix == STDIO:
         raise DataError("--prefix cannot be stdin ('-'); give a file.")
+    for flag, path in (("--constraints", args.constraints), ("--glossary", args.glossary)):
+        if path == STDIO:
+            raise DataError(f"{flag} cannot be stdin ('-'); give a file.")
     jsonl = is_jsonl(args.input, args.input_format)
     annotation_files, annotations_from_rows = read_annotation_files(args.source_annotation, jsonl)
     location = locate_model(args)
@@ -335,9 +353,11 @@ def preflight(args: argparse.Namespace) -> Plan:
         raise DataError(as_flags(str(error))) from None
     label = "stdin" if args.input == STDIO else args.input
     lines = check_aligned_files(args, label, annotation_files)
+    glossary = check_terms(args, location.engine, options)
     plan = Plan(
         location, jsonl, label, annotation_files, annotations_from_rows, options, fmt, tgt_lang, lines, positions
     )
+    plan.glossary = glossary
     if fmt == TSV_PAIRS:
         plan.header = pairs_header(args, config, tgt_lang)
     plan.work = work
@@ -375,11 +395,17 @@ def translate_stream(args: argparse.Namespace, plan: Plan, translator: Translato
         results = translator.translate_stream(
             requests(), plan.options, buffer_size=args.buffer_size, ready=ready, progress=bar.update, **batching(args)
         )
-        for result in results:
-            item = pending.pop(result.index)
-            for line in output_lines(result, result.index + 1):
-                out.write(line)
-            references.add(result.text, item, result.index + 1)
+        try:
+            for result in results:
+                item = pending.pop(result.index)
+                for line in output_lines(result, result.index + 1):
+                    out.write(line)
+                references.add(result.text, item, result.index + 1)
+        except ValueError as error:
+            refused = line_error(error, args, plan.input_label, 1)
+            if refused is None:
+                raise
+            raise refused from None
     return tally, references.scored(tally.sentences)
 
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..inference import TranslationRequest
+from ..inference.glossary import Glossary
 from ..inference.requests import DecodeOptions
 from ..outputs import atomic_write_file
 from ..training import evaluation
+from . import translate_terms
 from .inputs import STDIO, InputLine
 from .loading import ModelLocation, model_record
 
@@ -60,9 +62,9 @@ class StreamOutput:
                 self.tmp.unlink()
 
 
-def format_result(result, output_format: str, alignments: bool) -> str:
+def format_result(result, output_format: str, alignments: bool, extra: dict | None = None) -> str:
     """One output line: the best translation (text; ` ||| ` and its alignment with `alignments`), or the JSON object
-    with every hypothesis (jsonl)."""
+    with every hypothesis (jsonl), and `extra` fields (the line's constraints and glossary terms)."""
     if output_format == "text":
         text = result.text.replace("\n", " ")
         if alignments:
@@ -78,6 +80,7 @@ def format_result(result, output_format: str, alignments: bool) -> str:
         record["skipped"] = result.skipped
     if result.truncated:
         record["truncated"] = True
+    record.update(extra or {})
     return json.dumps(record, ensure_ascii=False)
 
 
@@ -101,13 +104,17 @@ class Plan:
     source_langs: set = field(default_factory=set)
     header: str | None = None  # the output's first line (tsv_pairs: the languages of its columns)
     work: bool = False  # a sharded, resumable run (`sharding`)
+    glossary: Glossary | None = None  # --glossary (`translate_terms`)
 
 
 # ------------------------------------------------------------------------------------------------------ lines
 @dataclass
 class Tally:
     """What the run met, for the summary and the warnings (line numbers 1-based); with `tsv_pairs` also the pairs
-    written, the lines that gave none (an empty source or translation) and those whose text held a tab."""
+    written, the lines that gave none (an empty source or translation) and those whose text held a tab; with
+    constraints (`--constraints`, `--glossary`) the sentences that had some, those whose best translation met
+    them all, the lines where some were not met and the beam sizes the constrained search used; with a glossary
+    the terms that applied, those found and the sentences with terms."""
 
     sentences: int = 0
     empty: list[int] = field(default_factory=list)
@@ -117,6 +124,13 @@ class Tally:
     pairs: int = 0
     unpaired: list[int] = field(default_factory=list)
     tabs: list[int] = field(default_factory=list)
+    constrained: int = 0
+    constraints_met: int = 0
+    unmet_constraints: list[int] = field(default_factory=list)
+    constrained_beams: list[int] = field(default_factory=list)
+    terms: int = 0
+    terms_found: int = 0
+    sentences_with_terms: int = 0
 
     def counts(self) -> dict:
         """The tally as a JSON object (a work unit's record)."""
@@ -126,6 +140,7 @@ class Tally:
         """Add a work unit's counts (`counts()`), in input order."""
         for name, value in counts.items():
             setattr(self, name, getattr(self, name) + value)
+        self.constrained_beams = sorted(set(self.constrained_beams))
 
 
 class ResultLines:
@@ -160,6 +175,10 @@ class ResultLines:
                 result.source_tokens,
                 self.args.max_source_length,
             )
+        extra, checks = translate_terms.line_record(result, plan.glossary)
+        translate_terms.count_line(tally, result, checks, plan.options.num_beams, line)
+        if plan.output_format == "jsonl":
+            return [format_result(result, plan.output_format, self.args.alignments, extra)]
         if plan.output_format != TSV_PAIRS:
             return [format_result(result, plan.output_format, self.args.alignments)]
         return self.pairs(result, line)
@@ -232,15 +251,18 @@ class ReferenceSets:
 
 
 def request_of(args: argparse.Namespace, plan: Plan, item: InputLine, index: int) -> TranslationRequest:
-    """The request of input line `index` (0-based: it seeds the line's samples, `sampling.sentence_seed`)."""
-    return TranslationRequest(
+    """The request of input line `index` (0-based: it seeds the line's samples, `sampling.sentence_seed`); its
+    constraints the --constraints line's, then its --glossary terms'."""
+    request = TranslationRequest(
         item.source,
         src_lang=args.src_lang,
         tgt_lang=plan.tgt_lang,
         prefix=item.prefix or None,
         annotations=item.annotations,
+        constraints=item.constraints,
         index=index,
     )
+    return translate_terms.with_terms(request, plan.glossary)
 
 
 def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: float) -> dict:
@@ -286,6 +308,7 @@ def build_result(args: argparse.Namespace, plan: Plan, tally: Tally, elapsed: fl
         result["alignments"] = True
     if plan.output_format == TSV_PAIRS:
         result.update(pairs=tally.pairs, unpaired_lines=len(tally.unpaired), tab_lines=len(tally.tabs))
+    result.update(translate_terms.summary(args, plan.glossary, tally))
     result.update(
         int8=plan.location.precision == "int8",
         seconds=round(elapsed, 2),
@@ -322,6 +345,7 @@ def report(args: argparse.Namespace, plan: Plan, tally: Tally, scored, elapsed: 
             tally.unpaired[0],
             args.output,
         )
+    translate_terms.warn_unmet(tally)
     if tally.tabs:
         logger.warning(
             "%d lines held a tab in the source or translation (e.g. line %d): replaced by a space in %s",

@@ -24,6 +24,7 @@ from .inputs import InputLine, iter_input, iter_lines
 from .loading import load_translator
 from .progress import progress_bar
 from .translate_io import TSV_PAIRS, Plan, ReferenceSets, ResultLines, Tally, report, request_of
+from .translate_terms import line_error
 
 logger = logging.getLogger("hf_variants.translate")
 PROG = "hf-variants-translate"
@@ -45,9 +46,12 @@ def make_job(args: argparse.Namespace, plan: Plan) -> sharding.Job:
 
 
 def job_manifest(args: argparse.Namespace, plan: Plan) -> dict:
-    """What the job is (compared at every rerun): the input and the files aligned with it, the model's files and
-    engine, the output format, the languages and every decoding setting (resolved)."""
+    """What the job is (compared at every rerun): the input and the files aligned with it or applied to it (prefixes,
+    constraints, the glossary, annotations), the model's files and engine, the output format, the languages and
+    every decoding setting (resolved; the glossary's matching)."""
     aligned = {"--prefix": args.prefix} if args.prefix else {}
+    terms = {"--constraints": args.constraints, "--glossary": args.glossary}
+    aligned.update({flag: path for flag, path in terms.items() if path})
     aligned.update({f"--source_annotation {name}": path for name, path in plan.annotation_files.items()})
     inputs = {"--input": sharding.file_record(args.input, lines=plan.lines)}
     inputs.update({flag: sharding.file_record(path) for flag, path in aligned.items()})
@@ -63,6 +67,7 @@ def job_manifest(args: argparse.Namespace, plan: Plan) -> dict:
             "tgt_lang": plan.tgt_lang,
             "annotations_from_rows": plan.annotations_from_rows,
             "decoding": plan.options.to_dict(),
+            **glossary_settings(plan),
         },
         "informational": {
             "batch_size": args.batch_size,
@@ -70,6 +75,14 @@ def job_manifest(args: argparse.Namespace, plan: Plan) -> dict:
             "buffer_size": args.buffer_size,
         },
     }
+
+
+def glossary_settings(plan: Plan) -> dict:
+    """The glossary's matching options (none without a glossary, so that a job without one keeps its manifest)."""
+    glossary = plan.glossary
+    if glossary is None:
+        return {}
+    return {"glossary_ignore_case": glossary.ignore_case, "glossary_whole_word": glossary.whole_word}
 
 
 def load_for(location, launch: sharding.Launch) -> Translator:
@@ -115,9 +128,15 @@ def unit_translator(args: argparse.Namespace, plan: Plan, job: sharding.Job, tra
         results = translator.translate_stream(
             requests, plan.options, buffer_size=args.buffer_size, progress=progress, **batching(args)
         )
-        for result in results:
-            for line in output_lines(result, span.start + result.index + 1):
-                writer.write(line)
+        try:
+            for result in results:
+                for line in output_lines(result, span.start + result.index + 1):
+                    writer.write(line)
+        except ValueError as error:
+            refused = line_error(error, args, plan.input_label, span.start + 1)
+            if refused is None:
+                raise
+            raise refused from None
         if tally.sentences != len(span):
             raise DataError(
                 f"{args.input}: unit {unit} should hold lines {span.start + 1}-{span.stop}, but the input ended "

@@ -107,6 +107,7 @@ class Glossary:
         self.terms: list[Term] = []
         self._by_key: dict[str, Term] = {}
         self._trie: dict = {}
+        self._tries: list[dict] = [self._trie]  # where `find` matches: own first (`with_terms`: then the base's)
         for i, item in enumerate(terms):
             term = item if isinstance(item, Term) else _term_of_pair(item, f"{name}[{i}]")
             self._add(term, f"{name}:{term.line}" if term.line is not None else f"{name}[{i}]")
@@ -158,6 +159,17 @@ class Glossary:
             raise GlossaryError(f"{path}: no terms (one a line: source term<TAB>target term)")
         return cls(terms, ignore_case=ignore_case, whole_word=whole_word, name=str(path))
 
+    def with_terms(self, terms: Iterable, name: str = "glossary") -> Glossary:
+        """A glossary of `terms` (as the constructor takes them) over this one, with its matching options: this
+        glossary's terms apply too, but where `terms` give a source term again, their target replaces this
+        glossary's (a request's own glossary over a server's). This glossary is shared, not copied: building it
+        costs only `terms`."""
+        overlay = Glossary(terms, ignore_case=self.ignore_case, whole_word=self.whole_word, name=name)
+        overlay._tries = [overlay._trie, *self._tries]
+        kept = [term for term in self.terms if _key(term.source, self.ignore_case) not in overlay._by_key]
+        overlay.terms = overlay.terms + kept
+        return overlay
+
     def __len__(self) -> int:
         return len(self.terms)
 
@@ -175,19 +187,27 @@ class Glossary:
             if self.whole_word and i > 0 and _word_char(normalized[i - 1]) and _word_char(normalized[i]):
                 i += 1
                 continue
-            node, longest, end = self._trie, None, i
-            for j in range(i, len(normalized)):
-                node = node.get(normalized[j])
-                if node is None:
-                    break
-                if None in node and (not self.whole_word or _at_boundary(normalized, i, j + 1)):
-                    longest, end = node[None], j + 1
+            longest, end = self._longest_at(normalized, i)
             if longest is None:
                 i += 1
                 continue
             found.setdefault(_key(longest.source, self.ignore_case), longest)
             i = end
         return list(found.values())
+
+    def _longest_at(self, normalized: str, i: int) -> tuple[Term | None, int]:
+        """The longest term matching at position i of a normalized text and the end of its match (None, i: none);
+        a term of an earlier trie wins over one of equal length in a later one (`with_terms`)."""
+        longest, end = None, i
+        for trie in self._tries:
+            node = trie
+            for j in range(i, len(normalized)):
+                node = node.get(normalized[j])
+                if node is None:
+                    break
+                if None in node and j + 1 > end and (not self.whole_word or _at_boundary(normalized, i, j + 1)):
+                    longest, end = node[None], j + 1
+        return longest, end
 
     def contains(self, text: str, forms: Sequence[str]) -> str | None:
         """The first of `forms` that `text` contains under the glossary's matching, or None."""

@@ -192,6 +192,12 @@ def resolve_options(
     return resolved
 
 
+def constrained_num_beams(num_beams: int, constraints: int) -> int:
+    """The beam size of a sentence with `constraints` constraints under the resolved `num_beams`: num_beams, or for
+    greedy search (1) max(`CONSTRAINED_MIN_BEAMS`, constraints + 1)."""
+    return num_beams if num_beams != 1 else max(CONSTRAINED_MIN_BEAMS, constraints + 1)
+
+
 # ----------------------------------------------------------------------------------------------------- translator
 class Translator:
     """Translate requests with a model on an engine (see the module docstring). Build it from loaded objects,
@@ -472,6 +478,21 @@ class Translator:
                     progress(len(idx))
         return results  # type: ignore[return-value]
 
+    def check_constraints(self, requests: Sequence[TranslationRequest], options: DecodeOptions) -> dict[int, int]:
+        """The checks `decode_batch` makes of the requests with constraints, before decoding (a front end that
+        batches by itself refuses a request here instead of failing the batch it would share): `requests` as
+        `encode` returned them, `options` as `resolve` did. Raises an `OptionError` naming the option (an engine
+        without constrained decoding, sampling, ...) or a ValueError naming `requests[i]` and the constraint (a
+        form that gives no token or a special one, constraints that cannot fit the sentence's output limit).
+        Returns {index: beam size} of the requests with constraints (`constrained_num_beams`)."""
+        requests = list(requests)
+        todo = [i for i, r in enumerate(requests) if r.constraints and r.source.strip() and r.source_ids is not None]
+        cut = options.max_source_length
+        lengths = {i: min(len(requests[i].source_ids), cut or len(requests[i].source_ids)) for i in todo}
+        limit = self.max_source_tokens
+        todo = [i for i in todo if limit is None or lengths[i] <= limit]  # too long: skipped, never decoded
+        return self._check_constraints(requests, todo, lengths, options, 0)
+
     def _output_limits(self, todo: list[int], lengths: dict, options: DecodeOptions) -> dict[int, int]:
         """Each sentence's output limit in new tokens (`</s>` included): the fixed limit, or the length rule of its
         (effective) source length."""
@@ -545,9 +566,9 @@ class Translator:
                     f"sentence's output is limited to {limits[i]} tokens (</s> included): raise max_len_b or "
                     "max_new_tokens, or pass fewer constraints"
                 )
+        beams = {i: constrained_num_beams(options.num_beams, len(requests[i].constraints)) for i in todo}
         if options.num_beams != 1:
-            return {i: options.num_beams for i in todo}
-        beams = {i: max(CONSTRAINED_MIN_BEAMS, len(requests[i].constraints) + 1) for i in todo}
+            return beams
         if not self._promotion_said:
             self._promotion_said = True
             logger.warning(
@@ -565,6 +586,7 @@ __all__ = [
     "Translator",
     "check_languages",
     "check_request_languages",
+    "constrained_num_beams",
     "default_source_language",
     "default_target_language",
     "model_languages",

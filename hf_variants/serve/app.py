@@ -52,6 +52,7 @@ from .metrics import ServeMetrics
 from .prepare import Prepared, Preparer, prepare_body, render
 from .responses import client_closed, error_response, json_response, read_body, wait_for_disconnect
 from .schema import ErrorResponse, Health, LanguagesResponse, Liveness, TranslateRequest, TranslateResponse
+from .terms import ServerTerms
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class ServeSettings:
     allowed_hosts: tuple[str, ...] | None = None  # None: any Host header
     docs: bool = True
     access_log: bool = True
+    terms: ServerTerms = field(default_factory=ServerTerms)  # the server's glossary and glossary matching
 
 
 def load_translator(settings: ServeSettings) -> Translator:
@@ -257,7 +259,9 @@ class ServerState:
         self.check_ready()
         check_content_type(request.headers.get("content-type"))
         body = await read_body(request, self.limits)
-        prepared = await self.preparer.run(prepare_body, body, self.limits, self.token_limit, self.split_language)
+        prepared = await self.preparer.run(
+            prepare_body, body, self.limits, self.token_limit, self.split_language, self.settings.terms
+        )
         results = await self.decode(request, prepared)
         return json_response(render(prepared, results))
 

@@ -185,11 +185,12 @@ def parse_libretranslate(translator, fields: dict, limits: ServeLimits, language
     return parsed, alternatives, auto
 
 
-def prepare_libretranslate(translator, fields, limits, token_limit, languages, language):
-    """`parse_libretranslate`, then the native preparation (split, resolve, tokenize once); errors as `LtError`."""
+def prepare_libretranslate(translator, fields, limits, token_limit, languages, language, terms=None):
+    """`parse_libretranslate`, then the native preparation (split, resolve, tokenize once; the server's glossary
+    `terms` applied); errors as `LtError`."""
     parsed, alternatives, auto = parse_libretranslate(translator, fields, limits, languages)
     try:
-        prepared = prepare_parsed(translator, parsed, limits, token_limit, language)
+        prepared = prepare_parsed(translator, parsed, limits, token_limit, language, terms)
     except ApiError as error:
         raise LtError.of(error) from None
     prepared.extra.update(alternatives=alternatives, auto=auto)
@@ -236,7 +237,13 @@ def add_libretranslate_routes(app: FastAPI, state) -> None:
             fields = await state.preparer.run(lambda _t: read_fields(body, request.headers.get("content-type"), query))
             authorize(request, state, fields)
             prepared = await state.preparer.run(
-                prepare_libretranslate, fields, state.limits, state.token_limit, state.languages, state.split_language
+                prepare_libretranslate,
+                fields,
+                state.limits,
+                state.token_limit,
+                state.languages,
+                state.split_language,
+                state.settings.terms,
             )
             results = await state.decode(request, prepared)
         except ApiError as error:

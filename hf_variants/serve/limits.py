@@ -7,6 +7,9 @@ or the limit.
 | `--max_sentences` per request | 128 | 413 |
 | `--max_sentence_tokens` | the model's positions | 413, or the sentence is cut with `--truncate` |
 | `--max_beams` | 8 | 422 (and `nbest` at most `num_beams`) |
+| `--max_constraints` per sentence (its own and its glossary terms') | 8 | 422 |
+| `--max_constraint_chars` per constraint phrase, form or glossary term | 200 | 422 |
+| `--max_glossary_terms` of a request's `glossary` | 256 | 413 |
 | `max_new_tokens` of a request | the model's positions | 422 |
 | `--max_queue` sentences waiting | 2048 | 503 with `Retry-After` |
 | `--request_timeout_s` | 60 | 504 (the request's sentences leave the queue; its batch stops if nobody else waits) |
@@ -50,6 +53,9 @@ class ServeLimits:
     max_sentence_tokens: int | None = None  # None: the model's positions
     truncate: bool = False
     max_beams: int = 8
+    max_constraints: int = 8
+    max_constraint_chars: int = 200
+    max_glossary_terms: int = 256
     max_queue: int = 2048
     request_timeout_s: float = 60.0
     max_batch_tokens: int = 4096
@@ -66,6 +72,7 @@ class ServeLimits:
     def __post_init__(self):
         integers = ("max_body_bytes", "max_sentences", "max_beams", "max_queue", "max_batch_tokens")
         integers += ("concurrent_batches", "max_concurrent_requests", "max_connections")
+        integers += ("max_constraints", "max_constraint_chars", "max_glossary_terms")
         optional = ("max_sentence_tokens", "requests_per_minute", "characters_per_minute")
         for name in integers + optional:
             value = getattr(self, name)
@@ -255,7 +262,8 @@ def check_sentence(text: str, name: str, paragraphs: bool = False) -> None:
 @dataclass
 class ParsedRequest:
     """A validated `POST /translate` body: the sentences as a list (and whether one string was sent), the languages,
-    and the decoding options it sets (`options`: DecodeOptions field -> value, those not null)."""
+    the decoding options it sets (`options`: DecodeOptions field -> value, those not null), its own `constraints` per
+    item and its `glossary`'s (source, target forms) pairs (`terms.py`; None: the field was not sent)."""
 
     texts: list[str]
     single: bool
@@ -264,12 +272,20 @@ class ParsedRequest:
     options: dict = field(default_factory=dict)
     fields: set = field(default_factory=set)
     split_sentences: bool = False
+    constraints: list | None = None
+    glossary: list | None = None
 
     @property
     def as_objects(self) -> bool:
         """Whether each translation is answered as an object with its hypotheses (`nbest`, `scores`, `alignments`)
         rather than as a string."""
         return any(self.options.get(name) for name in ("nbest", "scores", "alignments"))
+
+    @property
+    def terms(self) -> bool:
+        """Whether the request sent `constraints` or `glossary` (its items then answer as objects with their
+        constraints and glossary terms)."""
+        return self.constraints is not None or self.glossary is not None
 
 
 def check_beams(options: dict, limits: ServeLimits) -> None:
@@ -336,6 +352,8 @@ def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
                 "is per sentence (send the sentences as items instead)",
                 field=whole[0],
             )
+    from .terms import parse_constraints, parse_glossary
+
     return ParsedRequest(
         texts=texts,
         single=single,
@@ -344,6 +362,8 @@ def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
         options=options,
         fields=set(body.model_fields_set),
         split_sentences=body.split_sentences,
+        constraints=parse_constraints(body.constraints, texts, single, body.split_sentences, limits),
+        glossary=parse_glossary(body.glossary, limits),
     )
 
 

@@ -10,10 +10,16 @@ body does not hold back `/health` or the other requests:
    splitter of ~300 languages) and remembered as its pieces: the whitespace between sentences is kept as is;
 3. the decoding options are resolved once (`Translator.resolve`), and their batch key computed;
 4. every sentence is checked and tokenized once (`Translator.encode`): its token count and ids travel with it into
-   the engine; a sentence over the token limit is refused (413 naming the item) or, with `--truncate`, cut there.
+   the engine; a sentence over the token limit is refused (413 naming the item) or, with `--truncate`, cut there;
+5. each sentence's constraints (its item's own `constraints`, then the terms of the request's glossary over the
+   server's, `terms.py`) travel with it too, checked by the core before the request is queued
+   (`Translator.check_constraints`: a 422 naming the item, never a failed batch); a request with constraints gets a
+   batch key of its own (its sentences go to the constrained search, whose cost is not the plain search's).
 
-`render` rebuilds each item from its sentences' results: the translation (or, with nbest / scores, the object with
-its hypotheses), or for a split item its sentences' best translations joined with the item's own whitespace.
+`render` rebuilds each item from its sentences' results: the translation (or, with nbest / scores / alignments /
+constraints / glossary, the object with its hypotheses, and its constraints and glossary terms), or for a split item
+its sentences' best translations joined with the item's own whitespace; with constraints, `unmet_constraints` lists
+the items whose translation misses one.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..inference.glossary import Glossary
 from ..inference.requests import DecodeOptions, OptionError, TranslationRequest
 from .limits import ApiError, ParsedRequest, ServeLimits, limit_error, parse_json, parse_translate_request
 from .schema import TranslateRequest
+from .terms import ServerTerms, core_refusal, item_record, sentence_constraints
 
 DEFAULT_SPLIT_LANGUAGE = "en"  # sentencex's rules for a model that records no source language
 _LINE_BREAKS = re.compile(r"\s*[\r\n\x85]+\s*")
@@ -39,7 +47,8 @@ class Prepared:
     """A request ready for the batcher: per `text` item its `pieces` (text kept as is, or the index of a sentence in
     `requests`), the encoded sentences (`requests`, with `source_ids`), their token counts for batching
     (`lengths`, cut to the limit with --truncate), the items with a sentence cut (`truncated`), the resolved options
-    and their batch `key`, the characters sent and whether its batches must decode alone (`exclusive`: sampling)."""
+    and their batch `key`, the characters sent and whether its batches must decode alone (`exclusive`: sampling); the
+    glossary that applied and whether some sentence has constraints."""
 
     parsed: ParsedRequest
     pieces: list[list[str | int]]
@@ -51,6 +60,8 @@ class Prepared:
     characters: int
     exclusive: bool = False
     extra: dict = field(default_factory=dict)
+    glossary: Glossary | None = None  # the request's glossary over the server's (None: neither)
+    constrained: bool = False  # some sentence has constraints
 
 
 # ----------------------------------------------------------------------------------------------- sentences
@@ -115,9 +126,13 @@ def resolve(translator, parsed: ParsedRequest, limits: ServeLimits, token_limit:
     return resolved, tuple(sorted(resolved.to_dict().items()))
 
 
-def encode(translator, parsed: ParsedRequest, sentences: list[str]) -> list[TranslationRequest]:
-    """The sentences checked against the model (languages) and tokenized once; a 422 naming src_lang or tgt_lang."""
-    requests = [TranslationRequest(s, src_lang=parsed.src_lang, tgt_lang=parsed.tgt_lang) for s in sentences]
+def encode(translator, parsed: ParsedRequest, sentences: list[str], constraints: list) -> list[TranslationRequest]:
+    """The sentences (with their constraints) checked against the model (languages) and tokenized once; a 422
+    naming src_lang or tgt_lang."""
+    requests = [
+        TranslationRequest(s, src_lang=parsed.src_lang, tgt_lang=parsed.tgt_lang, constraints=c)
+        for s, c in zip(sentences, constraints)
+    ]
     try:
         translator.check_request(TranslationRequest("", src_lang=parsed.src_lang, tgt_lang=parsed.tgt_lang))
         return translator.encode(requests)
@@ -155,11 +170,28 @@ def check_lengths(
     return [min(count, token_limit) for count in counts], truncated
 
 
+def check_constraints(translator, parsed: ParsedRequest, requests, options, owners: list[int], constraints) -> bool:
+    """Whether some sentence has constraints; if so, the core's checks of them (a 422 naming the field)."""
+    if not any(constraints):
+        return False
+    own = [len(parsed.constraints[owner]) if parsed.constraints is not None else 0 for owner in owners]
+    try:
+        translator.check_constraints(requests, options)
+    except ValueError as error:  # OptionError included
+        raise core_refusal(error, parsed, owners, own) from None
+    return True
+
+
 def prepare_parsed(
-    translator, parsed: ParsedRequest, limits: ServeLimits, token_limit: int | None, language: str | None = None
+    translator,
+    parsed: ParsedRequest,
+    limits: ServeLimits,
+    token_limit: int | None,
+    language: str | None = None,
+    terms: ServerTerms | None = None,
 ) -> Prepared:
-    """Steps 2-4 of the module docstring on a checked request (`language`: the sentence splitter's, when the request
-    names no `src_lang`)."""
+    """Steps 2-5 of the module docstring on a checked request (`language`: the sentence splitter's, when the request
+    names no `src_lang`; `terms`: the server's glossary)."""
     pieces, sentences, owners = item_pieces(parsed, parsed.src_lang or language)
     if len(sentences) > limits.max_sentences:
         raise limit_error(
@@ -171,16 +203,27 @@ def prepare_parsed(
             field="text",
         )
     options, key = resolve(translator, parsed, limits, token_limit)
-    requests = encode(translator, parsed, sentences)
+    glossary = (terms or ServerTerms()).for_request(parsed.glossary)
+    constraints = sentence_constraints(parsed, sentences, owners, glossary, limits)
+    requests = encode(translator, parsed, sentences, constraints)
     lengths, truncated = check_lengths(parsed, requests, owners, limits, token_limit)
+    constrained = check_constraints(translator, parsed, requests, options, owners, constraints)
+    if constrained:  # the constrained search's batches: apart from the plain search's
+        key = (*key, ("constraints", True))
     characters = sum(len(text) for text in parsed.texts)
-    return Prepared(parsed, pieces, requests, lengths, truncated, options, key, characters, bool(options.do_sample))
+    prepared = Prepared(
+        parsed, pieces, requests, lengths, truncated, options, key, characters, bool(options.do_sample)
+    )
+    prepared.glossary, prepared.constrained = glossary, constrained
+    return prepared
 
 
-def prepare_body(translator, body: bytes, limits: ServeLimits, token_limit: int | None, language=None) -> Prepared:
+def prepare_body(
+    translator, body: bytes, limits: ServeLimits, token_limit: int | None, language=None, terms=None
+) -> Prepared:
     """A `POST /translate` body, parsed and checked (step 1), then `prepare_parsed`."""
     parsed = parse_translate_request(parse_json(body), limits)
-    return prepare_parsed(translator, parsed, limits, token_limit, language)
+    return prepare_parsed(translator, parsed, limits, token_limit, language, terms)
 
 
 # ------------------------------------------------------------------------------------------------- answers
@@ -193,18 +236,27 @@ def render(prepared: Prepared, results) -> dict:
     """The JSON answer of `POST /translate` (`schema.TranslateResponse`)."""
     parsed = prepared.parsed
     texts = [result.text for result in results]
-    if not parsed.as_objects or parsed.split_sentences:
+    if not (parsed.as_objects or parsed.terms) or parsed.split_sentences:
         translations: list = [joined(pieces, texts) for pieces in prepared.pieces]
     else:
         alignments = bool(parsed.options.get("alignments"))
+        scores = bool(prepared.options.scores)
         translations = [
             {
                 "source": result.source,
-                "hypotheses": [h.to_dict(scores=True, alignments=alignments) for h in result.hypotheses],
+                "hypotheses": [h.to_dict(scores=scores, alignments=alignments) for h in result.hypotheses],
+                **item_record(result, prepared.glossary),
             }
             for result in results
         ]
-    return {"translations": translations, "truncated": prepared.truncated}
+    answer = {"translations": translations, "truncated": prepared.truncated}
+    if prepared.constrained:
+        answer["unmet_constraints"] = [
+            i
+            for i, pieces in enumerate(prepared.pieces)
+            if any(isinstance(k, int) and results[k].unmet_constraints for k in pieces)
+        ]
+    return answer
 
 
 # ------------------------------------------------------------------------------------------------- threads

@@ -6,9 +6,9 @@ No field names a file, a path, a model or an engine: those are the server's flag
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model
 
 from ..inference.requests import OptionSpec, option_specs
 
@@ -23,6 +23,52 @@ SERVER_NOTES = {
     "alignments": "each translation becomes an object; engines that return attentions only (torch)",
     "max_length": "at most the model's positions",
     "max_new_tokens": "at most the model's positions",
+}
+
+
+CONSTRAINTS_HELP = (
+    "Target phrases the translation must contain (lexically constrained decoding). For one sentence: a list of "
+    'constraints, each a phrase or a list of alternative forms of which one must appear (["Kasse", ["Warenkorb", '
+    '"Einkaufswagen"]]); for a list of sentences: one such list per sentence ([] or null: none). At most '
+    "--max_constraints per sentence (glossary terms included), --max_constraint_chars characters a phrase. Not with "
+    "split_sentences. Each translation becomes an object with its constraints and unmet_constraints."
+)
+GLOSSARY_HELP = (
+    'Source term -> target term for every sentence: a list of {"source": ..., "target": ...} or an object '
+    "{source: target}; a target is a string (alternative forms separated by |) or a list of forms. A term found in "
+    "a sentence adds its target term to the sentence's constraints. Adds to the server's --glossary (the request's "
+    "target wins for a term both give); matched as the server's flags say. At most --max_glossary_terms terms. Each "
+    "translation becomes an object listing the terms that applied and whether each was found (send [] to see the "
+    "server glossary's terms)."
+)
+_PHRASE = {"type": "string", "minLength": 1}
+_CONSTRAINT = {"anyOf": [_PHRASE, {"type": "array", "items": _PHRASE, "minItems": 1}]}
+_TARGET = {"anyOf": [_PHRASE, {"type": "array", "items": _PHRASE, "minItems": 1}]}
+CONSTRAINTS_SCHEMA = {
+    "anyOf": [
+        {"type": "array", "items": _CONSTRAINT},
+        {"type": "array", "items": {"anyOf": [{"type": "array", "items": _CONSTRAINT}, {"type": "null"}]}},
+        {"type": "null"},
+    ],
+    "description": CONSTRAINTS_HELP,
+    "examples": [["Kasse", ["Warenkorb", "Einkaufswagen"]]],
+}
+GLOSSARY_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"source": _PHRASE, "target": _TARGET},
+                "required": ["source", "target"],
+                "additionalProperties": False,
+            },
+        },
+        {"type": "object", "additionalProperties": _TARGET},
+        {"type": "null"},
+    ],
+    "description": GLOSSARY_HELP,
+    "examples": [[{"source": "checkout", "target": "Kasse|Kassenbereich"}], {"checkout": "Kasse"}],
 }
 
 
@@ -44,6 +90,9 @@ class TranslateRequestBase(BaseModel):
         "translated in the same batches and joined with their whitespace (each sentence counts against "
         "--max_sentences and --max_sentence_tokens). Not with nbest, scores or alignments.",
     )
+    # checked by `terms.parse_constraints` / `terms.parse_glossary` (messages naming the item, the limits)
+    constraints: Annotated[Any, WithJsonSchema(CONSTRAINTS_SCHEMA)] = Field(None, description=CONSTRAINTS_HELP)
+    glossary: Annotated[Any, WithJsonSchema(GLOSSARY_SCHEMA)] = Field(None, description=GLOSSARY_HELP)
 
 
 def option_field(name: str, spec: OptionSpec) -> tuple[Any, Any]:
@@ -82,21 +131,47 @@ class Hypothesis(BaseModel):
     log_prob: float | None = Field(None, description="Sum of the token log-probabilities, end of sentence included.")
     tokens: list[str] | int | None = Field(None, description="The hypothesis' tokens.")
     alignment: str | None = Field(None, description="With `alignments`: Pharaoh `source-target` word index pairs.")
+    constraints_met: list[bool] | None = Field(
+        None, description="With constraints: per constraint of the sentence, whether this hypothesis contains it."
+    )
+
+
+class TermFound(BaseModel):
+    source: str = Field(description="The glossary's source term found in the sentence.")
+    target: list[str] = Field(description="Its target term's forms.")
+    found: bool = Field(description="Whether the translation contains one of them.")
 
 
 class Scored(BaseModel):
     source: str
     hypotheses: list[Hypothesis]
+    constraints: list[list[str]] | None = Field(
+        None,
+        description="The sentence's constraints (its own, then its glossary terms'), each as its forms: with "
+        "`constraints` or a glossary, when it has any.",
+    )
+    unmet_constraints: list[list[str]] | None = Field(
+        None, description="Those the best hypothesis misses: they could not be placed within the length limit."
+    )
+    glossary: list[TermFound] | None = Field(
+        None, description="With a glossary (the request's or the server's): the terms that applied to the sentence."
+    )
 
 
 class TranslateResponse(BaseModel):
     translations: list[str] | list[Scored] = Field(
-        description="One item per input sentence, in order: the translation, or with `nbest` / `scores` an object "
-        "holding the source and its hypotheses, best first."
+        description="One item per input sentence, in order: the translation, or with `nbest` / `scores` / "
+        "`alignments` / `constraints` / `glossary` an object holding the source and its hypotheses, best first (and "
+        "its constraints and glossary terms)."
     )
     truncated: list[int] = Field(
         default_factory=list,
         description="Indexes of the sentences cut to the token limit before translating (only with --truncate).",
+    )
+    unmet_constraints: list[int] | None = Field(
+        None,
+        description="When some sentence had constraints (its own or a glossary's): the indexes of the items whose "
+        "translation misses one (split items included).",
     )
 
 
