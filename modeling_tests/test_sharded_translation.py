@@ -186,12 +186,24 @@ def test_a_changed_input_model_setting_or_unit_size_is_refused_naming_it(folders
 
 
 # ------------------------------------------------------------------------------------------- real processes
-def wait_for_records(work: Path, count: int, procs, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while len(list(work.glob("unit_*.json"))) < count:
-        assert time.time() < deadline, "no units finished in time"
-        assert all(p.poll() is None for p in procs), "a process ended before its units"
-        time.sleep(0.02)
+GATED = REPO_ROOT / "modeling_tests" / "gated_command.py"
+
+
+class gated:
+    """A command run through gated_command.py: it holds still inside the unit after the first `after` units of
+    `work` are done, until a signal stops it (the environment to run it with: `env`)."""
+
+    def __init__(self, work: Path, after: int, folder: Path):
+        folder.mkdir()
+        self.folder = folder
+        self.env = dict(ENV, GATE_WORK=str(work), GATE_AFTER=str(after), GATE_DIR=str(folder))
+
+    def wait_blocked(self, procs, processes: int = 1, timeout: float = 300) -> None:
+        deadline = time.time() + timeout
+        while len(list(self.folder.glob("blocked.*"))) < processes:
+            assert time.time() < deadline, "the command did not reach its gate in time"
+            assert all(p.poll() is None for p in procs), "a process ended before its gate"
+            time.sleep(0.02)
 
 
 def descendants(pid: int) -> list[int]:
@@ -226,16 +238,20 @@ def test_sigint_and_sigterm_drop_the_unit_in_progress_and_the_rerun_resumes(fold
     command += translate_args(folders, "torch", output, "--num_beams", "2", "--unit_lines", "10")
     kept: dict = {}
     for sig, status, records in ((signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 5)):
-        proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=ENV, cwd=tmp_path)
-        wait_for_records(work, records, [proc])
-        proc.send_signal(signal.SIGSTOP)  # held still: the signal lands before the last unit, whatever the load
-        done = len(list(work.glob("unit_*.json")))
-        assert done < 12
+        gate = gated(work, records, tmp_path / f"gate-{sig.name}")
+        proc = subprocess.Popen(
+            [sys.executable, str(GATED), *command[2:]],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=gate.env,
+            cwd=tmp_path,
+        )
+        gate.wait_blocked([proc])  # in the unit after the first `records`, held still
         proc.send_signal(sig)
-        proc.send_signal(signal.SIGCONT)
         assert proc.wait(timeout=300) == status
         last = proc.stderr.read().decode().strip().splitlines()[-1]
         done = len(list(work.glob("unit_*.json")))
+        assert done == records  # the unit held at the gate was dropped
         assert last == (
             f"hf-variants-translate: stopped by {sig.name}: {done} of the 12 units are done in {work} (a unit in "
             "progress was dropped); run the same command again to resume: the finished units are kept"
@@ -252,13 +268,15 @@ def test_sigint_and_sigterm_drop_the_unit_in_progress_and_the_rerun_resumes(fold
     assert all(work.joinpath(name).stat().st_mtime_ns == mtime for name, mtime in kept.items())
 
 
-def launch(module: str, args: list[str], cwd: Path) -> subprocess.Popen:
-    """`accelerate launch` of `module` as 2 CPU processes (gloo) on a free port."""
+def launch(module: str, args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """`accelerate launch` of `module` (or of a script: a path ending in .py) as 2 CPU processes (gloo) on a free
+    port."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), "-m", module, *args]
+    command += ["--main_process_port", str(free_port())]
+    command += [module, *args] if module.endswith(".py") else ["-m", module, *args]
     log = open(cwd / "launch.log", "a")  # noqa: SIM115 - closed by finish()
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=cwd)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env or ENV, cwd=cwd)
 
 
 def finish(proc: subprocess.Popen, cwd: Path, timeout: float = 420) -> int:
@@ -313,22 +331,19 @@ def test_sigkill_of_one_process_then_the_same_command_resumes(folders, tmp_path)
     translate.main(translate_args(folders, "torch", tmp_path / "plain.de", "--num_beams", "2"))
     args = translate_args(folders, "torch", tmp_path / "out.de", "--num_beams", "2", "--unit_lines", "10")
     work = tmp_path / "out.de.work"
-    proc = launch("hf_variants.commands.translate", [*args, "--keep_work_dir"], tmp_path)
+    gate = gated(work, 3, tmp_path / "gate")
+    proc = launch(str(GATED), ["hf_variants.commands.translate", *args, "--keep_work_dir"], tmp_path, gate.env)
     try:
-        wait_for_records(work, 3, [proc])
+        gate.wait_blocked([proc], processes=2)  # both processes held in a unit once 3 units are done
         workers = [p for p in descendants(proc.pid) if "hf_variants.commands.translate" in command_line(p)]
         workers = [p for p in workers if "accelerate.commands.launch" not in command_line(p)]
         assert len(workers) == 2, [command_line(p) for p in workers]
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        assert len(records(work)) < 12  # held still mid-run
         os.kill(workers[1], signal.SIGKILL)
-        os.kill(workers[0], signal.SIGCONT)
     finally:
         status = finish(proc, tmp_path)
     assert status != 0
     before = records(work)
-    assert 3 <= len(before) < 12 and not (tmp_path / "out.de").exists()
+    assert 3 <= len(before) <= 4 and not (tmp_path / "out.de").exists()  # a unit finishing as the gate closed: 4
     mtimes = {name: (work / name).stat().st_mtime_ns for name in before}
     proc = launch("hf_variants.commands.translate", [*args, "--keep_work_dir", "--results_json", "r.json"], tmp_path)
     assert finish(proc, tmp_path) == 0, (tmp_path / "launch.log").read_text()[-4000:]
