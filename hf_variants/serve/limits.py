@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from .schema import TranslateRequest, server_options
+from .schema import TranslateRequest
 
 
 @dataclass(frozen=True)
@@ -307,64 +307,6 @@ def check_beams(options: dict, limits: ServeLimits) -> None:
             f"{'' if beams else ' (--max_beams)'}: a beam search returns at most num_beams hypotheses",
             field="nbest",
         )
-
-
-def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
-    """Check a decoded JSON body against the schema and the limits that need no model (sentences, beams)."""
-    if not isinstance(value, dict):
-        raise ApiError(
-            422,
-            "invalid_request",
-            f'the body must be a JSON object such as {{"text": "..."}}, got '
-            f"{type(value).__name__ if not isinstance(value, list) else 'a list'}",
-            field="body",
-        )
-    try:
-        body = TranslateRequest.model_validate(value, strict=True)
-    except ValidationError as error:
-        raise validation_error(error) from None
-    single = isinstance(body.text, str)
-    texts = [body.text] if single else list(body.text)
-    if not texts:
-        raise ApiError(422, "invalid_request", "`text` is an empty list: send at least one sentence", field="text")
-    if len(texts) > limits.max_sentences:
-        raise limit_error(
-            413,
-            "max_sentences",
-            limits.max_sentences,
-            f"{len(texts)} sentences in one request; this server takes at most {limits.max_sentences} "
-            "(--max_sentences): split the request",
-            field="text",
-        )
-    for i, text in enumerate(texts):
-        check_sentence(text, "text" if single else f"text[{i}]", paragraphs=body.split_sentences)
-    for name in ("src_lang", "tgt_lang"):
-        check_language_code(getattr(body, name), name)
-    options = {name: getattr(body, name) for name in server_options() if getattr(body, name) is not None}
-    check_beams(options, limits)
-    if body.split_sentences:
-        whole = [name for name in ("nbest", "scores", "alignments") if options.get(name)]
-        if whole:
-            raise ApiError(
-                422,
-                "invalid_request",
-                f"`split_sentences` answers each item with its sentences' best translations joined: `{whole[0]}` "
-                "is per sentence (send the sentences as items instead)",
-                field=whole[0],
-            )
-    from .terms import parse_constraints, parse_glossary
-
-    return ParsedRequest(
-        texts=texts,
-        single=single,
-        src_lang=body.src_lang,
-        tgt_lang=body.tgt_lang,
-        options=options,
-        fields=set(body.model_fields_set),
-        split_sentences=body.split_sentences,
-        constraints=parse_constraints(body.constraints, texts, single, body.split_sentences, limits),
-        glossary=parse_glossary(body.glossary, limits),
-    )
 
 
 def check_language_code(code: str | None, name: str) -> None:

@@ -4,7 +4,7 @@
 in the preparation threads (`Preparer`: each with its own copy of the tokenizer), never on the event loop, so a large
 body does not hold back `/health` or the other requests:
 
-1. the body is decoded and checked (`limits.parse_json`, `limits.parse_translate_request`: schema, limits, control
+1. the body is decoded and checked (`limits.parse_json`, `parse_translate_request`: schema, limits, control
    characters by one regular expression);
 2. with `split_sentences`, each item is split into sentences (`split_into_sentences`: sentencex, a maintained
    splitter of ~300 languages) and remembered as its pieces: the whitespace between sentences is kept as is;
@@ -32,14 +32,82 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..inference.glossary import Glossary
 from ..inference.requests import DecodeOptions, OptionError, TranslationRequest
-from .limits import ApiError, ParsedRequest, ServeLimits, limit_error, parse_json, parse_translate_request
-from .schema import TranslateRequest
-from .terms import ServerTerms, core_refusal, item_record, sentence_constraints
+from .limits import (
+    ApiError,
+    ParsedRequest,
+    ServeLimits,
+    check_beams,
+    check_language_code,
+    check_sentence,
+    limit_error,
+    parse_json,
+    validation_error,
+)
+from .schema import TranslateRequest, server_options
+from .terms import ServerTerms, core_refusal, item_record, parse_constraints, parse_glossary, sentence_constraints
 
 DEFAULT_SPLIT_LANGUAGE = "en"  # sentencex's rules for a model that records no source language
 _LINE_BREAKS = re.compile(r"\s*[\r\n\x85]+\s*")
+
+
+def parse_translate_request(value, limits: ServeLimits) -> ParsedRequest:
+    """Check a decoded JSON body against the schema and the limits that need no model (sentences, beams)."""
+    if not isinstance(value, dict):
+        raise ApiError(
+            422,
+            "invalid_request",
+            f'the body must be a JSON object such as {{"text": "..."}}, got '
+            f"{type(value).__name__ if not isinstance(value, list) else 'a list'}",
+            field="body",
+        )
+    try:
+        body = TranslateRequest.model_validate(value, strict=True)
+    except ValidationError as error:
+        raise validation_error(error) from None
+    single = isinstance(body.text, str)
+    texts = [body.text] if single else list(body.text)
+    if not texts:
+        raise ApiError(422, "invalid_request", "`text` is an empty list: send at least one sentence", field="text")
+    if len(texts) > limits.max_sentences:
+        raise limit_error(
+            413,
+            "max_sentences",
+            limits.max_sentences,
+            f"{len(texts)} sentences in one request; this server takes at most {limits.max_sentences} "
+            "(--max_sentences): split the request",
+            field="text",
+        )
+    for i, text in enumerate(texts):
+        check_sentence(text, "text" if single else f"text[{i}]", paragraphs=body.split_sentences)
+    for name in ("src_lang", "tgt_lang"):
+        check_language_code(getattr(body, name), name)
+    options = {name: getattr(body, name) for name in server_options() if getattr(body, name) is not None}
+    check_beams(options, limits)
+    if body.split_sentences:
+        whole = [name for name in ("nbest", "scores", "alignments") if options.get(name)]
+        if whole:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"`split_sentences` answers each item with its sentences' best translations joined: `{whole[0]}` "
+                "is per sentence (send the sentences as items instead)",
+                field=whole[0],
+            )
+    return ParsedRequest(
+        texts=texts,
+        single=single,
+        src_lang=body.src_lang,
+        tgt_lang=body.tgt_lang,
+        options=options,
+        fields=set(body.model_fields_set),
+        split_sentences=body.split_sentences,
+        constraints=parse_constraints(body.constraints, texts, single, body.split_sentences, limits),
+        glossary=parse_glossary(body.glossary, limits),
+    )
 
 
 @dataclass
