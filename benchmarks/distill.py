@@ -62,7 +62,13 @@ def read(split: str, lang: str, limit: int | None = None) -> list[str]:
 
 
 def write_tsv(path: Path, en: list[str], de: list[str]) -> Path:
-    path.write_text("en\tde\n" + "".join(f"{a}\t{b}\n" for a, b in zip(en, de)), encoding="utf-8")
+    """The pairs as a training TSV; a tab inside a sentence (Multi30k's training German has a few) becomes a space,
+    as `--output_format tsv_pairs` writes it, and is counted."""
+    tabbed = sum("\t" in a or "\t" in b for a, b in zip(en, de))
+    if tabbed:
+        print(f"{path.name}: {tabbed} pair(s) with a tab inside a sentence, written with a space instead", flush=True)
+    rows = (f"{a.replace(chr(9), ' ')}\t{b.replace(chr(9), ' ')}\n" for a, b in zip(en, de))
+    path.write_text("en\tde\n" + "".join(rows), encoding="utf-8")
     return path
 
 
