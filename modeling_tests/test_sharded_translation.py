@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO_ROOT, read_sentences
+from test_train_stops import sigint_as_at_a_terminal
 from test_training import free_port
 from trained_tiny import trained_baseline
 
@@ -245,6 +246,7 @@ def test_sigint_and_sigterm_drop_the_unit_in_progress_and_the_rerun_resumes(fold
             stdout=subprocess.DEVNULL,
             env=gate.env,
             cwd=tmp_path,
+            preexec_fn=sigint_as_at_a_terminal,
         )
         gate.wait_blocked([proc])  # in the unit after the first `records`, held still
         proc.send_signal(sig)
