@@ -15,6 +15,7 @@ from pathlib import Path
 from hf_variants.commands import sharding
 
 WORK, AFTER, GATE = Path(os.environ["GATE_WORK"]), int(os.environ["GATE_AFTER"]), Path(os.environ["GATE_DIR"])
+GIVE_UP_SECONDS = 600  # a test that never sends its signal leaves no process behind
 _run_units = sharding.run_units
 
 
@@ -23,9 +24,11 @@ def run_units(job, launch, plan, do_unit, stop):
         def held_check():
             if len(list(WORK.glob("unit_*.json"))) >= AFTER:
                 (GATE / f"blocked.{os.getpid()}").touch()
-                while True:  # until a stop signal makes check() raise
+                give_up = time.monotonic() + GIVE_UP_SECONDS
+                while time.monotonic() < give_up:  # until a stop signal makes check() raise
                     check()
                     time.sleep(0.02)
+                sys.exit(f"gated_command.py: no stop signal within {GIVE_UP_SECONDS} s")
             check()
 
         return do_unit(unit, writer, held_check)
