@@ -456,7 +456,10 @@ def goals_of(args, record: dict) -> list[str]:
                 "loop (goal >= 4)"
             )
     for probe in record["health"]:
-        goals.append(f"{probe['engine']}: /health p99 {probe['p99_ms']:.1f} ms under 1 MB bodies (goal < 50)")
+        goals.append(
+            f"{probe['engine']}: health probe (GET health/ready) p99 {probe['p99_ms']:.1f} ms under 1 MB bodies "
+            "(goal < 50)"
+        )
     return goals
 
 
