@@ -122,6 +122,16 @@ def test_liveness_answers_while_loading_and_readiness_once_ready(ops):
     }
 
 
+def test_the_loaded_model_is_frozen_out_of_the_garbage_collectors_scans_before_ready(ops):
+    """A full collection over the model's objects paused every request in flight for 200+ ms; the server freezes what
+    it loaded (gc.freeze) once warmed up, before it answers ready."""
+    messages = [r["message"] for r in log_records(ops)]
+    frozen = next(i for i, m in enumerate(messages) if "frozen out of the garbage collector's scans" in m)
+    ready = next(i for i, m in enumerate(messages) if m.startswith("Ready: "))
+    assert frozen < ready
+    assert int(messages[frozen].split()[0]) > 10_000  # torch, transformers and the model: far more than this
+
+
 def test_request_ids_are_echoed_and_logged_as_json(ops, reference):
     response = httpx.post(
         f"{ops.url}/translate", json={"text": "A dog runs."}, headers={**auth(), "X-Request-ID": "client-id.42"}
@@ -135,6 +145,9 @@ def test_request_ids_are_echoed_and_logged_as_json(ops, reference):
     assert line["key"] == __import__("hashlib").sha256(MAIN_KEY.encode()).hexdigest()[:8]
     assert isinstance(line["duration_ms"], float) and line["level"] == "INFO"
     wait_for_access(ops, made.headers["x-request-id"])
+    # the ids the server makes: 32 hex digits, a new one for every request
+    made_ids = {httpx.get(f"{ops.url}/health/live").headers["x-request-id"] for _ in range(20)}
+    assert len(made_ids) == 20 and all(int(i, 16) >= 0 and len(i) == 32 for i in made_ids)
     # every line the server wrote after setting up its logs is one JSON object
     lines = ops.log().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("{"))

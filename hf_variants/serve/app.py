@@ -113,11 +113,12 @@ class ServerState:
         settings: ServeSettings,
         loader: Callable[[ServeSettings], Translator],
         on_failure: Callable[[BaseException], None] | None,
+        on_ready: Callable[[], None] | None = None,
     ):
         self.settings = settings
         self.limits = limits = settings.limits
         self.loader = loader
-        self.on_failure = on_failure
+        self.on_failure, self.on_ready = on_failure, on_ready
         self.metrics = ServeMetrics()
         self.status = "loading"
         self.error: BaseException | None = None
@@ -159,6 +160,8 @@ class ServerState:
             warmup = TranslationRequest(WARMUP_SENTENCE, src_lang=source, tgt_lang=target)
             for i in range(self.settings.workers):
                 await self.batcher.run_in_worker(i, _warm_up, warmup)
+            if self.on_ready is not None:
+                self.on_ready()
         except Exception as error:
             self.status, self.error = "failed", error
             logger.error("Loading %s failed: %s: %s", self.settings.model, type(error).__name__, error, exc_info=True)
@@ -461,12 +464,14 @@ def create_app(
     *,
     loader: Callable[[ServeSettings], Translator] | None = None,
     on_failure: Callable[[BaseException], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The FastAPI application serving `settings.model`. Loading starts with the application (its lifespan) and
     runs in the background: `/health` answers 503 until the model is loaded and warmed up. `loader(settings)` builds
-    one translator (per worker; default `load_translator`); `on_failure(error)` is called when loading fails.
-    `app.state.serve` is the `ServerState` (`begin_drain` on SIGTERM)."""
-    state = ServerState(settings, loader or load_translator, on_failure)
+    one translator (per worker; default `load_translator`); `on_failure(error)` is called when loading fails,
+    `on_ready()` (on the event loop) after the warm-up, before the server answers as ready. `app.state.serve` is the
+    `ServerState` (`begin_drain` on SIGTERM)."""
+    state = ServerState(settings, loader or load_translator, on_failure, on_ready)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
