@@ -11,9 +11,8 @@ import math
 
 import pytest
 import sacrebleu
-import torch
 from conftest import read_sentences
-from trained_tiny import trained_baseline
+from trained_tiny import one_torch_thread, trained_baseline
 
 from hf_variants.commands import rerank, score, translate
 from hf_variants.inference import Translator
@@ -24,12 +23,7 @@ from hf_variants.training.corpus import DataError
 N = 12
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def write(path, lines):

@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conftest import LANGUAGES, read_sentences  # noqa: E402
-from trained_tiny import trained_baseline, trained_tiny  # noqa: E402
+from trained_tiny import one_torch_thread, trained_baseline, trained_tiny  # noqa: E402
 
 from hf_variants import (  # noqa: E402
     HysanConfig,
@@ -69,12 +69,7 @@ CONSTRAINTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")

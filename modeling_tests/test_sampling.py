@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 from conftest import REPO_ROOT, read_sentences
-from trained_tiny import trained_baseline
+from trained_tiny import one_torch_thread, save_en_de_baseline
 
 from hf_variants.commands import translate
 from hf_variants.inference import DecodeOptions, TranslationRequest, Translator
@@ -27,21 +27,13 @@ SAMPLE = DecodeOptions(do_sample=True, nbest=3, top_k=20, seed=11, max_len_a=1.0
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tokenizer, tmp_path_factory):
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
     folder = tmp_path_factory.mktemp("sampling_model")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_en_de_baseline(tokenizer, folder)
     return folder
 
 

@@ -31,7 +31,7 @@ import httpx
 import pytest
 from conftest import REPO_ROOT, read_sentences
 from serve_helpers import ServerProcess, metric_values
-from trained_tiny import trained_baseline
+from trained_tiny import save_en_de_baseline
 
 from hf_variants.commands.serve import main as serve_main
 from hf_variants.inference import DecodeOptions, Translator
@@ -44,11 +44,8 @@ ALLOWED_ORIGIN = "http://app.example.com"
 
 @pytest.fixture(scope="module")
 def model_dir(tokenizer, tmp_path_factory):
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
     folder = tmp_path_factory.mktemp("serve") / "model"
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    save_en_de_baseline(tokenizer, folder)
     return folder
 
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import read_sentences
 from serve_helpers import ServerProcess, metric_values
-from trained_tiny import trained_baseline
+from trained_tiny import en_de_baseline
 
 from hf_variants.inference import DecodeOptions, Translator
 from hf_variants.inference.requests import DecodingCancelled
@@ -31,8 +31,7 @@ ENGINES = {
 
 @pytest.fixture(scope="module")
 def trained(tokenizer):
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
+    model = en_de_baseline(tokenizer)
     return model
 
 

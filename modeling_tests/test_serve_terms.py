@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import read_sentences
 from test_serve import refused
-from trained_tiny import trained_baseline
+from trained_tiny import save_en_de_baseline
 
 from hf_variants.inference import DecodeOptions, Glossary, TranslationRequest, Translator
 
@@ -40,11 +40,8 @@ DOG, MAN, STREET = VAL[6], VAL[1], VAL[19]  # sentences holding "dog", "man", "s
 
 @pytest.fixture(scope="module")
 def folders(tokenizer, tmp_path_factory):
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
     root = tmp_path_factory.mktemp("serve-terms")
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
+    save_en_de_baseline(tokenizer, root / "model")
     glossary = root / "glossary.tsv"
     glossary.write_text("".join(f"{s}\t{t}\n" for s, t in SERVER_GLOSSARY), encoding="utf-8")
     return {"model": root / "model", "glossary": glossary, "root": root}

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import REPO_ROOT, read_sentences
 from test_train_stops import sigint_as_at_a_terminal
 from test_training import free_port
-from trained_tiny import trained_baseline
+from trained_tiny import one_torch_thread, save_en_de_baseline
 
 from hf_variants.commands import score, translate
 from hf_variants.commands.common import refusals
@@ -39,23 +38,15 @@ ENV = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module")
 def folders(tokenizer, tmp_path_factory):
     """The model folder, its ONNX Runtime export (the default graphs: the bound searches) and its CTranslate2
     export, and the input: 120 validation sentences with two empty lines."""
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
     root = tmp_path_factory.mktemp("sharded")
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
+    model = save_en_de_baseline(tokenizer, root / "model")
     out = {"torch": root / "model", "root": root}
     if _has("onnxruntime"):
         from hf_variants.onnx.export import export

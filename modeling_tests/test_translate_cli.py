@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conftest import read_sentences  # noqa: E402
+from trained_tiny import en_de_baseline, one_torch_thread  # noqa: E402
 
 from hf_variants import (  # noqa: E402
     MgsaConfig,
@@ -38,12 +39,7 @@ SCRIPT = ROOT / "training" / "translate.py"
 GEN = ["--num_beams", "2", "--max_len_a", "0", "--max_len_b", "4", "--no_progress"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models gain nothing from a second thread, and lose a lot on a busy CPU
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -382,10 +378,7 @@ def test_the_length_rule_stops_at_the_models_target_positions(loaded):
 def trained_dir(tokenizer, tmp_path_factory):
     """The tiny baseline trained a few seconds, saved as train.py saves a model: beam 4, length penalty 0.6 and the
     run's length rule in its generation config, its languages in its config."""
-    from trained_tiny import trained_baseline
-
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
+    model = en_de_baseline(tokenizer)
     model.generation_config.num_beams, model.generation_config.length_penalty = 4, 0.6
     model.generation_config.length_rule = {"max_len_a": 1.2, "max_len_b": 10, "max_new_tokens": 256}
     return save_model(model, tokenizer, tmp_path_factory.mktemp("trained"))

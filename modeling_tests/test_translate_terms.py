@@ -14,9 +14,8 @@ import logging
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import read_sentences
-from trained_tiny import trained_baseline
+from trained_tiny import one_torch_thread, save_en_de_baseline
 
 from hf_variants.commands import translate
 from hf_variants.commands.common import refusals
@@ -30,12 +29,7 @@ GLOSSARY = "man\tMann|Kerl\ndog\tHund\nwoman\tFrau\nstreet\tStraße|Strasse\nshi
 CONSTRAINT_LINES = {1: "Hund", 3: "Kasse|Kassenbereich\tWarenkorb", 5: "rote Mütze", 10: "Ball\tWasser|Strand"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 def write(path: Path, lines) -> Path:
@@ -47,11 +41,8 @@ def write(path: Path, lines) -> Path:
 def files(tokenizer, tmp_path_factory):
     """The model folder, the input (24 validation sentences, line 8 empty), its references, a constraints file and
     a glossary."""
-    model = trained_baseline(tokenizer)
-    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
     root = tmp_path_factory.mktemp("terms")
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
+    save_en_de_baseline(tokenizer, root / "model")
     sources = read_sentences("en", "val", n=LINES)
     sources[7] = ""
     constraints = [CONSTRAINT_LINES.get(i + 1, "") for i in range(LINES)]

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from conftest import LANGUAGES, read_sentences  # noqa: E402
-from trained_tiny import trained_baseline, trained_tiny  # noqa: E402
+from trained_tiny import one_torch_thread, trained_baseline, trained_tiny  # noqa: E402
 
 from hf_variants import (  # noqa: E402
     HysanConfig,
@@ -64,12 +64,7 @@ SOURCES = read_sentences("en", "val", n=12)
 RULE = {"max_len_a": 0.5, "max_len_b": 4}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models gain nothing from a second thread, and lose a lot on a busy CPU
-    yield
-    torch.set_num_threads(threads)
+one_thread = pytest.fixture(scope="module", autouse=True)(one_torch_thread)
 
 
 @pytest.fixture(scope="module", params=list(TYPES))

@@ -44,6 +44,31 @@ def trained_baseline(tokenizer, steps: int = 300, **overrides) -> TransformerNmt
     return copy.deepcopy(_CACHE[key])
 
 
+def en_de_baseline(tokenizer, **overrides) -> TransformerNmtForConditionalGeneration:
+    """`trained_baseline` with its direction recorded, en -> de (what the command and server tests translate)."""
+    model = trained_baseline(tokenizer, **overrides)
+    model.config.languages, model.config.target_languages = ["en", "de"], ["de"]
+    return model
+
+
+def save_en_de_baseline(tokenizer, folder) -> TransformerNmtForConditionalGeneration:
+    """`en_de_baseline` saved with the tokenizer into `folder` (a model folder the commands load); the model."""
+    model = en_de_baseline(tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def one_torch_thread():
+    """torch on one thread for the duration (a module's autouse fixture: `pytest.fixture(scope="module",
+    autouse=True)(one_torch_thread)`): a tiny model gains nothing from a second thread, and loses a lot on a busy
+    CPU; the setting before is restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def trained_tiny(model_class, config_class, tokenizer, steps: int = 30, tgt_lang: str | None = None, **overrides):
     """A fresh copy of a tiny model of any type (config `overrides`) after `steps` Adam steps on 200 en -> de pairs,
     so that its scores are not uniform (a random model's near-ties would make score comparisons meaningless).

@@ -27,20 +27,6 @@ logger = logging.getLogger("hf_variants.score")
 PROG = "hf-variants-score"
 
 
-def make_job(args: argparse.Namespace, plan: ScorePlan) -> sharding.Job:
-    return sharding.Job(
-        command=PROG,
-        output=args.output,
-        work_dir=sharding.work_dir_of(args),
-        lines=plan.lines,
-        unit_lines=sharding.unit_lines_of(args),
-        num_shards=args.num_shards,
-        shard_index=args.shard_index,
-        keep_work_dir=args.keep_work_dir,
-        allow_changed=args.allow_changed,
-    )
-
-
 def job_manifest(args: argparse.Namespace, plan: ScorePlan) -> dict:
     """What the job is (compared at every rerun): the inputs, the model's files and engine, the settings."""
     files = {"--nbest_input": args.nbest_input} if args.nbest_input else {"--source": args.source}
@@ -122,7 +108,7 @@ def unit_worker(args: argparse.Namespace, plan: ScorePlan, job: sharding.Job, la
 def run_job(args: argparse.Namespace, plan: ScorePlan) -> dict | None:
     """The sharded run (see `sharding`): returns the summary in the process that merges, else None."""
     launch = sharding.join_launch()
-    job = make_job(args, plan)
+    job = sharding.Job.from_args(args, PROG, plan.lines)
     start = time.time()
     state = sharding.drive(
         job,
@@ -148,4 +134,4 @@ def run_job(args: argparse.Namespace, plan: ScorePlan) -> dict | None:
     return report(args, plan, scores, time.time() - start, {"work": work})
 
 
-__all__ = ["job_manifest", "make_job", "run_job"]
+__all__ = ["job_manifest", "run_job"]

@@ -531,6 +531,23 @@ class Job:
     keep_work_dir: bool = False
     allow_changed: bool = False
 
+    @classmethod
+    def from_args(cls, args, command: str, lines: int, header: str | None = None) -> Job:
+        """The job of a command's parsed sharding flags (`add_sharding_flags`: --output, --work_dir, --unit_lines,
+        --num_shards, --shard_index, --keep_work_dir, --allow_changed) over an input of `lines` lines."""
+        return cls(
+            command=command,
+            output=args.output,
+            work_dir=work_dir_of(args),
+            lines=lines,
+            unit_lines=unit_lines_of(args),
+            num_shards=args.num_shards,
+            shard_index=args.shard_index,
+            header=header,
+            keep_work_dir=args.keep_work_dir,
+            allow_changed=args.allow_changed,
+        )
+
     @property
     def units(self) -> int:
         return -(-self.lines // self.unit_lines)

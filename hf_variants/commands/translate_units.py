@@ -30,21 +30,6 @@ logger = logging.getLogger("hf_variants.translate")
 PROG = "hf-variants-translate"
 
 
-def make_job(args: argparse.Namespace, plan: Plan) -> sharding.Job:
-    return sharding.Job(
-        command=PROG,
-        output=args.output,
-        work_dir=sharding.work_dir_of(args),
-        lines=plan.lines,
-        unit_lines=sharding.unit_lines_of(args),
-        num_shards=args.num_shards,
-        shard_index=args.shard_index,
-        header=plan.header,
-        keep_work_dir=args.keep_work_dir,
-        allow_changed=args.allow_changed,
-    )
-
-
 def job_manifest(args: argparse.Namespace, plan: Plan) -> dict:
     """What the job is (compared at every rerun): the input and the files aligned with it or applied to it (prefixes,
     constraints, the glossary, annotations), the model's files and engine, the output format, the languages and
@@ -178,7 +163,7 @@ def unit_worker(args: argparse.Namespace, plan: Plan, job: sharding.Job, launch:
 def run_job(args: argparse.Namespace, plan: Plan) -> dict | None:
     """The sharded run (see `sharding`): returns the summary in the process that merges, else None."""
     launch = sharding.join_launch()
-    job = make_job(args, plan)
+    job = sharding.Job.from_args(args, PROG, plan.lines, header=plan.header)
     start = time.time()
     state = sharding.drive(
         job,
@@ -218,4 +203,4 @@ def finish(args: argparse.Namespace, plan: Plan, job: sharding.Job, launch, stat
     return report(args, plan, tally, scored, elapsed, extra)
 
 
-__all__ = ["job_manifest", "make_job", "run_job"]
+__all__ = ["job_manifest", "run_job"]
