@@ -21,6 +21,8 @@ or its metric, never by a sleep with a thin margin.
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import socket
 import time
@@ -129,6 +131,22 @@ def test_the_loaded_model_is_frozen_out_of_the_garbage_collectors_scans_before_r
     assert int(messages[frozen].split()[0]) > 10_000  # torch, transformers and the model: far more than this
 
 
+def test_a_forked_process_makes_other_request_ids():
+    """The ids come from a generator seeded once: a process forked from the server (a manager preloading the app)
+    seeds its own again, else it would give its parent's next ids."""
+    from hf_variants.serve.access import new_request_id
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out without running anything of pytest's
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    assert re.fullmatch("[0-9a-f]{32}", child) and child != new_request_id()
+
+
 def test_request_ids_are_echoed_and_logged_as_json(ops, reference):
     response = httpx.post(
         f"{ops.url}/translate", json={"text": "A dog runs."}, headers={**auth(), "X-Request-ID": "client-id.42"}
@@ -144,7 +162,7 @@ def test_request_ids_are_echoed_and_logged_as_json(ops, reference):
     wait_for_access(ops, made.headers["x-request-id"])
     # the ids the server makes: 32 hex digits, a new one for every request
     made_ids = {httpx.get(f"{ops.url}/health/live").headers["x-request-id"] for _ in range(20)}
-    assert len(made_ids) == 20 and all(int(i, 16) >= 0 and len(i) == 32 for i in made_ids)
+    assert len(made_ids) == 20 and all(re.fullmatch("[0-9a-f]{32}", i) for i in made_ids)
     # every line the server wrote after setting up its logs is one JSON object
     lines = ops.log().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("{"))

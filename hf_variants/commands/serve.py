@@ -470,8 +470,9 @@ def freeze_loaded() -> None:
     """Once the model is loaded and warmed up: everything the process holds then lives as long as the server, so it
     leaves the garbage collector's reach (`gc.freeze`, after a last full collection), and a full collection scans
     only what requests make. With the model's objects in it, one full collection took 212-225 ms (the small
-    baseline, ONNX Runtime int8), holding back every request and batch in flight: the 8-client p99 of
-    `benchmarks/bench_serve.py` was that pause (255-415 ms where the median was 60 ms; 125-160 ms frozen)."""
+    baseline, ONNX Runtime int8), holding back every request and batch in flight: in `benchmarks/bench_serve.py`'s
+    first 8-client run after a 1-client run, the p99 was that pause (255-415 ms where the median was 60 ms; 125-160
+    ms frozen)."""
     import gc
 
     gc.collect()

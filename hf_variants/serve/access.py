@@ -58,7 +58,10 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # format) from a generator seeded once from the system's entropy. uuid4() reads os.urandom per call, a system call
 # after which the event loop waits for the GIL behind the engine threads (a fifth of the event loop thread's
 # samples at 64 clients on one core, py-spy). The ids need to be unique, not secret.
+# A process forked from this one (a server manager preloading the app) seeds its own generator again, so that no
+# two processes give the same ids.
 _REQUEST_IDS = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _REQUEST_IDS.seed(os.urandom(32)))
 
 
 def new_request_id() -> str:
