@@ -50,7 +50,7 @@ from hf_variants.inference import (  # noqa: E402
     normalize_constraints,
     parse_constraints,
 )
-from hf_variants.inference.constrained import word_continuations  # noqa: E402
+from hf_variants.inference.constrained import DecoderSteps, word_continuations  # noqa: E402
 from hf_variants.inference.constraints import ConstraintTracker  # noqa: E402
 from hf_variants.training.evaluation import term_accuracy  # noqa: E402
 
@@ -439,6 +439,53 @@ def test_onnx_runtime_fp32_equals_torch_with_constraints(onnx_pair):
         assert [h.score for h in b.hypotheses] == pytest.approx([h.score for h in a.hypotheses], abs=1e-4)
         assert [h.log_prob for h in b.hypotheses] == pytest.approx([h.log_prob for h in a.hypotheses], abs=1e-4)
     assert sum(bool(r.constraints_met) for r in got) == 7
+
+
+class CountingSteps(DecoderSteps):
+    """An engine's step interface that records the rows of every decoding step."""
+
+    def __init__(self, inner: DecoderSteps):
+        self.inner, self.rows = inner, []
+
+    def start(self, inputs, beams, max_new_tokens):
+        self.inner.start(inputs, beams, max_new_tokens)
+
+    def logits(self, sequences):
+        self.rows.append(sequences.shape[0])
+        return self.inner.logits(sequences)
+
+    def reorder(self, rows):
+        self.inner.reorder(rows)
+
+    def keep(self, sentences):
+        self.inner.keep(sentences)
+
+    def scope(self):
+        return self.inner.scope()
+
+
+def test_done_sentences_leave_the_rows_and_change_no_hypothesis(onnx_pair, monkeypatch):
+    """On torch and ONNX Runtime (the shared-cache buffers of the baseline and MIMO, MUTE's concatenated cache): a
+    sentence that is done is not decoded further (the batch's rows shrink as its sentences finish), and each
+    sentence's hypotheses and scores are those it gets alone."""
+    requests = typed_requests(onnx_pair[2], count=8)
+    options = DecodeOptions(num_beams=4, nbest=2, scores=True, **RULE)
+    for translator in onnx_pair[:2]:
+        searches: list[CountingSteps] = []
+
+        def counting(original=translator.engine.decoder_steps, searches=searches):
+            searches.append(CountingSteps(original()))
+            return searches[-1]
+
+        monkeypatch.setattr(translator.engine, "decoder_steps", counting)
+        together = translator.translate(requests, options, batch_size=8)
+        rows = searches[0].rows
+        assert len(searches) == 1 and rows[0] == 8 * 4, rows
+        assert rows == sorted(rows, reverse=True) and rows[-1] < rows[0], rows
+        for request, result in zip(requests, together):
+            alone = translator.translate([request], options)[0]
+            assert [h.token_ids for h in result.hypotheses] == [h.token_ids for h in alone.hypotheses]
+            assert [h.score for h in result.hypotheses] == pytest.approx([h.score for h in alone.hypotheses], abs=1e-5)
 
 
 # -------------------------------------------------------------------------------------------------- glossaries

@@ -5,13 +5,15 @@ the banked form of Hu et al. 2019 (fairseq's `--constraints`).
     found = constrained_beam_search(steps, inputs, settings, trackers)
     # per sentence, settings.nbest `Found(token_ids, score, met)`, best first
 
-The search (`constrained_beam_search`) drives a small step interface (`DecoderSteps`): `start` encodes the batch
-once and prepares beams x sentences rows with an empty cache, `logits` runs one decoder step over the cache, and
-`reorder` makes row r continue the hypothesis of row rows[r]. `TorchSteps` runs the PyTorch model's `forward` with
-transformers' cache classes (the model's own `_reorder_cache`: its self-attention cache; the cross-attention keys
-of a sentence are the same in all its rows); `OrtSteps` runs `OrtModelForSeq2SeqLM.forward` on the exported step
-graph (the shared-cache graph's buffers and cache indirection where the folder has it, else the concatenated
-cache). Everything else is this module's, so ONNX Runtime fp32 and torch give the same hypotheses and scores.
+The search (`constrained_beam_search`) drives a small step interface (`DecoderSteps`): `start` encodes the batch once
+and prepares beams x sentences rows with an empty cache, `logits` runs one decoder step over the cache, `reorder` makes
+row r continue the hypothesis of row rows[r], and `keep` drops the rows of the sentences that are done (as ONNX
+Runtime's bound beam search drops finished sentences: a done sentence costs no more steps). `TorchSteps` runs the
+PyTorch model's `forward` with transformers' cache classes (the model's own `_reorder_cache`: its self-attention cache;
+the cross-attention keys of a sentence are the same in all its rows); `OrtSteps` runs `OrtModelForSeq2SeqLM.forward` on
+the exported step graph (the shared-cache graph's buffers and cache indirection where the folder has it, else the
+concatenated cache). Everything else is this module's, so ONNX Runtime fp32 and torch give the same hypotheses and
+scores.
 
 One step, per sentence (rows = sentences x `beams`, a sentence's beams adjacent):
 1. log-softmax of the logits, then the rules of the model's generation config and the call (`SearchSettings`:
@@ -31,8 +33,9 @@ One step, per sentence (rows = sentences x `beams`, a sentence's beams adjacent)
 
 A sentence is done at its limit, or when it has `beams` finished hypotheses that meet every constraint and its
 best running hypothesis cannot beat the worst of them (transformers' `early_stopping=False` test: its score
-normalized by the current length). Its hypotheses are its finished ones ranked by the number of constraints met,
-then by score: every constraint appears when the search could place it within the limit; otherwise the best
+normalized by the current length); its rows then leave the batch. Its hypotheses are its finished ones ranked by
+the number of constraints met, then by score (where fewer than `nbest` ended, its running ones when it was done
+join them): every constraint appears when the search could place it within the limit; otherwise the best
 hypothesis that meets the most is returned, and `Found.met` says which constraints it holds. A sentence's search
 reads only its own rows, so a translation does not depend on its batch.
 """
@@ -194,6 +197,11 @@ class DecoderSteps(ABC):
     def reorder(self, rows: torch.Tensor) -> None:
         """Row r continues the hypothesis of row rows[r] (a row of the same sentence)."""
 
+    @abstractmethod
+    def keep(self, sentences: list[int]) -> None:
+        """After `reorder`: only the rows of `sentences` (positions among the sentences decoded so far, increasing;
+        each its beams' rows) go on, in that order."""
+
     def scope(self):
         """The context of one search (the torch model's `generation_scope`)."""
         return contextlib.nullcontext()
@@ -201,6 +209,17 @@ class DecoderSteps(ABC):
 
 def _expanded(value, beams: int):
     return value.repeat_interleave(beams, dim=0) if isinstance(value, torch.Tensor) and value.dim() > 0 else value
+
+
+def _kept_rows(sentences: list[int], beams: int) -> torch.Tensor:
+    return (torch.tensor(sentences, dtype=torch.long)[:, None] * beams + torch.arange(beams)).reshape(-1)
+
+
+def _selected(value, rows: torch.Tensor, count: int):
+    """`value`'s rows `rows` where it has a row per decoded row (`count`), else `value` itself."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == count:
+        return value.index_select(0, rows)
+    return value
 
 
 class TorchSteps(DecoderSteps):
@@ -223,7 +242,7 @@ class TorchSteps(DecoderSteps):
             )
         for key, value in list(encoded.items()):
             encoded[key] = _expanded(value, beams)
-        self.encoder_outputs = encoded
+        self.encoder_outputs, self.beams = encoded, beams
         self.kwargs = {"attention_mask": _expanded(inputs["attention_mask"], beams)}
         self.kwargs.update({k: _expanded(v, beams) for k, v in extra.items()})
         self.cache = None
@@ -248,6 +267,15 @@ class TorchSteps(DecoderSteps):
             else:
                 self.cache.reorder_cache(rows)
 
+    def keep(self, sentences: list[int]) -> None:
+        count = self.kwargs["attention_mask"].shape[0]
+        rows = _kept_rows(sentences, self.beams)
+        with torch.inference_mode():
+            for key, value in list(self.encoder_outputs.items()):
+                self.encoder_outputs[key] = _selected(value, rows, count)
+            self.kwargs = {k: _selected(v, rows, count) for k, v in self.kwargs.items()}
+            self.cache.batch_select_indices(rows)  # self- and cross-attention layers alike
+
 
 class OrtSteps(DecoderSteps):
     """An `OrtModelForSeq2SeqLM`: the source graph once, then `forward` one step at a time on its step graph."""
@@ -268,7 +296,7 @@ class OrtSteps(DecoderSteps):
         )
         for key, value in list(encoded.items()):
             encoded[key] = _expanded(value, beams)
-        self.encoder_outputs = encoded
+        self.encoder_outputs, self.beams = encoded, beams
         self.mask = _expanded(inputs["attention_mask"], beams)
         self.lang = _expanded(lang, beams) if lang is not None else None
         rows = inputs["input_ids"].shape[0] * beams
@@ -289,15 +317,29 @@ class OrtSteps(DecoderSteps):
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows)
 
+    def keep(self, sentences: list[int]) -> None:
+        count, rows = self.mask.shape[0], _kept_rows(sentences, self.beams)
+        for key, value in list(self.encoder_outputs.items()):  # in place: the model's own output type
+            self.encoder_outputs[key] = _selected(value, rows, count)
+        self.mask, self.lang = _selected(self.mask, rows, count), _selected(self.lang, rows, count)
+        if hasattr(self.cache, "keep"):  # `OrtSharedCache`: the filled positions moved to the buffers' first rows
+            self.cache.keep(sentences)
+        else:  # the step graph's concatenated cache (`OrtCache`)
+            self.cache.reorder_cache(rows)
+
 
 # -------------------------------------------------------------------------------------------------- the search
 class _Search:
-    """The state of one constrained beam search over a batch (see the module docstring)."""
+    """The state of one constrained beam search over a batch (see the module docstring). The rows are those of the
+    sentences still decoded, `ids` (indices into the batch, increasing), `beams` rows each; a sentence that is done
+    leaves them (`compact`); what is per sentence (trackers, limits, prefixes, finished hypotheses) stays indexed by
+    the batch."""
 
     def __init__(self, settings: SearchSettings, trackers: Sequence[ConstraintTracker]):
         self.settings, self.trackers = settings, list(trackers)
         count, beams = len(self.trackers), settings.beams
         self.sentences, self.beams, self.t = count, beams, 0
+        self.ids = list(range(count))
         self.prefixes = settings.prefixes or [[] for _ in range(count)]
         self.sequences = torch.full((count * beams, 1), settings.start, dtype=torch.long)
         self.scores = torch.full((count * beams,), NEG_INF)
@@ -320,12 +362,13 @@ class _Search:
             _force(logp, list(range(logp.shape[0])), [settings.forced_first] * logp.shape[0])
         if t < settings.eos_from:
             logp[:, eos] = NEG_INF
-        ending = [s for s in range(self.sentences) if settings.force_eos and settings.limits[s] <= t + 1]
-        ending_rows = [s * beams + b for s in ending for b in range(beams)]
+        ids = self.ids
+        ending = [g for g, s in enumerate(ids) if settings.force_eos and settings.limits[s] <= t + 1]
+        ending_rows = [g * beams + b for g in ending for b in range(beams)]
         unmet = [
             r
             for r, state in enumerate(self.states)
-            if not self.trackers[r // beams].all_met(state) and settings.limits[r // beams] > t + 1
+            if not self.trackers[ids[r // beams]].all_met(state) and settings.limits[ids[r // beams]] > t + 1
         ]
         if unmet:
             logp[unmet, eos] = NEG_INF
@@ -333,9 +376,10 @@ class _Search:
         if completed and settings.word_continuations:
             logp[torch.tensor(completed)[:, None], torch.tensor(settings.word_continuations)[None, :]] = NEG_INF
         forced_rows, forced_tokens = [], []
-        for s, prefix in enumerate(self.prefixes):
+        for g, s in enumerate(ids):
+            prefix = self.prefixes[s]
             if t < len(prefix):
-                forced_rows += range(s * beams, (s + 1) * beams)
+                forced_rows += range(g * beams, (g + 1) * beams)
                 forced_tokens += [prefix[t]] * beams
         if forced_rows:
             _force(logp, forced_rows, forced_tokens)
@@ -344,19 +388,18 @@ class _Search:
         return logp
 
     def _candidates(self, total: torch.Tensor) -> list[dict]:
-        """Step 2: per sentence {(beam, token): score} with a finite score."""
-        beams, vocab = self.beams, total.shape[1]
-        flat = total.view(self.sentences, beams * vocab)
+        """Step 2: per decoded sentence (`ids`) {(beam, token): score} with a finite score."""
+        beams, vocab, ids = self.beams, total.shape[1], self.ids
+        flat = total.view(len(ids), beams * vocab)
         top_values, top_index = flat.topk(min(2 * beams, beams * vocab), dim=1)
         best_values, best_tokens = total.max(dim=1)
         rows, tokens = [], []
         for r, state in enumerate(self.states):
-            if not self.done[r // beams]:
-                for token in self.trackers[r // beams].next_tokens(state):
-                    rows.append(r)
-                    tokens.append(token)
+            for token in self.trackers[ids[r // beams]].next_tokens(state):
+                rows.append(r)
+                tokens.append(token)
         extra = total[rows, tokens].tolist() if rows else []
-        found: list[dict] = [{} for _ in range(self.sentences)]
+        found: list[dict] = [{} for _ in ids]
         for s, (values, index) in enumerate(zip(top_values.tolist(), top_index.tolist())):
             for value, i in zip(values, index):
                 found[s][(i // vocab, i % vocab)] = value
@@ -367,16 +410,17 @@ class _Search:
         return [{key: v for key, v in c.items() if v > NEG_INF} for c in found]
 
     # ------------------------------------------------------------------------------------------- allocation
-    def _select(self, s: int, candidates: dict) -> list[tuple]:
-        """Steps 3 and 4 for sentence `s`: the finished candidates recorded, the `beams` running ones returned as
-        (beam, token, score, state, whether the token completed a constraint), padded with dead rows (score
-        -inf)."""
+    def _select(self, g: int, candidates: dict) -> list[tuple]:
+        """Steps 3 and 4 for the `g`-th decoded sentence: the finished candidates recorded, the `beams` running ones
+        returned as (beam, token, score, state, whether the token completed a constraint), padded with dead rows
+        (score -inf)."""
+        s = self.ids[g]
         tracker, beams, t, eos = self.trackers[s], self.beams, self.t, self.settings.eos
         ordered = sorted(candidates.items(), key=lambda item: (-item[1], item[0]))
         per_bank: dict[int, int] = {}
         ranked = []
         for position, ((beam, token), score) in enumerate(ordered):
-            state = tracker.advance(self.states[s * beams + beam], token)
+            state = tracker.advance(self.states[g * beams + beam], token)
             bank = tracker.bank(state)
             rank = per_bank.get(bank, 0)
             per_bank[bank] = rank + 1
@@ -387,9 +431,9 @@ class _Search:
         for position, (*_, beam, token, score, state) in enumerate(ranked):
             if at_limit or token == eos:
                 if position < beams:
-                    self._finish(s, beam, token, score, state)
+                    self._finish(g, beam, token, score, state)
             elif len(running) < beams:
-                completed = state[0] != self.states[s * beams + beam][0]
+                completed = state[0] != self.states[g * beams + beam][0]
                 running.append((beam, token, score, state, completed))
             if len(running) == beams and position >= beams - 1:
                 break
@@ -397,8 +441,9 @@ class _Search:
             running.append((0, eos, NEG_INF, tracker.start, False))
         return running
 
-    def _finish(self, s: int, beam: int, token: int, score: float, state) -> None:
-        ids = self.sequences[s * self.beams + beam, 1:].tolist() + [token]
+    def _finish(self, g: int, beam: int, token: int, score: float, state) -> None:
+        s = self.ids[g]
+        ids = self.sequences[g * self.beams + beam, 1:].tolist() + [token]
         normalized = score / ((self.t + 1) ** self.settings.length_penalty)
         self.finished[s].append((self.trackers[s].met_count(state), normalized, ids, state))
 
@@ -418,16 +463,13 @@ class _Search:
         """One step from the logits of every row: returns the rows the next step continues (for `reorder`)."""
         total = self.scores[:, None] + self._log_probs(logits)
         candidates = self._candidates(total)
-        beams, eos = self.beams, self.settings.eos
+        beams = self.beams
         rows, tokens, scores, states, completed = [], [], [], [], []
-        for s in range(self.sentences):
-            if self.done[s]:
-                running = [(b, eos, NEG_INF, self.states[s * beams + b], False) for b in range(beams)]
-            else:
-                running = self._select(s, candidates[s])
-                self.done[s] = self._is_done(s, running)
+        for g, s in enumerate(self.ids):  # none of them done yet (`compact` drops those that are)
+            running = self._select(g, candidates[g])
+            self.done[s] = self._is_done(s, running)
             for beam, token, score, state, ended_form in running:
-                rows.append(s * beams + beam)
+                rows.append(g * beams + beam)
                 tokens.append(token)
                 scores.append(score)
                 states.append(state)
@@ -439,17 +481,43 @@ class _Search:
         self.t += 1
         return index
 
+    def compact(self) -> list[int] | None:
+        """After a step: the sentences that are done leave the rows (each keeps, where fewer than `nbest` of its
+        hypotheses ended, its last running ones: `_keep_running`); returns the positions among the decoded sentences
+        of those that go on, or None when they all do."""
+        kept = [g for g, s in enumerate(self.ids) if not self.done[s]]
+        if len(kept) == len(self.ids):
+            return None
+        for g, s in enumerate(self.ids):
+            if self.done[s]:
+                self._keep_running(g)
+        rows = _kept_rows(kept, self.beams)
+        self.sequences, self.scores = self.sequences[rows], self.scores[rows]
+        self.states = [self.states[r] for r in rows.tolist()]
+        self.completed = [self.completed[r] for r in rows.tolist()]
+        self.ids = [self.ids[g] for g in kept]
+        return kept
+
+    def _keep_running(self, g: int) -> None:
+        """For the `g`-th decoded sentence with fewer than `nbest` hypotheses ended (every row excluded), its running
+        ones as they are now become its hypotheses."""
+        s = self.ids[g]
+        finished, tracker = self.finished[s], self.trackers[s]
+        if len(finished) >= self.settings.nbest:
+            return
+        for b in range(self.beams):
+            r = g * self.beams + b
+            normalized = float(self.scores[r]) / max(1, self.t) ** self.settings.length_penalty
+            ids = self.sequences[r, 1:].tolist()
+            finished.append((tracker.met_count(self.states[r]), normalized, ids, self.states[r]))
+
     def results(self) -> list[list[Found]]:
         """Per sentence its `nbest` hypotheses: the most constraints met first, then the best score."""
+        for g in range(len(self.ids)):  # the sentences still in the rows
+            self._keep_running(g)
         out = []
         for s, finished in enumerate(self.finished):
             tracker = self.trackers[s]
-            if len(finished) < self.settings.nbest:  # none ended (every row excluded): the running ones
-                for b in range(self.beams):
-                    r = s * self.beams + b
-                    normalized = float(self.scores[r]) / max(1, self.t) ** self.settings.length_penalty
-                    ids = self.sequences[r, 1:].tolist()
-                    finished.append((tracker.met_count(self.states[r]), normalized, ids, self.states[r]))
             ranked = sorted(finished, key=lambda f: (-f[0], -f[1]))[: self.settings.nbest]
             out.append([Found(ids, score, tracker.met(state)) for _, score, ids, state in ranked])
         return out
@@ -487,4 +555,7 @@ def constrained_beam_search(
             if all(search.done):
                 break
             steps.reorder(rows)
+            kept = search.compact()
+            if kept is not None:
+                steps.keep(kept)
     return search.results()
