@@ -31,13 +31,13 @@ One step, per sentence (rows = sentences x `beams`, a sentence's beams adjacent)
    sentence's finished hypotheses with the score log-probability / length ** length_penalty (transformers'
    `sequences_scores`), and the first `beams` that do not end run on.
 
-A sentence is done at its limit, or when it has `beams` finished hypotheses that meet every constraint and its
-best running hypothesis cannot beat the worst of them (transformers' `early_stopping=False` test: its score
-normalized by the current length); its rows then leave the batch. Its hypotheses are its finished ones ranked by
-the number of constraints met, then by score (where fewer than `nbest` ended, its running ones when it was done
-join them): every constraint appears when the search could place it within the limit; otherwise the best
-hypothesis that meets the most is returned, and `Found.met` says which constraints it holds. A sentence's search
-reads only its own rows, so a translation does not depend on its batch.
+A sentence is done at its limit, or when it has `beams` finished hypotheses that meet every constraint and its best
+running hypothesis cannot beat the worst of them (transformers' `early_stopping=False` test: its score normalized
+by the current length); its rows leave the batch once `DROP_SHARE` of the batch's sentences are done. Its
+hypotheses are its finished ones ranked by the number of constraints met, then by score (where fewer than `nbest`
+ended, its running ones when it was done join them): every constraint appears when the search could place it within
+the limit; otherwise the best hypothesis that meets the most is returned, and `Found.met` says which constraints it
+holds. A sentence's search reads only its own rows, so a translation does not depend on its batch.
 """
 
 from __future__ import annotations
@@ -65,6 +65,10 @@ __all__ = [
 ]
 
 NEG_INF = float("-inf")
+# the share of the decoded sentences that must be done before their rows leave the batch (`_Search.compact`): the
+# threshold of ONNX Runtime's bound search (`hf_variants.onnx.bound.DROP_SHARE`), where a drop moves the rows that go
+# on to the front of the cache's buffers and binds the graph again
+DROP_SHARE = 0.125
 
 
 @dataclass
@@ -331,9 +335,9 @@ class OrtSteps(DecoderSteps):
 # -------------------------------------------------------------------------------------------------- the search
 class _Search:
     """The state of one constrained beam search over a batch (see the module docstring). The rows are those of the
-    sentences still decoded, `ids` (indices into the batch, increasing), `beams` rows each; a sentence that is done
-    leaves them (`compact`); what is per sentence (trackers, limits, prefixes, finished hypotheses) stays indexed by
-    the batch."""
+    sentences still decoded, `ids` (indices into the batch, increasing), `beams` rows each; the sentences that are
+    done leave them together (`compact`); what is per sentence (trackers, limits, prefixes, finished hypotheses)
+    stays indexed by the batch."""
 
     def __init__(self, settings: SearchSettings, trackers: Sequence[ConstraintTracker]):
         self.settings, self.trackers = settings, list(trackers)
@@ -395,9 +399,10 @@ class _Search:
         best_values, best_tokens = total.max(dim=1)
         rows, tokens = [], []
         for r, state in enumerate(self.states):
-            for token in self.trackers[ids[r // beams]].next_tokens(state):
-                rows.append(r)
-                tokens.append(token)
+            if not self.done[ids[r // beams]]:
+                for token in self.trackers[ids[r // beams]].next_tokens(state):
+                    rows.append(r)
+                    tokens.append(token)
         extra = total[rows, tokens].tolist() if rows else []
         found: list[dict] = [{} for _ in ids]
         for s, (values, index) in enumerate(zip(top_values.tolist(), top_index.tolist())):
@@ -463,11 +468,16 @@ class _Search:
         """One step from the logits of every row: returns the rows the next step continues (for `reorder`)."""
         total = self.scores[:, None] + self._log_probs(logits)
         candidates = self._candidates(total)
-        beams = self.beams
-        rows, tokens, scores, states, completed = [], [], [], [], []
-        for g, s in enumerate(self.ids):  # none of them done yet (`compact` drops those that are)
-            running = self._select(g, candidates[g])
-            self.done[s] = self._is_done(s, running)
+        beams, eos = self.beams, self.settings.eos
+        rows, tokens, scores, states, completed, now_done = [], [], [], [], [], []
+        for g, s in enumerate(self.ids):
+            if self.done[s]:  # done, its rows not dropped yet (`compact`): padding rows
+                running = [(b, eos, NEG_INF, self.states[g * beams + b], False) for b in range(beams)]
+            else:
+                running = self._select(g, candidates[g])
+                self.done[s] = self._is_done(s, running)
+                if self.done[s]:
+                    now_done.append(g)
             for beam, token, score, state, ended_form in running:
                 rows.append(g * beams + beam)
                 tokens.append(token)
@@ -479,18 +489,17 @@ class _Search:
         self.scores = torch.tensor(scores, dtype=torch.float32)
         self.states, self.completed = states, completed
         self.t += 1
+        for g in now_done:
+            self._keep_running(g)
         return index
 
     def compact(self) -> list[int] | None:
-        """After a step: the sentences that are done leave the rows (each keeps, where fewer than `nbest` of its
-        hypotheses ended, its last running ones: `_keep_running`); returns the positions among the decoded sentences
-        of those that go on, or None when they all do."""
+        """After a step: once at least `DROP_SHARE` of the decoded sentences are done, they leave the rows; returns
+        the positions among the decoded sentences of those that go on, or None (nothing dropped)."""
         kept = [g for g, s in enumerate(self.ids) if not self.done[s]]
-        if len(kept) == len(self.ids):
+        done = len(self.ids) - len(kept)
+        if done == 0 or done < DROP_SHARE * len(self.ids):
             return None
-        for g, s in enumerate(self.ids):
-            if self.done[s]:
-                self._keep_running(g)
         rows = _kept_rows(kept, self.beams)
         self.sequences, self.scores = self.sequences[rows], self.scores[rows]
         self.states = [self.states[r] for r in rows.tolist()]
@@ -499,8 +508,8 @@ class _Search:
         return kept
 
     def _keep_running(self, g: int) -> None:
-        """For the `g`-th decoded sentence with fewer than `nbest` hypotheses ended (every row excluded), its running
-        ones as they are now become its hypotheses."""
+        """When the `g`-th decoded sentence is done with fewer than `nbest` hypotheses ended (every row excluded):
+        its running ones as they are now become its hypotheses."""
         s = self.ids[g]
         finished, tracker = self.finished[s], self.trackers[s]
         if len(finished) >= self.settings.nbest:
@@ -513,8 +522,6 @@ class _Search:
 
     def results(self) -> list[list[Found]]:
         """Per sentence its `nbest` hypotheses: the most constraints met first, then the best score."""
-        for g in range(len(self.ids)):  # the sentences still in the rows
-            self._keep_running(g)
         out = []
         for s, finished in enumerate(self.finished):
             tracker = self.trackers[s]
