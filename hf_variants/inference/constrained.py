@@ -342,7 +342,7 @@ class _Search:
     def __init__(self, settings: SearchSettings, trackers: Sequence[ConstraintTracker]):
         self.settings, self.trackers = settings, list(trackers)
         count, beams = len(self.trackers), settings.beams
-        self.sentences, self.beams, self.t = count, beams, 0
+        self.beams, self.t = beams, 0
         self.ids = list(range(count))
         self.prefixes = settings.prefixes or [[] for _ in range(count)]
         self.sequences = torch.full((count * beams, 1), settings.start, dtype=torch.long)
