@@ -3,12 +3,14 @@
 depend on its batch) against per tensor (quantize_dynamic's scheme, what every int8 export had before), side by side
 in one run, on the same int8 weights: decoding speed, BLEU, and how many sentences change with the batch.
 
-One export of the model (`python -m hf_variants.export_onnx --int8`: per-row activations), and a copy whose int8
-graphs are quantized again from the same fp32 graphs with `activations="per_tensor"`. Engines, each in a process of
-its own (`timing.EngineProcesses`), `--threads` intra-op threads (1 by default): `per_tensor` and `per_row` (the int8
-graphs, `OrtModelForSeq2SeqLM.generate`: greedy and beam search bound on the shared-cache graph), and with `--fp32`
-the fp32 graphs. Calls are interleaved over the engines (A, B, A, B, ...) after one warm-up each, the median of
-`--reps` kept (`--clock`: wall by default).
+One export of the model (`python -m hf_variants.export_onnx --int8`: per-row activations), a copy whose int8
+graphs are quantized again from the same fp32 graphs with `activations="per_tensor"`, and an export with
+`--int8_activations calibrated` (fixed scales from translating the first `--calibration_sentences` of
+`--calibration_data`, by default Multi30k's training sources: not the test set). Engines, each in a process of its own
+(`timing.EngineProcesses`), `--threads` intra-op threads (1 by default): `per_tensor`, `per_row` and `calibrated` (the
+int8 graphs, `OrtModelForSeq2SeqLM.generate`: greedy and beam search bound on the shared-cache graph; `--schemes`
+picks), and with `--fp32` the fp32 graphs. Calls are interleaved over the engines (A, B, A, B, ...) after one warm-up
+each, the median of `--reps` kept (`--clock`: wall by default).
 
 - fixed: bench_inference's batch (`--batch` 32 random sources of up to `--src_len` 15 tokens, padded rows), exactly
   `--new_tokens` 20 new tokens per sentence, greedy and beam 4 (length penalty 0.6): tokens/s;
@@ -18,8 +20,9 @@ the fp32 graphs. Calls are interleaved over the engines (A, B, A, B, ...) after 
 - batch: the first `--batch_sentences` sentences in their file order, translated at batch size 1 and at `--batch`,
   greedy and beam 4: how many translations differ (per row: 0 expected; per tensor: the defect it fixes).
 
-Prints per mode the rates and `per_row / per_tensor` (> 1: per row faster); writes `--output`.json/.md. The goal it
-checks: per row within 5% of per tensor greedy and beam 4 at 1 thread, BLEU within 0.2. Run it on a quiet machine
+Prints per mode the rates and each scheme over `per_tensor` (> 1: faster); writes `--output`.json/.md. The goal it
+checks: batch-independent int8 (per row or calibrated) within 5% of per tensor greedy and beam 4 at 1 thread, BLEU
+within 0.2. Run it on a quiet machine
 with a trained model (speed numbers from a busy one are worthless; BLEU of a random model means nothing):
 
     python benchmarks/bench_ort_int8_activations.py --model runs/transformer_nmt-en-de-small/model --reps 5
@@ -48,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from timing import CLOCKS, EngineProcesses, cpu_model, generation_settings, random_batch, write_result  # noqa: E402
 
 DATA_DIR = ROOT / "training" / "data" / "multi30k"
-SCHEMES = ("per_tensor", "per_row")
+SCHEMES = ("per_tensor", "per_row", "calibrated")
 MODES = ("fixed", "real", "batch")
 
 
@@ -75,8 +78,8 @@ def per_tensor_copy(folder: Path, target: Path) -> Path:
 
 
 def prepare(args, workdir: Path) -> dict[str, Path]:
-    """The model folder (`--model`, or a random one of `--random_preset`) exported, and its per-tensor copy: engine
-    name -> (folder, precision)."""
+    """The model folder (`--model`, or a random one of `--random_preset`) exported, its per-tensor copy and its
+    calibrated export, those of `--schemes`: engine name -> (folder, precision)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_variants.onnx.export import export
@@ -91,6 +94,20 @@ def prepare(args, workdir: Path) -> dict[str, Path]:
     folder = export(model, tokenizer, workdir / "per_row", int8=True)
     print(f"exported to ONNX in {time.perf_counter() - started:.1f} s", flush=True)
     engines = {"per_tensor": (per_tensor_copy(folder, workdir / "per_tensor"), "int8"), "per_row": (folder, "int8")}
+    if "calibrated" in args.schemes:
+        from hf_variants.training.corpus import read_lines
+
+        sources = [line for line in read_lines(args.calibration_data) if line.strip()][: args.calibration_sentences]
+        calibrated = export(
+            model,
+            tokenizer,
+            workdir / "calibrated",
+            int8=True,
+            int8_activations="calibrated",
+            calibration_sources=sources,
+        )
+        engines["calibrated"] = (calibrated, "int8")
+    engines = {name: engine for name, engine in engines.items() if name in args.schemes}
     if args.fp32:
         engines["fp32"] = (folder, "fp32")
     return engines
@@ -202,19 +219,27 @@ def summarize(mode: str, row: dict, references: list[str]) -> dict:
 
 
 def report(key: str, rows: dict) -> None:
-    rate = next((k for k in ("tokens_per_s", "sentences_per_s") if k in rows["per_row"]), None)
+    rate = next((k for k in ("tokens_per_s", "sentences_per_s") for r in rows.values() if k in r), None)
     if rate is None:
         differ = (f"{n}: {r['differ_batch_1_vs_batched']} / {r['sentences']} differ" for n, r in rows.items())
         print(f"[{key}] batch size 1 against batched: " + " | ".join(differ), flush=True)
         return
     line = " | ".join(f"{n} {r[rate]}" + (f" (BLEU {r['bleu']})" if "bleu" in r else "") for n, r in rows.items())
-    ratio = rows["per_row"][rate] / rows["per_tensor"][rate]
-    print(f"[{key}] {rate}: {line} | per_row / per_tensor {ratio:.3f}x", flush=True)
+    over = "".join(f" | {name} / per_tensor {value:.3f}x" for name, value in _over_per_tensor(rows, rate).items())
+    print(f"[{key}] {rate}: {line}{over}", flush=True)
+
+
+def _over_per_tensor(rows: dict, rate: str) -> dict:
+    """Each scheme's rate over per tensor's (where both ran)."""
+    if "per_tensor" not in rows:
+        return {}
+    return {name: row[rate] / rows["per_tensor"][rate] for name, row in rows.items() if name != "per_tensor"}
 
 
 def markdown(results: dict, args) -> str:
     lines = [
-        f"`{args.model}`, ONNX Runtime int8, activations per row against per tensor (the same int8 weights), "
+        f"`{args.model}`, ONNX Runtime int8, activations {', '.join(args.schemes)} (the same int8 weights; "
+        f"calibrated on {args.calibration_sentences} sentences of {Path(args.calibration_data).name}), "
         f"{args.threads} thread(s), batches of {args.batch}, median of {args.reps} interleaved runs ({args.clock} "
         f"clock); {cpu_model()}, onnxruntime {__import__('onnxruntime').__version__}.",
         "",
@@ -232,14 +257,14 @@ def markdown(results: dict, args) -> str:
 
 
 def ratios(results: dict) -> dict:
-    """per_row / per_tensor speed (> 1: per row faster) and per_row - per_tensor BLEU, per mode and decoding."""
+    """Each scheme's speed over per tensor's (> 1: faster) and its BLEU minus per tensor's, per mode and decoding."""
     out = {}
     for key, rows in results.items():
-        rate = next((k for k in ("tokens_per_s", "sentences_per_s") if k in rows["per_row"]), None)
-        if rate:
-            out[f"{key} speed per_row/per_tensor"] = round(rows["per_row"][rate] / rows["per_tensor"][rate], 3)
-        if "bleu" in rows["per_row"]:
-            out[f"{key} BLEU per_row-per_tensor"] = round(rows["per_row"]["bleu"] - rows["per_tensor"]["bleu"], 2)
+        rate = next((k for k in ("tokens_per_s", "sentences_per_s") for r in rows.values() if k in r), None)
+        for name, value in (_over_per_tensor(rows, rate) if rate else {}).items():
+            out[f"{key} speed {name}/per_tensor"] = round(value, 3)
+            if "bleu" in rows[name]:
+                out[f"{key} BLEU {name}-per_tensor"] = round(rows[name]["bleu"] - rows["per_tensor"]["bleu"], 2)
     return out
 
 
@@ -261,6 +286,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     parser.add_argument("--fp32", action="store_true", help="also the fp32 graphs")
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES, help="int8 activation schemes")
+    parser.add_argument(
+        "--calibration_data", default=str(DATA_DIR / "train.en.gz"), help="calibrated: source sentences, one a line"
+    )
+    parser.add_argument("--calibration_sentences", type=int, default=1000, help="calibrated: the first N of them")
     parser.add_argument("--pause", type=float, default=0.5, help="seconds between two calls")
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "int8_activations"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one engine (see `worker`)

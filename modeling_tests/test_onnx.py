@@ -397,6 +397,134 @@ def baseline_export(tokenizer, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def calibrated_export(baseline_export, tokenizer, tmp_path_factory):
+    """The baseline saved and exported by the CLI with `--int8 --int8_activations calibrated`, calibrated on 64
+    training sentences of a gzip file (as a practitioner passes their validation set)."""
+    import gzip
+
+    model, _ = baseline_export
+    model_dir, folder = tmp_path_factory.mktemp("saved"), tmp_path_factory.mktemp("calibrated") / "onnx"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    data = model_dir / "calibration.en.gz"
+    with gzip.open(data, "wt", encoding="utf-8") as f:
+        f.write("\n".join(read_sentences("en", n=240, start=1000)) + "\n")
+    from hf_variants.commands.export_onnx import main
+
+    main(
+        [
+            *("--model", str(model_dir), "--output_dir", str(folder), "--int8", "--int8_activations", "calibrated"),
+            *("--calibration_data", str(data), "--calibration_sentences", "64"),
+        ]
+    )
+    return folder
+
+
+def test_calibrated_export(baseline_export, calibrated_export, tokenizer, caplog):
+    """`--int8_activations calibrated`: every int8 graph a translation runs has fixed scales for its symmetric
+    activations (no Abs left; the row maxima that remain are the Relu outputs'), the biases inside the MatMuls;
+    the manifest records the scheme, the sentences and the counts, the per-row graphs' scratch copies are gone; the
+    model loads saying so, and its step logits are as close to fp32 as the per-row export's."""
+    import onnx
+
+    model, per_row_folder = baseline_export
+    manifest = json.loads((calibrated_export / "onnx_manifest.json").read_text())
+    int8 = manifest["int8"]
+    assert int8["activations"] == "calibrated" and int8["calibration"]["sentences"] == 64
+    layers = model.config.encoder_layers + model.config.decoder_layers
+    files = ["encoder_model_int8.onnx", "decoder_model_int8.onnx", "decoder_model_shared_cache_int8.onnx"]
+    assert sorted(int8["calibrated"]) == sorted(files)
+    relus = 0
+    for name in files:
+        ops = [n.op_type for n in onnx.load(str(calibrated_export / name)).graph.node]
+        assert "Abs" not in ops and ops.count("ReduceMax") == ops.count("Relu"), name
+        assert int8["calibrated"][name]["activations"] == int8["per_row"][name]["activations"] - ops.count("Relu")
+        assert int8["calibrated"][name]["biases"] > 0
+        relus += ops.count("Relu") if name != "decoder_model_int8.onnx" else 0
+    assert relus == layers
+    assert not list(calibrated_export.parent.glob("calibration-*"))
+    with caplog.at_level("INFO", logger="hf_variants.onnx.modeling"):
+        calibrated = OrtModelForSeq2SeqLM.from_pretrained(calibrated_export, precision="int8")
+    assert calibrated.int8_activations == "calibrated" and "calibrated fixed scales" in caplog.text
+    fp32 = OrtModelForSeq2SeqLM.from_pretrained(per_row_folder)
+    per_row = OrtModelForSeq2SeqLM.from_pretrained(per_row_folder, precision="int8")
+    inputs = fp32.prepare_translation_inputs(tokenizer, SENTENCES)
+    start = torch.full((len(SENTENCES), 1), model.config.decoder_start_token_id)
+    models = {"fp32": fp32, "row": per_row, "cal": calibrated}
+    logits = {name: m(**inputs, decoder_input_ids=start).logits for name, m in models.items()}
+    errors = {k: ((logits[k] - logits["fp32"]).norm() / logits["fp32"].norm()).item() for k in ("row", "cal")}
+    assert errors["cal"] < 0.1 and errors["cal"] < 3 * errors["row"], errors
+
+
+def test_calibrated_export_of_a_multilingual_model(tokenizer, tmp_path):
+    """A model translating into several languages calibrates on its sentences translated into each target in turn
+    (every activation reached, for the language-dependent weights too), and its calibrated int8 graphs translate a
+    sentence the same alone and in a batch of mixed targets."""
+    builder, langs = BUILDERS["tied_nmt"]
+    model = builder(tokenizer)
+    folder = export(
+        model,
+        tokenizer,
+        tmp_path / "onnx",
+        int8=True,
+        int8_activations="calibrated",
+        calibration_sources=read_sentences("en", n=16, start=2000),
+        progress=False,
+    )
+    manifest = json.loads((folder / "onnx_manifest.json").read_text())
+    assert manifest["int8"]["activations"] == "calibrated" and manifest["int8"]["calibration"]["sentences"] == 16
+    ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    sentences = read_sentences("en", "val", n=12)
+
+    def translate(batch_size):
+        out = []
+        for start in range(0, len(sentences), batch_size):
+            picked = list(range(start, min(start + batch_size, len(sentences))))
+            inputs = ort8.prepare_translation_inputs(
+                tokenizer, [sentences[i] for i in picked], tgt_lang=[langs[i % len(langs)] for i in picked]
+            )
+            out += ort8.generate(**inputs, num_beams=1, max_new_tokens=12).tolist()
+        return [[t for t in row if t != model.config.pad_token_id] for row in out]
+
+    assert translate(1) == translate(12)
+
+
+def test_calibrated_export_refuses_what_it_cannot_use(baseline_export, tokenizer, tmp_path, capsys):
+    """The calibration flags are checked before the model loads, each error naming the flag or the file; the library
+    call refuses the scheme without sentences, and `quantize` refuses it alone (it needs a calibration run)."""
+    from hf_variants.commands.export_onnx import main
+
+    model, _ = baseline_export
+    model_dir = tmp_path / "saved"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    empty, binary = tmp_path / "empty.txt", tmp_path / "binary.txt"
+    empty.write_text("\n  \n")
+    binary.write_bytes(b"a sentence\n\xff\xfe\n")
+    base = ["--model", str(model_dir), "--output_dir", str(tmp_path / "out")]
+    cases = [
+        (["--int8_activations", "calibrated"], "add --int8"),
+        (["--int8", "--int8_activations", "calibrated"], "pass --calibration_data FILE"),
+        (["--int8", "--calibration_data", str(empty)], "--calibration_data: only with --int8 --int8_activations"),
+        (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(empty)], "has no sentence"),
+        (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(binary)], "line 2"),
+        (
+            ["--int8", "--int8_activations", "calibrated", "--calibration_data", str(tmp_path / "none.txt")],
+            "none.txt",
+        ),
+    ]
+    for flags, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, *flags])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, flags
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="pass calibration_sources"):
+        export(model, tokenizer, tmp_path / "lib", int8=True, int8_activations="calibrated", calibration_sources=[" "])
+    with pytest.raises(ValueError, match="calibration run"):
+        onnx_quantization.quantize(tmp_path / "x.onnx", tmp_path / "y.onnx", activations="calibrated")
+
+
+@pytest.fixture(scope="module")
 def unfused_export(baseline_export, tokenizer, tmp_path_factory):
     """The baseline saved and exported by the CLI with `--no_fuse_attention`, its int8 graphs with
     `--int8_activations per_tensor`."""
@@ -709,7 +837,7 @@ def test_unsupported_options_are_named(baseline_export, tokenizer, tmp_path):
         export(model, tokenizer, folder)
     with pytest.raises(ValueError, match=r"int8_weights='s4'.*\['s8_reduce_range', 'u8'\]"):
         export(model, tokenizer, tmp_path / "c", int8=True, int8_weights="s4")
-    with pytest.raises(ValueError, match=r"int8_activations='per_column'.*\['per_row', 'per_tensor'\]"):
+    with pytest.raises(ValueError, match=r"int8_activations='per_column'.*\['per_row', 'per_tensor', 'calibrated'\]"):
         export(model, tokenizer, tmp_path / "c", int8=True, int8_activations="per_column")
     with pytest.raises(ValueError, match=r"precision='fp16'.*\['fp32', 'int8'\]"):
         OrtModelForSeq2SeqLM.from_pretrained(folder, precision="fp16")
@@ -961,6 +1089,62 @@ def test_per_row_activations_make_rows_independent(tmp_path):
     assert not np.array_equal(batch, alone) and errors["per_tensor"].max() > 10 * errors["per_row"].max(), errors
 
 
+def test_calibrated_activations_take_fixed_scales_and_the_bias(tmp_path):
+    """`quantize_activations_calibrated` on a per-row graph: the symmetric activation takes the fixed scale max / 127
+    (its Abs, ReduceMax and row-scale Mul gone, QuantizeLinear per tensor) and its MatMul the bias of the Add after
+    it; the Relu's output stays per row. A row's output does not depend on its batch, is close to float32, and equals
+    per-tensor quantization at that scale; a value beyond the calibrated maximum saturates. A missing or unusable
+    maximum is refused by name."""
+    import onnx
+    import onnxruntime
+
+    rng = np.random.default_rng(1)
+    source, per_row = tmp_path / "g.onnx", tmp_path / "g_per_row.onnx"
+    reference = _two_layer_graph(source, rng)
+    onnx_quantization.quantize(source, per_row)
+    x = rng.standard_normal((4, 3, 16)).astype(np.float32)
+    model = onnx.load(str(per_row))
+    (name,) = onnx_quantization.row_maxima(model)  # the Relu's output is not symmetric: not calibrated
+    for bad in ({}, {name: 0.0}, {name: float("nan")}):
+        with pytest.raises(RuntimeError, match=re.escape(repr(name))):
+            onnx_quantization.quantize_activations_calibrated(onnx.load(str(per_row)), bad)
+    maximum = float(np.abs(x).max())
+    assert onnx_quantization.quantize_activations_calibrated(model, {name: maximum}) == {"activations": 1, "biases": 1}
+    onnx.checker.check_model(model)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Abs") == 0 and ops.count("ReduceMax") == 1 and ops.count("Add") == 1  # the Relu's, per row
+    (first,) = [n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat" and "calibrated" in n.input[2]]
+    assert first.input[6] == "b1" and first.output[0] == "h1"
+    scale = next(i for i in model.graph.initializer if i.name == first.input[2])
+    assert list(scale.dims) == [] and np.isclose(onnx.numpy_helper.to_array(scale), maximum / 127)
+    session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    batch = session.run(None, {"x": x})[0]
+    rows = [[x[b : b + 1, t : t + 1] for t in range(3)] for b in range(4)]
+    alone = np.array([[session.run(None, {"x": row})[0][0, 0] for row in batch_rows] for batch_rows in rows])
+    np.testing.assert_array_equal(batch, alone)
+    want = reference(x)
+    assert (np.linalg.norm(batch - want, axis=-1) / np.linalg.norm(want, axis=-1)).max() < 0.06
+    # the first MatMul's input, quantized per tensor at the fixed scale by hand, gives the same hidden layer
+    q = np.clip(np.round(x / np.float32(maximum / 127)) + 128, 0, 255) - 128
+    weights = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == first.input[1]))
+    w_scale = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == first.input[3]))
+    hidden = (q @ weights.astype(np.float32)) * np.float32(maximum / 127) * w_scale
+    probe = onnx.load(str(per_row))
+    onnx_quantization.quantize_activations_calibrated(probe, {name: maximum})
+    probe.graph.output.append(onnx.helper.make_tensor_value_info("h1", onnx.TensorProto.FLOAT, None))
+    got = onnxruntime.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        ["h1"], {"x": x}
+    )[0]
+    b1 = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "b1"))
+    np.testing.assert_allclose(got, hidden + b1, rtol=1e-5, atol=1e-4)
+    # beyond the calibrated range: saturates at the int8 limit instead of growing
+    big = np.zeros((1, 1, 16), np.float32)
+    big[..., 0] = 10 * maximum
+    twice = big.copy()
+    twice[..., 0] = 20 * maximum
+    np.testing.assert_array_equal(session.run(None, {"x": big})[0], session.run(None, {"x": twice})[0])
+
+
 def test_per_row_rewrite_refuses_an_unknown_pattern():
     """A DynamicQuantizeLinear whose scale feeds anything but the MatMul's output scale is refused by name, never
     left quantized per tensor."""
@@ -1001,11 +1185,13 @@ def _translate(model, tokenizer, sentences, batch_size, **generate_kwargs) -> li
     return out
 
 
-def test_int8_translation_does_not_depend_on_the_batch(baseline_export, tokenizer):
-    """ONNX Runtime int8 (activations per row) translates each of the 1,000 test sentences the same at batch sizes
-    1, 7 and 64 (neighbours, padded lengths and finished sentences leaving the batch all differ), greedy and beam 4,
-    as torch does (test_translation_core); the translations are varied. (Beam 4 at batch size 1: the first 200.)"""
-    _, folder = baseline_export
+@pytest.mark.parametrize("scheme", ["per_row", "calibrated"])
+def test_int8_translation_does_not_depend_on_the_batch(baseline_export, calibrated_export, tokenizer, scheme):
+    """ONNX Runtime int8 (activations per row, or with calibrated fixed scales) translates each of the 1,000 test
+    sentences the same at batch sizes 1, 7 and 64 (neighbours, padded lengths and finished sentences leaving the batch
+    all differ), greedy and beam 4, as torch does (test_translation_core); the translations are varied. (Beam 4 at
+    batch size 1: the first 200.)"""
+    folder = baseline_export[1] if scheme == "per_row" else calibrated_export
     ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
     sources = read_sentences("en", "test_2016_flickr", n=1000)
     for settings, alone in ((dict(num_beams=1), 1000), (dict(num_beams=4, length_penalty=0.6), 200)):
@@ -1368,7 +1554,7 @@ DAMAGED_MANIFESTS = {
     "shape": ("encoder.outputs.0.shape", {"a": 1}, "must be a list, got dict"),
     "no_shared_cache": ("shared_cache", None, "must be an object, got NoneType"),
     "step_inputs": ("step_inputs", "tgt_lang_ids", "must be a list of strings"),
-    "int8_activations": ("int8.activations", "per_column", "must be one of ['per_row', 'per_tensor']"),
+    "int8_activations": ("int8.activations", "per_column", "must be one of ['per_row', 'per_tensor', 'calibrated']"),
     "int8_not_object": ("int8", "per_row", "must be an object or null, got str"),
 }
 

@@ -36,8 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(INT8_ACTIVATIONS),
         default=DEFAULT_INT8_ACTIVATIONS,
         help="how the int8 graphs quantize activations: per_row (default: one scale per token, so a sentence gets "
-        "the same translation in any batch) or per_tensor (one scale per call over the whole batch, as onnxruntime's "
-        "quantize_dynamic: a sentence's translation can depend on its batch)",
+        "the same translation in any batch), calibrated (one fixed scale per activation, the largest value it took "
+        "translating --calibration_data; batch-independent too and faster, a Relu's output per row) or per_tensor "
+        "(one scale per call over the whole batch, as onnxruntime's quantize_dynamic: a sentence's translation can "
+        "depend on its batch)",
+    )
+    parser.add_argument(
+        "--calibration_data",
+        metavar="FILE",
+        help="with --int8_activations calibrated: source sentences, one per line (plain or .gz), like the text the "
+        "model will translate (its validation set); a value beyond what they reach saturates",
+    )
+    parser.add_argument(
+        "--calibration_sentences",
+        type=int_in_range(1),
+        default=1000,
+        help="with --calibration_data: translate at most its first N sentences (default 1000)",
     )
     parser.add_argument(
         "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
@@ -77,6 +91,7 @@ def main(argv=None) -> Path:
         raise SystemExit(
             f"The ONNX export needs onnx, onnxscript and onnxruntime: pip install 'hf-variants[onnx]' ({error})."
         ) from error
+    calibration = calibration_sources(args)
     model, tokenizer = load_model_folder(args.model, args.tokenizer)
     try:
         out = export(
@@ -91,6 +106,7 @@ def main(argv=None) -> Path:
             fuse_attention=args.fuse_attention,
             shared_cache=args.shared_cache,
             scoring=args.scoring_graph,
+            calibration_sources=calibration,
         )
     except (ValueError, FileExistsError) as error:
         raise UsageError(str(error)) from None
@@ -103,6 +119,33 @@ def main(argv=None) -> Path:
         + ")"
     )
     return out
+
+
+def calibration_sources(args) -> list[str] | None:
+    """The first `--calibration_sentences` non-empty lines of `--calibration_data` for `--int8_activations
+    calibrated` (a UsageError naming the flag where one is missing or misplaced, or the file where it is unreadable
+    or has no sentence); None for the other schemes."""
+    from ..training.corpus import DataError, read_lines
+
+    calibrated = args.int8 and args.int8_activations == "calibrated"
+    if args.int8_activations == "calibrated" and not args.int8:
+        raise UsageError("--int8_activations calibrated: add --int8 (the activations of the int8 graphs)")
+    if not calibrated:
+        if args.calibration_data:
+            raise UsageError("--calibration_data: only with --int8 --int8_activations calibrated")
+        return None
+    if not args.calibration_data:
+        raise UsageError(
+            "--int8_activations calibrated: pass --calibration_data FILE (source sentences, one per line, like the "
+            "text the model will translate)"
+        )
+    try:
+        lines = [line for line in read_lines(args.calibration_data) if line.strip()]
+    except DataError as error:
+        raise UsageError(f"--calibration_data: {error}") from None
+    if not lines:
+        raise UsageError(f"--calibration_data {args.calibration_data}: the file has no sentence")
+    return lines[: args.calibration_sentences]
 
 
 def cli() -> None:

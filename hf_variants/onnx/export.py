@@ -1,7 +1,8 @@
 """Export any hf_variants model to ONNX (two or three graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]
-        [--int8_activations per_row|per_tensor]] [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
+        [--int8_activations per_row|per_tensor|calibrated [--calibration_data FILE]]]
+        [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
         [--scoring_graph]
 
 Two graphs (three with fused decoder self-attention), all traced through the model's public forward (`get_encoder()`,
@@ -64,7 +65,10 @@ constants and splitting stacked unit weights, int8 weights of every MatMul per o
 included; `--int8_weights`: the weight format, see `INT8_WEIGHTS`) with activations quantized per row (one scale per
 token, so a sentence's translation does not depend on the other sentences of its batch; the int8 graphs are opset
 21) or, with `--int8_activations per_tensor`, per call over the whole batch (quantize_dynamic's own scheme, what
-folders exported before had). The manifest's `int8.activations` records which.
+folders exported before had), or with `--int8_activations calibrated --calibration_data FILE` one fixed scale per
+activation, the largest value it took while the per-row graphs translated FILE's sentences (a Relu's output stays per
+row; batch-independent too, and as fast as per tensor: `calibration`). The manifest's `int8.activations` records
+which.
 
 Load with `hf_variants.OrtModelForSeq2SeqLM.from_pretrained(OUT)` (the fp32 graphs; `precision="int8"` for the int8
 ones) for generate and the pipeline. The export prints one progress line per graph on stderr. The graphs run on plain
@@ -103,7 +107,8 @@ from .attention import (
     translation_table,
     unfused_decoder_attention,
 )
-from .manifest import INT8_ACTIVATIONS
+from .calibration import apply_calibration, calibrate
+from .manifest import CALIBRATED, INT8_ACTIVATIONS
 from .quantization import (
     DEFAULT_INT8_ACTIVATIONS,
     DEFAULT_INT8_WEIGHTS,
@@ -784,6 +789,7 @@ def export(
     progress: bool = True,
     scoring: bool = False,
     int8_activations: str = DEFAULT_INT8_ACTIVATIONS,
+    calibration_sources: list[str] | None = None,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
@@ -791,9 +797,10 @@ def export(
     with False, stay generic ONNX ops. The manifest's `attention_fusion` lists both, with the reasons.
     `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`; `int8_activations`: how they quantize
     activations, "per_row" (default: a sentence's numbers do not depend on its batch) or "per_tensor" (one scale per
-    call, over the batch; `quantization`'s module docstring). `shared_cache`: also write the
-    shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says whether
-    it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
+    call, over the batch; `quantization`'s module docstring) or "calibrated" (a fixed scale per activation from
+    translating `calibration_sources`, a Relu's output per row: `calibration`'s module docstring). `shared_cache`: also
+    write the shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says
+    whether it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
     ("exporting encoder_model.onnx ... done in 3.1 s"). `scoring`: also write the scoring graph (forced decoding of
     whole targets; the manifest's `scoring`)."""
     check_exportable(model, opset)
@@ -801,6 +808,12 @@ def export(
         raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
     if int8_activations not in INT8_ACTIVATIONS:
         raise ValueError(f"int8_activations={int8_activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
+    calibrated = int8 and int8_activations == CALIBRATED
+    if calibrated and not [text for text in calibration_sources or [] if text.strip()]:
+        raise ValueError(
+            "int8_activations='calibrated' takes its scales from translating calibration sentences: pass "
+            "calibration_sources (--calibration_data FILE, one source sentence per line)."
+        )
     output_dir = Path(output_dir)
     check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
     check_output_dir(output_dir, command=COMMAND, force=force)
@@ -852,7 +865,7 @@ def export(
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
         graphs["int8"], seconds["quantize"], int8_record = _quantize_graphs(
-            staging, int8_weights, int8_activations, shared, scoring_record, progress
+            staging, int8_weights, "per_row" if calibrated else int8_activations, shared, scoring_record, progress
         )
 
     original_config.save_pretrained(staging)
@@ -863,6 +876,17 @@ def export(
     manifest["shared_cache"] = shared
     manifest["scoring"] = scoring_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if calibrated:  # the per-row graphs, complete, translate the calibration sentences; then their fixed scales
+        sources = [text for text in calibration_sources if text.strip()]
+        with _progress(progress, f"calibrating the int8 activations on {len(sources)} sentences"):
+            started = time.perf_counter()
+            counts = apply_calibration(staging, calibrate(staging, sources))
+        manifest["int8"].update(
+            activations=CALIBRATED,
+            calibration={"sentences": len(sources), "seconds": round(time.perf_counter() - started, 2)},
+            calibrated=counts,
+        )
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     # the folder appears complete or not at all; --force replaces only a folder this export wrote
     return commit_output_dir(staging, output_dir, command=COMMAND, force=force)
 

@@ -6,8 +6,9 @@ type, and for graph files that the path is relative, has no `..`, and resolves, 
 the folder) and raises a ValueError naming the manifest and the entry, before any graph is opened.
 
 `int8_activations(manifest)` says how a folder's int8 graphs quantize activations: "per_row" (one scale per row, i.e.
-per token: a sentence's numbers do not depend on the other rows of its batch) or "per_tensor" (one scale per call,
-over the whole batch: what folders exported before the manifest recorded `int8.activations` have).
+per token: a sentence's numbers do not depend on the other rows of its batch), "calibrated" (one fixed scale per
+activation from a calibration run, a Relu's output per row: batch-independent too) or "per_tensor" (one scale per
+call, over the whole batch: what folders exported before the manifest recorded `int8.activations` have).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ MANIFEST = "onnx_manifest.json"
 PRECISIONS = ("fp32", "int8")
 # how int8 graphs quantize their activations (the manifest's `int8.activations`): one scale per row (per token), or one
 # per call over the whole tensor, i.e. over the batch (folders exported before the entry existed)
-INT8_ACTIVATIONS = ("per_row", "per_tensor")
+INT8_ACTIVATIONS = ("per_row", "per_tensor", "calibrated")
+# one fixed scale per activation from a calibration run, a Relu's output per row (`calibration.py`)
+CALIBRATED = "calibrated"
 LEGACY_INT8_ACTIVATIONS = "per_tensor"
 # the ONNX element types the runtime binds (`modeling._NUMPY`)
 DTYPES = ("float", "int64", "int32", "bool")

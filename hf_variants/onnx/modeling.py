@@ -6,8 +6,9 @@
     pipeline("translation", model=model, tokenizer=tokenizer)  # after `import hf_variants`
 
 `from_pretrained` loads the fp32 graphs unless asked for `precision="int8"` (a folder exported with `--int8` has
-both) and logs which graphs it loaded. int8 graphs quantize activations per row (`model.int8_activations`: a
-sentence's numbers do not depend on the other sentences of its batch); a folder exported before that, or with
+both) and logs which graphs it loaded. int8 graphs quantize activations per row, or with calibrated fixed scales
+(`model.int8_activations`: either way a sentence's numbers do not depend on the other sentences of its batch); a
+folder exported before that, or with
 `--int8_activations per_tensor`, still loads, with a warning that its translations can depend on the batch. The
 object is the model type's generation class without its weights: transformers' `GenerationMixin.generate()` prepares
 each call, so greedy and beam search (length penalty, early stopping, `num_return_sequences`), sampling,
@@ -79,6 +80,8 @@ DEFAULT_SHARED_CACHE_CAPACITY = 64
 # replaces (one per sublayer: 9 per decoder step of the small model), and whole decodings ran 1.04-1.13x faster
 # without it (small, 1 thread)
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+# how the load's log line names each int8 activation scheme
+ACTIVATION_SCHEMES = {"per_row": "per row", "per_tensor": "per tensor", "calibrated": "with calibrated fixed scales"}
 # said once per load of int8 graphs that quantize activations per tensor
 _PER_TENSOR_WARNING = (
     "{folder}: its int8 graphs quantize activations per tensor{before}: one scale over every sentence of a batch, so "
@@ -243,6 +246,9 @@ class _Graph:
         self.inputs = {v["name"]: v["dtype"] for v in io["inputs"]}
         self.outputs = [v["name"] for v in io["outputs"]]
         self.output_dtypes = {v["name"]: v["dtype"] for v in io["outputs"]}
+        # a callable given {name: numpy array} of the session's outputs beyond `io`'s after every `run` (a graph
+        # with extra outputs: calibration reads the int8 graphs' row maxima this way); None: they are not fetched
+        self.probe = None
 
     def run(
         self,
@@ -259,7 +265,13 @@ class _Graph:
             for name in self.outputs
         }
         binding, _inputs = self.bind(feeds, results)
+        extra = [o.name for o in self.session.get_outputs() if o.name not in results] if self.probe else []
+        for name in extra:
+            binding.bind_output(name, "cpu")  # allocated by ONNX Runtime
         self.session.run_with_iobinding(binding)
+        if extra:
+            values = binding.get_outputs()[len(self.outputs) :]
+            self.probe({name: value.numpy() for name, value in zip(extra, values)})
         return results
 
     def input_dtype(self, name: str) -> torch.dtype:
@@ -374,7 +386,10 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         # False decodes every row to the end, as transformers' loop does (the same tokens, but in int8 graphs that
         # quantize activations per tensor, whose numbers depend on the batch's rows)
         self.drop_finished = True
-        # how the loaded graphs quantize activations: None (fp32), "per_row" or "per_tensor" (`manifest.
+        # False: every decoding runs in transformers' loop, each step through `_Graph.run` (calibration reads the
+        # int8 graphs' activations there, `calibration.py`); the same tokens, slower
+        self.bound_search = True
+        # how the loaded graphs quantize activations: None (fp32), "per_row", "calibrated" or "per_tensor" (`manifest.
         # int8_activations`: a folder exported before the manifest recorded it quantizes per tensor)
         self.int8_activations = int8_activations(manifest) if precision == "int8" else None
         self.num_layers = manifest["num_layers"]
@@ -463,7 +478,7 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
             folder,
             ", ".join(sorted(graphs[precision].values())),
             f", {shared['graphs'][precision]}" if model.shared_cache_graph is not None else "",
-            f" (activations quantized {model.int8_activations.replace('_', ' ')})" if model.int8_activations else "",
+            f" (activations quantized {ACTIVATION_SCHEMES[model.int8_activations]})" if model.int8_activations else "",
         )
         if model.int8_activations == "per_tensor":
             warnings.warn(_PER_TENSOR_WARNING.format(folder=folder, before=_exported_before(manifest)), stacklevel=2)
@@ -765,7 +780,9 @@ class OrtModelForSeq2SeqLM(PreTrainedModel, GenerationMixin):
         return super().generate(inputs, generation_config, **kwargs)
 
     def _bound_available(self) -> bool | str:
-        """True where the bound search can run (the shared-cache graph loaded), else why not."""
+        """True where the bound search can run (the shared-cache graph loaded, `bound_search` on), else why not."""
+        if not self.bound_search:
+            return "turned off (bound_search=False)"
         if self.shared_cache_graph is not None:
             return True
         shared = self.manifest["shared_cache"]

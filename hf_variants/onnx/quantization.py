@@ -39,7 +39,7 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
-from .manifest import INT8_ACTIVATIONS
+from .manifest import CALIBRATED, INT8_ACTIVATIONS
 
 # onnxruntime.quantization.quantize_dynamic settings, one per `--int8_weights` choice; every one quantizes each
 # output channel's weights with its own scale and the activations per call (DynamicQuantizeMatMul). Chosen by
@@ -82,8 +82,11 @@ def quantize(
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if activations not in INT8_ACTIVATIONS:
-        raise ValueError(f"activations={activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
+    if activations not in INT8_ACTIVATIONS or activations == CALIBRATED:
+        raise ValueError(
+            f"activations={activations!r}: choose per_row or per_tensor (calibrated graphs are per-row ones given "
+            "fixed scales by a calibration run: `export(..., int8_activations='calibrated', calibration_sources=)`)."
+        )
 
     # quantize_dynamic logs a root-logger warning per call suggesting shape-inference pre-processing, which the
     # exporter's graphs (dynamic shapes from torch.export) do not need
@@ -396,3 +399,106 @@ def _set_opsets(model) -> None:
             opset.version = max(opset.version, PER_ROW_OPSET)
     if not any(opset.domain == "com.microsoft" for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+# ------------------------------------------------------------------------------------- calibrated activations
+# the per-row graph's row maxima of a symmetric activation x: `{x}/per_row/max` (`_row_quantization`)
+ROW_MAXIMUM_SUFFIX = "/per_row/max"
+
+
+def row_maxima(model) -> list[str]:
+    """The row-maximum tensors of `model`'s symmetric per-row activations (a per-row int8 graph, an onnx
+    ModelProto), in graph order: what calibration records, one per activation a fixed scale can replace (a Relu's
+    output, one-sided, stays per row)."""
+    nodes = model.graph.node
+    return [n.output[0] for n in nodes if n.output[0].endswith(ROW_MAXIMUM_SUFFIX) and n.input[0].endswith("/abs")]
+
+
+def add_row_maxima_outputs(model) -> list[str]:
+    """Declare every `row_maxima` tensor of `model` a graph output (in place), for a calibration run to read;
+    returns their names."""
+    from onnx import TensorProto, helper
+
+    names = row_maxima(model)
+    model.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
+    return names
+
+
+def quantize_activations_calibrated(model, maxima: dict[str, float]) -> dict[str, int]:
+    """Rewrite, in place, a per-row int8 graph (`quantize_activations_per_row`'s) so that every symmetric activation
+    x takes one fixed scale, `maxima[x's row-maximum tensor] / 127` (the largest |x| a calibration run saw): its
+    Abs, ReduceMax and Mul go, its `QuantizeLinear` takes the scale and zero point 128 per tensor, and each
+    `MatMulIntegerToFloat` reading it takes the same scale, and the bias of the `Add` after it (a 1-D constant) as
+    its own bias input, which ONNX Runtime then applies in the MatMul's output stage. A value beyond the calibrated
+    range saturates at the int8 limit. The output of a Relu stays per row (its range varies the most between
+    tokens). Like per row, a sentence's numbers do not depend on its batch: the scales are constants. Raises a
+    RuntimeError naming the activation when `maxima` lacks one, or holds a maximum that is not a positive finite
+    number. Returns {"activations": the activations given a fixed scale, "biases": the biases moved into a MatMul}."""
+    import math
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    graph = model.graph
+    index = _GraphIndex(graph)
+    nodes = {node.name: node for node in graph.node}
+    dropped, scales, counts = set(), [], {"activations": 0, "biases": 0}
+    for name in row_maxima(model):
+        maximum = maxima.get(name)
+        if maximum is None or not math.isfinite(maximum) or maximum <= 0:
+            raise RuntimeError(f"calibrated int8: no usable maximum for {name!r} (got {maximum!r}).")
+        base = name[: -len("/max")]  # `{x}/per_row`
+        x = nodes[base + "/abs"].input[0]
+        quantize = nodes[base + "/q"]
+        old_scale, scale = quantize.input[1], f"{x}/calibrated/scale"
+        scales.append(numpy_helper.from_array(np.array(maximum / 127, dtype=np.float32), scale))
+        dropped.update(id(nodes[base + suffix]) for suffix in ("/abs", "/max", "/scale"))
+        del quantize.input[:]
+        quantize.input.extend([x, scale, _ZERO_POINT_128])
+        del quantize.attribute[:]  # per tensor: no axis, no block size
+        for matmul in index.consumers[quantize.output[0]]:
+            if matmul.input[2] != old_scale:
+                raise RuntimeError(f"calibrated int8: {matmul.name!r} does not read {x}'s row scales.")
+            matmul.input[2] = scale
+            counts["biases"] += _take_bias(matmul, index, dropped)
+        counts["activations"] += 1
+    graph.initializer.extend(scales)
+    kept = [node for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    _drop_unread(graph)
+    return counts
+
+
+def _take_bias(matmul, index: _GraphIndex, dropped: set) -> int:
+    """Move the bias of the Add that alone reads `matmul`'s output into `matmul` (its input 6) and drop the Add
+    (added to `dropped`): 1 when it did, 0 when there is no such Add (a MatMul without a bias)."""
+    readers = index.consumers[matmul.output[0]]
+    if len(readers) != 1 or readers[0].op_type != "Add" or len(matmul.input) > 6:
+        return 0
+    add = readers[0]
+    bias = _other(add, matmul.output[0])
+    weight = index.initializers.get(matmul.input[1])
+    constant = index.initializers.get(bias)
+    if constant is None or weight is None or list(constant.dims) != [weight.dims[-1]]:
+        return 0
+    matmul.input.extend([""] * (6 - len(matmul.input)) + [bias])
+    matmul.output[0] = add.output[0]
+    dropped.add(id(add))
+    return 1
+
+
+def _drop_unread(graph) -> None:
+    """Remove the nodes of the per-row zero point (Shape, Expand) and the rewrite's constants nothing reads any
+    more."""
+    outputs = {value.name for value in graph.output}
+    while True:
+        read = {name for node in graph.node for name in node.input} | outputs
+        unread = [n for n in graph.node if "/per_row/" in n.name and not any(o in read for o in n.output)]
+        if not unread:
+            break
+        for node in unread:
+            graph.node.remove(node)
+    read = {name for node in graph.node for name in node.input}
+    for init in [i for i in graph.initializer if i.name.startswith("per_row/") and i.name not in read]:
+        graph.initializer.remove(init)
