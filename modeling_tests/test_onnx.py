@@ -506,6 +506,7 @@ def test_calibrated_export_refuses_what_it_cannot_use(baseline_export, tokenizer
         (["--int8_activations", "calibrated"], "add --int8"),
         (["--int8", "--int8_activations", "calibrated"], "pass --calibration_data FILE"),
         (["--int8", "--calibration_data", str(empty)], "--calibration_data: only with --int8 --int8_activations"),
+        (["--int8", "--calibration_sentences", "5"], "--calibration_sentences: only with --int8 --int8_activations"),
         (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(empty)], "has no sentence"),
         (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(binary)], "line 2"),
         (

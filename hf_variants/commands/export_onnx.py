@@ -14,6 +14,9 @@ from ..outputs import discard_output_dir, int_in_range
 from .common import UsageError, add_model_folder_flags, add_output_dir_flags, exits_on_refusal
 from .loading import check_export_paths, load_model_folder
 
+# the calibration sentences translated when --calibration_sentences is not given
+CALIBRATION_SENTENCES = 1000
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -50,8 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--calibration_sentences",
         type=int_in_range(1),
-        default=1000,
-        help="with --calibration_data: translate at most its first N sentences (default 1000)",
+        help=f"with --calibration_data: translate at most its first N sentences (default {CALIBRATION_SENTENCES})",
     )
     parser.add_argument(
         "--opset", type=int_in_range(MIN_OPSET), help=f"ONNX opset (>= {MIN_OPSET}; default: the exporter's)"
@@ -131,8 +133,9 @@ def calibration_sources(args) -> list[str] | None:
     if args.int8_activations == "calibrated" and not args.int8:
         raise UsageError("--int8_activations calibrated: add --int8 (the activations of the int8 graphs)")
     if not calibrated:
-        if args.calibration_data:
-            raise UsageError("--calibration_data: only with --int8 --int8_activations calibrated")
+        for flag in ("calibration_data", "calibration_sentences"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag}: only with --int8 --int8_activations calibrated")
         return None
     if not args.calibration_data:
         raise UsageError(
@@ -145,7 +148,7 @@ def calibration_sources(args) -> list[str] | None:
         raise UsageError(f"--calibration_data: {error}") from None
     if not lines:
         raise UsageError(f"--calibration_data {args.calibration_data}: the file has no sentence")
-    return lines[: args.calibration_sentences]
+    return lines[: args.calibration_sentences or CALIBRATION_SENTENCES]
 
 
 def cli() -> None:
