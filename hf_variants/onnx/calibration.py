@@ -10,8 +10,9 @@ calibration run translates the calibration sentences with those graphs, each gra
 gives each symmetric activation the fixed scale max / 127; a Relu's output stays per row.
 
 Why: ONNX Runtime applies a per-row activation scale in a pass of its own after the MatMul and cannot take the bias
-there (`benchmarks/bench_ort_int8_matmul.py`), so per-row graphs run at 0.86-0.93x of per-tensor ones; fixed scales
-are constants, so a sentence's numbers still do not depend on its batch, and the MatMuls run as fast as per tensor.
+there (`benchmarks/bench_ort_int8_matmul.py`), so per-row graphs run at 0.85-0.98x of per-tensor ones; fixed scales
+are constants, so a sentence's numbers still do not depend on its batch, and the MatMuls run as fast as per tensor
+(calibrated graphs: 0.94-1.04x, `benchmarks/RESULTS.md` section 9).
 The cost: a value beyond what calibration saw saturates at the int8 limit, so the calibration sentences should be
 like the text the model will translate (a few hundred to a thousand sentences of its training or validation data).
 

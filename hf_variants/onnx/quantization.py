@@ -30,6 +30,10 @@ Runtime has no fused per-row kernel (DynamicQuantizeMatMul and MatMulIntegerToFl
 quantizes rows per block but runs 2-3x slower at 32 rows and more), so the scheme costs a few small nodes per
 activation: `benchmarks/bench_ort_int8_activations.py` measures it against per-tensor activations side by side.
 
+`quantize_activations_calibrated` turns a per-row graph's symmetric activations into fixed scales from a calibration
+run (`export_onnx --int8_activations calibrated`, `calibration.py`), the bias back inside each MatMul; a Relu's output
+stays per row.
+
 Tooling (imported by `export_onnx`), not shipped with saved models.
 """
 
