@@ -483,3 +483,36 @@ def test_train_command_fine_tunes_the_pruned_folder(pruned_folder, tmp_path):
     assert sorted(model.config.source_languages) == ["eng_Latn", "fra_Latn"] == sorted(model.config.target_languages)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 2
+
+
+def test_calibrated_int8_export_takes_the_calibration_language(models, tokenizers, tmp_path):
+    """ONNX Runtime int8 with calibrated scales (`--int8_activations calibrated`) for a converted NLLB-200: its
+    calibration sentences are in the language `calibration_src_lang` names (the model marks the source language with
+    a token and translates from several), translated into each other language in turn; the int8 graphs then translate
+    a sentence the same alone and batched. Without that language, or with one the model does not translate from, the
+    export refuses before it writes anything, naming the argument."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from hf_variants.onnx.export import export
+    from hf_variants.onnx.modeling import OrtModelForSeq2SeqLM
+
+    _, converted = models["nllb"]
+    tokenizer = tokenizers["nllb"]
+    kwargs = dict(int8=True, int8_activations="calibrated", calibration_sources=read_sentences("en", n=8))
+    for lang, message in ((None, "calibration_src_lang .*several languages"), ("xx", "'xx' is not a source")):
+        with pytest.raises(ValueError, match=message):
+            export(converted, tokenizer, tmp_path / "refused", calibration_src_lang=lang, progress=False, **kwargs)
+        assert not (tmp_path / "refused").exists()
+    folder = export(converted, tokenizer, tmp_path / "onnx", calibration_src_lang="eng_Latn", progress=False, **kwargs)
+    assert json.loads((folder / "onnx_manifest.json").read_text())["int8"]["calibration"]["src_lang"] == "eng_Latn"
+    ort8 = OrtModelForSeq2SeqLM.from_pretrained(folder, precision="int8", num_threads=1)
+    texts, langs = read_sentences("en", "val", n=4), ["fra_Latn", "deu_Latn", "ces_Latn", "fra_Latn"]
+
+    def translate(picked):
+        inputs = ort8.prepare_translation_inputs(
+            tokenizer, [texts[i] for i in picked], src_lang="eng_Latn", tgt_lang=[langs[i] for i in picked]
+        )
+        rows = ort8.generate(**inputs, max_new_tokens=MAX_NEW, num_beams=1).tolist()
+        return [[t for t in row if t != converted.config.pad_token_id] for row in rows]
+
+    assert [translate([i])[0] for i in range(4)] == translate(range(4))

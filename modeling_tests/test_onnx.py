@@ -507,6 +507,7 @@ def test_calibrated_export_refuses_what_it_cannot_use(baseline_export, tokenizer
         (["--int8", "--int8_activations", "calibrated"], "pass --calibration_data FILE"),
         (["--int8", "--calibration_data", str(empty)], "--calibration_data: only with --int8 --int8_activations"),
         (["--int8", "--calibration_sentences", "5"], "--calibration_sentences: only with --int8 --int8_activations"),
+        (["--calibration_src_lang", "en"], "--calibration_src_lang: only with --int8 --int8_activations"),
         (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(empty)], "has no sentence"),
         (["--int8", "--int8_activations", "calibrated", "--calibration_data", str(binary)], "line 2"),
         (

@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         "model will translate (its validation set); a value beyond what they reach saturates",
     )
     parser.add_argument(
+        "--calibration_src_lang",
+        metavar="CODE",
+        help="with --calibration_data: its sentences' language, for a model that marks the source language with a "
+        "token and translates from several (a converted M2M100 / NLLB-200)",
+    )
+    parser.add_argument(
         "--calibration_sentences",
         type=int_in_range(1),
         help=f"with --calibration_data: translate at most its first N sentences (default {CALIBRATION_SENTENCES})",
@@ -109,6 +115,7 @@ def main(argv=None) -> Path:
             shared_cache=args.shared_cache,
             scoring=args.scoring_graph,
             calibration_sources=calibration,
+            calibration_src_lang=args.calibration_src_lang,
         )
     except (ValueError, FileExistsError) as error:
         raise UsageError(str(error)) from None
@@ -133,7 +140,7 @@ def calibration_sources(args) -> list[str] | None:
     if args.int8_activations == "calibrated" and not args.int8:
         raise UsageError("--int8_activations calibrated: add --int8 (the activations of the int8 graphs)")
     if not calibrated:
-        for flag in ("calibration_data", "calibration_sentences"):
+        for flag in ("calibration_data", "calibration_sentences", "calibration_src_lang"):
             if getattr(args, flag) is not None:
                 raise UsageError(f"--{flag}: only with --int8 --int8_activations calibrated")
         return None

@@ -43,11 +43,14 @@ def int8_graph_files(manifest: dict) -> dict[str, str]:
     return files
 
 
-def calibrate(folder: Path, sources: list[str], num_threads: int | None = None) -> dict[str, dict[str, float]]:
-    """{int8 graph file: {row-maximum tensor: its largest value}} over `sources` translated with `folder`'s per-row
+def calibrate(
+    folder: Path, sources: list[str], num_threads: int | None = None, src_lang: str | None = None
+) -> dict[str, dict[str, float]]:
+    """{int8 graph file: {row-maximum tensor: its largest value}} over `sources` (in language `src_lang`, which a
+    model marking the source language with a token needs where it has several) translated with `folder`'s per-row
     int8 graphs (the model's saved decoding settings; a model with several target languages translates the sentences
-    into each of them in turn). Raises a ValueError when the folder's int8 graphs are not per row, or when an
-    activation was never reached."""
+    into each of them but `src_lang` in turn). Raises a ValueError when the folder's int8 graphs are not per row, or
+    when an activation was never reached."""
     import onnx
     import torch
     from transformers import AutoTokenizer
@@ -78,14 +81,14 @@ def calibrate(folder: Path, sources: list[str], num_threads: int | None = None) 
             graphs["shared_cache"] = model.shared_cache_graph
         for role, graph in graphs.items():
             graph.probe = _recorder(maxima[files[role]])
-        targets = _target_languages(model.config)
+        targets = [lang for lang in _target_languages(model.config) if lang != src_lang]
         for shared in [True, False] if model.shared_cache_graph is not None else [False]:
             if not shared:  # the loop on the concatenated-cache step graph
                 model.shared_cache_graph = None
             for start in range(0, len(sources), CALIBRATION_BATCH):
                 texts = sources[start : start + CALIBRATION_BATCH]
                 languages = [targets[(start + i) % len(targets)] for i in range(len(texts))] if targets else None
-                inputs = model.prepare_translation_inputs(tokenizer, texts, tgt_lang=languages)
+                inputs = model.prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=languages)
                 with torch.inference_mode():
                     model.generate(**inputs)
     for name in files.values():
@@ -93,6 +96,23 @@ def calibrate(folder: Path, sources: list[str], num_threads: int | None = None) 
         if missing:
             raise ValueError(f"{folder / name}: calibration never ran {missing[:3]}: no translation reached them.")
     return dict(maxima)
+
+
+def check_calibration_language(config, src_lang: str | None) -> None:
+    """A ValueError naming `calibration_src_lang` when a model that marks the source language with a token and
+    translates from several languages gets none (checked before the export starts), or gets one it does not
+    translate from."""
+    if not getattr(config, "target_language_token", False):
+        return
+    sources = config.translation_languages()[0]
+    if src_lang is None and config.default_source_language() is None:
+        raise ValueError(
+            "calibration_src_lang (--calibration_src_lang): this model marks the source language with a token and "
+            f"translates from several languages ({', '.join(sources[:12])}{', ...' if len(sources) > 12 else ''}): "
+            "name the calibration sentences' language."
+        )
+    if src_lang is not None and src_lang not in sources:
+        raise ValueError(f"calibration_src_lang={src_lang!r} is not a source language of this model.")
 
 
 def _target_languages(config) -> list[str]:

@@ -1,7 +1,7 @@
 """Export any hf_variants model to ONNX (two or three graphs) for ONNX Runtime, in float32 and optionally int8.
 
     python -m hf_variants.export_onnx --model DIR --output_dir OUT [--int8 [--int8_weights s8_reduce_range|u8]
-        [--int8_activations per_row|per_tensor|calibrated [--calibration_data FILE]]]
+        [--int8_activations per_row|per_tensor|calibrated [--calibration_data FILE [--calibration_src_lang CODE]]]]
         [--opset N] [--force] [--no_fuse_attention] [--no_shared_cache]
         [--scoring_graph]
 
@@ -107,7 +107,7 @@ from .attention import (
     translation_table,
     unfused_decoder_attention,
 )
-from .calibration import apply_calibration, calibrate
+from .calibration import apply_calibration, calibrate, check_calibration_language
 from .manifest import CALIBRATED, INT8_ACTIVATIONS
 from .quantization import (
     DEFAULT_INT8_ACTIVATIONS,
@@ -790,6 +790,7 @@ def export(
     scoring: bool = False,
     int8_activations: str = DEFAULT_INT8_ACTIVATIONS,
     calibration_sources: list[str] | None = None,
+    calibration_src_lang: str | None = None,
 ) -> Path:
     """Write `model` as an ONNX folder (see the module docstring): written into a staging folder, renamed when
     complete. Returns the folder. `fuse_attention`: every attention module that computes plain scaled dot-product
@@ -798,7 +799,8 @@ def export(
     `int8_weights`: the int8 graphs' weight format, a key of `INT8_WEIGHTS`; `int8_activations`: how they quantize
     activations, "per_row" (default: a sentence's numbers do not depend on its batch) or "per_tensor" (one scale per
     call, over the batch; `quantization`'s module docstring) or "calibrated" (a fixed scale per activation from
-    translating `calibration_sources`, a Relu's output per row: `calibration`'s module docstring). `shared_cache`: also
+    translating `calibration_sources`, in `calibration_src_lang` where the model marks the source language with a
+    token; a Relu's output per row: `calibration`'s module docstring). `shared_cache`: also
     write the shared-cache step graph where every decoder attention is fused (the manifest's `shared_cache` says
     whether it was written, or why not). `progress`: one line on stderr per graph exported and per quantization
     ("exporting encoder_model.onnx ... done in 3.1 s"). `scoring`: also write the scoring graph (forced decoding of
@@ -814,6 +816,8 @@ def export(
             "int8_activations='calibrated' takes its scales from translating calibration sentences: pass "
             "calibration_sources (--calibration_data FILE, one source sentence per line)."
         )
+    if calibrated:
+        check_calibration_language(model.config, calibration_src_lang)
     output_dir = Path(output_dir)
     check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
     check_output_dir(output_dir, command=COMMAND, force=force)
@@ -880,10 +884,14 @@ def export(
         sources = [text for text in calibration_sources if text.strip()]
         with _progress(progress, f"calibrating the int8 activations on {len(sources)} sentences"):
             started = time.perf_counter()
-            counts = apply_calibration(staging, calibrate(staging, sources))
+            counts = apply_calibration(staging, calibrate(staging, sources, src_lang=calibration_src_lang))
         manifest["int8"].update(
             activations=CALIBRATED,
-            calibration={"sentences": len(sources), "seconds": round(time.perf_counter() - started, 2)},
+            calibration={
+                "sentences": len(sources),
+                "src_lang": calibration_src_lang,
+                "seconds": round(time.perf_counter() - started, 2),
+            },
             calibrated=counts,
         )
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
