@@ -806,18 +806,9 @@ def export(
     ("exporting encoder_model.onnx ... done in 3.1 s"). `scoring`: also write the scoring graph (forced decoding of
     whole targets; the manifest's `scoring`)."""
     check_exportable(model, opset)
-    if int8_weights not in INT8_WEIGHTS:
-        raise ValueError(f"int8_weights={int8_weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
-    if int8_activations not in INT8_ACTIVATIONS:
-        raise ValueError(f"int8_activations={int8_activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
-    calibrated = int8 and int8_activations == CALIBRATED
-    if calibrated and not [text for text in calibration_sources or [] if text.strip()]:
-        raise ValueError(
-            "int8_activations='calibrated' takes its scales from translating calibration sentences: pass "
-            "calibration_sources (--calibration_data FILE, one source sentence per line)."
-        )
-    if calibrated:
-        check_calibration_language(model.config, calibration_src_lang)
+    calibration = _check_int8_arguments(
+        model.config, int8, int8_weights, int8_activations, calibration_sources, calibration_src_lang
+    )
     output_dir = Path(output_dir)
     check_not_an_input(output_dir, {"the model's folder": getattr(model, "name_or_path", None) or None})
     check_output_dir(output_dir, command=COMMAND, force=force)
@@ -869,7 +860,7 @@ def export(
     graphs, int8_record = {"fp32": {"encoder": files[0], "decoder": files[1]}}, None
     if int8:
         graphs["int8"], seconds["quantize"], int8_record = _quantize_graphs(
-            staging, int8_weights, "per_row" if calibrated else int8_activations, shared, scoring_record, progress
+            staging, int8_weights, "per_row" if calibration else int8_activations, shared, scoring_record, progress
         )
 
     original_config.save_pretrained(staging)
@@ -880,23 +871,50 @@ def export(
     manifest["shared_cache"] = shared
     manifest["scoring"] = scoring_record
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    if calibrated:  # the per-row graphs, complete, translate the calibration sentences; then their fixed scales
-        sources = [text for text in calibration_sources if text.strip()]
-        with _progress(progress, f"calibrating the int8 activations on {len(sources)} sentences"):
-            started = time.perf_counter()
-            counts = apply_calibration(staging, calibrate(staging, sources, src_lang=calibration_src_lang))
-        manifest["int8"].update(
-            activations=CALIBRATED,
-            calibration={
-                "sentences": len(sources),
-                "src_lang": calibration_src_lang,
-                "seconds": round(time.perf_counter() - started, 2),
-            },
-            calibrated=counts,
-        )
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if calibration:
+        _calibrate(staging, manifest, calibration, calibration_src_lang, progress)
     # the folder appears complete or not at all; --force replaces only a folder this export wrote
     return commit_output_dir(staging, output_dir, command=COMMAND, force=force)
+
+
+def _check_int8_arguments(
+    config, int8: bool, weights: str, activations: str, sources: list[str] | None, src_lang: str | None
+) -> list[str] | None:
+    """A ValueError naming the argument for an int8 weight format or activation scheme the export does not know, for
+    the calibrated scheme without calibration sentences, or without the source language a model marking it with a
+    token needs; returns the calibration sentences (the non-empty ones) where the scheme is calibrated, else None."""
+    if weights not in INT8_WEIGHTS:
+        raise ValueError(f"int8_weights={weights!r}: choose one of {sorted(INT8_WEIGHTS)}.")
+    if activations not in INT8_ACTIVATIONS:
+        raise ValueError(f"int8_activations={activations!r}: choose one of {list(INT8_ACTIVATIONS)}.")
+    if not (int8 and activations == CALIBRATED):
+        return None
+    sentences = [text for text in sources or [] if text.strip()]
+    if not sentences:
+        raise ValueError(
+            "int8_activations='calibrated' takes its scales from translating calibration sentences: pass "
+            "calibration_sources (--calibration_data FILE, one source sentence per line)."
+        )
+    check_calibration_language(config, src_lang)
+    return sentences
+
+
+def _calibrate(staging: Path, manifest: dict, sentences: list[str], src_lang: str | None, progress: bool) -> None:
+    """The staging folder's per-row int8 graphs, complete, translate `sentences`; then each graph gets their fixed
+    scales (`calibration`), and the manifest (written again) says so."""
+    started = time.perf_counter()
+    with _progress(progress, f"calibrating the int8 activations on {len(sentences)} sentences"):
+        counts = apply_calibration(staging, calibrate(staging, sentences, src_lang=src_lang))
+    manifest["int8"].update(
+        activations=CALIBRATED,
+        calibration={
+            "sentences": len(sentences),
+            "src_lang": src_lang,
+            "seconds": round(time.perf_counter() - started, 2),
+        },
+        calibrated=counts,
+    )
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def _fuse(model, enabled: bool) -> dict:
