@@ -499,7 +499,10 @@ def test_calibrated_int8_export_takes_the_calibration_language(models, tokenizer
     _, converted = models["nllb"]
     tokenizer = tokenizers["nllb"]
     kwargs = dict(int8=True, int8_activations="calibrated", calibration_sources=read_sentences("en", n=8))
-    for lang, message in ((None, "calibration_src_lang .*several languages"), ("xx", "'xx' is not a source")):
+    for lang, message in (
+        (None, "calibration_src_lang .*several languages"),
+        ("xx", "calibration_src_lang .*'xx' is an unknown language"),
+    ):
         with pytest.raises(ValueError, match=message):
             export(converted, tokenizer, tmp_path / "refused", calibration_src_lang=lang, progress=False, **kwargs)
         assert not (tmp_path / "refused").exists()

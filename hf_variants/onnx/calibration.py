@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .manifest import read_manifest
-from .quantization import add_row_maxima_outputs, quantize_activations_calibrated, row_maxima
+from .quantization import add_row_maxima_outputs, quantize_activations_calibrated
 
 # the calibration sentences translated per generate() call
 CALIBRATION_BATCH = 32
@@ -69,9 +69,10 @@ def calibrate(
         for graph in folder.glob("*.onnx"):  # the graphs not run: there for the manifest's check only
             if graph.name not in files.values():
                 (probe / graph.name).touch()
+        wanted = {}  # graph file -> the row maxima it must report
         for name in files.values():
             graph = onnx.load(str(folder / name))
-            add_row_maxima_outputs(graph)
+            wanted[name] = add_row_maxima_outputs(graph)
             onnx.save(graph, str(probe / name))
         model = OrtModelForSeq2SeqLM.from_pretrained(probe, precision="int8", num_threads=num_threads)
         tokenizer = AutoTokenizer.from_pretrained(probe)
@@ -91,8 +92,8 @@ def calibrate(
                 inputs = model.prepare_translation_inputs(tokenizer, texts, src_lang=src_lang, tgt_lang=languages)
                 with torch.inference_mode():
                     model.generate(**inputs)
-    for name in files.values():
-        missing = sorted(set(row_maxima(onnx.load(str(folder / name), load_external_data=False))) - set(maxima[name]))
+    for name, names in wanted.items():
+        missing = sorted(set(names) - set(maxima[name]))
         if missing:
             raise ValueError(f"{folder / name}: calibration never ran {missing[:3]}: no translation reached them.")
     return dict(maxima)
@@ -111,8 +112,11 @@ def check_calibration_language(config, src_lang: str | None) -> None:
             f"translates from several languages ({', '.join(sources[:12])}{', ...' if len(sources) > 12 else ''}): "
             "name the calibration sentences' language."
         )
-    if src_lang is not None and src_lang not in sources:
-        raise ValueError(f"calibration_src_lang={src_lang!r} is not a source language of this model.")
+    if src_lang is not None:
+        try:
+            config.check_languages(src_lang=src_lang)
+        except ValueError as error:
+            raise ValueError(f"calibration_src_lang (--calibration_src_lang): {error}") from None
 
 
 def _target_languages(config) -> list[str]:
