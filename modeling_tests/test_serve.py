@@ -676,6 +676,19 @@ def test_flags_are_refused_before_anything_loads(model_dir, tmp_path, capsys):
         assert f"--port {port}" in refused(capsys, "--model", str(model_dir), "--port", port)
 
 
+def test_a_parser_or_event_loop_not_installed_is_refused_by_its_flag(model_dir, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("httptools", "uvloop") else find_spec(name, *a)
+    )
+    message = refused(capsys, "--model", str(model_dir), "--http", "httptools")
+    assert "--http httptools: httptools is not installed" in message
+    assert "--loop uvloop: uvloop is not installed" in refused(capsys, "--model", str(model_dir), "--loop", "uvloop")
+    assert "invalid choice" in refused(capsys, "--model", str(model_dir), "--http", "gunicorn")
+
+
 def test_the_command_and_its_extra_are_declared():
     try:
         import tomllib
@@ -692,5 +705,7 @@ def test_the_command_and_its_extra_are_declared():
         "sentencex",
         "python-multipart",
         "swagger-ui-bundle",
+        "httptools",
+        "uvloop",
     }
     assert all(">=" in r for r in extra) and set(extra) <= set(project["optional-dependencies"]["dev"])

@@ -60,21 +60,45 @@ def auth(key: str = MAIN_KEY) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture(scope="module")
-def ops(model_dir, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ops")
+def ops_args(model_dir, folder) -> list[str]:
     keys = folder / "keys.txt"
     keys.write_text(f"{MAIN_KEY}\n{RATE_KEY} requests_per_minute=2\n{CHARS_KEY} characters_per_minute=50\n")
     args = ["--model", str(model_dir), "--num_threads", "1", "--api_key_file", str(keys), "--log_format", "json"]
     args += ["--request_timeout_s", "10", "--idle_timeout_s", "1", "--header_timeout_s", "1", "--body_timeout_s", "2"]
     args += ["--max_concurrent_requests", "3", "--max_body_bytes", "4096", "--max_sentence_tokens", "40"]
-    args += ["--max_wait_ms", "20"]
+    return args + ["--max_wait_ms", "20"]
+
+
+@pytest.fixture(scope="module")
+def ops(model_dir, tmp_path_factory):
+    """The operations server on the default HTTP parser and event loop (httptools and uvloop, installed by the
+    serve extra)."""
+    folder = tmp_path_factory.mktemp("ops")
     env = {"FAULT_DIR": str(folder), "FAULT_LOAD_DELAY": "2"}
-    with ServerProcess(args, faults=True, env=env) as process:
+    with ServerProcess(ops_args(model_dir, folder), faults=True, env=env) as process:
         process.folder = folder
         process.early = [httpx.get(f"{process.url}/health/{probe}", timeout=10) for probe in ("live", "ready")]
         process.health = process.wait_ready()
+        assert "HTTP: httptools, event loop: uvloop" in process.log()
         yield process
+
+
+@pytest.fixture(scope="module")
+def ops_h11(model_dir, tmp_path_factory):
+    """The same server on h11 (pure Python) and asyncio's event loop."""
+    folder = tmp_path_factory.mktemp("ops-h11")
+    args = ops_args(model_dir, folder) + ["--http", "h11", "--loop", "asyncio"]
+    with ServerProcess(args, faults=True, env={"FAULT_DIR": str(folder)}) as process:
+        process.folder = folder
+        process.wait_ready()
+        assert "HTTP: h11, event loop: asyncio" in process.log()
+        yield process
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def either(request):
+    """The connection handling's tests run on both HTTP parsers."""
+    return request.getfixturevalue("ops" if request.param == "httptools" else "ops_h11")
 
 
 def release(server, name: str) -> None:
@@ -216,15 +240,15 @@ def test_a_client_that_leaves_stops_the_real_decoding_at_its_step(ops, reference
 
 
 # ---------------------------------------------------------------------------------------------- defects 4 to 7
-def test_a_client_hanging_up_mid_body_is_a_499_without_traceback(ops):
+def test_a_client_hanging_up_mid_body_is_a_499_without_traceback(either):
     """Defect 4: a client that sends half its body and hangs up is a 499 in the access log, not a 500."""
-    with socket.create_connection(urlparts(ops.url)) as sock:
+    with socket.create_connection(urlparts(either.url)) as sock:
         head = f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {MAIN_KEY}\r\n"
         head += "Content-Type: application/json\r\nContent-Length: 1000\r\nX-Request-ID: half-body\r\n\r\n"
         sock.sendall(head.encode() + b'{"text": "A man')
-    line = wait_for_access(ops, "half-body")
+    line = wait_for_access(either, "half-body")
     assert line["status"] == 499 and line["error"] == "client_closed"
-    assert "Traceback" not in ops.log() and "internal_error" not in ops.log()
+    assert "Traceback" not in either.log() and "internal_error" not in either.log()
 
 
 def urlparts(url: str) -> tuple[str, int]:
@@ -232,13 +256,13 @@ def urlparts(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_a_too_large_body_gets_its_413_whatever_the_client(ops):
+def test_a_too_large_body_gets_its_413_whatever_the_client(either):
     """Defect 5: urllib sends the whole body before it reads: it gets the 413 (3 of 3), as does a chunked sender. The
     body (16 MB) is more than the sockets' buffers hold: the server answers while the client is still sending."""
     body = json.dumps({"text": ["A man rides a bike. " * 20] * 20000}).encode()  # the limit is 4096
     for _ in range(3):
         sent = urllib.request.Request(
-            f"{ops.url}/translate", data=body, headers={"Content-Type": "application/json", **auth()}
+            f"{either.url}/translate", data=body, headers={"Content-Type": "application/json", **auth()}
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(sent, timeout=60)
@@ -246,21 +270,21 @@ def test_a_too_large_body_gets_its_413_whatever_the_client(ops):
         assert json.loads(refused.value.read())["error"]["limit"] == "max_body_bytes"
     chunks = iter([b'{"text": "', b"a" * 30000, b'"}'])
     chunked = httpx.post(
-        f"{ops.url}/translate", content=chunks, headers={"Content-Type": "application/json", **auth()}, timeout=60
+        f"{either.url}/translate", content=chunks, headers={"Content-Type": "application/json", **auth()}, timeout=60
     )
     assert chunked.status_code == 413 and chunked.json()["error"]["limit"] == "max_body_bytes"
 
 
-def test_idle_and_slow_connections_are_closed(ops):
+def test_idle_and_slow_connections_are_closed(either):
     """Defect 6: connections that send nothing are closed after --idle_timeout_s; headers sent a byte at a time get
     a 408 after --header_timeout_s; both counted in the metrics."""
-    before = metrics(ops)
-    idle = [socket.create_connection(urlparts(ops.url)) for _ in range(20)]
+    before = metrics(either)
+    idle = [socket.create_connection(urlparts(either.url)) for _ in range(20)]
     for sock in idle:
         sock.settimeout(60)
         assert sock.recv(100) == b""  # closed by the server
         sock.close()
-    with socket.create_connection(urlparts(ops.url)) as slow:
+    with socket.create_connection(urlparts(either.url)) as slow:
         slow.settimeout(60)
         answer = b""
         for byte in b"GET /health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"x" * 1000:
@@ -274,11 +298,82 @@ def test_idle_and_slow_connections_are_closed(ops):
         while chunk := slow.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408 ") and b'"header_timeout_s"' in answer
-    after = metrics(ops)
+    after = metrics(either)
     idle_key, slow_key = (
         f'hf_variants_serve_errors_total{{kind="{k}"}}' for k in ("idle_timeout_s", "header_timeout_s")
     )  # noqa: E501
     assert after[idle_key] - before.get(idle_key, 0) >= 20 and after[slow_key] - before.get(slow_key, 0) == 1
+
+
+def read_all(sock) -> bytes:
+    sock.settimeout(60)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    return answer
+
+
+def test_headers_over_16_kib_get_a_431_and_a_large_body_in_the_same_write_does_not(either):
+    """A request's headers are capped at 16 KiB on both parsers (httptools has no cap of its own; h11's is a plain
+    400): 40 KB of headers sent at once get a JSON 431, 12 KB pass; headers and a 30 KB body in one write are the
+    body's 413, not a 431."""
+    before = metrics(either)
+    head = "GET /health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    with socket.create_connection(urlparts(either.url)) as sock:
+        sock.sendall((head + "".join(f"X-Big-{i}: {'x' * 1000}\r\n" for i in range(40))).encode())
+        refused = read_all(sock)
+    assert refused.startswith(b"HTTP/1.1 431 ") and b'"header_bytes"' in refused
+    with socket.create_connection(urlparts(either.url)) as sock:
+        sock.sendall((head + "".join(f"X-Big-{i}: {'x' * 1000}\r\n" for i in range(12)) + "\r\n").encode())
+        answers = read_answers(sock, 1)
+    assert answers[0].status == 200 and json.loads(answers[0].body)["status"] == "ready"
+    body = json.dumps({"text": "a " * 15000}).encode()
+    request = f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {MAIN_KEY}\r\n"
+    request += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(urlparts(either.url)) as sock:
+        sock.sendall(request.encode() + body)
+        too_large = read_all(sock)
+    assert too_large.startswith(b"HTTP/1.1 413 ") and b'"max_body_bytes"' in too_large
+    key = 'hf_variants_serve_errors_total{kind="header_bytes"}'
+    assert metrics(either)[key] - before.get(key, 0) == 1
+
+
+class _Answer:
+    def __init__(self, status: int, body: bytes):
+        self.status, self.body = status, body
+
+
+def read_answers(sock, count: int) -> list[_Answer]:
+    """`count` HTTP answers read in turn from one connection (each by its Content-Length)."""
+    reader = sock.makefile("rb")
+    answers = []
+    for _ in range(count):
+        status = int(reader.readline().split()[1])
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        answers.append(_Answer(status, reader.read(length)))
+    return answers
+
+
+def test_pipelined_requests_are_answered_in_order_then_the_idle_connection_closes(either, reference):
+    """Three requests written at once on one keep-alive connection (a probe, a translation with its body, a probe)
+    are answered in order; the connection then stays open until --idle_timeout_s (1 s) closes it."""
+    body = json.dumps({"text": "A man rides a bike."}).encode()
+    requests = b"GET /health/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    requests += f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {MAIN_KEY}\r\n".encode()
+    requests += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    requests += b"GET /health/live HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(urlparts(either.url)) as sock:
+        sock.settimeout(60)
+        sock.sendall(requests)
+        ready, translated, live = read_answers(sock, 3)
+        assert sock.recv(100) == b""  # closed by the server once idle
+    assert (ready.status, translated.status, live.status) == (200, 200, 200)
+    assert json.loads(ready.body)["status"] == "ready" and json.loads(live.body)["status"] == "alive"
+    assert json.loads(translated.body)["translations"] == [reference.translate(["A man rides a bike."])[0].text]
 
 
 def _readable(sock) -> bool:

@@ -18,6 +18,7 @@ exits 0; a second Ctrl+C exits at once. Routes, limits and metrics: `serve/app.p
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import signal
@@ -88,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="on SIGTERM, how long the requests in flight may still take; the rest are answered 503 (default: "
         "--request_timeout_s + 10)",
+    )
+    server.add_argument(
+        "--http",
+        choices=("auto", "httptools", "h11"),
+        default="auto",
+        help="the HTTP parser: httptools (C, the faster) or h11 (pure Python); auto: httptools when installed "
+        "(default auto)",
+    )
+    server.add_argument(
+        "--loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the event loop: uvloop (libuv, the faster) or asyncio's own; auto: uvloop when installed (default auto)",
     )
     server.add_argument("--log_level", choices=("debug", "info", "warning", "error"), default="info")
     server.add_argument(
@@ -417,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         location, settings = settings_from_args(args)
+        check_installed(args)
         sock = bind(args.host, args.port)
     except refusals() as error:
         parser.exit(2, f"hf-variants-serve: error: {error}\n")
@@ -432,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     from transformers.utils import logging as transformers_logging
 
+    from ..serve.protocol import resolve_parser
+
     transformers_logging.disable_progress_bar()  # a server's log is no terminal
     graceful = args.graceful_timeout_s if args.graceful_timeout_s is not None else args.request_timeout_s + 10
     failures: list[BaseException] = []
@@ -442,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: None)
     print(
         f"hf-variants-serve: listening on {url_of(sock)} (pid {os.getpid()}); loading {settings.model} "
-        f"({settings.engine}, {settings.precision})",
+        f"({settings.engine}, {settings.precision}; HTTP: {resolve_parser(args.http)}, event loop: "
+        f"{event_loop_name(args.loop)})",
         file=sys.stderr,
         flush=True,
     )
@@ -456,13 +474,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def check_installed(args) -> None:
+    """A UsageError naming the flag when `--http httptools` or `--loop uvloop` names a library not installed."""
+    for flag, name in (("--http", args.http), ("--loop", args.loop)):
+        if name in ("httptools", "uvloop") and importlib.util.find_spec(name) is None:
+            raise UsageError(f"{flag} {name}: {name} is not installed (pip install {name})")
+
+
+def event_loop_name(loop: str) -> str:
+    """The event loop uvicorn runs for `--loop` ("auto": uvloop when installed, as uvicorn's own choice)."""
+    if loop == "auto":
+        return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    return loop
+
+
 def connection_refused(state, kind: str, client: str | None) -> None:
     """A connection closed by a limit (`serve.protocol`): counted, and (but for idle ones) in the access log."""
     from ..serve.logs import log_access
 
     state.metrics.errors.labels(kind).inc()
     if kind != "idle_timeout_s":
-        status = {"max_connections": 503, "header_timeout_s": 408}.get(kind, 408)
+        status = {"max_connections": 503, "header_timeout_s": 408, "header_bytes": 431}.get(kind, 408)
         log_access({"client": client, "status": status, "error": kind}, f"connection closed: {kind} ({status})")
 
 
@@ -492,7 +524,7 @@ def make_server(args, location: ModelLocation, settings, graceful: float, failur
     import uvicorn
 
     from ..serve.app import create_app
-    from ..serve.protocol import protocol_class
+    from ..serve.protocol import H11_INCOMPLETE_EVENT_BYTES, protocol_class
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -527,7 +559,10 @@ def make_server(args, location: ModelLocation, settings, graceful: float, failur
             body_timeout_s=limits.body_timeout_s,
             max_connections=limits.max_connections,
             on_refusal=partial(connection_refused, state),
+            parser=args.http,
         ),
+        loop=args.loop,
+        h11_max_incomplete_event_size=H11_INCOMPLETE_EVENT_BYTES,
         log_config=None,
         log_level=args.log_level,
         access_log=False,  # the server writes its own (serve.access): request ids, 499s, JSON
