@@ -13,9 +13,14 @@ The server and the offline run are pinned to the same cores (`--server_cpus`, de
 started under `taskset -c`) and the clients to others (`--client_cpus`, default the next core): the clients' HTTP
 work does not take the engine's core, so a row measures the server, not its neighbours. `--no_pin` runs everything
 unpinned (the previous rounds' setup). Per row: sentences/s, p50/p99 latency of a request, the mean batch size (the
-server's `batch_sentences` histogram) and the ratio to the engine's offline throughput. Decoding is the model's saved
-one (what the server does for a request that names none). Goals: at 64 clients >= 0.8x offline and >= the 8-client
-rate; ONNX Runtime int8 served >= 4x the pipeline loop.
+server's `batch_sentences` histogram), the ratio to the engine's offline throughput, and the server process's CPU
+time a sentence (all its threads, from /proc) with its ratio to the offline pass's (this process's CPU time), and its
+main thread's (the event loop: HTTP, routing, JSON) a request. Decoding is the model's saved one (what the server
+does for a request that names none). Goals: at 64 clients >= 0.8x offline and >= the 8-client rate; ONNX Runtime
+int8 served >= 4x the pipeline loop.
+
+`--front_ends HTTP/LOOP ...`: one server per combination of `--http` and `--loop` (e.g. `h11/asyncio
+httptools/uvloop`), measured in turn within every round, each round starting with the next server.
 
 `--health_probe`: per engine, also the latency of `GET /health/ready` (p50 / p99 / max over `--probes` probes) while
 other clients post 1 MB bodies of long sentences (each parsed, checked and tokenized, then refused with 413): the
@@ -95,9 +100,20 @@ def pinned(cpus: set[int] | None):
 
 
 class Server:
-    def __init__(self, folder: str, engine: str, precision: str, threads: int, args, cpus: set[int] | None = None):
+    def __init__(
+        self,
+        folder: str,
+        engine: str,
+        precision: str,
+        threads: int,
+        args,
+        cpus: set[int] | None = None,
+        front_end: str = "auto/auto",
+    ):
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        http, loop = front_end.split("/")
         command = [sys.executable, "-m", "hf_variants.serve", "--model", folder, "--engine", engine]
+        command += ["--http", http, "--loop", loop]
         command += ["--precision", precision, "--num_threads", str(threads), "--port", "0", "--no_access_log"]
         command += ["--max_batch_tokens", str(args.max_batch_tokens), "--max_wait_ms", str(args.max_wait_ms)]
         command += ["--max_queue", "4096", "--request_timeout_s", "600", "--max_concurrent_requests", "4096"]
@@ -112,6 +128,8 @@ class Server:
             text = Path(self.log.name).read_text()
             if self.url is None and (match := re.search(r"listening on (http://\S+) ", text)):
                 self.url = match.group(1)
+                found = re.search(r"HTTP: (\w+), event loop: (\w+)", text)
+                self.front_end = f"{found.group(1)}/{found.group(2)}" if found else front_end
             if self.url:
                 try:
                     if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
@@ -122,6 +140,14 @@ class Server:
                 raise SystemExit(f"the server exited:\n{text[-3000:]}")
             time.sleep(0.3)
         raise SystemExit("the server did not get ready in 600 s")
+
+    def cpu_seconds(self, main_thread: bool = False) -> float:
+        """The server process's CPU time so far (user + system, from /proc): all its threads, or its main thread's
+        (the event loop's: HTTP, routing, JSON)."""
+        pid = self.process.pid
+        stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat")
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def batch_sizes(self) -> tuple[float, float]:
         import httpx
@@ -172,6 +198,7 @@ def serve_run(server: Server, texts: list[str], clients: int) -> dict:
                     errors.append(response.text[:200])
 
     total_before, count_before = server.batch_sizes()
+    cpu_before, loop_before = server.cpu_seconds(), server.cpu_seconds(main_thread=True)
     threads = [threading.Thread(target=client, args=(http,)) for http in https]
     for thread in threads:
         thread.start()
@@ -180,6 +207,7 @@ def serve_run(server: Server, texts: list[str], clients: int) -> dict:
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
+    cpu, loop = server.cpu_seconds() - cpu_before, server.cpu_seconds(main_thread=True) - loop_before
     for http in https:
         http.close()
     total, count = server.batch_sizes()
@@ -191,6 +219,8 @@ def serve_run(server: Server, texts: list[str], clients: int) -> dict:
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "mean_batch": (total - total_before) / max(1, count - count_before),
+        "server_cpu_ms": 1000 * cpu / len(texts),
+        "loop_cpu_ms": 1000 * loop / len(texts),
     }
 
 
@@ -239,12 +269,12 @@ def health_probe(server: Server, probes: int, posters: int = 4) -> dict:
 
 
 def offline_run(folder: str, engine: str, precision: str, threads: int, texts: list[str], max_tokens: int) -> float:
-    return offline_runner(folder, engine, threads, texts, max_tokens, precision)()
+    return offline_runner(folder, engine, threads, texts, max_tokens, precision)()[0]
 
 
 def offline_runner(folder: str, engine: str, threads: int, texts: list[str], max_tokens: int, precision: str):
-    """The engine loaded (and warmed up) once; the returned function times one offline pass over `texts`
-    (sentences/s), on the calling thread's cores."""
+    """The engine loaded (and warmed up) once; the returned function times one offline pass over `texts`, on the
+    calling thread's cores: (sentences/s, this process's CPU ms a sentence)."""
     import torch
 
     from hf_variants.inference import Translator
@@ -253,10 +283,10 @@ def offline_runner(folder: str, engine: str, threads: int, texts: list[str], max
     translator = Translator.from_pretrained(folder, engine=engine, precision=precision, num_threads=threads)
     translator.translate(texts[:8], max_tokens=max_tokens)  # warm-up
 
-    def timed() -> float:
-        start = time.perf_counter()
+    def timed() -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
         translator.translate(texts, max_tokens=max_tokens)
-        return len(texts) / (time.perf_counter() - start)
+        return len(texts) / (time.perf_counter() - start), 1000 * (time.process_time() - cpu) / len(texts)
 
     return timed
 
@@ -321,6 +351,10 @@ def exports(args, tmp: Path) -> dict[str, str]:
     return folders
 
 
+def cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
 def table(record: dict) -> str:
     lines = [
         f"`{record['command']}`; CPU: {record['cpu']}; load average before/after: "
@@ -329,26 +363,31 @@ def table(record: dict) -> str:
         "(each an offline pass then every client count; a row is the rounds' median, x offline the median of each "
         "round's own ratio)",
         "",
-        "| engine | threads | clients | sentences/s | p50 ms | p99 ms | mean batch | x offline | rounds' x offline |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| engine | threads | clients | sentences/s | p50 ms | p99 ms | mean batch | x offline | rounds' x offline "
+        "| server CPU ms a sentence | CPU x offline | event loop CPU ms a request |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    several = len({row.get("front_end") for row in record["rows"]}) > 1
     for row in record["rows"]:
+        label = f"{row['engine']} {row['precision']}" + (f" ({row['front_end']})" if several else "")
         lines.append(
-            f"| {row['engine']} {row['precision']} | {row['threads']} | {row['clients']} "
+            f"| {label} | {row['threads']} | {row['clients']} "
             f"| {row['sentences_per_s']:.1f} | {row['p50_ms']:.0f} | {row['p99_ms']:.0f} "
             f"| {row['mean_batch']:.1f} | {row['x_offline']:.2f} "
-            f"| {' '.join(f'{x:.2f}' for x in row.get('x_offline_rounds', [row['x_offline']]))} |"
+            f"| {' '.join(f'{x:.2f}' for x in row.get('x_offline_rounds', [row['x_offline']]))} "
+            f"| {cell(row.get('server_cpu_ms'))} | {cell(row.get('cpu_x_offline'))} | {cell(row.get('loop_cpu_ms'))} |"
         )
     lines += [
         "",
-        "| engine | threads | offline sentences/s | pipeline() loop sentences/s |",
-        "| --- | ---: | ---: | ---: |",
+        "| engine | threads | offline sentences/s | offline CPU ms a sentence | pipeline() loop sentences/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for item in record["offline"]:
         loop = record["pipeline_loop"].get(str(item["threads"]))
         shown = f"{loop:.1f}" if loop is not None and item["engine"] == "torch" else ""
         lines.append(
-            f"| {item['engine']} {item['precision']} | {item['threads']} | {item['sentences_per_s']:.1f} | {shown} |"
+            f"| {item['engine']} {item['precision']} | {item['threads']} | {item['sentences_per_s']:.1f} "
+            f"| {cell(item.get('cpu_ms'))} | {shown} |"
         )
     if record.get("health"):
         lines += [
@@ -397,48 +436,63 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--health_probe", action="store_true", help="also /health latency under 1 MB bodies")
     parser.add_argument("--probes", type=int, default=200)
     parser.add_argument("--no_pipeline", action="store_true", help="skip the pipeline() loop")
+    parser.add_argument(
+        "--front_ends",
+        nargs="+",
+        default=["auto/auto"],
+        metavar="HTTP/LOOP",
+        help="the servers' --http and --loop, one server each, measured in turn within every round (e.g. "
+        "httptools/uvloop h11/asyncio; default auto/auto: the server's own choice)",
+    )
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "serve"))
     return parser.parse_args()
 
 
 def run_engine(args, record: dict, folder: str, engine: str, threads: int, texts: list[str], cpus) -> None:
-    """One engine: its server, and `--rounds` rounds of an offline pass then the server under each client count
-    (then the health probe). The offline pass runs in this process on the server's cores while the server idles,
-    right before the round's client runs: each round's ratio to offline is taken within seconds on the same
-    machine (a shared host's speed drifts by 10-20% over minutes). A row is the median over the rounds; its
-    `x_offline` is the median of the rounds' own ratios, with their range."""
+    """One engine: its server (one per `--front_ends`, all started before the first round), and `--rounds` rounds
+    of an offline pass then each server under each client count (then the health probe). The offline pass runs in
+    this process on the server's cores while the servers idle, right before the round's client runs: each round's
+    ratio to offline is taken within seconds on the same machine (a shared host's speed drifts by 10-20% over
+    minutes). A row is the median over the rounds; its `x_offline` is the median of the rounds' own ratios, with
+    their range."""
     server_cpus, client_cpus = cpus
     precision = ENGINES[engine]
     with pinned(server_cpus):
         offline = offline_runner(folder, engine, threads, texts, args.max_batch_tokens, precision)
-    server = Server(folder, engine, precision, threads, args, server_cpus)
+    servers: list[Server] = []
     rounds: list[tuple[float, dict]] = []
     try:
+        for front_end in args.front_ends:
+            servers.append(Server(folder, engine, precision, threads, args, server_cpus, front_end))
         for number in range(args.rounds):
             with pinned(server_cpus):
-                rate = offline()
+                rate, offline_cpu = offline()
             runs = {}
-            with pinned(client_cpus):
-                for clients in args.clients:
-                    runs[clients] = serve_run(server, texts, clients)
-                    print(
-                        f"{engine} {precision}, {threads} thread(s), round {number + 1}, {clients} clients: "
-                        f"{runs[clients]['sentences_per_s']:.1f} sentences/s "
-                        f"({runs[clients]['sentences_per_s'] / rate:.2f}x offline {rate:.1f}), "
-                        f"p50 {runs[clients]['p50_ms']:.0f} ms, p99 {runs[clients]['p99_ms']:.0f} ms, "
-                        f"mean batch {runs[clients]['mean_batch']:.1f}",
-                        flush=True,
-                    )
-            rounds.append((rate, runs))
+            with pinned(client_cpus):  # the servers in turn, each round starting with the next one (drift)
+                for server in servers[number % len(servers) :] + servers[: number % len(servers)]:
+                    for clients in args.clients:
+                        run = runs[server.front_end, clients] = serve_run(server, texts, clients)
+                        print(
+                            f"{engine} {precision} ({server.front_end}), {threads} thread(s), round {number + 1}, "
+                            f"{clients} clients: {run['sentences_per_s']:.1f} sentences/s "
+                            f"({run['sentences_per_s'] / rate:.2f}x offline {rate:.1f}), "
+                            f"p50 {run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, "
+                            f"mean batch {run['mean_batch']:.1f}, server CPU {run['server_cpu_ms']:.2f} ms a "
+                            f"sentence ({offline_cpu / run['server_cpu_ms']:.2f}x offline {offline_cpu:.2f}), event "
+                            f"loop {run['loop_cpu_ms']:.2f} ms a request",
+                            flush=True,
+                        )
+            rounds.append((rate, runs, offline_cpu))
         if args.health_probe:
             with pinned(client_cpus):
-                probe = health_probe(server, args.probes)
-            probe.update(engine=engine, precision=precision, threads=threads)
+                probe = health_probe(servers[0], args.probes)
+            probe.update(engine=engine, precision=precision, threads=threads, front_end=servers[0].front_end)
             record["health"].append(probe)
             print(f"{engine}: /health under 1 MB bodies: p50 {probe['p50_ms']:.1f} ms, p99 {probe['p99_ms']:.1f} ms")
     finally:
-        server.stop()
-    rates = [rate for rate, _ in rounds]
+        for server in servers:
+            server.stop()
+    rates = [rate for rate, _, _ in rounds]
     record["offline"].append(
         {
             "engine": engine,
@@ -446,18 +500,29 @@ def run_engine(args, record: dict, folder: str, engine: str, threads: int, texts
             "threads": threads,
             "sentences_per_s": statistics.median(rates),
             "rounds": rates,
+            "cpu_ms": statistics.median(cpu for _, _, cpu in rounds),
         }
     )
-    for clients in args.clients:
-        ratios = [runs[clients]["sentences_per_s"] / rate for rate, runs in rounds]
-        row = {key: statistics.median(runs[clients][key] for _, runs in rounds) for key in rounds[0][1][clients]}
-        row.update(engine=engine, precision=precision, threads=threads, clients=clients)
-        row.update(x_offline=statistics.median(ratios), x_offline_rounds=ratios)
-        if 8 in args.clients:  # the round's rate over its own 8-client rate
-            row["x_eight_rounds"] = [
-                runs[clients]["sentences_per_s"] / runs[8]["sentences_per_s"] for _, runs in rounds
-            ]
-        record["rows"].append(row)
+    for server in servers:
+        for clients in args.clients:
+            key = server.front_end, clients
+            ratios = [runs[key]["sentences_per_s"] / rate for rate, runs, _ in rounds]
+            row = {name: statistics.median(runs[key][name] for _, runs, _ in rounds) for name in rounds[0][1][key]}
+            row["cpu_x_offline"] = statistics.median(cpu / runs[key]["server_cpu_ms"] for _, runs, cpu in rounds)
+            row.update(engine=engine, precision=precision, threads=threads, clients=clients)
+            row.update(front_end=server.front_end, x_offline=statistics.median(ratios), x_offline_rounds=ratios)
+            if 8 in args.clients:  # the round's rate over its own 8-client rate
+                row["x_eight_rounds"] = [
+                    runs[key]["sentences_per_s"] / runs[server.front_end, 8]["sentences_per_s"]
+                    for _, runs, _ in rounds
+                ]
+            if server is not servers[0]:  # the round's rate over the first front end's, same clients
+                first = servers[0].front_end, clients
+                row["first_front_end"] = servers[0].front_end
+                row["x_first_rounds"] = [
+                    runs[key]["sentences_per_s"] / runs[first]["sentences_per_s"] for _, runs, _ in rounds
+                ]
+            record["rows"].append(row)
 
 
 def main() -> None:
@@ -471,6 +536,7 @@ def main() -> None:
         "sentences": len(texts),
         "pinning": "none" if cpus[0] is None else f"server cores {sorted(cpus[0])}, client cores {sorted(cpus[1])}",
         "rounds": args.rounds,
+        "front_ends": args.front_ends,
         "rows": [],
         "offline": [],
         "health": [],
@@ -502,18 +568,22 @@ def goals_of(args, record: dict) -> list[str]:
         if row["clients"] != max(args.clients):
             continue
         ratios = row.get("x_offline_rounds", [row["x_offline"]])
+        name = f"{row['engine']} {row['precision']}" + (f" ({row['front_end']})" if len(args.front_ends) > 1 else "")
         goals.append(
-            f"{row['engine']} {row['precision']}, {row['threads']} thread(s), {row['clients']} clients: "
+            f"{name}, {row['threads']} thread(s), {row['clients']} clients: "
             f"{row['x_offline']:.2f}x offline{spread(ratios)} (goal >= 0.8)"
         )
         if row.get("x_eight_rounds"):
             eights = row["x_eight_rounds"]
+            goals.append(f"{name}: {statistics.median(eights):.2f}x its 8-client rate{spread(eights)} (goal >= 1)")
+        if row.get("x_first_rounds"):
+            firsts = row["x_first_rounds"]
             goals.append(
-                f"{row['engine']} {row['precision']}: {statistics.median(eights):.2f}x its 8-client rate"
-                f"{spread(eights)} (goal >= 1)"
+                f"{name}, {row['clients']} clients: {statistics.median(firsts):.2f}x the rate with "
+                f"{row['first_front_end']}{spread(firsts)}"
             )
         loop = record["pipeline_loop"].get(str(row["threads"]))
-        if row["engine"] == "onnx" and loop:
+        if row["engine"] == "onnx" and loop and not row.get("x_first_rounds"):
             goals.append(
                 f"onnx int8 served, {row['threads']} thread(s): {row['sentences_per_s'] / loop:.2f}x the pipeline() "
                 "loop (goal >= 4)"
