@@ -50,7 +50,7 @@ from hf_variants.inference import (  # noqa: E402
     normalize_constraints,
     parse_constraints,
 )
-from hf_variants.inference.constrained import DecoderSteps, word_continuations  # noqa: E402
+from hf_variants.inference.constrained import DecoderSteps, _row_top, word_continuations  # noqa: E402
 from hf_variants.inference.constraints import ConstraintTracker  # noqa: E402
 from hf_variants.training.evaluation import term_accuracy  # noqa: E402
 
@@ -592,3 +592,24 @@ def test_a_glossary_through_the_translator_raises_term_accuracy(baseline):
     assert term_accuracy(sources, with_glossary, glossary)["term_accuracy"] == 1.0
     assert term_accuracy(sources, without, glossary)["term_accuracy"] < 1.0
     assert all(r.constraints_met for r in results)
+
+
+@pytest.mark.parametrize("vocab", [8000, 997, 40])
+def test_the_two_level_row_top_k_is_each_rows_top_k(vocab):
+    """The search's per-row top-k (two-level over blocks where the vocabulary splits) gives each row's k best values
+    and their columns, best first, as a top-k over the row does: rows with excluded tokens (-inf), a forced row (one
+    finite value), a row with every value excluded."""
+    generator = torch.Generator().manual_seed(vocab)
+    scores = torch.randn(24, vocab, generator=generator)
+    scores[1, : vocab // 2] = float("-inf")
+    scores[2, torch.randperm(vocab, generator=generator)[: vocab - 3]] = float("-inf")
+    scores[3] = float("-inf")
+    scores[3, 7] = 0.5
+    scores[4] = float("-inf")
+    for k in (1, 8, 16):
+        values, columns = _row_top(scores, k)
+        expected_values, expected_columns = scores.topk(k, dim=1)
+        assert torch.equal(values, expected_values)
+        finite = expected_values > float("-inf")
+        assert torch.equal(columns[finite], expected_columns[finite])
+        assert torch.equal(scores.gather(1, columns), values)  # every column holds its value

