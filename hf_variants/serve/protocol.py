@@ -311,6 +311,9 @@ class HttpToolsServeProtocol(_Hygiene, HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._parsed = "done"
+        # the read's bytes counted as headers were this request's: a pipelined request begun in the same read is
+        # counted from the next read on (so a read holding a request with its body never counts as headers)
+        self._header_bytes = 0
         super().on_message_complete()
 
     def _answered_early(self) -> bool:
