@@ -464,6 +464,9 @@ def run_engine(args, record: dict, folder: str, engine: str, threads: int, texts
     try:
         for front_end in args.front_ends:
             servers.append(Server(folder, engine, precision, threads, args, server_cpus, front_end))
+        names = [server.front_end for server in servers]
+        if len(set(names)) < len(names):
+            raise SystemExit(f"--front_ends {' '.join(args.front_ends)}: the servers run {names}: one pair each")
         for number in range(args.rounds):
             with pinned(server_cpus):
                 rate, offline_cpu = offline()
