@@ -268,10 +268,6 @@ def health_probe(server: Server, probes: int, posters: int = 4) -> dict:
     }
 
 
-def offline_run(folder: str, engine: str, precision: str, threads: int, texts: list[str], max_tokens: int) -> float:
-    return offline_runner(folder, engine, threads, texts, max_tokens, precision)()[0]
-
-
 def offline_runner(folder: str, engine: str, threads: int, texts: list[str], max_tokens: int, precision: str):
     """The engine loaded (and warmed up) once; the returned function times one offline pass over `texts`, on the
     calling thread's cores: (sentences/s, this process's CPU ms a sentence)."""

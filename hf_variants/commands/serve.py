@@ -90,19 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long the requests in flight may still take; the rest are answered 503 (default: "
         "--request_timeout_s + 10)",
     )
-    server.add_argument(
-        "--http",
-        choices=("auto", "httptools", "h11"),
-        default="auto",
-        help="the HTTP parser: httptools (C, the faster) or h11 (pure Python); auto: httptools when installed "
-        "(default auto)",
-    )
-    server.add_argument(
-        "--loop",
-        choices=("auto", "asyncio", "uvloop"),
-        default="auto",
-        help="the event loop: uvloop (libuv, the faster) or asyncio's own; auto: uvloop when installed (default auto)",
-    )
+    for flag, fast, other, what in (
+        ("--http", "httptools", "h11", "the HTTP parser: httptools (C, the faster) or h11 (pure Python)"),
+        ("--loop", "uvloop", "asyncio", "the event loop: uvloop (libuv, the faster) or asyncio's own"),
+    ):
+        server.add_argument(
+            flag,
+            choices=("auto", fast, other),
+            default="auto",
+            help=f"{what}; auto: {fast} when installed (default auto)",
+        )
     server.add_argument("--log_level", choices=("debug", "info", "warning", "error"), default="info")
     server.add_argument(
         "--log_format",
